@@ -61,6 +61,11 @@ class ScoreScale(nn.Module):
         q_BHTD, k_BHTD = self.prepare(q_BHTD, k_BHTD)
         return self.cap((q_BHTD @ k_BHTD.transpose(-2, -1)) * self.factor())
 
+    def pair_scores(self, q_ND: torch.Tensor, k_ND: torch.Tensor) -> torch.Tensor:
+        """Scaled score of each (q, k) pair, row by row: cap(factor * Σ q'_i k'_i)."""
+        q_ND, k_ND = self.prepare(q_ND, k_ND)
+        return self.cap((q_ND * k_ND).sum(-1) * self.factor())
+
     def extra_repr(self) -> str:
         return f"name={self.name!r}, head_dim={self.head_dim}"
 

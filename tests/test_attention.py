@@ -1,0 +1,71 @@
+import copy
+
+import pytest
+import torch
+
+from attnscale import Attention, record
+from attnscale.attention import build_mask, masked_softmax
+from attnscale.scales import SCALES
+
+torch.set_num_threads(1)
+
+
+@pytest.mark.parametrize("scale", sorted(SCALES))
+@pytest.mark.parametrize("causal", [True, False])
+def test_fused_and_explicit_give_same_outputs_and_gradients(scale, causal):
+    torch.manual_seed(0)
+    explicit = Attention(32, 4, 16, scale=scale, causal=causal, impl="explicit")
+    fused = copy.deepcopy(explicit)
+    fused.impl = "fused"
+    x1 = torch.randn(2, 9, 32, requires_grad=True)
+    x2 = x1.detach().clone().requires_grad_(True)
+    y1, y2 = explicit(x1), fused(x2)
+    torch.testing.assert_close(y1, y2, rtol=1e-5, atol=1e-5)
+    y1.square().sum().backward()
+    y2.square().sum().backward()
+    torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-4, atol=1e-5)
+    for (name, p1), p2 in zip(explicit.named_parameters(), fused.parameters()):
+        torch.testing.assert_close(p1.grad, p2.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_padding_mask_same_in_both_paths_and_fully_masked_rows_are_zero():
+    torch.manual_seed(1)
+    explicit = Attention(16, 2, 8, causal=False, impl="explicit")
+    fused = copy.deepcopy(explicit)
+    fused.impl = "fused"
+    x = torch.randn(2, 6, 16)
+    keep = torch.tensor([[1, 1, 1, 1, 0, 0], [0, 0, 0, 0, 0, 0]], dtype=torch.bool)
+    y1, y2 = explicit(x, keep), fused(x, keep)
+    assert torch.isfinite(y1).all() and torch.isfinite(y2).all()
+    torch.testing.assert_close(y1, y2, rtol=1e-5, atol=1e-5)
+    with record(explicit, ["hook_scores", "hook_pattern"]) as cache:
+        explicit(x, keep)
+    p = cache["hook_pattern"]
+    assert (p[0, :, :, 4:] == 0).all() and (p[1] == 0).all()
+    assert torch.allclose(p[0].sum(-1), torch.ones(2, 6))
+    assert torch.isinf(cache["hook_scores"][0, :, :, 4:]).all()
+
+
+def test_causality_through_gradients():
+    attn = Attention(16, 2, 8, causal=True, impl="explicit")
+    x = torch.randn(1, 7, 16, requires_grad=True)
+    attn(x)[0, 3].sum().backward()
+    assert (x.grad[0, 4:] == 0).all() and (x.grad[0, :4] != 0).any()
+
+
+def test_recording_forces_the_explicit_path_and_scores_are_scaled():
+    torch.manual_seed(2)
+    attn = Attention(16, 1, 64, scale="inv_sqrt_d", causal=False, impl="fused")
+    x = torch.randn(1, 5, 16)
+    with record(attn, ["hook_q", "hook_k", "hook_scores"]) as c:
+        attn(x)
+    expected = c["hook_q"] @ c["hook_k"].transpose(-2, -1) / 8
+    torch.testing.assert_close(c["hook_scores"], expected)
+
+
+def test_masked_softmax_is_fp32_and_bf16_safe():
+    s = torch.randn(2, 1, 4, 4, dtype=torch.bfloat16)
+    p = masked_softmax(s, build_mask(4, causal=True))
+    assert p.dtype == torch.float32
+    assert torch.allclose(p.sum(-1), torch.ones(2, 1, 4))
+    assert (p.triu(1) == 0).all()

@@ -1,0 +1,90 @@
+import math
+
+import pytest
+import torch
+
+from attnscale import diagnostics as D
+
+
+def test_uniform_row_has_n_effective_words_and_hand_computed_push():
+    n = 8
+    p = torch.full((n,), 1 / n)
+    assert D.entropy(p).item() == pytest.approx(math.log(n), rel=1e-6)
+    assert D.effective_words(p).item() == pytest.approx(n, rel=1e-6)
+    # J = I/n - 11ᵀ/n²: diagonal entries 1/n - 1/n², off-diagonal -1/n²
+    by_hand = math.sqrt(n * (1 / n - 1 / n**2) ** 2 + n * (n - 1) * (1 / n**2) ** 2)
+    assert D.push(p).item() == pytest.approx(by_hand, rel=1e-6)
+
+
+def test_one_hot_row_is_frozen_with_no_push():
+    p = torch.zeros(1, 64)
+    p[0, 41] = 1.0
+    assert D.entropy(p).item() == 0.0  # 0·log 0 = 0, no NaN
+    assert D.effective_words(p).item() == pytest.approx(1.0)
+    assert D.push(p).item() == pytest.approx(0.0, abs=1e-7)
+    assert D.frozen_fraction(p) == 1.0
+    assert "100.00% of its weight on word 41" in D.describe_row(p[0], 12)
+
+
+def test_push_closed_form_matches_the_jacobian():
+    gen = torch.Generator().manual_seed(0)
+    for scale in (0.1, 1.0, 10.0):
+        s = torch.randn(16, generator=gen, dtype=torch.float64) * scale
+        p = torch.softmax(s, -1)
+        J = torch.autograd.functional.jacobian(lambda x: torch.softmax(x, -1), s)
+        assert torch.allclose(J, torch.diag(p) - torch.outer(p, p))
+        assert D.push(p).item() == pytest.approx(torch.linalg.matrix_norm(J).item(), rel=1e-5)
+
+
+def test_gaussian_scores_match_direct_computation():
+    gen = torch.Generator().manual_seed(1)
+    scores = torch.randn(500, 64, generator=gen, dtype=torch.float64) * 3.0
+    p = torch.softmax(scores, -1)
+    direct_h = -(p * p.log()).sum(-1)
+    assert torch.allclose(D.entropy(p).double(), direct_h, rtol=1e-5)
+    assert D.spread(scores).item() == pytest.approx(scores.std(correction=0).item(), rel=1e-6)
+    assert D.spread(scores).item() == pytest.approx(3.0, rel=0.02)
+    summary = D.row_summary(p)
+    assert summary["effective_words_median"] == pytest.approx(direct_h.exp().median().item(), rel=1e-4)
+    assert summary["frozen_fraction"] == pytest.approx((p.max(-1).values > 0.99).double().mean().item())
+
+
+def test_masked_entries_never_count():
+    scores = torch.tensor([[1.0, 3.0, float("-inf"), float("-inf")]])
+    assert D.spread(scores).item() == pytest.approx(1.0)
+    mask = torch.tensor([[True, True, False, False]])
+    assert D.spread(torch.tensor([[1.0, 3.0, 100.0, -100.0]]), mask).item() == pytest.approx(1.0)
+
+
+def test_rows_with_no_visible_key_are_left_out():
+    p = torch.tensor([[0.5, 0.5, 0.0], [0.0, 0.0, 0.0]])
+    s = D.row_summary(p)
+    assert s["rows"] == 1
+    assert s["effective_words_median"] == pytest.approx(2.0)
+    with pytest.raises(ValueError):
+        D.row_summary(torch.zeros(2, 3))
+
+
+def test_threshold_is_configurable_and_recorded():
+    p = torch.tensor([[0.95, 0.05]])
+    assert D.row_summary(p)["frozen_fraction"] == 0.0
+    s = D.row_summary(p, threshold=0.9)
+    assert s["frozen_fraction"] == 1.0 and s["frozen_threshold"] == 0.9
+
+
+def test_head_summary_per_head_and_single_key_rows_skipped():
+    from attnscale.attention import build_mask, masked_softmax
+
+    gen = torch.Generator().manual_seed(2)
+    scores = torch.randn(2, 3, 5, 5, generator=gen)
+    scores[:, 1] *= 100  # head 1 frozen
+    mask = build_mask(5, causal=True)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    p = masked_softmax(scores, mask)
+    h = D.head_summary(scores, p)
+    assert all(len(v) == 3 for v in h.values())
+    assert h["frozen_fraction"][1] > 0.7 and h["frozen_fraction"][0] < 0.5
+    # row 0 sees one key: left out, so a soft head is not called partly frozen
+    soft = torch.zeros(1, 1, 5, 5).masked_fill(~mask, float("-inf"))
+    assert D.head_summary(soft, masked_softmax(soft, mask))["frozen_fraction"] == [0.0]
+    assert h["spread"][1] == pytest.approx(D.spread(scores[:, 1]).item(), rel=1e-5)
