@@ -153,8 +153,8 @@ def _run_fresh(args) -> None:
     scales = ("none", "inv_sqrt_d") if "all" in args.scales else tuple(dict.fromkeys(args.scales))
     cfg = fresh.FreshConfig(widths=tuple(args.widths), words=args.words, sequences=args.sequences,
                             init=args.init, scales=scales, threshold=args.threshold, seed=args.seed)
-    rows = fresh.run(cfg, out=out)
-    _print_json(rows) if args.json else print(fresh.format_table(rows))
+    result = fresh.run(cfg, out=out)
+    _print_json(result["rows"]) if args.json else print(fresh.format_table(result))
 
 
 def _add_reproduce(sub) -> None:

@@ -1,0 +1,1 @@
+"""One module per experiment of the chapter: spread, fresh, dynamics, sweep."""

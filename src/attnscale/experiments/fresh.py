@@ -1,0 +1,155 @@
+"""Experiment 2 — a freshly initialised head: does softmax freeze onto one word?
+
+Each of ``words`` queries looks at all ``words`` keys (no causal mask: the
+chapter's head weighs 64 words per row). Two initialisations:
+
+- ``unit``: q and k entries i.i.d. N(0, 1), the assumption of Vaswani et al.
+  (2017, footnote 4). Raw scores then have spread sqrt(d).
+- ``model``: the layer-0 head of attnscale's own ``TinyLM`` at its default
+  initialisation, fed the model's own input (token + position embeddings of
+  random tokens, through the first LayerNorm when the model is pre-LN).
+
+For a fixed width and seed every scheme sees the same q and k, so the example
+row under ``none`` and under ``inv_sqrt_d`` is the same row of the same head.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import torch
+
+from attnscale.attention import masked_softmax
+from attnscale.diagnostics import FROZEN_THRESHOLD, describe_row, effective_words, row_summary
+from attnscale.errors import ConfigError
+from attnscale.hooks import record
+from attnscale.scales import get_scale
+
+__all__ = ["FreshConfig", "run", "measure", "illustration", "format_table"]
+
+_MODEL_VOCAB = 256  # random tokens for the model-init head; the vocabulary size barely matters at init
+
+
+@dataclass(frozen=True)
+class FreshConfig:
+    widths: tuple[int, ...] = (4, 32, 64, 128, 256, 512, 1024)
+    words: int = 64
+    sequences: int = 200
+    init: str = "unit"
+    scales: tuple[str, ...] = ("none", "inv_sqrt_d")
+    threshold: float = FROZEN_THRESHOLD
+    seed: int = 0
+    example_row: int = 12
+
+    def __post_init__(self):
+        if not self.widths or any(int(w) != w or w < 1 for w in self.widths):
+            raise ConfigError(f"widths must be positive integers, got {self.widths}")
+        if self.words < 2:
+            raise ConfigError(f"words must be at least 2 (a row needs a choice), got {self.words}")
+        if self.sequences < 1:
+            raise ConfigError(f"sequences must be a positive integer, got {self.sequences}")
+        if self.init not in ("unit", "model"):
+            raise ConfigError(f"init must be 'unit' or 'model', got {self.init!r}")
+        if not 0 < self.threshold < 1:
+            raise ConfigError(f"threshold must lie between 0 and 1, got {self.threshold}")
+        for s in self.scales:
+            get_scale(s, 1)
+
+
+def _unit_pattern(width: int, scale: str, cfg: FreshConfig) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + width)
+    q_S1TD = torch.randn(cfg.sequences, 1, cfg.words, width, generator=gen)
+    k_S1TD = torch.randn(cfg.sequences, 1, cfg.words, width, generator=gen)
+    scores = get_scale(scale, width).scores(q_S1TD, k_S1TD)
+    return masked_softmax(scores, None)[:, 0]
+
+
+def _model_pattern(width: int, scale: str, cfg: FreshConfig) -> torch.Tensor:
+    from attnscale.model import ModelConfig, build_model
+
+    mcfg = ModelConfig(vocab_size=_MODEL_VOCAB, context=cfg.words, head_dim=width, scale=scale, n_layers=1, impl="explicit")
+    model = build_model(mcfg, seed=cfg.seed * 1_000_003 + width)
+    block = model.blocks[0]
+    block.attn.causal = False  # a throwaway head: every row weighs all the words, as in the chapter
+    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + width)
+    # every head of the layer is a sample of a fresh head: draw just enough
+    # sequences for ``cfg.sequences`` head-sequences, as many rows as ``unit`` has
+    n_seq = -(-cfg.sequences // mcfg.n_heads)
+    idx_ST = torch.randint(0, _MODEL_VOCAB, (n_seq, cfg.words), generator=gen)
+    with torch.no_grad(), record(block.attn, "hook_pattern") as cache:
+        x_STC = model.tok_emb(idx_ST) + model.pos_emb(torch.arange(cfg.words))
+        block.attn(block.ln1(x_STC) if mcfg.norm == "pre" else x_STC)
+    return cache["hook_pattern"].flatten(0, 1)[: cfg.sequences]
+
+
+def model_init_name() -> str:
+    """The init and norm the tiny model uses by default, as recorded in fresh-model rows."""
+    from attnscale.model import ModelConfig
+
+    d = ModelConfig(vocab_size=2)
+    return f"{d.init} init, {d.norm}-LN"
+
+
+def measure(width: int, scale: str, cfg: FreshConfig) -> dict:
+    """Row statistics of one fresh head at one width under one scheme."""
+    with torch.no_grad():
+        p_STT = (_unit_pattern if cfg.init == "unit" else _model_pattern)(width, scale, cfg)
+    row = min(cfg.example_row, cfg.words - 1)
+    example = p_STT[0, row]
+    return {
+        "width": width,
+        "scale": scale,
+        "init": cfg.init,
+        "words": cfg.words,
+        "sequences": cfg.sequences,
+        **row_summary(p_STT, cfg.threshold),
+        "example": describe_row(example, row),
+        "example_row": example.tolist(),
+    }
+
+
+def illustration(words: int = 64, multipliers=(0.25, 1, 4, 16, 32), seed: int = 0) -> dict:
+    """One row of N(0,1) scores under growing multipliers: from a soft blend to one word."""
+    gen = torch.Generator().manual_seed(seed)
+    scores = torch.randn(words, generator=gen)
+    weights = [torch.softmax(m * scores, -1) for m in multipliers]
+    return {
+        "scores": scores.tolist(),
+        "multipliers": list(multipliers),
+        "weights": [w.tolist() for w in weights],
+        "effective_words": [float(effective_words(w)) for w in weights],
+    }
+
+
+def run(cfg: FreshConfig, out: Path | None = None) -> dict:
+    """Every width × scheme; with ``out``, a record and plots. Returns {"rows", "illustration"}."""
+    started = time.time()
+    rows = [measure(w, s, cfg) for w in cfg.widths for s in cfg.scales]
+    result = {"rows": rows, "illustration": illustration(cfg.words, seed=cfg.seed)}
+    if cfg.init == "model":
+        result["model_init"] = model_init_name()
+    if out is not None:
+        from attnscale.runs import write_record
+
+        write_record(out, "fresh", cfg, result, started=started)
+        from attnscale import plots
+
+        plots.fresh_plot(rows, Path(out) / "fresh.png")
+        plots.illustration(result["illustration"], Path(out) / "illustration.png")
+    return result
+
+
+def format_table(result: dict) -> str:
+    rows = result["rows"]
+    head = (f"{'width':>6} {'scale':<11} {'eff. words med':>14} {'p10':>6} {'p90':>6} "
+            f"{'max w':>6} {'frozen':>7} {'push med':>9}  example")
+    lines = [head]
+    for r in rows:
+        lines.append(
+            f"{r['width']:>6} {r['scale']:<11} {r['effective_words_median']:>14.2f} {r['effective_words_p10']:>6.2f} "
+            f"{r['effective_words_p90']:>6.2f} {r['max_weight_mean']:>6.3f} {r['frozen_fraction']:>7.1%} "
+            f"{r['push_median']:>9.4f}  {r['example']}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,110 @@
+"""Experiment 1 — how loud are raw scores? Spread of q·k over random pairs, per width.
+
+With q and k of d independent N(0,1) entries, q·k is a sum of d products of
+unit variance, so its standard deviation is sqrt(d): about 2, 8, 16, 32 for
+d = 4, 64, 256, 1024. Times 1/sqrt(d) it is 1 at every width.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from attnscale.diagnostics import spread
+from attnscale.errors import ConfigError
+from attnscale.scales import get_scale
+
+__all__ = ["SpreadConfig", "run", "measure", "format_table"]
+
+_CHUNK = 1 << 22  # numbers drawn at once: bounds memory at ~32 MB whatever the width
+
+
+@dataclass(frozen=True)
+class SpreadConfig:
+    widths: tuple[int, ...] = (4, 32, 64, 128, 256, 512, 1024)
+    pairs: int = 20000
+    scales: tuple[str, ...] = ("inv_sqrt_d",)
+    seed: int = 0
+
+    def __post_init__(self):
+        if not self.widths or any(int(w) != w or w < 1 for w in self.widths):
+            raise ConfigError(f"widths must be positive integers, got {self.widths}")
+        if self.pairs < 2:
+            raise ConfigError(f"pairs must be at least 2 to measure a spread, got {self.pairs}")
+        for s in self.scales:
+            get_scale(s, 1)
+
+
+def _std_error(x: torch.Tensor) -> float:
+    """Standard error of the sample std, by the delta method: SE(s) = sqrt(Var(x²)/n) / (2s)."""
+    x = x.double() - x.double().mean()
+    m2 = x.pow(2).mean()
+    m4 = x.pow(4).mean()
+    return float(((m4 - m2**2) / x.numel()).sqrt() / (2 * m2.sqrt()))
+
+
+def _width_seed(seed: int, width: int) -> int:
+    # Each width draws from its own stream, so its numbers do not depend on
+    # which other widths were asked for.
+    return seed * 1_000_003 + width
+
+
+def measure(width: int, pairs: int, scales: tuple[str, ...], seed: int) -> list[dict]:
+    """Rows for one width: raw spread, scaled spread per scheme, sqrt(d) beside them."""
+    gen = torch.Generator().manual_seed(_width_seed(seed, width))
+    modules = [get_scale(s, width) for s in scales]
+    raw, scaled = [], [[] for _ in modules]
+    step = max(1, _CHUNK // width)
+    with torch.no_grad():
+        for start in range(0, pairs, step):
+            n = min(step, pairs - start)
+            q_ND = torch.randn(n, width, generator=gen)
+            k_ND = torch.randn(n, width, generator=gen)
+            raw.append((q_ND * k_ND).sum(-1))
+            for out, m in zip(scaled, modules):
+                out.append(m.pair_scores(q_ND, k_ND))
+    raw_N = torch.cat(raw)
+    raw_spread = float(spread(raw_N))
+    se = _std_error(raw_N)
+    rows = []
+    for name, m, chunks in zip(scales, modules, scaled):
+        factor = m.factor()
+        rows.append({
+            "width": width,
+            "scale": name,
+            "factor": float(factor),
+            "pairs": pairs,
+            "raw_spread": raw_spread,
+            "raw_spread_se": se,
+            "scaled_spread": float(spread(torch.cat(chunks))),
+            "sqrt_d": math.sqrt(width),
+        })
+    return rows
+
+
+def run(cfg: SpreadConfig, out: Path | None = None) -> list[dict]:
+    """Measure every width; with ``out``, write a record and a plot there."""
+    started = time.time()
+    rows = [row for w in cfg.widths for row in measure(w, cfg.pairs, cfg.scales, cfg.seed)]
+    if out is not None:
+        from attnscale.runs import write_record
+
+        write_record(out, "spread", cfg, rows, started=started)
+        from attnscale import plots
+
+        plots.spread_plot(rows, Path(out) / "spread.png")
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    lines = [f"{'width':>6} {'scale':<12} {'raw spread':>11} {'± se':>7} {'sqrt(d)':>8} {'scaled':>8}"]
+    for r in rows:
+        lines.append(
+            f"{r['width']:>6} {r['scale']:<12} {r['raw_spread']:>11.3f} {r['raw_spread_se']:>7.3f} "
+            f"{r['sqrt_d']:>8.3f} {r['scaled_spread']:>8.3f}"
+        )
+    return "\n".join(lines)

@@ -1,0 +1,84 @@
+"""The command line, through the real entry points: output, JSON, records, bad input."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from attnscale.cli import main
+
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, "-m", "attnscale.cli", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_spread_json_rows(capsys):
+    assert main(["spread", "--widths", "4", "64", "--pairs", "2000", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["width"] for r in rows] == [4, 64]
+    assert {"width", "scale", "raw_spread", "scaled_spread", "sqrt_d"} <= set(rows[0])
+
+
+def test_fresh_table_and_record(tmp_path, capsys):
+    out = tmp_path / "fresh"
+    assert main(["fresh", "--widths", "256", "--sequences", "20", "--out", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "inv_sqrt_d" in text and "of its weight on word" in text
+    record = json.loads((out / "record.json").read_text())
+    assert record["config"]["seed"] == 0 and record["environment"]["torch"]
+    assert {r["scale"] for r in record["results"]["rows"]} == {"none", "inv_sqrt_d"}
+    assert (out / "fresh.png").exists()
+
+
+def test_fresh_json_keys(capsys):
+    assert main(["fresh", "--widths", "32", "--sequences", "5", "--scale", "inv_d", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert rows[0]["scale"] == "inv_d"
+    assert {"effective_words_median", "frozen_fraction", "max_weight_mean", "push_median"} <= set(rows[0])
+
+
+def test_same_seed_same_output_to_the_last_digit():
+    a = run_cli("spread", "--widths", "16", "--pairs", "300", "--seed", "7", "--json")
+    b = run_cli("spread", "--widths", "16", "--pairs", "300", "--seed", "7", "--json")
+    assert a.returncode == 0 and a.stdout == b.stdout
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["spread", "--widths", "0"], "--widths"),
+        (["spread", "--widths", "-3"], "--widths"),
+        (["spread", "--widths", "2.5"], "--widths"),
+        (["spread", "--pairs", "1"], "--pairs"),
+        (["fresh", "--words", "0"], "--words"),
+        (["fresh", "--scale", "bogus"], "--scale"),
+        (["spread", "--frobnicate"], "--frobnicate"),
+        (["fresh", "--init", "xavier"], "--init"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2(args, needle):
+    r = run_cli(*args)
+    assert r.returncode == 2
+    assert "Traceback" not in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+    assert needle in r.stderr
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere; tested with a path under a file instead")
+def test_unwritable_out_nonroot(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    r = run_cli("spread", "--widths", "4", "--out", str(ro / "x"))
+    assert r.returncode == 2 and "--out" in r.stderr
+
+
+def test_unwritable_out(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    r = run_cli("spread", "--widths", "4", "--out", str(blocker / "sub"))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.startswith("error: --out: cannot write to")
+    assert len(r.stderr.strip().splitlines()) == 1

@@ -1,0 +1,66 @@
+"""The spread and fresh-head experiments: the course's first two measurements."""
+
+import json
+import math
+
+import pytest
+
+from attnscale.errors import ConfigError
+from attnscale.experiments import fresh, spread
+
+
+def test_spread_grows_like_sqrt_d_within_sampling_error():
+    rows = spread.run(spread.SpreadConfig(widths=(4, 64, 256), pairs=20000))
+    for r in rows:
+        # 4 standard errors: fails by chance about once in 15,000 runs
+        assert abs(r["raw_spread"] - math.sqrt(r["width"])) < 4 * r["raw_spread_se"]
+        assert r["scaled_spread"] == pytest.approx(1.0, rel=4 * r["raw_spread_se"] / r["raw_spread"])
+        # the delta-method SE agrees with the theory: ½·sqrt((2 + 6/d)/n) relative
+        theory = 0.5 * math.sqrt((2 + 6 / r["width"]) / r["pairs"]) * math.sqrt(r["width"])
+        assert r["raw_spread_se"] == pytest.approx(theory, rel=0.1)
+
+
+def test_same_seed_same_numbers_and_widths_independent():
+    a = spread.run(spread.SpreadConfig(widths=(8, 32), pairs=500, seed=3))
+    b = spread.run(spread.SpreadConfig(widths=(32,), pairs=500, seed=3))
+    assert a[1] == b[0]
+    assert spread.run(spread.SpreadConfig(widths=(8,), pairs=500, seed=4))[0] != a[0]
+
+
+def test_fresh_unit_init_reproduces_the_chapter():
+    res = fresh.run(fresh.FreshConfig(widths=(256, 1024), sequences=100))
+    by = {(r["width"], r["scale"]): r for r in res["rows"]}
+    # width 256, no scale: rows sit on one word; with the scale they spread over tens of words
+    assert by[256, "none"]["effective_words_median"] < 1.5
+    assert by[256, "inv_sqrt_d"]["effective_words_p10"] < 35 < by[256, "inv_sqrt_d"]["effective_words_p90"]
+    # width 1024: "seven rows in ten" frozen without the scale, none with it
+    assert 0.6 < by[1024, "none"]["frozen_fraction"] < 0.8
+    assert by[1024, "inv_sqrt_d"]["frozen_fraction"] == 0.0
+    assert by[1024, "none"]["push_median"] < 0.01 < by[1024, "inv_sqrt_d"]["push_median"]
+    # the example row is the same row of the same head under both schemes
+    assert by[256, "none"]["example"].split(" puts")[0] == by[256, "inv_sqrt_d"]["example"].split(" puts")[0]
+
+
+def test_fresh_model_init_runs_and_records_its_init(tmp_path):
+    res = fresh.run(fresh.FreshConfig(widths=(32,), sequences=8, init="model"), out=tmp_path)
+    assert res["model_init"]
+    record = json.loads((tmp_path / "record.json").read_text())
+    assert record["experiment"] == "fresh" and record["config"]["init"] == "model"
+    assert (tmp_path / "fresh.png").stat().st_size > 0
+
+
+def test_illustration_goes_from_blend_to_one_word():
+    ill = fresh.illustration(64, multipliers=(0.25, 32))
+    assert ill["effective_words"][0] > 50 and ill["effective_words"][1] < 2
+
+
+@pytest.mark.parametrize("kwargs", [dict(widths=(0,)), dict(widths=(-4,)), dict(pairs=1), dict(scales=("bogus",))])
+def test_spread_bad_config_raises(kwargs):
+    with pytest.raises(ValueError):
+        spread.SpreadConfig(**kwargs)
+
+
+@pytest.mark.parametrize("kwargs", [dict(words=0), dict(init="xavier"), dict(threshold=1.5), dict(widths=())])
+def test_fresh_bad_config_raises(kwargs):
+    with pytest.raises(ConfigError):
+        fresh.FreshConfig(**kwargs)
