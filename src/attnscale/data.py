@@ -49,10 +49,8 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
-import itertools
 import os
 import pickle
-import re
 import tempfile
 import urllib.request
 from dataclasses import dataclass, field
@@ -60,10 +58,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Iterator
 
-import numpy as np
 import torch
 
 from attnscale.errors import ConfigError
+from attnscale.vocab import Bpe, Vocab
 
 __all__ = ["Corpus", "Source", "SOURCES", "TOKENIZERS", "load_corpus", "batches", "eval_batches",
            "check_length", "cache_root", "corpus_names"]
@@ -75,7 +73,6 @@ DOWNLOAD_TIMEOUT_S = 60
 _FORMAT = 1  # bump when a tokenizer's rule or the token-cache layout changes
 DEFAULT_FILE, DEFAULT_SHA256 = "pydoc_topics.txt.gz", "47a217db09a150d521ac1015e4bb381141807d46980da61007841e5ce32a611c"
 _ALIASES = {"pydoc": "default"}
-_UNK = {"word": "<unk>", "char": "\ufffd"}
 _SPLITS = {"train": ("train",), "valid": ("valid", "validation", "val"), "test": ("test",)}
 
 
@@ -261,100 +258,6 @@ def _resolve(spec: str, cache_dir) -> tuple[str, str, dict[str, str]]:
     return spec, "char", texts
 
 
-class Vocab:
-    """A word- or character-level vocabulary fitted on training text; unseen symbols map to ``unk``."""
-
-    def __init__(self, kind: str, itos: list[str]):
-        self.kind, self.itos = kind, list(itos)
-        self.stoi = {s: i for i, s in enumerate(self.itos)}
-        self.unk = self.stoi[_UNK[kind]]
-        self.size = len(self.itos)
-
-    @classmethod
-    def fit(cls, kind: str, text: str) -> Vocab:
-        if kind == "char":  # sorted by code point, the unknown symbol included, for encode's table
-            return cls(kind, sorted(set(text) | {_UNK["char"]}))
-        words = list(dict.fromkeys(_words(text)))
-        return cls(kind, words if _UNK["word"] in words else [*words, _UNK["word"]])
-
-    def encode(self, text: str) -> np.ndarray:
-        if self.kind == "word":
-            return np.fromiter((self.stoi.get(w, self.unk) for w in _words(text)), dtype=np.int64)
-        # Code points looked up in the sorted table: a 10 MB text in well under a second.
-        table = np.array([ord(s) for s in self.itos], dtype=np.uint32)
-        codes = np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)
-        pos = np.searchsorted(table, codes).clip(max=len(table) - 1)
-        return np.where(table[pos] == codes, pos, self.unk).astype(np.int64)
-
-    def decode(self, ids) -> str:
-        pieces = [self.itos[i] for i in torch.as_tensor(ids).tolist()]
-        return "".join(pieces) if self.kind == "char" else re.sub(r" ?<eos> ?", "\n", " ".join(pieces))
-
-    def state(self) -> dict:
-        return {"kind": self.kind, "itos": self.itos}
-
-
-def _words(text: str) -> Iterator[str]:
-    """PyTorch word_language_model's tokens: each line split on whitespace, then ``<eos>``."""
-    lines = text.split("\n")
-    if lines[-1] == "":  # a final newline ends the last line; it does not start another
-        lines.pop()
-    for line in lines:
-        yield from line.split()
-        yield "<eos>"
-
-
-def _lines(text: str) -> list[str]:
-    """The text as lines that keep their newline: pieces BPE trains and encodes in parallel, joined losslessly."""
-    return re.findall(r"[^\n]*\n|[^\n]+$", text)
-
-
-class Bpe:
-    """Byte-level BPE (GPT-2 style): every byte is in the alphabet, so nothing is unknown and decode inverts encode."""
-
-    kind = "bpe"
-
-    def __init__(self, json: str):
-        self.json, self.tok = json, _tokenizers().Tokenizer.from_str(json)
-        self.size = self.tok.get_vocab_size()
-
-    @classmethod
-    def fit(cls, text: str, text_sha256: str, vocab: int, root: Path) -> Bpe:
-        path = root / "bpe" / f"{text_sha256[:20]}-{vocab}.json"
-        if path.exists():
-            return cls(path.read_text(encoding="utf-8"))
-        tk = _tokenizers()
-        tok = tk.Tokenizer(tk.models.BPE())
-        tok.pre_tokenizer = tk.pre_tokenizers.ByteLevel(add_prefix_space=False)
-        tok.decoder = tk.decoders.ByteLevel()
-        trainer = tk.trainers.BpeTrainer(vocab_size=vocab, show_progress=False,
-                                         initial_alphabet=tk.pre_tokenizers.ByteLevel.alphabet())
-        tok.train_from_iterator(_lines(text), trainer)
-        try:
-            _atomic_write(path, tok.to_str().encode("utf-8"))
-        except OSError:
-            pass  # a read-only cache only costs a refit next time
-        return cls(tok.to_str())
-
-    def encode(self, text: str) -> np.ndarray:
-        encodings = self.tok.encode_batch(_lines(text))
-        return np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype=np.int64)
-
-    def decode(self, ids) -> str:
-        return self.tok.decode(torch.as_tensor(ids).tolist())
-
-    def state(self) -> dict:
-        return {"kind": "bpe", "json": self.json}
-
-
-def _tokenizers():
-    try:
-        import tokenizers
-    except ImportError:
-        raise ConfigError("the bpe tokenizer needs Hugging Face tokenizers: pip install 'attnscale[train]'") from None
-    return tokenizers
-
-
 @dataclass(frozen=True, eq=False)  # eq=False: tensors have no single truth value
 class Corpus:
     """Token ids of a corpus's training and held-out splits; ``codec`` encodes and decodes text."""
@@ -398,7 +301,7 @@ def load_corpus(spec: str = "default", tokenizer: str | None = None, *, bpe_voca
     saved = _load_tokens(path, tokenizer, texts)
     if saved is None:
         if tokenizer == "bpe":
-            codec = Bpe.fit(texts["train"], hashes["train"], bpe_vocab, root)
+            codec = _fit_bpe(texts["train"], hashes["train"], bpe_vocab, root)
         else:
             codec = Vocab.fit(tokenizer, texts["train"])
         ids = {split: torch.from_numpy(codec.encode(text)) for split, text in texts.items()}
@@ -412,6 +315,19 @@ def load_corpus(spec: str = "default", tokenizer: str | None = None, *, bpe_voca
     else:
         codec, ids = saved
     return Corpus(name, tokenizer, codec.size, ids["train"], ids["valid"], hashes["train"], ids.get("test"), codec)
+
+
+def _fit_bpe(text: str, text_sha256: str, vocab: int, root: Path) -> Bpe:
+    """Fit BPE on the training text, or reuse the fit cached for this text and size."""
+    path = root / "bpe" / f"{text_sha256[:20]}-{vocab}.json"
+    if path.exists():
+        return Bpe(path.read_text(encoding="utf-8"))
+    bpe = Bpe.fit(text, vocab)
+    try:
+        _atomic_write(path, bpe.json.encode("utf-8"))
+    except OSError:
+        pass  # a read-only cache only costs a refit next time
+    return bpe
 
 
 def _load_tokens(path: Path, tokenizer: str, texts: dict):
