@@ -1,0 +1,304 @@
+"""The course's claims as data, and how ours are read from the run records.
+
+Each ``Claim`` holds the chapter's words (course-chapter-9), its figure, the
+tolerance we judge by (stated in words, because the reader must be able to
+disagree with it), and a function that reads our number from the records and
+returns a verdict: "agrees", "differs", or "not run" when the records needed
+are absent. Nothing here runs an experiment; ``runs`` is ``report.Runs``.
+
+Tolerances, and why:
+- spread: the estimate's own noise, 3 standard errors. For q·k with unit
+  entries the relative SE of the sample std is ½·sqrt((2 + 6/d)/n), ≈0.5% at
+  n = 20,000. The course's "about 2, 8, 16, 32" equal sqrt(d) exactly, so we
+  compare with sqrt(d) and its rounding adds no slack.
+- counts of rows ("seven in ten"): the rounding interval of the words, widened
+  by 3 binomial SE over the rows measured.
+- single rows ("roughly 35 words"): the course quotes one row, so a figure
+  agrees if it is a typical single row, inside our p10–p90 range.
+- perplexity gaps: the rounding interval, widened by 3 SE of the gap where the
+  seeds give one (≥ 2 seeds per cell); with one seed there is no noise estimate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from attnscale.report import Runs
+
+__all__ = ["AGREES", "DIFFERS", "NOT_RUN", "Claim", "Verdict", "CLAIMS", "evaluate", "spread_se", "gap_by_width", "gap_start", "fmt_gap"]
+
+AGREES, DIFFERS, NOT_RUN = "agrees", "differs", "not run"
+SCALED = "inv_sqrt_d"
+COURSE_WIDTHS = {4: "about 2", 64: "8", 256: "16", 1024: "32"}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    experiment: str
+    claim: str
+    course: str
+    ours: str
+    tolerance: str
+    verdict: str
+    beside: str = ""  # the same measure under another setting (the model's own init)
+    note: str = ""
+
+
+@dataclass(frozen=True)
+class Claim:
+    experiment: str
+    claim: str  # the chapter's words
+    course: str  # the chapter's figure
+    tolerance: str
+    judge: Callable[[Runs], tuple[str, str, str, str]]  # runs -> (ours, verdict, beside, note)
+
+    def evaluate(self, runs: Runs) -> Verdict:
+        ours, verdict, beside, note = self.judge(runs)
+        return Verdict(self.experiment, self.claim, self.course, ours, self.tolerance, verdict, beside, note)
+
+
+def _not_run(what: str) -> tuple[str, str, str, str]:
+    return "—", NOT_RUN, "", what
+
+
+def _ok(cond: bool) -> str:
+    return AGREES if cond else DIFFERS
+
+
+# ---- spread ------------------------------------------------------------------
+
+
+def spread_se(row: dict) -> float:
+    """SE of the raw spread: the record's, else ½·sqrt((2 + 6/d)/n)·sqrt(d)."""
+    if row.get("raw_spread_se") is not None:
+        return float(row["raw_spread_se"])
+    d, n = row["width"], row["pairs"]
+    return 0.5 * math.sqrt((2 + 6 / d) / n) * math.sqrt(d)
+
+
+def _raw_rows(runs: Runs) -> dict[int, dict]:
+    return {int(r["width"]): r for r in runs.spread_rows}
+
+
+def _raw_at(width: int):
+    def judge(runs):
+        row = _raw_rows(runs).get(width)
+        if row is None:
+            return _not_run(f"no spread row at width {width}")
+        raw, se = float(row["raw_spread"]), spread_se(row)
+        return f"{raw:.3f} ± {se:.3f}", _ok(abs(raw - math.sqrt(width)) <= 3 * se), "", f"{row['pairs']:,} pairs"
+    return judge
+
+
+def _raw_elsewhere(runs):
+    rows = [r for w, r in sorted(_raw_rows(runs).items()) if w not in COURSE_WIDTHS]
+    if not rows:
+        return _not_run("no other widths measured")
+    off = [r for r in rows if abs(float(r["raw_spread"]) - math.sqrt(r["width"])) > 3 * spread_se(r)]
+    ours = "; ".join(f"d={r['width']}: {float(r['raw_spread']):.2f} (√d={math.sqrt(r['width']):.2f})" for r in rows)
+    return ours, _ok(not off), "", ("outside: " + ", ".join(f"d={r['width']}" for r in off)) if off else ""
+
+
+def _scaled_one(runs):
+    rows = sorted((r for r in runs.spread_rows if r.get("scale") == SCALED), key=lambda r: r["width"])
+    if not rows:
+        return _not_run(f"no spread rows with scale {SCALED}")
+    se = [spread_se(r) * float(r["factor"]) for r in rows]
+    vals = [float(r["scaled_spread"]) for r in rows]
+    off = [r["width"] for r, v, s in zip(rows, vals, se) if abs(v - 1) > 3 * s]
+    ours = f"{min(vals):.3f} – {max(vals):.3f} over {len(rows)} widths (SE ≈ {max(se):.3f})"
+    return ours, _ok(not off), "", ("outside: d=" + ", ".join(map(str, off))) if off else ""
+
+
+# ---- fresh head --------------------------------------------------------------
+
+
+def _fresh(runs, init: str, width: int, scale: str) -> dict | None:
+    return runs.fresh_rows.get((init, width, scale))
+
+
+def _fresh_claim(width: int, scale: str, fmt: Callable[[dict], str], test: Callable[[dict], bool], note: str = ""):
+    def judge(runs):
+        row = _fresh(runs, "unit", width, scale)
+        model = _fresh(runs, "model", width, scale)
+        beside = f"model init: {fmt(model)}" if model else "model init: not run"
+        if row is None:
+            return "—", NOT_RUN, beside, f"no fresh row (init unit, d={width}, scale {scale})"
+        extra = note
+        if row.get("words") not in (None, 64):
+            extra = f"{note} Our rows are over {row['words']} words, the course's over 64.".strip()
+        return fmt(row), _ok(test(row)), beside, extra
+    return judge
+
+
+def _one_word(r):
+    return (f"median {r['effective_words_median']:.2f} effective words, mean max weight "
+            f"{r['max_weight_mean']:.3f}; e.g. {r.get('example', '')}")
+
+
+def _spread_rows_words(r):
+    return (f"single rows p10–p90: {r['effective_words_p10']:.1f} – {r['effective_words_p90']:.1f} "
+            f"effective words (median {r['effective_words_median']:.1f})")
+
+
+def _rows_counted(r) -> int:
+    return int(r.get("sequences") or 1) * int(r.get("words") or 64)
+
+
+def _frozen(r):
+    p, n = float(r["frozen_fraction"]), _rows_counted(r)
+    return f"{100 * p:.1f}% of {n:,} rows frozen (SE {100 * math.sqrt(max(p * (1 - p), 1e-12) / n):.1f} pts)"
+
+
+def _seven_in_ten(r):
+    p, n = float(r["frozen_fraction"]), _rows_counted(r)
+    se = math.sqrt(max(p * (1 - p), 1e-12) / n)
+    return 0.65 - 3 * se <= p <= 0.75 + 3 * se
+
+
+# ---- dynamics ----------------------------------------------------------------
+
+
+def _dyn(runs, scale: str, width: int = 1024):
+    return [t for t in runs.dynamics if t.width == width and t.scale == scale and t.results.get("first")]
+
+
+def _dyn_claim(scale: str, which: str, key: str, test: Callable[[float], bool], fmt: str = "{:.1f}"):
+    def judge(runs):
+        got = _dyn(runs, scale)
+        if not got:
+            widths = sorted({t.width for t in runs.dynamics})
+            return _not_run(f"no dynamics run at width 1024 with scale {scale}"
+                            + (f" (dynamics ran at d={', '.join(map(str, widths))})" if widths else ""))
+        vals = [t.diag_mean(which, key) for t in got]
+        value = sum(vals) / len(vals)
+        steps = sorted({t.results[which]["step"] for t in got})
+        ours = fmt.format(value) + f" at step {', '.join(map(str, steps))}"
+        note = f"mean of {len(vals)} seeds" if len(vals) > 1 else ""
+        if any(t.status != "done" for t in got):
+            note = (note + "; " if note else "") + "status: " + ", ".join(sorted({t.status for t in got}))
+        return ours, _ok(test(value)), "", note
+    return judge
+
+
+def _not_recovering(runs):
+    got = _dyn(runs, "none")
+    if not got:
+        return _not_run("no dynamics run at width 1024 without the scale")
+    first = sum(t.diag_mean("first", "frozen_fraction") for t in got) / len(got)
+    last = sum(t.diag_mean("last", "frozen_fraction") for t in got) / len(got)
+    return f"{100 * first:.1f}% → {100 * last:.1f}% frozen", _ok(last >= first), "", ""
+
+
+# ---- width sweep -------------------------------------------------------------
+
+
+def gap_by_width(runs: Runs) -> dict[int, tuple[float, float | None, int]]:
+    """width -> (ppl without scale − ppl with it, SE of that gap or None, fewest seeds).
+
+    Means over seeds; the SE needs ≥ 2 seeds in both cells. Diverged runs count
+    as missing (they have no perplexity), so they are said in the metadata."""
+    cells: dict[tuple[int, str], list[float]] = {}
+    for t in runs.sweep:
+        if t.results.get("valid_ppl") is not None:
+            cells.setdefault((t.width, t.scale), []).append(float(t.results["valid_ppl"]))
+    out = {}
+    for w in sorted({w for w, _ in cells}):
+        a, b = cells.get((w, "none")), cells.get((w, SCALED))
+        if not a or not b:
+            continue
+        gap = sum(a) / len(a) - sum(b) / len(b)
+        se = None
+        if len(a) >= 2 and len(b) >= 2:
+            se = math.sqrt(_var(a) / len(a) + _var(b) / len(b))
+        out[w] = (gap, se, min(len(a), len(b)))
+    return out
+
+
+def _var(xs: list[float]) -> float:
+    m = sum(xs) / len(xs)
+    return sum((x - m) ** 2 for x in xs) / (len(xs) - 1)
+
+
+def fmt_gap(gap, se, n) -> str:
+    return f"{gap:+.2f}" + (f" ± {se:.2f} ({n} seeds)" if se is not None else " (1 seed, no noise estimate)")
+
+
+def _gap_claim(select: Callable[[int], bool], lo: float, hi: float, what: str):
+    def judge(runs):
+        gaps = {w: g for w, g in gap_by_width(runs).items() if select(w)}
+        if not gaps:
+            return _not_run(f"no sweep pair (with and without the scale) at {what}")
+        parts, ok = [], True
+        for w, (gap, se, n) in gaps.items():
+            slack = 3 * se if se is not None else 0.0
+            ok &= lo - slack <= gap <= hi + slack
+            parts.append(f"d={w}: {fmt_gap(gap, se, n)}")
+        return "; ".join(parts), _ok(ok), "", ""
+    return judge
+
+
+def gap_start(runs: Runs) -> int | None:
+    """The narrowest width whose gap exceeds 1 point and its own 3 SE."""
+    for w, (gap, se, _) in gap_by_width(runs).items():
+        if gap > max(1.0, 3 * se if se is not None else 0.0):
+            return w
+    return None
+
+
+def _starts(runs):
+    gaps = gap_by_width(runs)
+    if len(gaps) < 2:
+        return _not_run("fewer than two widths with both schemes in the sweep")
+    w = gap_start(runs)
+    if w is None:
+        return f"no gap above 1 point up to d={max(gaps)}", DIFFERS, "", ""
+    return f"from d={w}", _ok(32 < w <= 128), "", "first width whose gap exceeds 1 point and 3 SE"
+
+
+# ---- the claims --------------------------------------------------------------
+
+_TOL_SE = "|ours − √d| ≤ 3 SE of our estimate"
+CLAIMS: list[Claim] = [
+    *(Claim("spread", f"raw score spread at d={d} is √d", f"{fig} (√{d} = {math.sqrt(d):g})", _TOL_SE, _raw_at(d))
+      for d, fig in COURSE_WIDTHS.items()),
+    Claim("spread", "… and √d at every other width", "√d", _TOL_SE, _raw_elsewhere),
+    Claim("spread", "divided by √d, the spread is about 1 at every width", "about 1",
+          "|ours − 1| ≤ 3 SE at each width", _scaled_one),
+    Claim("fresh", "d=256, no scale: a row puts all its weight on one word out of 64", "1 word",
+          "median row < 1.5 effective words", _fresh_claim(256, "none", _one_word, lambda r: r["effective_words_median"] < 1.5)),
+    Claim("fresh", "d=256, with the scale: that row spreads across roughly 35 words", "≈ 35 words",
+          "35 inside our p10–p90 of single rows", _fresh_claim(
+              256, SCALED, _spread_rows_words, lambda r: r["effective_words_p10"] <= 35 <= r["effective_words_p90"],
+              "The course quotes one row, so we ask whether 35 is a typical single row.")),
+    Claim("fresh", "d=1024, no scale: seven rows in ten frozen before training", "70%",
+          "0.65–0.75 (rounding of 'seven in ten') ± 3 binomial SE", _fresh_claim(1024, "none", _frozen, _seven_in_ten)),
+    Claim("fresh", "d=1024, with the scale: none frozen", "0%", "< 0.5% of rows",
+          _fresh_claim(1024, SCALED, _frozen, lambda r: r["frozen_fraction"] < 0.005)),
+    Claim("dynamics", "d=1024, no scale: spread about 21 at the start", "≈ 21", "within ±25% of 21",
+          _dyn_claim("none", "first", "spread", lambda v: abs(v - 21) <= 0.25 * 21)),
+    Claim("dynamics", "… grows to over 5,000 by the end", "> 5,000", "> 5,000",
+          _dyn_claim("none", "last", "spread", lambda v: v > 5000, "{:,.0f}")),
+    Claim("dynamics", "… and 99.9% of rows end frozen", "99.9%", "≥ 99%",
+          _dyn_claim("none", "last", "frozen_fraction", lambda v: v >= 0.99, "{:.1%}")),
+    Claim("dynamics", "frozen heads do not recover; they get worse", "worse", "frozen share at the end ≥ at the start",
+          _not_recovering),
+    Claim("dynamics", "d=1024, with the scale: the spread settles around 3.4", "≈ 3.4", "within ±30% of 3.4",
+          _dyn_claim(SCALED, "last", "spread", lambda v: abs(v - 3.4) <= 0.3 * 3.4, "{:.2f}")),
+    Claim("sweep", "d=32: no difference (unscaled very slightly ahead)", "≈ 0", "|gap| ≤ 1 point (+ 3 SE)",
+          _gap_claim(lambda w: w == 32, -1.0, 1.0, "d=32")),
+    Claim("sweep", "d=128: the scale helps by about 2 points", "≈ 2", "1.5–2.5 (+ 3 SE)",
+          _gap_claim(lambda w: w == 128, 1.5, 2.5, "d=128")),
+    Claim("sweep", "d ≥ 256: worth 17 to 18 points", "17–18", "16.5–18.5 (+ 3 SE) at each width",
+          _gap_claim(lambda w: w >= 256, 16.5, 18.5, "d ≥ 256")),
+    Claim("sweep", "where 'large' starts: after 32, by 128", "32 < d ≤ 128", "first width with a gap > 1 point", _starts),
+]
+
+
+def evaluate(runs: Runs) -> list[Verdict]:
+    """Every claim judged against the records in ``runs``."""
+    return [c.evaluate(runs) for c in CLAIMS]

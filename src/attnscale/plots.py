@@ -1,0 +1,236 @@
+"""The report's figures, drawn from values read out of run records.
+
+matplotlib loads inside each function (with the Agg backend, so no display is
+needed): ``import attnscale`` must stay free of it, and it is an extra
+(``attnscale[report]``). Each function writes one PNG and returns its path.
+Colours follow the scale scheme everywhere, so a reader learns them once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+__all__ = ["spread_plot", "fresh_plot", "illustration", "training", "perplexity_vs_width", "scheme_colour"]
+
+_COLOURS = {"none": "#c0392b", "inv_sqrt_d": "#2471a3", "inv_d": "#7d3c98", "qk_norm": "#1e8449",
+            "softcap": "#b9770e", "learned_temp": "#566573"}
+DPI = 110
+
+
+def scheme_colour(scale: str) -> str:
+    return _COLOURS.get(scale, "#333333")
+
+
+def _plt():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _save(fig, path: Path) -> Path:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    # metadata=None-equivalents keep the PNG bytes stable across rebuilds
+    fig.savefig(path, dpi=DPI, metadata={"Software": None})
+    _plt().close(fig)
+    return path
+
+
+def _log2_widths(ax, widths: Sequence[int]) -> None:
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(list(widths))
+    ax.set_xticklabels([str(w) for w in widths])
+    ax.minorticks_off()
+
+
+def _plain_log_y(ax, ticks: Sequence[float]) -> None:
+    """A log y axis labelled 1, 2, 5, … rather than 10^0: readers compare with the course's plain numbers."""
+    ax.set_yscale("log")
+    lo, hi = ax.get_ylim()
+    shown = [t for t in ticks if lo <= t <= hi]
+    ax.set_yticks(shown)
+    ax.set_yticklabels([f"{t:,g}" for t in shown])
+    ax.minorticks_off()
+
+
+def spread_plot(rows: list[dict], path: Path) -> Path:
+    """Raw and scaled spread of q·k against width, log–log, with the √d line."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    raw = sorted({int(r["width"]): float(r["raw_spread"]) for r in rows}.items())
+    widths = [w for w, _ in raw]
+    fine = [2 ** (k / 8) for k in range(int(8 * math.log2(min(widths))) - 4, int(8 * math.log2(max(widths))) + 5)]
+    ax.plot(fine, [math.sqrt(w) for w in fine], color="#888888", lw=1, ls="--", label="√d")
+    ax.axhline(1.0, color="#888888", lw=0.8, ls=":")
+    ax.plot(widths, [v for _, v in raw], "o-", color=scheme_colour("none"), label="raw q·k (no scale)")
+    for scale in sorted({r["scale"] for r in rows if r.get("scale") != "none"}):
+        pts = sorted((int(r["width"]), float(r["scaled_spread"])) for r in rows if r.get("scale") == scale)
+        ax.plot([w for w, _ in pts], [v for _, v in pts], "s-", color=scheme_colour(scale), label=f"scaled ({scale})")
+    _plain_log_y(ax, [0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256])
+    _log2_widths(ax, widths)
+    ax.set_xlabel("width d (entries of q and k)")
+    ax.set_ylabel("spread (std of scores)")
+    ax.set_title(f"Spread of scores over {rows[0].get('pairs', 0):,} random pairs")
+    ax.legend()
+    ax.grid(alpha=0.3, which="both")
+    return _save(fig, path)
+
+
+def fresh_plot(rows_list: list[dict], path: Path) -> Path:
+    """Effective words (median, p10–p90 band) and frozen fraction against width, per init and scale."""
+    plt = _plt()
+    rows = {(r.get("init", "unit"), int(r["width"]), r["scale"]): r for r in rows_list}
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.3))
+    widths = sorted({w for _, w, _ in rows})
+    styles = {"unit": ("-", "o"), "model": (":", "^")}
+    for init in sorted({i for i, _, _ in rows}, key=lambda i: (i != "unit", i)):
+        ls, mk = styles.get(init, ("--", "x"))
+        for scale in sorted({s for i, _, s in rows if i == init}):
+            pts = sorted((w, r) for (i, w, s), r in rows.items() if i == init and s == scale)
+            ws = [w for w, _ in pts]
+            c = scheme_colour(scale)
+            label = f"{scale}, {init} init"
+            ax1.plot(ws, [r["effective_words_median"] for _, r in pts], ls=ls, marker=mk, color=c, label=label)
+            ax1.fill_between(ws, [r["effective_words_p10"] for _, r in pts], [r["effective_words_p90"] for _, r in pts],
+                             color=c, alpha=0.12 if init == "unit" else 0.06)
+            ax2.plot(ws, [100 * r["frozen_fraction"] for _, r in pts], ls=ls, marker=mk, color=c, label=label)
+    words = next(iter(rows.values())).get("words", 64)
+    ax1.set_ylabel(f"effective words per row (of {words}); band p10–p90")
+    _plain_log_y(ax1, [1, 2, 5, 10, 20, 50, 100, 200, 500])
+    threshold = next(iter(rows.values())).get("frozen_threshold", 0.99)
+    ax2.set_ylabel(f"frozen rows, % (max weight > {threshold})")
+    ax2.set_ylim(-3, 103)
+    for ax in (ax1, ax2):
+        _log2_widths(ax, widths)
+        ax.set_xlabel("width d")
+        ax.grid(alpha=0.3)
+    ax1.set_title("A fresh head: how many words a row spreads over")
+    ax2.set_title("A fresh head: rows frozen on one word")
+    ax2.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def illustration(ill: dict[str, Any], path: Path) -> Path:
+    """One row's weights at several score scales: from a soft blend to one word."""
+    plt = _plt()
+    mults, weights = ill["multipliers"], ill["weights"]
+    eff = ill.get("effective_words") or [None] * len(mults)
+    n = len(mults)
+    cols = min(n, 3)
+    fig, axes = plt.subplots(math.ceil(n / cols), cols, figsize=(4 * cols, 2.6 * math.ceil(n / cols)),
+                             sharey=True, squeeze=False)
+    for ax, m, w, e in zip(axes.flat, mults, weights, eff):
+        ax.bar(range(len(w)), w, color=scheme_colour("inv_sqrt_d"), width=0.9)
+        title = f"scores × {m:g}"
+        if e is not None:
+            title += f": {e:.1f} effective words"
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("word")
+    for ax in list(axes.flat)[n:]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("weight")
+    fig.suptitle("The same row of scores, made louder", fontsize=11)
+    return _save(fig, path)
+
+
+def _layer_means(steps: list[dict], key: str) -> tuple[list[int], list[list[float]]]:
+    """Steps, and per layer the mean over heads of ``key`` at each step."""
+    xs = [s["step"] for s in steps]
+    n_layers = len(steps[0]["layers"])
+    per = [[sum(s["layers"][i][key]) / len(s["layers"][i][key]) for s in steps] for i in range(n_layers)]
+    return xs, per
+
+
+def _differ(per: list[list[float]]) -> bool:
+    if len(per) < 2:
+        return False
+    for vals in zip(*per):
+        lo, hi = min(vals), max(vals)
+        if hi - lo > 0.1 * max(abs(hi), 1e-9) and hi - lo > 1e-3:
+            return True
+    return False
+
+
+def training(runs: list[tuple[str, str, list[dict]]], path: Path, title: str) -> Path:
+    """Spread, frozen fraction, effective words and loss per step; ``runs`` = [(label, scale, metric lines)].
+
+    Solid: mean over layers and heads. Thin lines: each layer (mean over its
+    heads), drawn only where the layers differ by more than 10%."""
+    plt = _plt()
+    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
+    panels = [("spread", "spread of scaled scores"), ("frozen_fraction", "frozen rows, %"),
+              ("effective_words", "effective words per row")]
+    for label, scale, steps in runs:
+        c = scheme_colour(scale)
+        diag = [s for s in steps if s.get("layers")]
+        if diag:
+            for ax, (key, ylabel) in zip(axes.flat, panels):
+                xs, per = _layer_means(diag, key)
+                k = 100 if key == "frozen_fraction" else 1
+                mean = [k * sum(v) / len(v) for v in zip(*per)]
+                ax.plot(xs, mean, color=c, lw=2, label=label)
+                if _differ(per):
+                    for i, ys in enumerate(per):
+                        ax.plot(xs, [k * y for y in ys], color=c, lw=0.8, ls=(0, (1 + i, 1 + i)), alpha=0.8,
+                                label=f"{label}, layer {i}")
+                ax.set_ylabel(ylabel)
+        loss = [(s["step"], s["loss"]) for s in steps if s.get("loss") is not None]
+        if loss:
+            axes[1, 1].plot([x for x, _ in loss], [y for _, y in loss], color=c, lw=1.2, label=f"{label} (train)")
+        ev = [(s["step"], s["valid_loss"]) for s in steps if s.get("valid_loss") is not None]
+        if ev:
+            axes[1, 1].plot([x for x, _ in ev], [y for _, y in ev], "o--", color=c, ms=4, label=f"{label} (held out)")
+    axes[1, 1].set_ylabel("loss (nats per token)")
+    if axes[0, 0].lines:  # the spread runs from ~1 to thousands without the scale
+        _plain_log_y(axes[0, 0], [k * 10.0 ** e for e in range(-2, 6) for k in (1, 2, 5)])
+    from matplotlib.ticker import MaxNLocator
+
+    for ax in axes.flat:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        if ax.lines:
+            ax.legend(fontsize=7)
+    fig.suptitle(title, fontsize=11)
+    return _save(fig, path)
+
+
+def perplexity_vs_width(cells: dict[tuple[int, str], list[float]], gaps: dict[int, tuple[float, float | None, int]],
+                        start: int | None, path: Path) -> Path:
+    """Held-out perplexity against width per scheme (mean, min–max of seeds), and the gap."""
+    plt = _plt()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.3))
+    widths = sorted({w for w, _ in cells})
+    for scale in sorted({s for _, s in cells}):
+        pts = sorted((w, v) for (w, s), v in cells.items() if s == scale and v)
+        ws = [w for w, _ in pts]
+        mean = [sum(v) / len(v) for _, v in pts]
+        err = [[m - min(v) for m, (_, v) in zip(mean, pts)], [max(v) - m for m, (_, v) in zip(mean, pts)]]
+        ax1.errorbar(ws, mean, yerr=err, marker="o", capsize=3, color=scheme_colour(scale), label=scale)
+    ax1.set_ylabel("held-out perplexity (bars: seeds' min–max)")
+    ax1.set_title("Perplexity by width")
+    ax1.legend()
+    if gaps:
+        gw = sorted(gaps)
+        ax2.errorbar(gw, [gaps[w][0] for w in gw], yerr=[3 * (gaps[w][1] or 0) for w in gw], marker="o", capsize=3,
+                     color="#444444", label="ppl(none) − ppl(inv_sqrt_d); bars 3 SE")
+        ax2.axhline(0, color="#888888", lw=0.8)
+        if start is not None:
+            ax2.axvline(start, color=scheme_colour("inv_sqrt_d"), ls="--", lw=1, label=f"gap starts (d={start})")
+        ax2.legend(fontsize=8)
+    ax2.set_ylabel("perplexity gap (points)")
+    ax2.set_title("What the scale is worth")
+    for ax in (ax1, ax2):
+        if widths:
+            _log2_widths(ax, widths)
+        ax.set_xlabel("width d")
+        ax.grid(alpha=0.3)
+    return _save(fig, path)
