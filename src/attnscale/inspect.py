@@ -381,38 +381,12 @@ def format_table(result: InspectResult, per_head: bool = True) -> str:
 
 def plot_heatmaps(result: InspectResult, path: Path) -> Path:
     """Layers × heads heatmaps of effective words and frozen fraction, one column per scheme."""
-    try:
-        import matplotlib
-    except ImportError:
-        raise ConfigError("--out draws heatmaps with matplotlib; install the extra: pip install 'attnscale[report]'") from None
+    from attnscale import plots
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.ticker import MaxNLocator
-
-    schemes = (MODEL, *result.what_ifs)
-    most = max(r[s]["effective_words"] for r in result.rows for s in schemes)  # one colour scale for all columns
-    fig, axes = plt.subplots(2, len(schemes), figsize=(3.2 * len(schemes) + 1, 0.25 * result.layers + 5), squeeze=False)
-    for col, scheme in enumerate(schemes):
-        for row, (key, title, cmap, vmin, vmax) in enumerate((("effective_words", "effective words", "viridis", 1.0, most),
-                                                              ("frozen_fraction", "frozen fraction", "magma", 0.0, 1.0))):
-            grid = torch.full((result.layers, result.heads), float("nan"))
-            for r in result.rows:
-                grid[r["layer"], r["head"]] = r[scheme][key]
-            ax = axes[row][col]
-            im = ax.imshow(grid.numpy(), aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
-            name = f"model ({result.scale:.3g})" if scheme == MODEL else _WHAT_IF_TITLES.get(scheme, scheme)
-            ax.set_title(f"{title}\n{name}", fontsize=9)
-            ax.set(xlabel="head", ylabel="layer")
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-            fig.colorbar(im, ax=ax, shrink=0.8)
-    fig.suptitle(f"{result.model}: {result.tokens} tokens", fontsize=10)
-    fig.tight_layout()
-    path = Path(path)
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return path
+    titles = {s: f"model ({result.scale:.3g})" if s == MODEL else _WHAT_IF_TITLES.get(s, s)
+              for s in (MODEL, *result.what_ifs)}
+    return plots.head_heatmaps(result.rows, titles, result.layers, result.heads,
+                               f"{result.model}: {result.tokens} tokens", path)
 
 
 def run(cfg: InspectConfig, texts: str | Sequence[str], out: Path | None = None) -> InspectResult:

@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["spread_plot", "fresh_plot", "illustration", "training", "perplexity_vs_width", "scheme_colour"]
+__all__ = ["spread_plot", "fresh_plot", "illustration", "training", "perplexity_vs_width", "head_heatmaps",
+           "scheme_colour"]
 
 _COLOURS = {"none": "#c0392b", "inv_sqrt_d": "#2471a3", "inv_d": "#7d3c98", "qk_norm": "#1e8449",
             "softcap": "#b9770e", "learned_temp": "#566573"}
@@ -25,7 +26,12 @@ def scheme_colour(scale: str) -> str:
 
 
 def _plt():
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        from attnscale.errors import ConfigError
+
+        raise ConfigError("plots need matplotlib; install the extra: pip install 'attnscale[report]'") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -233,4 +239,31 @@ def perplexity_vs_width(cells: dict[tuple[int, str], list[float]], gaps: dict[in
             _log2_widths(ax, widths)
         ax.set_xlabel("width d")
         ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+def head_heatmaps(rows: list[dict], titles: dict[str, str], layers: int, heads: int, title: str, path: Path) -> Path:
+    """Layers × heads heatmaps of effective words and frozen fraction, one column per
+    scheme. ``rows``: one per (layer, head), each holding ``row[scheme][measure]``."""
+    import numpy as np
+    from matplotlib.ticker import MaxNLocator
+
+    plt = _plt()
+    schemes = list(titles)
+    most = max(r[s]["effective_words"] for r in rows for s in schemes)  # one colour scale for all columns
+    fig, axes = plt.subplots(2, len(schemes), figsize=(3.2 * len(schemes) + 1, 0.25 * layers + 5), squeeze=False)
+    for col, scheme in enumerate(schemes):
+        for row, (key, label, cmap, vmin, vmax) in enumerate((("effective_words", "effective words", "viridis", 1.0, most),
+                                                              ("frozen_fraction", "frozen fraction", "magma", 0.0, 1.0))):
+            grid = np.full((layers, heads), np.nan)
+            for r in rows:
+                grid[r["layer"], r["head"]] = r[scheme][key]
+            ax = axes[row][col]
+            im = ax.imshow(grid, aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
+            ax.set_title(f"{label}\n{titles[scheme]}", fontsize=9)
+            ax.set(xlabel="head", ylabel="layer")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+            fig.colorbar(im, ax=ax, shrink=0.8)
+    fig.suptitle(title, fontsize=10)
     return _save(fig, path)
