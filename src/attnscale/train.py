@@ -1,0 +1,405 @@
+"""Training loop that records the attention diagnostics through the hooks.
+
+``train(model_cfg, train_cfg, corpus)`` trains ``TinyLM`` with AdamW, a linear
+warm-up then cosine decay, and gradient clipping, and returns a plain dict.
+Every ``record_every`` steps (and at step 0, before any update) the forward
+pass of the training step itself goes through the hooks: each layer's scores
+and pattern are reduced on the spot by ``diagnostics.head_summary`` (over the
+first ``record_sequences`` sequences of the batch) and dropped, so recording
+costs one explicit-attention forward and a few reductions, not an extra pass
+or kept tensors. The step-0 figures are therefore
+those of the freshly initialised model on a training batch.
+
+A non-finite loss ends the run as "diverged" at that step and keeps what was
+recorded; ``train`` never raises for it (a sweep must finish).
+
+Determinism: batches come from a local ``torch.Generator`` seeded with
+``seed``; the weights from ``torch.manual_seed(seed)`` inside ``train``.
+Same config, same machine, same thread count -> the same numbers to the last digit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from attnscale.data import batches, check_length, eval_batches
+from attnscale.diagnostics import FROZEN_THRESHOLD, head_summary
+from attnscale.errors import ConfigError
+from attnscale.hooks import record
+from attnscale.model import ModelConfig, TinyLM
+from attnscale.runs import to_jsonable, write_record
+
+__all__ = ["TrainConfig", "train", "lr_at", "evaluate", "DIAGNOSTICS", "summarize", "preset", "PRESETS",
+           "resolve_dtype", "native_bf16"]
+
+DIAGNOSTICS = ("spread", "frozen_fraction", "effective_words", "push", "max_score", "max_weight")
+DTYPES = {"fp32": None, "bf16": torch.bfloat16, "auto": None}
+
+
+def native_bf16() -> bool:
+    """True where the CPU has bf16 dot-product instructions (AVX512-BF16 or AMX).
+
+    Elsewhere bf16 matmuls are emulated and slower than fp32, so "auto" picks fp32."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = f.read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_dtype(dtype: str) -> str:
+    """"fp32" or "bf16"; "auto" is bf16 on a CPU with native bf16, else fp32."""
+    if dtype == "auto":
+        return "bf16" if native_bf16() else "fp32"
+    return dtype
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Optimisation budget and recording. ``eval_batches=None`` evaluates the whole valid split.
+
+    ``dtype``: "fp32", "bf16" (autocast: matmuls in bf16, softmax and loss in
+    fp32) or "auto" (bf16 where the CPU has native bf16, else fp32; the
+    resolved one is in the results)."""
+
+    steps: int = 300
+    batch: int = 32
+    lr: float = 3e-3
+    warmup: int = 30
+    min_lr_ratio: float = 0.1
+    weight_decay: float = 0.1
+    clip: float = 1.0
+    beta2: float = 0.99
+    record_every: int = 10
+    record_sequences: int = 4
+    eval_batches: int | None = 20
+    seed: int = 0
+    dtype: str = "fp32"
+    threads: int | None = None
+    frozen_threshold: float = FROZEN_THRESHOLD
+    checkpoint_every: int = 0
+
+    def __post_init__(self):
+        for name in ("steps", "batch", "record_every", "record_sequences"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ConfigError(f"train {name} must be a positive integer, got {value!r}")
+        if not isinstance(self.warmup, int) or self.warmup < 0:
+            raise ConfigError(f"train warmup must be a non-negative integer, got {self.warmup!r}")
+        if not (isinstance(self.lr, (int, float)) and 0 < self.lr < math.inf):
+            raise ConfigError(f"train lr must be a positive number, got {self.lr!r}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"train min_lr_ratio must lie in [0, 1], got {self.min_lr_ratio!r}")
+        if self.weight_decay < 0 or not self.clip > 0 or not 0 <= self.beta2 < 1:
+            raise ConfigError("train weight_decay must be >= 0, clip > 0 and beta2 in [0, 1)")
+        if self.eval_batches is not None and (not isinstance(self.eval_batches, int) or self.eval_batches < 1):
+            raise ConfigError(f"train eval_batches must be a positive integer or None (all), got {self.eval_batches!r}")
+        if self.dtype not in DTYPES:
+            raise ConfigError(f"train dtype {self.dtype!r} is unknown; choose one of: {', '.join(DTYPES)}")
+        if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
+            raise ConfigError(f"train threads must be a positive integer or None, got {self.threads!r}")
+        if not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 0:
+            raise ConfigError(f"train checkpoint_every must be a non-negative integer (0 = never), got {self.checkpoint_every!r}")
+        if not 0 < self.frozen_threshold < 1:
+            raise ConfigError(f"train frozen_threshold must lie in (0, 1), got {self.frozen_threshold!r}")
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up to ``lr`` over ``warmup`` steps, then cosine decay to ``lr·min_lr_ratio``."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    span = max(1, cfg.steps - cfg.warmup)
+    progress = min(1.0, (step - cfg.warmup) / span)
+    floor = cfg.lr * cfg.min_lr_ratio
+    return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
+
+
+def _autocast(dtype: str):
+    if resolve_dtype(dtype) == "fp32":
+        return contextlib.nullcontext()
+    return torch.autocast("cpu", dtype=torch.bfloat16)
+
+
+@contextlib.contextmanager
+def _threads(n: int | None):
+    before = torch.get_num_threads()
+    if n is not None:
+        torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class _Recorder:
+    """Hook callback: pairs each layer's scores with its pattern and reduces them at once."""
+
+    def __init__(self, n_layers: int, threshold: float, sequences: int):
+        self.threshold, self.sequences = threshold, sequences
+        self.scores: dict[int, torch.Tensor] = {}
+        self.layers: list[dict[str, list[float]] | None] = [None] * n_layers
+
+    def __call__(self, name: str, tensor: torch.Tensor) -> None:
+        layer = int(name.split(".")[1])  # "blocks.{i}.attn.hook_*"
+        tensor = tensor[: self.sequences]  # the reductions cost more than the forward; a few sequences suffice
+        if name.endswith("hook_scores"):
+            self.scores[layer] = tensor
+        else:
+            self.layers[layer] = head_summary(self.scores.pop(layer), tensor, self.threshold)
+
+    def row(self) -> dict[str, list[list[float]]]:
+        """Each diagnostic as a [layer][head] list."""
+        return {k: [layer[k] for layer in self.layers] for k in DIAGNOSTICS}
+
+
+@contextlib.contextmanager
+def _recording(model: TinyLM, due: bool, cfg: TrainConfig):
+    """Yield a ``_Recorder`` hooked into ``model`` when ``due``, else None (no hooks, fused path stays)."""
+    if not due:
+        yield None
+        return
+    rec = _Recorder(model.cfg.n_layers, cfg.frozen_threshold, cfg.record_sequences)
+    with record(model, ["*hook_scores", "*hook_pattern"], fn=rec):
+        yield rec
+
+
+@torch.no_grad()
+def evaluate(model: TinyLM, ids: torch.Tensor, batch: int, max_batches: int | None, dtype: str = "fp32") -> dict[str, float]:
+    """Held-out mean cross-entropy (nats, token-weighted) and perplexity = exp of it."""
+    was_training = model.training
+    model.eval()
+    total, tokens = 0.0, 0
+    try:
+        for i, (x_BT, y_BT) in enumerate(eval_batches(ids, batch, model.cfg.context)):
+            if max_batches is not None and i >= max_batches:
+                break
+            with _autocast(dtype):
+                logits_BTV = model(x_BT)
+            total += float(torch.nn.functional.cross_entropy(logits_BTV.float().flatten(0, 1), y_BT.flatten(), reduction="sum"))
+            tokens += y_BT.numel()
+    finally:
+        model.train(was_training)
+    loss = total / tokens
+    return {"valid_loss": loss, "perplexity": math.exp(loss) if loss < 700 else math.inf, "eval_tokens": tokens}
+
+
+def summarize(row: dict[str, Any]) -> dict[str, Any]:
+    """One recorded row in a few numbers: each diagnostic's mean over layers and
+    heads (max for max_score), and ``spread_by_layer``/``frozen_by_layer``
+    (mean over heads), since the first layer is the one that sees the raw embeddings."""
+    out: dict[str, Any] = {}
+    for k in DIAGNOSTICS:
+        flat = [v for layer in row[k] for v in layer]
+        out[k] = max(flat) if k == "max_score" else sum(flat) / len(flat)
+    out["spread_by_layer"] = [sum(layer) / len(layer) for layer in row["spread"]]
+    out["frozen_by_layer"] = [sum(layer) / len(layer) for layer in row["frozen_fraction"]]
+    return out
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def train(
+    model_cfg: ModelConfig,
+    train_cfg: TrainConfig,
+    corpus,
+    run_dir: Path | None = None,
+    *,
+    on_step: Callable[[int, int, dict], None] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+    experiment: str = "train",
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Train, record diagnostics, evaluate on ``corpus.valid``; return the results dict.
+
+    With ``run_dir``: ``metrics.jsonl`` (one line per recorded step, written
+    fresh) and ``record.json`` (``runs.write_record``; status "done",
+    "diverged" or "stopped"). ``on_step(step, steps, info)`` is called after
+    every step; ``should_stop()`` ends the run early (status "stopped").
+
+    With ``checkpoint_every`` > 0 and ``run_dir``, ``checkpoint.pt`` is saved
+    every that many steps; a later call with the same configs and corpus resumes
+    from it and gives the numbers an uninterrupted run gives. It is removed when
+    the run ends "done" or "diverged"."""
+    if model_cfg.vocab_size < corpus.vocab_size:
+        raise ConfigError(f"model vocab_size {model_cfg.vocab_size} is smaller than the corpus's {corpus.vocab_size}")
+    check_length(corpus.train, model_cfg.context, "training split")
+    check_length(corpus.valid, model_cfg.context, "held-out split")
+    started = time.time()
+    config = to_jsonable({"model": asdict(model_cfg), "train": asdict(train_cfg), "corpus": corpus.describe()})
+    metrics, ckpt = None, None
+    if run_dir is not None:
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        if train_cfg.checkpoint_every:
+            ckpt = _Checkpoint(run_dir / "checkpoint.pt", config)
+        metrics = open(run_dir / "metrics.jsonl", "w")  # written afresh; a resumed run replays its rows
+    try:
+        with _threads(train_cfg.threads):
+            results = _train(model_cfg, train_cfg, corpus, metrics, on_step, should_stop, ckpt)
+    finally:
+        if metrics is not None:
+            metrics.close()
+    if run_dir is not None:
+        write_record(run_dir, experiment, config, results, status=results["status"], started=started, extra=extra)
+    return results
+
+
+class _Checkpoint:
+    """Model, optimiser, batch-generator state and what was recorded, for resuming a run."""
+
+    def __init__(self, path: Path, config: dict[str, Any]):
+        self.path, self.config = path, config
+
+    def load(self) -> dict[str, Any] | None:
+        if not self.path.exists():
+            return None
+        try:
+            state = torch.load(self.path, weights_only=False)
+        except Exception:  # a torn or foreign file: start afresh rather than fail the run
+            return None
+        return state if state.get("config") == self.config else None
+
+    def save(self, **state) -> None:
+        tmp = self.path.with_suffix(".tmp")
+        torch.save({"config": self.config, **state}, tmp)
+        os.replace(tmp, self.path)  # a reader sees the old checkpoint or the new one
+
+    def remove(self) -> None:
+        self.path.unlink(missing_ok=True)
+
+
+def _train(model_cfg, cfg, corpus, metrics, on_step, should_stop, ckpt) -> dict[str, Any]:
+    torch.manual_seed(cfg.seed)
+    model = TinyLM(model_cfg)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW(
+        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        lr=cfg.lr, betas=(0.9, cfg.beta2), fused=True,  # one kernel per step; ~4% faster than foreach on CPU
+    )
+    history: list[dict[str, Any]] = []
+    losses: list[float] = []
+    status, diverged_at, start = "done", None, 0
+    t0 = time.perf_counter()
+
+    def log(row: dict[str, Any]) -> None:
+        history.append(row)
+        if metrics is not None:
+            metrics.write(json.dumps(row) + "\n")
+            metrics.flush()
+
+    state = ckpt.load() if ckpt is not None else None
+    if state is not None:
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        gen.set_state(state["gen"])
+        losses, start = state["losses"], state["step"]
+        for row in state["history"]:
+            log(row)
+    for step in range(start, cfg.steps):
+        if should_stop is not None and should_stop():
+            status = "stopped"
+            break
+        lr = lr_at(step, cfg)
+        for group in opt.param_groups:
+            group["lr"] = lr
+        x_BT, y_BT = batches(corpus.train, cfg.batch, model_cfg.context, gen)
+        due = step % cfg.record_every == 0
+        with _recording(model, due, cfg) as rec, _autocast(cfg.dtype):
+            loss = model.loss(x_BT, y_BT)
+        value = loss.item()  # the one sync per step
+        if rec is not None:
+            log({"step": step, "loss": _finite(value), "lr": lr, "elapsed_s": time.perf_counter() - t0, **rec.row()})
+        if not math.isfinite(value):
+            status, diverged_at = "diverged", step
+            break
+        losses.append(value)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+        opt.step()
+        if ckpt is not None and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
+            ckpt.save(step=step + 1, model=model.state_dict(), opt=opt.state_dict(), gen=gen.get_state(),
+                      losses=losses, history=history)
+        if on_step is not None:
+            on_step(step + 1, cfg.steps, {"loss": value, "lr": lr, "grad_norm": float(grad_norm)})
+    steps_done = len(losses)
+    train_seconds = time.perf_counter() - t0
+
+    if status == "done":
+        # the trained model's diagnostics, on one more training batch, without an update
+        x_BT, y_BT = batches(corpus.train, cfg.batch, model_cfg.context, gen)
+        with torch.no_grad(), _recording(model, True, cfg) as rec, _autocast(cfg.dtype):
+            value = float(model.loss(x_BT, y_BT))
+        log({"step": cfg.steps, "loss": _finite(value), "lr": lr_at(cfg.steps - 1, cfg),
+             "elapsed_s": time.perf_counter() - t0, **rec.row()})
+        if not math.isfinite(value):
+            status, diverged_at = "diverged", cfg.steps
+    evaluation = {"valid_loss": None, "perplexity": None, "eval_tokens": 0}
+    if status == "done":
+        evaluation = evaluate(model, corpus.valid, cfg.batch, cfg.eval_batches, cfg.dtype)
+        if not math.isfinite(evaluation["valid_loss"]):
+            status, diverged_at = "diverged", cfg.steps
+        evaluation = {k: _finite(v) if isinstance(v, float) else v for k, v in evaluation.items()}
+    if ckpt is not None and status != "stopped":
+        ckpt.remove()
+    tail = losses[-max(1, cfg.record_every):]
+    return {
+        "status": status,
+        "steps_done": steps_done,
+        "diverged_at": diverged_at,
+        "final_train_loss": sum(tail) / len(tail) if tail else None,
+        **evaluation,
+        "d_k": model_cfg.d_k,
+        "scale": model_cfg.scale,
+        "init": model_cfg.init,
+        "params": model.num_params(),
+        "resumed_from": start or None,
+        "train_seconds": train_seconds,
+        "tokens_per_s": (steps_done - start) * cfg.batch * model_cfg.context / max(train_seconds, 1e-9),
+        "threads": torch.get_num_threads(),
+        "dtype": resolve_dtype(cfg.dtype),
+        "start": summarize(history[0]) if history else None,
+        "end": summarize(history[-1]) if history else None,
+        "history": history,
+    }
+
+
+# ---- presets: budgets sized for a 2-core laptop CPU --------------------------
+
+PRESETS = ("quick", "sweep", "dynamics")
+
+
+def preset(name: str) -> tuple[dict[str, Any], TrainConfig]:
+    """``(model_kwargs, train_cfg)`` for a named budget.
+
+    ``model_kwargs`` lacks ``vocab_size``, ``head_dim`` and ``scale``, which the
+    caller sets per run: ``ModelConfig(vocab_size=corpus.vocab_size,
+    head_dim=width, scale=scale, **model_kwargs)``.
+
+    Why these choices (measured; see the benchmarks): post-LN with PyTorch's
+    default init is the model whose first head starts at spread ≈ sqrt(d)·2/3
+    (21 at d = 1,024, the course's figure); ``dtype="auto"``: bf16 autocast with
+    the explicit path (softmax in fp32) trains ~1.7× faster than fp32 on an
+    AVX512-BF16 CPU, with held-out loss and diagnostics unchanged within seed
+    noise; on CPUs without native bf16 it is fp32. "sweep" records every 10
+    steps, so its width-1,024 pair doubles as the dynamics pair."""
+    model = {"context": 64, "d_model": 64, "n_layers": 2, "n_heads": 4, "init": "torch", "norm": "post", "impl": "explicit"}
+    if name == "quick":  # the embedded corpus, a few seconds a run
+        return {**model, "context": 32}, TrainConfig(steps=60, batch=8, lr=3e-3, warmup=6, record_every=10, eval_batches=8, dtype="auto")
+    if name in ("sweep", "dynamics"):
+        return model, TrainConfig(steps=400, batch=16, lr=3e-3, warmup=40, record_every=10, eval_batches=40, dtype="auto")
+    raise ConfigError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}")
