@@ -1,6 +1,6 @@
 """report.build: from run records on disk to HTML + Markdown, with any subset of experiments.
 
-Records are written by hand here, following the schema in runs.py, so these
+Records are written by hand here, in the form runs.py documents (train.py's), so these
 tests need no training; one test runs the real spread and fresh experiments
 at tiny sizes to hold the contract between them and the report."""
 
@@ -72,21 +72,24 @@ def _diag(step, spread, frozen, eff, layers=2, heads=2):
 
 def _train(root: Path, group: str, d: int, scale: str, seed: int, *, ppl: float, corpus: str, start=(3.0, 0.0, 30.0),
            end=(3.4, 0.0, 20.0), steps=40) -> None:
+    """A training run as train.py writes it: [layer][head] lists per metrics line, means in start/end."""
     run = root / group / f"d{d}-{scale}-s{seed}"
     lines = []
     for k, step in enumerate(range(0, steps + 1, 10)):
         t = k / (steps // 10)
         vals = [a + (b - a) * t for a, b in zip(start, end)]
-        lines.append({"step": step, "loss": 5 - 2 * t, "lr": 3e-3, "layers": _diag(step, *vals)["layers"]})
-    lines.append({"step": steps, "valid_loss": math.log(ppl)})
+        layers = _diag(step, *vals)["layers"]
+        lines.append({"step": step, "loss": 5 - 2 * t, "lr": 3e-3,
+                      **{key: [layer[key] for layer in layers] for key in layers[0] if key != "layer"}})
     run.mkdir(parents=True)
     (run / "metrics.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
     config = {"model": {"vocab_size": 256, "context": 64, "d_model": 64, "n_layers": 2, "n_heads": 2, "head_dim": d,
                         "scale": scale, "init": "torch", "norm": "pre"},
               "train": {"steps": steps, "batch": 8, "lr": 3e-3, "seed": seed},
               "corpus": {"name": corpus, "tokenizer": "bytes", "tokens": 12345}}
-    results = {"valid_loss": math.log(ppl), "valid_ppl": ppl, "steps_done": steps, "diverged_at": None,
-               "tokens_per_s": 1000.0, "train_loss_last": 3.0, "first": _diag(0, *start), "last": _diag(steps, *end)}
+    means = {w: dict(zip(("spread", "frozen_fraction", "effective_words"), v)) for w, v in (("start", start), ("end", end))}
+    results = {"status": "done", "valid_loss": math.log(ppl), "perplexity": ppl, "steps_done": steps, "diverged_at": None,
+               "tokens_per_s": 1000.0, "final_train_loss": 3.0, **means}
     _record(run, "train", config, results, group=group)
 
 
@@ -106,28 +109,6 @@ def write_runs(root: Path, *, training: bool = True, corpus: str = "wikitext-2")
                 _train(root, "sweep", d, "inv_sqrt_d", seed, ppl=40.0 + 0.1 * seed, corpus=corpus)
                 _train(root, "sweep", d, "none", seed, ppl=40.0 + gap + 0.1 * seed, corpus=corpus)
     return root
-
-
-def as_train_py_form(root: Path) -> None:
-    """Rewrite the training records in the form train.py writes: per-diagnostic
-    [layer][head] lists in metrics.jsonl, "perplexity" and "start"/"end" means."""
-    for rec_path in root.glob("*/*/record.json"):
-        rec = json.loads(rec_path.read_text())
-        res = rec["results"]
-        means = {w: {k: sum(v for layer in res[w]["layers"] for v in layer[k]) / (len(res[w]["layers"]) * 2)
-                     for k in ("spread", "frozen_fraction", "effective_words")} for w in ("first", "last")}
-        rec["results"] = {"status": rec["status"], "steps_done": res["steps_done"], "diverged_at": None,
-                          "final_train_loss": 3.0, "valid_loss": res["valid_loss"], "perplexity": res["valid_ppl"],
-                          "start": means["first"], "end": means["last"]}
-        rec_path.write_text(json.dumps(rec))
-        metrics = rec_path.parent / "metrics.jsonl"
-        lines = []
-        for x in map(json.loads, metrics.read_text().splitlines()):
-            if "layers" in x:
-                x.update({k: [layer[k] for layer in x["layers"]] for k in x["layers"][0] if k != "layer"})
-                del x["layers"]
-                lines.append(x)
-        metrics.write_text("".join(json.dumps(x) + "\n" for x in lines))
 
 
 def _tables(md: str) -> list[str]:
@@ -174,13 +155,6 @@ def test_rebuild_gives_the_same_report(tmp_path):
     assert _tables(a["markdown"].read_text()) == _tables(b["markdown"].read_text())
     assert a["markdown"].read_text() == b["markdown"].read_text()
     assert a["html"].read_bytes() == b["html"].read_bytes()  # PNGs carry no timestamp
-
-
-def test_train_py_form_reads_the_same(tmp_path):
-    schema = report.build(write_runs(tmp_path / "a"))["markdown"].read_text()
-    as_train_py_form(write_runs(tmp_path / "b"))
-    other = report.build(tmp_path / "b")["markdown"].read_text()
-    assert _tables(other) == _tables(schema)
 
 
 def test_no_records_is_a_one_line_config_error(tmp_path):

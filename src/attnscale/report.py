@@ -35,8 +35,8 @@ DIAGNOSTICS = ("spread", "max_score", "effective_words", "frozen_fraction", "pus
 
 
 def _as_layers(line: dict[str, Any]) -> dict[str, Any]:
-    """A metrics line with {"spread": [[per head] per layer], ...} as {"layers": [{"layer": i, "spread": [...]}]}."""
-    if "layers" in line or not isinstance(line.get("spread"), list):
+    """A metrics.jsonl line, {"spread": [[per head] per layer], ...}, as {"layers": [{"layer": i, "spread": [...]}]}."""
+    if not isinstance(line.get("spread"), list):
         return line
     layers = [{"layer": i, **{k: line[k][i] for k in DIAGNOSTICS if k in line}} for i in range(len(line["spread"]))]
     return {**{k: v for k, v in line.items() if k not in DIAGNOSTICS}, "layers": layers}
@@ -49,7 +49,7 @@ class TrainRun:
     path: Path
     record: dict[str, Any]
     lines: list[dict[str, Any]] = field(default_factory=list)
-    results: dict[str, Any] = field(init=False, default_factory=dict)  # normalised in __post_init__
+    results: dict[str, Any] = field(init=False, default_factory=dict)  # the report's view, set in __post_init__
 
     model = property(lambda self: self.record.get("config", {}).get("model", {}))
     scale = property(lambda self: self.model.get("scale", "?"))
@@ -58,19 +58,16 @@ class TrainRun:
     status = property(lambda self: self.record.get("status", "?"))
 
     def __post_init__(self):
-        # train.py writes per-diagnostic [layer][head] lists, "perplexity" and
-        # "start"/"end" means; runs.py's schema has "layers", "valid_ppl" and
-        # "first"/"last" diagnostics. Both are read, into the schema's form.
+        # The report's view of a train.py record (schema in runs.py): each recorded
+        # step as per-layer dicts, and the first and last of them beside the results.
         res = dict(self.record.get("results") or {})
         self.lines = [_as_layers(x) for x in (self.lines or res.get("history") or [])]
-        res.setdefault("valid_ppl", res.get("perplexity"))
-        res.setdefault("train_loss_last", res.get("final_train_loss"))
+        res["valid_ppl"] = res.get("perplexity")
+        res["train_loss_last"] = res.get("final_train_loss")
         diag = [x for x in self.lines if x.get("layers")]
-        for which, line, mean, step in (("first", diag[:1], "start", 0), ("last", diag[-1:], "end", res.get("steps_done"))):
-            if not res.get(which) and line:
-                res[which] = {"step": line[0]["step"], "layers": line[0]["layers"]}
-            elif not res.get(which) and isinstance(res.get(mean), dict):  # means only: one layer of one head
-                res[which] = {"step": step, "layers": [{"layer": 0, **{k: [v] for k, v in res[mean].items()}}]}
+        if diag:
+            res["first"] = {"step": diag[0]["step"], "layers": diag[0]["layers"]}
+            res["last"] = {"step": diag[-1]["step"], "layers": diag[-1]["layers"]}
         self.results = res
 
     @property
