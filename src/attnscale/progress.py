@@ -1,0 +1,159 @@
+"""Progress of a set of training runs: runs done / total, each active run's step, time left.
+
+On a terminal: a live ``rich`` display (one bar for the whole set, one per
+active run). Elsewhere (CI logs, pipes): one plain line when a run starts and
+one when it ends, never a carriage-return animation. ``progress=False``: silent.
+The time left is estimated from steps, the unit of work all runs share, at the
+rate measured since this process started (runs finished earlier do not count).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["make_progress", "Silent", "Plain", "Live"]
+
+
+def _duration(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60:02d} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60:02d} min"
+
+
+def _outcome(summary: dict[str, Any]) -> str:
+    ppl = summary.get("valid_ppl")
+    text = summary.get("status") or "?"
+    if ppl is not None:
+        text += f", valid ppl {ppl:.2f}"
+    if summary.get("duration_s") is not None:
+        text += f" ({_duration(summary['duration_s'])})"
+    return text
+
+
+class Silent:
+    """The interface, doing nothing: start, step, finish, close."""
+
+    def __init__(self, *, total_runs: int, total_steps: int, done_runs: int, done_steps: int, out: Path):
+        self.total_runs, self.total_steps = total_runs, total_steps
+        self.done_runs, self.done_steps = done_runs, done_steps
+        self.out = out
+        self._steps: dict[str, int] = {}  # active run -> steps reached
+        self._totals: dict[str, int] = {}  # active run -> steps planned
+        self._trained = 0  # steps trained by this process
+        self._t0 = time.monotonic()
+
+    def start(self, run_id: str, steps: int) -> None:
+        self._steps[run_id] = 0
+        self._totals[run_id] = steps
+
+    def step(self, run_id: str, step: int, loss: float | None = None) -> int:
+        """Record that ``run_id`` reached ``step``; return the steps gained since its last report."""
+        gained = max(0, step - self._steps.get(run_id, 0))
+        self._steps[run_id] = max(step, self._steps.get(run_id, 0))
+        self._trained += gained
+        return gained
+
+    def finish(self, run_id: str, summary: dict[str, Any]) -> int:
+        """Count ``run_id`` as finished; return the planned steps it skipped (a diverged run ends early)."""
+        skipped = max(0, self._totals.pop(run_id, 0) - self._steps.pop(run_id, 0))
+        self.done_steps += skipped
+        self.done_runs += 1
+        return skipped
+
+    def seconds_left(self) -> float | None:
+        elapsed = time.monotonic() - self._t0
+        if self._trained == 0 or elapsed <= 0:
+            return None
+        remaining = self.total_steps - self.done_steps - self._trained
+        return max(0.0, remaining) / (self._trained / elapsed)
+
+    def close(self) -> None:
+        pass
+
+
+class Plain(Silent):
+    """One line per event on stderr, for logs."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        if self.done_runs:
+            self._say(f"{self.done_runs} of {self.total_runs} runs already finished in {self.out}; they are kept")
+
+    def _say(self, text: str) -> None:
+        print(f"attnscale: {text}", file=sys.stderr, flush=True)
+
+    def start(self, run_id, steps):
+        super().start(run_id, steps)
+        self._say(f"{run_id}: training {steps} steps")
+
+    def finish(self, run_id, summary):
+        super().finish(run_id, summary)
+        left = self.seconds_left()
+        eta = f"; about {_duration(left)} left" if left is not None and self.done_runs < self.total_runs else ""
+        self._say(f"[{self.done_runs}/{self.total_runs}] {run_id}: {_outcome(summary)}{eta}")
+
+
+class Live(Silent):
+    """A live ``rich`` display on a terminal."""
+
+    def __init__(self, **kw):
+        super().__init__(**kw)
+        from rich.console import Console
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self._console = Console(stderr=True)
+        self._bar = Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            TextColumn("{task.completed:>5.0f}/{task.total:<5.0f} steps"),
+            TextColumn("{task.fields[info]}"),
+            TimeElapsedColumn(),
+            TextColumn("eta"),
+            TimeRemainingColumn(),
+            console=self._console,
+        )
+        self._tasks: dict[str, Any] = {}
+        self._all = self._bar.add_task(self._runs_text(), total=self.total_steps, completed=self.done_steps, info="")
+        self._bar.start()
+        if self.done_runs:
+            self._console.print(f"{self.done_runs} of {self.total_runs} runs already finished in {self.out}; kept")
+
+    def _runs_text(self) -> str:
+        return f"runs {self.done_runs}/{self.total_runs}"
+
+    def start(self, run_id, steps):
+        super().start(run_id, steps)
+        self._tasks[run_id] = self._bar.add_task(f"  {run_id}", total=steps, info="")
+
+    def step(self, run_id, step, loss=None):
+        gained = super().step(run_id, step, loss)
+        info = f"loss {loss:.3f}" if loss is not None else ""
+        if run_id in self._tasks:
+            self._bar.update(self._tasks[run_id], completed=step, info=info)
+        self._bar.advance(self._all, gained)
+        return gained
+
+    def finish(self, run_id, summary):
+        skipped = super().finish(run_id, summary)
+        task = self._tasks.pop(run_id, None)
+        if task is not None:
+            self._bar.remove_task(task)
+        self._bar.update(self._all, advance=skipped, description=self._runs_text())
+        self._console.print(f"{run_id}: {_outcome(summary)}")
+
+    def close(self):
+        self._bar.stop()
+
+
+def make_progress(enabled: bool, *, total_runs: int, total_steps: int, done_runs: int, done_steps: int, out: Path):
+    """Live on a terminal, plain lines elsewhere, silent when not ``enabled``."""
+    kw = dict(total_runs=total_runs, total_steps=total_steps, done_runs=done_runs, done_steps=done_steps, out=out)
+    if not enabled:
+        return Silent(**kw)
+    return Live(**kw) if sys.stderr.isatty() else Plain(**kw)

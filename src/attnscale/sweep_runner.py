@@ -1,0 +1,334 @@
+"""Run many training runs: resumable, in parallel worker processes, with progress.
+
+Every run trains into ``out/<run_id>`` (``attnscale.runs`` describes the files).
+Resume, decided per run by ``runs.run_state`` before any training starts:
+- a record with status done or diverged and the same config is kept, never redone;
+- a run cut short (no record, or one left "running" by a killed or interrupted
+  process) is trained again from step 0, and its ``metrics.jsonl`` is started
+  afresh, so a restarted run never logs a step twice;
+- a folder holding a run of another config stops everything with a ConfigError
+  that asks for another --out: two experiments never mix in one folder.
+A run is marked "running" (a record with its config) before training starts,
+so an interrupted folder still says what it was for.
+
+Parallelism: ``jobs`` worker processes, started with "spawn" (a fork of a
+process that has run torch's thread pool can deadlock), each loading the corpus
+itself (data.py caches tokenized ids) and limited to ``cores // jobs`` torch
+threads, so workers share the cores instead of fighting over them. With
+``jobs=1`` runs train in this process, which saves a torch import per run.
+Ctrl-C stops the workers; every finished run is already on disk.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import queue as queue_mod
+import shutil
+import signal
+import time
+import traceback
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from attnscale import runs
+from attnscale.errors import ConfigError
+from attnscale.model import ModelConfig
+from attnscale.progress import make_progress
+from attnscale.train import TrainConfig
+
+__all__ = ["CorpusSpec", "RunSpec", "execute", "cores"]
+
+_STEP_MESSAGE_EVERY_S = 0.2  # a worker reports its step at most this often
+
+
+@dataclass(frozen=True)
+class CorpusSpec:
+    """How to load a corpus (``attnscale.data.load_corpus`` arguments), so each worker can load it."""
+
+    spec: str = "default"
+    tokenizer: str | None = None
+    bpe_vocab: int = 4096
+    cache_dir: str | None = None
+
+    def load(self):
+        from attnscale.data import load_corpus
+
+        return load_corpus(self.spec, self.tokenizer, bpe_vocab=self.bpe_vocab, cache_dir=self.cache_dir)
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """One training run of a sweep: its folder name, configs and the record's extra keys."""
+
+    run_id: str
+    model: ModelConfig
+    train: TrainConfig
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+
+def cores() -> int:
+    """CPU cores this process may use (the affinity mask, where the OS has one)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def _config(spec: RunSpec, corpus) -> dict[str, Any]:
+    # the same shape train.train writes, so run_state compares like with like
+    return {"model": asdict(spec.model), "train": asdict(spec.train), "corpus": corpus.describe()}
+
+
+def _check(specs: Sequence[RunSpec], corpus) -> None:
+    ids = [s.run_id for s in specs]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        raise ConfigError(f"run ids must be unique; repeated: {', '.join(dupes)}")
+    from attnscale.data import check_length
+
+    for s in specs:
+        check_length(corpus.train, s.model.context, "corpus's training split")
+        check_length(corpus.valid, s.model.context, "corpus's held-out split")
+        if s.model.vocab_size < corpus.vocab_size:
+            raise ConfigError(f"run {s.run_id}: model vocab_size {s.model.vocab_size} < corpus vocab {corpus.vocab_size}")
+
+
+def _mark_running(run_dir: Path, spec: RunSpec, config: dict) -> None:
+    """Clear what an interrupted attempt left and say, on disk, what this folder is for."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / runs.METRICS).unlink(missing_ok=True)
+    runs.write_record(run_dir, "train", config, None, status="running", started=time.time(), extra=dict(spec.extra))
+
+
+def _copy_finished(spec: RunSpec, config: dict, out: Path, reuse: Sequence[Path]) -> bool:
+    """Copy a finished run of ``config`` from a ``reuse`` folder into ``out``; False if none has one."""
+    for folder in reuse:
+        source = Path(folder) / spec.run_id
+        try:
+            if Path(folder).resolve() == out.resolve() or runs.run_state(source, config) != "finished":
+                continue
+        except ConfigError:
+            continue  # another config under the same name: not this run
+        target = out / spec.run_id
+        target.mkdir(parents=True, exist_ok=True)
+        if (source / runs.METRICS).exists():  # the log first, the record last: the record commits the copy
+            tmp = target / f".{runs.METRICS}.tmp"
+            shutil.copyfile(source / runs.METRICS, tmp)
+            os.replace(tmp, target / runs.METRICS)
+        record = runs.read_record(source)
+        record.update(runs.to_jsonable(dict(spec.extra)), copied_from=str(source))
+        runs.atomic_write_json(target / runs.RECORD, record)
+        return True
+    return False
+
+
+def _summary(record: dict) -> dict[str, Any]:
+    res = record.get("results") or {}
+    ppl = res.get("perplexity", res.get("valid_ppl"))
+    return {"status": record.get("status"), "valid_ppl": ppl, "duration_s": record.get("duration_s")}
+
+
+def execute(
+    specs: Sequence[RunSpec],
+    corpus_spec: CorpusSpec,
+    out: Path,
+    *,
+    jobs: int = 1,
+    progress: bool = True,
+    corpus=None,
+    reuse: Sequence[Path] = (),
+) -> list[dict[str, Any]]:
+    """Train every run of ``specs`` not already finished under ``out``; return all
+    their records (read back from disk, plus the key "run_dir"), in the order given.
+
+    ``corpus``, when given, must be ``corpus_spec.load()`` (saves loading it twice).
+    ``reuse``: other output folders whose finished runs of the very same config
+    are copied instead of trained again (``reproduce``'s sweep takes its widest
+    pair from the dynamics experiment: same seed, same budget, same numbers)."""
+    if not isinstance(jobs, int) or jobs < 1:
+        raise ConfigError(f"jobs must be a positive integer, got {jobs!r}")
+    out = Path(out)
+    corpus = corpus if corpus is not None else corpus_spec.load()
+    _check(specs, corpus)
+    configs = {s.run_id: _config(s, corpus) for s in specs}
+    # every folder is checked before anything is trained: a clash stops the sweep at once
+    states = {s.run_id: runs.run_state(out / s.run_id, configs[s.run_id]) for s in specs}
+    for s in specs:
+        if states[s.run_id] != "finished" and _copy_finished(s, configs[s.run_id], out, reuse):
+            states[s.run_id] = "finished"
+    pending = [s for s in specs if states[s.run_id] != "finished"]
+    done = [s for s in specs if states[s.run_id] == "finished"]
+    bar = make_progress(
+        progress,
+        total_runs=len(specs),
+        total_steps=sum(s.train.steps for s in specs),
+        done_runs=len(done),
+        done_steps=sum(s.train.steps for s in done),
+        out=out,
+    )
+    try:
+        if pending:
+            workers = min(jobs, len(pending))
+            if workers == 1:
+                _run_here(pending, corpus, out, configs, bar)
+            else:
+                _run_in_workers(pending, corpus_spec, out, configs, bar, workers)
+    finally:
+        bar.close()
+    return [{**runs.read_record(out / s.run_id), "run_dir": str(out / s.run_id)} for s in specs]
+
+
+# ---- in this process ----------------------------------------------------------------
+
+
+def _run_here(pending, corpus, out, configs, bar) -> None:
+    from attnscale.train import train
+
+    for spec in pending:
+        run_dir = out / spec.run_id
+        _mark_running(run_dir, spec, configs[spec.run_id])
+        bar.start(spec.run_id, spec.train.steps)
+
+        def on_step(step, steps, info, _id=spec.run_id):
+            bar.step(_id, step, info.get("loss"))
+
+        train(spec.model, spec.train, corpus, run_dir, on_step=on_step, extra=dict(spec.extra))
+        bar.finish(spec.run_id, _summary(runs.read_record(run_dir)))
+
+
+# ---- in worker processes --------------------------------------------------------------
+
+
+class _Orphaned(Exception):
+    """The parent process is gone: nobody will read this run's outcome."""
+
+
+def _die_with_parent() -> None:
+    """A worker must not outlive its parent (killed with SIGKILL, say): a rerun would
+    train the same run beside it. Linux: ask the kernel to kill us; elsewhere the
+    step callback and the inbox wait check ``parent_process().is_alive()``."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
+def _next_job(inbox, parent):
+    while True:
+        try:
+            return inbox.get(timeout=1.0)
+        except queue_mod.Empty:
+            if parent is not None and not parent.is_alive():
+                return None
+
+
+def _worker(index: int, corpus_spec: CorpusSpec, threads: int, inbox, messages) -> None:
+    """Entry point of one worker process: train the runs sent to ``inbox`` until None arrives.
+
+    A worker lives for the whole sweep, so torch's import and first-optimizer
+    setup (seconds) are paid once per worker, not once per run."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
+    _die_with_parent()
+    parent = multiprocessing.parent_process()
+    try:
+        import torch
+
+        from attnscale.train import train
+
+        torch.set_num_threads(threads)
+        corpus = corpus_spec.load()
+    except BaseException:
+        messages.put(("error", index, None, traceback.format_exc()))
+        return
+    while (job := _next_job(inbox, parent)) is not None:
+        spec, run_dir = job
+        last = [0.0]
+
+        def on_step(step, steps, info, _id=spec.run_id):
+            now = time.monotonic()
+            if now - last[0] >= _STEP_MESSAGE_EVERY_S or step == steps:
+                last[0] = now
+                if parent is not None and not parent.is_alive():
+                    raise _Orphaned(_id)
+                messages.put(("step", index, _id, (step, info.get("loss"))))
+
+        try:
+            train(spec.model, spec.train, corpus, Path(run_dir), on_step=on_step, extra=dict(spec.extra))
+            messages.put(("done", index, spec.run_id, None))
+        except _Orphaned:
+            return
+        except ConfigError as e:
+            messages.put(("config_error", index, spec.run_id, str(e)))
+        except BaseException:
+            messages.put(("error", index, spec.run_id, traceback.format_exc()))
+
+
+def _stop(procs) -> None:
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(timeout=10)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+def _run_in_workers(pending, corpus_spec, out, configs, bar, workers) -> None:
+    ctx = multiprocessing.get_context("spawn")
+    messages = ctx.Queue()
+    threads = max(1, cores() // workers)
+    inboxes = [ctx.Queue() for _ in range(workers)]
+    procs = [
+        ctx.Process(target=_worker, args=(i, corpus_spec, threads, inboxes[i], messages),
+                    name=f"attnscale-worker-{i}", daemon=True)
+        for i in range(workers)
+    ]
+    todo = list(pending)
+    holding: dict[int, str | None] = {i: None for i in range(workers)}  # worker -> run it trains
+
+    def dispatch(i: int) -> None:
+        if not todo:
+            inboxes[i].put(None)
+            holding[i] = None
+            return
+        spec = todo.pop(0)
+        run_dir = out / spec.run_id
+        _mark_running(run_dir, spec, configs[spec.run_id])
+        holding[i] = spec.run_id
+        inboxes[i].put((spec, str(run_dir)))
+        bar.start(spec.run_id, spec.train.steps)
+
+    try:
+        for i, proc in enumerate(procs):
+            proc.start()
+            dispatch(i)
+        while any(r is not None for r in holding.values()):
+            try:
+                kind, i, rid, payload = messages.get(timeout=0.5)
+            except queue_mod.Empty:
+                for i, proc in enumerate(procs):  # one that died without a word fails the sweep, not hangs it
+                    if holding[i] is not None and not proc.is_alive():
+                        raise RuntimeError(f"run {holding[i]}: its worker process died (exit code {proc.exitcode}); "
+                                           "rerun to resume") from None
+                continue
+            if kind == "step":
+                bar.step(rid, *payload)
+            elif kind == "done":
+                bar.finish(rid, _summary(runs.read_record(out / rid)))
+                dispatch(i)
+            elif kind == "config_error":
+                raise ConfigError(payload)
+            else:
+                raise RuntimeError(f"run {rid or holding[i]} failed in worker {i}:\n{payload}")
+        for proc in procs:
+            proc.join(timeout=10)
+    finally:
+        _stop(procs)
+        for q in (messages, *inboxes):
+            q.close()
+            q.cancel_join_thread()  # never block exit on a queue a killed worker left unread

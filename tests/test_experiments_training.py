@@ -1,0 +1,134 @@
+"""Experiments 3 and 4 (dynamics, width sweep): configs, presets, rows, the gap and where it starts."""
+
+from dataclasses import replace
+
+import pytest
+
+from attnscale.errors import ConfigError
+from attnscale.experiments import dynamics, sweep
+from attnscale.train import TrainConfig
+
+TINY_MODEL = {"context": 16, "d_model": 16, "n_layers": 1, "n_heads": 2}
+TINY_TRAIN = TrainConfig(steps=6, batch=4, warmup=1, record_every=3, eval_batches=2)
+
+
+def row(width, scale, seed, ppl, status="done", lr=None):
+    return {"width": width, "scale": scale, "seed": seed, "lr": lr, "valid_ppl": ppl, "status": status}
+
+
+# ---- the gap and where it starts ---------------------------------------------------
+
+
+def test_gap_is_none_minus_scaled_mean_over_paired_seeds():
+    rows = [row(32, "none", 0, 10.0), row(32, "inv_sqrt_d", 0, 10.5),
+            row(32, "none", 1, 12.0), row(32, "inv_sqrt_d", 1, 11.5)]
+    [g] = sweep.gap_table(rows)["rows"]
+    assert g["gap"] == pytest.approx(0.0) and g["seeds"] == 2
+    assert g["gap_se"] == pytest.approx(0.5)  # per-seed gaps -0.5 and +0.5: sd 0.707, / sqrt 2
+    assert g["baseline_ppl"] == pytest.approx(11.0) and g["reference_ppl"] == pytest.approx(11.0)
+
+
+def test_gap_starts_where_it_holds_at_every_wider_width():
+    ppl_none = {32: 100.0, 64: 102.5, 128: 100.5, 256: 103.0, 512: 120.0}  # 64 is a blip, 128 is below 1 ppl
+    rows = [r for w, p in ppl_none.items() for r in (row(w, "none", 0, p), row(w, "inv_sqrt_d", 0, 100.0))]
+    table = sweep.gap_table(rows)
+    assert [g["counts"] for g in table["rows"]] == [False, True, False, True, True]
+    assert table["gap_starts_at"] == 256
+    assert "starts at width 256" in sweep.format_table(rows)
+
+
+def test_gap_within_seed_noise_does_not_count():
+    rows = [row(64, "none", 0, 105.0), row(64, "inv_sqrt_d", 0, 100.0),
+            row(64, "none", 1, 95.0), row(64, "inv_sqrt_d", 1, 98.0)]  # gaps +5 and -3: mean 1, SE 4
+    table = sweep.gap_table(rows)
+    assert not table["rows"][0]["counts"] and table["gap_starts_at"] is None
+    assert "no width shows a gap" in sweep.format_table(rows)
+
+
+def test_diverged_baseline_counts_as_a_gap_and_other_schemes_are_listed():
+    rows = [row(1024, "none", 0, None, "diverged"), row(1024, "inv_sqrt_d", 0, 50.0), row(1024, "qk_norm", 0, 49.0)]
+    table = sweep.gap_table(rows)
+    assert table["rows"][0]["diverged"] == "baseline" and table["gap_starts_at"] == 1024
+    text = sweep.format_table(rows)
+    assert "qk_norm" in text and "49.00" in text and "diverged" in text
+
+
+def test_gap_per_learning_rate():
+    rows = [row(32, s, 0, p, lr=lr) for lr, (a, b) in ((1e-3, (10.0, 10.0)), (1e-2, (20.0, 10.0)))
+            for s, p in (("none", a), ("inv_sqrt_d", b))]
+    table = sweep.gap_table(rows)
+    assert table["starts"] == [{"lr": 1e-3, "width": None}, {"lr": 1e-2, "width": 32}]
+    assert table["gap_starts_at"] is None  # one answer per lr
+    assert "lr 0.01" in sweep.format_table(rows)
+
+
+# ---- configs and presets ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bad", [dict(widths=()), dict(widths=(0,)), dict(widths=(8, 8)), dict(scales=("loud",)),
+                                 dict(seeds=(-1,)), dict(lrs=(0.0,)), dict(model={"colour": 1})])
+def test_sweep_config_rejects_bad_values(bad):
+    with pytest.raises(ConfigError):
+        sweep.SweepConfig(**bad)
+
+
+@pytest.mark.parametrize("bad", [dict(head_dim=0), dict(scales=()), dict(scales=("nope",)), dict(seed=-2)])
+def test_dynamics_config_rejects_bad_values(bad):
+    with pytest.raises(ConfigError):
+        dynamics.DynamicsConfig(**bad)
+
+
+@pytest.mark.parametrize("quick", [True, False])
+def test_presets_make_the_dynamics_pair_the_sweeps_widest_pair(quick):
+    dyn = dynamics.preset(quick=quick, seed=3)
+    swp = sweep.preset(quick=quick, seed=3)
+    assert dyn.head_dim == max(swp.widths) == 1024 and swp.widths[0] == 32
+    assert set(dyn.scales) <= set(swp.scales) and swp.seeds == (3,)
+    widest = {s.run_id: s for s in sweep.specs(swp, 104) if s.model.head_dim == 1024}
+    for s in dynamics.specs(dyn, 104):
+        assert (widest[s.run_id].model, widest[s.run_id].train) == (s.model, s.train)
+
+
+def test_budget_follows_train_presets_and_halves_the_batch_for_a_word_vocabulary():
+    from attnscale.train import preset as train_preset
+
+    quick_model, quick_train = train_preset("quick")
+    assert dynamics.budget(True, 33278) == (quick_model, quick_train)
+    model, small = dynamics.budget(False, 104)
+    _, large = dynamics.budget(False, 33278)
+    assert small.checkpoint_every == dynamics.CHECKPOINT_EVERY  # a killed full run resumes mid-way
+    assert large.batch == small.batch // 2 and large.steps == small.steps and large.warmup == small.warmup
+    assert model == train_preset("dynamics")[0]
+
+
+# ---- tiny real runs -----------------------------------------------------------------
+
+
+def test_dynamics_run_records_start_and_end(tmp_path):
+    cfg = dynamics.DynamicsConfig(head_dim=32, model=TINY_MODEL, train=TINY_TRAIN, seed=1)
+    rows = dynamics.run(cfg, tmp_path, progress=False)
+    assert [(r["run_id"], r["status"]) for r in rows] == [("d32-none-s1", "done"), ("d32-inv_sqrt_d-s1", "done")]
+    none, scaled = rows
+    assert none["start"]["spread"] > scaled["start"]["spread"]  # the unscaled scores start louder
+    assert none["valid_ppl"] > 1 and none["end"]["effective_words"] >= 1
+    from attnscale.runs import read_record
+
+    assert read_record(tmp_path / "d32-none-s1")["group"] == "dynamics"
+    text = dynamics.format_table(rows)
+    assert "d32" not in text and "inv_sqrt_d" in text and "→" in text
+
+
+def test_sweep_runs_any_registered_scheme(tmp_path):
+    scales = ("none", "inv_sqrt_d", "inv_d", "qk_norm", "softcap", "learned_temp")
+    cfg = sweep.SweepConfig(widths=(8,), scales=scales, model=TINY_MODEL, train=TINY_TRAIN)
+    rows = sweep.run(cfg, tmp_path, progress=False)
+    assert [r["scale"] for r in rows] == list(scales)
+    assert all(r["status"] == "done" and r["valid_ppl"] > 1 for r in rows)
+    assert sweep.gap_table(rows)["rows"][0]["width"] == 8
+
+
+def test_sweep_with_learning_rates_names_runs_by_lr(tmp_path):
+    cfg = sweep.SweepConfig(widths=(8,), scales=("none",), lrs=(1e-3, 3e-3), model=TINY_MODEL,
+                            train=replace(TINY_TRAIN, steps=3))
+    rows = sweep.run(cfg, tmp_path, progress=False)
+    assert [(r["run_id"], r["lr"]) for r in rows] == [("d8-none-s0-lr1e-3", 1e-3), ("d8-none-s0-lr3e-3", 3e-3)]

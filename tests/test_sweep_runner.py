@@ -1,0 +1,245 @@
+"""The sweep runner: resume without redoing or duplicating, refuse mixed folders,
+survive divergence, run in parallel workers, and survive SIGKILL."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from attnscale import runs
+from attnscale.errors import ConfigError
+from attnscale.model import ModelConfig
+from attnscale.progress import Live, Plain, Silent, make_progress
+from attnscale.sweep_runner import CorpusSpec, RunSpec, cores, execute
+from attnscale.train import TrainConfig
+
+CORPUS = CorpusSpec("default")
+TINY = TrainConfig(steps=8, batch=4, warmup=1, record_every=4, eval_batches=2)
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return CORPUS.load()
+
+
+def spec(corpus, width=8, scale="none", seed=0, **train):
+    model = ModelConfig(vocab_size=corpus.vocab_size, context=16, d_model=16, n_layers=1, n_heads=2,
+                        head_dim=width, scale=scale)
+    from dataclasses import replace
+
+    return RunSpec(runs.run_id(width, scale, seed), model, replace(TINY, seed=seed, **train), {"group": "test"})
+
+
+def steps_logged(run_dir: Path) -> list[int]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return [json.loads(line)["step"] for line in lines]
+
+
+def assert_clean(run_dir: Path) -> None:
+    """A finished run: a readable record, a log whose steps are all distinct and increasing."""
+    rec = runs.read_record(run_dir)
+    assert rec["status"] in runs.FINISHED
+    steps = steps_logged(run_dir)
+    assert steps == sorted(set(steps)), steps
+
+
+def test_trains_every_run_then_keeps_them(tmp_path, corpus):
+    specs = [spec(corpus, 8, "none"), spec(corpus, 8, "inv_sqrt_d")]
+    records = execute(specs, CORPUS, tmp_path, progress=False, corpus=corpus)
+    assert [r["status"] for r in records] == ["done", "done"]
+    assert [Path(r["run_dir"]).name for r in records] == ["d8-none-s0", "d8-inv_sqrt_d-s0"]
+    assert records[0]["group"] == "test" and records[0]["config"]["model"]["head_dim"] == 8
+    for s in specs:
+        assert_clean(tmp_path / s.run_id)
+        assert steps_logged(tmp_path / s.run_id) == [0, 4, 8]
+    before = {s.run_id: (tmp_path / s.run_id / "record.json").stat().st_mtime_ns for s in specs}
+    again = execute(specs, CORPUS, tmp_path, progress=False, corpus=corpus)
+    assert {s.run_id: (tmp_path / s.run_id / "record.json").stat().st_mtime_ns for s in specs} == before
+    assert [r["results"]["perplexity"] for r in again] == [r["results"]["perplexity"] for r in records]
+
+
+def test_half_finished_run_restarts_with_a_fresh_log(tmp_path, corpus):
+    s = spec(corpus)
+    run_dir = tmp_path / s.run_id
+    execute([s], CORPUS, tmp_path, progress=False, corpus=corpus)
+    done = runs.read_record(run_dir)
+    # what a killed run leaves: a "running" record and part of a log
+    runs.write_record(run_dir, "train", done["config"], None, status="running")
+    (run_dir / "metrics.jsonl").write_text('{"step": 0}\n{"step": 4}\n{"st')
+    [rec] = execute([s], CORPUS, tmp_path, progress=False, corpus=corpus)
+    assert rec["status"] == "done"
+    assert steps_logged(run_dir) == [0, 4, 8]
+    assert rec["results"]["perplexity"] == done["results"]["perplexity"]  # same seed, same numbers
+
+
+def test_folder_of_another_config_stops_before_any_training(tmp_path, corpus):
+    execute([spec(corpus, 8)], CORPUS, tmp_path, progress=False, corpus=corpus)
+    record = tmp_path / "d8-none-s0" / "record.json"
+    before = record.read_bytes()
+    other = [spec(corpus, 16), spec(corpus, 8, steps=9)]  # the first is new, the second clashes
+    with pytest.raises(ConfigError, match="another --out"):
+        execute(other, CORPUS, tmp_path, progress=False, corpus=corpus)
+    assert record.read_bytes() == before
+    assert not (tmp_path / "d16-none-s0").exists()
+
+
+def test_diverged_run_does_not_stop_the_sweep_and_is_not_redone(tmp_path, corpus):
+    specs = [spec(corpus, 8, lr=1e6, clip=1e9), spec(corpus, 8, "inv_sqrt_d")]
+    records = execute(specs, CORPUS, tmp_path, progress=False, corpus=corpus)
+    assert [r["status"] for r in records] == ["diverged", "done"]
+    mtime = (tmp_path / specs[0].run_id / "record.json").stat().st_mtime_ns
+    execute(specs, CORPUS, tmp_path, progress=False, corpus=corpus)
+    assert (tmp_path / specs[0].run_id / "record.json").stat().st_mtime_ns == mtime
+
+
+def test_duplicate_ids_and_short_corpus_are_config_errors(tmp_path, corpus):
+    s = spec(corpus)
+    with pytest.raises(ConfigError, match="unique"):
+        execute([s, s], CORPUS, tmp_path, progress=False, corpus=corpus)
+    short = tmp_path / "short.txt"
+    short.write_text("a tiny text, far shorter than the context asks\n" * 2)
+    small = CorpusSpec(str(short))
+    tiny_corpus = small.load()
+    from dataclasses import replace
+
+    long_ctx = replace(s, model=replace(s.model, vocab_size=max(tiny_corpus.vocab_size, 1), context=64))
+    with pytest.raises(ConfigError, match="context"):
+        execute([long_ctx], small, tmp_path / "o", progress=False)
+    with pytest.raises(ConfigError, match="jobs"):
+        execute([s], CORPUS, tmp_path, jobs=0, progress=False, corpus=corpus)
+
+
+def test_reuse_copies_a_finished_run_of_the_same_config(tmp_path, corpus):
+    s = spec(corpus)
+    [first] = execute([s], CORPUS, tmp_path / "a", progress=False, corpus=corpus)
+    other_group = RunSpec(s.run_id, s.model, s.train, {"group": "sweep"})
+    [copied] = execute([other_group], CORPUS, tmp_path / "b", progress=False, corpus=corpus, reuse=[tmp_path / "a"])
+    assert copied["group"] == "sweep" and copied["copied_from"] == str(tmp_path / "a" / s.run_id)
+    assert copied["results"] == first["results"]
+    assert steps_logged(tmp_path / "b" / s.run_id) == [0, 4, 8]
+
+
+def test_parallel_workers_give_the_same_runs(tmp_path, corpus):
+    specs = [spec(corpus, 8, "none"), spec(corpus, 8, "inv_sqrt_d"), spec(corpus, 16, "none")]
+    records = execute(specs, CORPUS, tmp_path, jobs=2, progress=False, corpus=corpus)
+    assert [r["status"] for r in records] == ["done"] * 3
+    assert all(r["results"]["threads"] == max(1, cores() // 2) for r in records)  # the cores shared by 2 workers
+    for s in specs:
+        assert_clean(tmp_path / s.run_id)
+    serial = execute(specs[:1], CORPUS, tmp_path / "serial", progress=False, corpus=corpus)
+    assert records[0]["results"]["perplexity"] == pytest.approx(serial[0]["results"]["perplexity"], rel=1e-3)
+
+
+def test_progress_kinds(tmp_path, capsys, monkeypatch):
+    kw = dict(total_runs=2, total_steps=20, done_runs=1, done_steps=10, out=tmp_path)
+    assert type(make_progress(False, **kw)) is Silent
+    bar = make_progress(True, **kw)  # pytest's stderr is not a terminal: plain lines
+    assert type(bar) is Plain
+    bar.start("d8-none-s0", 10)
+    bar.step("d8-none-s0", 5, 1.0)
+    bar.finish("d8-none-s0", {"status": "diverged", "valid_ppl": None, "duration_s": 3.0})
+    err = capsys.readouterr().err
+    assert "1 of 2 runs already finished" in err and "[2/2] d8-none-s0: diverged" in err
+    assert bar.done_steps == 15 and bar.seconds_left() == 0  # a diverged run's unused steps are not waited for
+    monkeypatch.setattr(sys.stderr, "isatty", lambda: True)
+    live = make_progress(True, **kw)
+    assert type(live) is Live
+    live.start("a", 10)
+    live.step("a", 10, 0.5)
+    live.finish("a", {"status": "done", "valid_ppl": 2.0, "duration_s": 1.0})
+    live.close()
+
+
+SWEEP_SCRIPT = textwrap.dedent("""
+    import sys
+    import torch
+    torch.set_num_threads(1)
+    from attnscale.experiments import sweep
+    from attnscale.train import TrainConfig
+    cfg = sweep.SweepConfig(widths=(8, 16), scales=("none", "inv_sqrt_d"),
+                            model={"context": 16, "d_model": 16, "n_layers": 1, "n_heads": 2},
+                            train=TrainConfig(steps=150, batch=4, warmup=5, record_every=5, eval_batches=2))
+    sweep.run(cfg, sys.argv[1], jobs=1, progress=False)
+""")
+
+
+def _state(out: Path) -> dict[str, str]:
+    states = {}
+    for d in out.glob("d*"):
+        try:
+            states[d.name] = runs.read_record(d)["status"]
+        except (OSError, ValueError):
+            pass
+    return states
+
+
+def test_sigkill_mid_sweep_then_rerun_loses_and_redoes_nothing(tmp_path):
+    out = tmp_path / "sweep"
+    cmd = [sys.executable, "-c", SWEEP_SCRIPT, str(out)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline:
+            states = _state(out)
+            running = [r for r, s in states.items() if s == "running"]
+            log = out / running[0] / "metrics.jsonl" if running else None
+            if "done" in states.values() and log is not None and log.exists() and log.read_text().count("\n") >= 2:
+                break  # one run finished, another has logged steps and is still going
+            assert proc.poll() is None, f"sweep ended before it could be killed: {proc.stderr.read().decode()}"
+            time.sleep(0.01)
+        else:
+            pytest.fail("no run finished within 120 s")
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    killed = _state(out)
+    finished = {r for r, s in killed.items() if s == "done"}
+    half = {r for r, s in killed.items() if s == "running"}
+    assert finished and half
+    kept = {r: ((out / r / "record.json").read_bytes(), (out / r / "record.json").stat().st_mtime_ns) for r in finished}
+
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    after = _state(out)
+    assert sorted(after) == sorted(["d8-none-s0", "d8-inv_sqrt_d-s0", "d16-none-s0", "d16-inv_sqrt_d-s0"])
+    assert set(after.values()) == {"done"}
+    for r, (content, mtime) in kept.items():  # not lost, not redone
+        assert (out / r / "record.json").read_bytes() == content
+        assert (out / r / "record.json").stat().st_mtime_ns == mtime
+    for r in after:
+        assert_clean(out / r)
+        assert steps_logged(out / r) == list(range(0, 151, 5))
+    assert not list(out.rglob("*.tmp"))
+
+
+@pytest.mark.slow
+def test_ctrl_c_with_workers_keeps_finished_runs_and_leaves_no_worker(tmp_path):
+    out = tmp_path / "sweep"
+    cmd = [sys.executable, "-m", "attnscale.cli", "sweep", "--widths", "8", "16", "--scale", "none", "inv_sqrt_d",
+           "--quick", "--steps", "150", "--batch", "2", "--context", "16", "--out", str(out), "-j", "2"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 180
+        while "done" not in _state(out).values():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "finished runs are kept" in err and "Traceback" not in err
+    stopped = _state(out)
+    logs = {r: (out / r / "metrics.jsonl").read_bytes() for r in stopped if (out / r / "metrics.jsonl").exists()}
+    time.sleep(2)  # no orphaned worker goes on writing
+    assert logs == {r: (out / r / "metrics.jsonl").read_bytes() for r in logs}
+    finished = {r for r, s in stopped.items() if s == "done"}
+    kept = {r: (out / r / "record.json").read_bytes() for r in finished}
+    subprocess.run(cmd, check=True, capture_output=True, timeout=300)
+    assert set(_state(out).values()) == {"done"} and len(_state(out)) == 4
+    assert kept == {r: (out / r / "record.json").read_bytes() for r in finished}
