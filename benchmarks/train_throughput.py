@@ -15,7 +15,6 @@ processes hits both alike; the ratio is of medians. One thread each.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import time
 

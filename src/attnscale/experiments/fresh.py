@@ -16,7 +16,7 @@ row under ``none`` and under ``inv_sqrt_d`` is the same row of the same head.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch

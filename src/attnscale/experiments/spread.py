@@ -16,7 +16,7 @@ import torch
 
 from attnscale.diagnostics import spread
 from attnscale.errors import ConfigError
-from attnscale.scales import get_scale
+from attnscale.scales import ScoreScale, get_scale
 
 __all__ = ["SpreadConfig", "run", "measure", "format_table"]
 
@@ -64,9 +64,12 @@ def measure(width: int, pairs: int, scales: tuple[str, ...], seed: int) -> list[
             n = min(step, pairs - start)
             q_ND = torch.randn(n, width, generator=gen)
             k_ND = torch.randn(n, width, generator=gen)
-            raw.append((q_ND * k_ND).sum(-1))
+            raw_N = torch.linalg.vecdot(q_ND, k_ND)
+            raw.append(raw_N)
             for out, m in zip(scaled, modules):
-                out.append(m.pair_scores(q_ND, k_ND))
+                # a scheme that leaves q and k alone is a function of the raw score: skip the second product
+                same_qk = type(m).prepare is ScoreScale.prepare
+                out.append(m.cap(raw_N * m.factor()) if same_qk else m.pair_scores(q_ND, k_ND))
     raw_N = torch.cat(raw)
     raw_spread = float(spread(raw_N))
     se = _std_error(raw_N)

