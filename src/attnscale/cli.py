@@ -29,51 +29,35 @@ class _Parser(argparse.ArgumentParser):
 # ---- option types: each names what it takes --------------------------------
 
 
-def positive_int(text: str) -> int:
+def _number(text: str, cast, ok, what: str):
+    """``cast(text)`` if it parses and satisfies ``ok``; else an error naming what the option takes."""
     try:
-        value = int(text)
+        value = cast(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"takes a positive integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"takes a positive integer, got {text!r}")
+        value = None
+    if value is None or not ok(value):
+        raise argparse.ArgumentTypeError(f"takes {what}, got {text!r}")
     return value
+
+
+def positive_int(text: str) -> int:
+    return _number(text, int, lambda v: v >= 1, "a positive integer")
 
 
 def nonneg_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"takes a non-negative integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"takes a non-negative integer, got {text!r}")
-    return value
+    return _number(text, int, lambda v: v >= 0, "a non-negative integer")
 
 
 def at_least_two(text: str) -> int:
-    value = positive_int(text)
-    if value < 2:
-        raise argparse.ArgumentTypeError(f"takes an integer of at least 2, got {text!r}")
-    return value
+    return _number(text, int, lambda v: v >= 2, "an integer of at least 2")
 
 
 def positive_float(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"takes a positive number, got {text!r}") from None
-    if not value > 0 or value != value or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"takes a positive number, got {text!r}")
-    return value
+    return _number(text, float, lambda v: 0 < v < float("inf"), "a positive number")  # NaN fails both
 
 
 def probability(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"takes a number between 0 and 1, got {text!r}") from None
-    if not 0 < value < 1:
-        raise argparse.ArgumentTypeError(f"takes a number between 0 and 1, got {text!r}")
-    return value
+    return _number(text, float, lambda v: 0 < v < 1, "a number between 0 and 1")
 
 
 def scale_name(text: str) -> str:

@@ -27,11 +27,11 @@ __all__ = ["DynamicsConfig", "budget", "preset", "specs", "model_config", "run",
            "LARGE_VOCAB", "CHECKPOINT_EVERY"]
 
 
-def _default_model() -> dict[str, Any]:
+def default_model() -> dict[str, Any]:
     return budget(False, 0)[0]  # the full budget of a small-vocabulary corpus
 
 
-def _default_train() -> TrainConfig:
+def default_train() -> TrainConfig:
     return budget(False, 0)[1]
 
 
@@ -46,8 +46,8 @@ class DynamicsConfig:
     head_dim: int = 1024
     scales: tuple[str, ...] = ("none", "inv_sqrt_d")
     seed: int = 0
-    model: dict[str, Any] = field(default_factory=_default_model)
-    train: TrainConfig = field(default_factory=_default_train)
+    model: dict[str, Any] = field(default_factory=default_model)
+    train: TrainConfig = field(default_factory=default_train)
 
     def __post_init__(self):
         if not isinstance(self.head_dim, int) or self.head_dim < 1:

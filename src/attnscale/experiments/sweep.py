@@ -24,7 +24,7 @@ from typing import Any, Sequence
 
 from attnscale import runs
 from attnscale.errors import ConfigError
-from attnscale.experiments.dynamics import budget, model_config
+from attnscale.experiments.dynamics import budget, default_model, default_train, model_config
 from attnscale.sweep_runner import CorpusSpec, RunSpec, execute
 from attnscale.train import TrainConfig
 
@@ -41,14 +41,6 @@ GAP_THRESHOLD_PPL = 1.0
 GAP_RULE = ("gap > 1 ppl (and > 2 SE over seeds when there are 2 or more) at this width and every wider one")
 
 
-def _default_model() -> dict[str, Any]:
-    return budget(False, 0)[0]  # the full budget of a small-vocabulary corpus
-
-
-def _default_train() -> TrainConfig:
-    return budget(False, 0)[1]
-
-
 @dataclass(frozen=True)
 class SweepConfig:
     """Widths × schemes × seeds (× lrs). ``model`` holds ModelConfig fields other than
@@ -60,8 +52,8 @@ class SweepConfig:
     scales: tuple[str, ...] = ("none", "inv_sqrt_d")
     seeds: tuple[int, ...] = (0,)
     lrs: tuple[float, ...] | None = None
-    model: dict[str, Any] = field(default_factory=_default_model)
-    train: TrainConfig = field(default_factory=_default_train)
+    model: dict[str, Any] = field(default_factory=default_model)
+    train: TrainConfig = field(default_factory=default_train)
 
     def __post_init__(self):
         for name in ("widths", "scales", "seeds") + (("lrs",) if self.lrs is not None else ()):
