@@ -178,6 +178,8 @@ def _dyn_claim(scale: str, which: str, key: str, test: Callable[[float], bool], 
         value = sum(vals) / len(vals)
         steps = sorted({t.results[which]["step"] for t in got})
         ours = fmt.format(value) + f" at step {', '.join(map(str, steps))}"
+        if len(got) == 1:  # the verdict uses the mean; the layers show where it comes from
+            ours += " (by layer: " + ", ".join(fmt.format(v) for v in got[0].layer_means(which, key)) + ")"
         note = f"mean of {len(vals)} seeds" if len(vals) > 1 else ""
         if any(t.status != "done" for t in got):
             note = (note + "; " if note else "") + "status: " + ", ".join(sorted({t.status for t in got}))

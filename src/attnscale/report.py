@@ -80,6 +80,10 @@ class TrainRun:
         vals = [v for layer in self.results[which]["layers"] for v in layer[key]]
         return sum(vals) / len(vals)
 
+    def layer_means(self, which: str, key: str) -> list[float]:
+        """Mean over heads of ``key``, one value per layer, in results[which]."""
+        return [sum(layer[key]) / len(layer[key]) for layer in self.results[which]["layers"]]
+
 
 @dataclass
 class Runs:
