@@ -5,9 +5,10 @@ chapter's head weighs 64 words per row). Two initialisations:
 
 - ``unit``: q and k entries i.i.d. N(0, 1), the assumption of Vaswani et al.
   (2017, footnote 4). Raw scores then have spread sqrt(d).
-- ``model``: the layer-0 head of attnscale's own ``TinyLM`` at its default
-  initialisation, fed the model's own input (token + position embeddings of
-  random tokens, through the first LayerNorm when the model is pre-LN).
+- ``model``: the layer-0 head of the ``TinyLM`` that ``reproduce`` trains
+  (train.py's "sweep" preset: PyTorch's default init, post-LN, d_model 64),
+  fed that model's own input: token + position embeddings of random tokens,
+  through the first LayerNorm only where the model is pre-LN.
 
 For a fixed width and seed every scheme sees the same q and k, so the example
 row under ``none`` and under ``inv_sqrt_d`` is the same row of the same head.
@@ -69,7 +70,8 @@ def _unit_pattern(width: int, scale: str, cfg: FreshConfig) -> torch.Tensor:
 def _model_pattern(width: int, scale: str, cfg: FreshConfig) -> torch.Tensor:
     from attnscale.model import ModelConfig, build_model
 
-    mcfg = ModelConfig(vocab_size=_MODEL_VOCAB, context=cfg.words, head_dim=width, scale=scale, n_layers=1, impl="explicit")
+    mcfg = ModelConfig(**{**_trained_model(), "vocab_size": _MODEL_VOCAB, "context": cfg.words, "head_dim": width,
+                          "scale": scale, "n_layers": 1, "impl": "explicit"})
     model = build_model(mcfg, seed=cfg.seed * 1_000_003 + width)
     block = model.blocks[0]
     block.attn.causal = False  # a throwaway head: every row weighs all the words, as in the chapter
@@ -84,12 +86,17 @@ def _model_pattern(width: int, scale: str, cfg: FreshConfig) -> torch.Tensor:
     return cache["hook_pattern"].flatten(0, 1)[: cfg.sequences]
 
 
-def model_init_name() -> str:
-    """The init and norm the tiny model uses by default, as recorded in fresh-model rows."""
-    from attnscale.model import ModelConfig
+def _trained_model() -> dict:
+    """ModelConfig fields of the model ``reproduce`` trains (train.py's "sweep" preset)."""
+    from attnscale.train import preset
 
-    d = ModelConfig(vocab_size=2)
-    return f"{d.init} init, {d.norm}-LN"
+    return preset("sweep")[0]
+
+
+def model_init_name() -> str:
+    """The init, norm and width of the model whose fresh head ``model`` measures, for the record."""
+    m = _trained_model()
+    return f"{m['init']} init, {m['norm']}-LN, d_model {m['d_model']}"
 
 
 def measure(width: int, scale: str, cfg: FreshConfig) -> dict:
