@@ -69,7 +69,7 @@ def test_dynamics_at_another_width_is_not_judged_at_1024(tmp_path):
     assert v.verdict == course.NOT_RUN and "d=256" in v.note
 
 
-def test_gap_se_needs_two_seeds_and_start_is_the_first_clear_gap(tmp_path):
+def test_gap_se_needs_two_seeds_and_start_is_where_every_wider_width_agrees(tmp_path):
     from test_report import _train
 
     root = tmp_path
@@ -83,3 +83,19 @@ def test_gap_se_needs_two_seeds_and_start_is_the_first_clear_gap(tmp_path):
     v = _verdicts(root)
     assert v["d=128: the scale helps by about 2 points"].verdict == course.AGREES
     assert "no noise estimate" in v["d=128: the scale helps by about 2 points"].ours
+
+
+def test_report_and_sweep_cli_name_the_same_start(tmp_path):
+    """A narrow width with a gap, then none, then gaps: the start is where every wider width agrees,
+    as ``attnscale sweep`` prints it, not the first width with a gap."""
+    from test_report import _train
+
+    from attnscale.experiments import sweep
+
+    for d, gap in ((32, 0.5), (64, 2.0), (128, 0.5), (256, 18.0)):
+        _train(tmp_path, "sweep", d, "inv_sqrt_d", 0, ppl=40.0, corpus="c")
+        _train(tmp_path, "sweep", d, "none", 0, ppl=40.0 + gap, corpus="c")
+    runs = load_runs(tmp_path)
+    rows = sweep.rows_from_records([t.record for t in runs.sweep])
+    assert course.gap_start(runs) == sweep.gap_table(rows)["gap_starts_at"] == 256
+

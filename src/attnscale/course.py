@@ -199,31 +199,27 @@ def _not_recovering(runs):
 # ---- width sweep -------------------------------------------------------------
 
 
+def _gap_table(runs: Runs) -> dict:
+    """``sweep.gap_table`` of the sweep's records: the same paired-seed gaps and
+    "where the gap starts" rule that ``attnscale sweep`` prints."""
+    from attnscale.experiments import sweep
+
+    records = [t.record for t in runs.sweep]
+    varied_lr = len({(r.get("config") or {}).get("train", {}).get("lr") for r in records}) > 1
+    return sweep.gap_table(sweep.rows_from_records(records, varied_lr=varied_lr), reference=SCALED)
+
+
 def gap_by_width(runs: Runs) -> dict[int, tuple[float, float | None, int]]:
-    """width -> (ppl without scale − ppl with it, SE of that gap or None, fewest seeds).
+    """width -> (ppl without scale − ppl with it, SE of that gap or None, seeds).
 
-    Means over seeds; the SE needs ≥ 2 seeds in both cells. Diverged runs count
-    as missing (they have no perplexity), so they are said in the metadata."""
-    cells: dict[tuple[int, str], list[float]] = {}
-    for t in runs.sweep:
-        if t.results.get("valid_ppl") is not None:
-            cells.setdefault((t.width, t.scale), []).append(float(t.results["valid_ppl"]))
-    out = {}
-    for w in sorted({w for w, _ in cells}):
-        a, b = cells.get((w, "none")), cells.get((w, SCALED))
-        if not a or not b:
-            continue
-        gap = sum(a) / len(a) - sum(b) / len(b)
-        se = None
-        if len(a) >= 2 and len(b) >= 2:
-            se = math.sqrt(_var(a) / len(a) + _var(b) / len(b))
-        out[w] = (gap, se, min(len(a), len(b)))
-    return out
-
-
-def _var(xs: list[float]) -> float:
-    m = sum(xs) / len(xs)
-    return sum((x - m) ** 2 for x in xs) / (len(xs) - 1)
+    From ``sweep.gap_table``: means over paired seeds, SE of the per-seed
+    differences (needs ≥ 2 seeds). Where a sweep varied the learning rate, the
+    claims read the first learning rate's rows. Diverged runs have no perplexity
+    and are left out here; the run table says which."""
+    rows = _gap_table(runs)["rows"]
+    first_lr = rows[0]["lr"] if rows else None
+    return {r["width"]: (r["gap"], r["gap_se"], r["seeds"]) for r in rows
+            if r["lr"] == first_lr and r["gap"] is not None}
 
 
 def fmt_gap(gap, se, n) -> str:
@@ -245,11 +241,9 @@ def _gap_claim(select: Callable[[int], bool], lo: float, hi: float, what: str):
 
 
 def gap_start(runs: Runs) -> int | None:
-    """The narrowest width whose gap exceeds 1 point and its own 3 SE."""
-    for w, (gap, se, _) in gap_by_width(runs).items():
-        if gap > max(1.0, 3 * se if se is not None else 0.0):
-            return w
-    return None
+    """Where the gap starts, by ``sweep.gap_table``'s rule (``sweep.GAP_RULE``)."""
+    starts = _gap_table(runs)["starts"]
+    return starts[0]["width"] if starts else None
 
 
 def _starts(runs):
@@ -259,7 +253,9 @@ def _starts(runs):
     w = gap_start(runs)
     if w is None:
         return f"no gap above 1 point up to d={max(gaps)}", DIFFERS, "", ""
-    return f"from d={w}", _ok(32 < w <= 128), "", "first width whose gap exceeds 1 point and 3 SE"
+    from attnscale.experiments.sweep import GAP_RULE
+
+    return f"from d={w}", _ok(32 < w <= 128), "", "the rule attnscale sweep uses: " + GAP_RULE
 
 
 # ---- the claims --------------------------------------------------------------
@@ -297,7 +293,7 @@ CLAIMS: list[Claim] = [
           _gap_claim(lambda w: w == 128, 1.5, 2.5, "d=128")),
     Claim("sweep", "d ≥ 256: worth 17 to 18 points", "17–18", "16.5–18.5 (+ 3 SE) at each width",
           _gap_claim(lambda w: w >= 256, 16.5, 18.5, "d ≥ 256")),
-    Claim("sweep", "where 'large' starts: after 32, by 128", "32 < d ≤ 128", "first width with a gap > 1 point", _starts),
+    Claim("sweep", "where 'large' starts: after 32, by 128", "32 < d ≤ 128", "narrowest width from which every wider one has a gap > 1 point", _starts),
 ]
 
 

@@ -106,7 +106,8 @@ class _Pool:
 
     def add_scores(self, scores_BHTT: torch.Tensor, keep_B1TT: torch.Tensor) -> None:
         """Spread and max |score| over the entries that count (``keep``)."""
-        x_BHTT = scores_BHTT * keep_B1TT
+        # in float64: E[x²] - mean² loses digits when the scores have a large mean
+        x_BHTT = (scores_BHTT * keep_B1TT).double()
         self.entries += float(keep_B1TT.sum())
         self.sum += x_BHTT.sum((0, 2, 3)).double()
         self.sum_sq += x_BHTT.pow(2).sum((0, 2, 3)).double()

@@ -1,7 +1,8 @@
 """A tiny decoder-only language model whose head width d_k is set apart from d_model.
 
 Token + learned position embeddings, ``n_layers`` blocks of attention and a 4×
-MLP, a linear read-out (tied to the token embedding by default). Attention is
+MLP, a linear read-out (tied to the token embedding with ``tie_embeddings=True``;
+untied by default). Attention is
 ``attnscale.attention.Attention`` at ``blocks.{i}.attn``, so its hook points are
 ``blocks.{i}.attn.hook_scores`` and friends.
 

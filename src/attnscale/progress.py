@@ -156,4 +156,10 @@ def make_progress(enabled: bool, *, total_runs: int, total_steps: int, done_runs
     kw = dict(total_runs=total_runs, total_steps=total_steps, done_runs=done_runs, done_steps=done_steps, out=out)
     if not enabled:
         return Silent(**kw)
-    return Live(**kw) if sys.stderr.isatty() else Plain(**kw)
+    if sys.stderr.isatty():
+        try:
+            import rich  # noqa: F401  (the extra attnscale[train]; without it, plain lines)
+        except ImportError:
+            return Plain(**kw)
+        return Live(**kw)
+    return Plain(**kw)

@@ -141,6 +141,9 @@ def load_runs(runs_dir: Path) -> Runs:
         except (OSError, ValueError) as e:
             runs.notes.append(f"{rel}: unreadable record, skipped ({e})")
             continue
+        if not isinstance(rec, dict):
+            runs.notes.append(f"{rel}: record.json is not a run record (not a JSON object), skipped")
+            continue
         exp = rec.get("experiment")
         if exp == "train":
             lines, bad = _read_lines(d / "metrics.jsonl")

@@ -2,7 +2,7 @@
 
 A run directory holds
     record.json     experiment, config, seed, environment, status, results (written atomically)
-    metrics.jsonl   optional: one JSON object per recorded step (appended, flushed)
+    metrics.jsonl   optional: one JSON object per recorded step (one line at a time, flushed)
     *.png           optional plots
 
 Reports are built only from these files, never from memory.

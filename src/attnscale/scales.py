@@ -125,8 +125,9 @@ class InvD(ScoreScale):
 class QKNorm(ScoreScale):
     """RMS-normalise q and k per head (learned gain, init 1), then 1/sqrt(d).
 
-    Normalised vectors have length sqrt(d), so |score| <= sqrt(d) before the
-    scale: the scores are bounded however large the projections grow."""
+    Normalised vectors have length sqrt(d), so |q'·k'| <= d and, after 1/sqrt(d),
+    |score| <= sqrt(d) (with unit gains): the scores are bounded however large
+    the projections grow."""
 
     def __init__(self, head_dim: int, eps: float = 1e-6):
         super().__init__(head_dim)

@@ -4,8 +4,9 @@ Every run trains into ``out/<run_id>`` (``attnscale.runs`` describes the files).
 Resume, decided per run by ``runs.run_state`` before any training starts:
 - a record with status done or diverged and the same config is kept, never redone;
 - a run cut short (no record, or one left "running" by a killed or interrupted
-  process) is trained again from step 0, and its ``metrics.jsonl`` is started
-  afresh, so a restarted run never logs a step twice;
+  process) is trained again, from train's ``checkpoint.pt`` where one was saved,
+  else from step 0; its ``metrics.jsonl`` is rewritten from the checkpoint's
+  history, so a restarted run never logs a step twice;
 - a folder holding a run of another config stops everything with a ConfigError
   that asks for another --out: two experiments never mix in one folder.
 A run is marked "running" (a record with its config) before training starts,
