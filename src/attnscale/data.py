@@ -61,6 +61,7 @@ from typing import Iterator
 import torch
 
 from attnscale.errors import ConfigError
+from attnscale.runs import atomic_write_bytes
 from attnscale.vocab import Bpe, Vocab
 
 __all__ = ["Corpus", "Source", "SOURCES", "TOKENIZERS", "load_corpus", "batches", "eval_batches",
@@ -121,17 +122,6 @@ def cache_root(cache_dir: Path | str | None = None) -> Path:
 
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def _atomic_write(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".part")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    finally:
-        Path(tmp).unlink(missing_ok=True)
 
 
 def _decode(raw: bytes, where: str) -> str:
@@ -309,7 +299,7 @@ def load_corpus(spec: str = "default", tokenizer: str | None = None, *, bpe_voca
         buffer = io.BytesIO()
         torch.save({"codec": codec.state(), **{split: t.int() for split, t in ids.items()}}, buffer)
         try:
-            _atomic_write(path, buffer.getvalue())
+            atomic_write_bytes(path, buffer.getvalue())
         except OSError:
             pass  # a read-only cache only costs a re-tokenization next time
     else:
@@ -324,7 +314,7 @@ def _fit_bpe(text: str, text_sha256: str, vocab: int, root: Path) -> Bpe:
         return Bpe(path.read_text(encoding="utf-8"))
     bpe = Bpe.fit(text, vocab)
     try:
-        _atomic_write(path, bpe.json.encode("utf-8"))
+        atomic_write_bytes(path, bpe.json.encode("utf-8"))
     except OSError:
         pass  # a read-only cache only costs a refit next time
     return bpe

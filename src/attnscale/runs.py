@@ -90,23 +90,29 @@ def to_jsonable(obj: Any) -> Any:
     return obj
 
 
-def atomic_write_json(path: Path, obj: Any) -> None:
-    """Write JSON to a temp file beside ``path`` and rename it into place:
-    a reader sees the old file or the new one, never half of one."""
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write ``data`` to a temp file beside ``path`` and rename it into place:
+    a reader sees the old file or the new one, never half of one. The one
+    writer of records, logs copied between runs, checkpoints and caches."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; a record is as readable as any file
-        with os.fdopen(fd, "w") as f:
-            json.dump(to_jsonable(obj), f, indent=2, allow_nan=True)
-            f.write("\n")
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    """``obj`` as indented JSON, written atomically (``atomic_write_bytes``)."""
+    text = json.dumps(to_jsonable(obj), indent=2, allow_nan=True) + "\n"
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def _read_umask() -> int:

@@ -25,7 +25,6 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue as queue_mod
-import shutil
 import signal
 import time
 import traceback
@@ -115,9 +114,7 @@ def _copy_finished(spec: RunSpec, config: dict, out: Path, reuse: Sequence[Path]
         target = out / spec.run_id
         target.mkdir(parents=True, exist_ok=True)
         if (source / runs.METRICS).exists():  # the log first, the record last: the record commits the copy
-            tmp = target / f".{runs.METRICS}.tmp"
-            shutil.copyfile(source / runs.METRICS, tmp)
-            os.replace(tmp, target / runs.METRICS)
+            runs.atomic_write_bytes(target / runs.METRICS, (source / runs.METRICS).read_bytes())
         record = runs.read_record(source)
         record.update(runs.to_jsonable(dict(spec.extra)), copied_from=str(source))
         runs.atomic_write_json(target / runs.RECORD, record)

@@ -21,9 +21,9 @@ Same config, same machine, same thread count -> the same numbers to the last dig
 from __future__ import annotations
 
 import contextlib
+import io
 import json
 import math
-import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -36,7 +36,7 @@ from attnscale.diagnostics import FROZEN_THRESHOLD, head_summary
 from attnscale.errors import ConfigError
 from attnscale.hooks import record
 from attnscale.model import ModelConfig, TinyLM
-from attnscale.runs import to_jsonable, write_record
+from attnscale.runs import atomic_write_bytes, to_jsonable, write_record
 
 __all__ = ["TrainConfig", "train", "lr_at", "evaluate", "DIAGNOSTICS", "summarize", "preset", "PRESETS",
            "resolve_dtype", "native_bf16"]
@@ -272,9 +272,9 @@ class _Checkpoint:
         return state if state.get("config") == self.config else None
 
     def save(self, **state) -> None:
-        tmp = self.path.with_suffix(".tmp")
-        torch.save({"config": self.config, **state}, tmp)
-        os.replace(tmp, self.path)  # a reader sees the old checkpoint or the new one
+        buffer = io.BytesIO()
+        torch.save({"config": self.config, **state}, buffer)
+        atomic_write_bytes(self.path, buffer.getvalue())  # a reader sees the old checkpoint or the new one
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
