@@ -401,5 +401,6 @@ def preset(name: str) -> tuple[dict[str, Any], TrainConfig]:
     if name == "quick":  # the embedded corpus, a few seconds a run
         return {**model, "context": 32}, TrainConfig(steps=60, batch=8, lr=3e-3, warmup=6, record_every=10, eval_batches=8, dtype="auto")
     if name in ("sweep", "dynamics"):
-        return model, TrainConfig(steps=400, batch=16, lr=3e-3, warmup=40, record_every=10, eval_batches=40, dtype="auto")
+        # eval_batches=None: perplexity over the whole held-out split, not a sample of it
+        return model, TrainConfig(steps=400, batch=16, lr=3e-3, warmup=40, record_every=10, eval_batches=None, dtype="auto")
     raise ConfigError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}")
