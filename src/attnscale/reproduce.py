@@ -37,6 +37,7 @@ def stages(*, seed: int = 0, quick: bool = False, corpus: str = "default", jobs:
     pairs, sequences = (5000, 50) if quick else (20000, 200)
     dyn = dynamics.preset(quick=quick, corpus=corpus, seed=seed)
     swp = sweep.preset(quick=quick, corpus=corpus, seed=seed)
+    dyn_s, swp_s = _training_estimate(quick, corpus, jobs)
     return [
         Stage("spread of q·k vs width", "spread", 2, spread.SpreadConfig(pairs=pairs, seed=seed),
               lambda c, d: spread.run(c, out=d)),
@@ -44,12 +45,30 @@ def stages(*, seed: int = 0, quick: bool = False, corpus: str = "default", jobs:
               fresh.FreshConfig(sequences=sequences, init="unit", seed=seed), lambda c, d: fresh.run(c, out=d)),
         Stage("fresh head, the model's own init", "fresh-model", 5,
               fresh.FreshConfig(sequences=sequences, init="model", seed=seed), lambda c, d: fresh.run(c, out=d)),
-        Stage("training dynamics with and without the scale", "dynamics", 20 if quick else 240, dyn,
+        Stage("training dynamics with and without the scale", "dynamics", dyn_s, dyn,
               lambda c, d: dynamics.run(c, d, jobs=jobs), group=True),
-        Stage("width sweep: held-out perplexity", "sweep", 40 if quick else 780, swp,
+        Stage("width sweep: held-out perplexity", "sweep", swp_s, swp,
               # the widest pair of the sweep is the dynamics pair, same budget: copied, not retrained
               lambda c, d: sweep.run(c, d, jobs=jobs, reuse=[d.parent / "dynamics"]), group=True),
     ]
+
+
+def _training_estimate(quick: bool, corpus: str, jobs: int) -> tuple[float, float]:
+    """Seconds for the dynamics pair and the rest of the sweep, for the stage ETA:
+    what they took on a 2-core laptop with -j 2 (char-level embedded corpus:
+    100 s and 118 s; word-level WikiText-2: 258 s and 707 s), scaled by the jobs.
+    The sweep runner then prints an ETA measured from the steps it has done."""
+    from attnscale.data import load_corpus
+    from attnscale.experiments.dynamics import LARGE_VOCAB
+
+    if quick:
+        dyn, swp = 10.0, 10.0
+    elif load_corpus(corpus).vocab_size > LARGE_VOCAB:
+        dyn, swp = 258.0, 707.0
+    else:
+        dyn, swp = 100.0, 118.0
+    slower = 2 / min(jobs, 2)
+    return dyn * slower, swp * slower
 
 
 def _on_disk(stage: Stage, folder: Path) -> bool:

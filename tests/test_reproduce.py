@@ -1,0 +1,42 @@
+"""`attnscale reproduce --quick`: every stage, the report, resume, and a clash of settings."""
+
+import json
+
+import pytest
+
+from attnscale.cli import main
+from attnscale.runs import find_records
+
+
+@pytest.fixture(scope="module")
+def quick_out(tmp_path_factory):
+    out = tmp_path_factory.mktemp("reproduce") / "out"
+    assert main(["reproduce", "--quick", "--out", str(out), "-j", "1"]) == 0
+    return out
+
+
+def test_quick_writes_every_stage_and_the_report(quick_out, capsys):
+    groups = {p.relative_to(quick_out).parts[0] for p in find_records(quick_out)}
+    assert groups == {"spread", "fresh-unit", "fresh-model", "dynamics", "sweep"}
+    sweep = [json.loads((p / "record.json").read_text()) for p in find_records(quick_out / "sweep")]
+    assert {(r["config"]["model"]["head_dim"], r["config"]["model"]["scale"]) for r in sweep} == {
+        (w, s) for w in (32, 128, 1024) for s in ("none", "inv_sqrt_d")}
+    assert all(r["status"] in ("done", "diverged") for r in sweep)
+    md = (quick_out / "report" / "report.md").read_text()
+    for section in ("spread of q·k", "A fresh head", "during training", "held-out perplexity by width"):
+        assert section in md
+    assert ", 0 not run." in md.split("\n", 3)[2]  # the summary line: every claim was judged
+    assert (quick_out / "report" / "index.html").stat().st_size > 50_000
+
+
+def test_rerun_keeps_what_is_on_disk(quick_out):
+    before = {p: (p / "record.json").stat().st_mtime_ns for p in find_records(quick_out)}
+    assert main(["reproduce", "--quick", "--out", str(quick_out), "-j", "1"]) == 0
+    after = {p: (p / "record.json").stat().st_mtime_ns for p in find_records(quick_out)}
+    assert after == before
+
+
+def test_other_settings_in_the_same_folder_are_refused(quick_out, capsys):
+    assert main(["reproduce", "--quick", "--seed", "1", "--out", str(quick_out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "other settings" in err and "--out" in err
