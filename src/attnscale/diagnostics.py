@@ -17,6 +17,7 @@ import torch
 
 __all__ = [
     "FROZEN_THRESHOLD",
+    "HEAD_MEASURES",
     "spread",
     "entropy",
     "effective_words",
@@ -30,6 +31,8 @@ __all__ = [
 ]
 
 FROZEN_THRESHOLD = 0.99
+# What ``head_summary`` reports for each head, in its order: the names runs record.
+HEAD_MEASURES = ("spread", "max_score", "effective_words", "frozen_fraction", "push", "max_weight")
 
 
 def _counted(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:

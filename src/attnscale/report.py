@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscale import course, render
+from attnscale.diagnostics import HEAD_MEASURES
 from attnscale.errors import ConfigError
 from attnscale.runs import find_records, read_record
 
@@ -31,15 +32,14 @@ EXPERIMENTS = {
 }
 
 
-DIAGNOSTICS = ("spread", "max_score", "effective_words", "frozen_fraction", "push", "max_weight")
 
 
 def _as_layers(line: dict[str, Any]) -> dict[str, Any]:
     """A metrics.jsonl line, {"spread": [[per head] per layer], ...}, as {"layers": [{"layer": i, "spread": [...]}]}."""
     if not isinstance(line.get("spread"), list):
         return line
-    layers = [{"layer": i, **{k: line[k][i] for k in DIAGNOSTICS if k in line}} for i in range(len(line["spread"]))]
-    return {**{k: v for k, v in line.items() if k not in DIAGNOSTICS}, "layers": layers}
+    layers = [{"layer": i, **{k: line[k][i] for k in HEAD_MEASURES if k in line}} for i in range(len(line["spread"]))]
+    return {**{k: v for k, v in line.items() if k not in HEAD_MEASURES}, "layers": layers}
 
 
 @dataclass

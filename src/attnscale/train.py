@@ -32,7 +32,7 @@ from typing import Any, Callable
 import torch
 
 from attnscale.data import batches, check_length, eval_batches
-from attnscale.diagnostics import FROZEN_THRESHOLD, head_summary
+from attnscale.diagnostics import FROZEN_THRESHOLD, HEAD_MEASURES, head_summary
 from attnscale.errors import ConfigError
 from attnscale.hooks import record
 from attnscale.model import ModelConfig, TinyLM
@@ -41,7 +41,7 @@ from attnscale.runs import atomic_write_bytes, to_jsonable, write_record
 __all__ = ["TrainConfig", "train", "lr_at", "evaluate", "DIAGNOSTICS", "summarize", "preset", "PRESETS",
            "resolve_dtype", "native_bf16"]
 
-DIAGNOSTICS = ("spread", "frozen_fraction", "effective_words", "push", "max_score", "max_weight")
+DIAGNOSTICS = HEAD_MEASURES  # recorded per layer and head, as diagnostics.head_summary names them
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "auto": None}
 
 
