@@ -183,7 +183,7 @@ def evaluate(model: TinyLM, ids: torch.Tensor, batch: int, max_batches: int | No
         for i, (x_BT, y_BT) in enumerate(eval_batches(ids, batch, model.cfg.context)):
             if max_batches is not None and i >= max_batches:
                 break
-            with _autocast(dtype):
+            with torch.no_grad(), _autocast(dtype):  # no graph: evaluation never backpropagates
                 logits_BTV = model(x_BT)
             total += float(torch.nn.functional.cross_entropy(logits_BTV.float().flatten(0, 1), y_BT.flatten(), reduction="sum"))
             tokens += y_BT.numel()
