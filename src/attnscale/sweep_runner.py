@@ -124,8 +124,7 @@ def _copy_finished(spec: RunSpec, config: dict, out: Path, reuse: Sequence[Path]
 
 def _summary(record: dict) -> dict[str, Any]:
     res = record.get("results") or {}
-    ppl = res.get("perplexity", res.get("valid_ppl"))
-    return {"status": record.get("status"), "valid_ppl": ppl, "duration_s": record.get("duration_s")}
+    return {"status": record.get("status"), "valid_ppl": res.get("perplexity"), "duration_s": record.get("duration_s")}
 
 
 def execute(
