@@ -25,6 +25,8 @@ from typing import Callable
 import torch
 from torch import nn
 
+from attnscale.errors import ConfigError
+
 __all__ = ["ScoreScale", "SCALES", "register_scale", "get_scale", "scale_names"]
 
 
@@ -95,7 +97,7 @@ def get_scale(name: str, head_dim: int) -> ScoreScale:
     try:
         cls = SCALES[name]
     except KeyError:
-        raise ValueError(f"unknown scale {name!r}; choose one of: {', '.join(SCALES)}") from None
+        raise ConfigError(f"unknown scale {name!r}; choose one of: {', '.join(SCALES)}") from None
     return cls(head_dim)
 
 

@@ -25,6 +25,7 @@ import torch
 from attnscale.attention import masked_softmax
 from attnscale.diagnostics import FROZEN_THRESHOLD, describe_row, effective_words, row_summary
 from attnscale.errors import ConfigError
+from attnscale.experiments import check_widths_and_scales
 from attnscale.hooks import record
 from attnscale.scales import get_scale
 
@@ -45,8 +46,7 @@ class FreshConfig:
     example_row: int = 12
 
     def __post_init__(self):
-        if not self.widths or any(int(w) != w or w < 1 for w in self.widths):
-            raise ConfigError(f"widths must be positive integers, got {self.widths}")
+        check_widths_and_scales(self.widths, self.scales)
         if self.words < 2:
             raise ConfigError(f"words must be at least 2 (a row needs a choice), got {self.words}")
         if self.sequences < 1:
@@ -55,8 +55,6 @@ class FreshConfig:
             raise ConfigError(f"init must be 'unit' or 'model', got {self.init!r}")
         if not 0 < self.threshold < 1:
             raise ConfigError(f"threshold must lie between 0 and 1, got {self.threshold}")
-        for s in self.scales:
-            get_scale(s, 1)
 
 
 def _unit_pattern(width: int, scale: str, cfg: FreshConfig) -> torch.Tensor:

@@ -16,6 +16,7 @@ import torch
 
 from attnscale.diagnostics import spread
 from attnscale.errors import ConfigError
+from attnscale.experiments import check_widths_and_scales
 from attnscale.scales import ScoreScale, get_scale
 
 __all__ = ["SpreadConfig", "run", "measure", "format_table"]
@@ -31,12 +32,9 @@ class SpreadConfig:
     seed: int = 0
 
     def __post_init__(self):
-        if not self.widths or any(int(w) != w or w < 1 for w in self.widths):
-            raise ConfigError(f"widths must be positive integers, got {self.widths}")
+        check_widths_and_scales(self.widths, self.scales)
         if self.pairs < 2:
             raise ConfigError(f"pairs must be at least 2 to measure a spread, got {self.pairs}")
-        for s in self.scales:
-            get_scale(s, 1)
 
 
 def _std_error(x: torch.Tensor) -> float:
