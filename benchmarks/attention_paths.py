@@ -18,8 +18,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-from attnscale.attention import attend, build_mask
-from attnscale.scales import get_scale
+from attnscale.core.attention import attend, build_mask
+from attnscale.core.scales import get_scale
 
 
 def _time(fn, repeats: int) -> float:

@@ -24,8 +24,8 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import torch
 
-from attnscale import hf
-from attnscale.inspect import format_table, inspect_model
+from attnscale.headcheck import hf
+from attnscale.headcheck.engine import format_table, inspect_model
 
 
 def main() -> None:

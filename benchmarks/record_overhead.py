@@ -23,9 +23,9 @@ import time
 
 import torch
 
-from attnscale.data import load_corpus
-from attnscale.model import ModelConfig
-from attnscale.train import TrainConfig, preset, train
+from attnscale.lm.data import load_corpus
+from attnscale.lm.model import ModelConfig
+from attnscale.lm.train import TrainConfig, preset, train
 
 
 def step_times(mcfg: ModelConfig, cfg: TrainConfig, corpus) -> list[float]:

@@ -22,9 +22,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnscale.data import batches, load_corpus
-from attnscale.model import ModelConfig
-from attnscale.train import TrainConfig, lr_at, train
+from attnscale.lm.data import batches, load_corpus
+from attnscale.lm.model import ModelConfig
+from attnscale.lm.train import TrainConfig, lr_at, train
 
 
 class BaselineBlock(nn.Module):

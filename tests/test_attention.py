@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from attnscale import Attention, record
-from attnscale.attention import build_mask, masked_softmax
-from attnscale.scales import SCALES
+from attnscale.core.attention import build_mask, masked_softmax
+from attnscale.core.scales import SCALES
 
 torch.set_num_threads(1)
 

@@ -7,7 +7,7 @@ import math
 
 from test_report import _fresh_row, _record, write_runs
 
-from attnscale import course
+from attnscale.report import course
 from attnscale.report import load_runs
 
 

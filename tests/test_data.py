@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from attnscale import data
-from attnscale.data import batches, check_length, eval_batches, load_corpus
+from attnscale.lm import data
+from attnscale.lm.data import batches, check_length, eval_batches, load_corpus
 from attnscale.errors import ConfigError
 
 WIKITEXT2_TRAIN_SHA = "9e9fa1ad55b1c2c95b08e37dd8e653f638fac2c6de904b79e813611eefbc985f"

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from attnscale import diagnostics as D
+from attnscale.core import diagnostics as D
 
 
 def test_uniform_row_has_n_effective_words_and_hand_computed_push():
@@ -73,7 +73,7 @@ def test_threshold_is_configurable_and_recorded():
 
 
 def test_head_summary_per_head_and_single_key_rows_skipped():
-    from attnscale.attention import build_mask, masked_softmax
+    from attnscale.core.attention import build_mask, masked_softmax
 
     gen = torch.Generator().manual_seed(2)
     scores = torch.randn(2, 3, 5, 5, generator=gen)

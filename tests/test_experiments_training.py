@@ -6,7 +6,7 @@ import pytest
 
 from attnscale.errors import ConfigError
 from attnscale.experiments import dynamics, sweep
-from attnscale.train import TrainConfig
+from attnscale.lm.train import TrainConfig
 
 TINY_MODEL = {"context": 16, "d_model": 16, "n_layers": 1, "n_heads": 2}
 TINY_TRAIN = TrainConfig(steps=6, batch=4, warmup=1, record_every=3, eval_batches=2)
@@ -90,7 +90,7 @@ def test_presets_make_the_dynamics_pair_the_sweeps_widest_pair(quick):
 
 
 def test_budget_follows_train_presets_and_halves_the_batch_for_a_word_vocabulary():
-    from attnscale.train import preset as train_preset
+    from attnscale.lm.train import preset as train_preset
 
     quick_model, quick_train = train_preset("quick")
     assert dynamics.budget(True, 33278) == (quick_model, quick_train)
@@ -111,7 +111,7 @@ def test_dynamics_run_records_start_and_end(tmp_path):
     none, scaled = rows
     assert none["start"]["spread"] > scaled["start"]["spread"]  # the unscaled scores start louder
     assert none["valid_ppl"] > 1 and none["end"]["effective_words"] >= 1
-    from attnscale.runs import read_record
+    from attnscale.runs.store import read_record
 
     assert read_record(tmp_path / "d32-none-s1")["group"] == "dynamics"
     text = dynamics.format_table(rows)

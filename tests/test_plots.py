@@ -7,7 +7,7 @@ import sys
 
 from test_report import _diag, _fresh_row, _illustration, _spread_rows
 
-from attnscale import plots
+from attnscale.report import plots
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -32,6 +32,6 @@ def test_every_figure_is_a_png(tmp_path):
 
 
 def test_matplotlib_loads_only_when_drawing():
-    code = "import sys, attnscale.plots; print('matplotlib' in sys.modules)"
+    code = "import sys, attnscale.report.plots; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

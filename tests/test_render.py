@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attnscale import render
+from attnscale.report import render
 
 EVIL = '<script>alert(1)</script> & "quoted" | piped'
 BLOCKS = [("h1", "Title " + EVIL), ("p", EVIL), ("list", "lead " + EVIL, [EVIL]),

@@ -18,7 +18,7 @@ import pytest
 from attnscale import report
 from attnscale.cli import main
 from attnscale.errors import ConfigError
-from attnscale.runs import atomic_write_json
+from attnscale.runs.store import atomic_write_json
 
 WIDTHS = (4, 32, 64, 128, 256, 512, 1024)
 XSS = "<script>alert(1)</script>"
@@ -201,6 +201,6 @@ def test_cli_report(tmp_path, capsys):
 
 
 def test_import_does_not_load_matplotlib():
-    code = "import sys, attnscale, attnscale.report, attnscale.course; print('matplotlib' in sys.modules)"
+    code = "import sys, attnscale, attnscale.report, attnscale.report.course; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

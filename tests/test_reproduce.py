@@ -5,7 +5,7 @@ import json
 import pytest
 
 from attnscale.cli import main
-from attnscale.runs import find_records
+from attnscale.runs.store import find_records
 
 
 @pytest.fixture(scope="module")

@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from attnscale.scales import SCALES, ScoreScale, get_scale, register_scale
+from attnscale.core.scales import SCALES, ScoreScale, get_scale, register_scale
 
 
 def test_registry_has_the_course_pair_and_the_variants():

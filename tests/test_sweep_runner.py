@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from attnscale import runs
+from attnscale.runs import store
 from attnscale.errors import ConfigError
-from attnscale.model import ModelConfig
-from attnscale.progress import Live, Plain, Silent, make_progress
-from attnscale.sweep_runner import CorpusSpec, RunSpec, cores, execute
-from attnscale.train import TrainConfig
+from attnscale.lm.model import ModelConfig
+from attnscale.runs.progress import Live, Plain, Silent, make_progress
+from attnscale.runs.runner import CorpusSpec, RunSpec, cores, execute
+from attnscale.lm.train import TrainConfig
 
 CORPUS = CorpusSpec("default")
 TINY = TrainConfig(steps=8, batch=4, warmup=1, record_every=4, eval_batches=2)
@@ -33,7 +33,7 @@ def spec(corpus, width=8, scale="none", seed=0, **train):
                         head_dim=width, scale=scale)
     from dataclasses import replace
 
-    return RunSpec(runs.run_id(width, scale, seed), model, replace(TINY, seed=seed, **train), {"group": "test"})
+    return RunSpec(store.run_id(width, scale, seed), model, replace(TINY, seed=seed, **train), {"group": "test"})
 
 
 def steps_logged(run_dir: Path) -> list[int]:
@@ -43,8 +43,8 @@ def steps_logged(run_dir: Path) -> list[int]:
 
 def assert_clean(run_dir: Path) -> None:
     """A finished run: a readable record, a log whose steps are all distinct and increasing."""
-    rec = runs.read_record(run_dir)
-    assert rec["status"] in runs.FINISHED
+    rec = store.read_record(run_dir)
+    assert rec["status"] in store.FINISHED
     steps = steps_logged(run_dir)
     assert steps == sorted(set(steps)), steps
 
@@ -68,9 +68,9 @@ def test_half_finished_run_restarts_with_a_fresh_log(tmp_path, corpus):
     s = spec(corpus)
     run_dir = tmp_path / s.run_id
     execute([s], CORPUS, tmp_path, progress=False, corpus=corpus)
-    done = runs.read_record(run_dir)
+    done = store.read_record(run_dir)
     # what a killed run leaves: a "running" record and part of a log
-    runs.write_record(run_dir, "train", done["config"], None, status="running")
+    store.write_record(run_dir, "train", done["config"], None, status="running")
     (run_dir / "metrics.jsonl").write_text('{"step": 0}\n{"step": 4}\n{"st')
     [rec] = execute([s], CORPUS, tmp_path, progress=False, corpus=corpus)
     assert rec["status"] == "done"
@@ -161,7 +161,7 @@ SWEEP_SCRIPT = textwrap.dedent("""
     import torch
     torch.set_num_threads(1)
     from attnscale.experiments import sweep
-    from attnscale.train import TrainConfig
+    from attnscale.lm.train import TrainConfig
     cfg = sweep.SweepConfig(widths=(8, 16), scales=("none", "inv_sqrt_d"),
                             model={"context": 16, "d_model": 16, "n_layers": 1, "n_heads": 2},
                             train=TrainConfig(steps=150, batch=4, warmup=5, record_every=5, eval_batches=2))
@@ -173,7 +173,7 @@ def _state(out: Path) -> dict[str, str]:
     states = {}
     for d in out.glob("d*"):
         try:
-            states[d.name] = runs.read_record(d)["status"]
+            states[d.name] = store.read_record(d)["status"]
         except (OSError, ValueError):
             pass
     return states

@@ -4,13 +4,13 @@ import math
 import pytest
 import torch
 
-from attnscale.data import Corpus, batches
-from attnscale.diagnostics import head_summary
+from attnscale.lm.data import Corpus, batches
+from attnscale.core.diagnostics import head_summary
 from attnscale.errors import ConfigError
-from attnscale.hooks import record
-from attnscale.model import ModelConfig, TinyLM
-from attnscale.runs import read_record
-from attnscale.train import DIAGNOSTICS, PRESETS, TrainConfig, lr_at, preset, train
+from attnscale.core.hooks import record
+from attnscale.lm.model import ModelConfig, TinyLM
+from attnscale.runs.store import read_record
+from attnscale.lm.train import DIAGNOSTICS, PRESETS, TrainConfig, lr_at, preset, train
 
 V = 7
 
@@ -147,7 +147,7 @@ def test_bf16_trains_and_records(corpus):
 
 
 def test_auto_dtype_follows_the_cpu(corpus, monkeypatch):
-    import attnscale.train as t
+    import attnscale.lm.train as t
 
     monkeypatch.setattr(t, "native_bf16", lambda: False)
     assert t.resolve_dtype("auto") == "fp32" and t.resolve_dtype("bf16") == "bf16"

@@ -1,8 +1,8 @@
 """attnscale: a laboratory and diagnostic for the score scale in dot-product attention."""
 
-from attnscale.attention import Attention, attend, build_mask, masked_softmax
-from attnscale.hooks import HookPoint, hook_names, record
-from attnscale.scales import SCALES, ScoreScale, get_scale, register_scale, scale_names
+from attnscale.core.attention import Attention, attend, build_mask, masked_softmax
+from attnscale.core.hooks import HookPoint, hook_names, record
+from attnscale.core.scales import SCALES, ScoreScale, get_scale, register_scale, scale_names
 
 __version__ = "0.1.0"
 

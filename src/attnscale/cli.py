@@ -61,7 +61,7 @@ def probability(text: str) -> float:
 
 
 def scale_name(text: str) -> str:
-    from attnscale.scales import SCALES
+    from attnscale.core.scales import SCALES
 
     if text not in SCALES:
         raise argparse.ArgumentTypeError(f"takes one of {', '.join(SCALES)}, got {text!r}")
@@ -86,7 +86,7 @@ def writable_dir(path: Path, option: str = "--out") -> Path:
 
 
 def _print_json(rows) -> None:
-    from attnscale.runs import to_jsonable
+    from attnscale.runs.store import to_jsonable
 
     json.dump(to_jsonable(rows), sys.stdout, indent=2)
     sys.stdout.write("\n")
@@ -310,7 +310,7 @@ def _add_inspect(sub) -> None:
 
 
 def _run_inspect(args) -> None:
-    from attnscale import inspect
+    from attnscale.headcheck import engine as inspect
 
     out = writable_dir(args.out) if args.out else None
     text = args.text if args.text is not None else inspect.read_text(args.file)

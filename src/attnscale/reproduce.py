@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from attnscale.errors import ConfigError
-from attnscale.runs import RECORD, read_record, to_jsonable
+from attnscale.runs.store import RECORD, read_record, to_jsonable
 
 __all__ = ["run", "stages"]
 
@@ -58,7 +58,7 @@ def _training_estimate(quick: bool, corpus: str, jobs: int) -> tuple[float, floa
     what they took on a 2-core laptop with -j 2 (char-level embedded corpus:
     100 s and 118 s; word-level WikiText-2: 258 s and 707 s), scaled by the jobs.
     The sweep runner then prints an ETA measured from the steps it has done."""
-    from attnscale.data import load_corpus
+    from attnscale.lm.data import load_corpus
     from attnscale.experiments.dynamics import LARGE_VOCAB
 
     if quick:

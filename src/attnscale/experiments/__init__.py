@@ -1,7 +1,7 @@
 """One module per experiment of the chapter: spread, fresh, dynamics, sweep."""
 
 from attnscale.errors import ConfigError
-from attnscale.scales import get_scale
+from attnscale.core.scales import get_scale
 
 
 def check_widths_and_scales(widths, scales) -> None:

@@ -3,12 +3,12 @@
 Trains the tiny model at one head width (1,024 by default, the course's) once
 per scheme, same seed and budget, recording every ``record_every`` steps, per
 layer and head: spread of the scores, frozen fraction, effective words, push,
-and the loss (``attnscale.train``). The course's run: without the division the
+and the loss (``attnscale.lm.train``). The course's run: without the division the
 spread grew from about 21 to over 5,000 and 99.9% of rows froze; with it the
 spread settled around 3.4.
 
 Runs go to ``out/<run_id>`` with record extra {"group": "dynamics"} and are
-resumed like any sweep (``attnscale.sweep_runner``).
+resumed like any sweep (``attnscale.runs.runner``).
 """
 
 from __future__ import annotations
@@ -17,11 +17,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from attnscale import runs
+from attnscale.runs import store
 from attnscale.errors import ConfigError
-from attnscale.sweep_runner import CorpusSpec, RunSpec, execute
-from attnscale.train import TrainConfig
-from attnscale.train import preset as train_preset
+from attnscale.runs.runner import CorpusSpec, RunSpec, execute
+from attnscale.lm.train import TrainConfig
+from attnscale.lm.train import preset as train_preset
 
 __all__ = ["DynamicsConfig", "budget", "preset", "specs", "model_config", "run", "rows_from_records", "format_table",
            "LARGE_VOCAB", "CHECKPOINT_EVERY"]
@@ -66,7 +66,7 @@ class DynamicsConfig:
 
 def model_config(model: dict[str, Any], vocab_size: int, head_dim: int, scale: str):
     """``ModelConfig`` for one run; unknown fields are a ConfigError, not a TypeError."""
-    from attnscale.model import ModelConfig
+    from attnscale.lm.model import ModelConfig
 
     try:
         return ModelConfig(vocab_size=vocab_size, head_dim=head_dim, scale=scale, **model)
@@ -108,7 +108,7 @@ def preset(quick: bool = False, corpus: str = "default", seed: int = 0, tokenize
 def specs(cfg: DynamicsConfig, vocab_size: int) -> list[RunSpec]:
     train_cfg = replace(cfg.train, seed=cfg.seed)
     return [
-        RunSpec(runs.run_id(cfg.head_dim, s, cfg.seed), model_config(cfg.model, vocab_size, cfg.head_dim, s),
+        RunSpec(store.run_id(cfg.head_dim, s, cfg.seed), model_config(cfg.model, vocab_size, cfg.head_dim, s),
                 train_cfg, {"group": "dynamics"})
         for s in cfg.scales
     ]

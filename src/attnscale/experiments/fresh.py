@@ -22,12 +22,12 @@ from pathlib import Path
 
 import torch
 
-from attnscale.attention import masked_softmax
-from attnscale.diagnostics import FROZEN_THRESHOLD, describe_row, effective_words, row_summary
+from attnscale.core.attention import masked_softmax
+from attnscale.core.diagnostics import FROZEN_THRESHOLD, describe_row, effective_words, row_summary
 from attnscale.errors import ConfigError
 from attnscale.experiments import check_widths_and_scales
-from attnscale.hooks import record
-from attnscale.scales import get_scale
+from attnscale.core.hooks import record
+from attnscale.core.scales import get_scale
 
 __all__ = ["FreshConfig", "run", "measure", "illustration", "format_table"]
 
@@ -66,7 +66,7 @@ def _unit_pattern(width: int, scale: str, cfg: FreshConfig) -> torch.Tensor:
 
 
 def _model_pattern(width: int, scale: str, cfg: FreshConfig) -> torch.Tensor:
-    from attnscale.model import ModelConfig, build_model
+    from attnscale.lm.model import ModelConfig, build_model
 
     mcfg = ModelConfig(**{**_trained_model(), "vocab_size": _MODEL_VOCAB, "context": cfg.words, "head_dim": width,
                           "scale": scale, "n_layers": 1, "impl": "explicit"})
@@ -86,7 +86,7 @@ def _model_pattern(width: int, scale: str, cfg: FreshConfig) -> torch.Tensor:
 
 def _trained_model() -> dict:
     """ModelConfig fields of the model ``reproduce`` trains (train.py's "sweep" preset)."""
-    from attnscale.train import preset
+    from attnscale.lm.train import preset
 
     return preset("sweep")[0]
 
@@ -136,10 +136,10 @@ def run(cfg: FreshConfig, out: Path | None = None) -> dict:
     if cfg.init == "model":
         result["model_init"] = model_init_name()
     if out is not None:
-        from attnscale.runs import write_record
+        from attnscale.runs.store import write_record
 
         write_record(out, "fresh", cfg, result, started=started)
-        from attnscale import plots
+        from attnscale.report import plots
 
         plots.fresh_plot(rows, Path(out) / "fresh.png")
         plots.illustration(result["illustration"], Path(out) / "illustration.png")

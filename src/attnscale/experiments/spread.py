@@ -14,10 +14,10 @@ from pathlib import Path
 
 import torch
 
-from attnscale.diagnostics import spread
+from attnscale.core.diagnostics import spread
 from attnscale.errors import ConfigError
 from attnscale.experiments import check_widths_and_scales
-from attnscale.scales import ScoreScale, get_scale
+from attnscale.core.scales import ScoreScale, get_scale
 
 __all__ = ["SpreadConfig", "run", "measure", "format_table"]
 
@@ -92,10 +92,10 @@ def run(cfg: SpreadConfig, out: Path | None = None) -> list[dict]:
     started = time.time()
     rows = [row for w in cfg.widths for row in measure(w, cfg.pairs, cfg.scales, cfg.seed)]
     if out is not None:
-        from attnscale.runs import write_record
+        from attnscale.runs.store import write_record
 
         write_record(out, "spread", cfg, rows, started=started)
-        from attnscale import plots
+        from attnscale.report import plots
 
         plots.spread_plot(rows, Path(out) / "spread.png")
     return rows

@@ -11,7 +11,7 @@ error is that of the per-seed differences. Any registered scheme can join the
 sweep; the gap table compares two of them (``baseline``, ``reference``).
 
 Runs go to ``out/<run_id>`` with record extra {"group": "sweep"}, resumed by
-``attnscale.sweep_runner``: an interrupted sweep, rerun, trains only what is missing.
+``attnscale.runs.runner``: an interrupted sweep, rerun, trains only what is missing.
 """
 
 from __future__ import annotations
@@ -22,11 +22,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from attnscale import runs
+from attnscale.runs import store
 from attnscale.errors import ConfigError
 from attnscale.experiments.dynamics import budget, default_model, default_train, model_config
-from attnscale.sweep_runner import CorpusSpec, RunSpec, execute
-from attnscale.train import TrainConfig
+from attnscale.runs.runner import CorpusSpec, RunSpec, execute
+from attnscale.lm.train import TrainConfig
 
 __all__ = ["SweepConfig", "preset", "run", "run_records", "specs", "rows_from_records", "gap_table", "format_table",
            "GAP_THRESHOLD_PPL"]
@@ -92,7 +92,7 @@ def specs(cfg: SweepConfig, vocab_size: int, group: str = "sweep") -> list[RunSp
             for seed in cfg.seeds:
                 for scale in cfg.scales:
                     train_cfg = replace(cfg.train, seed=seed, **({} if lr is None else {"lr": lr}))
-                    out.append(RunSpec(runs.run_id(width, scale, seed, lr), model_config(cfg.model, vocab_size, width, scale),
+                    out.append(RunSpec(store.run_id(width, scale, seed, lr), model_config(cfg.model, vocab_size, width, scale),
                                        train_cfg, {"group": group}))
     return out
 
@@ -153,7 +153,7 @@ def gap_table(rows: list[dict[str, Any]], baseline: str = "none", reference: str
     counts as a gap (``diverged`` says which side), with ``gap`` None."""
     cells: dict[tuple, dict[str, dict[int, float | None]]] = {}
     for r in rows:
-        if r["scale"] in (baseline, reference) and r["status"] in runs.FINISHED:
+        if r["scale"] in (baseline, reference) and r["status"] in store.FINISHED:
             cells.setdefault((r["lr"], r["width"]), {baseline: {}, reference: {}})[r["scale"]][r["seed"]] = r["valid_ppl"]
     out_rows = []
     for (lr, width) in sorted(cells, key=lambda k: (k[0] is not None, k[0] or 0, k[1])):

@@ -31,12 +31,13 @@ from typing import Any, Callable
 
 import torch
 
-from attnscale.data import batches, check_length, eval_batches
-from attnscale.diagnostics import FROZEN_THRESHOLD, HEAD_MEASURES, head_summary
+from attnscale.lm.data import batches, check_length, eval_batches
+from attnscale.core.diagnostics import FROZEN_THRESHOLD, HEAD_MEASURES, head_summary
 from attnscale.errors import ConfigError
-from attnscale.hooks import record
-from attnscale.model import ModelConfig, TinyLM
-from attnscale.runs import atomic_write_bytes, to_jsonable, write_record
+from attnscale.core.hooks import record
+from attnscale.lm.model import ModelConfig, TinyLM
+from attnscale.files import atomic_write_bytes, to_jsonable
+from attnscale.runs.store import write_record  # moves up a layer with the record schema
 
 __all__ = ["TrainConfig", "train", "lr_at", "evaluate", "DIAGNOSTICS", "summarize", "preset", "PRESETS",
            "resolve_dtype", "native_bf16"]

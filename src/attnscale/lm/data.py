@@ -61,8 +61,8 @@ from typing import Iterator
 import torch
 
 from attnscale.errors import ConfigError
-from attnscale.runs import atomic_write_bytes
-from attnscale.vocab import Bpe, Vocab
+from attnscale.files import atomic_write_bytes
+from attnscale.lm.vocab import Bpe, Vocab
 
 __all__ = ["Corpus", "Source", "SOURCES", "TOKENIZERS", "load_corpus", "batches", "eval_batches",
            "check_length", "cache_root", "corpus_names"]
@@ -212,7 +212,7 @@ def _resolve(spec: str, cache_dir) -> tuple[str, str, dict[str, str]]:
     """(name, default tokenizer, {"train", "valid"[, "test"]: text}) for a corpus spec."""
     name = _ALIASES.get(spec, spec)
     if name == "default":
-        raw = gzip.decompress((resources.files("attnscale") / "corpora" / DEFAULT_FILE).read_bytes())
+        raw = gzip.decompress((resources.files("attnscale.lm") / "corpora" / DEFAULT_FILE).read_bytes())
         if _sha256(raw) != DEFAULT_SHA256:
             raise ConfigError(f"the packaged default corpus is damaged (sha256 {_sha256(raw)}, "
                               f"expected {DEFAULT_SHA256}); reinstall attnscale")

@@ -7,7 +7,7 @@ A run directory holds
 
 Reports are built only from these files, never from memory.
 
-Resume (``run_state``, used by ``attnscale.sweep_runner``): a record with status
+Resume (``run_state``, used by ``attnscale.runs.runner``): a record with status
 "done" or "diverged" and the same config is final and never redone; no record,
 or one left "running" (written before training starts) or "stopped", means the
 run is trained again from step 0 (or from train's checkpoint.pt) with its
@@ -48,13 +48,12 @@ import json
 import os
 import platform
 import subprocess
-import tempfile
 import time
-from dataclasses import asdict, is_dataclass
 from pathlib import Path
 from typing import Any
 
 from attnscale.errors import ConfigError
+from attnscale.files import atomic_write_bytes, atomic_write_json, to_jsonable
 
 __all__ = [
     "atomic_write_json",
@@ -73,55 +72,6 @@ RECORD = "record.json"
 METRICS = "metrics.jsonl"
 # A run in one of these states is never trained again; "running" and "stopped" are redone.
 FINISHED = ("done", "diverged")
-
-
-def to_jsonable(obj: Any) -> Any:
-    """Dataclasses, paths, tuples and numpy/torch scalars to plain JSON values."""
-    if is_dataclass(obj) and not isinstance(obj, type):
-        return to_jsonable(asdict(obj))
-    if isinstance(obj, dict):
-        return {str(k): to_jsonable(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [to_jsonable(v) for v in obj]
-    if isinstance(obj, Path):
-        return str(obj)
-    if hasattr(obj, "item") and callable(obj.item):
-        return obj.item()
-    return obj
-
-
-def atomic_write_bytes(path: Path, data: bytes) -> None:
-    """Write ``data`` to a temp file beside ``path`` and rename it into place:
-    a reader sees the old file or the new one, never half of one. The one
-    writer of records, logs copied between runs, checkpoints and caches."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; a record is as readable as any file
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def atomic_write_json(path: Path, obj: Any) -> None:
-    """``obj`` as indented JSON, written atomically (``atomic_write_bytes``)."""
-    text = json.dumps(to_jsonable(obj), indent=2, allow_nan=True) + "\n"
-    atomic_write_bytes(path, text.encode("utf-8"))
-
-
-def _read_umask() -> int:
-    mask = os.umask(0o022)  # the only way to read it is to set it; put it back at once
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _read_umask()  # read once, at import, not while worker threads may be creating files
 
 
 def _git_hash() -> str | None:

@@ -12,7 +12,7 @@ model's own), one layer at a time, and reduced to numbers at once, so memory
 holds one layer's B×H×T×T, not all of them.
 
 Models: Hugging Face (see hf.py), any module holding
-``attnscale.attention.Attention`` heads (read through their hook points), and
+``attnscale.core.attention.Attention`` heads (read through their hook points), and
 train.py's ``checkpoint.pt`` (a TinyLM, read with its corpus's tokenizer).
 """
 
@@ -27,12 +27,12 @@ from typing import Any
 import torch
 from torch import nn
 
-from attnscale.attention import Attention, masked_softmax
-from attnscale import diagnostics as D
-from attnscale.diagnostics import FROZEN_THRESHOLD
+from attnscale.core.attention import Attention, masked_softmax
+from attnscale.core import diagnostics as D
+from attnscale.core.diagnostics import FROZEN_THRESHOLD
 from attnscale.errors import ConfigError
-from attnscale.hooks import record
-from attnscale.scales import ScoreScale, get_scale
+from attnscale.core.hooks import record
+from attnscale.core.scales import ScoreScale, get_scale
 
 __all__ = ["InspectConfig", "InspectResult", "format_table", "inspect_model", "layer_means", "load_checkpoint",
            "plot_heatmaps", "read_text", "run"]
@@ -208,8 +208,8 @@ def _take(seqs: list[list[int]], cfg: InspectConfig) -> tuple[list[list[int]], i
 
 def load_checkpoint(path: Path) -> tuple[nn.Module, Callable[[str], torch.Tensor]]:
     """A TinyLM and its corpus's encoder from train.py's ``checkpoint.pt``."""
-    from attnscale.data import load_corpus
-    from attnscale.model import ModelConfig, build_model
+    from attnscale.lm.data import load_corpus
+    from attnscale.lm.model import ModelConfig, build_model
 
     if not path.is_file():
         raise ConfigError(f"--model: {str(path)!r} does not exist; give the checkpoint.pt of an attnscale training run")
@@ -322,7 +322,7 @@ def inspect_model(
         model, encode = load_checkpoint(Path(model))
         tokenizer = tokenizer or encode
     if isinstance(model, str):
-        from attnscale import hf
+        from attnscale.headcheck import hf
 
         loaded = hf.load(model)
         return hf.inspect(loaded.model, loaded.tokenizer, texts, cfg, on_layer, model)
@@ -331,10 +331,10 @@ def inspect_model(
     if hasattr(model, "config") and hasattr(model, "set_attn_implementation"):
         if tokenizer is None:
             raise ConfigError("a Hugging Face model needs its tokenizer: inspect_model(model, texts, tokenizer=...)")
-        from attnscale import hf
+        from attnscale.headcheck import hf
 
         return hf.inspect(model, tokenizer, texts, cfg, on_layer, getattr(model.config, "_name_or_path", "") or cfg.model)
-    raise ConfigError(f"cannot read attention from a {type(model).__name__}; give a Hugging Face model or one built from attnscale.attention.Attention")
+    raise ConfigError(f"cannot read attention from a {type(model).__name__}; give a Hugging Face model or one built from attnscale.core.attention.Attention")
 
 
 # ---- output --------------------------------------------------------------------
@@ -382,7 +382,7 @@ def format_table(result: InspectResult, per_head: bool = True) -> str:
 
 def plot_heatmaps(result: InspectResult, path: Path) -> Path:
     """Layers × heads heatmaps of effective words and frozen fraction, one column per scheme."""
-    from attnscale import plots
+    from attnscale.report import plots
 
     titles = {s: f"model ({result.scale:.3g})" if s == MODEL else _WHAT_IF_TITLES.get(s, s)
               for s in (MODEL, *result.what_ifs)}
@@ -398,7 +398,7 @@ def run(cfg: InspectConfig, texts: str | Sequence[str], out: Path | None = None)
     result = inspect_model(cfg.model, texts, max_tokens=cfg.max_tokens, batch=cfg.batch, sequences=cfg.sequences,
                            threshold=cfg.threshold, what_ifs=cfg.what_ifs)
     if out is not None:
-        from attnscale.runs import write_record
+        from attnscale.runs.store import write_record
 
         plot_heatmaps(result, Path(out) / "heatmaps.png")
         write_record(out, "inspect", cfg, result, started=started)

@@ -17,10 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attnscale import course, render
-from attnscale.diagnostics import HEAD_MEASURES
+from attnscale.report import course
+from attnscale.report import render
+from attnscale.core.diagnostics import HEAD_MEASURES
 from attnscale.errors import ConfigError
-from attnscale.runs import find_records, read_record
+from attnscale.runs.store import find_records, read_record
 
 __all__ = ["Runs", "TrainRun", "load_runs", "build"]
 
@@ -198,7 +199,7 @@ def _verdict_table(verdicts: list[course.Verdict], beside: str | None = None) ->
 
 
 def _sections(runs: Runs, verdicts: list[course.Verdict], out: Path) -> tuple[list[tuple], dict[str, Path]]:
-    from attnscale import plots
+    from attnscale.report import plots
 
     pngs: dict[str, Path] = {}
     by = {e: [v for v in verdicts if v.experiment == e] for e in EXPERIMENTS}

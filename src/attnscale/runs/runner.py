@@ -1,7 +1,7 @@
 """Run many training runs: resumable, in parallel worker processes, with progress.
 
-Every run trains into ``out/<run_id>`` (``attnscale.runs`` describes the files).
-Resume, decided per run by ``runs.run_state`` before any training starts:
+Every run trains into ``out/<run_id>`` (``attnscale.runs.store`` describes the files).
+Resume, decided per run by ``store.run_state`` before any training starts:
 - a record with status done or diverged and the same config is kept, never redone;
 - a run cut short (no record, or one left "running" by a killed or interrupted
   process) is trained again, from train's ``checkpoint.pt`` where one was saved,
@@ -32,11 +32,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from attnscale import runs
+from attnscale import files
+from attnscale.runs import store
 from attnscale.errors import ConfigError
-from attnscale.model import ModelConfig
-from attnscale.progress import make_progress
-from attnscale.train import TrainConfig
+from attnscale.lm.model import ModelConfig
+from attnscale.runs.progress import make_progress
+from attnscale.lm.train import TrainConfig
 
 __all__ = ["CorpusSpec", "RunSpec", "execute", "cores"]
 
@@ -45,7 +46,7 @@ _STEP_MESSAGE_EVERY_S = 0.2  # a worker reports its step at most this often
 
 @dataclass(frozen=True)
 class CorpusSpec:
-    """How to load a corpus (``attnscale.data.load_corpus`` arguments), so each worker can load it."""
+    """How to load a corpus (``attnscale.lm.data.load_corpus`` arguments), so each worker can load it."""
 
     spec: str = "default"
     tokenizer: str | None = None
@@ -53,7 +54,7 @@ class CorpusSpec:
     cache_dir: str | None = None
 
     def load(self):
-        from attnscale.data import load_corpus
+        from attnscale.lm.data import load_corpus
 
         return load_corpus(self.spec, self.tokenizer, bpe_vocab=self.bpe_vocab, cache_dir=self.cache_dir)
 
@@ -86,7 +87,7 @@ def _check(specs: Sequence[RunSpec], corpus) -> None:
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
         raise ConfigError(f"run ids must be unique; repeated: {', '.join(dupes)}")
-    from attnscale.data import check_length
+    from attnscale.lm.data import check_length
 
     for s in specs:
         check_length(corpus.train, s.model.context, "corpus's training split")
@@ -98,8 +99,8 @@ def _check(specs: Sequence[RunSpec], corpus) -> None:
 def _mark_running(run_dir: Path, spec: RunSpec, config: dict) -> None:
     """Clear what an interrupted attempt left and say, on disk, what this folder is for."""
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / runs.METRICS).unlink(missing_ok=True)
-    runs.write_record(run_dir, "train", config, None, status="running", started=time.time(), extra=dict(spec.extra))
+    (run_dir / store.METRICS).unlink(missing_ok=True)
+    store.write_record(run_dir, "train", config, None, status="running", started=time.time(), extra=dict(spec.extra))
 
 
 def _copy_finished(spec: RunSpec, config: dict, out: Path, reuse: Sequence[Path]) -> bool:
@@ -107,17 +108,17 @@ def _copy_finished(spec: RunSpec, config: dict, out: Path, reuse: Sequence[Path]
     for folder in reuse:
         source = Path(folder) / spec.run_id
         try:
-            if Path(folder).resolve() == out.resolve() or runs.run_state(source, config) != "finished":
+            if Path(folder).resolve() == out.resolve() or store.run_state(source, config) != "finished":
                 continue
         except ConfigError:
             continue  # another config under the same name: not this run
         target = out / spec.run_id
         target.mkdir(parents=True, exist_ok=True)
-        if (source / runs.METRICS).exists():  # the log first, the record last: the record commits the copy
-            runs.atomic_write_bytes(target / runs.METRICS, (source / runs.METRICS).read_bytes())
-        record = runs.read_record(source)
-        record.update(runs.to_jsonable(dict(spec.extra)), copied_from=str(source))
-        runs.atomic_write_json(target / runs.RECORD, record)
+        if (source / store.METRICS).exists():  # the log first, the record last: the record commits the copy
+            files.atomic_write_bytes(target / store.METRICS, (source / store.METRICS).read_bytes())
+        record = store.read_record(source)
+        record.update(files.to_jsonable(dict(spec.extra)), copied_from=str(source))
+        files.atomic_write_json(target / store.RECORD, record)
         return True
     return False
 
@@ -151,7 +152,7 @@ def execute(
     _check(specs, corpus)
     configs = {s.run_id: _config(s, corpus) for s in specs}
     # every folder is checked before anything is trained: a clash stops the sweep at once
-    states = {s.run_id: runs.run_state(out / s.run_id, configs[s.run_id]) for s in specs}
+    states = {s.run_id: store.run_state(out / s.run_id, configs[s.run_id]) for s in specs}
     for s in specs:
         if states[s.run_id] != "finished" and _copy_finished(s, configs[s.run_id], out, reuse):
             states[s.run_id] = "finished"
@@ -174,14 +175,14 @@ def execute(
                 _run_in_workers(pending, corpus_spec, out, configs, bar, workers)
     finally:
         bar.close()
-    return [{**runs.read_record(out / s.run_id), "run_dir": str(out / s.run_id)} for s in specs]
+    return [{**store.read_record(out / s.run_id), "run_dir": str(out / s.run_id)} for s in specs]
 
 
 # ---- in this process ----------------------------------------------------------------
 
 
 def _run_here(pending, corpus, out, configs, bar) -> None:
-    from attnscale.train import train
+    from attnscale.lm.train import train
 
     for spec in pending:
         run_dir = out / spec.run_id
@@ -192,7 +193,7 @@ def _run_here(pending, corpus, out, configs, bar) -> None:
             bar.step(_id, step, info.get("loss"))
 
         train(spec.model, spec.train, corpus, run_dir, on_step=on_step, extra=dict(spec.extra))
-        bar.finish(spec.run_id, _summary(runs.read_record(run_dir)))
+        bar.finish(spec.run_id, _summary(store.read_record(run_dir)))
 
 
 # ---- in worker processes --------------------------------------------------------------
@@ -234,7 +235,7 @@ def _worker(index: int, corpus_spec: CorpusSpec, threads: int, inbox, messages) 
     try:
         import torch
 
-        from attnscale.train import train
+        from attnscale.lm.train import train
 
         torch.set_num_threads(threads)
         corpus = corpus_spec.load()
@@ -316,7 +317,7 @@ def _run_in_workers(pending, corpus_spec, out, configs, bar, workers) -> None:
             if kind == "step":
                 bar.step(rid, *payload)
             elif kind == "done":
-                bar.finish(rid, _summary(runs.read_record(out / rid)))
+                bar.finish(rid, _summary(store.read_record(out / rid)))
                 dispatch(i)
             elif kind == "config_error":
                 raise ConfigError(payload)

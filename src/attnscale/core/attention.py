@@ -29,8 +29,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnscale.hooks import HookPoint
-from attnscale.scales import ScoreScale, get_scale
+from attnscale.core.hooks import HookPoint
+from attnscale.core.scales import ScoreScale, get_scale
 
 __all__ = ["Attention", "attend", "masked_softmax", "build_mask"]
 

@@ -30,9 +30,9 @@ from typing import Any
 
 import torch
 
-from attnscale.attention import build_mask
+from attnscale.core.attention import build_mask
 from attnscale.errors import ConfigError
-from attnscale.inspect import (
+from attnscale.headcheck.engine import (
     InspectConfig,
     InspectResult,
     _check_texts,
@@ -261,7 +261,7 @@ def describe_scale(module, factor: float, head_dim: int) -> str:
 
 
 def inspect(model, tokenizer, texts, cfg: InspectConfig, on_layer, name: str) -> InspectResult:
-    """Measure every head of a loaded Hugging Face model (see ``attnscale.inspect.inspect_model``)."""
+    """Measure every head of a loaded Hugging Face model (see ``attnscale.headcheck.engine.inspect_model``)."""
     limit = getattr(model.config, "max_position_embeddings", None)
     if limit and cfg.max_tokens > limit:
         raise ConfigError(f"--max-tokens {cfg.max_tokens} is more than the model's {limit} positions; give at most {limit}")

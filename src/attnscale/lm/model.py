@@ -3,7 +3,7 @@
 Token + learned position embeddings, ``n_layers`` blocks of attention and a 4×
 MLP, a linear read-out (tied to the token embedding with ``tie_embeddings=True``;
 untied by default). Attention is
-``attnscale.attention.Attention`` at ``blocks.{i}.attn``, so its hook points are
+``attnscale.core.attention.Attention`` at ``blocks.{i}.attn``, so its hook points are
 ``blocks.{i}.attn.hook_scores`` and friends.
 
 Why d_k apart from d_model: the course varies the length of q and k (its
@@ -39,9 +39,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attnscale.attention import Attention
+from attnscale.core.attention import Attention
 from attnscale.errors import ConfigError
-from attnscale.scales import SCALES
+from attnscale.core.scales import SCALES
 
 __all__ = ["ModelConfig", "TinyLM", "INITS", "build_model"]
 

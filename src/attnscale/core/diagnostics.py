@@ -1,0 +1,158 @@
+"""The measurements, as pure functions: tensors in, numbers out.
+
+Conventions, written once here:
+- A masked score is -inf (what ``hook_scores`` holds) or is named by a boolean
+  ``mask`` (True = counts). Masked entries never count.
+- A row of weights ``p`` sums to 1 over its visible keys; a row with no visible
+  key (all zeros) is not a row and is left out of every row statistic. Where the
+  scores are at hand (``head_summary``), rows that see a single key (the first
+  row under a causal mask) are left out too: with one choice a row is neither
+  frozen nor free, and counting it would call every causal head partly frozen.
+- Entropy is in nats with 0·log 0 = 0, so a one-hot row has entropy 0.
+"""
+
+from __future__ import annotations
+
+import torch
+
+__all__ = [
+    "FROZEN_THRESHOLD",
+    "HEAD_MEASURES",
+    "spread",
+    "entropy",
+    "effective_words",
+    "max_weight",
+    "push",
+    "valid_rows",
+    "frozen_fraction",
+    "row_summary",
+    "head_summary",
+    "describe_row",
+]
+
+FROZEN_THRESHOLD = 0.99
+# What ``head_summary`` reports for each head, in its order: the names runs record.
+HEAD_MEASURES = ("spread", "max_score", "effective_words", "frozen_fraction", "push", "max_weight")
+
+
+def _counted(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
+    keep = torch.isfinite(scores)
+    if mask is not None:
+        keep = keep & mask.expand_as(scores)
+    return keep
+
+
+def spread(scores: torch.Tensor, mask: torch.Tensor | None = None, dim=None) -> torch.Tensor:
+    """Standard deviation (population, ddof 0) of the scores that count.
+
+    With ``dim=None`` over all entries; otherwise over ``dim`` (an int or tuple),
+    e.g. ``spread(scores_BHTT, dim=(0, 2, 3))`` gives one spread per head."""
+    x = scores.double()
+    keep = _counted(x, mask)
+    x = torch.where(keep, x, 0.0)
+    n = keep.sum(dim=dim) if dim is not None else keep.sum()
+    total = x.sum(dim=dim) if dim is not None else x.sum()
+    mean = total / n
+    if dim is not None:
+        dims = (dim,) if isinstance(dim, int) else dim
+        for d in sorted(d % x.ndim for d in dims):
+            mean = mean.unsqueeze(d)
+    dev = torch.where(keep, x - mean, 0.0)
+    sq = dev.pow(2).sum(dim=dim) if dim is not None else dev.pow(2).sum()
+    return (sq / n).sqrt().float()
+
+
+def entropy(p: torch.Tensor) -> torch.Tensor:
+    """H(p) = -Σ p log p over the last dim, in nats, with 0·log 0 = 0."""
+    return torch.special.entr(p.double()).sum(-1).float()
+
+
+def effective_words(p: torch.Tensor) -> torch.Tensor:
+    """exp(H(p)): how many words a row spreads over. Uniform over n gives n; one-hot gives 1."""
+    return entropy(p).exp()
+
+
+def max_weight(p: torch.Tensor) -> torch.Tensor:
+    return p.max(-1).values
+
+
+def push(p: torch.Tensor) -> torch.Tensor:
+    """Frobenius norm of the softmax Jacobian diag(p) - p pᵀ, in closed form:
+
+    ||J||_F² = Σ_ij (δ_ij p_i - p_i p_j)² = Σp² - 2Σp³ + (Σp²)².
+    It measures how much nudging the scores can still move the weights: 0 for a one-hot row."""
+    p = p.double()
+    s2 = p.pow(2).sum(-1)
+    s3 = p.pow(3).sum(-1)
+    return (s2 - 2 * s3 + s2.pow(2)).clamp_min(0).sqrt().float()
+
+
+def valid_rows(p: torch.Tensor) -> torch.Tensor:
+    """True for rows that see at least one key (their weights sum to 1, not 0)."""
+    return p.sum(-1) > 0.5
+
+
+def frozen_fraction(p: torch.Tensor, threshold: float = FROZEN_THRESHOLD) -> float:
+    """Share of rows whose largest weight exceeds ``threshold``."""
+    rows = valid_rows(p)
+    return float((max_weight(p)[rows] > threshold).double().mean())
+
+
+def _quantiles(x: torch.Tensor, qs) -> list[float]:
+    return torch.quantile(x.double(), torch.tensor(qs, dtype=torch.float64)).tolist()
+
+
+def row_summary(p: torch.Tensor, threshold: float = FROZEN_THRESHOLD) -> dict[str, float]:
+    """Summaries over every row of ``p`` (any leading shape; rows are the last dim)."""
+    rows = valid_rows(p)
+    if not bool(rows.any()):
+        raise ValueError("no row of attention weights sees any key")
+    flat = p[rows]
+    eff = effective_words(flat)
+    mw = max_weight(flat)
+    pu = push(flat)
+    p10, med, p90 = _quantiles(eff, [0.1, 0.5, 0.9])
+    return {
+        "effective_words_median": med,
+        "effective_words_p10": p10,
+        "effective_words_p90": p90,
+        "effective_words_mean": float(eff.mean()),
+        "max_weight_mean": float(mw.mean()),
+        "frozen_fraction": float((mw > threshold).double().mean()),
+        "frozen_threshold": threshold,
+        "push_median": float(pu.median()),
+        "push_mean": float(pu.mean()),
+        "rows": int(flat.shape[0]),
+    }
+
+
+def head_summary(scores_BHTT: torch.Tensor, pattern_BHTT: torch.Tensor, threshold: float = FROZEN_THRESHOLD) -> dict[str, list[float]]:
+    """Per-head measurements of one attention layer, each a list of length H.
+
+    spread and max |score| over the scores that count; effective words, push
+    and max weight averaged over rows that see at least two keys; frozen
+    fraction of those rows."""
+    keep = torch.isfinite(scores_BHTT)
+    rows_BHT = valid_rows(pattern_BHTT) & (keep.sum(-1) >= 2)
+    n_rows = rows_BHT.sum((0, 2)).clamp_min(1).double()
+
+    def row_mean(x_BHT):
+        return (torch.where(rows_BHT, x_BHT.double(), 0.0).sum((0, 2)) / n_rows).float()
+
+    abs_scores = torch.where(keep, scores_BHTT.abs().float(), 0.0)
+    mw = max_weight(pattern_BHTT)
+    return {
+        "spread": spread(scores_BHTT, dim=(0, 2, 3)).tolist(),
+        "max_score": abs_scores.amax((0, 2, 3)).tolist(),
+        "effective_words": row_mean(effective_words(pattern_BHTT)).tolist(),
+        "frozen_fraction": row_mean((mw > threshold).float()).tolist(),
+        "push": row_mean(push(pattern_BHTT)).tolist(),
+        "max_weight": row_mean(mw).tolist(),
+    }
+
+
+def describe_row(p_row: torch.Tensor, row: int) -> str:
+    """One row said in words: 'row 12 puts 99.98% of its weight on word 41 (1.0 effective words)'."""
+    w, j = p_row.max(-1)
+    eff = float(effective_words(p_row))
+    return f"row {row} puts {100 * float(w):.2f}% of its weight on word {int(j)} ({eff:.1f} effective words)"

@@ -1,0 +1,178 @@
+"""Named score-scale schemes: what multiplies (or reshapes) q·k before softmax.
+
+Why 1/sqrt(d) (Vaswani et al. 2017, footnote 4): if the entries of q and k are
+independent with mean 0 and variance 1, then q·k = sum_i q_i k_i has variance d,
+so its spread grows like sqrt(d); multiplying by 1/sqrt(d) brings it back to 1.
+
+Every scheme is a small ``ScoreScale`` module registered by name, so an
+experiment records the scale as a string and the attention code never branches
+on it. A scheme may transform q and k before the product (qk-norm), multiply
+the product by a factor (fixed or learned), and squash the result (soft-capping):
+
+    scores = cap(factor * (q' @ k'ᵀ)),   (q', k') = prepare(q, k)
+
+References: muP uses 1/d (Yang et al. 2022, "Tensor Programs V"); qk-norm
+normalises q and k (Dehghani et al. 2023, "Scaling Vision Transformers to 22B");
+tanh soft-capping bounds the scores (Gemma 2, 2024); a learned temperature
+(Henry et al. 2020, "Query-Key Normalization for Transformers").
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import torch
+from torch import nn
+
+from attnscale.errors import ConfigError
+
+__all__ = ["ScoreScale", "SCALES", "register_scale", "get_scale", "scale_names"]
+
+
+class ScoreScale(nn.Module):
+    """Base scheme: plain product times ``factor`` (override the pieces that differ)."""
+
+    name: str = "base"
+
+    def __init__(self, head_dim: int):
+        super().__init__()
+        if head_dim < 1:
+            raise ValueError(f"head_dim must be a positive integer, got {head_dim}")
+        self.head_dim = head_dim
+
+    def prepare(self, q_BHTD: torch.Tensor, k_BHTD: torch.Tensor):
+        """Transform q and k before the product (identity unless overridden)."""
+        return q_BHTD, k_BHTD
+
+    def factor(self) -> float | torch.Tensor:
+        """The multiplier applied to q'·k'."""
+        return 1.0
+
+    def cap(self, scores: torch.Tensor) -> torch.Tensor:
+        """Element-wise squash after the factor (identity unless overridden)."""
+        return scores
+
+    @property
+    def fusable(self) -> bool:
+        """True when ``F.scaled_dot_product_attention`` can compute this scheme."""
+        return type(self).cap is ScoreScale.cap
+
+    def scores(self, q_BHTD: torch.Tensor, k_BHTD: torch.Tensor) -> torch.Tensor:
+        """Scaled scores before masking: cap(factor * q' @ k'ᵀ)."""
+        q_BHTD, k_BHTD = self.prepare(q_BHTD, k_BHTD)
+        return self.cap((q_BHTD @ k_BHTD.transpose(-2, -1)) * self.factor())
+
+    def pair_scores(self, q_ND: torch.Tensor, k_ND: torch.Tensor) -> torch.Tensor:
+        """Scaled score of each (q, k) pair, row by row: cap(factor * Σ q'_i k'_i)."""
+        q_ND, k_ND = self.prepare(q_ND, k_ND)
+        return self.cap((q_ND * k_ND).sum(-1) * self.factor())
+
+    def extra_repr(self) -> str:
+        return f"name={self.name!r}, head_dim={self.head_dim}"
+
+
+SCALES: dict[str, Callable[[int], ScoreScale]] = {}
+
+
+def register_scale(name: str):
+    """Class decorator: make a ``ScoreScale`` subclass available under ``name``."""
+
+    def deco(cls):
+        if name in SCALES:
+            raise ValueError(f"scale {name!r} is already registered")
+        cls.name = name
+        SCALES[name] = cls
+        return cls
+
+    return deco
+
+
+def scale_names() -> list[str]:
+    return list(SCALES)
+
+
+def get_scale(name: str, head_dim: int) -> ScoreScale:
+    """Build the scheme called ``name`` for heads of width ``head_dim``."""
+    try:
+        cls = SCALES[name]
+    except KeyError:
+        raise ConfigError(f"unknown scale {name!r}; choose one of: {', '.join(SCALES)}") from None
+    return cls(head_dim)
+
+
+@register_scale("none")
+class NoScale(ScoreScale):
+    """Raw q·k: spread sqrt(d) at unit-variance init."""
+
+
+@register_scale("inv_sqrt_d")
+class InvSqrtD(ScoreScale):
+    """q·k / sqrt(d): spread 1 at unit-variance init, whatever d (the transformer default)."""
+
+    def factor(self) -> float:
+        return 1.0 / math.sqrt(self.head_dim)
+
+
+@register_scale("inv_d")
+class InvD(ScoreScale):
+    """q·k / d (muP): at init the spread falls like 1/sqrt(d); it is chosen for
+    the regime after training, where q and k become correlated and q·k grows like d."""
+
+    def factor(self) -> float:
+        return 1.0 / self.head_dim
+
+
+@register_scale("qk_norm")
+class QKNorm(ScoreScale):
+    """RMS-normalise q and k per head (learned gain, init 1), then 1/sqrt(d).
+
+    Normalised vectors have length sqrt(d), so |q'·k'| <= d and, after 1/sqrt(d),
+    |score| <= sqrt(d) (with unit gains): the scores are bounded however large
+    the projections grow."""
+
+    def __init__(self, head_dim: int, eps: float = 1e-6):
+        super().__init__(head_dim)
+        self.eps = eps
+        self.q_gain = nn.Parameter(torch.ones(head_dim))
+        self.k_gain = nn.Parameter(torch.ones(head_dim))
+
+    def _rms(self, x: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+
+    def prepare(self, q_BHTD, k_BHTD):
+        return self._rms(q_BHTD) * self.q_gain, self._rms(k_BHTD) * self.k_gain
+
+    def factor(self) -> float:
+        return 1.0 / math.sqrt(self.head_dim)
+
+
+@register_scale("softcap")
+class SoftCap(ScoreScale):
+    """cap · tanh(s / cap) after 1/sqrt(d): scores stay in (-cap, cap).
+
+    The default cap of 50 is Gemma 2's attention cap."""
+
+    def __init__(self, head_dim: int, cap: float = 50.0):
+        super().__init__(head_dim)
+        self.cap_value = float(cap)
+
+    def factor(self) -> float:
+        return 1.0 / math.sqrt(self.head_dim)
+
+    def cap(self, scores):
+        return self.cap_value * torch.tanh(scores / self.cap_value)
+
+
+@register_scale("learned_temp")
+class LearnedTemperature(ScoreScale):
+    """A learned factor exp(t) per layer, initialised at 1/sqrt(d).
+
+    Learning log-temperature keeps the factor positive and its updates relative."""
+
+    def __init__(self, head_dim: int):
+        super().__init__(head_dim)
+        self.log_factor = nn.Parameter(torch.tensor(-0.5 * math.log(head_dim)))
+
+    def factor(self) -> torch.Tensor:
+        return self.log_factor.exp()
