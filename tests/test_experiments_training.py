@@ -111,9 +111,9 @@ def test_dynamics_run_records_start_and_end(tmp_path):
     none, scaled = rows
     assert none["start"]["spread"] > scaled["start"]["spread"]  # the unscaled scores start louder
     assert none["valid_ppl"] > 1 and none["end"]["effective_words"] >= 1
-    from attnscale.runs.store import read_record
+    from attnscale.runs import record
 
-    assert read_record(tmp_path / "d32-none-s1")["group"] == "dynamics"
+    assert record.read(tmp_path / "d32-none-s1").group == "dynamics"
     text = dynamics.format_table(rows)
     assert "d32" not in text and "inv_sqrt_d" in text and "→" in text
 

@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Callable
 
 from attnscale.errors import ConfigError
-from attnscale.runs.store import RECORD, read_record, to_jsonable
+from attnscale.files import to_jsonable
+from attnscale.runs import record as rec
 
 __all__ = ["run", "stages"]
 
@@ -74,9 +75,9 @@ def _training_estimate(quick: bool, corpus: str, jobs: int) -> tuple[float, floa
 def _on_disk(stage: Stage, folder: Path) -> bool:
     """True when ``folder`` already holds this stage's record; a record made with
     other settings is an error, never silently mixed into the report."""
-    if stage.group or not (folder / RECORD).exists():
+    if stage.group or not (folder / rec.RECORD).exists():
         return False
-    stored = read_record(folder).get("config")
+    stored = rec.read(folder).config
     if stored != to_jsonable(stage.config):
         raise ConfigError(
             f"{folder} holds a {stage.folder} run made with other settings; "

@@ -7,7 +7,7 @@ and the loss (``attnscale.lm.train``). The course's run: without the division th
 spread grew from about 21 to over 5,000 and 99.9% of rows froze; with it the
 spread settled around 3.4.
 
-Runs go to ``out/<run_id>`` with record extra {"group": "dynamics"} and are
+Runs go to ``out/<run_id>`` with record extra "dynamics" and are
 resumed like any sweep (``attnscale.runs.runner``).
 """
 
@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscale.runs import store
+from attnscale.runs.record import TrainRun
 from attnscale.errors import ConfigError
 from attnscale.runs.runner import CorpusSpec, RunSpec, execute
 from attnscale.lm.train import TrainConfig
@@ -109,7 +110,7 @@ def specs(cfg: DynamicsConfig, vocab_size: int) -> list[RunSpec]:
     train_cfg = replace(cfg.train, seed=cfg.seed)
     return [
         RunSpec(store.run_id(cfg.head_dim, s, cfg.seed), model_config(cfg.model, vocab_size, cfg.head_dim, s),
-                train_cfg, {"group": "dynamics"})
+                train_cfg, "dynamics")
         for s in cfg.scales
     ]
 
@@ -122,29 +123,24 @@ def run(cfg: DynamicsConfig, out: Path, jobs: int = 1, progress: bool = True) ->
     return rows_from_records(records)
 
 
-def rows_from_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def rows_from_records(runs: list[TrainRun]) -> list[dict[str, Any]]:
     """One row per run: the diagnostics at the first and last recorded step, and perplexity.
 
-    ``start``/``end`` are ``train.summarize`` of a recorded step: means over
-    layers and heads (max for max_score)."""
-    rows = []
-    for rec in records:
-        res = rec.get("results") or {}
-        model = rec["config"]["model"]
-        rows.append({
-            "run_id": Path(rec.get("run_dir", "")).name or None,
-            "width": model["head_dim"],
-            "scale": model["scale"],
-            "seed": rec["config"]["train"]["seed"],
-            "status": rec["status"],
-            "steps_done": res.get("steps_done"),
-            "diverged_at": res.get("diverged_at"),
-            "valid_ppl": res.get("perplexity"),
-            "start": res.get("start"),
-            "end": res.get("end"),
-            "train_seconds": res.get("train_seconds"),
-        })
-    return rows
+    ``start``/``end`` are ``lm.train.summarize`` of a recorded step: means over
+    layers and heads, with ``spread_by_layer`` and ``frozen_by_layer``."""
+    return [{
+        "run_id": t.run_id,
+        "width": t.width,
+        "scale": t.scale,
+        "seed": t.seed,
+        "status": t.status,
+        "steps_done": t.steps_done,
+        "diverged_at": t.diverged_at,
+        "valid_ppl": t.perplexity,
+        "start": t.results.start,
+        "end": t.results.end,
+        "train_seconds": t.results.train_seconds,
+    } for t in runs]
 
 
 def _pair(row: dict, key: str, fmt: str) -> str:

@@ -136,9 +136,9 @@ def run(cfg: FreshConfig, out: Path | None = None) -> dict:
     if cfg.init == "model":
         result["model_init"] = model_init_name()
     if out is not None:
-        from attnscale.runs.store import write_record
+        from attnscale.runs import record as rec
 
-        write_record(out, "fresh", cfg, result, started=started)
+        rec.write(out, rec.new("fresh", cfg, result, started=started))
         from attnscale.report import plots
 
         plots.fresh_plot(rows, Path(out) / "fresh.png")

@@ -92,9 +92,9 @@ def run(cfg: SpreadConfig, out: Path | None = None) -> list[dict]:
     started = time.time()
     rows = [row for w in cfg.widths for row in measure(w, cfg.pairs, cfg.scales, cfg.seed)]
     if out is not None:
-        from attnscale.runs.store import write_record
+        from attnscale.runs import record as rec
 
-        write_record(out, "spread", cfg, rows, started=started)
+        rec.write(out, rec.new("spread", cfg, rows, started=started))
         from attnscale.report import plots
 
         plots.spread_plot(rows, Path(out) / "spread.png")

@@ -398,8 +398,8 @@ def run(cfg: InspectConfig, texts: str | Sequence[str], out: Path | None = None)
     result = inspect_model(cfg.model, texts, max_tokens=cfg.max_tokens, batch=cfg.batch, sequences=cfg.sequences,
                            threshold=cfg.threshold, what_ifs=cfg.what_ifs)
     if out is not None:
-        from attnscale.runs.store import write_record
+        from attnscale.runs import record as rec
 
         plot_heatmaps(result, Path(out) / "heatmaps.png")
-        write_record(out, "inspect", cfg, result, started=started)
+        rec.write(out, rec.new("inspect", cfg, result, started=started))
     return result
