@@ -9,7 +9,7 @@ from attnscale.core.diagnostics import head_summary
 from attnscale.errors import ConfigError
 from attnscale.core.hooks import record
 from attnscale.lm.model import ModelConfig, TinyLM
-from attnscale.lm.train import DIAGNOSTICS, PRESETS, TrainConfig, lr_at, preset, train
+from attnscale.lm.train import DIAGNOSTICS, TrainConfig, lr_at, train
 
 V = 7
 
@@ -102,12 +102,3 @@ def test_corpus_too_small_for_vocab_or_context_raises(corpus):
         train(mcfg(vocab_size=3), tcfg(), corpus)
     with pytest.raises(ConfigError, match="context"):
         train(mcfg(context=8), tcfg(), Corpus("t", "char", V, corpus.train[:8], corpus.valid, "0" * 64))
-
-
-@pytest.mark.parametrize("name", PRESETS)
-def test_presets_build(name):
-    model_kw, cfg = preset(name)
-    assert ModelConfig(vocab_size=100, head_dim=1024, scale="none", **model_kw).d_k == 1024
-    assert isinstance(cfg, TrainConfig)
-    with pytest.raises(ConfigError, match="quick"):
-        preset("huge")

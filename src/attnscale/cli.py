@@ -187,7 +187,7 @@ def _training_options(p, out: str) -> None:
     p.add_argument("--corpus", default="default",
                    help="'default' (embedded), 'wikitext-2', 'tinyshakespeare', a text file or a folder")
     p.add_argument("--tokenizer", type=tokenizer_name, help="word, char or bpe (default: the corpus's own)")
-    p.add_argument("--quick", action="store_true", help="train.py's quick budget (seconds per run)")
+    p.add_argument("--quick", action="store_true", help="the quick preset: short runs of a small model, seconds each")
     p.add_argument("--steps", type=positive_int, help="optimizer steps per run (default: the preset's)")
     p.add_argument("--batch", type=positive_int, help="sequences per step (default: the preset's)")
     p.add_argument("--lr", type=positive_float, help="peak learning rate (default: the preset's)")
@@ -212,9 +212,11 @@ def _budget(cfg, args):
     """``cfg`` (a DynamicsConfig or SweepConfig) with the command line's overrides."""
     from dataclasses import replace
 
+    from attnscale.lm.presets import with_steps
+
     train = cfg.train
-    if args.steps is not None:  # a shorter run keeps a warm-up of at most a tenth of it
-        train = replace(train, steps=args.steps, warmup=min(train.warmup, args.steps // 10))
+    if args.steps is not None:
+        train = with_steps(train, args.steps)
     if args.batch is not None:
         train = replace(train, batch=args.batch)
     if args.lr is not None:

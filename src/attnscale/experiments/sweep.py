@@ -25,7 +25,8 @@ from typing import Any, Sequence
 from attnscale.runs import store
 from attnscale.runs.record import FINISHED, TrainRun
 from attnscale.errors import ConfigError
-from attnscale.experiments.dynamics import budget, default_model, default_train, model_config
+from attnscale.experiments.dynamics import default_model, default_train, model_config
+from attnscale.lm.presets import budget
 from attnscale.runs.runner import CorpusSpec, RunSpec, execute
 from attnscale.lm.train import TrainConfig
 
@@ -75,14 +76,16 @@ class SweepConfig:
         return CorpusSpec(self.corpus, self.tokenizer)
 
 
-def preset(quick: bool = False, corpus: str = "default", seed: int = 0, tokenizer: str | None = None) -> SweepConfig:
-    """The course's sweep: widths 32 … 1,024, none vs inv_sqrt_d, one seed, on ``dynamics.budget``
+def preset(quick: bool = False, corpus: str = "default", seed: int = 0, tokenizer: str | None = None,
+           vocab_size: int | None = None) -> SweepConfig:
+    """The course's sweep: widths 32 … 1,024, none vs inv_sqrt_d, one seed, on ``lm.presets.budget``
     (so its widest pair is the dynamics pair). ``quick`` keeps the course's ends and
-    middle (32, 128, 1,024) on train.py's "quick" budget: about a minute in all."""
-    model, train_cfg = budget(quick, CorpusSpec(corpus, tokenizer).load().vocab_size)
+    middle (32, 128, 1,024) on the "quick" budget: about a minute in all."""
+    vocab = vocab_size if vocab_size is not None else CorpusSpec(corpus, tokenizer).load().vocab_size
+    b = budget("quick" if quick else "default", vocab)
     widths = (32, 128, 1024) if quick else (32, 64, 128, 256, 512, 1024)
-    return SweepConfig(corpus=corpus, tokenizer=tokenizer, widths=widths, seeds=(seed,), model=model,
-                       train=train_cfg)
+    return SweepConfig(corpus=corpus, tokenizer=tokenizer, widths=widths, seeds=(seed,), model=b.model,
+                       train=b.train)
 
 
 def specs(cfg: SweepConfig, vocab_size: int, group: str = "sweep") -> list[RunSpec]:

@@ -37,7 +37,7 @@ from attnscale.core.hooks import record
 from attnscale.lm.model import ModelConfig, TinyLM
 from attnscale.files import atomic_write_bytes, to_jsonable
 
-__all__ = ["TrainConfig", "train", "run_config", "save_weights", "lr_at", "evaluate", "DIAGNOSTICS", "summarize", "preset", "PRESETS",
+__all__ = ["TrainConfig", "train", "run_config", "save_weights", "lr_at", "evaluate", "DIAGNOSTICS", "summarize",
            "resolve_dtype", "native_bf16"]
 
 DIAGNOSTICS = HEAD_MEASURES  # recorded per layer and head, as diagnostics.head_summary names them
@@ -386,31 +386,3 @@ def _train(model_cfg, cfg, corpus, log_line, on_step, should_stop, ckpt, weights
         "history": history,
         "notes": notes,
     }
-
-
-# ---- presets: budgets sized for a 2-core laptop CPU --------------------------
-
-PRESETS = ("quick", "sweep", "dynamics")
-
-
-def preset(name: str) -> tuple[dict[str, Any], TrainConfig]:
-    """``(model_kwargs, train_cfg)`` for a named budget.
-
-    ``model_kwargs`` lacks ``vocab_size``, ``head_dim`` and ``scale``, which the
-    caller sets per run: ``ModelConfig(vocab_size=corpus.vocab_size,
-    head_dim=width, scale=scale, **model_kwargs)``.
-
-    Why these choices (measured; see the benchmarks): post-LN with PyTorch's
-    default init is the model whose first head starts at spread ≈ sqrt(d)·2/3
-    (21 at d = 1,024, the course's figure); ``dtype="auto"``: bf16 autocast with
-    the explicit path (softmax in fp32) trains ~1.7× faster than fp32 on an
-    AVX512-BF16 CPU, with held-out loss and diagnostics unchanged within seed
-    noise; on CPUs without native bf16 it is fp32. "sweep" records every 10
-    steps, so its width-1,024 pair doubles as the dynamics pair."""
-    model = {"context": 64, "d_model": 64, "n_layers": 2, "n_heads": 4, "init": "torch", "norm": "post", "impl": "explicit"}
-    if name == "quick":  # the embedded corpus, a few seconds a run
-        return {**model, "context": 32}, TrainConfig(steps=60, batch=8, lr=3e-3, warmup=6, record_every=10, eval_batches=8, dtype="auto")
-    if name in ("sweep", "dynamics"):
-        # eval_batches=None: perplexity over the whole held-out split, not a sample of it
-        return model, TrainConfig(steps=400, batch=16, lr=3e-3, warmup=40, record_every=10, eval_batches=None, dtype="auto")
-    raise ConfigError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}")
