@@ -95,6 +95,12 @@ def _encoder(corpus: dict[str, Any], source: Path) -> Encoder:
     return codec.encode
 
 
+def _first_line(e: Exception) -> str:
+    """The line of an error message that says what happened (torch heads its list with a title)."""
+    lines = [line.strip() for line in str(e).splitlines() if line.strip()] or [type(e).__name__]
+    return (lines[1] if len(lines) > 1 and lines[0].endswith(":") else lines[0])[:200]
+
+
 def _load_weights(model: nn.Module, path: Path) -> None:
     """Load a safetensors state_dict into ``model``, all of it or a ConfigError.
     A tied read-out is one tensor under two names; a file may keep either name or both."""
@@ -106,10 +112,12 @@ def _load_weights(model: nn.Module, path: Path) -> None:
     fix = f"give a finished run's folder, or train the run again to rewrite {path.name}"
     try:
         state = load_file(path, device="cpu")
+    except (OSError, ValueError, SafetensorError) as e:
+        raise ConfigError(f"--model: {str(path)!r} is damaged ({_first_line(e)}); {fix}") from None
+    try:
         missing, unexpected = model.load_state_dict(state, strict=False)
-    except (OSError, RuntimeError, ValueError, SafetensorError) as e:
-        why = (str(e).strip().splitlines() or [type(e).__name__])[0][:120]
-        raise ConfigError(f"--model: {str(path)!r} is damaged or does not fit the model in its record.json ({why}); {fix}") from None
+    except RuntimeError as e:  # a tensor of another shape
+        raise ConfigError(f"--model: {str(path)!r} does not fit the model in its record.json ({_first_line(e)}); {fix}") from None
     own = model.state_dict()
     loaded = {own[k].data_ptr() for k in state if k in own}
     missing = [k for k in missing if own[k].data_ptr() not in loaded]
