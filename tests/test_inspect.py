@@ -177,6 +177,25 @@ def test_import_attnscale_does_not_import_transformers():
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_engine_imports_no_adapter_and_adapters_no_private_names():
+    """The engine is below its adapters: it imports none of them, and they use only its public names."""
+    import ast
+    from pathlib import Path
+
+    import attnscale.headcheck as pkg
+
+    code = ("import sys, attnscale.headcheck.engine; "
+            "assert not {'attnscale.headcheck.hf', 'attnscale.headcheck.native', 'attnscale.headcheck.check'} & set(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    for path in Path(pkg.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("attnscale"):
+                assert not [a.name for a in node.names if a.name.startswith("_")], (path.name, node.module)
+            if path.name == "engine.py" and isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [getattr(node, "module", None) or ""] + [a.name for a in node.names]
+                assert not any(n.startswith("attnscale.headcheck") for n in names), names
+
+
 # ---- bad input through the command line ------------------------------------------
 
 
