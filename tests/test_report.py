@@ -102,7 +102,7 @@ def write_runs(root: Path, *, training: bool = True, corpus: str = "wikitext-2")
         _record(root / f"fresh-{init}", "fresh", {"init": init, "words": 64, "sequences": 200, "note": XSS},
                 {"rows": rows, "illustration": _illustration()})
     if training:
-        for scale, start, end in (("none", (18.0, 0.3, 3.0), (5200.0, 0.999, 1.0)), ("inv_sqrt_d", (3.0, 0.0, 30.0), (3.0, 0.0, 20.0))):
+        for scale, start, end in (("none", (21.0, 0.3, 3.0), (5200.0, 0.999, 1.0)), ("inv_sqrt_d", (3.0, 0.0, 30.0), (3.0, 0.0, 20.0))):
             _train(root, "dynamics", 1024, scale, 0, ppl=50.0, corpus=corpus, start=start, end=end)
         for d, gap in ((32, -0.2), (128, 2.0), (256, 17.5), (1024, 17.8)):
             for seed in (0, 1):
