@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 from attnscale.runs import store
 from attnscale.errors import ConfigError
-from attnscale.experiments.dynamics import budget, default_model, default_train, model_config
+from attnscale.experiments.dynamics import budget, check_budget, default_model, default_train, model_config
 from attnscale.runs.runner import CorpusSpec, RunSpec, execute
 from attnscale.lm.train import TrainConfig
 from attnscale.report.analysis import GAP_RULE, GAP_THRESHOLD_PPL, gap_table, mean_se
@@ -59,6 +59,10 @@ class SweepConfig:
             replace(self.train, lr=lr)  # TrainConfig says what a bad lr is
         for scale in self.scales:
             model_config(self.model, 1, self.widths[0], scale)
+        check_budget(self.model, self.train, self.runs_per_width())
+
+    def runs_per_width(self) -> dict[int, int]:
+        return {w: len(self.scales) * len(self.seeds) * len(self.lrs or (None,)) for w in self.widths}
 
     @property
     def corpus_spec(self) -> CorpusSpec:
@@ -77,6 +81,7 @@ def preset(quick: bool = False, corpus: str = "default", seed: int = 0, tokenize
 
 def specs(cfg: SweepConfig, vocab_size: int, group: str = "sweep") -> list[RunSpec]:
     """One run per width × scheme × seed (× lr), narrow widths first."""
+    check_budget(cfg.model, cfg.train, cfg.runs_per_width(), vocab_size)
     out = []
     for lr in cfg.lrs or (None,):
         for width in cfg.widths:

@@ -339,8 +339,11 @@ def build(runs_dir: Path, out_dir: Path | None = None) -> dict[str, Path]:
     """Write index.html, report.md and PNGs for the records under ``runs_dir``.
 
     Returns {"html", "markdown", <plot name>: png path}. Raises ConfigError when
-    ``runs_dir`` holds no record."""
+    ``runs_dir`` holds no record, or none that can be read."""
     runs = load_runs(Path(runs_dir))
+    if not runs.records:  # every record skipped: an empty report would look like a result
+        raise ConfigError(f"none of the records under {str(runs_dir)!r} could be used ({len(runs.notes)} skipped; "
+                          f"first: {runs.notes[0] if runs.notes else '?'})")
     out = Path(out_dir) if out_dir is not None else Path(runs_dir) / "report"
     try:
         out.mkdir(parents=True, exist_ok=True)
