@@ -326,7 +326,9 @@ def _gap_claim(select: Callable[[int], bool], lo: float, hi: float, sign: int, w
         if direction_ok:
             lead = "the scale helps" if sign > 0 else "the unscaled run is ahead"
             return "; ".join(parts), PARTLY, "", f"the direction holds ({lead}), the size does not"
-        lead = "the scaled run is ahead" if sign < 0 else "the scale does not help beyond noise"
+        signs = {(g > 0) - (g < 0) for g, _, _ in gaps.values()}
+        lead = ("the scaled run is ahead" if sign < 0 else
+                "the unscaled run is ahead" if -1 in signs else "the gap is not beyond its noise")
         return "; ".join(parts), DIFFERS, "", f"the direction does not hold: {lead}"
     return judge
 
@@ -367,9 +369,9 @@ CLAIMS: list[Claim] = [
           _fresh_claim(1024, SCALED, _frozen, lambda r: r["frozen_fraction"] < 0.005)),
     Claim("dynamics", "d=1024, no scale: spread about 21 at the start", "≈ 21 (its first layer's head)",
           f"layer 0 within ±{START_TOLERANCE:.0%} of 21", _start_spread),
-    Claim("dynamics", "… grows to over 5,000 by the end", "> 5,000", "> 5,000 (partly: grows, but less)",
+    Claim("dynamics", "… grows to over 5,000 by the end", "> 5,000", "> 5,000",
           _dyn_claim("none", "last", "spread", lambda v: v > 5000, "{:,.0f}", grows=True)),
-    Claim("dynamics", "… and 99.9% of rows end frozen", "99.9%", "≥ 99% (partly: the share rises, but less)",
+    Claim("dynamics", "… and 99.9% of rows end frozen", "99.9%", "≥ 99%",
           _dyn_claim("none", "last", "frozen_fraction", lambda v: v >= 0.99, "{:.1%}", grows=True)),
     Claim("dynamics", "frozen heads do not recover; they get worse", "worse", "frozen share at the end ≥ at the start",
           _not_recovering),
@@ -397,6 +399,6 @@ def reasons(verdicts: Sequence[Verdict]) -> list[str]:
     for v in verdicts:
         if v.verdict in (AGREES, NOT_RUN):
             continue
-        why = f"ours is outside the tolerance ({v.tolerance})" + (f"; {v.note}" if v.note else "")
-        out.append(f"{v.claim} — {v.verdict}: course {v.course}, ours {v.ours}; {why}")
+        note = f"; {v.note}" if v.note else ""
+        out.append(f"{v.claim} — {v.verdict} (tolerance {v.tolerance}): course {v.course}, ours {v.ours}{note}")
     return out
