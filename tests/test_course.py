@@ -177,7 +177,7 @@ def test_reasons_list_every_claim_that_does_not_agree(tmp_path):
     assert len(lines) == 1 and lines[0].startswith(D32) and "differs" in lines[0] and "+0.72" in lines[0]
 
 
-def test_course_does_not_import_the_experiments_or_the_report_package():
+def test_course_and_analysis_load_no_experiment_and_no_matplotlib():
     import subprocess
     import sys
 

@@ -24,7 +24,7 @@ from attnscale.runs.runner import CorpusSpec, RunSpec, execute
 from attnscale.lm.train import TrainConfig
 from attnscale.lm.train import preset as train_preset
 
-__all__ = ["DynamicsConfig", "budget", "preset", "specs", "model_config", "run", "rows_from_records", "format_table",
+__all__ = ["DynamicsConfig", "budget", "check_budget", "preset", "specs", "model_config", "run", "rows_from_records", "format_table",
            "LARGE_VOCAB", "CHECKPOINT_EVERY"]
 
 
