@@ -217,7 +217,7 @@ def _as_preset(root: Path, name: str) -> None:
         rec = json.loads(path.read_text())
         if rec["experiment"] == "train":
             rec["config"]["model"].update(model)
-            rec["config"]["train"].update(asdict(train))
+            rec["config"]["train"].update({k: v for k, v in asdict(train).items() if k != "seed"})
             path.write_text(json.dumps(rec))
 
 

@@ -74,16 +74,16 @@ def preset_of(runs) -> tuple[str, str]:
     full_m, full_tr = wanted[FULL]
     evals = lambda t: "the whole held-out split" if t["eval_batches"] is None else f"{t['eval_batches']} held-out batches"  # noqa: E731
     if seen == {QUICK}:
-        return QUICK, (f"Quick preset (`attnscale reproduce --quick`): {tr['steps']} steps per run, context "
+        return QUICK, (f"Quick preset (attnscale reproduce --quick): {tr['steps']} steps per run, context "
                        f"{m['context']}, perplexity on {evals(tr)}. A smoke test, not the full reproduction: "
                        f"its numbers are not the course's comparison (the full preset trains {full_tr['steps']} "
                        f"steps, context {full_m['context']}, perplexity on {evals(full_tr)}); "
-                       "run `attnscale reproduce` for that.")
+                       "run attnscale reproduce for that.")
     if seen == {FULL}:
-        return FULL, (f"Default preset (the full `attnscale reproduce`): {full_tr['steps']} steps per run, context "
+        return FULL, (f"Default preset (the full attnscale reproduce): {full_tr['steps']} steps per run, context "
                       f"{full_m['context']}, perplexity on {evals(full_tr)}.")
     return CUSTOM, ("Custom settings: the training runs match " + ("neither preset" if seen == {CUSTOM} else "no single preset")
-                    + " of `attnscale reproduce` (see the runs' settings below); compare with care.")
+                    + " of attnscale reproduce (see the runs' settings below); compare with care.")
 
 
 def _shared(runs) -> list:
