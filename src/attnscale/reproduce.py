@@ -18,6 +18,9 @@ from attnscale.runs.store import RECORD, read_record, to_jsonable
 
 __all__ = ["run", "stages"]
 
+# the schemes stage on a 2-core laptop with -j 2, embedded corpus (--quick, default)
+SCHEMES_ESTIMATE_S = {True: 20.0, False: 240.0}
+
 
 @dataclass(frozen=True)
 class Stage:
@@ -32,7 +35,7 @@ class Stage:
 
 
 def stages(*, seed: int = 0, quick: bool = False, corpus: str = "default", jobs: int = 1) -> list[Stage]:
-    from attnscale.experiments import dynamics, fresh, spread, sweep
+    from attnscale.experiments import dynamics, fresh, schemes, spread, sweep
 
     pairs, sequences = (5000, 50) if quick else (20000, 200)
     dyn = dynamics.preset(quick=quick, corpus=corpus, seed=seed)
@@ -50,6 +53,10 @@ def stages(*, seed: int = 0, quick: bool = False, corpus: str = "default", jobs:
         Stage("width sweep: held-out perplexity", "sweep", swp_s, swp,
               # the widest pair of the sweep is the dynamics pair, same budget: copied, not retrained
               lambda c, d: sweep.run(c, d, jobs=jobs, reuse=[d.parent / "dynamics"]), group=True),
+        # beyond the course: every scheme over a learning-rate grid ("smoke" for --quick, else "quick")
+        Stage("which scale? schemes × widths × learning rates", "schemes", SCHEMES_ESTIMATE_S[quick] * 2 / min(jobs, 2),
+              schemes.preset("smoke" if quick else "quick", corpus=corpus, seed=seed),
+              lambda c, d: schemes.run(c, d, jobs=jobs), group=True),
     ]
 
 

@@ -296,6 +296,9 @@ def _sections(runs: Runs, verdicts: list[course.Verdict], out: Path) -> tuple[li
                for t in runs.sweep if t.status != "done"]
         if bad:
             b.append(("list", "Sweep runs without a perplexity (not counted):", bad))
+    from attnscale.report import schemes_section
+
+    b += schemes_section.blocks(runs, out, pngs)  # "Beyond the course: which scale?"
     b += _metadata(runs)
     return b, pngs
 
