@@ -61,10 +61,10 @@ class SchemesConfig:
     train: TrainConfig = field(default_factory=default_train)
 
     def __post_init__(self):
-        self.sweep  # the sweep's checks: non-empty lists without repeats, positive widths, known schemes, valid lrs
+        _ = self.as_sweep  # the sweep's checks: lists without repeats, positive widths, known schemes, valid lrs
 
     @property
-    def sweep(self) -> sweep.SweepConfig:
+    def as_sweep(self) -> sweep.SweepConfig:
         """The same runs as a sweep (the sweep already crosses schemes, widths, seeds and lrs)."""
         return sweep.SweepConfig(corpus=self.corpus, tokenizer=self.tokenizer, widths=self.widths, scales=self.scales,
                                  seeds=self.seeds, lrs=self.lrs, model=self.model, train=self.train)
@@ -83,7 +83,8 @@ def preset(size: str = "full", corpus: str = "default", seed: int = 0, tokenizer
       60 runs, about 3 minutes with -j 2 on 2 cores): ``reproduce``'s stage, sized
       to keep the default ``reproduce`` within 8 minutes; a second seed would
       double it (run ``attnscale schemes --quick --seeds 0 1`` for error bars);
-    - "smoke": width 64, three learning rates, one seed, 30 steps: ``reproduce --quick``'s stage."""
+    - "smoke": width 64, three learning rates, one seed, 15 steps: ``reproduce --quick``'s stage, a
+      check that the stage and its report section work (18 short runs), not a measurement."""
     if size not in SIZES:
         raise ConfigError(f"unknown schemes preset {size!r}; choose one of: {', '.join(SIZES)}")
     model, train_cfg = budget(size != "full", CorpusSpec(corpus, tokenizer).load().vocab_size)
@@ -93,12 +94,12 @@ def preset(size: str = "full", corpus: str = "default", seed: int = 0, tokenizer
         return replace(base, widths=(64, 256), seeds=(seed,))
     if size == "smoke":
         return replace(base, widths=(64,), seeds=(seed,), lrs=lr_grid(train_cfg.lr, 3),
-                       train=replace(train_cfg, steps=30, warmup=3))
+                       train=replace(train_cfg, steps=15, warmup=2))
     return base
 
 
 def specs(cfg: SchemesConfig, vocab_size: int):
-    return sweep.specs(cfg.sweep, vocab_size, group=GROUP)
+    return sweep.specs(cfg.as_sweep, vocab_size, group=GROUP)
 
 
 def run_records(cfg: SchemesConfig, out: Path, jobs: int = 1, progress: bool = True,

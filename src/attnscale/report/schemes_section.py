@@ -128,6 +128,11 @@ def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[tuple]:
         return b + [("p", "Not run (`attnscale schemes --out DIR/schemes`, or a `reproduce` stage).")]
     rows = [run_row(t) for t in study]
     finished = [r for r in rows if r["status"] in ("done", "diverged")]
+    unfinished = [f"{r['run']}: {r['status']}" for r in rows if r["status"] not in ("done", "diverged")]
+    if unfinished:
+        b.append(("list", "Study runs not finished (not counted):", unfinished))
+    if not finished:
+        return b
     summary = sa.summary_rows(finished)
     b.append(("list", "What the records show (generated from the numbers below):", sa.reading(summary)))
     curves = _curves(finished)
@@ -141,9 +146,9 @@ def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[tuple]:
     if sens:
         pngs["schemes-sensitivity"] = plots.sensitivity_vs_width(sens, out / "schemes-sensitivity.png")
         b.append(("img", "schemes-sensitivity.png", "Learning-rate sensitivity against head width, per scheme, ± 1 SE"))
-    widest = max(r["width"] for r in finished) if finished else None
+    widest = max(r["width"] for r in finished)
     lrs = sorted({r["lr"] for r in finished})
-    panels = {f"lr {lr:g}": _logit_series(finished, widest, lr) for lr in dict.fromkeys((lrs[len(lrs) // 2], lrs[-1]))} if lrs else {}
+    panels = {f"lr {lr:g}": _logit_series(finished, widest, lr) for lr in dict.fromkeys((lrs[len(lrs) // 2], lrs[-1]))}
     if any(panels.values()):
         pngs["schemes-max-logit"] = plots.max_logit_over_steps(panels, out / "schemes-max-logit.png",
                                                                f"Largest |scaled score| over training at width {widest}")
@@ -159,7 +164,4 @@ def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[tuple]:
                      "concentrates more than its spread alone explains (its scores are not random), above it less.")),
               ("img", "schemes-theory.png", "Effective words against spread, with the random-score curve: fresh "
                                             "heads, trained heads, and effective words over training")]
-    unfinished = [f"{r['run']}: {r['status']}" for r in rows if r["status"] not in ("done", "diverged")]
-    if unfinished:
-        b.append(("list", "Study runs not finished (not counted):", unfinished))
     return b
