@@ -85,6 +85,7 @@ def test_summary_rows_and_a_reading_generated_from_them():
     text = " ".join(sa.reading(rows))
     assert "least sensitive scheme is steady" in text and "most sensitive is wild" in text
     assert "more than 2 standard errors apart" in text
+    assert "From width 64 to 256, the sensitivity rises for every scheme: most for wild" in text
     assert "wild at width 256: 2 of 6" in text  # divergences
     assert "grow most under wild" in text and "1,280.0" in text
     assert "fewer than 2 effective words" in text

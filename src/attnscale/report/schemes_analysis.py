@@ -195,10 +195,17 @@ def reading(rows: Sequence[Mapping[str, Any]], collapse_words: float = COLLAPSE_
                 moves.append((b["sensitivity"] - a["sensitivity"], scale, a, b))
         moves.sort(key=lambda m: m[0])
         if moves:
-            d, scale, a, b = moves[-1]
-            out.append(f"From width {widths[0]} to {widths[-1]}, the sensitivity changes by {d:+.3f} for {scale} "
-                       f"({fmt(a)} to {fmt(b)}), the largest rise of any scheme, and by {moves[0][0]:+.3f} "
-                       f"for {moves[0][1]}, the smallest.")
+            (d_lo, s_lo, a_lo, b_lo), (d_hi, s_hi, a_hi, b_hi) = moves[0][:4], moves[-1][:4]
+            span = f"From width {widths[0]} to {widths[-1]}, the sensitivity"
+            if d_lo >= 0:
+                out.append(f"{span} rises for every scheme: most for {s_hi} ({fmt(a_hi)} to {fmt(b_hi)}), "
+                           f"least for {s_lo} ({d_lo:+.3f}).")
+            elif d_hi <= 0:
+                out.append(f"{span} falls for every scheme: most for {s_lo} ({fmt(a_lo)} to {fmt(b_lo)}), "
+                           f"least for {s_hi} ({d_hi:+.3f}).")
+            else:
+                out.append(f"{span} rises most for {s_hi} ({fmt(a_hi)} to {fmt(b_hi)}) and falls most for "
+                           f"{s_lo} ({fmt(a_lo)} to {fmt(b_lo)}).")
     best = min(rows, key=lambda r: r["best_loss"] if r["width"] == widths[-1] else math.inf)
     out.append(f"The best final loss at width {widths[-1]} is {best['scale']}'s, {fmt(best, 'best_loss')} nats "
                f"(at learning rate {best['best_lr']:g}).")
