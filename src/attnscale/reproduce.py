@@ -14,7 +14,8 @@ from pathlib import Path
 from typing import Callable
 
 from attnscale.errors import ConfigError
-from attnscale.runs.store import RECORD, read_record, to_jsonable
+from attnscale.files import to_jsonable
+from attnscale.runs import record as rec
 
 __all__ = ["run", "stages"]
 
@@ -37,10 +38,13 @@ class Stage:
 def stages(*, seed: int = 0, quick: bool = False, corpus: str = "default", jobs: int = 1) -> list[Stage]:
     from attnscale.experiments import dynamics, fresh, schemes, spread, sweep
 
+    from attnscale.lm.data import load_corpus
+
     pairs, sequences = (5000, 50) if quick else (20000, 200)
-    dyn = dynamics.preset(quick=quick, corpus=corpus, seed=seed)
-    swp = sweep.preset(quick=quick, corpus=corpus, seed=seed)
-    dyn_s, swp_s = _training_estimate(quick, corpus, jobs)
+    vocab = load_corpus(corpus).vocab_size  # once: the budgets depend on it
+    dyn = dynamics.preset(quick=quick, corpus=corpus, seed=seed, vocab_size=vocab)
+    swp = sweep.preset(quick=quick, corpus=corpus, seed=seed, vocab_size=vocab)
+    dyn_s, swp_s = _training_estimate(quick, vocab, jobs)
     return [
         Stage("spread of q·k vs width", "spread", 2, spread.SpreadConfig(pairs=pairs, seed=seed),
               lambda c, d: spread.run(c, out=d)),
@@ -55,22 +59,21 @@ def stages(*, seed: int = 0, quick: bool = False, corpus: str = "default", jobs:
               lambda c, d: sweep.run(c, d, jobs=jobs, reuse=[d.parent / "dynamics"]), group=True),
         # beyond the course: every scheme over a learning-rate grid ("smoke" for --quick, else "quick")
         Stage("which scale? schemes × widths × learning rates", "schemes", SCHEMES_ESTIMATE_S[quick] * 2 / min(jobs, 2),
-              schemes.preset("smoke" if quick else "quick", corpus=corpus, seed=seed),
+              schemes.preset("smoke" if quick else "quick", corpus=corpus, seed=seed, vocab_size=vocab),
               lambda c, d: schemes.run(c, d, jobs=jobs), group=True),
     ]
 
 
-def _training_estimate(quick: bool, corpus: str, jobs: int) -> tuple[float, float]:
+def _training_estimate(quick: bool, vocab_size: int, jobs: int) -> tuple[float, float]:
     """Seconds for the dynamics pair and the rest of the sweep, for the stage ETA:
     what they took on a 2-core laptop with -j 2 (char-level embedded corpus:
     100 s and 118 s; word-level WikiText-2: 258 s and 707 s), scaled by the jobs.
     The sweep runner then prints an ETA measured from the steps it has done."""
-    from attnscale.lm.data import load_corpus
-    from attnscale.experiments.dynamics import LARGE_VOCAB
+    from attnscale.lm.presets import LARGE_VOCAB
 
     if quick:
         dyn, swp = 10.0, 10.0
-    elif load_corpus(corpus).vocab_size > LARGE_VOCAB:
+    elif vocab_size > LARGE_VOCAB:
         dyn, swp = 258.0, 707.0
     else:
         dyn, swp = 100.0, 118.0
@@ -81,9 +84,9 @@ def _training_estimate(quick: bool, corpus: str, jobs: int) -> tuple[float, floa
 def _on_disk(stage: Stage, folder: Path) -> bool:
     """True when ``folder`` already holds this stage's record; a record made with
     other settings is an error, never silently mixed into the report."""
-    if stage.group or not (folder / RECORD).exists():
+    if stage.group or not (folder / rec.RECORD).exists():
         return False
-    stored = read_record(folder).get("config")
+    stored = rec.read(folder).config
     if stored != to_jsonable(stage.config):
         raise ConfigError(
             f"{folder} holds a {stage.folder} run made with other settings; "

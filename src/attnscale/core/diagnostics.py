@@ -28,11 +28,19 @@ __all__ = [
     "row_summary",
     "head_summary",
     "describe_row",
+    "MIN_KEYS",
+    "FROZEN_HEAD_SHARE",
+    "counted_rows",
+    "HeadPool",
 ]
 
 FROZEN_THRESHOLD = 0.99
 # What ``head_summary`` reports for each head, in its order: the names runs record.
 HEAD_MEASURES = ("spread", "max_score", "effective_words", "frozen_fraction", "push", "max_weight")
+# A row that sees fewer keys than this is left out of row statistics: with one choice it is neither frozen nor free.
+MIN_KEYS = 2
+# A head is called frozen when more than this share of its rows is frozen.
+FROZEN_HEAD_SHARE = 0.5
 
 
 def _counted(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -126,6 +134,12 @@ def row_summary(p: torch.Tensor, threshold: float = FROZEN_THRESHOLD) -> dict[st
     }
 
 
+def counted_rows(keep: torch.Tensor) -> torch.Tensor:
+    """True for the rows of a boolean ``keep`` (True = the entry counts; rows are
+    the last dim) that see at least ``MIN_KEYS`` keys: the rows row statistics count."""
+    return keep.sum(-1) >= MIN_KEYS
+
+
 def head_summary(scores_BHTT: torch.Tensor, pattern_BHTT: torch.Tensor, threshold: float = FROZEN_THRESHOLD) -> dict[str, list[float]]:
     """Per-head measurements of one attention layer, each a list of length H.
 
@@ -133,7 +147,7 @@ def head_summary(scores_BHTT: torch.Tensor, pattern_BHTT: torch.Tensor, threshol
     and max weight averaged over rows that see at least two keys; frozen
     fraction of those rows."""
     keep = torch.isfinite(scores_BHTT)
-    rows_BHT = valid_rows(pattern_BHTT) & (keep.sum(-1) >= 2)
+    rows_BHT = valid_rows(pattern_BHTT) & counted_rows(keep)
     n_rows = rows_BHT.sum((0, 2)).clamp_min(1).double()
 
     def row_mean(x_BHT):
@@ -156,3 +170,64 @@ def describe_row(p_row: torch.Tensor, row: int) -> str:
     w, j = p_row.max(-1)
     eff = float(effective_words(p_row))
     return f"row {row} puts {100 * float(w):.2f}% of its weight on word {int(j)} ({eff:.1f} effective words)"
+
+
+def _row_stats(p: torch.Tensor, threshold: float) -> dict[str, torch.Tensor]:
+    """Per row of ``p``: what ``head_summary`` averages over rows, in its order."""
+    mw = max_weight(p)
+    return {"effective_words": effective_words(p), "frozen_fraction": (mw > threshold).float(),
+            "push": push(p), "max_weight": mw}
+
+
+class HeadPool:
+    """``head_summary``'s per-head numbers, pooled over batches, so a long text
+    never needs all its scores and weights at once.
+
+    Per head it keeps sums: of the scores that count, of their squares, the
+    largest |score|, the rows counted and each row measurement's total. The
+    spread is then sqrt(E[x²] - mean²), with the sums in float64 (in float32 the
+    difference loses its digits when the scores have a large mean). Pooling
+    ``add`` over batches gives ``head_summary`` on the batches concatenated."""
+
+    def __init__(self, heads: int, threshold: float = FROZEN_THRESHOLD):
+        def zeros():
+            return torch.zeros(heads, dtype=torch.float64)
+
+        self.threshold = threshold
+        self.entries, self.rows = zeros(), zeros()
+        self.sum, self.sum_sq, self.max_abs = zeros(), zeros(), zeros()
+        self.row_sums = {k: zeros() for k in HEAD_MEASURES[2:]}
+
+    def add(self, scores_BHTT: torch.Tensor, pattern_BHTT: torch.Tensor) -> None:
+        """One batch as ``head_summary`` takes it: masked scores are -inf; rows
+        count where they see at least ``MIN_KEYS`` keys and their weights sum to 1."""
+        keep_BHTT = torch.isfinite(scores_BHTT)
+        self.add_scores(scores_BHTT, keep_BHTT)
+        rows_BHT = valid_rows(pattern_BHTT) & counted_rows(keep_BHTT)
+        self.rows += rows_BHT.sum((0, 2)).double()
+        for k, v_BHT in _row_stats(pattern_BHTT, self.threshold).items():
+            self.row_sums[k] += torch.where(rows_BHT, v_BHT, 0.0).sum((0, 2)).double()
+
+    def add_scores(self, scores_BHTT: torch.Tensor, keep: torch.Tensor) -> None:
+        """Spread and max |score| sums over the entries where the boolean ``keep``
+        (broadcastable to B×H×T×T) is True; what it leaves out never counts."""
+        x_BHTT = torch.where(keep, scores_BHTT, 0.0).double()
+        self.entries += keep.expand_as(scores_BHTT).sum((0, 2, 3)).double()
+        self.sum += x_BHTT.sum((0, 2, 3))
+        self.sum_sq += x_BHTT.pow(2).sum((0, 2, 3))
+        self.max_abs = torch.maximum(self.max_abs, x_BHTT.abs().amax((0, 2, 3)))
+
+    def add_rows(self, pattern_NHT: torch.Tensor) -> None:
+        """Row measurements of N rows × H heads that all count (gathered by the
+        caller with ``counted_rows``), e.g. only the real rows of a padded batch."""
+        self.rows += pattern_NHT.shape[0]
+        for k, v_NH in _row_stats(pattern_NHT, self.threshold).items():
+            self.row_sums[k] += v_NH.sum(0).double()
+
+    def result(self) -> dict[str, list[float]]:
+        """Per head, in ``HEAD_MEASURES`` order; zeros for a head that saw nothing."""
+        n, rows = self.entries.clamp_min(1.0), self.rows.clamp_min(1.0)
+        mean = self.sum / n
+        out = {"spread": (self.sum_sq / n - mean**2).clamp_min(0).sqrt(), "max_score": self.max_abs}
+        out.update({k: v / rows for k, v in self.row_sums.items()})
+        return {k: v.tolist() for k, v in out.items()}

@@ -7,7 +7,7 @@ and the loss (``attnscale.lm.train``). The course's run: without the division th
 spread grew from about 21 to over 5,000 and 99.9% of rows froze; with it the
 spread settled around 3.4.
 
-Runs go to ``out/<run_id>`` with record extra {"group": "dynamics"} and are
+Runs go to ``out/<run_id>`` with record extra "dynamics" and are
 resumed like any sweep (``attnscale.runs.runner``).
 """
 
@@ -18,21 +18,22 @@ from pathlib import Path
 from typing import Any
 
 from attnscale.runs import store
+from attnscale.runs.record import TrainRun
 from attnscale.errors import ConfigError
 from attnscale.runs.runner import CorpusSpec, RunSpec, execute
 from attnscale.lm.train import TrainConfig
-from attnscale.lm.train import preset as train_preset
+from attnscale.lm.presets import budget
 
 __all__ = ["DynamicsConfig", "budget", "preset", "specs", "model_config", "run", "rows_from_records", "format_table",
-           "LARGE_VOCAB", "CHECKPOINT_EVERY"]
+           ]
 
 
 def default_model() -> dict[str, Any]:
-    return budget(False, 0)[0]  # the full budget of a small-vocabulary corpus
+    return budget().model  # the default budget of a small-vocabulary corpus
 
 
 def default_train() -> TrainConfig:
-    return budget(False, 0)[1]
+    return budget().train
 
 
 @dataclass(frozen=True)
@@ -74,42 +75,22 @@ def model_config(model: dict[str, Any], vocab_size: int, head_dim: int, scale: s
         raise ConfigError(f"model settings {sorted(model)}: {e}") from None
 
 
-# A word-level vocabulary (WikiText-2: 33,278 words) makes the output layer cost
-# more than the rest of the tiny model at every width (measured: 0.7 s of CPU a
-# step at width 32, 0.9 at 1,024, batch 16); on such corpora the full budget
-# halves the batch, keeping the number of updates and the schedule, so the
-# course's sweep (12 runs) fits ~15 minutes on 2 cores.
-LARGE_VOCAB = 8192
-CHECKPOINT_EVERY = 100  # full runs save a checkpoint this often, so a killed run resumes mid-way
+def preset(quick: bool = False, corpus: str = "default", seed: int = 0, tokenizer: str | None = None,
+           vocab_size: int | None = None) -> DynamicsConfig:
+    """The course's pair (none, inv_sqrt_d) at width 1,024 on ``lm.presets.budget``.
 
-
-def budget(quick: bool, vocab_size: int) -> tuple[dict[str, Any], TrainConfig]:
-    """Model settings and training budget shared by the dynamics pair and the sweep.
-
-    One budget for both, recording every 10 steps, so the sweep's widest pair is
-    the dynamics pair run for run (``sweep.run(..., reuse=[dynamics folder])``
-    copies it instead of training it twice). ``quick``: train.py's "quick" preset."""
-    model, train_cfg = train_preset("quick" if quick else "dynamics")
-    if not quick:
-        train_cfg = replace(train_cfg, checkpoint_every=CHECKPOINT_EVERY)
-        if vocab_size > LARGE_VOCAB:
-            train_cfg = replace(train_cfg, batch=max(1, train_cfg.batch // 2))
-    return dict(model), train_cfg
-
-
-def preset(quick: bool = False, corpus: str = "default", seed: int = 0, tokenizer: str | None = None) -> DynamicsConfig:
-    """The course's pair (none, inv_sqrt_d) at width 1,024 on ``budget``.
-
-    Loads the corpus (cached after the first time) to size the budget by its vocabulary."""
-    model, train_cfg = budget(quick, CorpusSpec(corpus, tokenizer).load().vocab_size)
-    return DynamicsConfig(corpus=corpus, tokenizer=tokenizer, seed=seed, model=model, train=train_cfg)
+    The budget depends on the corpus's vocabulary: give ``vocab_size`` where the
+    corpus is loaded already, else it is loaded here (cached after the first time)."""
+    vocab = vocab_size if vocab_size is not None else CorpusSpec(corpus, tokenizer).load().vocab_size
+    b = budget("quick" if quick else "default", vocab)
+    return DynamicsConfig(corpus=corpus, tokenizer=tokenizer, seed=seed, model=b.model, train=b.train)
 
 
 def specs(cfg: DynamicsConfig, vocab_size: int) -> list[RunSpec]:
     train_cfg = replace(cfg.train, seed=cfg.seed)
     return [
         RunSpec(store.run_id(cfg.head_dim, s, cfg.seed), model_config(cfg.model, vocab_size, cfg.head_dim, s),
-                train_cfg, {"group": "dynamics"})
+                train_cfg, "dynamics")
         for s in cfg.scales
     ]
 
@@ -122,29 +103,24 @@ def run(cfg: DynamicsConfig, out: Path, jobs: int = 1, progress: bool = True) ->
     return rows_from_records(records)
 
 
-def rows_from_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def rows_from_records(runs: list[TrainRun]) -> list[dict[str, Any]]:
     """One row per run: the diagnostics at the first and last recorded step, and perplexity.
 
-    ``start``/``end`` are ``train.summarize`` of a recorded step: means over
-    layers and heads (max for max_score)."""
-    rows = []
-    for rec in records:
-        res = rec.get("results") or {}
-        model = rec["config"]["model"]
-        rows.append({
-            "run_id": Path(rec.get("run_dir", "")).name or None,
-            "width": model["head_dim"],
-            "scale": model["scale"],
-            "seed": rec["config"]["train"]["seed"],
-            "status": rec["status"],
-            "steps_done": res.get("steps_done"),
-            "diverged_at": res.get("diverged_at"),
-            "valid_ppl": res.get("perplexity"),
-            "start": res.get("start"),
-            "end": res.get("end"),
-            "train_seconds": res.get("train_seconds"),
-        })
-    return rows
+    ``start``/``end`` are ``lm.train.summarize`` of a recorded step: means over
+    layers and heads, with ``spread_by_layer`` and ``frozen_by_layer``."""
+    return [{
+        "run_id": t.run_id,
+        "width": t.width,
+        "scale": t.scale,
+        "seed": t.seed,
+        "status": t.status,
+        "steps_done": t.steps_done,
+        "diverged_at": t.diverged_at,
+        "valid_ppl": t.perplexity,
+        "start": t.results.start,
+        "end": t.results.end,
+        "train_seconds": t.results.train_seconds,
+    } for t in runs]
 
 
 def _pair(row: dict, key: str, fmt: str) -> str:

@@ -6,7 +6,7 @@ chapter's head weighs 64 words per row). Two initialisations:
 - ``unit``: q and k entries i.i.d. N(0, 1), the assumption of Vaswani et al.
   (2017, footnote 4). Raw scores then have spread sqrt(d).
 - ``model``: the layer-0 head of the ``TinyLM`` that ``reproduce`` trains
-  (train.py's "sweep" preset: PyTorch's default init, post-LN, d_model 64),
+  (the default preset, ``lm.presets``: PyTorch's default init, post-LN, d_model 64),
   fed that model's own input: token + position embeddings of random tokens,
   through the first LayerNorm only where the model is pre-LN.
 
@@ -25,7 +25,7 @@ import torch
 from attnscale.core.attention import masked_softmax
 from attnscale.core.diagnostics import FROZEN_THRESHOLD, describe_row, effective_words, row_summary
 from attnscale.errors import ConfigError
-from attnscale.experiments import check_widths_and_scales
+from attnscale.experiments import check_widths_and_scales, width_seed
 from attnscale.core.hooks import record
 from attnscale.core.scales import get_scale
 
@@ -58,7 +58,7 @@ class FreshConfig:
 
 
 def _unit_pattern(width: int, scale: str, cfg: FreshConfig) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + width)
+    gen = torch.Generator().manual_seed(width_seed(cfg.seed, width))
     q_S1TD = torch.randn(cfg.sequences, 1, cfg.words, width, generator=gen)
     k_S1TD = torch.randn(cfg.sequences, 1, cfg.words, width, generator=gen)
     scores = get_scale(scale, width).scores(q_S1TD, k_S1TD)
@@ -70,10 +70,10 @@ def _model_pattern(width: int, scale: str, cfg: FreshConfig) -> torch.Tensor:
 
     mcfg = ModelConfig(**{**_trained_model(), "vocab_size": _MODEL_VOCAB, "context": cfg.words, "head_dim": width,
                           "scale": scale, "n_layers": 1, "impl": "explicit"})
-    model = build_model(mcfg, seed=cfg.seed * 1_000_003 + width)
+    model = build_model(mcfg, seed=width_seed(cfg.seed, width))
     block = model.blocks[0]
     block.attn.causal = False  # a throwaway head: every row weighs all the words, as in the chapter
-    gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + width)
+    gen = torch.Generator().manual_seed(width_seed(cfg.seed, width))
     # every head of the layer is a sample of a fresh head: draw just enough
     # sequences for ``cfg.sequences`` head-sequences, as many rows as ``unit`` has
     n_seq = -(-cfg.sequences // mcfg.n_heads)
@@ -85,10 +85,10 @@ def _model_pattern(width: int, scale: str, cfg: FreshConfig) -> torch.Tensor:
 
 
 def _trained_model() -> dict:
-    """ModelConfig fields of the model ``reproduce`` trains (train.py's "sweep" preset)."""
-    from attnscale.lm.train import preset
+    """ModelConfig fields of the model ``reproduce`` trains (the default preset's)."""
+    from attnscale.lm.presets import model_settings
 
-    return preset("sweep")[0]
+    return model_settings()
 
 
 def model_init_name() -> str:
@@ -136,9 +136,9 @@ def run(cfg: FreshConfig, out: Path | None = None) -> dict:
     if cfg.init == "model":
         result["model_init"] = model_init_name()
     if out is not None:
-        from attnscale.runs.store import write_record
+        from attnscale.runs import record as rec
 
-        write_record(out, "fresh", cfg, result, started=started)
+        rec.write(out, rec.new("fresh", cfg, result, started=started))
         from attnscale.report import plots
 
         plots.fresh_plot(rows, Path(out) / "fresh.png")

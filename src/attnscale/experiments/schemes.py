@@ -21,8 +21,10 @@ from typing import Any, Sequence
 from attnscale.core.scales import scale_names
 from attnscale.errors import ConfigError
 from attnscale.experiments import sweep
-from attnscale.experiments.dynamics import budget, default_model, default_train
+from attnscale.experiments.dynamics import default_model, default_train
+from attnscale.lm.presets import budget
 from attnscale.lm.train import TrainConfig
+from attnscale.runs.record import TrainRun
 from attnscale.runs.runner import CorpusSpec, execute
 
 __all__ = ["SchemesConfig", "preset", "lr_grid", "specs", "run_records", "run", "rows_from_records", "format_table",
@@ -74,7 +76,8 @@ class SchemesConfig:
         return CorpusSpec(self.corpus, self.tokenizer)
 
 
-def preset(size: str = "full", corpus: str = "default", seed: int = 0, tokenizer: str | None = None) -> SchemesConfig:
+def preset(size: str = "full", corpus: str = "default", seed: int = 0, tokenizer: str | None = None,
+           vocab_size: int | None = None) -> SchemesConfig:
     """Every registered scheme over an LR grid from 10× below to 10× above the preset's rate.
 
     - "full": widths 64, 256, 1,024, seeds 0–2, on the sweep's budget (400 steps;
@@ -87,7 +90,9 @@ def preset(size: str = "full", corpus: str = "default", seed: int = 0, tokenizer
       check that the stage and its report section work (18 short runs), not a measurement."""
     if size not in SIZES:
         raise ConfigError(f"unknown schemes preset {size!r}; choose one of: {', '.join(SIZES)}")
-    model, train_cfg = budget(size != "full", CorpusSpec(corpus, tokenizer).load().vocab_size)
+    vocab = vocab_size if vocab_size is not None else CorpusSpec(corpus, tokenizer).load().vocab_size
+    b = budget("default" if size == "full" else "quick", vocab)
+    model, train_cfg = b.model, b.train
     base = SchemesConfig(corpus=corpus, tokenizer=tokenizer, model=model, train=train_cfg,
                          seeds=(seed, seed + 1, seed + 2))
     if size == "quick":
@@ -103,19 +108,18 @@ def specs(cfg: SchemesConfig, vocab_size: int):
 
 
 def run_records(cfg: SchemesConfig, out: Path, jobs: int = 1, progress: bool = True,
-                reuse: Sequence[Path] = ()) -> list[dict[str, Any]]:
-    """Train every run not yet finished under ``out/<run_id>``; return every run's record."""
+                reuse: Sequence[Path] = ()) -> list[TrainRun]:
+    """Train every run not yet finished under ``out/<run_id>``; return every run as read back."""
     corpus = cfg.corpus_spec.load()
     return execute(specs(cfg, corpus.vocab_size), cfg.corpus_spec, Path(out), jobs=jobs, progress=progress,
                    corpus=corpus, reuse=reuse)
 
 
-def rows_from_records(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The plain per-run dicts ``schemes_analysis.summary_rows`` takes, read from run records."""
-    from attnscale.report.assemble import TrainRun
+def rows_from_records(runs: list[TrainRun]) -> list[dict[str, Any]]:
+    """The plain per-run dicts ``schemes_analysis.summary_rows`` takes, read from the runs' records."""
     from attnscale.report.schemes_section import run_row
 
-    return [run_row(TrainRun(Path(rec.get("run_dir", ".")), rec)) for rec in records]
+    return [run_row(t) for t in runs]
 
 
 def run(cfg: SchemesConfig, out: Path, jobs: int = 1, progress: bool = True) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import torch
 
 from attnscale.core.diagnostics import spread
 from attnscale.errors import ConfigError
-from attnscale.experiments import check_widths_and_scales
+from attnscale.experiments import check_widths_and_scales, width_seed
 from attnscale.core.scales import ScoreScale, get_scale
 
 __all__ = ["SpreadConfig", "run", "measure", "format_table"]
@@ -45,15 +45,9 @@ def _std_error(x: torch.Tensor) -> float:
     return float(((m4 - m2**2) / x.numel()).sqrt() / (2 * m2.sqrt()))
 
 
-def _width_seed(seed: int, width: int) -> int:
-    # Each width draws from its own stream, so its numbers do not depend on
-    # which other widths were asked for.
-    return seed * 1_000_003 + width
-
-
 def measure(width: int, pairs: int, scales: tuple[str, ...], seed: int) -> list[dict]:
     """Rows for one width: raw spread, scaled spread per scheme, sqrt(d) beside them."""
-    gen = torch.Generator().manual_seed(_width_seed(seed, width))
+    gen = torch.Generator().manual_seed(width_seed(seed, width))
     modules = [get_scale(s, width) for s in scales]
     raw, scaled = [], [[] for _ in modules]
     step = max(1, _CHUNK // width)
@@ -92,9 +86,9 @@ def run(cfg: SpreadConfig, out: Path | None = None) -> list[dict]:
     started = time.time()
     rows = [row for w in cfg.widths for row in measure(w, cfg.pairs, cfg.scales, cfg.seed)]
     if out is not None:
-        from attnscale.runs.store import write_record
+        from attnscale.runs import record as rec
 
-        write_record(out, "spread", cfg, rows, started=started)
+        rec.write(out, rec.new("spread", cfg, rows, started=started))
         from attnscale.report import plots
 
         plots.spread_plot(rows, Path(out) / "spread.png")

@@ -23,8 +23,10 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from attnscale.runs import store
+from attnscale.runs.record import FINISHED, TrainRun
 from attnscale.errors import ConfigError
-from attnscale.experiments.dynamics import budget, default_model, default_train, model_config
+from attnscale.experiments.dynamics import default_model, default_train, model_config
+from attnscale.lm.presets import budget
 from attnscale.runs.runner import CorpusSpec, RunSpec, execute
 from attnscale.lm.train import TrainConfig
 
@@ -74,14 +76,16 @@ class SweepConfig:
         return CorpusSpec(self.corpus, self.tokenizer)
 
 
-def preset(quick: bool = False, corpus: str = "default", seed: int = 0, tokenizer: str | None = None) -> SweepConfig:
-    """The course's sweep: widths 32 … 1,024, none vs inv_sqrt_d, one seed, on ``dynamics.budget``
+def preset(quick: bool = False, corpus: str = "default", seed: int = 0, tokenizer: str | None = None,
+           vocab_size: int | None = None) -> SweepConfig:
+    """The course's sweep: widths 32 … 1,024, none vs inv_sqrt_d, one seed, on ``lm.presets.budget``
     (so its widest pair is the dynamics pair). ``quick`` keeps the course's ends and
-    middle (32, 128, 1,024) on train.py's "quick" budget: about a minute in all."""
-    model, train_cfg = budget(quick, CorpusSpec(corpus, tokenizer).load().vocab_size)
+    middle (32, 128, 1,024) on the "quick" budget: about a minute in all."""
+    vocab = vocab_size if vocab_size is not None else CorpusSpec(corpus, tokenizer).load().vocab_size
+    b = budget("quick" if quick else "default", vocab)
     widths = (32, 128, 1024) if quick else (32, 64, 128, 256, 512, 1024)
-    return SweepConfig(corpus=corpus, tokenizer=tokenizer, widths=widths, seeds=(seed,), model=model,
-                       train=train_cfg)
+    return SweepConfig(corpus=corpus, tokenizer=tokenizer, widths=widths, seeds=(seed,), model=b.model,
+                       train=b.train)
 
 
 def specs(cfg: SweepConfig, vocab_size: int, group: str = "sweep") -> list[RunSpec]:
@@ -93,13 +97,13 @@ def specs(cfg: SweepConfig, vocab_size: int, group: str = "sweep") -> list[RunSp
                 for scale in cfg.scales:
                     train_cfg = replace(cfg.train, seed=seed, **({} if lr is None else {"lr": lr}))
                     out.append(RunSpec(store.run_id(width, scale, seed, lr), model_config(cfg.model, vocab_size, width, scale),
-                                       train_cfg, {"group": group}))
+                                       train_cfg, group))
     return out
 
 
 def run_records(cfg: SweepConfig, out: Path, jobs: int = 1, progress: bool = True,
-                group: str = "sweep", reuse: Sequence[Path] = ()) -> list[dict[str, Any]]:
-    """Train every run not yet finished under ``out/<run_id>``; return every run's record."""
+                group: str = "sweep", reuse: Sequence[Path] = ()) -> list[TrainRun]:
+    """Train every run not yet finished under ``out/<run_id>``; return every run as read back."""
     corpus = cfg.corpus_spec.load()
     return execute(specs(cfg, corpus.vocab_size, group), cfg.corpus_spec, Path(out), jobs=jobs,
                    progress=progress, corpus=corpus, reuse=reuse)
@@ -115,26 +119,21 @@ def run(cfg: SweepConfig, out: Path, jobs: int = 1, progress: bool = True,
     return rows_from_records(run_records(cfg, out, jobs, progress, reuse=reuse), varied_lr=cfg.lrs is not None)
 
 
-def rows_from_records(records: list[dict[str, Any]], varied_lr: bool = False) -> list[dict[str, Any]]:
+def rows_from_records(runs: list[TrainRun], varied_lr: bool = False) -> list[dict[str, Any]]:
     """Rows {run_id, width, scale, seed, lr, valid_ppl, status, diverged_at, train_seconds}.
 
     ``lr`` is the run's learning rate when the sweep varied it, else None."""
-    rows = []
-    for rec in records:
-        res = rec.get("results") or {}
-        model, train = rec["config"]["model"], rec["config"]["train"]
-        rows.append({
-            "run_id": Path(rec["run_dir"]).name if rec.get("run_dir") else None,
-            "width": model["head_dim"],
-            "scale": model["scale"],
-            "seed": train["seed"],
-            "lr": train["lr"] if varied_lr else None,
-            "valid_ppl": res.get("perplexity") if rec.get("status") == "done" else None,
-            "status": rec.get("status"),
-            "diverged_at": res.get("diverged_at"),
-            "train_seconds": res.get("train_seconds"),
-        })
-    return rows
+    return [{
+        "run_id": t.run_id,
+        "width": t.width,
+        "scale": t.scale,
+        "seed": t.seed,
+        "lr": t.lr if varied_lr else None,
+        "valid_ppl": t.perplexity,
+        "status": t.status,
+        "diverged_at": t.diverged_at,
+        "train_seconds": t.results.train_seconds,
+    } for t in runs]
 
 
 def _mean_se(values: list[float]) -> tuple[float | None, float | None]:
@@ -153,7 +152,7 @@ def gap_table(rows: list[dict[str, Any]], baseline: str = "none", reference: str
     counts as a gap (``diverged`` says which side), with ``gap`` None."""
     cells: dict[tuple, dict[str, dict[int, float | None]]] = {}
     for r in rows:
-        if r["scale"] in (baseline, reference) and r["status"] in store.FINISHED:
+        if r["scale"] in (baseline, reference) and r["status"] in FINISHED:
             cells.setdefault((r["lr"], r["width"]), {baseline: {}, reference: {}})[r["scale"]][r["seed"]] = r["valid_ppl"]
     out_rows = []
     for (lr, width) in sorted(cells, key=lambda k: (k[0] is not None, k[0] or 0, k[1])):

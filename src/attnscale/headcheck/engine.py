@@ -1,44 +1,39 @@
-"""Health check for the attention heads of a real model: ``attnscale inspect``.
+"""The measuring engine of ``attnscale inspect``: per-head numbers from the q and k a model uses.
 
 For every layer and head: the spread and largest |score| of the scaled scores,
 and from the weights the effective words, the frozen fraction and the push
-(definitions in diagnostics.py), under the scale the model applies. Then two
-what-ifs from the same q and k: the scores unscaled (factor 1) and scaled by 1/d
-(muP), everything else (mask, any soft-cap) kept as the model has it.
+(definitions in core/diagnostics.py), under the scale the model applies. Then
+two what-ifs from the same q and k: the scores unscaled (factor 1) and scaled by
+1/d (muP), everything else (mask, any soft-cap) kept as the model has it.
 
-Scores are recomputed as ``q @ kᵀ × factor -> cap -> mask -> masked_softmax``
-from the q and k the model itself uses (tests check the weights against the
-model's own), one layer at a time, and reduced to numbers at once, so memory
-holds one layer's B×H×T×T, not all of them.
-
-Models: Hugging Face (see hf.py), any module holding
-``attnscale.core.attention.Attention`` heads (read through their hook points), and
-train.py's ``checkpoint.pt`` (a TinyLM, read with its corpus's tokenizer).
+An adapter reads a model's q and k and hands them to ``HeadCheck.add`` one
+layer at a time, with a ``Layer`` that says what the model does there (its
+factor, any soft-cap, its head counts). Scores are recomputed as
+``q @ kᵀ × factor -> cap -> mask -> softmax`` and reduced to per-head sums at
+once (``diagnostics.HeadPool``), so memory holds one layer's B×H×T×T, not all of
+them. Adapters: ``hf`` (Hugging Face models) and ``native`` (attnscale's own
+models, training checkpoints and run folders); ``check.inspect_model`` picks one.
 """
 
 from __future__ import annotations
 
-import pickle
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
-from attnscale.core.attention import Attention, masked_softmax
 from attnscale.core import diagnostics as D
-from attnscale.core.diagnostics import FROZEN_THRESHOLD
+from attnscale.core.attention import masked_softmax
+from attnscale.core.diagnostics import FROZEN_HEAD_SHARE, FROZEN_THRESHOLD
+from attnscale.core.scales import get_scale
 from attnscale.errors import ConfigError
-from attnscale.core.hooks import record
-from attnscale.core.scales import ScoreScale, get_scale
 
-__all__ = ["InspectConfig", "InspectResult", "format_table", "inspect_model", "layer_means", "load_checkpoint",
-           "plot_heatmaps", "read_text", "run"]
+__all__ = ["MODEL", "HeadCheck", "InspectConfig", "InspectResult", "Layer", "check_texts", "frozen_heads",
+           "layer_means", "read_text", "take_sequences"]
 
 MODEL = "model"  # the scheme name under which the model's own scale is reported
-ROW_KEYS = ("effective_words", "frozen_fraction", "push", "max_weight")
 # What-ifs must be plain factors f(d) (no learned parameters) to apply to any model's q and k.
 PLAIN_FACTORS = ("none", "inv_sqrt_d", "inv_d")
 
@@ -69,7 +64,12 @@ class InspectConfig:
 
 @dataclass
 class InspectResult:
-    """Per-head measurements of one model on one text, with where its scale comes from."""
+    """Per-head measurements of one model on one text, with where its scale comes from.
+
+    ``rows``: one per (layer, head), each scheme's ``diagnostics.HEAD_MEASURES``.
+    ``per_layer``: per layer, each scheme's mean over the layer's heads.
+    ``frozen_heads``: per scheme, the heads with more than ``frozen_head_share``
+    of their rows frozen."""
 
     model: str
     architecture: str
@@ -86,57 +86,21 @@ class InspectResult:
     tokens: int
     threshold: float
     what_ifs: tuple[str, ...]
-    rows: list[dict[str, Any]] = field(default_factory=list)  # one per (layer, head)
+    rows: list[dict[str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    per_layer: list[dict[str, Any]] = field(default_factory=list)
+    frozen_heads: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    frozen_head_share: float = FROZEN_HEAD_SHARE
 
-
-class _Pool:
-    """One layer's per-head numbers under one scheme, summed over batches.
-
-    The row measurements are diagnostics.py's functions; what this adds is
-    pooling per-head sums over batches, so a long text never needs all its
-    weights at once. test_inspect checks the pooled numbers equal
-    ``diagnostics.head_summary`` on the same weights."""
-
-    def __init__(self, heads: int):
-        z = lambda: torch.zeros(heads, dtype=torch.float64)
-        self.entries, self.rows = 0.0, 0.0
-        self.sum, self.sum_sq, self.max_abs = z(), z(), z()
-        self.row_sums = {k: z() for k in ROW_KEYS}
-
-    def add_scores(self, scores_BHTT: torch.Tensor, keep_B1TT: torch.Tensor) -> None:
-        """Spread and max |score| over the entries that count (``keep``)."""
-        # in float64: E[x²] - mean² loses digits when the scores have a large mean
-        x_BHTT = (scores_BHTT * keep_B1TT).double()
-        self.entries += float(keep_B1TT.sum())
-        self.sum += x_BHTT.sum((0, 2, 3)).double()
-        self.sum_sq += x_BHTT.pow(2).sum((0, 2, 3)).double()
-        self.max_abs = torch.maximum(self.max_abs, x_BHTT.abs().amax((0, 2, 3)).double())
-
-    def add_rows(self, pattern_NHT: torch.Tensor, threshold: float) -> None:
-        """Row statistics of rows that see at least two keys (all rows of ``pattern_NHT``)."""
-        mw_NH = D.max_weight(pattern_NHT)
-        stats = {
-            "effective_words": D.effective_words(pattern_NHT),
-            "frozen_fraction": (mw_NH > threshold).float(),
-            "push": D.push(pattern_NHT),
-            "max_weight": mw_NH,
-        }
-        self.rows += pattern_NHT.shape[0]
-        for k, v_NH in stats.items():
-            self.row_sums[k] += v_NH.sum(0).double()
-
-    def result(self) -> dict[str, list[float]]:
-        n, rows = max(self.entries, 1.0), max(self.rows, 1.0)
-        mean = self.sum / n
-        out = {"spread": (self.sum_sq / n - mean**2).clamp_min(0).sqrt(), "max_score": self.max_abs}
-        out.update({k: v / rows for k, v in self.row_sums.items()})
-        return {k: v.tolist() for k, v in out.items()}
+    @property
+    def schemes(self) -> tuple[str, ...]:
+        return (MODEL, *self.what_ifs)
 
 
 @dataclass(frozen=True)
-class _Layer:
-    """What the model does in one layer: its factor, cap and head counts."""
+class Layer:
+    """What the model does in one layer: its factor, cap and head counts, and
+    where the factor comes from (in words, for the reader)."""
 
     factor: float
     cap: Callable[[torch.Tensor], torch.Tensor] | None
@@ -149,35 +113,95 @@ class _Layer:
     architecture: str = ""
 
 
-def _measure(pools, index: int, layer: _Layer, q_BHTD, k_BKTD, mask_B1TT, cfg: InspectConfig, on_layer: OnLayer | None) -> None:
-    """Scores and weights of one layer under the model's scale and each what-if,
-    reduced to per-head sums at once. ``mask_B1TT``: True where a query may see a key."""
-    if layer.kv_heads != layer.heads:  # GQA: query head h reads kv head h // (H / K), as repeat_kv does
-        k_BKTD = k_BKTD.repeat_interleave(layer.heads // layer.kv_heads, dim=1)
-    raw_BHTT = q_BHTD.float() @ k_BKTD.float().transpose(-2, -1)
-    keep_B1TT = mask_B1TT.float()
-    # Rows that see two keys or more are the rows that count (diagnostics.head_summary's rule);
-    # gather them once as N rows × H heads × T keys.
-    rows_BT = mask_B1TT[:, 0].sum(-1) >= 2
-    raw_NHT = raw_BHTT.permute(0, 2, 1, 3)[rows_BT]
-    bias_N1T = torch.zeros(mask_B1TT[:, 0][rows_BT].shape).masked_fill(~mask_B1TT[:, 0][rows_BT], float("-inf"))[:, None]
-    factors = {MODEL: layer.factor, **{w: get_scale(w, layer.head_dim).factor() for w in cfg.what_ifs}}
-    for scheme, factor in factors.items():
-        pool = pools.setdefault((index, scheme), _Pool(layer.heads))
-        scaled_NHT = raw_NHT * factor
-        if layer.cap is None:
-            pool.add_scores(raw_BHTT * factor, keep_B1TT)
-        else:
-            scaled_NHT = layer.cap(scaled_NHT)
-            pool.add_scores(layer.cap(raw_BHTT * factor), keep_B1TT)
-        pool.add_rows(torch.softmax(scaled_NHT + bias_N1T, dim=-1), cfg.threshold)
-        if on_layer is not None:  # the reference path, for callers who want the tensors themselves
-            scores_BHTT = raw_BHTT * factor if layer.cap is None else layer.cap(raw_BHTT * factor)
-            scores_BHTT = scores_BHTT.masked_fill(~mask_B1TT, float("-inf"))
-            on_layer(index, scheme, scores_BHTT, masked_softmax(scores_BHTT, mask_B1TT))
+class HeadCheck:
+    """Per-head numbers of one model on one text, pooled over batches.
+
+    ``add`` one layer's q (B×H×T×D), k (B×K×T×D, K key/value heads) and mask
+    (B×1×T×T, True where a query may see a key) at a time, batch after batch;
+    ``result`` gives the ``InspectResult``. ``on_layer(layer, scheme,
+    scores_BHTT, pattern_BHTT)`` sees each layer's tensors as they pass (scheme
+    "model" is the model's own scale), before they are dropped."""
+
+    def __init__(self, cfg: InspectConfig, on_layer: OnLayer | None = None):
+        self.cfg, self.on_layer = cfg, on_layer
+        self.layers: dict[int, Layer] = {}
+        self._pools: dict[tuple[int, str], D.HeadPool] = {}
+
+    def add(self, index: int, layer: Layer, q_BHTD: torch.Tensor, k_BKTD: torch.Tensor, mask_B1TT: torch.Tensor) -> None:
+        """Scores and weights of layer ``index`` under the model's scale and each
+        what-if, reduced to per-head sums at once."""
+        self.layers[index] = layer
+        if layer.kv_heads != layer.heads:  # GQA: query head h reads kv head h // (H / K), as repeat_kv does
+            k_BKTD = k_BKTD.repeat_interleave(layer.heads // layer.kv_heads, dim=1)
+        raw_BHTT = q_BHTD.float() @ k_BKTD.float().transpose(-2, -1)
+        # The rows that count (diagnostics.counted_rows), gathered once as N rows × H heads × T keys.
+        rows_BT = D.counted_rows(mask_B1TT[:, 0])
+        raw_NHT = raw_BHTT.permute(0, 2, 1, 3)[rows_BT]
+        bias_N1T = torch.zeros(mask_B1TT[:, 0][rows_BT].shape).masked_fill(~mask_B1TT[:, 0][rows_BT], float("-inf"))[:, None]
+        factors = {MODEL: layer.factor, **{w: get_scale(w, layer.head_dim).factor() for w in self.cfg.what_ifs}}
+        for scheme, factor in factors.items():
+            pool = self._pools.setdefault((index, scheme), D.HeadPool(layer.heads, self.cfg.threshold))
+            scores_BHTT, scaled_NHT = raw_BHTT * factor, raw_NHT * factor
+            if layer.cap is not None:
+                scores_BHTT, scaled_NHT = layer.cap(scores_BHTT), layer.cap(scaled_NHT)
+            pool.add_scores(scores_BHTT, mask_B1TT)
+            pool.add_rows(torch.softmax(scaled_NHT + bias_N1T, dim=-1))
+            if self.on_layer is not None:  # the reference path, for callers who want the tensors themselves
+                scores_BHTT = scores_BHTT.masked_fill(~mask_B1TT, float("-inf"))
+                self.on_layer(index, scheme, scores_BHTT, masked_softmax(scores_BHTT, mask_B1TT))
+
+    def result(self, model: str, architecture: str, sequences: list[list[int]], available: int,
+               notes: list[str] | None = None) -> InspectResult:
+        """The per-head numbers so far; ``sequences`` are those read (of ``available``)."""
+        layers, notes = self.layers, list(notes or [])
+        if not layers:
+            raise ConfigError(f"--model: no attention layer of {model!r} ran; give a model whose attention inspect can read")
+        first = layers[min(layers)]
+        if len({(l.factor, l.softcap) for l in layers.values()}) > 1:
+            notes.append("the scale differs between layers: " + ", ".join(f"{i}: {l.factor:.6g}" for i, l in sorted(layers.items())))
+        schemes = (MODEL, *self.cfg.what_ifs)
+        rows = []
+        for i in sorted(layers):
+            per = {scheme: self._pools[(i, scheme)].result() for scheme in schemes}
+            for h in range(layers[i].heads):
+                row = {"layer": i, "head": h}
+                row.update({scheme: {k: v[h] for k, v in per[scheme].items()} for scheme in per})
+                rows.append(row)
+        return InspectResult(
+            model=model, architecture=f"{architecture} ({first.architecture})", layers=len(layers), heads=first.heads,
+            kv_heads=first.kv_heads, head_dim=first.head_dim, causal=first.causal, scale=first.factor,
+            scale_source=first.source, softcap=first.softcap, sequences=len(sequences), sequences_available=available,
+            tokens=sum(len(s) for s in sequences), threshold=self.cfg.threshold, what_ifs=tuple(self.cfg.what_ifs),
+            rows=rows, notes=notes, per_layer=layer_means(rows, schemes), frozen_heads=frozen_heads(rows, schemes),
+        )
 
 
-def _check_texts(texts) -> list[str]:
+def layer_means(rows: list[dict[str, Any]], schemes: tuple[str, ...]) -> list[dict[str, Any]]:
+    """Per layer, the mean over its heads of each measurement under each scheme."""
+    out = []
+    for i in sorted({r["layer"] for r in rows}):
+        mine = [r for r in rows if r["layer"] == i]
+        entry: dict[str, Any] = {"layer": i}
+        for scheme in schemes:
+            entry[scheme] = {k: sum(r[scheme][k] for r in mine) / len(mine) for k in mine[0][scheme]}
+        out.append(entry)
+    return out
+
+
+def frozen_heads(rows: list[dict[str, Any]], schemes: tuple[str, ...],
+                 share: float = FROZEN_HEAD_SHARE) -> dict[str, list[dict[str, Any]]]:
+    """Per scheme, the heads with more than ``share`` of their rows frozen."""
+    return {scheme: [{"layer": r["layer"], "head": r["head"], "frozen_fraction": r[scheme]["frozen_fraction"],
+                      "max_score": r[scheme]["max_score"], "effective_words": r[scheme]["effective_words"]}
+                     for r in rows if r[scheme]["frozen_fraction"] > share]
+            for scheme in schemes}
+
+
+# ---- text -----------------------------------------------------------------------
+
+
+def check_texts(texts) -> list[str]:
+    """The non-empty texts of a string or a list of them; a ConfigError if there are none."""
     texts = [texts] if isinstance(texts, str) else list(texts)
     if not texts or not any(t.strip() for t in texts):
         raise ConfigError("the text is empty; give some words with --text or a non-empty --file")
@@ -195,211 +219,10 @@ def read_text(path: Path) -> str:
         raise ConfigError(f"--file: cannot read {str(path)!r} as UTF-8 text ({getattr(e, 'reason', None) or e.strerror}); give a UTF-8 text file") from None
 
 
-def _take(seqs: list[list[int]], cfg: InspectConfig) -> tuple[list[list[int]], int]:
+def take_sequences(seqs: list[list[int]], cfg: InspectConfig) -> tuple[list[list[int]], int]:
+    """The first ``cfg.sequences`` token sequences, and how many the text gave."""
     available = len(seqs)
     seqs = seqs[: cfg.sequences] if cfg.sequences else seqs
     if not seqs or max(len(s) for s in seqs) < 2:
         raise ConfigError("the text gives a single token; give a longer text (a row needs two words to attend to)")
     return seqs, available
-
-
-# ---- attnscale models ----------------------------------------------------------
-
-
-def load_checkpoint(path: Path) -> tuple[nn.Module, Callable[[str], torch.Tensor]]:
-    """A TinyLM and its corpus's encoder from train.py's ``checkpoint.pt``."""
-    from attnscale.lm.data import load_corpus
-    from attnscale.lm.model import ModelConfig, build_model
-
-    if not path.is_file():
-        raise ConfigError(f"--model: {str(path)!r} does not exist; give the checkpoint.pt of an attnscale training run")
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-        model = build_model(ModelConfig(**state["config"]["model"]))
-        model.load_state_dict(state["model"])
-        corpus = state["config"]["corpus"]
-    except (OSError, EOFError, RuntimeError, KeyError, TypeError, ValueError, pickle.UnpicklingError) as e:
-        raise ConfigError(f"--model: {str(path)!r} is not an attnscale checkpoint ({type(e).__name__}); "
-                          "give the checkpoint.pt of an attnscale training run") from None
-    codec = load_corpus(corpus["name"], corpus["tokenizer"])
-    if codec.sha256 != corpus["sha256"]:
-        raise ConfigError(f"--model: the corpus {corpus['name']!r} has changed since {str(path)!r} was trained; restore it to read text")
-    return model.eval(), codec.encode
-
-
-def _inspect_attnscale(model: nn.Module, texts, cfg: InspectConfig, on_layer, tokenizer, name: str) -> InspectResult:
-    attns = [(n, m) for n, m in model.named_modules() if isinstance(m, Attention)]
-    if isinstance(texts, torch.Tensor):
-        ids = texts.long().reshape(-1, texts.shape[-1]) if texts.ndim > 1 else texts.long()[None]
-        rows = ids.tolist()
-    elif tokenizer is not None:
-        rows = [list(map(int, tokenizer(t))) for t in _check_texts(texts)]
-    else:
-        raise ConfigError("an attnscale model takes token ids; pass a LongTensor, or a tokenizer (e.g. corpus.encode) with the texts")
-    context = getattr(getattr(model, "cfg", None), "context", None)
-    if context and cfg.max_tokens > context:
-        raise ConfigError(f"--max-tokens {cfg.max_tokens} is more than the model's context of {context}; give at most {context}")
-    seqs, available = _take([r[i : i + cfg.max_tokens] for r in rows for i in range(0, len(r), cfg.max_tokens)], cfg)
-    module_of = {f"{n}.hook_{h}" if n else f"hook_{h}": (i, m) for i, (n, m) in enumerate(attns) for h in ("q", "k", "scores")}
-    layers: dict[int, _Layer] = {}
-    pools: dict = {}
-    seen: dict[str, torch.Tensor] = {}
-
-    def fn(hook: str, tensor: torch.Tensor) -> None:
-        i, m = module_of[hook]
-        if not hook.endswith("hook_scores"):
-            seen[hook.rsplit("_", 1)[-1]] = tensor
-            return
-        q_BHTD, k_BHTD = m.scale.prepare(seen.pop("q"), seen.pop("k"))
-        factor = float(m.scale.factor())
-        custom_cap = type(m.scale).cap is not ScoreScale.cap
-        source = f"attnscale scale {m.scale.name!r} with d_k = {m.head_dim}: {(type(m.scale).__doc__ or '').strip().splitlines()[0].rstrip('.')}"
-        layers[i] = _Layer(factor, m.scale.cap if custom_cap else None, m.n_heads, m.n_heads, m.head_dim, m.causal,
-                           source, getattr(m.scale, "cap_value", None), type(m).__name__)
-        # the model's own mask: the entries its hook_scores holds as -inf
-        _measure(pools, i, layers[i], q_BHTD, k_BHTD, torch.isfinite(tensor[:, :1]), cfg, on_layer)
-
-    # Sequences of one length go together: the attnscale models take no padding mask.
-    by_len: dict[int, list[list[int]]] = {}
-    for s in seqs:
-        by_len.setdefault(len(s), []).append(s)
-    with record(model, list(module_of), fn=fn), torch.no_grad():
-        for group in by_len.values():
-            for start in range(0, len(group), cfg.batch):
-                model(torch.tensor(group[start : start + cfg.batch]))
-    return _result(name, type(model).__name__, layers, pools, cfg, seqs, available, [])
-
-
-# ---- the call ------------------------------------------------------------------
-
-
-def _result(name, arch, layers: dict[int, _Layer], pools, cfg, seqs, available, notes) -> InspectResult:
-    if not layers:
-        raise ConfigError(f"--model: no attention layer of {name!r} ran; give a model whose attention inspect can read")
-    first = layers[min(layers)]
-    if len({(l.factor, l.softcap) for l in layers.values()}) > 1:
-        notes.append("the scale differs between layers: " + ", ".join(f"{i}: {l.factor:.6g}" for i, l in sorted(layers.items())))
-    rows = []
-    for i in sorted(layers):
-        per = {scheme: pools[(i, scheme)].result() for scheme in (MODEL, *cfg.what_ifs)}
-        for h in range(layers[i].heads):
-            row = {"layer": i, "head": h}
-            row.update({scheme: {k: v[h] for k, v in per[scheme].items()} for scheme in per})
-            rows.append(row)
-    return InspectResult(
-        model=name, architecture=f"{arch} ({first.architecture})", layers=len(layers), heads=first.heads,
-        kv_heads=first.kv_heads, head_dim=first.head_dim, causal=first.causal, scale=first.factor,
-        scale_source=first.source, softcap=first.softcap, sequences=len(seqs), sequences_available=available,
-        tokens=sum(len(s) for s in seqs), threshold=cfg.threshold, what_ifs=tuple(cfg.what_ifs), rows=rows, notes=notes,
-    )
-
-
-def inspect_model(
-    model: str | nn.Module,
-    texts: str | Sequence[str] | torch.Tensor,
-    *,
-    tokenizer=None,
-    max_tokens: int = 128,
-    batch: int = 8,
-    sequences: int | None = 16,
-    threshold: float = FROZEN_THRESHOLD,
-    what_ifs: tuple[str, ...] = ("none", "inv_d"),
-    on_layer: OnLayer | None = None,
-) -> InspectResult:
-    """Measure every head of ``model`` on ``texts``.
-
-    ``model``: a shortcut, folder or .gguf path (loaded offline), a loaded
-    Hugging Face model (give its ``tokenizer``), or a module holding attnscale
-    ``Attention`` heads (give token ids, or texts and a ``tokenizer`` callable).
-    Each text is cut into sequences of at most ``max_tokens``; the first
-    ``sequences`` of them are read, ``batch`` per forward pass. ``on_layer(layer,
-    scheme, scores_BHTT, pattern_BHTT)`` sees each layer's tensors as they pass
-    (scheme "model" is the model's own scale), before they are dropped."""
-    cfg = InspectConfig(model if isinstance(model, str) else type(model).__name__, max_tokens, batch, sequences, threshold, tuple(what_ifs))
-    if not isinstance(texts, torch.Tensor):
-        texts = _check_texts(texts)  # before a load that may take half a minute
-    if isinstance(model, str) and model.endswith(".pt"):
-        model, encode = load_checkpoint(Path(model))
-        tokenizer = tokenizer or encode
-    if isinstance(model, str):
-        from attnscale.headcheck import hf
-
-        loaded = hf.load(model)
-        return hf.inspect(loaded.model, loaded.tokenizer, texts, cfg, on_layer, model)
-    if any(isinstance(m, Attention) for m in model.modules()):
-        return _inspect_attnscale(model, texts, cfg, on_layer, tokenizer, cfg.model)
-    if hasattr(model, "config") and hasattr(model, "set_attn_implementation"):
-        if tokenizer is None:
-            raise ConfigError("a Hugging Face model needs its tokenizer: inspect_model(model, texts, tokenizer=...)")
-        from attnscale.headcheck import hf
-
-        return hf.inspect(model, tokenizer, texts, cfg, on_layer, getattr(model.config, "_name_or_path", "") or cfg.model)
-    raise ConfigError(f"cannot read attention from a {type(model).__name__}; give a Hugging Face model or one built from attnscale.core.attention.Attention")
-
-
-# ---- output --------------------------------------------------------------------
-
-_WHAT_IF_TITLES = {"none": "unscaled", "inv_sqrt_d": "1/sqrt(d)", "inv_d": "1/d"}
-
-
-def layer_means(result: InspectResult) -> list[dict[str, Any]]:
-    """Per layer, the mean over heads of each measurement under each scheme."""
-    out = []
-    for i in sorted({r["layer"] for r in result.rows}):
-        rows = [r for r in result.rows if r["layer"] == i]
-        entry: dict[str, Any] = {"layer": i}
-        for scheme in (MODEL, *result.what_ifs):
-            entry[scheme] = {k: sum(r[scheme][k] for r in rows) / len(rows) for k in rows[0][scheme]}
-        out.append(entry)
-    return out
-
-
-def format_table(result: InspectResult, per_head: bool = True) -> str:
-    """Per-head table (or per-layer means) under the model's scale, then the what-ifs."""
-    gqa = f", {result.kv_heads} KV heads (GQA)" if result.kv_heads != result.heads else ""
-    cap = f"; soft-cap {result.softcap:g}·tanh(s/{result.softcap:g})" if result.softcap else "; no soft-cap"
-    lines = [
-        (f"model   {result.model}: {result.architecture}, {result.layers} layers x {result.heads} heads{gqa}, "
-         f"d_k {result.head_dim}, {'causal' if result.causal else 'bidirectional'}"),
-        f"scale   {result.scale:.6g} = {result.scale_source}{cap}",
-        (f"text    {result.sequences} of {result.sequences_available} sequences, {result.tokens} tokens; "
-         f"frozen = max weight > {result.threshold:g}; rows that see one key are left out"),
-    ]
-    lines += [f"note    {n}" for n in result.notes]
-    lines += [] if per_head else ["rows    per layer: the mean over its heads"]
-    what = "".join(f"  {_WHAT_IF_TITLES.get(w, w):>15}" for w in result.what_ifs)
-    lines += ["", f"{'layer':>5} {'head':>4}  {'spread':>7} {'max|s|':>7} {'eff.words':>9} {'frozen':>7} {'push':>6} {what}",
-              " " * 53 + "".join(f"  {'eff.w':>7} {'frozen':>7}" for _ in result.what_ifs)]
-    entries = result.rows if per_head else [dict(r, head="all") for r in layer_means(result)]
-    for r in entries:
-        m = r[MODEL]
-        line = (f"{r['layer']:>5} {r['head']:>4}  {m['spread']:>7.2f} {m['max_score']:>7.2f} {m['effective_words']:>9.2f} "
-                f"{m['frozen_fraction']:>7.1%} {m['push']:>6.3f} ")
-        line += "".join(f"  {r[w]['effective_words']:>7.2f} {r[w]['frozen_fraction']:>7.1%}" for w in result.what_ifs)
-        lines.append(line)
-    return "\n".join(lines)
-
-
-def plot_heatmaps(result: InspectResult, path: Path) -> Path:
-    """Layers × heads heatmaps of effective words and frozen fraction, one column per scheme."""
-    from attnscale.report import plots
-
-    titles = {s: f"model ({result.scale:.3g})" if s == MODEL else _WHAT_IF_TITLES.get(s, s)
-              for s in (MODEL, *result.what_ifs)}
-    return plots.head_heatmaps(result.rows, titles, result.layers, result.heads,
-                               f"{result.model}: {result.tokens} tokens", path)
-
-
-def run(cfg: InspectConfig, texts: str | Sequence[str], out: Path | None = None) -> InspectResult:
-    """The CLI's call: load, inspect, and with ``out`` write record.json and heatmaps.png."""
-    import time
-
-    started = time.time()
-    result = inspect_model(cfg.model, texts, max_tokens=cfg.max_tokens, batch=cfg.batch, sequences=cfg.sequences,
-                           threshold=cfg.threshold, what_ifs=cfg.what_ifs)
-    if out is not None:
-        from attnscale.runs.store import write_record
-
-        plot_heatmaps(result, Path(out) / "heatmaps.png")
-        write_record(out, "inspect", cfg, result, started=started)
-    return result

@@ -32,15 +32,7 @@ import torch
 
 from attnscale.core.attention import build_mask
 from attnscale.errors import ConfigError
-from attnscale.headcheck.engine import (
-    InspectConfig,
-    InspectResult,
-    _check_texts,
-    _Layer,
-    _measure,
-    _result,
-    _take,
-)
+from attnscale.headcheck.engine import HeadCheck, InspectConfig, InspectResult, Layer, OnLayer, check_texts, take_sequences
 
 __all__ = ["SHORTCUTS", "HFModel", "capture", "describe_scale", "inspect", "load", "locate"]
 
@@ -260,22 +252,21 @@ def describe_scale(module, factor: float, head_dim: int) -> str:
     return f"{cls}.scaling = 1/sqrt({head_dim}) (d_k = {head_dim}, the width of q and k)"
 
 
-def inspect(model, tokenizer, texts, cfg: InspectConfig, on_layer, name: str) -> InspectResult:
-    """Measure every head of a loaded Hugging Face model (see ``attnscale.headcheck.engine.inspect_model``)."""
+def inspect(model, tokenizer, texts, cfg: InspectConfig, on_layer: OnLayer | None, name: str) -> InspectResult:
+    """Measure every head of a loaded Hugging Face model (see ``attnscale.headcheck.check.inspect_model``)."""
     limit = getattr(model.config, "max_position_embeddings", None)
     if limit and cfg.max_tokens > limit:
         raise ConfigError(f"--max-tokens {cfg.max_tokens} is more than the model's {limit} positions; give at most {limit}")
     # Long texts are cut into several sequences of at most max_tokens (special tokens included).
-    enc = tokenizer(_check_texts(texts), max_length=cfg.max_tokens, truncation=True, return_overflowing_tokens=True)
-    seqs, available = _take([list(s) for s in enc["input_ids"]], cfg)
+    enc = tokenizer(check_texts(texts), max_length=cfg.max_tokens, truncation=True, return_overflowing_tokens=True)
+    seqs, available = take_sequences([list(s) for s in enc["input_ids"]], cfg)
     index_of = {id(m): i for i, m in enumerate(m for m in model.modules() if hasattr(m, "layer_idx") and hasattr(m, "scaling"))}
-    layers: dict[int, _Layer] = {}
-    pools: dict = {}
+    check = HeadCheck(cfg, on_layer)
     pad_BT = None
 
     def callback(module, q_BHTD, k_BKTD, mask, kwargs):
         i = getattr(module, "layer_idx", None)
-        i = index_of.get(id(module), len(layers)) if i is None else i
+        i = index_of.get(id(module), len(check.layers)) if i is None else i
         factor = kwargs.get("scaling") or q_BHTD.shape[-1] ** -0.5  # None means the interfaces' 1/sqrt(d)
         cap = kwargs.get("softcap")
         T = q_BHTD.shape[-2]
@@ -283,13 +274,13 @@ def inspect(model, tokenizer, texts, cfg: InspectConfig, on_layer, name: str) ->
             mask = build_mask(T, bool(getattr(module, "is_causal", False)), pad_BT)
         # padding queries are not rows of the text: mask their whole row so no statistic counts them
         mask = mask[..., -T:, :] & pad_BT[:, None, :, None]
-        layers[i] = _Layer(
+        layer = Layer(
             float(factor), (lambda s, c=cap: c * torch.tanh(s / c)) if cap else None,
             q_BHTD.shape[1], k_BKTD.shape[1], q_BHTD.shape[-1], bool(getattr(module, "is_causal", False)),
             describe_scale(module, float(factor), q_BHTD.shape[-1]), float(cap) if cap else None, type(module).__name__,
         )
         with torch.no_grad():
-            _measure(pools, i, layers[i], q_BHTD, k_BKTD, mask, cfg, on_layer)
+            check.add(i, layer, q_BHTD, k_BKTD, mask)
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     training = model.training
@@ -306,4 +297,4 @@ def inspect(model, tokenizer, texts, cfg: InspectConfig, on_layer, name: str) ->
         model.train(training)
     notes = [f"config.{k} = {getattr(model.config, k)}" for k in ("attn_logit_softcapping", "final_logit_softcapping", "sliding_window")
              if getattr(model.config, k, None)]
-    return _result(name, type(model).__name__, layers, pools, cfg, seqs, available, notes)
+    return check.result(name, type(model).__name__, seqs, available, notes)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import io
-import json
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -37,9 +36,8 @@ from attnscale.errors import ConfigError
 from attnscale.core.hooks import record
 from attnscale.lm.model import ModelConfig, TinyLM
 from attnscale.files import atomic_write_bytes, to_jsonable
-from attnscale.runs.store import write_record  # moves up a layer with the record schema
 
-__all__ = ["TrainConfig", "train", "lr_at", "evaluate", "DIAGNOSTICS", "summarize", "preset", "PRESETS",
+__all__ = ["TrainConfig", "train", "run_config", "save_weights", "lr_at", "evaluate", "DIAGNOSTICS", "summarize",
            "resolve_dtype", "native_bf16"]
 
 DIAGNOSTICS = HEAD_MEASURES  # recorded per layer and head, as diagnostics.head_summary names them
@@ -211,49 +209,45 @@ def _finite(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
 
 
+def run_config(model_cfg: ModelConfig, train_cfg: TrainConfig, corpus) -> dict[str, Any]:
+    """The configuration a training run is known by: {"model", "train", "corpus"} as plain JSON values."""
+    return to_jsonable({"model": asdict(model_cfg), "train": asdict(train_cfg), "corpus": corpus.describe()})
+
+
 def train(
     model_cfg: ModelConfig,
     train_cfg: TrainConfig,
     corpus,
-    run_dir: Path | None = None,
     *,
+    log: Callable[[dict[str, Any]], None] | None = None,
+    checkpoint: Path | None = None,
+    weights: Path | None = None,
     on_step: Callable[[int, int, dict], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
-    experiment: str = "train",
-    extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Train, record diagnostics, evaluate on ``corpus.valid``; return the results dict.
+    """Train, record diagnostics, evaluate on ``corpus.valid``; return the results
+    (the fields of ``runs.record.TrainResults``).
 
-    With ``run_dir``: ``metrics.jsonl`` (one line per recorded step, written
-    fresh) and ``record.json`` (``runs.write_record``; status "done",
-    "diverged" or "stopped"). ``on_step(step, steps, info)`` is called after
-    every step; ``should_stop()`` ends the run early (status "stopped").
+    ``log(line)`` receives each recorded step as it is recorded (a resumed run
+    first replays the lines its checkpoint holds). ``on_step(step, steps, info)``
+    is called after every step; ``should_stop()`` ends the run early (status "stopped").
 
-    With ``checkpoint_every`` > 0 and ``run_dir``, ``checkpoint.pt`` is saved
-    every that many steps; a later call with the same configs and corpus resumes
-    from it and gives the numbers an uninterrupted run gives. It is removed when
-    the run ends "done" or "diverged"."""
+    ``checkpoint``: with ``checkpoint_every`` > 0, the model, optimiser and batch
+    generator are saved there every that many steps; a later call with the same
+    configs and corpus resumes from it and gives the numbers an uninterrupted run
+    gives. A checkpoint that cannot be read, or belongs to another config, is not
+    used: the run starts from step 0 and ``results["notes"]`` says why. The file is
+    removed when the run ends "done" or "diverged". ``weights``: where a run that
+    ends "done" saves its final weights (safetensors, the model's state_dict)."""
     if model_cfg.vocab_size < corpus.vocab_size:
         raise ConfigError(f"model vocab_size {model_cfg.vocab_size} is smaller than the corpus's {corpus.vocab_size}")
     check_length(corpus.train, model_cfg.context, "training split")
     check_length(corpus.valid, model_cfg.context, "held-out split")
-    started = time.time()
-    config = to_jsonable({"model": asdict(model_cfg), "train": asdict(train_cfg), "corpus": corpus.describe()})
-    metrics, ckpt = None, None
-    if run_dir is not None:
-        run_dir = Path(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        if train_cfg.checkpoint_every:
-            ckpt = _Checkpoint(run_dir / "checkpoint.pt", config)
-        metrics = open(run_dir / "metrics.jsonl", "w")  # written afresh; a resumed run replays its rows
-    try:
-        with _threads(train_cfg.threads):
-            results = _train(model_cfg, train_cfg, corpus, metrics, on_step, should_stop, ckpt)
-    finally:
-        if metrics is not None:
-            metrics.close()
-    if run_dir is not None:
-        write_record(run_dir, experiment, config, results, status=results["status"], started=started, extra=extra)
+    ckpt = None
+    if checkpoint is not None and train_cfg.checkpoint_every:
+        ckpt = _Checkpoint(Path(checkpoint), run_config(model_cfg, train_cfg, corpus))
+    with _threads(train_cfg.threads):
+        results = _train(model_cfg, train_cfg, corpus, log, on_step, should_stop, ckpt, weights)
     return results
 
 
@@ -263,14 +257,18 @@ class _Checkpoint:
     def __init__(self, path: Path, config: dict[str, Any]):
         self.path, self.config = path, config
 
-    def load(self) -> dict[str, Any] | None:
+    def load(self) -> tuple[dict[str, Any] | None, str | None]:
+        """The saved state, or None and why it was not used (None when there was nothing to use)."""
         if not self.path.exists():
-            return None
+            return None, None
         try:
-            state = torch.load(self.path, weights_only=False)
-        except Exception:  # a torn or foreign file: start afresh rather than fail the run
-            return None
-        return state if state.get("config") == self.config else None
+            state = torch.load(self.path, weights_only=False, map_location="cpu")
+        except Exception as e:  # a torn or foreign file must not fail the run, but it must be said
+            return None, (f"{self.path.name} could not be read ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else 'no detail'}); "
+                          "trained from step 0")
+        if not isinstance(state, dict) or state.get("config") != self.config:
+            return None, f"{self.path.name} belongs to another configuration; trained from step 0"
+        return state, None
 
     def save(self, **state) -> None:
         buffer = io.BytesIO()
@@ -281,7 +279,15 @@ class _Checkpoint:
         self.path.unlink(missing_ok=True)
 
 
-def _train(model_cfg, cfg, corpus, metrics, on_step, should_stop, ckpt) -> dict[str, Any]:
+def save_weights(model: torch.nn.Module, path: Path) -> None:
+    """The model's state_dict as safetensors, atomically (tied tensors stored once each, as copies)."""
+    from safetensors.torch import save
+
+    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
+    atomic_write_bytes(Path(path), save(tensors, metadata={"format": "pt"}))
+
+
+def _train(model_cfg, cfg, corpus, log_line, on_step, should_stop, ckpt, weights) -> dict[str, Any]:
     torch.manual_seed(cfg.seed)
     model = TinyLM(model_cfg)
     gen = torch.Generator().manual_seed(cfg.seed)
@@ -298,11 +304,11 @@ def _train(model_cfg, cfg, corpus, metrics, on_step, should_stop, ckpt) -> dict[
 
     def log(row: dict[str, Any]) -> None:
         history.append(row)
-        if metrics is not None:
-            metrics.write(json.dumps(row) + "\n")
-            metrics.flush()
+        if log_line is not None:
+            log_line(row)
 
-    state = ckpt.load() if ckpt is not None else None
+    state, note = ckpt.load() if ckpt is not None else (None, None)
+    notes = [note] if note else []
     if state is not None:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
@@ -357,6 +363,8 @@ def _train(model_cfg, cfg, corpus, metrics, on_step, should_stop, ckpt) -> dict[
         evaluation = {k: _finite(v) if isinstance(v, float) else v for k, v in evaluation.items()}
     if ckpt is not None and status != "stopped":
         ckpt.remove()
+    if weights is not None and status == "done":
+        save_weights(model, weights)
     tail = losses[-max(1, cfg.record_every):]
     return {
         "status": status,
@@ -376,32 +384,5 @@ def _train(model_cfg, cfg, corpus, metrics, on_step, should_stop, ckpt) -> dict[
         "start": summarize(history[0]) if history else None,
         "end": summarize(history[-1]) if history else None,
         "history": history,
+        "notes": notes,
     }
-
-
-# ---- presets: budgets sized for a 2-core laptop CPU --------------------------
-
-PRESETS = ("quick", "sweep", "dynamics")
-
-
-def preset(name: str) -> tuple[dict[str, Any], TrainConfig]:
-    """``(model_kwargs, train_cfg)`` for a named budget.
-
-    ``model_kwargs`` lacks ``vocab_size``, ``head_dim`` and ``scale``, which the
-    caller sets per run: ``ModelConfig(vocab_size=corpus.vocab_size,
-    head_dim=width, scale=scale, **model_kwargs)``.
-
-    Why these choices (measured; see the benchmarks): post-LN with PyTorch's
-    default init is the model whose first head starts at spread ≈ sqrt(d)·2/3
-    (21 at d = 1,024, the course's figure); ``dtype="auto"``: bf16 autocast with
-    the explicit path (softmax in fp32) trains ~1.7× faster than fp32 on an
-    AVX512-BF16 CPU, with held-out loss and diagnostics unchanged within seed
-    noise; on CPUs without native bf16 it is fp32. "sweep" records every 10
-    steps, so its width-1,024 pair doubles as the dynamics pair."""
-    model = {"context": 64, "d_model": 64, "n_layers": 2, "n_heads": 4, "init": "torch", "norm": "post", "impl": "explicit"}
-    if name == "quick":  # the embedded corpus, a few seconds a run
-        return {**model, "context": 32}, TrainConfig(steps=60, batch=8, lr=3e-3, warmup=6, record_every=10, eval_batches=8, dtype="auto")
-    if name in ("sweep", "dynamics"):
-        # eval_batches=None: perplexity over the whole held-out split, not a sample of it
-        return model, TrainConfig(steps=400, batch=16, lr=3e-3, warmup=40, record_every=10, eval_batches=None, dtype="auto")
-    raise ConfigError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}")

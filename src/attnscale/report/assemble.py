@@ -19,9 +19,9 @@ from typing import Any
 
 from attnscale.report import course
 from attnscale.report import render
-from attnscale.core.diagnostics import HEAD_MEASURES
 from attnscale.errors import ConfigError
-from attnscale.runs.store import find_records, read_record
+from attnscale.runs import record
+from attnscale.runs.record import Record, TrainRun
 
 __all__ = ["Runs", "TrainRun", "load_runs", "build"]
 
@@ -35,61 +35,10 @@ EXPERIMENTS = {
 
 
 
-def _as_layers(line: dict[str, Any]) -> dict[str, Any]:
-    """A metrics.jsonl line, {"spread": [[per head] per layer], ...}, as {"layers": [{"layer": i, "spread": [...]}]}."""
-    if not isinstance(line.get("spread"), list):
-        return line
-    layers = [{"layer": i, **{k: line[k][i] for k in HEAD_MEASURES if k in line}} for i in range(len(line["spread"]))]
-    return {**{k: v for k, v in line.items() if k not in HEAD_MEASURES}, "layers": layers}
-
-
-@dataclass
-class TrainRun:
-    """One training run: its record and the lines of its metrics.jsonl."""
-
-    path: Path
-    record: dict[str, Any]
-    lines: list[dict[str, Any]] = field(default_factory=list)
-    results: dict[str, Any] = field(init=False, default_factory=dict)  # the report's view, set in __post_init__
-
-    model = property(lambda self: self.record.get("config", {}).get("model", {}))
-    scale = property(lambda self: self.model.get("scale", "?"))
-    seed = property(lambda self: self.record.get("config", {}).get("train", {}).get("seed", self.record.get("seed")))
-    group = property(lambda self: self.record.get("group", "train"))  # "dynamics", "sweep", or a plain run
-    status = property(lambda self: self.record.get("status", "?"))
-
-    def __post_init__(self):
-        # The report's view of a train.py record (schema in runs.py): each recorded
-        # step as per-layer dicts, and the first and last of them beside the results.
-        res = dict(self.record.get("results") or {})
-        self.lines = [_as_layers(x) for x in (self.lines or res.get("history") or [])]
-        res["valid_ppl"] = res.get("perplexity")
-        res["train_loss_last"] = res.get("final_train_loss")
-        diag = [x for x in self.lines if x.get("layers")]
-        if diag:
-            res["first"] = {"step": diag[0]["step"], "layers": diag[0]["layers"]}
-            res["last"] = {"step": diag[-1]["step"], "layers": diag[-1]["layers"]}
-        self.results = res
-
-    @property
-    def width(self) -> int:
-        m = self.model
-        return int(m.get("head_dim") or m["d_model"] // m["n_heads"])
-
-    def diag_mean(self, which: str, key: str) -> float:
-        """Mean over layers and heads of ``key`` in results[which] ("first" or "last")."""
-        vals = [v for layer in self.results[which]["layers"] for v in layer[key]]
-        return sum(vals) / len(vals)
-
-    def layer_means(self, which: str, key: str) -> list[float]:
-        """Mean over heads of ``key``, one value per layer, in results[which]."""
-        return [sum(layer[key]) / len(layer[key]) for layer in self.results[which]["layers"]]
-
-
 @dataclass
 class Runs:
     root: Path
-    records: list[tuple[Path, dict[str, Any]]] = field(default_factory=list)  # every record used
+    records: list[tuple[Path, Record]] = field(default_factory=list)  # every record used
     spread_rows: list[dict[str, Any]] = field(default_factory=list)
     fresh_rows: dict[tuple[str, int, str], dict[str, Any]] = field(default_factory=dict)
     illustration: dict[str, Any] | None = None
@@ -110,17 +59,6 @@ class Runs:
         return have | {g for g in ("dynamics", "sweep") if getattr(self, g)}
 
 
-def _read_lines(path: Path) -> tuple[list[dict], int]:
-    lines, bad = [], 0
-    if path.exists():
-        for text in path.read_text().splitlines():
-            try:
-                lines.append(json.loads(text))
-            except json.JSONDecodeError:
-                bad += 1  # a run killed mid-write leaves a partial last line
-    return lines, bad
-
-
 def _natural(text: str) -> list:
     """Sort key that puts d32 before d128."""
     return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", text)]
@@ -128,9 +66,10 @@ def _natural(text: str) -> list:
 
 def load_runs(runs_dir: Path) -> Runs:
     """Every record under ``runs_dir``, sorted into experiments. The newest spread
-    record and the newest fresh record per init are used; older ones are noted."""
+    record and the newest fresh record per init are used; older ones are noted.
+    Raises ConfigError when there is no record, or none can be read."""
     runs_dir = Path(runs_dir)
-    dirs = find_records(runs_dir) if runs_dir.is_dir() else []
+    dirs = record.find(runs_dir) if runs_dir.is_dir() else []
     if not dirs:
         raise ConfigError(f"no run records (record.json) under {str(runs_dir)!r}; "
                           "run `attnscale reproduce --out DIR` or an experiment with --out first")
@@ -138,44 +77,42 @@ def load_runs(runs_dir: Path) -> Runs:
     for d in dirs:
         rel = d.relative_to(runs_dir).as_posix() or "."
         try:
-            rec = read_record(d)
-        except (OSError, ValueError) as e:
-            runs.notes.append(f"{rel}: unreadable record, skipped ({e})")
+            rec = record.read(d)
+            run = TrainRun.load(d, rec) if rec.experiment == "train" else None
+        except record.RecordError as e:
+            runs.notes.append(f"{rel}: skipped ({str(e).replace(str(d / record.RECORD), 'record.json')})")
             continue
-        if not isinstance(rec, dict):
-            runs.notes.append(f"{rel}: record.json is not a run record (not a JSON object), skipped")
-            continue
-        exp = rec.get("experiment")
-        if exp == "train":
-            lines, bad = _read_lines(d / "metrics.jsonl")
-            if bad:
-                runs.notes.append(f"{rel}: {bad} unreadable line(s) in metrics.jsonl, skipped")
-            runs.train.append(TrainRun(d, rec, lines))
+        if run is not None:
+            if run.unreadable_lines:
+                runs.notes.append(f"{rel}: {run.unreadable_lines} unreadable line(s) in metrics.jsonl, skipped")
+            runs.train.append(run)
             runs.records.append((d, rec))
-        elif exp in ("spread", "fresh"):
-            key = exp if exp == "spread" else f"fresh/{rec.get('config', {}).get('init', 'unit')}"
-            if key in latest and latest[key][1].get("finished", 0) >= rec.get("finished", 0):
+        elif rec.experiment in ("spread", "fresh"):
+            key = rec.experiment if rec.experiment == "spread" else f"fresh/{rec.config.get('init', 'unit')}"
+            if key in latest and latest[key][1].finished >= rec.finished:
                 runs.notes.append(f"{rel}: an older {key} record, not used")
                 continue
             if key in latest:
                 runs.notes.append(f"{latest[key][0].relative_to(runs_dir).as_posix()}: an older {key} record, not used")
             latest[key] = (d, rec)
         else:
-            runs.notes.append(f"{rel}: experiment {exp!r} is not part of this report, skipped")
+            runs.notes.append(f"{rel}: experiment {rec.experiment!r} is not part of this report, skipped")
     for key, (d, rec) in sorted(latest.items()):
         runs.records.append((d, rec))
         if key == "spread":
-            runs.spread_rows = list(rec["results"])
+            runs.spread_rows = list(rec.results)
             continue
-        res = rec["results"]
-        for r in res["rows"]:
-            init = r.get("init", rec["config"].get("init", "unit"))
+        for r in rec.results["rows"]:
+            init = r.get("init", rec.config.get("init", "unit"))
             runs.fresh_rows[(init, int(r["width"]), r["scale"])] = r
-        if res.get("illustration") and (runs.illustration is None or key == "fresh/unit"):
-            runs.illustration = res["illustration"]
+        if rec.results.get("illustration") and (runs.illustration is None or key == "fresh/unit"):
+            runs.illustration = rec.results["illustration"]
+    if not runs.records:
+        raise ConfigError(f"none of the {len(dirs)} run record(s) under {str(runs_dir)!r} can be used "
+                          f"(first: {runs.notes[0]}); rerun the experiments into a new --out")
     order = list(EXPERIMENTS)  # the report's order: spread, fresh, dynamics, sweep, then other training runs
     rank = {k: i for i, k in enumerate(order)}
-    runs.records.sort(key=lambda x: (rank.get(x[1].get("group", x[1].get("experiment")), len(order)),
+    runs.records.sort(key=lambda x: (rank.get(x[1].group or x[1].experiment, len(order)),
                                      _natural(x[0].relative_to(runs_dir).as_posix())))
     runs.train.sort(key=lambda t: (t.group, t.width, t.scale, _natural(str(t.seed))))
     return runs
@@ -204,7 +141,7 @@ def _sections(runs: Runs, verdicts: list[course.Verdict], out: Path) -> tuple[li
     pngs: dict[str, Path] = {}
     by = {e: [v for v in verdicts if v.experiment == e] for e in EXPERIMENTS}
     counts = {k: sum(v.verdict == k for v in verdicts) for k in (course.AGREES, course.DIFFERS, course.NOT_RUN)}
-    finished = [rec.get("finished") for _, rec in runs.records if rec.get("finished")]
+    finished = [rec.finished for _, rec in runs.records if rec.finished]
     when = " to ".join(dict.fromkeys(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t)) for t in (min(finished), max(finished)))) if finished else "?"
     b: list[tuple] = [("h1", "The score scale in attention: the course's figures beside ours"),
                       ("p", (f"Built from {len(runs.records)} run records under {runs.root} (finished {when}). "
@@ -265,7 +202,7 @@ def _sections(runs: Runs, verdicts: list[course.Verdict], out: Path) -> tuple[li
     b.append(_verdict_table(by["dynamics"]))
     for w in sorted({t.width for t in runs.dynamics}):
         group = [t for t in runs.dynamics if t.width == w]
-        series = [(f"{t.scale} s{t.seed}", t.scale, t.lines) for t in group if t.lines]
+        series = [(f"{t.scale} s{t.seed}", t.scale, t.recorded) for t in group if t.recorded]
         if series:
             name = f"dynamics-d{w}.png"
             pngs[f"dynamics-d{w}"] = plots.training(series, out / name, f"Training at head width d={w}")
@@ -282,8 +219,8 @@ def _sections(runs: Runs, verdicts: list[course.Verdict], out: Path) -> tuple[li
     if runs.sweep:
         cells: dict[tuple[int, str], list[float]] = {}
         for t in runs.sweep:
-            if t.results.get("valid_ppl") is not None:
-                cells.setdefault((t.width, t.scale), []).append(float(t.results["valid_ppl"]))
+            if t.perplexity is not None:
+                cells.setdefault((t.width, t.scale), []).append(float(t.perplexity))
         gaps, start = course.gap_by_width(runs), course.gap_start(runs)
         if cells:
             pngs["sweep"] = plots.perplexity_vs_width(cells, gaps, start, out / "sweep.png")
@@ -292,7 +229,7 @@ def _sections(runs: Runs, verdicts: list[course.Verdict], out: Path) -> tuple[li
                   [[w, *[", ".join(f"{v:.2f}" for v in cells.get((w, s), [])) or "—" for s in sorted({s for _, s in cells})],
                     course.fmt_gap(*gaps[w]) if w in gaps else "—", gaps[w][2] if w in gaps else "—"]
                    for w in sorted({w for w, _ in cells})]))
-        bad = [f"{t.path.relative_to(runs.root).as_posix()}: {t.status}" + (f" at step {t.results.get('diverged_at')}" if t.results.get("diverged_at") is not None else "")
+        bad = [f"{t.path.relative_to(runs.root).as_posix()}: {t.status}" + (f" at step {t.diverged_at}" if t.diverged_at is not None else "")
                for t in runs.sweep if t.status != "done"]
         if bad:
             b.append(("list", "Sweep runs without a perplexity (not counted):", bad))
@@ -305,11 +242,11 @@ def _sections(runs: Runs, verdicts: list[course.Verdict], out: Path) -> tuple[li
 
 def _dyn_row(runs: Runs, t: TrainRun) -> list:
     def fl(key, fmt):
-        if not t.results.get("first") or not t.results.get("last"):
+        if t.line("first") is None:
             return "—"
         return f"{fmt.format(t.diag_mean('first', key))} → {fmt.format(t.diag_mean('last', key))}"
-    return [t.path.relative_to(runs.root).as_posix(), t.width, t.scale, t.seed, t.status, t.results.get("steps_done", "—"),
-            fl("spread", "{:.3g}"), fl("frozen_fraction", "{:.1%}"), fl("effective_words", "{:.3g}"), _f(t.results.get("valid_ppl"), "{:.2f}")]
+    return [t.path.relative_to(runs.root).as_posix(), t.width, t.scale, t.seed, t.status, t.steps_done,
+            fl("spread", "{:.3g}"), fl("frozen_fraction", "{:.1%}"), fl("effective_words", "{:.3g}"), _f(t.perplexity, "{:.2f}")]
 
 
 def _kv(d: dict | None, keys: tuple[str, ...] | None = None) -> str:
@@ -320,16 +257,16 @@ def _kv(d: dict | None, keys: tuple[str, ...] | None = None) -> str:
 def _metadata(runs: Runs) -> list[tuple]:
     rows = []
     for d, rec in runs.records:
-        cfg = rec.get("config", {})
-        if rec.get("experiment") == "train":
+        cfg = rec.config
+        if rec.experiment == "train":
             setting = (_kv(cfg.get("model"), ("d_model", "n_layers", "n_heads", "head_dim", "context", "scale", "init", "norm"))
                        + "; " + _kv(cfg.get("train"), ("steps", "batch", "lr", "seed")))
         else:
             setting = _kv(cfg)
-        rows.append([d.relative_to(runs.root).as_posix() or ".", rec.get("experiment", "?") + (f" ({rec['group']})" if rec.get("group") else ""),
-                     rec.get("status", "?"), _f(rec.get("duration_s"), "{:.1f} s"), setting])
-    corpora = {json.dumps(t.record.get("config", {}).get("corpus"), sort_keys=True) for t in runs.train}
-    envs = {json.dumps(rec.get("environment"), sort_keys=True) for _, rec in runs.records}
+        rows.append([d.relative_to(runs.root).as_posix() or ".", rec.experiment + (f" ({rec.group})" if rec.group else ""),
+                     rec.status, _f(rec.duration_s, "{:.1f} s"), setting])
+    corpora = {json.dumps(t.corpus, sort_keys=True) for t in runs.train}
+    envs = {json.dumps(rec.environment, sort_keys=True) for _, rec in runs.records}
     b = [("h2", "6. The runs"),
          ("table", ["run", "experiment", "status", "duration", "settings (model; training)"], rows)]
     if corpora:

@@ -164,7 +164,7 @@ def _seven_in_ten(r):
 
 
 def _dyn(runs, scale: str, width: int = 1024):
-    return [t for t in runs.dynamics if t.width == width and t.scale == scale and t.results.get("first")]
+    return [t for t in runs.dynamics if t.width == width and t.scale == scale and t.line("first")]
 
 
 def _dyn_claim(scale: str, which: str, key: str, test: Callable[[float], bool], fmt: str = "{:.1f}"):
@@ -176,7 +176,7 @@ def _dyn_claim(scale: str, which: str, key: str, test: Callable[[float], bool], 
                             + (f" (dynamics ran at d={', '.join(map(str, widths))})" if widths else ""))
         vals = [t.diag_mean(which, key) for t in got]
         value = sum(vals) / len(vals)
-        steps = sorted({t.results[which]["step"] for t in got})
+        steps = sorted({t.line(which)["step"] for t in got})
         ours = fmt.format(value) + f" at step {', '.join(map(str, steps))}"
         if len(got) == 1:  # the verdict uses the mean; the layers show where it comes from
             ours += " (by layer: " + ", ".join(fmt.format(v) for v in got[0].layer_means(which, key)) + ")"
@@ -204,9 +204,8 @@ def _gap_table(runs: Runs) -> dict:
     "where the gap starts" rule that ``attnscale sweep`` prints."""
     from attnscale.experiments import sweep
 
-    records = [t.record for t in runs.sweep]
-    varied_lr = len({(r.get("config") or {}).get("train", {}).get("lr") for r in records}) > 1
-    return sweep.gap_table(sweep.rows_from_records(records, varied_lr=varied_lr), reference=SCALED)
+    varied_lr = len({t.lr for t in runs.sweep}) > 1
+    return sweep.gap_table(sweep.rows_from_records(runs.sweep, varied_lr=varied_lr), reference=SCALED)
 
 
 def gap_by_width(runs: Runs) -> dict[int, tuple[float, float | None, int]]:

@@ -2,8 +2,8 @@
 
 ``blocks(runs, out, pngs)`` returns the same block tuples as ``assemble._sections``
 and draws its figures into ``out`` (adding them to ``pngs``). ``run_row`` is the
-one place that reads a run record for the study: everything after it works on
-plain numbers (``schemes_analysis``).
+one place that reads a run (a ``runs.record.TrainRun``) for the study: everything
+after it works on plain numbers (``schemes_analysis``).
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscale.report import schemes_analysis as sa
+from attnscale.runs.record import TrainRun
 
 __all__ = ["GROUP", "TITLE", "run_row", "blocks"]
 
@@ -20,21 +21,20 @@ GROUP = "schemes"
 TITLE = "Beyond the course: which scale?"
 
 
-def run_row(t) -> dict[str, Any]:
-    """One run of the study (a ``TrainRun``) as plain numbers: its settings, final held-out
+def run_row(t: TrainRun) -> dict[str, Any]:
+    """One run of the study (a ``runs.record.TrainRun``) as plain numbers: its settings, final held-out
     loss (None unless done), the loss at init and ``schemes_analysis.run_measures``.
 
     The loss at init is the first recorded training loss (step 0, before any update:
     the model has seen nothing, so train and held-out loss agree there); where it is
     missing, ln(vocab), the loss of a uniform guess."""
-    measures = sa.run_measures(t.lines)
+    measures = sa.run_measures(t.recorded)
     vocab = t.model.get("vocab_size")
     init = measures["init_loss"] if measures["init_loss"] is not None else (math.log(vocab) if vocab else None)
-    final = t.results.get("valid_loss") if t.status == "done" else None
+    final = t.results.valid_loss if t.status == "done" else None
     return {
-        "run": t.path.name, "scale": t.scale, "width": t.width, "seed": t.seed,
-        "lr": t.record.get("config", {}).get("train", {}).get("lr"),
-        "status": t.status, "final_loss": final, "diverged_at": t.results.get("diverged_at"),
+        "run": t.run_id, "scale": t.scale, "width": t.width, "seed": t.seed, "lr": t.lr,
+        "status": t.status, "final_loss": final, "diverged_at": t.diverged_at,
         "context": t.model.get("context"), **measures, "init_loss": init,
     }
 
@@ -95,12 +95,9 @@ def _theory_points(runs, study, rows) -> dict[str, Any]:
     trained: dict[str, list[tuple[float, float, int]]] = {}
     steps: dict[str, list[tuple[int, float, float]]] = {}
     for t in study:
-        lr = t.record.get("config", {}).get("train", {}).get("lr")
-        if t.width != widths[-1] or lr != mid:
+        if t.width != widths[-1] or t.lr != mid:
             continue
-        for line in t.lines:
-            if not line.get("layers"):
-                continue
+        for line in t.recorded:
             pairs = [(sp, ew) for layer in line["layers"] for sp, ew in zip(layer["spread"], layer["effective_words"])
                      if sp is not None and ew is not None and math.isfinite(sp) and math.isfinite(ew)]
             trained.setdefault(t.scale, []).extend((sp, ew, line["step"]) for sp, ew in pairs)

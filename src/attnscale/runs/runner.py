@@ -1,6 +1,7 @@
 """Run many training runs: resumable, in parallel worker processes, with progress.
 
-Every run trains into ``out/<run_id>`` (``attnscale.runs.store`` describes the files).
+Every run trains into ``out/<run_id>`` through ``runs.trainer.train_run`` (``runs.record``
+describes the files).
 Resume, decided per run by ``store.run_state`` before any training starts:
 - a record with status done or diverged and the same config is kept, never redone;
 - a run cut short (no record, or one left "running" by a killed or interrupted
@@ -28,15 +29,17 @@ import queue as queue_mod
 import signal
 import time
 import traceback
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 from attnscale import files
+from attnscale.runs import record as rec
 from attnscale.runs import store
 from attnscale.errors import ConfigError
 from attnscale.lm.model import ModelConfig
 from attnscale.runs.progress import make_progress
+from attnscale.runs.trainer import mark_running, train_run
 from attnscale.lm.train import TrainConfig
 
 __all__ = ["CorpusSpec", "RunSpec", "execute", "cores"]
@@ -61,12 +64,12 @@ class CorpusSpec:
 
 @dataclass(frozen=True)
 class RunSpec:
-    """One training run of a sweep: its folder name, configs and the record's extra keys."""
+    """One training run of a sweep: its folder name, configs and the experiment it belongs to."""
 
     run_id: str
     model: ModelConfig
     train: TrainConfig
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    group: str | None = None
 
 
 def cores() -> int:
@@ -78,8 +81,9 @@ def cores() -> int:
 
 
 def _config(spec: RunSpec, corpus) -> dict[str, Any]:
-    # the same shape train.train writes, so run_state compares like with like
-    return {"model": asdict(spec.model), "train": asdict(spec.train), "corpus": corpus.describe()}
+    from attnscale.lm.train import run_config  # the shape the record holds, so run_state compares like with like
+
+    return run_config(spec.model, spec.train, corpus)
 
 
 def _check(specs: Sequence[RunSpec], corpus) -> None:
@@ -96,13 +100,6 @@ def _check(specs: Sequence[RunSpec], corpus) -> None:
             raise ConfigError(f"run {s.run_id}: model vocab_size {s.model.vocab_size} < corpus vocab {corpus.vocab_size}")
 
 
-def _mark_running(run_dir: Path, spec: RunSpec, config: dict) -> None:
-    """Clear what an interrupted attempt left and say, on disk, what this folder is for."""
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / store.METRICS).unlink(missing_ok=True)
-    store.write_record(run_dir, "train", config, None, status="running", started=time.time(), extra=dict(spec.extra))
-
-
 def _copy_finished(spec: RunSpec, config: dict, out: Path, reuse: Sequence[Path]) -> bool:
     """Copy a finished run of ``config`` from a ``reuse`` folder into ``out``; False if none has one."""
     for folder in reuse:
@@ -114,18 +111,16 @@ def _copy_finished(spec: RunSpec, config: dict, out: Path, reuse: Sequence[Path]
             continue  # another config under the same name: not this run
         target = out / spec.run_id
         target.mkdir(parents=True, exist_ok=True)
-        if (source / store.METRICS).exists():  # the log first, the record last: the record commits the copy
-            files.atomic_write_bytes(target / store.METRICS, (source / store.METRICS).read_bytes())
-        record = store.read_record(source)
-        record.update(files.to_jsonable(dict(spec.extra)), copied_from=str(source))
-        files.atomic_write_json(target / store.RECORD, record)
+        for name in (rec.METRICS, rec.WEIGHTS):  # the files first, the record last: the record commits the copy
+            if (source / name).exists():
+                files.atomic_write_bytes(target / name, (source / name).read_bytes())
+        rec.write(target, rec.TrainRun.load(source).copied(spec.group, str(source)))
         return True
     return False
 
 
-def _summary(record: dict) -> dict[str, Any]:
-    res = record.get("results") or {}
-    return {"status": record.get("status"), "valid_ppl": res.get("perplexity"), "duration_s": record.get("duration_s")}
+def _summary(run: rec.TrainRun) -> dict[str, Any]:
+    return {"status": run.status, "valid_ppl": run.perplexity, "duration_s": run.record.duration_s}
 
 
 def execute(
@@ -137,9 +132,9 @@ def execute(
     progress: bool = True,
     corpus=None,
     reuse: Sequence[Path] = (),
-) -> list[dict[str, Any]]:
+) -> list[rec.TrainRun]:
     """Train every run of ``specs`` not already finished under ``out``; return all
-    their records (read back from disk, plus the key "run_dir"), in the order given.
+    their records, read back from disk, in the order given.
 
     ``corpus``, when given, must be ``corpus_spec.load()`` (saves loading it twice).
     ``reuse``: other output folders whose finished runs of the very same config
@@ -175,25 +170,23 @@ def execute(
                 _run_in_workers(pending, corpus_spec, out, configs, bar, workers)
     finally:
         bar.close()
-    return [{**store.read_record(out / s.run_id), "run_dir": str(out / s.run_id)} for s in specs]
+    return [rec.TrainRun.load(out / s.run_id) for s in specs]
 
 
 # ---- in this process ----------------------------------------------------------------
 
 
 def _run_here(pending, corpus, out, configs, bar) -> None:
-    from attnscale.lm.train import train
-
     for spec in pending:
         run_dir = out / spec.run_id
-        _mark_running(run_dir, spec, configs[spec.run_id])
+        mark_running(run_dir, configs[spec.run_id], spec.group)
         bar.start(spec.run_id, spec.train.steps)
 
         def on_step(step, steps, info, _id=spec.run_id):
             bar.step(_id, step, info.get("loss"))
 
-        train(spec.model, spec.train, corpus, run_dir, on_step=on_step, extra=dict(spec.extra))
-        bar.finish(spec.run_id, _summary(store.read_record(run_dir)))
+        bar.finish(spec.run_id, _summary(train_run(spec.model, spec.train, corpus, run_dir, group=spec.group,
+                                                   on_step=on_step)))
 
 
 # ---- in worker processes --------------------------------------------------------------
@@ -235,8 +228,6 @@ def _worker(index: int, corpus_spec: CorpusSpec, threads: int, inbox, messages) 
     try:
         import torch
 
-        from attnscale.lm.train import train
-
         torch.set_num_threads(threads)
         corpus = corpus_spec.load()
     except BaseException:
@@ -255,7 +246,7 @@ def _worker(index: int, corpus_spec: CorpusSpec, threads: int, inbox, messages) 
                 messages.put(("step", index, _id, (step, info.get("loss"))))
 
         try:
-            train(spec.model, spec.train, corpus, Path(run_dir), on_step=on_step, extra=dict(spec.extra))
+            train_run(spec.model, spec.train, corpus, Path(run_dir), group=spec.group, on_step=on_step)
             messages.put(("done", index, spec.run_id, None))
         except _Orphaned:
             return
@@ -296,7 +287,7 @@ def _run_in_workers(pending, corpus_spec, out, configs, bar, workers) -> None:
             return
         spec = todo.pop(0)
         run_dir = out / spec.run_id
-        _mark_running(run_dir, spec, configs[spec.run_id])
+        mark_running(run_dir, configs[spec.run_id], spec.group)
         holding[i] = spec.run_id
         inboxes[i].put((spec, str(run_dir)))
         bar.start(spec.run_id, spec.train.steps)
@@ -317,7 +308,7 @@ def _run_in_workers(pending, corpus_spec, out, configs, bar, workers) -> None:
             if kind == "step":
                 bar.step(rid, *payload)
             elif kind == "done":
-                bar.finish(rid, _summary(store.read_record(out / rid)))
+                bar.finish(rid, _summary(rec.TrainRun.load(out / rid)))
                 dispatch(i)
             elif kind == "config_error":
                 raise ConfigError(payload)

@@ -1,0 +1,81 @@
+"""``attnscale inspect`` as a call: pick the adapter that reads the model, measure, write.
+
+Adapters: ``native`` for attnscale models, training checkpoints and run folders;
+``hf`` for Hugging Face models (transformers loads only when one is read)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from attnscale.core.attention import Attention
+from attnscale.core.diagnostics import FROZEN_THRESHOLD
+from attnscale.errors import ConfigError
+from attnscale.headcheck import hf, native
+from attnscale.headcheck.engine import InspectConfig, InspectResult, OnLayer, check_texts
+
+__all__ = ["inspect_model", "run"]
+
+
+def inspect_model(
+    model: str | Path | nn.Module,
+    texts: str | Sequence[str] | torch.Tensor,
+    *,
+    tokenizer=None,
+    max_tokens: int = 128,
+    batch: int = 8,
+    sequences: int | None = 16,
+    threshold: float = FROZEN_THRESHOLD,
+    what_ifs: tuple[str, ...] = ("none", "inv_d"),
+    on_layer: OnLayer | None = None,
+) -> InspectResult:
+    """Measure every head of ``model`` on ``texts``.
+
+    ``model``: a shortcut, folder or .gguf path of a Hugging Face model (loaded
+    offline); an attnscale run folder (its final ``model.safetensors``, or the
+    ``checkpoint.pt`` of an interrupted run) or checkpoint file, read with its
+    corpus's tokenizer; a loaded Hugging Face model (give its ``tokenizer``); or
+    a module holding attnscale ``Attention`` heads (give token ids, or texts and
+    a ``tokenizer`` callable). Each text is cut into sequences of at most
+    ``max_tokens``; the first ``sequences`` of them are read, ``batch`` per
+    forward pass. ``on_layer(layer, scheme, scores_BHTT, pattern_BHTT)`` sees
+    each layer's tensors as they pass (scheme "model" is the model's own scale),
+    before they are dropped."""
+    name = str(model) if isinstance(model, (str, Path)) else type(model).__name__
+    cfg = InspectConfig(name, max_tokens, batch, sequences, threshold, tuple(what_ifs))
+    if not isinstance(texts, torch.Tensor):
+        texts = check_texts(texts)  # before a load that may take half a minute
+    if isinstance(model, (str, Path)) and native.is_run(Path(model)):
+        model, encode = native.load(Path(model))
+        if encode is None and tokenizer is None and not isinstance(texts, torch.Tensor):
+            raise ConfigError(f"--model: the record of {name!r} names no corpus (config.corpus) to turn text into tokens; "
+                              "give a run whose record names its corpus, or token ids from Python")
+        return native.inspect(model, texts, cfg, on_layer, tokenizer or encode, name)
+    if isinstance(model, (str, Path)):
+        loaded = hf.load(name)
+        return hf.inspect(loaded.model, loaded.tokenizer, texts, cfg, on_layer, name)
+    if any(isinstance(m, Attention) for m in model.modules()):
+        return native.inspect(model, texts, cfg, on_layer, tokenizer, name)
+    if hasattr(model, "config") and hasattr(model, "set_attn_implementation"):
+        if tokenizer is None:
+            raise ConfigError("a Hugging Face model needs its tokenizer: inspect_model(model, texts, tokenizer=...)")
+        return hf.inspect(model, tokenizer, texts, cfg, on_layer, getattr(model.config, "_name_or_path", "") or name)
+    raise ConfigError(f"cannot read attention from a {type(model).__name__}; give a Hugging Face model or one built from attnscale.core.attention.Attention")
+
+
+def run(cfg: InspectConfig, texts: str | Sequence[str], out: Path | None = None) -> InspectResult:
+    """The CLI's call: load, inspect, and with ``out`` write record.json and heatmaps.png."""
+    started = time.time()
+    result = inspect_model(cfg.model, texts, max_tokens=cfg.max_tokens, batch=cfg.batch, sequences=cfg.sequences,
+                           threshold=cfg.threshold, what_ifs=cfg.what_ifs)
+    if out is not None:
+        from attnscale.headcheck.show import plot_heatmaps
+        from attnscale.runs import record as rec
+
+        plot_heatmaps(result, Path(out) / "heatmaps.png")
+        rec.write(out, rec.new("inspect", cfg, result, started=started))
+    return result

@@ -1,0 +1,70 @@
+"""Budgets: the model and training settings of each preset, in one place.
+
+``budget(name, vocab_size)`` is what ``reproduce``, ``dynamics``, ``sweep`` and
+``train`` start from; the fresh-head experiment's "model" init reads the same
+model settings. Sized for a 2-core laptop CPU.
+
+Why these choices (measured; see the benchmarks): post-LN with PyTorch's
+default init is the model whose first head starts at spread ≈ sqrt(d)·2/3 (21
+at d = 1,024, the course's figure); ``dtype="auto"``: bf16 autocast with the
+explicit path (softmax in fp32) trains ~1.7× faster than fp32 on an AVX512-BF16
+CPU, with held-out loss and diagnostics unchanged within seed noise; on CPUs
+without native bf16 it is fp32. Every preset records every 10 steps, so the
+sweep's width-1,024 pair doubles as the dynamics pair.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from attnscale.errors import ConfigError
+from attnscale.lm.train import TrainConfig
+
+__all__ = ["Budget", "budget", "with_steps", "model_settings", "PRESETS", "LARGE_VOCAB", "CHECKPOINT_EVERY"]
+
+PRESETS = ("quick", "default")
+# A word-level vocabulary (WikiText-2: 33,278 words) makes the output layer cost
+# more than the rest of the tiny model at every width (measured: 0.7 s of CPU a
+# step at width 32, 0.9 at 1,024, batch 16); on such corpora the default budget
+# halves the batch, keeping the number of updates and the schedule, so the
+# course's sweep (12 runs) fits ~15 minutes on 2 cores.
+LARGE_VOCAB = 8192
+CHECKPOINT_EVERY = 100  # default runs save a checkpoint this often, so a killed run resumes mid-way
+
+_MODEL = {"context": 64, "d_model": 64, "n_layers": 2, "n_heads": 4, "init": "torch", "norm": "post", "impl": "explicit"}
+
+
+@dataclass(frozen=True)
+class Budget:
+    """``model``: ModelConfig fields other than vocab_size, head_dim and scale, which
+    each run sets (``ModelConfig(vocab_size=..., head_dim=width, scale=s, **model)``)."""
+
+    name: str
+    model: dict[str, Any] = field(default_factory=lambda: dict(_MODEL))
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+def budget(name: str = "default", vocab_size: int = 0) -> Budget:
+    """The named preset, sized by the corpus's vocabulary (0: a small, character-level one)."""
+    if name == "quick":  # the embedded corpus, a few seconds a run
+        return Budget(name, {**_MODEL, "context": 32},
+                      TrainConfig(steps=60, batch=8, lr=3e-3, warmup=6, record_every=10, eval_batches=8, dtype="auto"))
+    if name == "default":
+        # eval_batches=None: perplexity over the whole held-out split, not a sample of it
+        train = TrainConfig(steps=400, batch=16, lr=3e-3, warmup=40, record_every=10, eval_batches=None,
+                            dtype="auto", checkpoint_every=CHECKPOINT_EVERY)
+        if vocab_size > LARGE_VOCAB:
+            train = replace(train, batch=train.batch // 2)
+        return Budget(name, dict(_MODEL), train)
+    raise ConfigError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}")
+
+
+def with_steps(train: TrainConfig, steps: int) -> TrainConfig:
+    """``train`` cut (or stretched) to ``steps`` updates; the warm-up keeps to at most a tenth of them."""
+    return replace(train, steps=steps, warmup=min(train.warmup, steps // 10))
+
+
+def model_settings() -> dict[str, Any]:
+    """The model ``reproduce`` trains (the default preset's), without vocab_size, head_dim and scale."""
+    return dict(_MODEL)

@@ -1,0 +1,58 @@
+"""One function trains one run into its folder and returns its record: ``train_run``.
+
+Every executor calls it (this process, local worker processes, Ray tasks): the
+executor decides where a run trains, never how. It writes metrics.jsonl line by
+line as steps are recorded, the final weights of a finished run
+(model.safetensors), and last the record, which commits the run: a folder
+whose record is "done" holds everything the run made.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+from attnscale.runs import record as rec
+
+__all__ = ["train_run", "mark_running"]
+
+
+def mark_running(run_dir: Path, config: dict[str, Any], group: str | None) -> None:
+    """Clear what an interrupted attempt left and say, on disk, what this folder is for."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / rec.METRICS).unlink(missing_ok=True)
+    (run_dir / rec.WEIGHTS).unlink(missing_ok=True)
+    rec.write(run_dir, rec.new("train", config, None, status="running", group=group))
+
+
+def train_run(model_cfg, train_cfg, corpus, run_dir: Path, *, group: str | None = None,
+              on_step: Callable[[int, int, dict], None] | None = None,
+              should_stop: Callable[[], bool] | None = None) -> rec.TrainRun:
+    """Train ``model_cfg`` on ``corpus`` with ``train_cfg`` into ``run_dir``; return the run as read back.
+
+    Resumes from ``run_dir/checkpoint.pt`` when ``train_cfg.checkpoint_every`` saved
+    one for this very config; a checkpoint that could not be used is said on
+    stderr and in the record's notes."""
+    from attnscale.lm.train import run_config, train
+
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    with open(run_dir / rec.METRICS, "w", encoding="utf-8") as metrics:  # afresh: a resumed run replays its lines
+
+        def log(line: dict[str, Any]) -> None:
+            metrics.write(json.dumps(line) + "\n")
+            metrics.flush()
+
+        results = train(model_cfg, train_cfg, corpus, log=log, checkpoint=run_dir / rec.CHECKPOINT,
+                        weights=run_dir / rec.WEIGHTS, on_step=on_step, should_stop=should_stop)
+    for note in results.get("notes", ()):
+        print(f"attnscale: {run_dir.name}: {note}", file=sys.stderr, flush=True)
+    record = rec.new("train", run_config(model_cfg, train_cfg, corpus), results, status=results["status"],
+                     started=started, group=group, notes=results.get("notes", ()), device=results.get("device"))
+    rec.write(run_dir, record)
+    return rec.TrainRun.load(run_dir, record)

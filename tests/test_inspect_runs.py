@@ -1,0 +1,184 @@
+"""attnscale inspect --model RUN_DIR: a finished run's final weights (model.safetensors
+beside record.json) or an interrupted run's checkpoint.pt."""
+
+import json
+from dataclasses import asdict
+
+import pytest
+import torch
+
+from attnscale.runs import record
+from attnscale.cli import main
+from attnscale.errors import ConfigError
+from attnscale.headcheck.check import inspect_model
+from attnscale.lm.model import ModelConfig, build_model
+
+safetensors_torch = pytest.importorskip("safetensors.torch")
+
+TEXT = "To be, or not to be, that is the question."
+
+
+def _cfg(vocab_size=50, **kw):
+    return ModelConfig(**{"vocab_size": vocab_size, "context": 32, "d_model": 32, "n_layers": 2, "n_heads": 4,
+                          "head_dim": 16, "init": "unit", **kw})
+
+
+def _run_dir(path, cfg, *, corpus=None, seed=1, tie=False):
+    """A run folder as a finished run leaves it: record.json and model.safetensors."""
+    model = build_model(cfg, seed=seed)
+    path.mkdir(parents=True, exist_ok=True)
+    config = {"model": asdict(cfg)}
+    if corpus is not None:
+        config["corpus"] = corpus.describe()
+    record.write(path, record.new("train", config, None, status="done"))
+    state = model.state_dict()
+    if tie:  # safetensors refuses two names for one tensor: keep one, as save_model does
+        state.pop("head.weight")
+    safetensors_torch.save_file(state, path / "model.safetensors")
+    return model
+
+
+def _ids(B=2, T=32):
+    return torch.randint(0, 50, (B, T), generator=torch.Generator().manual_seed(0))
+
+
+def test_run_folder_reads_the_final_weights(tmp_path):
+    cfg = _cfg()
+    trained = _run_dir(tmp_path / "run", cfg)
+    from_folder = inspect_model(str(tmp_path / "run"), _ids(), max_tokens=32)
+    in_memory = inspect_model(trained, _ids(), max_tokens=32)
+    assert from_folder.rows == in_memory.rows
+    # the weights are the file's, not a fresh model's: another seed gives other numbers
+    fresh = inspect_model(build_model(cfg, seed=0), _ids(), max_tokens=32)
+    assert fresh.rows != from_folder.rows
+    assert from_folder.model == str(tmp_path / "run")
+
+
+def test_tied_read_out_is_read_from_one_name(tmp_path):
+    cfg = _cfg(tie_embeddings=True)
+    trained = _run_dir(tmp_path / "run", cfg, tie=True)
+    assert inspect_model(tmp_path / "run", _ids(), max_tokens=32).rows == inspect_model(trained, _ids(), max_tokens=32).rows
+
+
+def test_model_config_comes_from_the_record(tmp_path):
+    from attnscale.headcheck.native import _model_config_from_run
+
+    cfg = _cfg(head_dim=8, scale="inv_d")
+    _run_dir(tmp_path / "run", cfg)
+    assert _model_config_from_run(tmp_path / "run") == cfg
+    result = inspect_model(str(tmp_path / "run"), _ids(), max_tokens=32)
+    assert (result.head_dim, result.scale) == (8, pytest.approx(1 / 8))
+
+
+def test_run_folder_text_uses_the_run_corpus(tmp_path):
+    from attnscale.lm.data import load_corpus
+
+    corpus = load_corpus("default")  # embedded: no download
+    trained = _run_dir(tmp_path / "run", _cfg(vocab_size=corpus.vocab_size), corpus=corpus)
+    from_folder = inspect_model(str(tmp_path / "run"), TEXT, max_tokens=32)
+    assert from_folder.rows == inspect_model(trained, TEXT, tokenizer=corpus.encode, max_tokens=32).rows
+    assert from_folder.tokens == len(TEXT)
+
+
+def test_run_folder_without_corpus_refuses_text_but_takes_ids(tmp_path):
+    _run_dir(tmp_path / "run", _cfg())
+    with pytest.raises(ConfigError, match="names no corpus"):
+        inspect_model(str(tmp_path / "run"), TEXT, max_tokens=32)
+
+
+def test_interrupted_run_folder_reads_its_checkpoint(tmp_path):
+    from attnscale.lm.data import load_corpus
+
+    corpus = load_corpus("default")
+    cfg = _cfg(vocab_size=corpus.vocab_size)
+    model = build_model(cfg, seed=3)
+    run = tmp_path / "run"
+    run.mkdir()
+    # the layout of a training run's checkpoint
+    state = {"config": {"model": asdict(cfg), "train": {}, "corpus": corpus.describe()}, "step": 1, "model": model.state_dict()}
+    torch.save(state, run / "checkpoint.pt")
+    want = inspect_model(model, TEXT, tokenizer=corpus.encode, max_tokens=32).rows
+    assert inspect_model(str(run), TEXT, max_tokens=32).rows == want
+    assert inspect_model(str(run / "checkpoint.pt"), TEXT, max_tokens=32).rows == want
+
+
+def _damage(run, how):
+    weights = run / "model.safetensors"
+    if how == "missing":
+        weights.unlink()
+    elif how == "truncated":
+        weights.write_bytes(weights.read_bytes()[:200])
+    elif how == "garbage":
+        weights.write_bytes(b"not safetensors at all")
+    elif how == "other model":  # weights of a wider model: the shapes do not fit the record
+        safetensors_torch.save_file(build_model(_cfg(head_dim=32)).state_dict(), weights)
+    elif how == "missing tensor":
+        state = safetensors_torch.load_file(weights)
+        state.pop("blocks.1.attn.q_proj.weight")
+        safetensors_torch.save_file(state, weights)
+    elif how == "extra tensor":
+        state = safetensors_torch.load_file(weights)
+        state["blocks.9.attn.q_proj.weight"] = torch.zeros(2, 2)
+        safetensors_torch.save_file(state, weights)
+    elif how == "bad record":
+        (run / "record.json").write_text("{not json")
+    elif how == "record without model":
+        record.write(run, record.new("spread", {"widths": [32]}, []))
+    elif how == "record with a bad model":
+        record.write(run, record.new("train", {"model": {"vocab_size": 50, "n_heads": 0}}, None))
+    elif how == "no record":
+        (run / "record.json").unlink()
+
+
+@pytest.mark.parametrize("how, words", [
+    ("missing", "model.safetensors' does not exist"),
+    ("truncated", "model.safetensors' is damaged"),
+    ("garbage", "model.safetensors' is damaged"),
+    ("other model", "model.safetensors' does not fit the model in its record.json (size mismatch for "),
+    ("missing tensor", "lacks 'blocks.1.attn.q_proj.weight'"),
+    ("extra tensor", "holds 'blocks.9.attn.q_proj.weight'"),
+    ("bad record", "record.json is not valid JSON"),
+    ("record without model", "names no model"),
+    ("record with a bad model", "does not build a TinyLM"),
+    ("no record", "no record.json"),
+])
+def test_damaged_run_is_one_line_and_exit_2(how, words, tmp_path, capsys):
+    run = tmp_path / "run"
+    _run_dir(run, _cfg())
+    _damage(run, how)
+    rc = main(["inspect", "--model", str(run), "--text", "hi there"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err
+    assert err.count("\n") == 1 and err.startswith("error: --model: ") and words in err, err
+    if "model.safetensors" in words:  # the file is named, and the fix
+        assert str(run / "model.safetensors") in err and "train" in err
+
+
+def test_cli_reads_a_run_folder_and_prints_its_layers(tmp_path, capsys):
+    from attnscale.lm.data import load_corpus
+
+    corpus = load_corpus("default")
+    _run_dir(tmp_path / "run", _cfg(vocab_size=corpus.vocab_size), corpus=corpus)
+    assert main(["inspect", "--model", str(tmp_path / "run"), "--text", TEXT, "--max-tokens", "32"]) == 0
+    out = capsys.readouterr().out
+    assert "TinyLM (Attention), 2 layers x 4 heads" in out and "per layer: the mean over its 4 heads" in out
+    assert main(["inspect", "--model", str(tmp_path / "run"), "--text", TEXT, "--max-tokens", "32", "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert len(printed["rows"]) == 8 and len(printed["per_layer"]) == 2
+
+
+def test_a_run_trained_by_attnscale_is_inspected_from_its_folder(tmp_path, capsys):
+    """End to end: runs.trainer writes the folder a finished run keeps; inspect reads it back."""
+    from attnscale.lm.data import load_corpus
+    from attnscale.lm.train import TrainConfig
+    from attnscale.runs.trainer import train_run
+
+    corpus = load_corpus("default")
+    cfg = ModelConfig(vocab_size=corpus.vocab_size, context=16, d_model=16, n_layers=2, n_heads=2, head_dim=8)
+    run = train_run(cfg, TrainConfig(steps=3, batch=2, warmup=1, record_every=1, eval_batches=1, threads=1),
+                    corpus, tmp_path / "run")
+    assert run.status == "done" and (tmp_path / "run" / "model.safetensors").is_file()
+    rc = main(["inspect", "--model", str(tmp_path / "run"), "--text", "The for statement iterates over a list.",
+               "--max-tokens", "16", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert rc == 0 and len(out["rows"]) == 2 * 2  # layers x heads of the trained model
