@@ -7,7 +7,7 @@ the lowest effective words of any head (entropy collapse, Zhai et al. 2023);
 per scheme and width, the learning-rate sensitivity with a standard error over
 seeds. The numbers are computed by ``attnscale.report.schemes_analysis``.
 
-Runs go to ``out/<run_id>`` with record extra {"group": "schemes"} through the
+Runs go to ``out/<run_id>`` with record group "schemes" through the
 same resumable runner as the sweep: an interrupted study, rerun, trains only what is missing.
 """
 
@@ -44,7 +44,7 @@ def lr_grid(center: float, points: int = 5, span: float = 10.0) -> tuple[float, 
 
 
 def _default_lrs() -> tuple[float, ...]:
-    return lr_grid(default_train().lr)  # 3e-4 … 3e-2 around train.py's 3e-3
+    return lr_grid(default_train().lr)  # 3e-4 … 3e-2 around lm/presets.py's 3e-3
 
 
 @dataclass(frozen=True)
