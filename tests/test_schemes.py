@@ -27,7 +27,7 @@ def test_defaults_are_the_study():
     assert cfg.scales == tuple(scale_names()) and cfg.widths == (64, 256, 1024) and cfg.seeds == (0, 1, 2)
     assert len(cfg.lrs) >= 5 and cfg.lrs[0] == pytest.approx(cfg.train.lr / 10) and cfg.lrs[-1] == pytest.approx(cfg.train.lr * 10)
     quick = schemes.preset("quick")
-    assert quick.scales == cfg.scales and quick.widths == (64, 256) and quick.train.steps == 60
+    assert quick.scales == cfg.scales and quick.widths == (64, 256) and quick.seeds == (0, 1) and quick.train.steps == 60
     with pytest.raises(ConfigError, match="unknown schemes preset"):
         schemes.preset("huge")
     for bad in ({"lrs": ()}, {"lrs": (1e-3, -1.0)}, {"scales": ("nope",)}, {"widths": (0,)}, {"seeds": (1, 1)}):

@@ -302,7 +302,7 @@ def _add_schemes(sub) -> None:
     p.add_argument("--scale", type=scale_name, nargs="+", dest="scales", help="schemes (default: every registered one)")
     p.add_argument("--lrs", type=positive_float, nargs="+",
                    help="learning rates (default: 5 from 10× below to 10× above the preset's, or --lr's)")
-    p.add_argument("--seeds", type=nonneg_int, nargs="+", help="seeds (default 0 1 2; --quick: 0)")
+    p.add_argument("--seeds", type=nonneg_int, nargs="+", help="seeds (default 0 1 2; --quick: 0 1)")
     _training_options(p, "attnscale-out/schemes")
     _jobs_option(p)
     p.set_defaults(run=_run_schemes)

@@ -82,10 +82,10 @@ def preset(size: str = "full", corpus: str = "default", seed: int = 0, tokenizer
 
     - "full": widths 64, 256, 1,024, seeds 0–2, on the sweep's budget (400 steps;
       270 runs, hours on a 2-core CPU);
-    - "quick": widths 64 and 256, one seed, on train.py's quick budget (60 steps,
-      60 runs, about 3 minutes with -j 2 on 2 cores): ``reproduce``'s stage, sized
-      to keep the default ``reproduce`` within 8 minutes; a second seed would
-      double it (run ``attnscale schemes --quick --seeds 0 1`` for error bars);
+    - "quick": widths 64 and 256, seeds ``seed`` and ``seed + 1`` (two, for error
+      bars), on the quick budget (60 steps; 120 runs, about 2.5 minutes with -j 2
+      on an idle 2-core machine: the named study spent 252 s of CPU on 60 such
+      runs of 120 steps): ``reproduce``'s stage, which keeps it within 8 minutes;
     - "smoke": width 64, three learning rates, one seed, 15 steps: ``reproduce --quick``'s stage, a
       check that the stage and its report section work (18 short runs), not a measurement."""
     if size not in SIZES:
@@ -96,7 +96,7 @@ def preset(size: str = "full", corpus: str = "default", seed: int = 0, tokenizer
     base = SchemesConfig(corpus=corpus, tokenizer=tokenizer, model=model, train=train_cfg,
                          seeds=(seed, seed + 1, seed + 2))
     if size == "quick":
-        return replace(base, widths=(64, 256), seeds=(seed,))
+        return replace(base, widths=(64, 256), seeds=(seed, seed + 1))
     if size == "smoke":
         return replace(base, widths=(64,), seeds=(seed,), lrs=lr_grid(train_cfg.lr, 3),
                        train=replace(train_cfg, steps=15, warmup=2))
