@@ -157,8 +157,11 @@ def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[tuple]:
         pngs["schemes-theory"] = plots.random_score_overlay(theory, out / "schemes-theory.png")
         b += [("p", ("Random scores as a yardstick: if a row's n scores were independent Gaussians with spread s, "
                      "softmax would spread over exp(E[entropy]) words, the curve (computed once by a fixed-seed "
-                     "Monte Carlo, `attnscale.core.gaussian_scores`). Fresh heads with unit-variance q and k are the case it describes once d is large (given its query, a row's scores are Gaussian with spread |q|, which varies from row to row at small d, hence the narrowest widths sit above it); a trained head below it "
-                     "concentrates more than its spread alone explains (its scores are not random), above it less.")),
+                     "Monte Carlo, `attnscale.core.gaussian_scores`). Fresh heads with unit-variance q and k are "
+                     "the case it describes once d is large (given its query, a row's scores are Gaussian with "
+                     "spread |q|, which varies from row to row at small d, so the narrowest widths sit above it); "
+                     "a trained head below it concentrates more than its spread alone explains (its scores are "
+                     "not random), above it less.")),
               ("img", "schemes-theory.png", "Effective words against spread, with the random-score curve: fresh "
                                             "heads, trained heads, and effective words over training")]
     return b
