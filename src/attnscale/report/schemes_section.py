@@ -109,10 +109,13 @@ def _theory_points(runs, study, rows) -> dict[str, Any]:
 
 
 def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[tuple]:
-    """The section's blocks; its figures are drawn into ``out`` and added to ``pngs``."""
+    """The section's blocks (none without a run of the study); its figures are drawn into ``out``
+    and added to ``pngs``."""
     from attnscale.report import plots
 
     study = [t for t in runs.train if t.group == GROUP]
+    if not study:  # not a claim of the course: a report without the study simply has no such section
+        return []
     b: list[tuple] = [("h2", TITLE), ("p", (
         "Every registered score-scale scheme trained at several head widths and learning rates, several seeds "
         "each (`attnscale schemes`). Final loss is the held-out cross-entropy in nats. Learning-rate sensitivity "
@@ -121,8 +124,6 @@ def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[tuple]:
         "init. Max |logit| is the largest scaled score any head produced at any recorded step (attention logit "
         "growth). A head has collapsed when its rows spread over fewer than "
         f"{sa.COLLAPSE_WORDS:g} effective words at some recorded step (entropy collapse, Zhai et al. 2023)."))]
-    if not study:
-        return b + [("p", "Not run (`attnscale schemes --out DIR/schemes`, or a `reproduce` stage).")]
     rows = [run_row(t) for t in study]
     finished = [r for r in rows if r["status"] in ("done", "diverged")]
     unfinished = [f"{r['run']}: {r['status']}" for r in rows if r["status"] not in ("done", "diverged")]
