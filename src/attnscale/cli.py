@@ -351,6 +351,36 @@ def _run_sweep(args) -> None:
         print(sweep.format_table(rows))
 
 
+def _add_schemes(sub) -> None:
+    p = sub.add_parser("schemes", help="which scale? every scheme × head width × learning rate × seed: "
+                                       "LR sensitivity, logit growth, entropy collapse")
+    p.add_argument("--widths", type=positive_int, nargs="+", help="head widths (default 64 256 1024; --quick: 64 256)")
+    p.add_argument("--scale", type=scale_name, nargs="+", dest="scales", help="schemes (default: every registered one)")
+    p.add_argument("--lrs", type=positive_float, nargs="+",
+                   help="learning rates (default: 5 from 10× below to 10× above the preset's, or --lr's)")
+    p.add_argument("--seeds", type=nonneg_int, nargs="+", help="seeds (default 0 1 2; --quick: 0 1)")
+    _training_options(p, "attnscale-out/schemes")
+    _jobs_option(p)
+    p.set_defaults(run=_run_schemes)
+
+
+def _run_schemes(args) -> None:
+    from dataclasses import replace
+
+    from attnscale.experiments import schemes
+
+    out = writable_dir(args.out)
+    cfg = schemes.preset("quick" if args.quick else "full", corpus=args.corpus, tokenizer=args.tokenizer)
+    cfg = _budget(cfg, args)
+    lrs = args.lrs or (schemes.lr_grid(args.lr) if args.lr is not None else cfg.lrs)
+    cfg = replace(cfg, widths=tuple(dict.fromkeys(args.widths or cfg.widths)),
+                  scales=tuple(dict.fromkeys(args.scales or cfg.scales)),
+                  seeds=tuple(dict.fromkeys(args.seeds if args.seeds is not None else cfg.seeds)),
+                  lrs=tuple(dict.fromkeys(lrs)))
+    result = schemes.run(cfg, out, jobs=args.jobs)
+    _print_json(result) if args.json else print(schemes.format_table(result))
+
+
 def _add_inspect(sub) -> None:
     from attnscale.core.diagnostics import FROZEN_THRESHOLD
 
@@ -383,7 +413,7 @@ def _run_inspect(args) -> None:
 
 
 COMMANDS = [_add_spread, _add_fresh, _add_reproduce, _add_report]
-COMMANDS += [_add_train, _add_dynamics, _add_sweep]
+COMMANDS += [_add_train, _add_dynamics, _add_sweep, _add_schemes]
 COMMANDS += [_add_inspect]
 
 

@@ -19,6 +19,10 @@ from attnscale.runs import record as rec
 
 __all__ = ["run", "stages"]
 
+# the schemes stage with -j 2 on an idle 2-core machine, embedded corpus (--quick, default),
+# from CPU time: 60 runs of 120 steps took 252 s of CPU in the named study
+SCHEMES_ESTIMATE_S = {True: 15.0, False: 150.0}
+
 
 @dataclass(frozen=True)
 class Stage:
@@ -33,7 +37,7 @@ class Stage:
 
 
 def stages(*, seed: int = 0, quick: bool = False, corpus: str = "default", jobs: int = 1) -> list[Stage]:
-    from attnscale.experiments import dynamics, fresh, spread, sweep
+    from attnscale.experiments import dynamics, fresh, schemes, spread, sweep
 
     from attnscale.lm.data import load_corpus
 
@@ -54,6 +58,10 @@ def stages(*, seed: int = 0, quick: bool = False, corpus: str = "default", jobs:
         Stage("width sweep: held-out perplexity", "sweep", swp_s, swp,
               # the widest pair of the sweep is the dynamics pair, same budget: copied, not retrained
               lambda c, d: sweep.run(c, d, jobs=jobs, reuse=[d.parent / "dynamics"]), group=True),
+        # beyond the course: every scheme over a learning-rate grid ("smoke" for --quick, else "quick")
+        Stage("which scale? schemes × widths × learning rates", "schemes", SCHEMES_ESTIMATE_S[quick] * 2 / min(jobs, 2),
+              schemes.preset("smoke" if quick else "quick", corpus=corpus, seed=seed, vocab_size=vocab),
+              lambda c, d: schemes.run(c, d, jobs=jobs), group=True),
     ]
 
 

@@ -286,3 +286,137 @@ def head_heatmaps(rows: list[dict], titles: dict[str, str], layers: int, heads: 
             fig.colorbar(im, ax=ax, shrink=0.8)
     fig.suptitle(title, fontsize=10)
     return _save(fig, path)
+
+
+# ---- the scale-scheme study ("Beyond the course: which scale?") ----------------------
+
+__all__ += ["loss_vs_lr", "sensitivity_vs_width", "max_logit_over_steps", "random_score_overlay"]
+
+
+def _log_lrs(ax, lrs: Sequence[float]) -> None:
+    ax.set_xscale("log")
+    ax.set_xticks(list(lrs))
+    ax.set_xticklabels([f"{lr:g}" for lr in lrs], fontsize=8)
+    ax.minorticks_off()
+
+
+def loss_vs_lr(curves: dict[int, dict[str, list[dict]]], path: Path) -> Path:
+    """Final held-out loss against learning rate: one panel per width, a curve per scheme,
+    a band of ± 1 SE over seeds; a cross marks a learning rate where some seed diverged.
+    ``curves[width][scheme]`` = [{"lr", "mean", "se", "diverged"}] (``schemes_analysis.loss_curve``)."""
+    plt = _plt()
+    widths = sorted(curves)
+    fig, axes = plt.subplots(1, len(widths), figsize=(4.6 * len(widths) + 1, 4.3), sharey=True, squeeze=False)
+    for ax, width in zip(axes[0], widths):
+        lrs = sorted({c["lr"] for pts in curves[width].values() for c in pts})
+        for scale, pts in curves[width].items():
+            c = scheme_colour(scale)
+            ok = [p for p in pts if p["mean"] is not None]
+            xs, ys = [p["lr"] for p in ok], [p["mean"] for p in ok]
+            ax.plot(xs, ys, "o-", color=c, ms=4, label=scale)
+            se = [p["se"] or 0.0 for p in ok]
+            ax.fill_between(xs, [y - e for y, e in zip(ys, se)], [y + e for y, e in zip(ys, se)], color=c, alpha=0.15)
+            bad = [p["lr"] for p in pts if p["diverged"]]
+            if bad:
+                top = max(ys) if ys else 0.0
+                ax.plot(bad, [top] * len(bad), "x", color=c, ms=9, mew=2)
+        _log_lrs(ax, lrs)
+        ax.set_title(f"head width d = {width}")
+        ax.set_xlabel("peak learning rate")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("final held-out loss (nats); band ± 1 SE")
+    axes[0][-1].legend(fontsize=8)
+    fig.suptitle("Final loss against learning rate (× : a seed diverged there)", fontsize=11)
+    return _save(fig, path)
+
+
+def sensitivity_vs_width(points: dict[str, list[tuple[int, float, float | None]]], path: Path) -> Path:
+    """Learning-rate sensitivity against head width, per scheme: ``points[scheme]`` = [(width, mean, SE or None)]."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.3))
+    widths = sorted({w for pts in points.values() for w, _, _ in pts})
+    n = max(1, len(points))
+    for k, (scale, pts) in enumerate(points.items()):
+        pts = sorted(pts)
+        nudge = 2 ** (0.04 * (k - (n - 1) / 2))  # side by side, so error bars do not hide each other
+        ax.errorbar([w * nudge for w, _, _ in pts], [m for _, m, _ in pts], yerr=[e or 0.0 for _, _, e in pts],
+                    marker="o", capsize=3, color=scheme_colour(scale), label=scale)
+    _log2_widths(ax, widths)
+    ax.set_xlabel("head width d")
+    ax.set_ylabel("LR sensitivity (nats); bars ± 1 SE")
+    ax.set_title("How much a bad learning rate costs, by width")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return _save(fig, path)
+
+
+def max_logit_over_steps(panels: dict[str, dict[str, list[tuple[int, float]]]], path: Path, title: str) -> Path:
+    """Max |attention logit| per recorded step, per scheme: ``panels[panel title][scheme]`` = [(step, value)]."""
+    plt = _plt()
+    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels) + 0.5, 4.3), squeeze=False)
+    for ax, (name, series) in zip(axes[0], panels.items()):
+        for scale, pts in series.items():
+            pts = [(s, v) for s, v in pts if math.isfinite(v)]
+            ax.plot([s for s, _ in pts], [max(v, 1e-3) for _, v in pts], "-", color=scheme_colour(scale), lw=1.6,
+                    label=scale)
+        if ax.lines:
+            _plain_log_y(ax, [k * 10.0 ** e for e in range(-1, 6) for k in (1, 2, 5)])
+        ax.set_title(name)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("max |scaled score| over layers and heads")
+    axes[0][-1].legend(fontsize=8)
+    fig.suptitle(title, fontsize=11)
+    return _save(fig, path)
+
+
+def random_score_overlay(theory: dict[str, Any], path: Path) -> Path:
+    """Effective words against spread with the random-Gaussian-score curve (``core.gaussian_scores``):
+    fresh heads (n words, every row sees all), trained heads (causal rows of the context),
+    and mean effective words over training beside what the same spread predicts.
+
+    ``theory``: {"fresh": [(scheme, spread, eff. words, n)], "trained": {scheme: [(spread, eff. words, step)]},
+    "steps": {scheme: [(step, mean spread, mean eff. words)]}, "width", "lr", "context"}."""
+    import numpy as np
+
+    from attnscale.core.gaussian_scores import expected_effective_words
+
+    plt = _plt()
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.5))
+    grid = np.concatenate([np.linspace(0, 4, 81), np.geomspace(4.05, 400, 80)])
+    if theory["fresh"]:
+        n = theory["fresh"][0][3]
+        ax1.plot(np.maximum(grid, 0.05), expected_effective_words(grid, n), color="#888888", lw=1.5,
+                 label=f"random scores, {n} keys")
+        for scale in dict.fromkeys(s for s, *_ in theory["fresh"]):
+            pts = sorted((sp, ew) for s, sp, ew, _ in theory["fresh"] if s == scale)
+            ax1.plot([p[0] for p in pts], [p[1] for p in pts], "o", color=scheme_colour(scale), label=f"fresh, {scale}")
+        ax1.set_title("Fresh heads (unit init): median row")
+    else:
+        ax1.text(0.5, 0.5, "no fresh-head record (attnscale fresh)", ha="center", va="center", transform=ax1.transAxes)
+    context = theory.get("context")
+    if context:
+        curve = expected_effective_words(grid, context, causal=True)
+        ax2.plot(np.maximum(grid, 0.05), curve, color="#888888", lw=1.5, label=f"random scores, causal, {context} keys")
+        for scale, pts in theory["trained"].items():
+            ax2.scatter([p[0] for p in pts], [p[1] for p in pts], s=6, alpha=0.35, color=scheme_colour(scale), label=scale)
+        ax2.set_title(f"Trained heads at every recorded step (d = {theory['width']}, lr {theory['lr']:g})")
+        for scale, pts in theory["steps"].items():
+            c = scheme_colour(scale)
+            ax3.plot([p[0] for p in pts], [p[2] for p in pts], "-", color=c, lw=1.6, label=f"{scale}, measured")
+            ax3.plot([p[0] for p in pts], expected_effective_words([p[1] for p in pts], context, causal=True), "--",
+                     color=c, lw=1, label=f"{scale}, random scores at that spread")
+        ax3.set_title("Effective words over training (first seed, mean of heads)")
+        ax3.set_xlabel("step")
+        ax3.set_ylabel("effective words per row")
+        ax3.grid(alpha=0.3)
+        ax3.legend(fontsize=6)
+    for ax in (ax1, ax2):
+        ax.set_xscale("log")
+        ax.set_xlim(0.05, 400)
+        ax.set_xlabel("spread of scaled scores")
+        ax.set_ylabel("effective words per row")
+        ax.grid(alpha=0.3)
+        if ax.lines or ax.collections:
+            ax.legend(fontsize=7)
+    return _save(fig, path)

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from attnscale.report import course
+from attnscale.report import course, schemes_section
 
 __all__ = ["document", "preset_of"]
 
@@ -311,5 +311,6 @@ def document(runs, verdicts: list[course.Verdict], out: Path,
               *_fresh(runs, by["fresh"], out, pngs),
               *_dynamics(runs, by["dynamics"], out, pngs),
               *_sweep(runs, by["sweep"], out, pngs),
+              *schemes_section.blocks(runs, out, pngs),  # beyond the course: which scale?
               *_metadata(runs)]
     return blocks, pngs

@@ -1,0 +1,158 @@
+"""Beyond the course: which scale keeps attention healthy as heads widen and learning rates grow?
+
+Trains the tiny model for every scheme × head width × learning rate × seed,
+same budget, and measures per run the final held-out loss, divergence, the
+largest attention logit over training (logit growth, Wortsman et al. 2023) and
+the lowest effective words of any head (entropy collapse, Zhai et al. 2023);
+per scheme and width, the learning-rate sensitivity with a standard error over
+seeds. The numbers are computed by ``attnscale.report.schemes_analysis``.
+
+Runs go to ``out/<run_id>`` with record group "schemes" through the
+same resumable runner as the sweep: an interrupted study, rerun, trains only what is missing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from attnscale.core.scales import scale_names
+from attnscale.errors import ConfigError
+from attnscale.experiments import sweep
+from attnscale.experiments.dynamics import default_model, default_train
+from attnscale.lm.presets import budget
+from attnscale.lm.train import TrainConfig
+from attnscale.runs.record import TrainRun
+from attnscale.runs.runner import CorpusSpec, execute
+
+__all__ = ["SchemesConfig", "preset", "lr_grid", "specs", "run_records", "run", "rows_from_records", "format_table",
+           "SIZES", "GROUP"]
+
+GROUP = "schemes"
+SIZES = ("smoke", "quick", "full")
+
+
+def lr_grid(center: float, points: int = 5, span: float = 10.0) -> tuple[float, ...]:
+    """``points`` learning rates evenly spaced in log from center/span to center·span (center included when odd)."""
+    if points < 2:
+        raise ConfigError(f"an LR grid needs at least 2 points, got {points}")
+    lo = math.log(center / span)
+    step = 2 * math.log(span) / (points - 1)
+    return tuple(float(f"{math.exp(lo + i * step):.2g}") for i in range(points))  # 2 digits: 9.5e-4, not 9.49e-4
+
+
+def _default_lrs() -> tuple[float, ...]:
+    return lr_grid(default_train().lr)  # 3e-4 … 3e-2 around lm/presets.py's 3e-3
+
+
+@dataclass(frozen=True)
+class SchemesConfig:
+    """Schemes × head widths × learning rates × seeds. ``model`` holds ModelConfig
+    fields other than vocab_size, head_dim and scale; ``train.seed`` and
+    ``train.lr`` are set per run."""
+
+    corpus: str = "default"
+    tokenizer: str | None = None
+    scales: tuple[str, ...] = field(default_factory=lambda: tuple(scale_names()))
+    widths: tuple[int, ...] = (64, 256, 1024)
+    lrs: tuple[float, ...] = field(default_factory=_default_lrs)
+    seeds: tuple[int, ...] = (0, 1, 2)
+    model: dict[str, Any] = field(default_factory=default_model)
+    train: TrainConfig = field(default_factory=default_train)
+
+    def __post_init__(self):
+        _ = self.as_sweep  # the sweep's checks: lists without repeats, positive widths, known schemes, valid lrs
+
+    @property
+    def as_sweep(self) -> sweep.SweepConfig:
+        """The same runs as a sweep (the sweep already crosses schemes, widths, seeds and lrs)."""
+        return sweep.SweepConfig(corpus=self.corpus, tokenizer=self.tokenizer, widths=self.widths, scales=self.scales,
+                                 seeds=self.seeds, lrs=self.lrs, model=self.model, train=self.train)
+
+    @property
+    def corpus_spec(self) -> CorpusSpec:
+        return CorpusSpec(self.corpus, self.tokenizer)
+
+
+def preset(size: str = "full", corpus: str = "default", seed: int = 0, tokenizer: str | None = None,
+           vocab_size: int | None = None) -> SchemesConfig:
+    """Every registered scheme over an LR grid from 10× below to 10× above the preset's rate.
+
+    - "full": widths 64, 256, 1,024, seeds 0–2, on the sweep's budget (400 steps;
+      270 runs, hours on a 2-core CPU);
+    - "quick": widths 64 and 256, seeds ``seed`` and ``seed + 1`` (two, for error
+      bars), on the quick budget (60 steps; 120 runs, about 2.5 minutes with -j 2
+      on an idle 2-core machine: the named study spent 252 s of CPU on 60 such
+      runs of 120 steps): ``reproduce``'s stage, which keeps it within 8 minutes;
+    - "smoke": width 64, three learning rates, one seed, 15 steps: ``reproduce --quick``'s stage, a
+      check that the stage and its report section work (18 short runs), not a measurement."""
+    if size not in SIZES:
+        raise ConfigError(f"unknown schemes preset {size!r}; choose one of: {', '.join(SIZES)}")
+    vocab = vocab_size if vocab_size is not None else CorpusSpec(corpus, tokenizer).load().vocab_size
+    b = budget("default" if size == "full" else "quick", vocab)
+    model, train_cfg = b.model, b.train
+    base = SchemesConfig(corpus=corpus, tokenizer=tokenizer, model=model, train=train_cfg,
+                         seeds=(seed, seed + 1, seed + 2))
+    if size == "quick":
+        return replace(base, widths=(64, 256), seeds=(seed, seed + 1))
+    if size == "smoke":
+        return replace(base, widths=(64,), seeds=(seed,), lrs=lr_grid(train_cfg.lr, 3),
+                       train=replace(train_cfg, steps=15, warmup=2))
+    return base
+
+
+def specs(cfg: SchemesConfig, vocab_size: int):
+    return sweep.specs(cfg.as_sweep, vocab_size, group=GROUP)
+
+
+def run_records(cfg: SchemesConfig, out: Path, jobs: int = 1, progress: bool = True,
+                reuse: Sequence[Path] = ()) -> list[TrainRun]:
+    """Train every run not yet finished under ``out/<run_id>``; return every run as read back."""
+    corpus = cfg.corpus_spec.load()
+    return execute(specs(cfg, corpus.vocab_size), cfg.corpus_spec, Path(out), jobs=jobs, progress=progress,
+                   corpus=corpus, reuse=reuse)
+
+
+def rows_from_records(runs: list[TrainRun]) -> list[dict[str, Any]]:
+    """The plain per-run dicts ``schemes_analysis.summary_rows`` takes, read from the runs' records."""
+    from attnscale.report.schemes_section import run_row
+
+    return [run_row(t) for t in runs]
+
+
+def run(cfg: SchemesConfig, out: Path, jobs: int = 1, progress: bool = True) -> dict[str, Any]:
+    """Train what is missing; return {"runs": per-run rows, "summary": per scheme and width}."""
+    from attnscale.report import schemes_analysis
+
+    runs = rows_from_records(run_records(cfg, out, jobs, progress))
+    return {"runs": runs, "summary": schemes_analysis.summary_rows(runs)}
+
+
+def _pm(mean, se, fmt="{:.3f}") -> str:
+    if mean is None:
+        return "-"
+    return fmt.format(mean) + ("" if se is None else " ±" + fmt.format(se))
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """Per scheme and width: LR sensitivity ± SE, best loss ± SE and its LR, divergences, max |logit|, collapse."""
+    from attnscale.report.schemes_analysis import COLLAPSE_WORDS, reading
+
+    rows = result["summary"]
+    head = (f"{'width':>6} {'scale':<13} {'LR sensitivity':>16} {'best loss':>16} {'best lr':>8} {'diverged':>9} "
+            f"{'max|logit| top lr':>18} {'min eff.w':>9} {'collapsed':>10}")
+    lines = [head]
+    for r in rows:
+        lines.append(
+            f"{r['width']:>6} {r['scale']:<13} {_pm(r['sensitivity'], r['sensitivity_se']):>16} "
+            f"{_pm(r['best_loss'], r['best_loss_se']):>16} {'-' if r['best_lr'] is None else format(r['best_lr'], 'g'):>8} "
+            f"{r['diverged']:>4}/{r['runs']:<4} {_pm(*r['max_logit_high_lr'], fmt='{:.1f}'):>18} "
+            f"{'-' if r['min_effective_words'] is None else format(r['min_effective_words'], '.2f'):>9} "
+            f"{r['collapsed_heads']:>4}/{r['heads']:<5}")
+    lines.append("LR sensitivity: mean over the LR grid of min(final loss, loss at init) − best final loss (nats; "
+                 "Wortsman et al. 2023), ± SE over seeds; a diverged run counts at its loss at init. "
+                 f"Collapsed: head-runs below {COLLAPSE_WORDS:g} effective words at some recorded step.")
+    lines += reading(rows)
+    return "\n".join(lines)

@@ -1,0 +1,230 @@
+"""The scale-scheme study's numbers: pure functions on plain numbers (no I/O, no plots).
+
+Per run (``run_measures``), from its recorded steps:
+- the maximum |attention logit| over training, per layer: attention logit
+  growth (Wortsman et al. 2023, "Small-scale proxies for large-scale
+  Transformer training instabilities"), read from the recorded ``max_score``
+  (max |scaled score| over the scores that count);
+- the lowest per-head effective words reached, and how many heads collapse:
+  entropy collapse (Zhai et al. 2023, "Stabilizing Transformer Training by
+  Preventing Attention Entropy Collapse"); a head has collapsed when, at some
+  recorded step, its rows spread on average over fewer than ``COLLAPSE_WORDS``
+  effective words.
+
+Per scheme and width (``sensitivity``): learning-rate sensitivity as Wortsman
+et al. define it, E over the LR grid of [min(final loss, loss at init) − best
+final loss], per seed, then mean and standard error over seeds. A diverged run
+has no final loss; it counts as the loss at init (the worst a run is charged).
+
+A recorded step, as ``report.assemble.TrainRun`` gives it:
+{"step": int, "loss": float | None, "layers": [{"max_score": [per head], "effective_words": [...], ...}]}.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from typing import Any, Iterable, Mapping, Sequence
+
+__all__ = ["COLLAPSE_WORDS", "run_measures", "sensitivity", "mean_se", "loss_curve", "summary_rows", "reading"]
+
+# A head has collapsed when its rows put their weight on fewer than 2 words on
+# average: half-way from "one word" (frozen) to "a pair", well under the ~30 a
+# fresh scaled head of the tiny model spreads over. Plain and scale-free.
+COLLAPSE_WORDS = 2.0
+
+
+def mean_se(values: Sequence[float]) -> tuple[float | None, float | None]:
+    """Mean and standard error of the mean (sample std / sqrt(k)); SE is None below two values."""
+    values = [float(v) for v in values]
+    if not values:
+        return None, None
+    mean = statistics.fmean(values)
+    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) >= 2 else None
+    return mean, se
+
+
+def _finite(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def run_measures(steps: Iterable[Mapping[str, Any]], collapse_words: float = COLLAPSE_WORDS) -> dict[str, Any]:
+    """What one run's recorded steps say about logit growth and entropy collapse.
+
+    Returns {"init_loss": loss at the first recorded step (None if absent or not finite),
+    "max_logit_by_layer": [max over steps and heads of |scaled score|, per layer],
+    "max_logit": their max, "max_logit_steps": [(step, max over layers and heads)],
+    "min_effective_words": lowest per-head effective words at any step,
+    "collapsed_heads": heads below ``collapse_words`` at some step, "heads": heads in all}.
+    Non-finite values (a step that blew up) count as infinitely large logits and as collapse."""
+    steps = [s for s in steps if s.get("layers")]
+    first = next(iter(steps), None)
+    out: dict[str, Any] = {"init_loss": None, "max_logit_by_layer": [], "max_logit": None, "max_logit_steps": [],
+                           "min_effective_words": None, "collapsed_heads": 0, "heads": 0}
+    if first is None:
+        return out
+    out["init_loss"] = first["loss"] if _finite(first.get("loss")) and first.get("step", 0) == 0 else None
+    n_layers = len(first["layers"])
+    by_layer = [-math.inf] * n_layers
+    collapsed: set[tuple[int, int]] = set()
+    lowest = math.inf
+    for s in steps:
+        step_max = -math.inf
+        for i, layer in enumerate(s["layers"][:n_layers]):
+            for v in layer.get("max_score", []):
+                v = v if _finite(v) else math.inf
+                by_layer[i] = max(by_layer[i], v)
+                step_max = max(step_max, v)
+            for h, w in enumerate(layer.get("effective_words", [])):
+                w = w if _finite(w) else 1.0
+                lowest = min(lowest, w)
+                if w < collapse_words:
+                    collapsed.add((i, h))
+        if step_max > -math.inf:
+            out["max_logit_steps"].append((s["step"], step_max))
+    heads = sum(len(layer.get("effective_words", [])) for layer in first["layers"])
+    out.update(max_logit_by_layer=[v if v > -math.inf else None for v in by_layer],
+               max_logit=max(by_layer) if by_layer and max(by_layer) > -math.inf else None,
+               min_effective_words=lowest if lowest < math.inf else None,
+               collapsed_heads=len(collapsed), heads=heads)
+    return out
+
+
+def sensitivity(cells: Mapping[tuple[float, int], tuple[float | None, float]]) -> dict[str, Any]:
+    """LR sensitivity of one scheme at one width (Wortsman et al. 2023, section 3.1).
+
+    ``cells``: (lr, seed) -> (final loss or None if the run diverged, loss at init).
+    Per seed: mean over the LR grid of min(final, init) − the seed's best final
+    loss (a diverged run counts as its loss at init). Only seeds that have every
+    LR of the grid count. Returns {"sensitivity", "sensitivity_se", "best_loss",
+    "best_loss_se", "best_lr" (the LR of the lowest mean final loss), "seeds",
+    "lrs", "runs", "diverged", "per_seed"}; SEs are over seeds, None with one."""
+    lrs = sorted({lr for lr, _ in cells})
+    seeds = sorted({s for _, s in cells})
+    complete = [s for s in seeds if all((lr, s) in cells for lr in lrs)]
+    per_seed = []
+    for s in complete:
+        capped = [min(cells[(lr, s)][0], cells[(lr, s)][1]) if cells[(lr, s)][0] is not None else cells[(lr, s)][1]
+                  for lr in lrs]
+        best = min(capped)
+        per_seed.append({"seed": s, "sensitivity": statistics.fmean(c - best for c in capped), "best_loss": best})
+    sens, sens_se = mean_se([p["sensitivity"] for p in per_seed])
+    best, best_se = mean_se([p["best_loss"] for p in per_seed])
+    curve = loss_curve(cells)
+    reached = [(c["mean"], c["lr"]) for c in curve if c["mean"] is not None]
+    return {"sensitivity": sens, "sensitivity_se": sens_se, "best_loss": best, "best_loss_se": best_se,
+            "best_lr": min(reached)[1] if reached else None, "seeds": len(per_seed), "lrs": lrs,
+            "runs": len(cells), "diverged": sum(final is None for final, _ in cells.values()), "per_seed": per_seed}
+
+
+def loss_curve(cells: Mapping[tuple[float, int], tuple[float | None, float]]) -> list[dict[str, Any]]:
+    """Final loss against LR: per LR, mean and SE over the seeds whose run finished, and how many diverged."""
+    out = []
+    for lr in sorted({lr for lr, _ in cells}):
+        finals = [v[0] for (l, _), v in cells.items() if l == lr]
+        mean, se = mean_se([f for f in finals if f is not None])
+        out.append({"lr": lr, "mean": mean, "se": se, "runs": len(finals), "diverged": sum(f is None for f in finals)})
+    return out
+
+
+def summary_rows(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per (scheme, width) from per-run dicts {"scale", "width", "lr", "seed",
+    "final_loss" (None if diverged), "init_loss", "diverged_at", and the keys of
+    ``run_measures``}: the sensitivity and, at the grid's lowest, middle and highest LR,
+    the max |logit| (mean over seeds); the lowest effective words and collapsed heads over all its runs."""
+    rows = []
+    keys = sorted({(r["scale"], r["width"]) for r in runs}, key=lambda k: (k[1], k[0]))
+    for scale, width in keys:
+        mine = [r for r in runs if r["scale"] == scale and r["width"] == width]
+        sens = sensitivity({(r["lr"], r["seed"]): (r["final_loss"], r["init_loss"]) for r in mine})
+        lrs = sens["lrs"]
+
+        def logit_at(lr):
+            vals = [r["max_logit"] for r in mine if r["lr"] == lr and r.get("max_logit") is not None]
+            return mean_se(vals)
+
+        lows = [r["min_effective_words"] for r in mine if r.get("min_effective_words") is not None]
+        rows.append({
+            "scale": scale, "width": width, **{k: v for k, v in sens.items() if k != "per_seed"},
+            "max_logit_low_lr": logit_at(lrs[0]), "max_logit_mid_lr": logit_at(lrs[len(lrs) // 2]),
+            "max_logit_high_lr": logit_at(lrs[-1]),
+            "min_effective_words": min(lows) if lows else None,
+            "collapsed_heads": sum(r.get("collapsed_heads", 0) for r in mine),
+            "heads": sum(r.get("heads", 0) for r in mine),
+            "diverged_at": sorted(r["diverged_at"] for r in mine if r.get("diverged_at") is not None),
+        })
+    return rows
+
+
+def _apart(a: Mapping, b: Mapping, key: str) -> bool:
+    """True when a[key] and b[key] differ by more than 2 combined SEs (both SEs known)."""
+    if a[f"{key}_se"] is None or b[f"{key}_se"] is None:
+        return False
+    return abs(a[key] - b[key]) > 2 * math.hypot(a[f"{key}_se"], b[f"{key}_se"])
+
+
+def reading(rows: Sequence[Mapping[str, Any]], collapse_words: float = COLLAPSE_WORDS) -> list[str]:
+    """A few plain sentences generated from ``summary_rows``: who is least and most
+    sensitive at the widest width, how that moves with width, divergences, logit growth, collapse."""
+    rows = [r for r in rows if r["sensitivity"] is not None]
+    if not rows:
+        return ["No scheme has a complete learning-rate grid yet, so no sensitivity can be read."]
+    out = []
+    widths = sorted({r["width"] for r in rows})
+    wide = sorted((r for r in rows if r["width"] == widths[-1]), key=lambda r: r["sensitivity"])
+    seeds = min(r["seeds"] for r in rows)
+
+    def fmt(r, key="sensitivity"):
+        se = r[f"{key}_se"]
+        return f"{r[key]:.3f}" + (f" ± {se:.3f}" if se is not None else "")
+
+    lo, hi = wide[0], wide[-1]
+    sure = ("more than 2 standard errors apart" if _apart(lo, hi, "sensitivity")
+            else "within 2 standard errors of each other, so not a settled ranking" if seeds >= 2
+            else "from one seed, so without error bars")
+    lrs = lo["lrs"]
+    out.append(f"At head width {widths[-1]}, across learning rates {lrs[0]:g} to {lrs[-1]:g}, the least sensitive "
+               f"scheme is {lo['scale']} ({fmt(lo)} nats above its best loss on average) and the most sensitive "
+               f"is {hi['scale']} ({fmt(hi)}); these two are {sure}.")
+    if len(widths) > 1:
+        moves = []
+        for scale in sorted({r["scale"] for r in rows}):
+            by_w = {r["width"]: r for r in rows if r["scale"] == scale}
+            if widths[0] in by_w and widths[-1] in by_w:
+                a, b = by_w[widths[0]], by_w[widths[-1]]
+                moves.append((b["sensitivity"] - a["sensitivity"], scale, a, b))
+        moves.sort(key=lambda m: m[0])
+        if moves:
+            (d_lo, s_lo, a_lo, b_lo), (d_hi, s_hi, a_hi, b_hi) = moves[0][:4], moves[-1][:4]
+            span = f"From width {widths[0]} to {widths[-1]}, the sensitivity"
+            if d_lo >= 0:
+                out.append(f"{span} rises for every scheme: most for {s_hi} ({fmt(a_hi)} to {fmt(b_hi)}), "
+                           f"least for {s_lo} ({d_lo:+.3f}).")
+            elif d_hi <= 0:
+                out.append(f"{span} falls for every scheme: most for {s_lo} ({fmt(a_lo)} to {fmt(b_lo)}), "
+                           f"least for {s_hi} ({d_hi:+.3f}).")
+            else:
+                out.append(f"{span} rises most for {s_hi} ({fmt(a_hi)} to {fmt(b_hi)}) and falls most for "
+                           f"{s_lo} ({fmt(a_lo)} to {fmt(b_lo)}).")
+    best = min(rows, key=lambda r: r["best_loss"] if r["width"] == widths[-1] else math.inf)
+    out.append(f"The best final loss at width {widths[-1]} is {best['scale']}'s, {fmt(best, 'best_loss')} nats "
+               f"(at learning rate {best['best_lr']:g}).")
+    div = [r for r in rows if r["diverged"]]
+    if div:
+        out.append("Runs diverged (counted at their loss at init): " + "; ".join(
+            f"{r['scale']} at width {r['width']}: {r['diverged']} of {r['runs']}" for r in div) + ".")
+    else:
+        out.append(f"No run diverged in {sum(r['runs'] for r in rows)}.")
+    logit = [r for r in rows if r["width"] == widths[-1] and r["max_logit_high_lr"][0] is not None]
+    if logit:
+        big, small = max(logit, key=lambda r: r["max_logit_high_lr"][0]), min(logit, key=lambda r: r["max_logit_high_lr"][0])
+        out.append(f"Attention logits grow most under {big['scale']}: at learning rate {lrs[-1]:g} and width "
+                   f"{widths[-1]} the largest |scaled score| reached {big['max_logit_high_lr'][0]:,.1f}, against "
+                   f"{small['max_logit_high_lr'][0]:,.1f} under {small['scale']}.")
+    col = [r for r in rows if r["collapsed_heads"]]
+    if col:
+        out.append(f"Heads collapsed (fewer than {collapse_words:g} effective words at some recorded step): " + "; ".join(
+            f"{r['scale']} at width {r['width']}: {r['collapsed_heads']} of {r['heads']} head-runs" for r in col) + ".")
+    else:
+        out.append(f"No head fell below {collapse_words:g} effective words in any run.")
+    return out

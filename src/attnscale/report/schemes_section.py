@@ -1,0 +1,168 @@
+"""The report section "Beyond the course: which scale?", from the scheme study's run records.
+
+``blocks(runs, out, pngs)`` returns the same block tuples as ``assemble._sections``
+and draws its figures into ``out`` (adding them to ``pngs``). ``run_row`` is the
+one place that reads a run (a ``runs.record.TrainRun``) for the study: everything
+after it works on plain numbers (``schemes_analysis``).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+from attnscale.report import schemes_analysis as sa
+from attnscale.runs.record import TrainRun
+
+__all__ = ["GROUP", "TITLE", "run_row", "blocks"]
+
+GROUP = "schemes"
+TITLE = "Beyond the course: which scale?"
+
+
+def run_row(t: TrainRun) -> dict[str, Any]:
+    """One run of the study (a ``runs.record.TrainRun``) as plain numbers: its settings, final held-out
+    loss (None unless done), the loss at init and ``schemes_analysis.run_measures``.
+
+    The loss at init is the first recorded training loss (step 0, before any update:
+    the model has seen nothing, so train and held-out loss agree there); where it is
+    missing, ln(vocab), the loss of a uniform guess."""
+    measures = sa.run_measures(t.recorded)
+    vocab = t.model.get("vocab_size")
+    init = measures["init_loss"] if measures["init_loss"] is not None else (math.log(vocab) if vocab else None)
+    final = t.results.valid_loss if t.status == "done" else None
+    return {
+        "run": t.run_id, "scale": t.scale, "width": t.width, "seed": t.seed, "lr": t.lr,
+        "status": t.status, "final_loss": final, "diverged_at": t.diverged_at,
+        "context": t.model.get("context"), **measures, "init_loss": init,
+    }
+
+
+def _pm(mean, se, fmt="{:.3f}") -> str:
+    if mean is None:
+        return "—"
+    return fmt.format(mean) + ("" if se is None else f" ± {fmt.format(se)}")
+
+
+def _table(summary: list[dict[str, Any]]) -> tuple:
+    head = ["width d", "scheme", "LR sensitivity ± SE", "best loss ± SE", "best lr", "diverged",
+            "max |logit|, lowest lr", "max |logit|, highest lr", "lowest eff. words", "collapsed head-runs", "seeds"]
+    rows = [[r["width"], r["scale"], _pm(r["sensitivity"], r["sensitivity_se"]), _pm(r["best_loss"], r["best_loss_se"]),
+             "—" if r["best_lr"] is None else f"{r['best_lr']:g}",
+             f"{r['diverged']} of {r['runs']}" + (f" (steps {', '.join(map(str, r['diverged_at']))})" if r["diverged_at"] else ""),
+             _pm(*r["max_logit_low_lr"], fmt="{:,.1f}"), _pm(*r["max_logit_high_lr"], fmt="{:,.1f}"),
+             "—" if r["min_effective_words"] is None else f"{r['min_effective_words']:.2f}",
+             f"{r['collapsed_heads']} of {r['heads']}", r["seeds"]] for r in summary]
+    return ("table", head, rows)
+
+
+def _curves(rows: list[dict[str, Any]]) -> dict[int, dict[str, list[dict[str, Any]]]]:
+    out: dict[int, dict[str, list[dict[str, Any]]]] = {}
+    for width in sorted({r["width"] for r in rows}):
+        for scale in dict.fromkeys(r["scale"] for r in rows if r["width"] == width):
+            mine = [r for r in rows if r["width"] == width and r["scale"] == scale]
+            out.setdefault(width, {})[scale] = sa.loss_curve({(r["lr"], r["seed"]): (r["final_loss"], r["init_loss"])
+                                                              for r in mine})
+    return out
+
+
+def _logit_series(rows: list[dict[str, Any]], width: int, lr: float) -> dict[str, list[tuple[int, float]]]:
+    """Per scheme at ``width`` and ``lr``: (step, max over layers and heads of |logit|), the seeds' mean per step."""
+    out = {}
+    for scale in dict.fromkeys(r["scale"] for r in rows):
+        by_step: dict[int, list[float]] = {}
+        for r in rows:
+            if r["scale"] == scale and r["width"] == width and r["lr"] == lr:
+                for step, v in r["max_logit_steps"]:
+                    by_step.setdefault(step, []).append(v)
+        if by_step:
+            out[scale] = [(s, sum(v) / len(v)) for s, v in sorted(by_step.items())]
+    return out
+
+
+def _theory_points(runs, study, rows) -> dict[str, Any]:
+    """What the theory overlay draws: fresh heads (unit init) and, per scheme, every
+    recorded (spread, effective words) of each head of the study's runs at the
+    widest width and the preset's (middle) learning rate, seed by seed."""
+    # unit init: q·k of N(0, 1) entries has spread sqrt(d) (experiment 1), times the scheme's fixed factor
+    factor = {"none": lambda d: 1.0, "inv_sqrt_d": lambda d: d ** -0.5, "inv_d": lambda d: 1.0 / d}
+    fresh_pts = [(s, math.sqrt(w) * factor[s](w), r["effective_words_median"], r.get("words", 64))
+                 for (init, w, s), r in runs.fresh_rows.items() if init == "unit" and s in factor]
+    widths = sorted({r["width"] for r in rows})
+    lrs = sorted({r["lr"] for r in rows})
+    mid = lrs[len(lrs) // 2]
+    trained: dict[str, list[tuple[float, float, int]]] = {}
+    steps: dict[str, list[tuple[int, float, float]]] = {}
+    for t in study:
+        if t.width != widths[-1] or t.lr != mid:
+            continue
+        for line in t.recorded:
+            pairs = [(sp, ew) for layer in line["layers"] for sp, ew in zip(layer["spread"], layer["effective_words"])
+                     if sp is not None and ew is not None and math.isfinite(sp) and math.isfinite(ew)]
+            trained.setdefault(t.scale, []).extend((sp, ew, line["step"]) for sp, ew in pairs)
+            if pairs and t.seed == min(x.seed for x in study if x.scale == t.scale):
+                steps.setdefault(t.scale, []).append((line["step"], sum(p[0] for p in pairs) / len(pairs),
+                                                      sum(p[1] for p in pairs) / len(pairs)))
+    context = next((r["context"] for r in rows if r.get("context")), None)
+    return {"fresh": fresh_pts, "trained": trained, "steps": steps, "width": widths[-1], "lr": mid, "context": context}
+
+
+def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[tuple]:
+    """The section's blocks (none without a run of the study); its figures are drawn into ``out``
+    and added to ``pngs``."""
+    from attnscale.report import plots
+
+    study = [t for t in runs.train if t.group == GROUP]
+    if not study:  # not a claim of the course: a report without the study simply has no such section
+        return []
+    b: list[tuple] = [("h2", TITLE), ("p", (
+        "Every registered score-scale scheme trained at several head widths and learning rates, several seeds "
+        "each (`attnscale schemes`). Final loss is the held-out cross-entropy in nats. Learning-rate sensitivity "
+        "(Wortsman et al. 2023): the mean, over the learning-rate grid, of min(final loss, loss at init) minus the "
+        "best final loss, per seed, then mean ± standard error over seeds; a diverged run counts at its loss at "
+        "init. Max |logit| is the largest scaled score any head produced at any recorded step (attention logit "
+        "growth). A head has collapsed when its rows spread over fewer than "
+        f"{sa.COLLAPSE_WORDS:g} effective words at some recorded step (entropy collapse, Zhai et al. 2023)."))]
+    rows = [run_row(t) for t in study]
+    finished = [r for r in rows if r["status"] in ("done", "diverged")]
+    unfinished = [f"{r['run']}: {r['status']}" for r in rows if r["status"] not in ("done", "diverged")]
+    if unfinished:
+        b.append(("list", "Study runs not finished (not counted):", unfinished))
+    if not finished:
+        return b
+    summary = sa.summary_rows(finished)
+    b.append(("list", "What the records show (generated from the numbers below):", sa.reading(summary)))
+    curves = _curves(finished)
+    pngs["schemes-loss-lr"] = plots.loss_vs_lr(curves, out / "schemes-loss-lr.png")
+    b.append(("img", "schemes-loss-lr.png", "Final held-out loss against learning rate, one panel per width, "
+                                            "band ± 1 SE over seeds"))
+    sens = {}
+    for r in summary:
+        if r["sensitivity"] is not None:
+            sens.setdefault(r["scale"], []).append((r["width"], r["sensitivity"], r["sensitivity_se"]))
+    if sens:
+        pngs["schemes-sensitivity"] = plots.sensitivity_vs_width(sens, out / "schemes-sensitivity.png")
+        b.append(("img", "schemes-sensitivity.png", "Learning-rate sensitivity against head width, per scheme, ± 1 SE"))
+    widest = max(r["width"] for r in finished)
+    lrs = sorted({r["lr"] for r in finished})
+    panels = {f"lr {lr:g}": _logit_series(finished, widest, lr) for lr in dict.fromkeys((lrs[len(lrs) // 2], lrs[-1]))}
+    if any(panels.values()):
+        pngs["schemes-max-logit"] = plots.max_logit_over_steps(panels, out / "schemes-max-logit.png",
+                                                               f"Largest |scaled score| over training at width {widest}")
+        b.append(("img", "schemes-max-logit.png", f"Max |attention logit| per step at width {widest}, the preset's "
+                                                  "learning rate and the highest, mean over seeds"))
+    b.append(_table(summary))
+    theory = _theory_points(runs, study, finished)
+    if theory["trained"] or theory["fresh"]:
+        pngs["schemes-theory"] = plots.random_score_overlay(theory, out / "schemes-theory.png")
+        b += [("p", ("Random scores as a yardstick: if a row's n scores were independent Gaussians with spread s, "
+                     "softmax would spread over exp(E[entropy]) words, the curve (computed once by a fixed-seed "
+                     "Monte Carlo, `attnscale.core.gaussian_scores`). Fresh heads with unit-variance q and k are "
+                     "the case it describes once d is large (given its query, a row's scores are Gaussian with "
+                     "spread |q|, which varies from row to row at small d, so the narrowest widths sit above it); "
+                     "a trained head below it concentrates more than its spread alone explains (its scores are "
+                     "not random), above it less.")),
+              ("img", "schemes-theory.png", "Effective words against spread, with the random-score curve: fresh "
+                                            "heads, trained heads, and effective words over training")]
+    return b
