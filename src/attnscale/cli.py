@@ -151,6 +151,7 @@ def _add_reproduce(sub) -> None:
     p.add_argument("-j", "--jobs", type=positive_int, default=min(2, os.cpu_count() or 1),
                    help="training runs at once, each in its own process with cores/JOBS threads "
                         "(default: 2 where there are 2 cores; one thread per run wastes less CPU than two)")
+    _executor_options(p)
     p.set_defaults(run=_run_reproduce)
 
 
@@ -158,7 +159,7 @@ def _run_reproduce(args) -> None:
     from attnscale import reproduce
 
     out = writable_dir(args.out)
-    reproduce.run(out, seed=args.seed, quick=args.quick, corpus=args.corpus, jobs=args.jobs)
+    reproduce.run(out, seed=args.seed, quick=args.quick, corpus=args.corpus, jobs=args.jobs, **_executor(args))
 
 
 def _add_report(sub) -> None:
@@ -208,6 +209,21 @@ def _jobs_option(p) -> None:
                    help="runs trained at once, each in its own process with cores/JOBS threads")
 
 
+def _executor_options(p) -> None:
+    p.add_argument("--executor", choices=["local", "ray"], default="local",
+                   help="where runs train: 'local' worker processes, or 'ray' tasks (pip install 'attnscale[ray]'), "
+                        "on a local Ray instance unless --ray-address is given; each run gets cores/JOBS threads")
+    p.add_argument("--ray-address", metavar="ADDRESS",
+                   help="with --executor ray: join the Ray cluster whose head is at ADDRESS (HOST:PORT, or 'auto' "
+                        "on a node of it); records still land in --out on this machine")
+
+
+def _executor(args) -> dict:
+    if args.ray_address and args.executor != "ray":
+        raise UsageError("--ray-address joins a Ray cluster; add --executor ray")
+    return {"executor": args.executor, "ray_address": args.ray_address}
+
+
 def _budget(cfg, args):
     """``cfg`` (a DynamicsConfig or SweepConfig) with the command line's overrides."""
     from dataclasses import replace
@@ -253,6 +269,7 @@ def _add_dynamics(sub) -> None:
     p.add_argument("--seed", type=nonneg_int, default=0)
     _training_options(p, "attnscale-out/dynamics")
     _jobs_option(p)
+    _executor_options(p)
     p.set_defaults(run=_run_dynamics)
 
 
@@ -264,7 +281,7 @@ def _run_dynamics(args) -> None:
     out = writable_dir(args.out)
     cfg = replace(dynamics.preset(quick=args.quick, corpus=args.corpus, seed=args.seed, tokenizer=args.tokenizer),
                   head_dim=args.width, scales=tuple(dict.fromkeys(args.scales)))
-    rows = dynamics.run(_budget(cfg, args), out, jobs=args.jobs)
+    rows = dynamics.run(_budget(cfg, args), out, jobs=args.jobs, **_executor(args))
     _print_json(rows) if args.json else print(dynamics.format_table(rows))
 
 
@@ -276,6 +293,7 @@ def _add_sweep(sub) -> None:
     p.add_argument("--lrs", type=positive_float, nargs="+", help="sweep these learning rates too")
     _training_options(p, "attnscale-out/sweep")
     _jobs_option(p)
+    _executor_options(p)
     p.set_defaults(run=_run_sweep)
 
 
@@ -288,7 +306,7 @@ def _run_sweep(args) -> None:
     cfg = sweep.preset(quick=args.quick, corpus=args.corpus, tokenizer=args.tokenizer)
     cfg = replace(cfg, widths=tuple(dict.fromkeys(args.widths or cfg.widths)), scales=tuple(dict.fromkeys(args.scales)),
                   seeds=tuple(dict.fromkeys(args.seeds)), lrs=tuple(dict.fromkeys(args.lrs)) if args.lrs else None)
-    rows = sweep.run(_budget(cfg, args), out, jobs=args.jobs)
+    rows = sweep.run(_budget(cfg, args), out, jobs=args.jobs, **_executor(args))
     if args.json:
         _print_json({"rows": rows, "gaps": sweep.gap_table(rows)})
     else:
