@@ -174,7 +174,7 @@ def _states(out: Path) -> dict[str, str]:
 
 def test_killed_driver_then_rerun_keeps_finished_runs(cluster, tmp_path):
     out = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "attnscale.cli", "sweep", "--widths", "8", "16", "--quick", "--steps", "150",
+    cmd = [sys.executable, "-m", "attnscale.cli", "sweep", "--widths", "8", "16", "--quick", "--steps", "40",
            "--batch", "2", "--context", "16", "-j", "2", "--out", str(out), "--executor", "ray", "--ray-address", cluster]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -200,7 +200,7 @@ def test_killed_driver_then_rerun_keeps_finished_runs(cluster, tmp_path):
         assert (out / r / rec.RECORD).read_bytes() == content
         assert (out / r / rec.RECORD).stat().st_mtime_ns == mtime
     for r in after:
-        assert steps_logged(out / r) == list(range(0, 151, 10))
+        assert steps_logged(out / r) == list(range(0, 41, 10))
     assert not list(out.rglob("*.tmp"))
 
 
