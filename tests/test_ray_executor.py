@@ -173,9 +173,11 @@ def _states(out: Path) -> dict[str, str]:
 
 
 def test_killed_driver_then_rerun_keeps_finished_runs(cluster, tmp_path):
+    # each driver joins the fixture's instance as a new Ray job, whose workers import torch
+    # afresh: -j 1 (one run at a time, on 2 threads) needs one such worker, not two
     out = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "attnscale.cli", "sweep", "--widths", "8", "16", "--quick", "--steps", "40",
-           "--batch", "2", "--context", "16", "-j", "2", "--out", str(out), "--executor", "ray", "--ray-address", cluster]
+           "--batch", "2", "--context", "16", "-j", "1", "--out", str(out), "--executor", "ray", "--ray-address", cluster]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 90

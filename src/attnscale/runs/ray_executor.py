@@ -6,7 +6,8 @@ its run needs (as many CPUs as it has torch threads; a share of a GPU when it
 trains on CUDA), so Ray places the runs on the cluster's nodes and packs them.
 
 How records reach ``--out``. Workers need not share the driver's disk. A task
-trains into a scratch folder on its own node and returns the run's files
+trains into a scratch folder on its own node (under Ray's temp folder, removed
+when the task ends) and returns the run's files
 (record.json, metrics.jsonl, model.safetensors); the driver writes them under
 ``out/<run_id>`` atomically, the record last, so the run store on the driver's
 disk stays the one source of truth and resumes exactly as with local workers.
@@ -42,7 +43,6 @@ import logging
 import os
 import shutil
 import socket
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -210,8 +210,8 @@ def _train_task(spec, corpus_spec, threads: int, hub) -> dict[str, bytes]:
     if corpus_spec not in _corpora:
         _corpora.clear()
         _corpora[corpus_spec] = corpus_spec.load()
-    scratch = (Path(tempfile.gettempdir()) / f"attnscale-ray-{os.getuid()}"
-               / ray.get_runtime_context().get_job_id() / spec.run_id)
+    context = ray.get_runtime_context()  # scratch beside Ray's own files on this node: one place to clean
+    scratch = Path(context.get_temp_dir()) / "attnscale" / context.get_job_id() / spec.run_id
     shutil.rmtree(scratch, ignore_errors=True)  # what a killed attempt on this node left
     scratch.mkdir(parents=True)
     checkpoint = scratch / rec.CHECKPOINT
