@@ -173,12 +173,14 @@ def _states(out: Path) -> dict[str, str]:
 
 
 def test_killed_driver_then_rerun_keeps_finished_runs(cluster, tmp_path):
-    # each driver joins the fixture's instance as a new Ray job, whose workers import torch
-    # afresh: -j 1 (one run at a time, on 2 threads) needs one such worker, not two
+    # the driver to kill is a process of its own: a new Ray job on the fixture's instance, whose
+    # workers import torch afresh, so -j 1 (one run at a time, 2 threads) needs one of them, not two;
+    # the rerun, the same command, runs in this process (connected to the same instance already)
     out = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "attnscale.cli", "sweep", "--widths", "8", "16", "--quick", "--steps", "40",
-           "--batch", "2", "--context", "16", "-j", "1", "--out", str(out), "--executor", "ray", "--ray-address", cluster]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    args = ["sweep", "--widths", "8", "16", "--quick", "--steps", "40", "--batch", "2", "--context", "16", "-j", "1",
+            "--out", str(out), "--executor", "ray", "--ray-address", cluster]
+    proc = subprocess.Popen([sys.executable, "-m", "attnscale.cli", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
     try:
         deadline = time.monotonic() + 90
         while not ("done" in _states(out).values() and "running" in _states(out).values()):
@@ -194,7 +196,7 @@ def test_killed_driver_then_rerun_keeps_finished_runs(cluster, tmp_path):
     assert finished and "running" in killed.values()
     kept = {r: ((out / r / rec.RECORD).read_bytes(), (out / r / rec.RECORD).stat().st_mtime_ns) for r in finished}
 
-    subprocess.run(cmd, check=True, capture_output=True, timeout=180)
+    assert main(args) == 0
     after = _states(out)
     assert sorted(after) == ["d16-inv_sqrt_d-s0", "d16-none-s0", "d8-inv_sqrt_d-s0", "d8-none-s0"]
     assert set(after.values()) == {"done"}

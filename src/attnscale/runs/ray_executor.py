@@ -86,7 +86,8 @@ def _this_host_only():
     one, and then listens on every interface, unless it runs in single-host mode,
     which it keys on RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, read at import into
     ``ray_constants``: both are set while the node starts (its processes inherit
-    the variable) or joins, then put back, so a later join of a real cluster is untouched."""
+    the variable) or joins, then put back, so a later join of a real cluster is
+    untouched. Usage statistics are switched off the same way (RAY_USAGE_STATS_ENABLED=0)."""
     from ray._private import ray_constants
 
     names = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_USAGE_STATS_ENABLED")
@@ -142,8 +143,10 @@ def _join(address: str) -> None:
 def session(address: str | None = None, num_cpus: int | None = None):
     """Yield the ``ray`` module connected to a cluster: the one this process is
     already connected to (left connected), else the one at ``address``, else a local
-    instance of ``num_cpus`` CPUs started now; the last two are let go on exit."""
+    instance of ``num_cpus`` CPUs started now (also for ``address`` "local"); the
+    last two are let go on exit."""
     ray = _import_ray()
+    address = None if address == "local" else address
     if address:
         _check_reachable(address)
     if ray.is_initialized():
@@ -162,38 +165,45 @@ def session(address: str | None = None, num_cpus: int | None = None):
 # ---- the task and the hub ----------------------------------------------------------
 
 
-class _Hub:
-    """An actor beside the driver: the steps tasks report, and each run's last checkpoint."""
+def _hub_class():
+    """The hub's class, made here so that Ray ships the class itself rather than a
+    reference to this module: the hub's worker then never imports attnscale (nor
+    torch), and is up in a fraction of a second."""
 
-    def __init__(self):
-        self.events: list[tuple[str, str, Any]] = []
-        self.checkpoints: dict[str, tuple[int, bytes]] = {}
-        self.fresh: set[str] = set()  # checkpoints the driver has not written yet
+    class Hub:
+        """An actor beside the driver: the steps tasks report, and each run's last checkpoint."""
 
-    def seed(self, checkpoints: dict[str, bytes]) -> None:
-        self.checkpoints.update({k: (0, v) for k, v in checkpoints.items()})
+        def __init__(self):
+            self.events: list[tuple[str, str, Any]] = []
+            self.checkpoints: dict[str, tuple[int, bytes]] = {}
+            self.fresh: set[str] = set()  # checkpoints the driver has not written yet
 
-    def event(self, kind: str, run_id: str, payload: Any) -> None:
-        self.events.append((kind, run_id, payload))
+        def seed(self, checkpoints: dict[str, bytes]) -> None:
+            self.checkpoints.update({k: (0, v) for k, v in checkpoints.items()})
 
-    def put_checkpoint(self, run_id: str, step: int, blob: bytes) -> None:
-        if step >= self.checkpoints.get(run_id, (-1, b""))[0]:
-            self.checkpoints[run_id] = (step, blob)
-            self.fresh.add(run_id)
+        def event(self, kind: str, run_id: str, payload: Any) -> None:
+            self.events.append((kind, run_id, payload))
 
-    def checkpoint(self, run_id: str) -> bytes | None:
-        got = self.checkpoints.get(run_id)
-        return got[1] if got else None
+        def put_checkpoint(self, run_id: str, step: int, blob: bytes) -> None:
+            if step >= self.checkpoints.get(run_id, (-1, b""))[0]:
+                self.checkpoints[run_id] = (step, blob)
+                self.fresh.add(run_id)
 
-    def forget(self, run_id: str) -> None:
-        self.checkpoints.pop(run_id, None)
-        self.fresh.discard(run_id)
+        def checkpoint(self, run_id: str) -> bytes | None:
+            got = self.checkpoints.get(run_id)
+            return got[1] if got else None
 
-    def drain(self) -> tuple[list[tuple[str, str, Any]], dict[str, bytes]]:
-        events, self.events = self.events, []
-        fresh = {k: self.checkpoints[k][1] for k in self.fresh}
-        self.fresh = set()
-        return events, fresh
+        def forget(self, run_id: str) -> None:
+            self.checkpoints.pop(run_id, None)
+            self.fresh.discard(run_id)
+
+        def drain(self) -> tuple[list[tuple[str, str, Any]], dict[str, bytes]]:
+            events, self.events = self.events, []
+            fresh = {k: self.checkpoints[k][1] for k in self.fresh}
+            self.fresh = set()
+            return events, fresh
+
+    return Hub
 
 
 _corpora: dict[Any, Any] = {}  # per worker process: Ray reuses a worker for many tasks
@@ -221,7 +231,7 @@ def _train_task(spec, corpus_spec, threads: int, hub) -> dict[str, bytes]:
             checkpoint.write_bytes(blob)
         seen = [_stamp(checkpoint)]
         last = [0.0]
-        hub.event.remote("start", spec.run_id, {"pid": os.getpid(), "node": ray.util.get_node_ip_address()})
+        hub.event.remote("start", spec.run_id, None)
 
         def on_step(step: int, steps: int, info: dict) -> None:
             now = time.monotonic()
@@ -298,7 +308,7 @@ def run(pending: Sequence[Any], corpus_spec, out: Path, configs: dict[str, dict]
         needs = {s.run_id: resources(getattr(s.train, "device", "cpu"), threads, has_gpu) for s in pending}
         _fits(ray, list(needs.values()))
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
-        hub = ray.remote(_Hub).options(num_cpus=0, scheduling_strategy=here).remote()
+        hub = ray.remote(_hub_class()).options(num_cpus=0, scheduling_strategy=here).remote()
         on_disk = {s.run_id: (out / s.run_id / rec.CHECKPOINT).read_bytes()
                    for s in pending if (out / s.run_id / rec.CHECKPOINT).exists()}
         if on_disk:  # before any task asks for them
