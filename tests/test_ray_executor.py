@@ -38,6 +38,11 @@ def test_resources_ask_for_the_threads_and_a_gpu_share_on_cuda():
     assert resources("auto", 1, cluster_has_gpu=False) == {"num_cpus": 1}
 
 
+def test_an_unknown_executor_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="executor 'dask' is unknown; choose one of: local, ray"):
+        execute([], CORPUS, tmp_path, progress=False, executor="dask")
+
+
 @pytest.fixture(scope="module")
 def cluster():
     """A local Ray instance started the way ``--executor ray`` starts one; yields its address."""
