@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -25,18 +24,13 @@ import time
 from pathlib import Path
 
 
-def sweep_seconds(jobs: int, executor: str) -> tuple[float, float]:
-    """Wall seconds, and CPU seconds of every process it started and reaped (a measure the
-    machine's other load barely moves)."""
+def sweep_seconds(jobs: int, executor: str) -> float:
     with tempfile.TemporaryDirectory(prefix="attnscale-bench-") as out:
         cmd = [sys.executable, "-m", "attnscale.cli", "sweep", "--quick", "-j", str(jobs), "--out", out,
                "--executor", executor]
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         t = time.perf_counter()
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wall = time.perf_counter() - t
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        return wall, (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+        return time.perf_counter() - t
 
 
 def instance_footprint(cpus: int) -> None:
@@ -79,18 +73,13 @@ def main() -> None:
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     print(f"{cpus} cores, load average {os.getloadavg()[0]:.1f}; quick sweep, -j {args.jobs}")
     times: dict[str, list[float]] = {"local": [], "ray": []}
-    cpu: dict[str, list[float]] = {"local": [], "ray": []}
     for i in range(args.repeats):
         for executor in ("local", "ray"):
-            wall, used = sweep_seconds(args.jobs, executor)
-            times[executor].append(wall)
-            cpu[executor].append(used)
-            print(f"  {executor:<5} run {i + 1}: {wall:6.1f} s wall, {used:6.1f} s CPU", flush=True)
+            times[executor].append(sweep_seconds(args.jobs, executor))
+            print(f"  {executor:<5} run {i + 1}: {times[executor][-1]:6.1f} s", flush=True)
     local, on_ray = statistics.median(times["local"]), statistics.median(times["ray"])
     print(f"quick sweep: local {local:.1f} s, ray {on_ray:.1f} s (Ray start-up included); "
           f"ray/local {on_ray / local:.2f} (target <= 1.5)")
-    local, on_ray = statistics.median(cpu["local"]), statistics.median(cpu["ray"])
-    print(f"CPU time: local {local:.1f} s, ray {on_ray:.1f} s; ray/local {on_ray / local:.2f}")
     instance_footprint(cpus)
 
 
