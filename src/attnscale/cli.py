@@ -182,6 +182,7 @@ def _add_reproduce(sub) -> None:
     p.add_argument("-j", "--jobs", type=positive_int, default=min(2, os.cpu_count() or 1),
                    help="training runs at once, each in its own process with cores/JOBS threads "
                         "(default: 2 where there are 2 cores; one thread per run wastes less CPU than two)")
+    _executor_options(p)
     p.set_defaults(run=_run_reproduce)
 
 
@@ -189,7 +190,7 @@ def _run_reproduce(args) -> None:
     from attnscale import reproduce
 
     out = writable_dir(args.out)
-    reproduce.run(out, seed=args.seed, quick=args.quick, corpus=args.corpus, jobs=args.jobs)
+    reproduce.run(out, seed=args.seed, quick=args.quick, corpus=args.corpus, jobs=args.jobs, **_executor(args))
 
 
 def _add_report(sub) -> None:
@@ -244,6 +245,21 @@ def tokenizer_name(text: str) -> str:
 def _jobs_option(p) -> None:
     p.add_argument("-j", "--jobs", type=positive_int, default=1,
                    help="runs trained at once, each in its own process with cores/JOBS threads")
+
+
+def _executor_options(p) -> None:
+    p.add_argument("--executor", choices=["local", "ray"], default="local",
+                   help="where runs train: 'local' worker processes, or 'ray' tasks (pip install 'attnscale[ray]'), "
+                        "on a local Ray instance unless --ray-address is given; each run gets cores/JOBS threads")
+    p.add_argument("--ray-address", metavar="ADDRESS",
+                   help="with --executor ray: join the Ray cluster whose head is at ADDRESS (HOST:PORT, or 'auto' "
+                        "on a node of it); records still land in --out on this machine")
+
+
+def _executor(args) -> dict:
+    if args.ray_address and args.executor != "ray":
+        raise UsageError("--ray-address joins a Ray cluster; add --executor ray")
+    return {"executor": args.executor, "ray_address": args.ray_address}
 
 
 def _budget(cfg, args):
@@ -301,6 +317,7 @@ def _add_dynamics(sub) -> None:
                    help="seed of the weights and batches, the same for every scheme (default: %(default)s)")
     _training_options(p, "attnscale-out/dynamics")
     _jobs_option(p)
+    _executor_options(p)
     p.set_defaults(run=_run_dynamics)
 
 
@@ -313,7 +330,7 @@ def _run_dynamics(args) -> None:
                   head_dim=args.width, scales=tuple(dict.fromkeys(args.scales)))
     cfg = _budget(cfg, args)
     out = writable_dir(args.out)  # after the config: a refused request writes nothing
-    rows = dynamics.run(cfg, out, jobs=args.jobs)
+    rows = dynamics.run(cfg, out, jobs=args.jobs, **_executor(args))
     _print_json(rows) if args.json else print(dynamics.format_table(rows))
 
 
@@ -331,6 +348,7 @@ def _add_sweep(sub) -> None:
     p.add_argument("--lrs", type=positive_float, nargs="+", help="sweep these learning rates too")
     _training_options(p, "attnscale-out/sweep")
     _jobs_option(p)
+    _executor_options(p)
     p.set_defaults(run=_run_sweep)
 
 
@@ -344,7 +362,7 @@ def _run_sweep(args) -> None:
                   seeds=tuple(dict.fromkeys(args.seeds)), lrs=tuple(dict.fromkeys(args.lrs)) if args.lrs else None)
     cfg = _budget(cfg, args)
     out = writable_dir(args.out)  # after the config: a refused request writes nothing
-    rows = sweep.run(cfg, out, jobs=args.jobs)
+    rows = sweep.run(cfg, out, jobs=args.jobs, **_executor(args))
     if args.json:
         _print_json({"rows": rows, "gaps": sweep.gap_table(rows)})
     else:
@@ -361,6 +379,7 @@ def _add_schemes(sub) -> None:
     p.add_argument("--seeds", type=nonneg_int, nargs="+", help="seeds (default 0 1 2; --quick: 0 1)")
     _training_options(p, "attnscale-out/schemes")
     _jobs_option(p)
+    _executor_options(p)
     p.set_defaults(run=_run_schemes)
 
 
@@ -377,7 +396,7 @@ def _run_schemes(args) -> None:
                   scales=tuple(dict.fromkeys(args.scales or cfg.scales)),
                   seeds=tuple(dict.fromkeys(args.seeds if args.seeds is not None else cfg.seeds)),
                   lrs=tuple(dict.fromkeys(lrs)))
-    result = schemes.run(cfg, out, jobs=args.jobs)
+    result = schemes.run(cfg, out, jobs=args.jobs, **_executor(args))
     _print_json(result) if args.json else print(schemes.format_table(result))
 
 

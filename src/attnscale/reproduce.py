@@ -7,6 +7,7 @@ stopped and the report can always be rebuilt from what is on disk.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from dataclasses import dataclass
@@ -36,7 +37,8 @@ class Stage:
     group: bool = False
 
 
-def stages(*, seed: int = 0, quick: bool = False, corpus: str = "default", jobs: int = 1) -> list[Stage]:
+def stages(*, seed: int = 0, quick: bool = False, corpus: str = "default", jobs: int = 1,
+           executor: str = "local", ray_address: str | None = None) -> list[Stage]:
     from attnscale.experiments import dynamics, fresh, schemes, spread, sweep
 
     from attnscale.lm.data import load_corpus
@@ -54,14 +56,15 @@ def stages(*, seed: int = 0, quick: bool = False, corpus: str = "default", jobs:
         Stage("fresh head, the model's own init", "fresh-model", 5,
               fresh.FreshConfig(sequences=sequences, init="model", seed=seed), lambda c, d: fresh.run(c, out=d)),
         Stage("training dynamics with and without the scale", "dynamics", dyn_s, dyn,
-              lambda c, d: dynamics.run(c, d, jobs=jobs), group=True),
+              lambda c, d: dynamics.run(c, d, jobs=jobs, executor=executor, ray_address=ray_address), group=True),
         Stage("width sweep: held-out perplexity", "sweep", swp_s, swp,
               # the widest pair of the sweep is the dynamics pair, same budget: copied, not retrained
-              lambda c, d: sweep.run(c, d, jobs=jobs, reuse=[d.parent / "dynamics"]), group=True),
+              lambda c, d: sweep.run(c, d, jobs=jobs, reuse=[d.parent / "dynamics"], executor=executor,
+                                     ray_address=ray_address), group=True),
         # beyond the course: every scheme over a learning-rate grid ("smoke" for --quick, else "quick")
         Stage("which scale? schemes × widths × learning rates", "schemes", SCHEMES_ESTIMATE_S[quick] * 2 / min(jobs, 2),
               schemes.preset("smoke" if quick else "quick", corpus=corpus, seed=seed, vocab_size=vocab),
-              lambda c, d: schemes.run(c, d, jobs=jobs), group=True),
+              lambda c, d: schemes.run(c, d, jobs=jobs, executor=executor, ray_address=ray_address), group=True),
     ]
 
 
@@ -100,23 +103,35 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def run(out: Path, *, seed: int = 0, quick: bool = False, corpus: str = "default", jobs: int = 1) -> Path:
-    """Run every stage not yet on disk, then build the report; returns the report's HTML path."""
+def run(out: Path, *, seed: int = 0, quick: bool = False, corpus: str = "default", jobs: int = 1,
+        executor: str = "local", ray_address: str | None = None) -> Path:
+    """Run every stage not yet on disk, then build the report; returns the report's HTML path.
+
+    ``executor="ray"``: the training stages run as Ray tasks, in one Ray session
+    (a local instance, or the cluster at ``ray_address``) opened for the first of them."""
     out = Path(out)
-    todo = stages(seed=seed, quick=quick, corpus=corpus, jobs=jobs)
+    todo = stages(seed=seed, quick=quick, corpus=corpus, jobs=jobs, executor=executor, ray_address=ray_address)
     started = time.time()
     left = sum(s.estimate_s for s in todo)
-    for i, stage in enumerate(todo, 1):
-        folder = out / stage.folder
-        eta = f"~{left / 60:.0f} min left" if left >= 90 else f"~{left:.0f} s left"
-        if _on_disk(stage, folder):
-            _say(f"[{i}/{len(todo)}] {stage.name}: already on disk, kept")
-        else:
-            _say(f"[{i}/{len(todo)}] {stage.name} ({eta}) ...")
-            t = time.time()
-            stage.runner(stage.config, folder)
-            _say(f"[{i}/{len(todo)}] {stage.name}: done in {time.time() - t:.1f} s")
-        left -= stage.estimate_s
+    with contextlib.ExitStack() as ray_session:
+        opened = False
+        for i, stage in enumerate(todo, 1):
+            folder = out / stage.folder
+            eta = f"~{left / 60:.0f} min left" if left >= 90 else f"~{left:.0f} s left"
+            if _on_disk(stage, folder):
+                _say(f"[{i}/{len(todo)}] {stage.name}: already on disk, kept")
+            else:
+                _say(f"[{i}/{len(todo)}] {stage.name} ({eta}) ...")
+                if stage.group and executor == "ray" and not opened:
+                    from attnscale.runs import ray_executor
+                    from attnscale.runs.runner import cores
+
+                    ray_session.enter_context(ray_executor.session(ray_address, cores()))
+                    opened = True
+                t = time.time()
+                stage.runner(stage.config, folder)
+                _say(f"[{i}/{len(todo)}] {stage.name}: done in {time.time() - t:.1f} s")
+            left -= stage.estimate_s
     from attnscale import report
 
     paths = report.build(out, out / "report")

@@ -108,11 +108,12 @@ def specs(cfg: SchemesConfig, vocab_size: int):
 
 
 def run_records(cfg: SchemesConfig, out: Path, jobs: int = 1, progress: bool = True,
-                reuse: Sequence[Path] = ()) -> list[TrainRun]:
-    """Train every run not yet finished under ``out/<run_id>``; return every run as read back."""
+                reuse: Sequence[Path] = (), executor: str = "local", ray_address: str | None = None) -> list[TrainRun]:
+    """Train every run not yet finished under ``out/<run_id>`` (on ``executor``: "local" or "ray");
+    return every run as read back."""
     corpus = cfg.corpus_spec.load()
     return execute(specs(cfg, corpus.vocab_size), cfg.corpus_spec, Path(out), jobs=jobs, progress=progress,
-                   corpus=corpus, reuse=reuse)
+                   corpus=corpus, reuse=reuse, executor=executor, ray_address=ray_address)
 
 
 def rows_from_records(runs: list[TrainRun]) -> list[dict[str, Any]]:
@@ -122,11 +123,12 @@ def rows_from_records(runs: list[TrainRun]) -> list[dict[str, Any]]:
     return [run_row(t) for t in runs]
 
 
-def run(cfg: SchemesConfig, out: Path, jobs: int = 1, progress: bool = True) -> dict[str, Any]:
+def run(cfg: SchemesConfig, out: Path, jobs: int = 1, progress: bool = True, executor: str = "local",
+        ray_address: str | None = None) -> dict[str, Any]:
     """Train what is missing; return {"runs": per-run rows, "summary": per scheme and width}."""
     from attnscale.report import schemes_analysis
 
-    runs = rows_from_records(run_records(cfg, out, jobs, progress))
+    runs = rows_from_records(run_records(cfg, out, jobs, progress, executor=executor, ray_address=ray_address))
     return {"runs": runs, "summary": schemes_analysis.summary_rows(runs)}
 
 

@@ -58,14 +58,16 @@ def preset_of(runs) -> tuple[str, str]:
     """(QUICK | FULL | CUSTOM | "", description) from the training runs' configs.
 
     A run matches a preset when every setting that preset fixes is the one the
-    run recorded; the folder is "quick" or "default" only if every run matches
-    the same one, "" when it holds no training run."""
-    if not runs.train:
+    run recorded; the folder is "quick" or "default" only if every run of the
+    course's experiments (dynamics and sweep; studies beyond the course keep their
+    own budgets) matches the same one, "" when it holds no training run."""
+    course_runs = [*runs.dynamics, *runs.sweep] or runs.train
+    if not course_runs:
         return "", "no training runs in these records, so no training preset"
     names = {QUICK: "quick", FULL: "default"}
     wanted = {p: _preset_settings(n) for p, n in names.items()}
     seen = set()
-    for t in runs.train:
+    for t in course_runs:
         got = ({k: t.model.get(k) for k in _PRESET_MODEL}, {k: t.train.get(k) for k in _PRESET_TRAIN})
         seen.add(next((p for p, w in wanted.items() if w == got), CUSTOM))
     m, tr = wanted[QUICK]

@@ -19,6 +19,9 @@ itself (data.py caches tokenized ids) and limited to ``cores // jobs`` torch
 threads, so workers share the cores instead of fighting over them. With
 ``jobs=1`` runs train in this process, which saves a torch import per run.
 Ctrl-C stops the workers; every finished run is already on disk.
+
+``executor="ray"`` hands the same runs, with the same thread count, to Ray tasks
+instead (``runs.ray_executor``: a local Ray instance, or a cluster at ``ray_address``).
 """
 
 from __future__ import annotations
@@ -42,9 +45,10 @@ from attnscale.runs.progress import make_progress
 from attnscale.runs.trainer import mark_running, train_run
 from attnscale.lm.train import TrainConfig
 
-__all__ = ["CorpusSpec", "RunSpec", "execute", "cores"]
+__all__ = ["CorpusSpec", "RunSpec", "execute", "cores", "EXECUTORS"]
 
 _STEP_MESSAGE_EVERY_S = 0.2  # a worker reports its step at most this often
+EXECUTORS = ("local", "ray")  # where runs train: worker processes of this machine, or Ray tasks
 
 
 @dataclass(frozen=True)
@@ -132,6 +136,8 @@ def execute(
     progress: bool = True,
     corpus=None,
     reuse: Sequence[Path] = (),
+    executor: str = "local",
+    ray_address: str | None = None,
 ) -> list[rec.TrainRun]:
     """Train every run of ``specs`` not already finished under ``out``; return all
     their records, read back from disk, in the order given.
@@ -139,9 +145,13 @@ def execute(
     ``corpus``, when given, must be ``corpus_spec.load()`` (saves loading it twice).
     ``reuse``: other output folders whose finished runs of the very same config
     are copied instead of trained again (``reproduce``'s sweep takes its widest
-    pair from the dynamics experiment: same seed, same budget, same numbers)."""
+    pair from the dynamics experiment: same seed, same budget, same numbers).
+    ``executor``: "local" (worker processes) or "ray" (Ray tasks of cores/jobs CPUs
+    each, on a local instance or the cluster at ``ray_address``)."""
     if not isinstance(jobs, int) or jobs < 1:
         raise ConfigError(f"jobs must be a positive integer, got {jobs!r}")
+    if executor not in EXECUTORS:
+        raise ConfigError(f"executor {executor!r} is unknown; choose one of: {', '.join(EXECUTORS)}")
     out = Path(out)
     corpus = corpus if corpus is not None else corpus_spec.load()
     _check(specs, corpus)
@@ -164,7 +174,12 @@ def execute(
     try:
         if pending:
             workers = min(jobs, len(pending))
-            if workers == 1:
+            if executor == "ray":
+                from attnscale.runs import ray_executor
+
+                ray_executor.run(pending, corpus_spec, out, configs, bar, threads=max(1, cores() // workers),
+                                 summary=_summary, address=ray_address, local_cpus=cores())
+            elif workers == 1:
                 _run_here(pending, corpus, out, configs, bar)
             else:
                 _run_in_workers(pending, corpus_spec, out, configs, bar, workers)

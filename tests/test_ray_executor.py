@@ -1,0 +1,245 @@
+"""The Ray executor on a real local Ray instance (2 CPUs): the same runs as local
+workers, records written by the driver, a killed worker retried from its last
+checkpoint, a killed driver resumed, a failing run reported while the others go on."""
+
+import ipaddress
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from attnscale.cli import main
+from attnscale.errors import ConfigError
+from attnscale.lm.model import ModelConfig
+from attnscale.lm.train import TrainConfig
+from attnscale.runs import record as rec
+from attnscale.runs import store
+from attnscale.runs.ray_executor import GPU_SHARE, resources
+from attnscale.runs.runner import CorpusSpec, RunSpec, cores, execute
+
+CORPUS = CorpusSpec("default")
+TINY = TrainConfig(steps=8, batch=4, warmup=1, record_every=4, eval_batches=2, threads=1)
+TIMING = ("train_seconds", "tokens_per_s")  # the only results that may differ between two executors
+RESUMED = ("resumed_from",)  # where a resumed run started: all else as if never stopped
+
+
+def test_resources_ask_for_the_threads_and_a_gpu_share_on_cuda():
+    assert resources("cpu", 3, cluster_has_gpu=True) == {"num_cpus": 3}
+    assert resources("cuda", 1, cluster_has_gpu=False) == {"num_cpus": 1, "num_gpus": GPU_SHARE}
+    assert resources("cuda:1", 2, cluster_has_gpu=True) == {"num_cpus": 2, "num_gpus": GPU_SHARE}
+    assert resources("auto", 1, cluster_has_gpu=True) == {"num_cpus": 1, "num_gpus": GPU_SHARE}
+    assert resources("auto", 1, cluster_has_gpu=False) == {"num_cpus": 1}
+
+
+def test_an_unknown_executor_is_a_config_error(tmp_path):
+    with pytest.raises(ConfigError, match="executor 'dask' is unknown; choose one of: local, ray"):
+        execute([], CORPUS, tmp_path, progress=False, executor="dask")
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """A local Ray instance started the way ``--executor ray`` starts one; yields its address."""
+    ray = pytest.importorskip("ray", reason="Ray cannot be imported here: pip install 'attnscale[ray]'")
+    from attnscale.runs.ray_executor import start_local
+
+    start_local(num_cpus=2)
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return CORPUS.load()
+
+
+def spec(corpus, width=8, scale="none", **train):
+    model = ModelConfig(vocab_size=corpus.vocab_size, context=16, d_model=16, n_layers=1, n_heads=2,
+                        head_dim=width, scale=scale)
+    return RunSpec(store.run_id(width, scale, 0), model, replace(TINY, **train), "test")
+
+
+def steps_logged(run_dir: Path) -> list[int]:
+    return [json.loads(line)["step"] for line in (run_dir / rec.METRICS).read_text().splitlines()]
+
+
+def ray_processes():
+    import psutil  # after ray: Ray ships its own
+
+    return psutil.Process().children(recursive=True)
+
+
+def loopback(ip: str) -> bool:
+    address = ipaddress.ip_address(ip)
+    return (getattr(address, "ipv4_mapped", None) or address).is_loopback  # ::ffff:127.0.0.1 too
+
+
+def comparable(run_dir: Path, leave_out=TIMING) -> dict:
+    """A finished run without what only timing changes."""
+    record = rec.read(run_dir)
+    results = {k: v for k, v in record.results.items() if k not in leave_out}
+    results["history"] = [{k: v for k, v in line.items() if k != "elapsed_s"} for line in results["history"]]
+    return {"status": record.status, "config": record.config, "group": record.group, "results": results,
+            "weights": (run_dir / rec.WEIGHTS).read_bytes()}
+
+
+def test_local_instance_listens_on_loopback_only_without_dashboard_or_usage_stats(cluster):
+    assert cluster.startswith("127.0.0.1:")
+    procs = ray_processes()
+    listening = [(p.name(), c.laddr) for p in procs for c in p.net_connections("inet") if c.status == "LISTEN"]
+    assert listening and all(loopback(addr.ip) for _, addr in listening), listening
+    assert 8265 not in {addr.port for _, addr in listening}  # the dashboard's port
+    gcs = next(p for p in procs if p.name() == "gcs_server")
+    assert gcs.environ().get("RAY_USAGE_STATS_ENABLED") == "0"
+    assert os.environ.get("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER") is None  # put back once the instance is up
+
+
+def test_ray_sweep_gives_the_local_executors_records(cluster, tmp_path):
+    import torch
+
+    # -j 1: Ray tasks of cores() threads, one at a time; the local executor trains in this process
+    args = ["sweep", "--widths", "8", "16", "--quick", "--steps", "8", "--batch", "2", "--context", "16", "-j", "1"]
+    assert main(args + ["--out", str(tmp_path / "ray"), "--executor", "ray"]) == 0
+    threads = torch.get_num_threads()
+    torch.set_num_threads(cores())  # the thread count the Ray tasks had
+    try:
+        assert main(args + ["--out", str(tmp_path / "local")]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    ids = sorted(p.name for p in (tmp_path / "local").iterdir())
+    assert ids == sorted(p.name for p in (tmp_path / "ray").iterdir()) and len(ids) == 4
+    for run_id in ids:
+        on_ray, local = comparable(tmp_path / "ray" / run_id), comparable(tmp_path / "local" / run_id)
+        assert on_ray["results"]["perplexity"] == local["results"]["perplexity"]
+        assert on_ray == local
+        assert steps_logged(tmp_path / "ray" / run_id) == [0, 8]
+        assert not (tmp_path / "ray" / run_id / rec.CHECKPOINT).exists()
+
+
+def _in_thread(fn):
+    box = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the test thread
+            box["error"] = e
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, box
+
+
+def test_killed_worker_is_retried_from_its_last_checkpoint(cluster, tmp_path, corpus):
+    specs = [spec(corpus, 8, s, steps=400, record_every=10, checkpoint_every=25) for s in ("none", "inv_sqrt_d")]
+    out = tmp_path / "ray"
+    thread, box = _in_thread(lambda: execute(specs, CORPUS, out, jobs=2, progress=False, corpus=corpus,
+                                             executor="ray"))
+    deadline = time.monotonic() + 60
+    victim = None
+    while victim is None:  # a run whose checkpoint reached the driver's disk, still training
+        assert time.monotonic() < deadline and thread.is_alive(), box
+        for s in specs:
+            if (out / s.run_id / rec.CHECKPOINT).exists():
+                victim = s
+        time.sleep(0.01)
+    [proc] = [p for p in ray_processes() if p.cmdline()[:1] == [f"ray::train {victim.run_id}"]]
+    os.kill(proc.pid, signal.SIGKILL)
+    thread.join(timeout=120)
+    assert not thread.is_alive() and "error" not in box, box.get("error")
+    runs = {r.run_id: r for r in box["value"]}
+    assert {r.status for r in runs.values()} == {"done"}
+    assert runs[victim.run_id].results.resumed_from  # the retry started from the checkpoint, not step 0
+    for s in specs:
+        assert steps_logged(out / s.run_id) == list(range(0, 401, 10))  # no step twice
+        assert not (out / s.run_id / rec.CHECKPOINT).exists()
+    [alone] = execute([victim], CORPUS, tmp_path / "local", progress=False, corpus=corpus)
+    resumed, never_killed = comparable(out / victim.run_id, TIMING + RESUMED), comparable(alone.path, TIMING + RESUMED)
+    assert resumed == never_killed, {k: (v, never_killed["results"].get(k))
+                                     for k, v in resumed["results"].items() if v != never_killed["results"].get(k)}
+
+
+def _states(out: Path) -> dict[str, str]:
+    states = {}
+    for d in out.glob("d*"):
+        try:
+            states[d.name] = rec.read(d).status
+        except ConfigError:
+            pass
+    return states
+
+
+def test_killed_driver_then_rerun_keeps_finished_runs(cluster, tmp_path):
+    # the driver to kill is a process of its own: a new Ray job on the fixture's instance, whose
+    # workers import torch afresh, so -j 1 (one run at a time, 2 threads) needs one of them, not two;
+    # the rerun, the same command, runs in this process (connected to the same instance already)
+    out = tmp_path / "sweep"
+    args = ["sweep", "--widths", "8", "16", "--quick", "--steps", "40", "--batch", "2", "--context", "16", "-j", "1",
+            "--out", str(out), "--executor", "ray", "--ray-address", cluster]
+    proc = subprocess.Popen([sys.executable, "-m", "attnscale.cli", *args], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 90
+        while not ("done" in _states(out).values() and "running" in _states(out).values()):
+            assert proc.poll() is None, f"the sweep ended before it could be killed: {proc.stderr.read().decode()}"
+            assert time.monotonic() < deadline, "no run finished within 90 s"
+            time.sleep(0.01)
+        os.kill(proc.pid, signal.SIGKILL)
+    finally:
+        proc.kill()
+        proc.wait()
+    killed = _states(out)
+    finished = {r for r, s in killed.items() if s == "done"}
+    assert finished and "running" in killed.values()
+    kept = {r: ((out / r / rec.RECORD).read_bytes(), (out / r / rec.RECORD).stat().st_mtime_ns) for r in finished}
+
+    assert main(args) == 0
+    after = _states(out)
+    assert sorted(after) == ["d16-inv_sqrt_d-s0", "d16-none-s0", "d8-inv_sqrt_d-s0", "d8-none-s0"]
+    assert set(after.values()) == {"done"}
+    for r, (content, mtime) in kept.items():  # not lost, not redone
+        assert (out / r / rec.RECORD).read_bytes() == content
+        assert (out / r / rec.RECORD).stat().st_mtime_ns == mtime
+    for r in after:
+        assert steps_logged(out / r) == list(range(0, 41, 10))
+    assert not list(out.rglob("*.tmp"))
+
+
+def test_a_failing_run_is_reported_and_the_others_finish(cluster, tmp_path, corpus):
+    from attnscale.core.scales import SCALES, ScoreScale, register_scale
+
+    @register_scale("driver_only")  # known to this process, not to Ray's workers: the run fails there
+    class DriverOnly(ScoreScale):
+        def factor(self):
+            return 1.0 / self.head_dim
+
+    try:
+        specs = [spec(corpus, 8, "driver_only"), spec(corpus, 8, "none")]
+        with pytest.raises(ConfigError, match=r"1 of 2 runs failed \(d8-driver_only-s0: ConfigError: unknown scale"):
+            execute(specs, CORPUS, tmp_path, jobs=2, progress=False, corpus=corpus, executor="ray")
+    finally:
+        SCALES.pop("driver_only")
+    assert rec.read(tmp_path / "d8-none-s0").status == "done"
+    assert rec.read(tmp_path / "d8-driver_only-s0").status == "running"  # a rerun retries it
+
+
+def test_an_address_where_no_cluster_listens_is_one_line(capsys, tmp_path):
+    pytest.importorskip("ray", reason="Ray cannot be imported here: pip install 'attnscale[ray]'")
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    args = ["sweep", "--widths", "8", "--quick", "--out", str(tmp_path)]
+    assert main(args + ["--ray-address", f"127.0.0.1:{port}"]) == 2
+    assert "add --executor ray" in capsys.readouterr().err
+    assert main(args + ["--executor", "ray", "--ray-address", f"127.0.0.1:{port}"]) == 2
+    assert "no Ray cluster answers there" in capsys.readouterr().err
