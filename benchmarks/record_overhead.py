@@ -25,7 +25,8 @@ import torch
 
 from attnscale.lm.data import load_corpus
 from attnscale.lm.model import ModelConfig
-from attnscale.lm.train import TrainConfig, preset, train
+from attnscale.lm.presets import budget
+from attnscale.lm.train import TrainConfig, train
 
 
 def step_times(mcfg: ModelConfig, cfg: TrainConfig, corpus) -> list[float]:
@@ -36,14 +37,14 @@ def step_times(mcfg: ModelConfig, cfg: TrainConfig, corpus) -> list[float]:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--preset", default="sweep")
+    ap.add_argument("--preset", default="default")
     ap.add_argument("--widths", type=int, nargs="+", default=[32, 256])
     ap.add_argument("--steps", type=int, default=40)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args()
     torch.set_num_threads(1)
     corpus = load_corpus("default")
-    model_kw, base = preset(args.preset)
+    model_kw, base = budget(args.preset).model, budget(args.preset).train
     print(f"torch {torch.__version__}, 1 thread, preset {args.preset!r} model {model_kw}, batch {base.batch}, "
           f"dtype {base.dtype}, {args.steps} steps")
     for width in args.widths:

@@ -82,3 +82,44 @@ def test_unwritable_out(tmp_path):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.startswith("error: --out: cannot write to")
     assert len(r.stderr.strip().splitlines()) == 1
+
+
+def _commands():
+    from attnscale.cli import build_parser
+
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.__class__.__name__ == "_SubParsersAction")
+    return sub.choices
+
+
+@pytest.mark.parametrize("command", sorted(_commands()))
+def test_every_option_has_help(command, capsys):
+    with pytest.raises(SystemExit) as done:
+        main([command, "--help"])
+    assert done.value.code == 0
+    text = capsys.readouterr().out
+    for action in _commands()[command]._actions:
+        if action.option_strings:
+            assert action.help and action.help.strip(), f"{command} {action.option_strings} has no help"
+            assert action.option_strings[-1] in text
+        assert ".py" not in (action.help or ""), f"{command} {action.option_strings} names a file: {action.help}"
+
+
+def test_defaults_are_the_librarys():
+    from attnscale.core.diagnostics import FROZEN_THRESHOLD
+    from attnscale.experiments.fresh import FreshConfig
+    from attnscale.experiments.spread import SpreadConfig
+
+    cmds = _commands()
+    defaults = {c: {a.dest: a.default for a in cmds[c]._actions} for c in ("spread", "fresh", "inspect")}
+    assert tuple(defaults["spread"]["widths"]) == SpreadConfig().widths
+    assert defaults["spread"]["pairs"] == SpreadConfig().pairs
+    assert tuple(defaults["fresh"]["widths"]) == FreshConfig().widths
+    assert defaults["fresh"]["threshold"] == defaults["inspect"]["threshold"] == FROZEN_THRESHOLD
+
+
+def test_learned_scheme_prints_nothing_on_stderr():
+    r = run_cli("spread", "--widths", "4", "16", "--pairs", "200", "--scale", "learned_temp", "qk_norm")
+    assert r.returncode == 0 and r.stderr == ""
+    r = run_cli("fresh", "--widths", "8", "--sequences", "2", "--scale", "learned_temp", "--init", "model")
+    assert r.returncode == 0 and r.stderr == ""

@@ -99,3 +99,89 @@ def test_report_and_sweep_cli_name_the_same_start(tmp_path):
     rows = sweep.rows_from_records(runs.sweep)
     assert course.gap_start(runs) == sweep.gap_table(rows)["gap_starts_at"] == 256
 
+
+
+def _dynamics_pair(root, start_spread, end_spread=5200.0, end_frozen=0.999):
+    from test_report import _train
+
+    _train(root, "dynamics", 1024, "none", 0, ppl=50.0, corpus="c", start=(start_spread, 0.3, 3.0),
+           end=(end_spread, end_frozen, 1.0))
+    _train(root, "dynamics", 1024, "inv_sqrt_d", 0, ppl=40.0, corpus="c", start=(3.0, 0.0, 30.0), end=(3.4, 0.0, 20.0))
+    return root
+
+
+START = "d=1024, no scale: spread about 21 at the start"
+
+
+def test_start_spread_is_judged_on_layer_0_and_shows_the_mean_of_all_layers(tmp_path):
+    # the fixture's layer 1 is 30% above layer 0: layer 0 = 21.2, all layers 24.4
+    v = _verdicts(_dynamics_pair(tmp_path / "a", 21.2))[START]
+    assert v.verdict == course.AGREES
+    assert v.ours.startswith("21.2 in layer 0") and "24.4 over all 2 layers" in v.ours
+    # layer 0 = 15.9: the mean over layers (18.3) sits inside ±25% of 21, layer 0 is not within ±10%
+    v = _verdicts(_dynamics_pair(tmp_path / "b", 15.9))[START]
+    assert v.verdict == course.DIFFERS and "15.9 in layer 0" in v.ours
+
+
+def test_growth_short_of_the_course_is_partly_and_no_growth_differs(tmp_path):
+    grows, frozen = "… grows to over 5,000 by the end", "… and 99.9% of rows end frozen"
+    v = _verdicts(_dynamics_pair(tmp_path / "a", 21.0, end_spread=344.0, end_frozen=0.927))
+    assert v[grows].verdict == course.PARTLY and "up from" in v[grows].note
+    assert v[frozen].verdict == course.PARTLY
+    v = _verdicts(_dynamics_pair(tmp_path / "b", 21.0, end_spread=10.0, end_frozen=0.1))
+    assert v[grows].verdict == course.DIFFERS and v[frozen].verdict == course.DIFFERS
+    v = _verdicts(_dynamics_pair(tmp_path / "c", 21.0))
+    assert v[grows].verdict == v[frozen].verdict == course.AGREES
+
+
+def _sweep(root, gaps, seeds=(0,)):
+    from test_report import _train
+
+    for d, gap in gaps.items():
+        for seed in seeds:
+            _train(root, "sweep", d, "inv_sqrt_d", seed, ppl=40.0, corpus="c")
+            _train(root, "sweep", d, "none", seed, ppl=40.0 + gap + 0.05 * seed, corpus="c")
+    return _verdicts(root)
+
+
+D32 = "d=32: no difference (unscaled very slightly ahead)"
+
+
+def test_d32_sign_is_part_of_the_claim(tmp_path):
+    v = _sweep(tmp_path / "a", {32: 0.72})[D32]  # the scaled run ahead, however slightly: differs
+    assert v.verdict == course.DIFFERS and "scaled run is ahead" in v.note
+    assert _sweep(tmp_path / "b", {32: -0.3})[D32].verdict == course.AGREES
+    v = _sweep(tmp_path / "c", {32: -23.2})[D32]  # unscaled ahead, by far more than "very slightly"
+    assert v.verdict == course.PARTLY and "direction holds" in v.note
+    # with seeds, 3 SE of slack: +0.02 ± 0.03 is not a sign against the claim
+    assert _sweep(tmp_path / "d", {32: 0.0}, seeds=(0, 1, 2))[D32].verdict == course.AGREES
+
+
+def test_gap_of_the_right_sign_but_wrong_size_is_partly(tmp_path):
+    wide = "d ≥ 256: worth 17 to 18 points"
+    v = _sweep(tmp_path / "a", {128: 2.1, 256: 2.3, 512: 3.0, 1024: 6.3})
+    assert v[wide].verdict == course.PARTLY
+    assert v["d=128: the scale helps by about 2 points"].verdict == course.AGREES
+    v = _sweep(tmp_path / "b", {128: 12.9, 256: -1.0, 512: 90.0})
+    assert v[wide].verdict == course.DIFFERS and "direction does not hold" in v[wide].note
+    assert v["d=128: the scale helps by about 2 points"].verdict == course.PARTLY
+
+
+def test_reasons_list_every_claim_that_does_not_agree(tmp_path):
+    got = course.evaluate(load_runs(write_runs(tmp_path / "a")))
+    assert course.reasons(got) == []
+    root = write_runs(tmp_path / "b", training=False)
+    _sweep(root, {32: 0.72, 128: 2.0})
+    got = course.evaluate(load_runs(root))
+    lines = course.reasons(got)
+    assert len(lines) == 1 and lines[0].startswith(D32) and "differs" in lines[0] and "+0.72" in lines[0]
+
+
+def test_course_and_analysis_load_no_experiment_and_no_matplotlib():
+    import subprocess
+    import sys
+
+    code = ("import sys, attnscale.report.analysis, attnscale.report.course; "
+            "print(sorted(m for m in sys.modules if m.startswith(('attnscale.experiments', 'matplotlib'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"

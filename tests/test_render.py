@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from attnscale.report import render
 
 EVIL = '<script>alert(1)</script> & "quoted" | piped'
@@ -19,7 +21,28 @@ def test_html_escapes_every_string_and_allows_no_script_or_fetch():
 
 def test_markdown_escapes_html_and_table_pipes():
     md = render.to_markdown(BLOCKS)
-    assert "<script>" not in md and "&lt;script&gt;" in md
-    row = next(line for line in md.splitlines() if line.startswith("| &lt;script"))
+    assert not re.search(r"(?<!\\)<(script|/script)", md) and "\\<script>alert(1)\\</script>" in md
+    assert not re.search(r"&[#\w]+;", md)  # no HTML entities: the file reads as it renders
+    row = next(line for line in md.splitlines() if line.startswith("| \\<script"))
     assert row.count(" | ") == 1 and "\\| piped" in row  # the pipe in the text does not split the cell
-    assert "![caption &lt;script&gt;alert(1)&lt;/script&gt;" in md and "](a.png)" in md
+    assert "![caption \\<script>alert(1)\\</script>" in md and "](a.png)" in md
+
+
+def test_markdown_leaves_comparisons_readable_and_entities_literal():
+    md = render.to_markdown([("p", "median < 1.5, over > 5,000, a&b, &amp; kept"), ("p", "> not a quote"),
+                             ("p", "# not a heading")])
+    assert "median < 1.5, over > 5,000, a&b, \\&amp; kept" in md
+    assert "\\> not a quote" in md and "\\# not a heading" in md
+
+
+def test_number_columns_are_right_aligned():
+    blocks = [("table", ["name", "ppl", "share", "note"], [["a", "1,234.50", "5.0%", "x"], ["b", "—", "12.1%", "2 y"]])]
+    md = render.to_markdown(blocks)
+    assert "|---|---:|---:|---|" in md
+    page = render.to_html(blocks, {})
+    assert '<td class="num">1,234.50</td>' in page and "<td>x</td>" in page
+
+
+def test_banner_is_set_apart():
+    assert '<p class="banner">Quick preset</p>' in render.to_html([("banner", "Quick preset")], {})
+    assert render.to_markdown([("banner", "Quick *preset*")]).startswith("> **Quick \\*preset\\***")

@@ -102,7 +102,7 @@ def write_runs(root: Path, *, training: bool = True, corpus: str = "wikitext-2")
         _record(root / f"fresh-{init}", "fresh", {"init": init, "words": 64, "sequences": 200, "note": XSS},
                 {"rows": rows, "illustration": _illustration()})
     if training:
-        for scale, start, end in (("none", (18.0, 0.3, 3.0), (5200.0, 0.999, 1.0)), ("inv_sqrt_d", (3.0, 0.0, 30.0), (3.0, 0.0, 20.0))):
+        for scale, start, end in (("none", (21.0, 0.3, 3.0), (5200.0, 0.999, 1.0)), ("inv_sqrt_d", (3.0, 0.0, 30.0), (3.0, 0.0, 20.0))):
             _train(root, "dynamics", 1024, scale, 0, ppl=50.0, corpus=corpus, start=start, end=end)
         for d, gap in ((32, -0.2), (128, 2.0), (256, 17.5), (1024, 17.8)):
             for seed in (0, 1):
@@ -143,10 +143,10 @@ def test_all_experiments(tmp_path):
 
 def test_strings_from_records_are_escaped(tmp_path):
     paths = report.build(write_runs(tmp_path / "runs", corpus=XSS), tmp_path / "out")
-    for key in ("html", "markdown"):
-        text = paths[key].read_text()
-        assert XSS not in text
-        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in text
+    html_text, md = paths["html"].read_text(), paths["markdown"].read_text()
+    assert XSS not in html_text and XSS not in md
+    assert "&lt;script&gt;alert(1)&lt;/script&gt;" in html_text
+    assert "\\<script>alert(1)\\</script>" in md and not re.search(r"&[#\w]+;", md)
 
 
 def test_rebuild_gives_the_same_report(tmp_path):
@@ -204,3 +204,83 @@ def test_import_does_not_load_matplotlib():
     code = "import sys, attnscale, attnscale.report, attnscale.report.course; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def _as_preset(root: Path, name: str) -> None:
+    """Give every training record under ``root`` the settings of the preset ``name`` (lm.presets)."""
+    from dataclasses import asdict
+
+    from attnscale.lm.presets import budget
+
+    model, train = budget(name).model, budget(name).train
+    for path in root.rglob("record.json"):
+        rec = json.loads(path.read_text())
+        if rec["experiment"] == "train":
+            rec["config"]["model"].update(model)
+            rec["config"]["train"].update({k: v for k, v in asdict(train).items() if k != "seed"})
+            path.write_text(json.dumps(rec))
+
+
+def test_the_first_lines_name_the_preset_and_the_claims_that_differ(tmp_path):
+    runs = write_runs(tmp_path / "runs")
+    md = report.build(runs, tmp_path / "custom")["markdown"].read_text()
+    assert md.splitlines()[2].startswith("> **Custom settings")
+    _as_preset(runs, "quick")
+    md = report.build(runs, tmp_path / "quick")["markdown"].read_text()
+    first = md.splitlines()
+    assert first[0].endswith("(quick preset)") and first[2].startswith("> **Quick preset")
+    assert "not the full reproduction" in first[2] and "60 steps per run" in first[2]
+    _as_preset(runs, "default")
+    md = report.build(runs, tmp_path / "full")["markdown"].read_text()
+    assert "quick" not in md.splitlines()[0] and md.splitlines()[2].startswith("> **Default preset")
+    assert "400 steps per run" in md.splitlines()[2]
+    assert "Claims that do not agree" not in md  # every claim agrees on these records
+    # a claim that differs is listed at the top, with its reason
+    rec_path = runs / "sweep" / "d32-none-s0" / "record.json"
+    for seed in (0, 1):
+        p = runs / "sweep" / f"d32-none-s{seed}" / "record.json"
+        rec = json.loads(p.read_text())
+        rec["results"]["perplexity"] = 40.72 + 0.1 * seed
+        p.write_text(json.dumps(rec))
+    md = report.build(runs, tmp_path / "differs")["markdown"].read_text()
+    head = md[:md.index("## 1.")]
+    assert rec_path.exists() and "Claims that do not agree, and why:" in head
+    assert "- d=32: no difference (unscaled very slightly ahead) — differs" in head
+    assert "the scaled run is ahead" in head and "1 differ" in head
+
+
+def test_runs_shared_by_two_stages_are_counted_once(tmp_path):
+    runs = write_runs(tmp_path / "runs")
+    n = sum(1 for _ in runs.rglob("record.json")) - 2  # two of the sweep's become copies
+    for scale in ("none", "inv_sqrt_d"):  # the sweep's widest pair, copied from the dynamics stage
+        src = runs / "dynamics" / f"d1024-{scale}-s0"
+        dst = runs / "sweep" / f"d1024-{scale}-s0"
+        rec = json.loads((src / "record.json").read_text())
+        rec.update(group="sweep", copied_from=str(src))
+        (dst / "metrics.jsonl").write_bytes((src / "metrics.jsonl").read_bytes())
+        (dst / "record.json").write_text(json.dumps(rec))
+    md = report.build(runs, tmp_path / "out")["markdown"].read_text()
+    assert f"Built from {n} run records" in md
+    assert "2 of the sweep's runs are the dynamics runs, shared between the two stages and counted once" in md
+    assert md.count("shared with the dynamics stage (copied, not retrained)") == 2
+
+
+def test_environments_that_differ_only_in_threads_are_one_line(tmp_path):
+    runs = write_runs(tmp_path / "runs")
+    for i, path in enumerate(sorted(runs.rglob("record.json"))):
+        rec = json.loads(path.read_text())
+        rec["environment"] = {**ENV, "torch_threads": 1 + i % 2}
+        path.write_text(json.dumps(rec))
+    md = report.build(runs, tmp_path / "out")["markdown"].read_text()
+    envs = md[md.index("Software and hardware:"):].strip().splitlines()[2:]
+    assert len(envs) == 1 and "torch_threads=1 or 2 (threads per process" in envs[0]
+
+
+def test_numbers_are_right_aligned_with_one_precision_per_column(tmp_path):
+    md = report.build(write_runs(tmp_path / "runs"), tmp_path / "out")["markdown"].read_text()
+    lines = md.splitlines()
+    spread_head = next(i for i, line in enumerate(lines) if line.startswith("| width d | scale | raw spread"))
+    assert lines[spread_head + 1] == "|---:|---|---:|---:|---:|---:|---:|"
+    factors = [row.split(" | ")[5] for row in lines[spread_head + 2:spread_head + 9]]
+    assert len({len(f.split(".")[1]) for f in factors}) == 1, factors  # one number of decimals
+    assert not re.search(r"&[#\w]+;", md)

@@ -25,7 +25,10 @@ def test_quick_writes_every_stage_and_the_report(quick_out, capsys):
     for section in ("spread of q·k", "A fresh head", "during training", "held-out perplexity by width",
                     "Beyond the course: which scale?"):
         assert section in md
-    assert ", 0 not run." in md.split("\n", 3)[2]  # the summary line: every claim was judged
+    lines = md.splitlines()
+    assert lines[0].endswith("(quick preset)") and lines[2].startswith("> **Quick preset")  # never taken for the full one
+    assert ", 0 not run." in lines[4]  # the summary line: every claim was judged
+    assert "2 of the sweep's runs are the dynamics runs" in lines[4]  # copied, counted once
     assert (quick_out / "report" / "index.html").stat().st_size > 50_000
 
 

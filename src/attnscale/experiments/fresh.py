@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from attnscale import limits
 from attnscale.core.attention import masked_softmax
 from attnscale.core.diagnostics import FROZEN_THRESHOLD, describe_row, effective_words, row_summary
 from attnscale.errors import ConfigError
@@ -55,6 +56,8 @@ class FreshConfig:
             raise ConfigError(f"init must be 'unit' or 'model', got {self.init!r}")
         if not 0 < self.threshold < 1:
             raise ConfigError(f"threshold must lie between 0 and 1, got {self.threshold}")
+        limits.check(limits.fresh_cost(self.widths, self.words, self.sequences, len(self.scales)),
+                     "use fewer words or sequences, or narrower widths")
 
 
 def _unit_pattern(width: int, scale: str, cfg: FreshConfig) -> torch.Tensor:

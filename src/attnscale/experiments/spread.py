@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from attnscale import limits
 from attnscale.core.diagnostics import spread
 from attnscale.errors import ConfigError
 from attnscale.experiments import check_widths_and_scales, width_seed
@@ -35,6 +36,8 @@ class SpreadConfig:
         check_widths_and_scales(self.widths, self.scales)
         if self.pairs < 2:
             raise ConfigError(f"pairs must be at least 2 to measure a spread, got {self.pairs}")
+        limits.check(limits.spread_cost(self.widths, self.pairs, len(self.scales), _CHUNK),
+                     "use fewer pairs or narrower widths")
 
 
 def _std_error(x: torch.Tensor) -> float:
@@ -45,23 +48,23 @@ def _std_error(x: torch.Tensor) -> float:
     return float(((m4 - m2**2) / x.numel()).sqrt() / (2 * m2.sqrt()))
 
 
+@torch.no_grad()  # a measurement: a learned scheme's factor is read, never trained
 def measure(width: int, pairs: int, scales: tuple[str, ...], seed: int) -> list[dict]:
     """Rows for one width: raw spread, scaled spread per scheme, sqrt(d) beside them."""
     gen = torch.Generator().manual_seed(width_seed(seed, width))
     modules = [get_scale(s, width) for s in scales]
     raw, scaled = [], [[] for _ in modules]
     step = max(1, _CHUNK // width)
-    with torch.no_grad():
-        for start in range(0, pairs, step):
-            n = min(step, pairs - start)
-            q_ND = torch.randn(n, width, generator=gen)
-            k_ND = torch.randn(n, width, generator=gen)
-            raw_N = torch.linalg.vecdot(q_ND, k_ND)
-            raw.append(raw_N)
-            for out, m in zip(scaled, modules):
-                # a scheme that leaves q and k alone is a function of the raw score: skip the second product
-                same_qk = type(m).prepare is ScoreScale.prepare
-                out.append(m.cap(raw_N * m.factor()) if same_qk else m.pair_scores(q_ND, k_ND))
+    for start in range(0, pairs, step):
+        n = min(step, pairs - start)
+        q_ND = torch.randn(n, width, generator=gen)
+        k_ND = torch.randn(n, width, generator=gen)
+        raw_N = torch.linalg.vecdot(q_ND, k_ND)
+        raw.append(raw_N)
+        for out, m in zip(scaled, modules):
+            # a scheme that leaves q and k alone is a function of the raw score: skip the second product
+            same_qk = type(m).prepare is ScoreScale.prepare
+            out.append(m.cap(raw_N * m.factor()) if same_qk else m.pair_scores(q_ND, k_ND))
     raw_N = torch.cat(raw)
     raw_spread = float(spread(raw_N))
     se = _std_error(raw_N)

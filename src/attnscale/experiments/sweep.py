@@ -7,7 +7,8 @@ about 2 points of perplexity at 128, 17 to 18 from 256 upwards.
 
 The gap at a width is ppl(none) − ppl(inv_sqrt_d), averaged over seeds; seeds
 are paired (the same seed gives both schemes the same batches), so its standard
-error is that of the per-seed differences. Any registered scheme can join the
+error is that of the per-seed differences (``report.analysis.gap_table``, which
+the report reads too, with the rule for where the gap starts). Any registered scheme can join the
 sweep; the gap table compares two of them (``baseline``, ``reference``).
 
 Runs go to ``out/<run_id>`` with record extra {"group": "sweep"}, resumed by
@@ -16,31 +17,21 @@ Runs go to ``out/<run_id>`` with record extra {"group": "sweep"}, resumed by
 
 from __future__ import annotations
 
-import math
-import statistics
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
 from attnscale.runs import store
-from attnscale.runs.record import FINISHED, TrainRun
+from attnscale.runs.record import TrainRun
 from attnscale.errors import ConfigError
-from attnscale.experiments.dynamics import default_model, default_train, model_config
+from attnscale.experiments.dynamics import check_budget, default_model, default_train, model_config
 from attnscale.lm.presets import budget
 from attnscale.runs.runner import CorpusSpec, RunSpec, execute
 from attnscale.lm.train import TrainConfig
+from attnscale.report.analysis import GAP_RULE, GAP_THRESHOLD_PPL, gap_table, mean_se, run_rows
 
 __all__ = ["SweepConfig", "preset", "run", "run_records", "specs", "rows_from_records", "gap_table", "format_table",
-           "GAP_THRESHOLD_PPL"]
-
-# Where "large" starts: the first width from which every wider width shows a gap
-# above 1 point of perplexity and, with two or more seeds, above 2 standard
-# errors of the gap. 1 point sits between the course's "no difference" (width
-# 32) and the smallest gap it calls a help ("about 2 points", width 128); the
-# 2-SE condition keeps seed-to-seed noise from counting as a gap. Requiring
-# every wider width to agree keeps one noisy narrow width from starting it early.
-GAP_THRESHOLD_PPL = 1.0
-GAP_RULE = ("gap > 1 ppl (and > 2 SE over seeds when there are 2 or more) at this width and every wider one")
+           "GAP_THRESHOLD_PPL", "GAP_RULE"]
 
 
 @dataclass(frozen=True)
@@ -70,6 +61,10 @@ class SweepConfig:
             replace(self.train, lr=lr)  # TrainConfig says what a bad lr is
         for scale in self.scales:
             model_config(self.model, 1, self.widths[0], scale)
+        check_budget(self.model, self.train, self.runs_per_width())
+
+    def runs_per_width(self) -> dict[int, int]:
+        return {w: len(self.scales) * len(self.seeds) * len(self.lrs or (None,)) for w in self.widths}
 
     @property
     def corpus_spec(self) -> CorpusSpec:
@@ -90,6 +85,7 @@ def preset(quick: bool = False, corpus: str = "default", seed: int = 0, tokenize
 
 def specs(cfg: SweepConfig, vocab_size: int, group: str = "sweep") -> list[RunSpec]:
     """One run per width × scheme × seed (× lr), narrow widths first."""
+    check_budget(cfg.model, cfg.train, cfg.runs_per_width(), vocab_size)
     out = []
     for lr in cfg.lrs or (None,):
         for width in cfg.widths:
@@ -120,78 +116,9 @@ def run(cfg: SweepConfig, out: Path, jobs: int = 1, progress: bool = True,
 
 
 def rows_from_records(runs: list[TrainRun], varied_lr: bool = False) -> list[dict[str, Any]]:
-    """Rows {run_id, width, scale, seed, lr, valid_ppl, status, diverged_at, train_seconds}.
-
-    ``lr`` is the run's learning rate when the sweep varied it, else None."""
-    return [{
-        "run_id": t.run_id,
-        "width": t.width,
-        "scale": t.scale,
-        "seed": t.seed,
-        "lr": t.lr if varied_lr else None,
-        "valid_ppl": t.perplexity,
-        "status": t.status,
-        "diverged_at": t.diverged_at,
-        "train_seconds": t.results.train_seconds,
-    } for t in runs]
-
-
-def _mean_se(values: list[float]) -> tuple[float | None, float | None]:
-    if not values:
-        return None, None
-    mean = statistics.fmean(values)
-    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) >= 2 else None
-    return mean, se
-
-
-def gap_table(rows: list[dict[str, Any]], baseline: str = "none", reference: str = "inv_sqrt_d",
-              threshold: float = GAP_THRESHOLD_PPL) -> dict[str, Any]:
-    """Per (lr, width): ppl(baseline) − ppl(reference), mean and SE over paired seeds, and where the gap starts.
-
-    A diverged run has no perplexity: a width where only the baseline diverged
-    counts as a gap (``diverged`` says which side), with ``gap`` None."""
-    cells: dict[tuple, dict[str, dict[int, float | None]]] = {}
-    for r in rows:
-        if r["scale"] in (baseline, reference) and r["status"] in FINISHED:
-            cells.setdefault((r["lr"], r["width"]), {baseline: {}, reference: {}})[r["scale"]][r["seed"]] = r["valid_ppl"]
-    out_rows = []
-    for (lr, width) in sorted(cells, key=lambda k: (k[0] is not None, k[0] or 0, k[1])):
-        b, ref = cells[(lr, width)][baseline], cells[(lr, width)][reference]
-        paired = sorted(set(b) & set(ref))
-        if not paired:
-            continue
-        b_div = [s for s in paired if b[s] is None]
-        r_div = [s for s in paired if ref[s] is None]
-        both = [s for s in paired if b[s] is not None and ref[s] is not None]
-        gap, se = _mean_se([b[s] - ref[s] for s in both])
-        diverged = ("both" if b_div and r_div else "baseline" if b_div else "reference" if r_div else None)
-        if diverged == "baseline":
-            counts = True
-        elif diverged is not None or gap is None:
-            counts = False
-        else:
-            counts = gap > threshold and (se is None or gap > 2 * se)
-        out_rows.append({
-            "lr": lr, "width": width, "seeds": len(paired),
-            "baseline_ppl": _mean_se([b[s] for s in paired if b[s] is not None])[0],
-            "reference_ppl": _mean_se([ref[s] for s in paired if ref[s] is not None])[0],
-            "gap": None if diverged else gap, "gap_se": None if diverged else se,
-            "diverged": diverged, "counts": counts,
-        })
-    starts = []
-    for lr in dict.fromkeys(r["lr"] for r in out_rows):
-        group = [r for r in out_rows if r["lr"] == lr]
-        start = None
-        for r in reversed(group):  # widest first: extend the run of counting widths downwards
-            if not r["counts"]:
-                break
-            start = r["width"]
-        starts.append({"lr": lr, "width": start})
-    return {
-        "baseline": baseline, "reference": reference, "threshold_ppl": threshold, "rule": GAP_RULE,
-        "rows": out_rows, "starts": starts,
-        "gap_starts_at": starts[0]["width"] if len(starts) == 1 else None,
-    }
+    """Rows {run_id, width, scale, seed, lr, valid_ppl, status, diverged_at, train_seconds}
+    (``report.analysis.run_rows``). ``lr`` is the run's learning rate when the sweep varied it, else None."""
+    return run_rows(runs, varied_lr)
 
 
 def _fmt_ppl(mean: float | None, se: float | None, diverged: int) -> str:
@@ -217,7 +144,7 @@ def format_table(rows: list[dict[str, Any]], baseline: str = "none", reference: 
             for s in scales:
                 mine = [r for r in rows if r["lr"] == lr and r["width"] == width and r["scale"] == s]
                 ppls = [r["valid_ppl"] for r in mine if r["valid_ppl"] is not None]
-                cells.append(_fmt_ppl(*_mean_se(ppls), sum(r["status"] == "diverged" for r in mine)))
+                cells.append(_fmt_ppl(*mean_se(ppls), sum(r["status"] == "diverged" for r in mine)))
             g = by_cell.get((lr, width))
             if g is None:
                 gap = "-"

@@ -3,8 +3,12 @@
 Each ``Claim`` holds the chapter's words (course-chapter-9), its figure, the
 tolerance we judge by (stated in words, because the reader must be able to
 disagree with it), and a function that reads our number from the records and
-returns a verdict: "agrees", "differs", or "not run" when the records needed
-are absent. Nothing here runs an experiment; ``runs`` is ``report.Runs``.
+returns a verdict: "agrees"; "partly" where the direction of the claim holds
+and its size does not (spread grows, but not to the course's figure; the scale
+helps, but by fewer points); "differs"; or "not run" when the records needed
+are absent. Nothing here runs an experiment or reads a file: ``runs`` is
+anything shaped like ``RunsView`` (the report's ``Runs``), and the numbers
+(means, SEs, the gap table) come from ``analysis``.
 
 Tolerances, and why:
 - spread: the estimate's own noise, 3 standard errors. For q·k with unit
@@ -17,23 +21,61 @@ Tolerances, and why:
   agrees if it is a typical single row, inside our p10–p90 range.
 - perplexity gaps: the rounding interval, widened by 3 SE of the gap where the
   seeds give one (≥ 2 seeds per cell); with one seed there is no noise estimate.
+  Where the course gives a direction (the scale helps; at d=32 the unscaled run
+  is slightly ahead) the sign is part of the claim: a gap of the wrong sign
+  differs however small it is.
+- the spread at the start of training: the course measured its first layer's
+  head, so layer 0 is judged; the mean over all layers is shown beside it.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
-if TYPE_CHECKING:
-    from attnscale.report import Runs
+from attnscale.report import analysis
 
-__all__ = ["AGREES", "DIFFERS", "NOT_RUN", "Claim", "Verdict", "CLAIMS", "evaluate", "spread_se", "gap_by_width", "gap_start", "fmt_gap"]
+__all__ = ["AGREES", "PARTLY", "DIFFERS", "NOT_RUN", "VERDICTS", "Claim", "Verdict", "CLAIMS", "RunsView",
+           "TrainView", "evaluate", "reasons", "spread_se", "sweep_rows", "gap_by_width", "gap_start", "fmt_gap"]
 
-AGREES, DIFFERS, NOT_RUN = "agrees", "differs", "not run"
+AGREES, PARTLY, DIFFERS, NOT_RUN = "agrees", "partly", "differs", "not run"
+VERDICTS = (AGREES, PARTLY, DIFFERS, NOT_RUN)
 SCALED = "inv_sqrt_d"
 COURSE_WIDTHS = {4: "about 2", 64: "8", 256: "16", 1024: "32"}
+
+
+class TrainView(Protocol):
+    """What the claims read from one training run (the report's ``TrainRun``)."""
+
+    run_id: str
+    width: int
+    scale: str
+    seed: Any
+    lr: float | None
+    status: str
+    perplexity: float | None  # None unless the run is "done"
+    diverged_at: int | None
+
+    def line(self, which: str) -> dict[str, Any] | None: ...  # "first"/"last" recorded step: {"step", "layers"}
+
+    def diag_mean(self, which: str, key: str) -> float: ...
+
+    def layer_means(self, which: str, key: str) -> list[float]: ...
+
+
+class RunsView(Protocol):
+    """What the claims read from a folder of runs (the report's ``Runs``)."""
+
+    spread_rows: list[dict[str, Any]]
+    fresh_rows: dict[tuple[str, int, str], dict[str, Any]]
+
+    @property
+    def dynamics(self) -> Sequence[TrainView]: ...
+
+    @property
+    def sweep(self) -> Sequence[TrainView]: ...
 
 
 @dataclass(frozen=True)
@@ -54,9 +96,9 @@ class Claim:
     claim: str  # the chapter's words
     course: str  # the chapter's figure
     tolerance: str
-    judge: Callable[[Runs], tuple[str, str, str, str]]  # runs -> (ours, verdict, beside, note)
+    judge: Callable[[RunsView], tuple[str, str, str, str]]  # runs -> (ours, verdict, beside, note)
 
-    def evaluate(self, runs: Runs) -> Verdict:
+    def evaluate(self, runs: RunsView) -> Verdict:
         ours, verdict, beside, note = self.judge(runs)
         return Verdict(self.experiment, self.claim, self.course, ours, self.tolerance, verdict, beside, note)
 
@@ -73,14 +115,13 @@ def _ok(cond: bool) -> str:
 
 
 def spread_se(row: dict) -> float:
-    """SE of the raw spread: the record's, else ½·sqrt((2 + 6/d)/n)·sqrt(d)."""
+    """SE of a row's raw spread: the record's, else ``analysis.spread_se`` of its width and pairs."""
     if row.get("raw_spread_se") is not None:
         return float(row["raw_spread_se"])
-    d, n = row["width"], row["pairs"]
-    return 0.5 * math.sqrt((2 + 6 / d) / n) * math.sqrt(d)
+    return analysis.spread_se(row["width"], row["pairs"])
 
 
-def _raw_rows(runs: Runs) -> dict[int, dict]:
+def _raw_rows(runs: RunsView) -> dict[int, dict]:
     return {int(r["width"]): r for r in runs.spread_rows}
 
 
@@ -151,12 +192,12 @@ def _rows_counted(r) -> int:
 
 def _frozen(r):
     p, n = float(r["frozen_fraction"]), _rows_counted(r)
-    return f"{100 * p:.1f}% of {n:,} rows frozen (SE {100 * math.sqrt(max(p * (1 - p), 1e-12) / n):.1f} pts)"
+    return f"{100 * p:.1f}% of {n:,} rows frozen (SE {100 * analysis.binomial_se(p, n):.1f} pts)"
 
 
 def _seven_in_ten(r):
     p, n = float(r["frozen_fraction"]), _rows_counted(r)
-    se = math.sqrt(max(p * (1 - p), 1e-12) / n)
+    se = analysis.binomial_se(p, n)
     return 0.65 - 3 * se <= p <= 0.75 + 3 * se
 
 
@@ -167,82 +208,131 @@ def _dyn(runs, scale: str, width: int = 1024):
     return [t for t in runs.dynamics if t.width == width and t.scale == scale and t.line("first")]
 
 
-def _dyn_claim(scale: str, which: str, key: str, test: Callable[[float], bool], fmt: str = "{:.1f}"):
+def _dyn_missing(runs, scale: str):
+    widths = sorted({t.width for t in runs.dynamics})
+    return _not_run(f"no dynamics run at width 1024 with scale {scale}"
+                    + (f" (dynamics ran at d={', '.join(map(str, widths))})" if widths else ""))
+
+
+def _dyn_note(got) -> str:
+    note = f"mean of {len(got)} seeds" if len(got) > 1 else ""
+    if any(t.status != "done" for t in got):
+        note = (note + "; " if note else "") + "status: " + ", ".join(sorted({t.status for t in got}))
+    return note
+
+
+def _dyn_claim(scale: str, which: str, key: str, test: Callable[[float], bool], fmt: str = "{:.1f}",
+               grows: bool = False):
+    """A claim on the mean over layers and heads of ``key`` at the first or last step.
+
+    ``grows``: the claim also says which way training moves ``key`` (up); where
+    it moved up but did not reach the course's figure the verdict is "partly"."""
     def judge(runs):
         got = _dyn(runs, scale)
         if not got:
-            widths = sorted({t.width for t in runs.dynamics})
-            return _not_run(f"no dynamics run at width 1024 with scale {scale}"
-                            + (f" (dynamics ran at d={', '.join(map(str, widths))})" if widths else ""))
-        vals = [t.diag_mean(which, key) for t in got]
-        value = sum(vals) / len(vals)
+            return _dyn_missing(runs, scale)
+        value = analysis.mean(t.diag_mean(which, key) for t in got)
         steps = sorted({t.line(which)["step"] for t in got})
         ours = fmt.format(value) + f" at step {', '.join(map(str, steps))}"
         if len(got) == 1:  # the verdict uses the mean; the layers show where it comes from
             ours += " (by layer: " + ", ".join(fmt.format(v) for v in got[0].layer_means(which, key)) + ")"
-        note = f"mean of {len(vals)} seeds" if len(vals) > 1 else ""
-        if any(t.status != "done" for t in got):
-            note = (note + "; " if note else "") + "status: " + ", ".join(sorted({t.status for t in got}))
-        return ours, _ok(test(value)), "", note
+        note = _dyn_note(got)
+        if test(value):
+            return ours, AGREES, "", note
+        first = analysis.mean(t.diag_mean("first", key) for t in got)
+        if grows and value > first:
+            moved = f"up from {fmt.format(first)} at the start, but short of the course's figure"
+            return ours, PARTLY, "", (note + "; " if note else "") + moved
+        return ours, DIFFERS, "", note
     return judge
+
+
+START_SPREAD, START_TOLERANCE = 21.0, 0.10
+
+
+def _start_spread(runs):
+    """"About 21 at the start": the course's figure is its first layer's head, so
+    layer 0 (mean over its heads, and over seeds) is judged; all layers shown beside."""
+    got = _dyn(runs, "none")
+    if not got:
+        return _dyn_missing(runs, "none")
+    layer0 = analysis.mean(t.layer_means("first", "spread")[0] for t in got)
+    overall = analysis.mean(t.diag_mean("first", "spread") for t in got)
+    steps = sorted({t.line("first")["step"] for t in got})
+    layers = len(got[0].layer_means("first", "spread"))
+    ours = f"{layer0:.1f} in layer 0 at step {', '.join(map(str, steps))} ({overall:.1f} over all {layers} layers)"
+    note = _dyn_note(got)
+    return ours, _ok(analysis.within(layer0, START_SPREAD, START_TOLERANCE)), "", note
 
 
 def _not_recovering(runs):
     got = _dyn(runs, "none")
     if not got:
         return _not_run("no dynamics run at width 1024 without the scale")
-    first = sum(t.diag_mean("first", "frozen_fraction") for t in got) / len(got)
-    last = sum(t.diag_mean("last", "frozen_fraction") for t in got) / len(got)
+    first = analysis.mean(t.diag_mean("first", "frozen_fraction") for t in got)
+    last = analysis.mean(t.diag_mean("last", "frozen_fraction") for t in got)
     return f"{100 * first:.1f}% → {100 * last:.1f}% frozen", _ok(last >= first), "", ""
 
 
 # ---- width sweep -------------------------------------------------------------
 
 
-def _gap_table(runs: Runs) -> dict:
-    """``sweep.gap_table`` of the sweep's records: the same paired-seed gaps and
-    "where the gap starts" rule that ``attnscale sweep`` prints."""
-    from attnscale.experiments import sweep
-
-    varied_lr = len({t.lr for t in runs.sweep}) > 1
-    return sweep.gap_table(sweep.rows_from_records(runs.sweep, varied_lr=varied_lr), reference=SCALED)
+def sweep_rows(runs: RunsView) -> list[dict[str, Any]]:
+    """The sweep's runs as ``analysis.gap_table`` rows (``analysis.run_rows``)."""
+    return analysis.run_rows(runs.sweep)
 
 
-def gap_by_width(runs: Runs) -> dict[int, tuple[float, float | None, int]]:
+def _gap_table(runs: RunsView) -> dict:
+    """The same paired-seed gaps and "where the gap starts" rule that ``attnscale sweep`` prints."""
+    return analysis.gap_table(sweep_rows(runs), reference=SCALED)
+
+
+def gap_by_width(runs: RunsView) -> dict[int, tuple[float, float | None, int]]:
     """width -> (ppl without scale − ppl with it, SE of that gap or None, seeds).
 
-    From ``sweep.gap_table``: means over paired seeds, SE of the per-seed
-    differences (needs ≥ 2 seeds). Where a sweep varied the learning rate, the
-    claims read the first learning rate's rows. Diverged runs have no perplexity
-    and are left out here; the run table says which."""
-    rows = _gap_table(runs)["rows"]
-    first_lr = rows[0]["lr"] if rows else None
-    return {r["width"]: (r["gap"], r["gap_se"], r["seeds"]) for r in rows
-            if r["lr"] == first_lr and r["gap"] is not None}
+    Means over paired seeds, SE of the per-seed differences (needs ≥ 2 seeds).
+    Where a sweep varied the learning rate, the claims read the first learning
+    rate's rows. Diverged runs have no perplexity and are left out here; the run
+    table says which."""
+    return analysis.gap_by_width(_gap_table(runs))
 
 
 def fmt_gap(gap, se, n) -> str:
     return f"{gap:+.2f}" + (f" ± {se:.2f} ({n} seeds)" if se is not None else " (1 seed, no noise estimate)")
 
 
-def _gap_claim(select: Callable[[int], bool], lo: float, hi: float, what: str):
+def _gap_claim(select: Callable[[int], bool], lo: float, hi: float, sign: int, what: str):
+    """Every selected width's gap inside [lo, hi] (widened by 3 SE where there is one).
+
+    ``sign``: the direction the course gives (+1: the scale helps; −1: the
+    unscaled run is ahead). A gap of that sign beyond its noise but outside the
+    band is "partly"; a gap of the other sign (or lost in noise) differs."""
     def judge(runs):
         gaps = {w: g for w, g in gap_by_width(runs).items() if select(w)}
         if not gaps:
             return _not_run(f"no sweep pair (with and without the scale) at {what}")
-        parts, ok = [], True
+        parts, size_ok, direction_ok = [], True, True
         for w, (gap, se, n) in gaps.items():
             slack = 3 * se if se is not None else 0.0
-            ok &= lo - slack <= gap <= hi + slack
+            inside = lo - slack <= gap <= hi + slack
+            size_ok &= inside
+            direction_ok &= inside or sign * gap > slack
             parts.append(f"d={w}: {fmt_gap(gap, se, n)}")
-        return "; ".join(parts), _ok(ok), "", ""
+        if size_ok:
+            return "; ".join(parts), AGREES, "", ""
+        if direction_ok:
+            lead = "the scale helps" if sign > 0 else "the unscaled run is ahead"
+            return "; ".join(parts), PARTLY, "", f"the direction holds ({lead}), the size does not"
+        signs = {(g > 0) - (g < 0) for g, _, _ in gaps.values()}
+        lead = ("the scaled run is ahead" if sign < 0 else
+                "the unscaled run is ahead" if -1 in signs else "the gap is not beyond its noise")
+        return "; ".join(parts), DIFFERS, "", f"the direction does not hold: {lead}"
     return judge
 
 
-def gap_start(runs: Runs) -> int | None:
-    """Where the gap starts, by ``sweep.gap_table``'s rule (``sweep.GAP_RULE``)."""
-    starts = _gap_table(runs)["starts"]
-    return starts[0]["width"] if starts else None
+def gap_start(runs: RunsView) -> int | None:
+    """Where the gap starts, by ``analysis.GAP_RULE``."""
+    return analysis.first_start(_gap_table(runs))
 
 
 def _starts(runs):
@@ -252,9 +342,7 @@ def _starts(runs):
     w = gap_start(runs)
     if w is None:
         return f"no gap above 1 point up to d={max(gaps)}", DIFFERS, "", ""
-    from attnscale.experiments.sweep import GAP_RULE
-
-    return f"from d={w}", _ok(32 < w <= 128), "", "the rule attnscale sweep uses: " + GAP_RULE
+    return f"from d={w}", _ok(32 < w <= 128), "", "the rule attnscale sweep uses: " + analysis.GAP_RULE
 
 
 # ---- the claims --------------------------------------------------------------
@@ -273,29 +361,41 @@ CLAIMS: list[Claim] = [
               256, SCALED, _spread_rows_words, lambda r: r["effective_words_p10"] <= 35 <= r["effective_words_p90"],
               "The course quotes one row, so we ask whether 35 is a typical single row.")),
     Claim("fresh", "d=1024, no scale: seven rows in ten frozen before training", "70%",
-          "0.65–0.75 (rounding of 'seven in ten') ± 3 binomial SE", _fresh_claim(1024, "none", _frozen, _seven_in_ten)),
+          "65–75% (rounding of 'seven in ten') ± 3 binomial SE", _fresh_claim(1024, "none", _frozen, _seven_in_ten)),
     Claim("fresh", "d=1024, with the scale: none frozen", "0%", "< 0.5% of rows",
           _fresh_claim(1024, SCALED, _frozen, lambda r: r["frozen_fraction"] < 0.005)),
-    Claim("dynamics", "d=1024, no scale: spread about 21 at the start", "≈ 21", "within ±25% of 21",
-          _dyn_claim("none", "first", "spread", lambda v: abs(v - 21) <= 0.25 * 21)),
+    Claim("dynamics", "d=1024, no scale: spread about 21 at the start", "≈ 21 (its first layer's head)",
+          f"layer 0 within ±{START_TOLERANCE:.0%} of 21", _start_spread),
     Claim("dynamics", "… grows to over 5,000 by the end", "> 5,000", "> 5,000",
-          _dyn_claim("none", "last", "spread", lambda v: v > 5000, "{:,.0f}")),
+          _dyn_claim("none", "last", "spread", lambda v: v > 5000, "{:,.0f}", grows=True)),
     Claim("dynamics", "… and 99.9% of rows end frozen", "99.9%", "≥ 99%",
-          _dyn_claim("none", "last", "frozen_fraction", lambda v: v >= 0.99, "{:.1%}")),
+          _dyn_claim("none", "last", "frozen_fraction", lambda v: v >= 0.99, "{:.1%}", grows=True)),
     Claim("dynamics", "frozen heads do not recover; they get worse", "worse", "frozen share at the end ≥ at the start",
           _not_recovering),
     Claim("dynamics", "d=1024, with the scale: the spread settles around 3.4", "≈ 3.4", "within ±30% of 3.4",
           _dyn_claim(SCALED, "last", "spread", lambda v: abs(v - 3.4) <= 0.3 * 3.4, "{:.2f}")),
-    Claim("sweep", "d=32: no difference (unscaled very slightly ahead)", "≈ 0", "|gap| ≤ 1 point (+ 3 SE)",
-          _gap_claim(lambda w: w == 32, -1.0, 1.0, "d=32")),
-    Claim("sweep", "d=128: the scale helps by about 2 points", "≈ 2", "1.5–2.5 (+ 3 SE)",
-          _gap_claim(lambda w: w == 128, 1.5, 2.5, "d=128")),
-    Claim("sweep", "d ≥ 256: worth 17 to 18 points", "17–18", "16.5–18.5 (+ 3 SE) at each width",
-          _gap_claim(lambda w: w >= 256, 16.5, 18.5, "d ≥ 256")),
+    Claim("sweep", "d=32: no difference (unscaled very slightly ahead)", "≈ 0, gap ≤ 0",
+          "−1 ≤ gap ≤ 0 points (+ 3 SE); the sign is part of the claim",
+          _gap_claim(lambda w: w == 32, -1.0, 0.0, -1, "d=32")),
+    Claim("sweep", "d=128: the scale helps by about 2 points", "≈ 2", "1.5–2.5 points (+ 3 SE)",
+          _gap_claim(lambda w: w == 128, 1.5, 2.5, +1, "d=128")),
+    Claim("sweep", "d ≥ 256: worth 17 to 18 points", "17–18", "16.5–18.5 points (+ 3 SE) at each width",
+          _gap_claim(lambda w: w >= 256, 16.5, 18.5, +1, "d ≥ 256")),
     Claim("sweep", "where 'large' starts: after 32, by 128", "32 < d ≤ 128", "narrowest width from which every wider one has a gap > 1 point", _starts),
 ]
 
 
-def evaluate(runs: Runs) -> list[Verdict]:
+def evaluate(runs: RunsView) -> list[Verdict]:
     """Every claim judged against the records in ``runs``."""
     return [c.evaluate(runs) for c in CLAIMS]
+
+
+def reasons(verdicts: Sequence[Verdict]) -> list[str]:
+    """One line per claim that does not agree: the claim, both figures, and why."""
+    out = []
+    for v in verdicts:
+        if v.verdict in (AGREES, NOT_RUN):
+            continue
+        note = f"; {v.note}" if v.note else ""
+        out.append(f"{v.claim} — {v.verdict} (tolerance {v.tolerance}): course {v.course}, ours {v.ours}{note}")
+    return out

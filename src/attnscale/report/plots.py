@@ -39,10 +39,18 @@ def _plt():
     return plt
 
 
-def _save(fig, path: Path) -> Path:
+def _shade(colour: str, i: int, n: int) -> str:
+    """The ``i``-th of ``n`` shades of ``colour``, from itself towards white: layers of one run
+    differ in colour as well as in line style."""
+    rgb = [int(colour[k:k + 2], 16) for k in (1, 3, 5)]
+    mix = 0.55 * i / max(n - 1, 1)
+    return "#" + "".join(f"{round(c + (255 - c) * mix):02x}" for c in rgb)
+
+
+def _save(fig, path: Path, rect=(0, 0, 1, 1)) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
+    fig.tight_layout(rect=rect)
     # metadata=None-equivalents keep the PNG bytes stable across rebuilds
     fig.savefig(path, dpi=DPI, metadata={"Software": None})
     _plt().close(fig)
@@ -119,6 +127,7 @@ def fresh_plot(rows_list: list[dict], path: Path) -> Path:
         ax.grid(alpha=0.3)
     ax1.set_title("A fresh head: how many words a row spreads over")
     ax2.set_title("A fresh head: rows frozen on one word")
+    ax1.legend(fontsize=8)
     ax2.legend(fontsize=8)
     return _save(fig, path)
 
@@ -129,9 +138,10 @@ def illustration(ill: dict[str, Any], path: Path) -> Path:
     mults, weights = ill["multipliers"], ill["weights"]
     eff = ill.get("effective_words") or [None] * len(mults)
     n = len(mults)
-    cols = min(n, 3)
-    fig, axes = plt.subplots(math.ceil(n / cols), cols, figsize=(4 * cols, 2.6 * math.ceil(n / cols)),
-                             sharey=True, squeeze=False)
+    # a grid with no empty panel: one row up to 5, else the widest divisor of n up to 5 (a prime: one row)
+    cols = n if n <= 5 else next((c for c in (5, 4, 3) if n % c == 0), n)
+    rows = n // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), sharey=True, squeeze=False)
     for ax, m, w, e in zip(axes.flat, mults, weights, eff):
         ax.bar(range(len(w)), w, color=scheme_colour("inv_sqrt_d"), width=0.9)
         title = f"scores × {m:g}"
@@ -139,8 +149,6 @@ def illustration(ill: dict[str, Any], path: Path) -> Path:
             title += f": {e:.1f} effective words"
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("word")
-    for ax in list(axes.flat)[n:]:
-        ax.set_visible(False)
     for ax in axes[:, 0]:
         ax.set_ylabel("weight")
     fig.suptitle("The same row of scores, made louder", fontsize=11)
@@ -168,8 +176,9 @@ def _differ(per: list[list[float]]) -> bool:
 def training(runs: list[tuple[str, str, list[dict]]], path: Path, title: str) -> Path:
     """Spread, frozen fraction, effective words and loss per step; ``runs`` = [(label, scale, metric lines)].
 
-    Solid: mean over layers and heads. Thin lines: each layer (mean over its
-    heads), drawn only where the layers differ by more than 10%."""
+    Thick: mean over layers and heads. Thin lines: each layer (mean over its
+    heads) in a lighter shade of the run's colour and its own dash, drawn only
+    where the layers differ by more than 10%. One legend for the four panels."""
     plt = _plt()
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
     panels = [("spread", "spread of scaled scores"), ("frozen_fraction", "frozen rows, %"),
@@ -185,8 +194,8 @@ def training(runs: list[tuple[str, str, list[dict]]], path: Path, title: str) ->
                 ax.plot(xs, mean, color=c, lw=2, label=label)
                 if _differ(per):
                     for i, ys in enumerate(per):
-                        ax.plot(xs, [k * y for y in ys], color=c, lw=0.8, ls=(0, (1 + i, 1 + i)), alpha=0.8,
-                                label=f"{label}, layer {i}")
+                        ax.plot(xs, [k * y for y in ys], color=_shade(c, i + 1, len(per) + 1), lw=1,
+                                ls=(0, (1 + 2 * i, 1 + i)), label=f"{label}, layer {i}")
                 ax.set_ylabel(ylabel)
         loss = [(s["step"], s["loss"]) for s in steps if s.get("loss") is not None]
         if loss:
@@ -199,14 +208,19 @@ def training(runs: list[tuple[str, str, list[dict]]], path: Path, title: str) ->
         _plain_log_y(axes[0, 0], [k * 10.0 ** e for e in range(-2, 6) for k in (1, 2, 5)])
     from matplotlib.ticker import MaxNLocator
 
+    legend: dict[str, Any] = {}
     for ax in axes.flat:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
-        if ax.lines:
-            ax.legend(fontsize=7)
+        for handle, text in zip(*ax.get_legend_handles_labels()):
+            legend.setdefault(text, handle)
+    if legend:
+        fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=min(4, len(legend)), fontsize=8,
+                   frameon=False)
     fig.suptitle(title, fontsize=11)
-    return _save(fig, path)
+    rows = math.ceil(len(legend) / 4)
+    return _save(fig, path, rect=(0, 0.03 * rows + 0.01, 1, 1))
 
 
 def perplexity_vs_width(cells: dict[tuple[int, str], list[float]], gaps: dict[int, tuple[float, float | None, int]],
@@ -215,19 +229,24 @@ def perplexity_vs_width(cells: dict[tuple[int, str], list[float]], gaps: dict[in
     plt = _plt()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.3))
     widths = sorted({w for w, _ in cells})
+    seeds = max((len(v) for v in cells.values()), default=0)
     for scale in sorted({s for _, s in cells}):
         pts = sorted((w, v) for (w, s), v in cells.items() if s == scale and v)
         ws = [w for w, _ in pts]
         mean = [sum(v) / len(v) for _, v in pts]
         err = [[m - min(v) for m, (_, v) in zip(mean, pts)], [max(v) - m for m, (_, v) in zip(mean, pts)]]
-        ax1.errorbar(ws, mean, yerr=err, marker="o", capsize=3, color=scheme_colour(scale), label=scale)
-    ax1.set_ylabel("held-out perplexity (bars: seeds' min–max)")
+        ax1.errorbar(ws, mean, yerr=err if seeds > 1 else None, marker="o", capsize=3, color=scheme_colour(scale),
+                     label=scale)
+    # the axis and legends promise bars only where there are some
+    ax1.set_ylabel("held-out perplexity" + (" (bars: seeds' min–max)" if seeds > 1 else " (one seed: no bars)"))
     ax1.set_title("Perplexity by width")
     ax1.legend()
     if gaps:
         gw = sorted(gaps)
-        ax2.errorbar(gw, [gaps[w][0] for w in gw], yerr=[3 * (gaps[w][1] or 0) for w in gw], marker="o", capsize=3,
-                     color="#444444", label="ppl(none) − ppl(inv_sqrt_d); bars 3 SE")
+        has_se = any(gaps[w][1] is not None for w in gw)
+        ax2.errorbar(gw, [gaps[w][0] for w in gw], yerr=[3 * (gaps[w][1] or 0) for w in gw] if has_se else None,
+                     marker="o", capsize=3, color="#444444",
+                     label="ppl(none) − ppl(inv_sqrt_d)" + ("; bars 3 SE" if has_se else "; one seed, no bars"))
         ax2.axhline(0, color="#888888", lw=0.8)
         if start is not None:
             ax2.axvline(start, color=scheme_colour("inv_sqrt_d"), ls="--", lw=1, label=f"gap starts (d={start})")

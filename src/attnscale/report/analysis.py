@@ -1,0 +1,148 @@
+"""The analysis of run results: means, standard errors, the gap table, where the gap starts.
+
+Pure functions of plain numbers and rows (no I/O, no plotting), shared by the
+report (``course.py``) and the sweep's own table (``experiments/sweep.py``), so
+that ``attnscale sweep`` and the report name the same gaps and the same start.
+
+Standard errors:
+- a mean over n values: sample std / sqrt(n), only for n ≥ 2 (one value has no
+  noise estimate, and we never pretend it does);
+- the gap at a width: seeds are paired (one seed gives both schemes the same
+  batches), so it is the SE of the per-seed differences;
+- the spread of q·k with unit entries: by the delta method the sample std of n
+  values has relative SE ½·sqrt((2 + 6/d)/n) (Var(q·k) = d, kurtosis 3 + 6/d);
+- a share of n rows: the binomial sqrt(p(1 − p)/n).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from attnscale.runs.record import FINISHED  # run statuses whose perplexity (or its absence) is final
+
+__all__ = ["run_rows", "mean", "mean_se", "spread_se", "binomial_se", "within", "gap_table", "gap_by_width", "first_start",
+           "GAP_THRESHOLD_PPL", "GAP_RULE"]
+
+# Where "large" starts: the first width from which every wider width shows a gap
+# above 1 point of perplexity and, with two or more seeds, above 2 standard
+# errors of the gap. 1 point sits between the course's "no difference" (width
+# 32) and the smallest gap it calls a help ("about 2 points", width 128); the
+# 2-SE condition keeps seed-to-seed noise from counting as a gap. Requiring
+# every wider width to agree keeps one noisy narrow width from starting it early.
+GAP_THRESHOLD_PPL = 1.0
+GAP_RULE = "gap > 1 ppl (and > 2 SE over seeds when there are 2 or more) at this width and every wider one"
+
+
+def mean(values: Iterable[float]) -> float:
+    """The arithmetic mean; a ValueError for no values (a caller must say what is missing)."""
+    vals = list(values)
+    if not vals:
+        raise ValueError("mean of no values")
+    return math.fsum(vals) / len(vals)
+
+
+def mean_se(values: Sequence[float]) -> tuple[float | None, float | None]:
+    """(mean, standard error of the mean); (None, None) for no values, SE None for one."""
+    if not values:
+        return None, None
+    m = statistics.fmean(values)
+    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) >= 2 else None
+    return m, se
+
+
+def spread_se(width: int, pairs: int) -> float:
+    """SE of the sample spread of q·k over ``pairs`` pairs of width ``width`` with unit entries."""
+    return 0.5 * math.sqrt((2 + 6 / width) / pairs) * math.sqrt(width)
+
+
+def binomial_se(share: float, n: int) -> float:
+    """SE of a share of ``n`` independent rows; kept above 0 so a 0% or 100% share still has a width."""
+    return math.sqrt(max(share * (1 - share), 1e-12) / n)
+
+
+def within(value: float, target: float, relative: float) -> bool:
+    """|value − target| ≤ relative · |target|."""
+    return abs(value - target) <= relative * abs(target)
+
+
+def run_rows(runs: Sequence[Any], varied_lr: bool | None = None) -> list[dict[str, Any]]:
+    """One row per training run (``runs.record.TrainRun``): {run_id, width, scale, seed, lr,
+    valid_ppl, status, diverged_at, train_seconds}, the rows ``gap_table`` reads.
+
+    ``lr`` is the run's learning rate where the runs vary it (``varied_lr``; None:
+    where they hold more than one), else None, so a sweep at one rate has one group."""
+    runs = list(runs)
+    if varied_lr is None:
+        varied_lr = len({t.lr for t in runs}) > 1
+    return [{"run_id": t.run_id, "width": t.width, "scale": t.scale, "seed": t.seed,
+             "lr": t.lr if varied_lr else None, "valid_ppl": t.perplexity, "status": t.status,
+             "diverged_at": t.diverged_at, "train_seconds": t.results.train_seconds} for t in runs]
+
+
+def gap_table(rows: Sequence[dict[str, Any]], baseline: str = "none", reference: str = "inv_sqrt_d",
+              threshold: float = GAP_THRESHOLD_PPL) -> dict[str, Any]:
+    """Per (lr, width): ppl(baseline) − ppl(reference), mean and SE over paired seeds, and where the gap starts.
+
+    ``rows``: one per run, {"lr", "width", "scale", "seed", "valid_ppl", "status"}
+    (``lr`` None unless the sweep varied it). A diverged run has no perplexity: a
+    width where only the baseline diverged counts as a gap (``diverged`` says which
+    side), with ``gap`` None. Runs not finished are left out."""
+    cells: dict[tuple, dict[str, dict[int, float | None]]] = {}
+    for r in rows:
+        if r["scale"] in (baseline, reference) and r["status"] in FINISHED:
+            cells.setdefault((r["lr"], r["width"]), {baseline: {}, reference: {}})[r["scale"]][r["seed"]] = r["valid_ppl"]
+    out_rows = []
+    for (lr, width) in sorted(cells, key=lambda k: (k[0] is not None, k[0] or 0, k[1])):
+        b, ref = cells[(lr, width)][baseline], cells[(lr, width)][reference]
+        paired = sorted(set(b) & set(ref))
+        if not paired:
+            continue
+        b_div = [s for s in paired if b[s] is None]
+        r_div = [s for s in paired if ref[s] is None]
+        both = [s for s in paired if b[s] is not None and ref[s] is not None]
+        gap, se = mean_se([b[s] - ref[s] for s in both])
+        diverged = ("both" if b_div and r_div else "baseline" if b_div else "reference" if r_div else None)
+        if diverged == "baseline":
+            counts = True
+        elif diverged is not None or gap is None:
+            counts = False
+        else:
+            counts = gap > threshold and (se is None or gap > 2 * se)
+        out_rows.append({
+            "lr": lr, "width": width, "seeds": len(paired),
+            "baseline_ppl": mean_se([b[s] for s in paired if b[s] is not None])[0],
+            "reference_ppl": mean_se([ref[s] for s in paired if ref[s] is not None])[0],
+            "gap": None if diverged else gap, "gap_se": None if diverged else se,
+            "diverged": diverged, "counts": counts,
+        })
+    starts = []
+    for lr in dict.fromkeys(r["lr"] for r in out_rows):
+        group = [r for r in out_rows if r["lr"] == lr]
+        start = None
+        for r in reversed(group):  # widest first: extend the run of counting widths downwards
+            if not r["counts"]:
+                break
+            start = r["width"]
+        starts.append({"lr": lr, "width": start})
+    return {
+        "baseline": baseline, "reference": reference, "threshold_ppl": threshold, "rule": GAP_RULE,
+        "rows": out_rows, "starts": starts,
+        "gap_starts_at": starts[0]["width"] if len(starts) == 1 else None,
+    }
+
+
+def gap_by_width(table: dict[str, Any]) -> dict[int, tuple[float, float | None, int]]:
+    """width -> (gap, SE or None, seeds) at the table's first learning rate, widths with a gap only."""
+    rows = table["rows"]
+    first_lr = rows[0]["lr"] if rows else None
+    return {r["width"]: (r["gap"], r["gap_se"], r["seeds"]) for r in rows
+            if r["lr"] == first_lr and r["gap"] is not None}
+
+
+def first_start(table: dict[str, Any]) -> int | None:
+    """Where the gap starts at the table's first learning rate (None: no width qualifies)."""
+    starts = table["starts"]
+    return starts[0]["width"] if starts else None

@@ -1,0 +1,318 @@
+"""The report's document: one function per section, each returning blocks (``render.py``).
+
+``document(runs, verdicts, out, experiments)`` assembles them in order and draws
+the figures into ``out``. ``runs`` is the report's ``Runs`` (``assemble.py``),
+read only through its attributes; nothing here opens a file but the figures it writes.
+
+The header comes first and carries what a reader must know before any number:
+which preset made the records (compared with ``lm.train.preset``), so that a
+quick report is never taken for the full one, and which claims do not agree,
+each with its reason.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from attnscale.report import course
+
+__all__ = ["document", "preset_of"]
+
+QUICK, FULL, CUSTOM = "quick", "default", "custom"
+# what the presets fix and a run's record keeps; batch is left out (the full preset
+# halves it on a word-level vocabulary), as are threads, dtype and checkpoints
+_PRESET_TRAIN = ("steps", "lr", "warmup", "eval_batches", "record_every")
+_PRESET_MODEL = ("context", "d_model", "n_layers", "n_heads", "init", "norm")
+
+
+def _f(x: Any, fmt: str = "{:.3g}") -> str:
+    return "—" if x is None else fmt.format(x)
+
+
+def _verdict_table(verdicts: list[course.Verdict], beside: str | None = None) -> tuple:
+    head = ["claim (the course's words)", "course", "ours", "tolerance", "verdict", "note"]
+    rows = [[v.claim, v.course, v.ours, v.tolerance, v.verdict, v.note] for v in verdicts]
+    if beside:
+        head.insert(3, beside)
+        for v, r in zip(verdicts, rows):
+            r.insert(3, v.beside.split(": ", 1)[-1])
+    return ("table", head, rows)
+
+
+# ---- the header: preset, sources, claims that differ ---------------------------
+
+
+def _preset_settings(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
+    from dataclasses import asdict
+
+    from attnscale.lm.presets import budget
+
+    b = budget(name)
+    return {k: b.model.get(k) for k in _PRESET_MODEL}, {k: asdict(b.train)[k] for k in _PRESET_TRAIN}
+
+
+def preset_of(runs) -> tuple[str, str]:
+    """(QUICK | FULL | CUSTOM | "", description) from the training runs' configs.
+
+    A run matches a preset when every setting that preset fixes is the one the
+    run recorded; the folder is "quick" or "default" only if every run matches
+    the same one, "" when it holds no training run."""
+    if not runs.train:
+        return "", "no training runs in these records, so no training preset"
+    names = {QUICK: "quick", FULL: "default"}
+    wanted = {p: _preset_settings(n) for p, n in names.items()}
+    seen = set()
+    for t in runs.train:
+        got = ({k: t.model.get(k) for k in _PRESET_MODEL}, {k: t.train.get(k) for k in _PRESET_TRAIN})
+        seen.add(next((p for p, w in wanted.items() if w == got), CUSTOM))
+    m, tr = wanted[QUICK]
+    full_m, full_tr = wanted[FULL]
+    evals = lambda t: "the whole held-out split" if t["eval_batches"] is None else f"{t['eval_batches']} held-out batches"  # noqa: E731
+    if seen == {QUICK}:
+        return QUICK, (f"Quick preset (attnscale reproduce --quick): {tr['steps']} steps per run, context "
+                       f"{m['context']}, perplexity on {evals(tr)}. A smoke test, not the full reproduction: "
+                       f"its numbers are not the course's comparison (the full preset trains {full_tr['steps']} "
+                       f"steps, context {full_m['context']}, perplexity on {evals(full_tr)}); "
+                       "run attnscale reproduce for that.")
+    if seen == {FULL}:
+        return FULL, (f"Default preset (the full attnscale reproduce): {full_tr['steps']} steps per run, context "
+                      f"{full_m['context']}, perplexity on {evals(full_tr)}.")
+    return CUSTOM, ("Custom settings: the training runs match " + ("neither preset" if seen == {CUSTOM} else "no single preset")
+                    + " of attnscale reproduce (see the runs' settings below); compare with care.")
+
+
+def _shared(runs) -> list:
+    """Records copied from another stage (the sweep's widest pair is the dynamics pair)."""
+    return [rec for _, rec in runs.records if rec.copied_from]
+
+
+def _header(runs, verdicts: list[course.Verdict], experiments: dict[str, str]) -> list[tuple]:
+    preset, words = preset_of(runs)
+    title = "The score scale in attention: the course's figures beside ours"
+    b: list[tuple] = [("h1", title + (" (quick preset)" if preset == QUICK else "")),
+                      ("banner", words)]
+    finished = [rec.finished for _, rec in runs.records if rec.finished]
+    when = (" to ".join(dict.fromkeys(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
+                                      for t in (min(finished), max(finished)))) if finished else "?")
+    shared = _shared(runs)
+    source = f"Built from {len(runs.records) - len(shared)} run records under {runs.root} (finished {when})"
+    if shared:
+        source += (f"; {len(shared)} of the sweep's runs are the dynamics runs, shared between the two stages "
+                   "and counted once")
+    counts = {k: sum(v.verdict == k for v in verdicts) for k in course.VERDICTS}
+    said = {course.AGREES: "agree", course.PARTLY: "partly", course.DIFFERS: "differ", course.NOT_RUN: "not run"}
+    b.append(("p", (f"{source}. The course is chapter 9, 'Scaled attention'. Of {len(verdicts)} claims: "
+                    + ", ".join(f"{counts[k]} {said[k]}" for k in course.VERDICTS) + ".")))
+    reasons = course.reasons(verdicts)
+    if reasons:
+        b.append(("list", "Claims that do not agree, and why:", reasons))
+    missing = [f"{e}: {desc}" for e, desc in experiments.items() if e not in runs.present()]
+    if missing:
+        b.append(("list", "Not in the records, so not judged:", missing))
+    if runs.notes:
+        b.append(("list", "Records skipped or not used:", runs.notes))
+    return b
+
+
+# ---- one section per experiment ------------------------------------------------
+
+
+def _spread(runs, verdicts, out: Path, pngs: dict) -> list[tuple]:
+    from attnscale.report import plots
+
+    b: list[tuple] = [("h2", "1. Wider means louder: the spread of q·k"),
+                      ("p", ("Random pairs of vectors with independent N(0, 1) entries. The spread is the standard "
+                             "deviation of q·k; SE is the standard error of our estimate (sample std over the pairs)."))]
+    if not runs.spread_rows:
+        return b + [("p", "Not run.")]
+    b.append(_verdict_table(verdicts))
+    pngs["spread"] = plots.spread_plot(runs.spread_rows, out / "spread.png")
+    b.append(("img", "spread.png", "Spread of raw and scaled scores against width, log–log, with the √d line"))
+    b.append(("table", ["width d", "scale", "raw spread", "SE", "√d", "factor", "scaled spread"],
+              [[r["width"], r["scale"], _f(r["raw_spread"], "{:.3f}"), _f(course.spread_se(r), "{:.3f}"),
+                _f(r["sqrt_d"], "{:.3f}"), _f(r["factor"], "{:.5f}"), _f(r["scaled_spread"], "{:.3f}")]
+               for r in sorted(runs.spread_rows, key=lambda r: (r["width"], r["scale"]))]))
+    return b
+
+
+def _illustration(runs, out: Path, pngs: dict) -> list[tuple]:
+    from attnscale.report import plots
+
+    ill = runs.illustration
+    if not ill:
+        return []
+    pngs["illustration"] = plots.illustration(ill, out / "illustration.png")
+    return [("h2", "2. Why loud scores freeze attention"),
+            ("p", (f"One row of {len(ill['scores'])} N(0, 1) scores, multiplied by growing factors before softmax. "
+                   "Small gaps give a soft blend across many words; the same gaps blown up give a hard choice. "
+                   "×1 is what the scale gives at any width; without it the scores are √d louder: ×16 at d=256, "
+                   "×32 at d=1024.")),
+            ("img", "illustration.png", "Weights of one row at several score scales")]
+
+
+def _fresh(runs, verdicts, out: Path, pngs: dict) -> list[tuple]:
+    from attnscale.report import plots
+
+    b: list[tuple] = [("h2", "3. A fresh head, before any training"),
+                      ("p", ("Verdicts use the footnote's assumption (q and k entries with unit variance, 'unit' "
+                             "init); the tiny model's own initialisation is shown beside them. Effective words of a "
+                             "row = exp(entropy); a row is frozen when its largest weight exceeds the threshold. The "
+                             "course quotes one row for 'roughly 35 words', not an average, so we ask whether 35 "
+                             "lies inside our p10–p90 range of single rows."))]
+    if not runs.fresh_rows:
+        return b + [("p", "Not run.")]
+    b.append(_verdict_table(verdicts, beside="model's own init"))
+    pngs["fresh"] = plots.fresh_plot(list(runs.fresh_rows.values()), out / "fresh.png")
+    b.append(("img", "fresh.png", "Effective words and frozen rows against width at init"))
+    b.append(("table", ["init", "width d", "scale", "eff. words median", "p10", "p90", "max weight", "frozen",
+                        "push median", "example row"],
+              [[i, w, s, _f(r["effective_words_median"], "{:.2f}"), _f(r["effective_words_p10"], "{:.2f}"),
+                _f(r["effective_words_p90"], "{:.2f}"), _f(r["max_weight_mean"], "{:.3f}"),
+                _f(r["frozen_fraction"], "{:.1%}"), _f(r.get("push_median"), "{:.4f}"), r.get("example", "")]
+               for (i, w, s), r in sorted(runs.fresh_rows.items(), key=lambda x: (x[0][0] != "unit", x[0]))]))
+    return b
+
+
+def _dyn_row(runs, t) -> list:
+    def fl(key, fmt):
+        if t.line("first") is None:
+            return "—"
+        return f"{fmt.format(t.diag_mean('first', key))} → {fmt.format(t.diag_mean('last', key))}"
+    return [t.path.relative_to(runs.root).as_posix(), t.width, t.scale, t.seed, t.status, t.steps_done,
+            fl("spread", "{:,.1f}"), fl("frozen_fraction", "{:.1%}"), fl("effective_words", "{:.1f}"),
+            _f(t.perplexity, "{:.2f}")]
+
+
+def _dynamics(runs, verdicts, out: Path, pngs: dict) -> list[tuple]:
+    from attnscale.report import plots
+
+    b: list[tuple] = [("h2", "4. What happens during training"),
+                      ("p", ("Spread, frozen share and effective words at a step are the mean over all layers and "
+                             "heads (each head's spread is over its scaled, unmasked scores); the course's spread "
+                             "at the start is its first layer's head, so that claim reads layer 0. Plots show the "
+                             "mean (thick) and each layer where layers differ by over 10% (thin, a lighter shade "
+                             "per layer). A short CPU run may not reach the course's end state; then the verdict "
+                             "says 'partly' or 'differs' and both numbers are shown.")),
+                      _verdict_table(verdicts)]
+    for w in sorted({t.width for t in runs.dynamics}):
+        series = [(f"{t.scale} s{t.seed}", t.scale, t.recorded) for t in runs.dynamics if t.width == w and t.recorded]
+        if series:
+            name = f"dynamics-d{w}.png"
+            pngs[f"dynamics-d{w}"] = plots.training(series, out / name, f"Training at head width d={w}")
+            b.append(("img", name, f"Spread, frozen rows, effective words and loss per step at d={w}"))
+    if runs.dynamics:
+        b.append(("table", ["run", "d", "scale", "seed", "status", "steps", "spread first → last", "frozen first → last",
+                            "eff. words first → last", "held-out ppl"], [_dyn_row(runs, t) for t in runs.dynamics]))
+    return b
+
+
+def _sweep(runs, verdicts, out: Path, pngs: dict) -> list[tuple]:
+    from attnscale.report import analysis, plots
+
+    b: list[tuple] = [("h2", "5. Where 'large' starts: held-out perplexity by width"),
+                      ("p", ("Gap = perplexity without the scale − with it (positive: the scale helps), means over "
+                             "seeds; SE from the seeds where each cell has two or more. The gap in points depends on "
+                             "the corpus and tokenizer, and the course's corpus is not the one here, so compare "
+                             "shapes first.")),
+                      _verdict_table(verdicts)]
+    if not runs.sweep:
+        return b
+    cells: dict[tuple[int, str], list[float]] = {}
+    for t in runs.sweep:
+        if t.perplexity is not None:
+            cells.setdefault((t.width, t.scale), []).append(float(t.perplexity))
+    gaps, start = course.gap_by_width(runs), course.gap_start(runs)
+    if cells:
+        pngs["sweep"] = plots.perplexity_vs_width(cells, gaps, start, out / "sweep.png")
+        b.append(("img", "sweep.png", "Held-out perplexity and the gap against width"))
+    scales = sorted({s for _, s in cells})
+    rows = []
+    for w in sorted({w for w, _ in cells}):
+        ppl = [analysis.mean_se(cells.get((w, s), [])) for s in scales]
+        gap = gaps.get(w)
+        rows.append([w, *[_f(m, "{:.2f}") for m, _ in ppl],
+                     "—" if gap is None else f"{gap[0]:+.2f}", _f(gap[1] if gap else None, "{:.2f}"),
+                     gap[2] if gap else len(cells.get((w, scales[0]), []))])
+    b.append(("table", ["width d", *[f"ppl {s}" for s in scales], "gap", "SE of gap", "seeds"], rows))
+    bad = [f"{t.path.relative_to(runs.root).as_posix()}: {t.status}"
+           + (f" at step {t.diverged_at}" if t.diverged_at is not None else "")
+           for t in runs.sweep if t.status != "done"]
+    if bad:
+        b.append(("list", "Sweep runs without a perplexity (not counted):", bad))
+    return b
+
+
+# ---- the runs and what they ran on ---------------------------------------------
+
+
+def _kv(d: dict | None, keys: tuple[str, ...] | None = None) -> str:
+    d = d or {}
+    return ", ".join(f"{k}={d[k]}" for k in (keys or tuple(d)) if k in d and not isinstance(d[k], (dict, list)))
+
+
+_THREADS = "torch_threads"
+
+
+def _environments(runs) -> list[str]:
+    """One line per distinct software and hardware; lines that differ only in the thread
+    count are one line, with the counts and what they mean."""
+    groups: dict[str, set] = {}
+    for _, rec in runs.records:
+        env = dict(rec.environment)
+        threads = env.pop(_THREADS, None)
+        groups.setdefault(json.dumps(env, sort_keys=True), set()).add(threads)
+    lines = []
+    for key in sorted(groups):
+        text = _kv(json.loads(key)) or "not recorded"
+        threads = sorted(t for t in groups[key] if t is not None)
+        if len(threads) == 1:
+            text += f", {_THREADS}={threads[0]}"
+        elif threads:
+            text += (f", {_THREADS}={' or '.join(map(str, threads))} (threads per process on the same machine: "
+                     "training runs that run side by side, -j N, share the cores)")
+        lines.append(text)
+    return lines
+
+
+def _metadata(runs) -> list[tuple]:
+    rows = []
+    for d, rec in runs.records:
+        cfg = rec.config
+        if rec.experiment == "train":
+            setting = (_kv(cfg.get("model"), ("d_model", "n_layers", "n_heads", "head_dim", "context", "scale", "init", "norm"))
+                       + "; " + _kv(cfg.get("train"), ("steps", "batch", "lr", "seed")))
+        else:
+            setting = _kv(cfg)
+        if rec.copied_from:
+            setting += "; shared with the dynamics stage (copied, not retrained)"
+        rows.append([d.relative_to(runs.root).as_posix() or ".",
+                     rec.experiment + (f" ({rec.group})" if rec.group else ""),
+                     rec.status, _f(rec.duration_s, "{:.1f}"), setting])
+    corpora = {json.dumps(t.corpus, sort_keys=True) for t in runs.train}
+    b = [("h2", "6. The runs"),
+         ("table", ["run", "experiment", "status", "duration (s)", "settings (model; training)"], rows)]
+    if corpora:
+        b.append(("list", "Corpora and tokenizers:", [_kv(json.loads(c)) or "not recorded" for c in sorted(corpora)]))
+    b.append(("list", "Software and hardware:", _environments(runs)))
+    return b
+
+
+def document(runs, verdicts: list[course.Verdict], out: Path,
+             experiments: dict[str, str]) -> tuple[list[tuple], dict[str, Path]]:
+    """Every section's blocks, in order, and the figures drawn for them ({name: png path})."""
+    from attnscale.report import schemes_section
+
+    pngs: dict[str, Path] = {}
+    by = {e: [v for v in verdicts if v.experiment == e] for e in experiments}
+    blocks = [*_header(runs, verdicts, experiments),
+              *_spread(runs, by["spread"], out, pngs),
+              *_illustration(runs, out, pngs),
+              *_fresh(runs, by["fresh"], out, pngs),
+              *_dynamics(runs, by["dynamics"], out, pngs),
+              *_sweep(runs, by["sweep"], out, pngs),
+              *schemes_section.blocks(runs, out, pngs),  # "Beyond the course: which scale?"
+              *_metadata(runs)]
+    return blocks, pngs
