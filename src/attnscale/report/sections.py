@@ -60,12 +60,14 @@ def preset_of(runs) -> tuple[str, str]:
     A run matches a preset when every setting that preset fixes is the one the
     run recorded; the folder is "quick" or "default" only if every run matches
     the same one, "" when it holds no training run."""
-    if not runs.train:
+    # the scheme study keeps its own budget (experiments/schemes.py): the preset is the course's runs'
+    course_runs = [t for t in runs.train if t.group != "schemes"]
+    if not course_runs:
         return "", "no training runs in these records, so no training preset"
     names = {QUICK: "quick", FULL: "default"}
     wanted = {p: _preset_settings(n) for p, n in names.items()}
     seen = set()
-    for t in runs.train:
+    for t in course_runs:
         got = ({k: t.model.get(k) for k in _PRESET_MODEL}, {k: t.train.get(k) for k in _PRESET_TRAIN})
         seen.add(next((p for p, w in wanted.items() if w == got), CUSTOM))
     m, tr = wanted[QUICK]
