@@ -12,8 +12,8 @@ Resume (``run_state``, used by ``attnscale.runs.runner``): a record with status
 or one left "running" (written before training starts) or "stopped", means the
 run is trained again from step 0 (or from train's checkpoint.pt) with its
 metrics.jsonl started afresh; a folder holding another config or experiment is
-refused with a ConfigError. Thread count and checkpoint interval do not make
-another config, nor does the path a corpus was read from (its sha256 does).
+refused with a ConfigError. Thread count, checkpoint interval, device and
+attention path do not make another config, nor does the path a corpus was read from (its sha256 does).
 
 Layout of an output folder (``attnscale reproduce --out OUT``):
     OUT/spread/                    experiment "spread"
@@ -159,8 +159,9 @@ def run_id(head_dim: int, scale: str, seed: int, lr: float | None = None) -> str
 
 
 # Train settings that change how a run is executed, not what it measures: a sweep
-# resumed with another -j (so another thread count) or checkpoint interval is still the same run.
-_EXECUTION_ONLY = {"train": ("threads", "checkpoint_every")}
+# resumed with another -j (so another thread count), checkpoint interval, device or
+# attention path (fused and explicit agree to float tolerance) is still the same run.
+_EXECUTION_ONLY = {"train": ("threads", "checkpoint_every", "device", "attention")}
 # What makes two corpora the same: the text's hash and how it was cut into tokens,
 # not the path or name it was read under ("wikitext-2" and its folder are one corpus).
 _CORPUS_IDENTITY = ("sha256", "tokenizer", "vocab_size", "train_tokens", "valid_tokens")
