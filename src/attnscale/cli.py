@@ -72,6 +72,29 @@ def scale_or_all(text: str) -> str:
     return text if text == "all" else scale_name(text)
 
 
+def device_name(text: str) -> str:
+    """A well-formed device spec; whether this machine has it is checked by ``usable_device`` before any work."""
+    from attnscale.core.device import DEVICES, check_device_spec
+
+    try:
+        return check_device_spec(text)
+    except ConfigError:
+        raise argparse.ArgumentTypeError(f"takes one of {', '.join(DEVICES)}, got {text!r}") from None
+
+
+def _device_option(p) -> None:
+    p.add_argument("--device", type=device_name, default="auto",
+                   help="auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:N or mps")
+
+
+def usable_device(spec: str) -> str:
+    """``spec`` when this machine has the device; else a one-line error (ConfigError), before anything is written."""
+    from attnscale.core.device import resolve_device
+
+    resolve_device(spec)
+    return spec
+
+
 def writable_dir(path: Path, option: str = "--out") -> Path:
     """Create ``path`` and check that files can be written in it, before any work starts."""
     path = Path(path)
@@ -150,15 +173,18 @@ def _add_reproduce(sub) -> None:
                    help="'default' (embedded), 'wikitext-2', 'tinyshakespeare', a text file or a folder")
     p.add_argument("-j", "--jobs", type=positive_int, default=min(2, os.cpu_count() or 1),
                    help="training runs at once, each in its own process with cores/JOBS threads "
-                        "(default: 2 where there are 2 cores; one thread per run wastes less CPU than two)")
+                        "(default: 2 where there are 2 cores; one thread per run wastes less CPU than two); "
+                        "on one GPU, runs at once share it")
+    _device_option(p)
     p.set_defaults(run=_run_reproduce)
 
 
 def _run_reproduce(args) -> None:
     from attnscale import reproduce
 
+    device = usable_device(args.device)
     out = writable_dir(args.out)
-    reproduce.run(out, seed=args.seed, quick=args.quick, corpus=args.corpus, jobs=args.jobs)
+    reproduce.run(out, seed=args.seed, quick=args.quick, corpus=args.corpus, jobs=args.jobs, device=device)
 
 
 def _add_report(sub) -> None:
@@ -194,6 +220,7 @@ def _training_options(p, out: str) -> None:
     p.add_argument("--context", type=positive_int, help="tokens per sequence (default: the preset's)")
     p.add_argument("--out", type=Path, default=Path(out), help=f"runs go to OUT/<run_id> (default {out})")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _device_option(p)
 
 
 def tokenizer_name(text: str) -> str:
@@ -220,7 +247,7 @@ def _budget(cfg, args):
     if args.lr is not None:
         train = replace(train, lr=args.lr)
     model = {**cfg.model, **({"context": args.context} if args.context is not None else {})}
-    return replace(cfg, tokenizer=args.tokenizer, model=model, train=train)
+    return replace(cfg, tokenizer=args.tokenizer, model=model, train=train, device=args.device)
 
 
 def _add_train(sub) -> None:
@@ -235,6 +262,7 @@ def _add_train(sub) -> None:
 def _run_train(args) -> None:
     from attnscale.experiments import dynamics, sweep
 
+    usable_device(args.device)
     out = writable_dir(args.out)
     base = sweep.preset(quick=args.quick, corpus=args.corpus, seed=args.seed, tokenizer=args.tokenizer)
     cfg = _budget(sweep.SweepConfig(corpus=args.corpus, widths=(args.width,), scales=(args.scale,),
@@ -259,6 +287,7 @@ def _run_dynamics(args) -> None:
 
     from attnscale.experiments import dynamics
 
+    usable_device(args.device)
     out = writable_dir(args.out)
     cfg = replace(dynamics.preset(quick=args.quick, corpus=args.corpus, seed=args.seed, tokenizer=args.tokenizer),
                   head_dim=args.width, scales=tuple(dict.fromkeys(args.scales)))
@@ -282,6 +311,7 @@ def _run_sweep(args) -> None:
 
     from attnscale.experiments import sweep
 
+    usable_device(args.device)
     out = writable_dir(args.out)
     cfg = sweep.preset(quick=args.quick, corpus=args.corpus, tokenizer=args.tokenizer)
     cfg = replace(cfg, widths=tuple(dict.fromkeys(args.widths or cfg.widths)), scales=tuple(dict.fromkeys(args.scales)),
@@ -306,16 +336,18 @@ def _add_inspect(sub) -> None:
     p.add_argument("--threshold", type=probability, default=0.99, help="max weight above which a row is frozen")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--out", type=Path, help="write record.json and heatmaps.png here")
+    _device_option(p)
     p.set_defaults(run=_run_inspect)
 
 
 def _run_inspect(args) -> None:
     from attnscale.headcheck import engine as inspect
 
+    usable_device(args.device)
     out = writable_dir(args.out) if args.out else None
     text = args.text if args.text is not None else inspect.read_text(args.file)
     cfg = inspect.InspectConfig(model=args.model, max_tokens=args.max_tokens, batch=args.batch,
-                                sequences=args.sequences, threshold=args.threshold)
+                                sequences=args.sequences, threshold=args.threshold, device=args.device)
     result = inspect.run(cfg, text, out=out)
     _print_json(result) if args.json else print(inspect.format_table(result))
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -31,12 +31,14 @@ class Stage:
     group: bool = False
 
 
-def stages(*, seed: int = 0, quick: bool = False, corpus: str = "default", jobs: int = 1) -> list[Stage]:
+def stages(*, seed: int = 0, quick: bool = False, corpus: str = "default", jobs: int = 1,
+           device: str | None = None) -> list[Stage]:
+    """The stages in order; ``device`` is where the training runs go (spread and fresh stay on the CPU)."""
     from attnscale.experiments import dynamics, fresh, spread, sweep
 
     pairs, sequences = (5000, 50) if quick else (20000, 200)
-    dyn = dynamics.preset(quick=quick, corpus=corpus, seed=seed)
-    swp = sweep.preset(quick=quick, corpus=corpus, seed=seed)
+    dyn = replace(dynamics.preset(quick=quick, corpus=corpus, seed=seed), device=device)
+    swp = replace(sweep.preset(quick=quick, corpus=corpus, seed=seed), device=device)
     dyn_s, swp_s = _training_estimate(quick, corpus, jobs)
     return [
         Stage("spread of q·k vs width", "spread", 2, spread.SpreadConfig(pairs=pairs, seed=seed),
@@ -89,10 +91,11 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def run(out: Path, *, seed: int = 0, quick: bool = False, corpus: str = "default", jobs: int = 1) -> Path:
+def run(out: Path, *, seed: int = 0, quick: bool = False, corpus: str = "default", jobs: int = 1,
+        device: str | None = None) -> Path:
     """Run every stage not yet on disk, then build the report; returns the report's HTML path."""
     out = Path(out)
-    todo = stages(seed=seed, quick=quick, corpus=corpus, jobs=jobs)
+    todo = stages(seed=seed, quick=quick, corpus=corpus, jobs=jobs, device=device)
     started = time.time()
     left = sum(s.estimate_s for s in todo)
     for i, stage in enumerate(todo, 1):

@@ -29,6 +29,7 @@ from torch import nn
 
 from attnscale.core.attention import Attention, masked_softmax
 from attnscale.core import diagnostics as D
+from attnscale.core.device import check_device_spec, describe_device, resolve_device
 from attnscale.core.diagnostics import FROZEN_THRESHOLD
 from attnscale.errors import ConfigError
 from attnscale.core.hooks import record
@@ -47,7 +48,8 @@ OnLayer = Callable[[int, str, torch.Tensor, torch.Tensor], None]
 
 @dataclass(frozen=True)
 class InspectConfig:
-    """What to inspect. ``sequences=None`` reads every sequence the text gives."""
+    """What to inspect. ``sequences=None`` reads every sequence the text gives.
+    ``device``: where the model runs and the measurements are reduced ("auto", "cpu", "cuda", "cuda:N", "mps")."""
 
     model: str
     max_tokens: int = 128
@@ -55,8 +57,10 @@ class InspectConfig:
     sequences: int | None = 16
     threshold: float = FROZEN_THRESHOLD
     what_ifs: tuple[str, ...] = ("none", "inv_d")
+    device: str = "auto"
 
     def __post_init__(self):
+        check_device_spec(self.device)
         for name in ("max_tokens", "batch", "sequences"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
@@ -98,8 +102,8 @@ class _Pool:
     weights at once. test_inspect checks the pooled numbers equal
     ``diagnostics.head_summary`` on the same weights."""
 
-    def __init__(self, heads: int):
-        z = lambda: torch.zeros(heads, dtype=torch.float64)
+    def __init__(self, heads: int, device: torch.device | None = None):
+        z = lambda: torch.zeros(heads, dtype=torch.float64, device=device)
         self.entries, self.rows = 0.0, 0.0
         self.sum, self.sum_sq, self.max_abs = z(), z(), z()
         self.row_sums = {k: z() for k in ROW_KEYS}
@@ -151,7 +155,10 @@ class _Layer:
 
 def _measure(pools, index: int, layer: _Layer, q_BHTD, k_BKTD, mask_B1TT, cfg: InspectConfig, on_layer: OnLayer | None) -> None:
     """Scores and weights of one layer under the model's scale and each what-if,
-    reduced to per-head sums at once. ``mask_B1TT``: True where a query may see a key."""
+    reduced to per-head sums at once. ``mask_B1TT``: True where a query may see a key.
+    The sums stay on q's device (float64; on MPS, which lacks it, they are taken on the CPU)."""
+    if q_BHTD.device.type == "mps":
+        q_BHTD, k_BKTD, mask_B1TT = q_BHTD.cpu(), k_BKTD.cpu(), mask_B1TT.cpu()
     if layer.kv_heads != layer.heads:  # GQA: query head h reads kv head h // (H / K), as repeat_kv does
         k_BKTD = k_BKTD.repeat_interleave(layer.heads // layer.kv_heads, dim=1)
     raw_BHTT = q_BHTD.float() @ k_BKTD.float().transpose(-2, -1)
@@ -160,10 +167,10 @@ def _measure(pools, index: int, layer: _Layer, q_BHTD, k_BKTD, mask_B1TT, cfg: I
     # gather them once as N rows × H heads × T keys.
     rows_BT = mask_B1TT[:, 0].sum(-1) >= 2
     raw_NHT = raw_BHTT.permute(0, 2, 1, 3)[rows_BT]
-    bias_N1T = torch.zeros(mask_B1TT[:, 0][rows_BT].shape).masked_fill(~mask_B1TT[:, 0][rows_BT], float("-inf"))[:, None]
+    bias_N1T = torch.zeros(mask_B1TT[:, 0][rows_BT].shape, device=raw_BHTT.device).masked_fill(~mask_B1TT[:, 0][rows_BT], float("-inf"))[:, None]
     factors = {MODEL: layer.factor, **{w: get_scale(w, layer.head_dim).factor() for w in cfg.what_ifs}}
     for scheme, factor in factors.items():
-        pool = pools.setdefault((index, scheme), _Pool(layer.heads))
+        pool = pools.setdefault((index, scheme), _Pool(layer.heads, raw_BHTT.device))
         scaled_NHT = raw_NHT * factor
         if layer.cap is None:
             pool.add_scores(raw_BHTT * factor, keep_B1TT)
@@ -266,11 +273,19 @@ def _inspect_attnscale(model: nn.Module, texts, cfg: InspectConfig, on_layer, to
     with record(model, list(module_of), fn=fn), torch.no_grad():
         for group in by_len.values():
             for start in range(0, len(group), cfg.batch):
-                model(torch.tensor(group[start : start + cfg.batch]))
+                model(torch.tensor(group[start : start + cfg.batch]).to(_device_of(model), non_blocking=True))
     return _result(name, type(model).__name__, layers, pools, cfg, seqs, available, [])
 
 
 # ---- the call ------------------------------------------------------------------
+
+
+def _device_of(model: nn.Module) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _dtype_of_model(result: InspectResult) -> str:
+    return "fp32"  # scores are recomputed from q and k in fp32 whatever the model's weights are
 
 
 def _result(name, arch, layers: dict[int, _Layer], pools, cfg, seqs, available, notes) -> InspectResult:
@@ -305,6 +320,7 @@ def inspect_model(
     threshold: float = FROZEN_THRESHOLD,
     what_ifs: tuple[str, ...] = ("none", "inv_d"),
     on_layer: OnLayer | None = None,
+    device: str | torch.device | None = None,
 ) -> InspectResult:
     """Measure every head of ``model`` on ``texts``.
 
@@ -314,8 +330,13 @@ def inspect_model(
     Each text is cut into sequences of at most ``max_tokens``; the first
     ``sequences`` of them are read, ``batch`` per forward pass. ``on_layer(layer,
     scheme, scores_BHTT, pattern_BHTT)`` sees each layer's tensors as they pass
-    (scheme "model" is the model's own scale), before they are dropped."""
-    cfg = InspectConfig(model if isinstance(model, str) else type(model).__name__, max_tokens, batch, sequences, threshold, tuple(what_ifs))
+    (scheme "model" is the model's own scale), before they are dropped.
+
+    ``device`` (a spec or a ``torch.device``): the model is moved there and measured
+    there; None leaves a given module where it is and loads a named one on the CPU."""
+    target = resolve_device(device) if device is not None else None
+    cfg = InspectConfig(model if isinstance(model, str) else type(model).__name__, max_tokens, batch, sequences, threshold,
+                        tuple(what_ifs), **({"device": str(target)} if target is not None else {}))
     if not isinstance(texts, torch.Tensor):
         texts = _check_texts(texts)  # before a load that may take half a minute
     if isinstance(model, str) and model.endswith(".pt"):
@@ -325,7 +346,11 @@ def inspect_model(
         from attnscale.headcheck import hf
 
         loaded = hf.load(model)
+        if target is not None:
+            loaded.model.to(target)
         return hf.inspect(loaded.model, loaded.tokenizer, texts, cfg, on_layer, model)
+    if target is not None:
+        model.to(target)
     if any(isinstance(m, Attention) for m in model.modules()):
         return _inspect_attnscale(model, texts, cfg, on_layer, tokenizer, cfg.model)
     if hasattr(model, "config") and hasattr(model, "set_attn_implementation"):
@@ -395,11 +420,13 @@ def run(cfg: InspectConfig, texts: str | Sequence[str], out: Path | None = None)
     import time
 
     started = time.time()
+    device = resolve_device(cfg.device)  # once: the model is moved there and measured there
     result = inspect_model(cfg.model, texts, max_tokens=cfg.max_tokens, batch=cfg.batch, sequences=cfg.sequences,
-                           threshold=cfg.threshold, what_ifs=cfg.what_ifs)
+                           threshold=cfg.threshold, what_ifs=cfg.what_ifs, device=device)
     if out is not None:
         from attnscale.runs.store import write_record
 
         plot_heatmaps(result, Path(out) / "heatmaps.png")
-        write_record(out, "inspect", cfg, result, started=started)
+        write_record(out, "inspect", cfg, result, started=started,
+                     extra={"device": describe_device(device, _dtype_of_model(result))})
     return result
