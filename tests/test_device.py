@@ -199,7 +199,7 @@ def test_driver_version_is_read_from_proc(monkeypatch, tmp_path):
 
 
 def test_train_results_say_where_it_ran(corpus, tmp_path):
-    res = train(mcfg(), tcfg(device="cpu"), corpus, tmp_path)
+    res = train(mcfg(), tcfg(device="cpu", attention="explicit"), corpus, tmp_path)
     d = res["device"]
     assert d["type"] == "cpu" and d["dtype"] == res["dtype"] and d["threads"] == res["threads"] == 1
     assert res["attention"] == "explicit"
@@ -242,13 +242,17 @@ def test_fused_on_non_recording_steps_keeps_the_trajectory(corpus, monkeypatch, 
             assert torch.allclose(torch.tensor(a[k]), torch.tensor(b[k]), rtol=1e-3, atol=1e-4)
 
 
-def test_attention_auto_is_fused_on_cuda_and_the_model_choice_elsewhere():
-    from attnscale.lm.train import _attention_impl
+def test_attention_auto_is_fused_where_it_measured_faster():
+    from attnscale.lm.train import FUSED_CPU_MAX_D_K, _attention_impl
 
-    assert _attention_impl("auto", mcfg(impl="explicit"), torch.device("cpu")) == "explicit"
-    assert _attention_impl("auto", mcfg(impl="fused"), torch.device("cpu")) == "fused"
-    assert _attention_impl("auto", mcfg(impl="explicit"), torch.device("cuda", 0)) == "fused"
-    assert _attention_impl("explicit", mcfg(impl="fused"), torch.device("cuda", 0)) == "explicit"
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    fp32, bf16 = dev.Precision("cpu", "fp32", None), dev.Precision("cpu", "bf16", torch.bfloat16)
+    assert _attention_impl("auto", mcfg(head_dim=FUSED_CPU_MAX_D_K), cpu, fp32) == "fused"
+    assert _attention_impl("auto", mcfg(head_dim=2 * FUSED_CPU_MAX_D_K), cpu, fp32) == "explicit"
+    assert _attention_impl("auto", mcfg(head_dim=2 * FUSED_CPU_MAX_D_K, impl="fused"), cpu, fp32) == "fused"
+    assert _attention_impl("auto", mcfg(), cpu, bf16) == "explicit"
+    assert _attention_impl("auto", mcfg(head_dim=1024), gpu, dev.Precision("cuda", "bf16", torch.bfloat16)) == "fused"
+    assert _attention_impl("explicit", mcfg(impl="fused"), gpu, fp32) == "explicit"
 
 
 # ---- one read-back per step ---------------------------------------------------------

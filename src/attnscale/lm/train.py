@@ -76,7 +76,8 @@ class TrainConfig:
     resolved one is in the results). ``device``: "auto" (CUDA, else MPS, else
     CPU), "cpu", "cuda", "cuda:N" or "mps". ``attention``: the path of steps
     that do not record: "fused" (SDPA, for every scheme it can express),
-    "explicit", or "auto" (fused on CUDA; the model config's ``impl`` elsewhere).
+    "explicit", or "auto" (fused on GPUs, and on the CPU in fp32 up to d_k 128,
+    where it measured faster; the model config's ``impl`` elsewhere).
     ``device``, ``threads``, ``attention`` and ``checkpoint_every`` decide how a
     run executes, not what it measures: a run resumed with others is the same run."""
 
@@ -144,11 +145,23 @@ def _autocast(precision: "str | dev.Precision"):
     return dev.autocast(precision)
 
 
-def _attention_impl(choice: str, model_cfg: ModelConfig, device: torch.device) -> str:
-    """The path non-recording steps take: fused SDPA on CUDA (flash and memory-efficient kernels), else the model's."""
+# On the CPU in fp32 the fused path's forward + backward beats the explicit one up to
+# d_k = 128 at T = 64 (benchmarks/attention_paths.py, batch 32, 1 thread: 2.5x, 1.1x,
+# 1.45x at d_k 32, 64, 128) and loses from 256 (0.71x); in bf16 it loses at every d_k.
+FUSED_CPU_MAX_D_K = 128
+
+
+def _attention_impl(choice: str, model_cfg: ModelConfig, device: torch.device, precision: "dev.Precision") -> str:
+    """The path non-recording steps take. "auto": fused SDPA on GPUs (flash and
+    memory-efficient kernels) and on the CPU where it measured faster (fp32, d_k <=
+    ``FUSED_CPU_MAX_D_K``); elsewhere the model config's own ``impl``."""
     if choice != "auto":
         return choice
-    return "fused" if device.type == "cuda" else model_cfg.impl
+    if device.type in ("cuda", "mps"):
+        return "fused"
+    if precision.autocast is None and model_cfg.d_k <= FUSED_CPU_MAX_D_K:
+        return "fused"
+    return model_cfg.impl
 
 
 @contextlib.contextmanager
@@ -337,7 +350,7 @@ class _Checkpoint:
 def _train(model_cfg, cfg, corpus, metrics, on_step, should_stop, ckpt) -> dict[str, Any]:
     device = dev.resolve_device(cfg.device)
     precision = dev.resolve_precision(cfg.dtype if device.type != "cpu" else resolve_dtype(cfg.dtype), device)
-    impl = _attention_impl(cfg.attention, model_cfg, device)
+    impl = _attention_impl(cfg.attention, model_cfg, device, precision)
     torch.manual_seed(cfg.seed)
     # built on the CPU from the seed, then moved: every device starts from the same weights
     model = TinyLM(replace(model_cfg, impl=impl)).to(device)
