@@ -253,6 +253,7 @@ def test_attention_auto_is_fused_where_it_measured_faster():
     assert _attention_impl("auto", mcfg(), cpu, bf16) == "explicit"
     assert _attention_impl("auto", mcfg(head_dim=1024), gpu, dev.Precision("cuda", "bf16", torch.bfloat16)) == "fused"
     assert _attention_impl("explicit", mcfg(impl="fused"), gpu, fp32) == "explicit"
+    assert _attention_impl("fused", mcfg(scale="softcap"), gpu, fp32) == "explicit"  # SDPA cannot soft-cap
 
 
 # ---- one read-back per step ---------------------------------------------------------

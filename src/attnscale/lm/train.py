@@ -46,6 +46,7 @@ from attnscale.core.device import native_bf16
 from attnscale.core.diagnostics import FROZEN_THRESHOLD, HEAD_MEASURES, head_measures
 from attnscale.errors import ConfigError
 from attnscale.core.hooks import record
+from attnscale.core.scales import get_scale
 from attnscale.lm.model import ModelConfig, TinyLM
 from attnscale.files import atomic_write_bytes, to_jsonable
 from attnscale.runs.store import comparable_config, write_record  # moves up a layer with the record schema
@@ -155,6 +156,8 @@ def _attention_impl(choice: str, model_cfg: ModelConfig, device: torch.device, p
     """The path non-recording steps take. "auto": fused SDPA on GPUs (flash and
     memory-efficient kernels) and on the CPU where it measured faster (fp32, d_k <=
     ``FUSED_CPU_MAX_D_K``); elsewhere the model config's own ``impl``."""
+    if not get_scale(model_cfg.scale, model_cfg.d_k).fusable:
+        return "explicit"  # SDPA cannot express this scheme; Attention would write it out anyway
     if choice != "auto":
         return choice
     if device.type in ("cuda", "mps"):
