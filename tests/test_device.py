@@ -242,16 +242,15 @@ def test_fused_on_non_recording_steps_keeps_the_trajectory(corpus, monkeypatch, 
             assert torch.allclose(torch.tensor(a[k]), torch.tensor(b[k]), rtol=1e-3, atol=1e-4)
 
 
-def test_attention_auto_is_fused_where_it_measured_faster():
-    from attnscale.lm.train import FUSED_CPU_MAX_D_K, _attention_impl
+def test_attention_auto_is_fused_on_gpus_and_the_model_choice_on_the_cpu():
+    from attnscale.lm.train import _attention_impl
 
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
-    fp32, bf16 = dev.Precision("cpu", "fp32", None), dev.Precision("cpu", "bf16", torch.bfloat16)
-    assert _attention_impl("auto", mcfg(head_dim=FUSED_CPU_MAX_D_K), cpu, fp32) == "fused"
-    assert _attention_impl("auto", mcfg(head_dim=2 * FUSED_CPU_MAX_D_K), cpu, fp32) == "explicit"
-    assert _attention_impl("auto", mcfg(head_dim=2 * FUSED_CPU_MAX_D_K, impl="fused"), cpu, fp32) == "fused"
-    assert _attention_impl("auto", mcfg(), cpu, bf16) == "explicit"
+    fp32 = dev.Precision("cpu", "fp32", None)
+    assert _attention_impl("auto", mcfg(impl="explicit"), cpu, fp32) == "explicit"
+    assert _attention_impl("auto", mcfg(impl="fused"), cpu, fp32) == "fused"
     assert _attention_impl("auto", mcfg(head_dim=1024), gpu, dev.Precision("cuda", "bf16", torch.bfloat16)) == "fused"
+    assert _attention_impl("auto", mcfg(), torch.device("mps"), fp32) == "fused"
     assert _attention_impl("explicit", mcfg(impl="fused"), gpu, fp32) == "explicit"
     assert _attention_impl("fused", mcfg(scale="softcap"), gpu, fp32) == "explicit"  # SDPA cannot soft-cap
 

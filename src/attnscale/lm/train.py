@@ -77,8 +77,7 @@ class TrainConfig:
     resolved one is in the results). ``device``: "auto" (CUDA, else MPS, else
     CPU), "cpu", "cuda", "cuda:N" or "mps". ``attention``: the path of steps
     that do not record: "fused" (SDPA, for every scheme it can express),
-    "explicit", or "auto" (fused on GPUs, and on the CPU in fp32 up to d_k 128,
-    where it measured faster; the model config's ``impl`` elsewhere).
+    "explicit", or "auto" (fused on GPUs; on the CPU the model config's ``impl``).
     ``device``, ``threads``, ``attention`` and ``checkpoint_every`` decide how a
     run executes, not what it measures: a run resumed with others is the same run."""
 
@@ -146,25 +145,20 @@ def _autocast(precision: "str | dev.Precision"):
     return dev.autocast(precision)
 
 
-# On the CPU in fp32 the fused path's forward + backward beats the explicit one up to
-# d_k = 128 at T = 64 (benchmarks/attention_paths.py, batch 32, 1 thread: 2.5x, 1.1x,
-# 1.45x at d_k 32, 64, 128) and loses from 256 (0.71x); in bf16 it loses at every d_k.
-FUSED_CPU_MAX_D_K = 128
-
-
+# On the CPU the fused path does not pay: at the presets' shape (T 64, batch 32,
+# 1 thread, d_model 128, d_k 32) a training step costs the same CPU time with
+# either path (110 ms, benchmarks/vs_nanogpt.py's shape, 6 alternating rounds),
+# from d_k 256 the fused backward is slower (benchmarks/attention_paths.py), and
+# in bf16 it is slower at every d_k; the explicit path also keeps CPU runs
+# bit-identical whichever steps record.
 def _attention_impl(choice: str, model_cfg: ModelConfig, device: torch.device, precision: "dev.Precision") -> str:
     """The path non-recording steps take. "auto": fused SDPA on GPUs (flash and
-    memory-efficient kernels) and on the CPU where it measured faster (fp32, d_k <=
-    ``FUSED_CPU_MAX_D_K``); elsewhere the model config's own ``impl``."""
+    memory-efficient kernels), the model config's own ``impl`` on the CPU."""
     if not get_scale(model_cfg.scale, model_cfg.d_k).fusable:
         return "explicit"  # SDPA cannot express this scheme; Attention would write it out anyway
     if choice != "auto":
         return choice
-    if device.type in ("cuda", "mps"):
-        return "fused"
-    if precision.autocast is None and model_cfg.d_k <= FUSED_CPU_MAX_D_K:
-        return "fused"
-    return model_cfg.impl
+    return "fused" if device.type in ("cuda", "mps") else model_cfg.impl
 
 
 @contextlib.contextmanager
