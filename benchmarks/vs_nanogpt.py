@@ -65,7 +65,8 @@ def prepare_nanogpt(nanogpt: Path, text_path: Path, work: Path) -> Path:
     return work
 
 
-def run_nanogpt(nanogpt: Path, work: Path, shape: dict, steps: int, skip: int, threads: int, gpu: bool) -> float:
+def run_nanogpt(nanogpt: Path, work: Path, shape: dict, steps: int, skip: int, threads: int, gpu: bool,
+                extra: list[str] = ()) -> float:
     args = [
         f"--n_layer={shape['layers']}", f"--n_head={shape['heads']}", f"--n_embd={shape['d']}",
         f"--block_size={shape['T']}", f"--batch_size={shape['B']}", "--gradient_accumulation_steps=1",
@@ -74,6 +75,7 @@ def run_nanogpt(nanogpt: Path, work: Path, shape: dict, steps: int, skip: int, t
         "--always_save_checkpoint=False", f"--out_dir={work / 'out'}",
     ]
     args += ["--device=cuda"] if gpu else ["--device=cpu", "--compile=False", "--dtype=float32"]
+    args += list(extra)  # e.g. --dropout=0.2, as config/train_shakespeare_char.py has it
     out = _run([sys.executable, str(nanogpt / "train.py"), *args], work, threads)
     dts = [float(ms) / 1000 for ms in re.findall(r"^iter \d+: loss [^,]+, time ([0-9.]+)ms", out, re.M)]
     if len(dts) != steps:
@@ -112,7 +114,8 @@ def attnscale_worker(spec: dict) -> None:
                       "threads": res["threads"], "device": res["device"]["name"]}))
 
 
-def run_attnscale(corpus: Path, work: Path, shape: dict, steps: int, skip: int, threads: int, gpu: bool) -> float:
+def run_attnscale(corpus: Path, work: Path, shape: dict, steps: int, skip: int, threads: int, gpu: bool,
+                  extra: list[str] = ()) -> float:
     spec = {"corpus": str(corpus), "work": str(work), "shape": shape, "steps": steps, "skip": skip,
             "device": "cuda" if gpu else "cpu"}
     out = _run([sys.executable, __file__, "--worker", json.dumps(spec)], work, threads)
@@ -146,6 +149,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=60, help="training steps per measurement (a multiple of 10)")
     ap.add_argument("--skip", type=int, default=10, help="steps left out of the timing at the start")
     ap.add_argument("--gpu", action="store_true", help="the GPU comparison (bf16, compile; d 512, 6 layers, 8 heads, T 256, batch 64)")
+    ap.add_argument("--nanogpt-args", nargs="*", default=[], metavar="ARG",
+                    help="more options for nanoGPT's train.py, e.g. --nanogpt-args=--dropout=0.2")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -163,7 +168,7 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="vs-nanogpt-"))
     try:
         prepare_nanogpt(args.nanogpt.resolve(), args.corpus.resolve(), work)
-        print(f"nanoGPT {args.nanogpt}, {'GPU' if args.gpu else 'CPU'}; {args.steps} steps a measurement, first "
+        print(f"nanoGPT {args.nanogpt} {' '.join(args.nanogpt_args)}, {'GPU' if args.gpu else 'CPU'}; {args.steps} steps a measurement, first "
               f"{args.skip} not timed; {args.rounds} alternating rounds; load before: {_load()}")
         print(f"{'d_model':>7} {'threads':>7} {'nanoGPT tok/s':>14} {'attnscale tok/s':>16} {'ratio':>6}  load (1/5/15 min)")
         for shape in shapes:
@@ -174,7 +179,7 @@ def main() -> None:
                     for who in (first, second):
                         fn = run_nanogpt if who == "nanogpt" else run_attnscale
                         src = args.nanogpt.resolve() if who == "nanogpt" else args.corpus.resolve()
-                        times[who].append(fn(src, work, shape, args.steps, args.skip, threads, args.gpu))
+                        times[who].append(fn(src, work, shape, args.steps, args.skip, threads, args.gpu, args.nanogpt_args))
                 ng, at = statistics.median(times["nanogpt"]), statistics.median(times["attnscale"])
                 print(f"{shape['d']:7d} {threads:7d} {ng:14.0f} {at:16.0f} {at / ng:5.2f}x  {_load()}", flush=True)
                 print(f"        rounds: nanoGPT {[round(t) for t in times['nanogpt']]}, "
