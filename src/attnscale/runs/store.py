@@ -33,7 +33,10 @@ Schema of ``results`` per experiment (the contract the report reads):
   "corpus": Corpus.describe()}; status "done" | "diverged" | "stopped" | "running";
   results = {status, steps_done, diverged_at (step or null), final_train_loss,
   valid_loss, perplexity (null if diverged), eval_tokens, d_k, scale, init, params,
-  tokens_per_s, dtype, "start": MEANS, "end": MEANS, "history": [LINE, ...]}, where
+  tokens_per_s, dtype, attention (the path of non-recording steps), device
+  (``core.device.describe_device``: type, index, name, cuda_runtime, driver, dtype,
+  threads, torch; on CUDA also capability, memory_gb, cudnn),
+  "start": MEANS, "end": MEANS, "history": [LINE, ...]}, where
   MEANS (``train.summarize``) averages each diagnostic over layers and heads and
   LINE is one recorded step, as in metrics.jsonl.
   metrics.jsonl: one LINE per recorded step (step 0 is before any update):
