@@ -284,10 +284,6 @@ def _device_of(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
 
 
-def _dtype_of_model(result: InspectResult) -> str:
-    return "fp32"  # scores are recomputed from q and k in fp32 whatever the model's weights are
-
-
 def _result(name, arch, layers: dict[int, _Layer], pools, cfg, seqs, available, notes) -> InspectResult:
     if not layers:
         raise ConfigError(f"--model: no attention layer of {name!r} ran; give a model whose attention inspect can read")
@@ -428,5 +424,6 @@ def run(cfg: InspectConfig, texts: str | Sequence[str], out: Path | None = None)
 
         plot_heatmaps(result, Path(out) / "heatmaps.png")
         write_record(out, "inspect", cfg, result, started=started,
-                     extra={"device": describe_device(device, _dtype_of_model(result))})
+                     # the scores are recomputed from q and k in fp32, whatever the weights are in
+                     extra={"device": describe_device(device, "fp32")})
     return result
