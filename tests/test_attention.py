@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from attnscale import Attention, record
-from attnscale.core.attention import build_mask, masked_softmax
+from attnscale.core.attention import attend, build_mask, masked_softmax
 from attnscale.core.scales import SCALES
 
 torch.set_num_threads(1)
@@ -69,3 +69,22 @@ def test_masked_softmax_is_fp32_and_bf16_safe():
     assert p.dtype == torch.float32
     assert torch.allclose(p.sum(-1), torch.ones(2, 1, 4))
     assert (p.triu(1) == 0).all()
+
+
+def test_causal_path_without_padding_equals_the_reference_bit_for_bit():
+    # Attention skips zeroing rows with no visible key when none can exist (causal, no padding)
+    # and masks by adding 0 / -inf: the same numbers, forward and backward, as attend()
+    from attnscale.core.attention import _attend
+    from attnscale.core.scales import get_scale
+
+    torch.manual_seed(0)
+    mask = build_mask(12, causal=True)
+    grads = []
+    for fast in (False, True):
+        q, k, v = (torch.randn(2, 3, 12, 8, generator=torch.Generator().manual_seed(i), requires_grad=True) for i in range(3))
+        fn = (lambda *a: _attend(*a, rows_may_be_empty=False)) if fast else attend
+        z, scores, pattern = fn(q, k, v, get_scale("inv_sqrt_d", 8), mask)
+        (z.square().sum() + pattern.pow(3).sum()).backward()
+        grads.append((z, scores, pattern, q.grad, k.grad, v.grad))
+    for a, b in zip(*grads):
+        assert torch.equal(a, b)

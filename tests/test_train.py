@@ -90,7 +90,7 @@ def test_threads_are_restored(corpus):
 @pytest.mark.parametrize(
     "kw, words",
     [({"steps": 0}, "steps"), ({"batch": 0}, "batch"), ({"lr": -1.0}, "lr"),
-     ({"dtype": "fp16"}, "bf16"), ({"eval_batches": 0}, "eval_batches"), ({"frozen_threshold": 1.5}, "frozen")],
+     ({"dtype": "fp64"}, "bf16"), ({"device": "gpu"}, "device"), ({"attention": "flash"}, "attention"), ({"eval_batches": 0}, "eval_batches"), ({"frozen_threshold": 1.5}, "frozen")],
 )
 def test_bad_train_config_raises(kw, words):
     with pytest.raises(ConfigError, match=words):

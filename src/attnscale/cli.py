@@ -72,6 +72,29 @@ def scale_or_all(text: str) -> str:
     return text if text == "all" else scale_name(text)
 
 
+def device_name(text: str) -> str:
+    """A well-formed device spec; whether this machine has it is checked by ``usable_device`` before any work."""
+    from attnscale.core.device import DEVICES, check_device_spec
+
+    try:
+        return check_device_spec(text)
+    except ConfigError:
+        raise argparse.ArgumentTypeError(f"takes one of {', '.join(DEVICES)}, got {text!r}") from None
+
+
+def _device_option(p) -> None:
+    p.add_argument("--device", type=device_name, default="auto",
+                   help="auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:N or mps")
+
+
+def usable_device(spec: str) -> str:
+    """``spec`` when this machine has the device; else a one-line error (ConfigError), before anything is written."""
+    from attnscale.core.device import resolve_device
+
+    resolve_device(spec)
+    return spec
+
+
 def writable_dir(path: Path, option: str = "--out") -> Path:
     """Create ``path`` and check that files can be written in it, before any work starts."""
     path = Path(path)
@@ -98,7 +121,7 @@ def _words(values) -> str:
 
 
 def _print_json(rows) -> None:
-    from attnscale.runs.store import to_jsonable
+    from attnscale.files import to_jsonable
 
     json.dump(to_jsonable(rows), sys.stdout, indent=2)
     sys.stdout.write("\n")
@@ -181,16 +204,19 @@ def _add_reproduce(sub) -> None:
                    help="'default' (embedded), 'wikitext-2', 'tinyshakespeare', a text file or a folder")
     p.add_argument("-j", "--jobs", type=positive_int, default=min(2, os.cpu_count() or 1),
                    help="training runs at once, each in its own process with cores/JOBS threads "
-                        "(default: 2 where there are 2 cores; one thread per run wastes less CPU than two)")
+                        "(default: 2 where there are 2 cores; one thread per run wastes less CPU than two); "
+                        "on one GPU, runs at once share it")
     _executor_options(p)
+    _device_option(p)
     p.set_defaults(run=_run_reproduce)
 
 
 def _run_reproduce(args) -> None:
     from attnscale import reproduce
 
+    device = usable_device(args.device)
     out = writable_dir(args.out)
-    reproduce.run(out, seed=args.seed, quick=args.quick, corpus=args.corpus, jobs=args.jobs, **_executor(args))
+    reproduce.run(out, seed=args.seed, quick=args.quick, corpus=args.corpus, jobs=args.jobs, **_executor(args), device=device)
 
 
 def _add_report(sub) -> None:
@@ -226,6 +252,7 @@ def _training_options(p, out: str) -> None:
     p.add_argument("--context", type=positive_int, help="tokens per sequence (default: the preset's)")
     p.add_argument("--out", type=Path, default=Path(out), help=f"runs go to OUT/<run_id> (default {out})")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    _device_option(p)
 
 
 def _quick_budget() -> str:
@@ -276,7 +303,7 @@ def _budget(cfg, args):
     if args.lr is not None:
         train = replace(train, lr=args.lr)
     model = {**cfg.model, **({"context": args.context} if args.context is not None else {})}
-    return replace(cfg, tokenizer=args.tokenizer, model=model, train=train)
+    return replace(cfg, tokenizer=args.tokenizer, model=model, train=train, device=args.device)
 
 
 def _add_train(sub) -> None:
@@ -292,6 +319,7 @@ def _add_train(sub) -> None:
 def _run_train(args) -> None:
     from attnscale.experiments import dynamics, sweep
 
+    usable_device(args.device)  # before anything is written
     base = sweep.preset(quick=args.quick, corpus=args.corpus, seed=args.seed, tokenizer=args.tokenizer)
     cfg = _budget(sweep.SweepConfig(corpus=args.corpus, widths=(args.width,), scales=(args.scale,),
                                     seeds=(args.seed,), model=base.model, train=base.train), args)
@@ -326,6 +354,7 @@ def _run_dynamics(args) -> None:
 
     from attnscale.experiments import dynamics
 
+    usable_device(args.device)  # before anything is written
     cfg = replace(dynamics.preset(quick=args.quick, corpus=args.corpus, seed=args.seed, tokenizer=args.tokenizer),
                   head_dim=args.width, scales=tuple(dict.fromkeys(args.scales)))
     cfg = _budget(cfg, args)
@@ -357,6 +386,7 @@ def _run_sweep(args) -> None:
 
     from attnscale.experiments import sweep
 
+    usable_device(args.device)  # before anything is written
     cfg = sweep.preset(quick=args.quick, corpus=args.corpus, tokenizer=args.tokenizer)
     cfg = replace(cfg, widths=tuple(dict.fromkeys(args.widths or cfg.widths)), scales=tuple(dict.fromkeys(args.scales)),
                   seeds=tuple(dict.fromkeys(args.seeds)), lrs=tuple(dict.fromkeys(args.lrs)) if args.lrs else None)
@@ -417,16 +447,18 @@ def _add_inspect(sub) -> None:
                    help="max weight above which a row is frozen (default: %(default)s)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.add_argument("--out", type=Path, help="write record.json and heatmaps.png here")
+    _device_option(p)
     p.set_defaults(run=_run_inspect)
 
 
 def _run_inspect(args) -> None:
     from attnscale.headcheck import check, engine, show
 
+    usable_device(args.device)
     out = writable_dir(args.out) if args.out else None
     text = args.text if args.text is not None else engine.read_text(args.file)
     cfg = engine.InspectConfig(model=args.model, max_tokens=args.max_tokens, batch=args.batch,
-                               sequences=args.sequences, threshold=args.threshold)
+                               sequences=args.sequences, threshold=args.threshold, device=args.device)
     result = check.run(cfg, text, out=out)
     _print_json(result) if args.json else print(show.format_table(result))
 

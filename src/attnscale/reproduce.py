@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
@@ -38,15 +38,16 @@ class Stage:
 
 
 def stages(*, seed: int = 0, quick: bool = False, corpus: str = "default", jobs: int = 1,
-           executor: str = "local", ray_address: str | None = None) -> list[Stage]:
+           executor: str = "local", ray_address: str | None = None, device: str | None = None) -> list[Stage]:
+    """The stages in order; ``device`` is where the training runs go (spread and fresh stay on the CPU)."""
     from attnscale.experiments import dynamics, fresh, schemes, spread, sweep
 
     from attnscale.lm.data import load_corpus
 
     pairs, sequences = (5000, 50) if quick else (20000, 200)
     vocab = load_corpus(corpus).vocab_size  # once: the budgets depend on it
-    dyn = dynamics.preset(quick=quick, corpus=corpus, seed=seed, vocab_size=vocab)
-    swp = sweep.preset(quick=quick, corpus=corpus, seed=seed, vocab_size=vocab)
+    dyn = replace(dynamics.preset(quick=quick, corpus=corpus, seed=seed, vocab_size=vocab), device=device)
+    swp = replace(sweep.preset(quick=quick, corpus=corpus, seed=seed, vocab_size=vocab), device=device)
     dyn_s, swp_s = _training_estimate(quick, vocab, jobs)
     return [
         Stage("spread of q·k vs width", "spread", 2, spread.SpreadConfig(pairs=pairs, seed=seed),
@@ -63,7 +64,7 @@ def stages(*, seed: int = 0, quick: bool = False, corpus: str = "default", jobs:
                                      ray_address=ray_address), group=True),
         # beyond the course: every scheme over a learning-rate grid ("smoke" for --quick, else "quick")
         Stage("which scale? schemes × widths × learning rates", "schemes", SCHEMES_ESTIMATE_S[quick] * 2 / min(jobs, 2),
-              schemes.preset("smoke" if quick else "quick", corpus=corpus, seed=seed, vocab_size=vocab),
+              replace(schemes.preset("smoke" if quick else "quick", corpus=corpus, seed=seed, vocab_size=vocab), device=device),
               lambda c, d: schemes.run(c, d, jobs=jobs, executor=executor, ray_address=ray_address), group=True),
     ]
 
@@ -104,13 +105,14 @@ def _say(msg: str) -> None:
 
 
 def run(out: Path, *, seed: int = 0, quick: bool = False, corpus: str = "default", jobs: int = 1,
-        executor: str = "local", ray_address: str | None = None) -> Path:
+        executor: str = "local", ray_address: str | None = None, device: str | None = None) -> Path:
     """Run every stage not yet on disk, then build the report; returns the report's HTML path.
 
     ``executor="ray"``: the training stages run as Ray tasks, in one Ray session
     (a local instance, or the cluster at ``ray_address``) opened for the first of them."""
     out = Path(out)
-    todo = stages(seed=seed, quick=quick, corpus=corpus, jobs=jobs, executor=executor, ray_address=ray_address)
+    todo = stages(seed=seed, quick=quick, corpus=corpus, jobs=jobs, executor=executor, ray_address=ray_address,
+                  device=device)
     started = time.time()
     left = sum(s.estimate_s for s in todo)
     with contextlib.ExitStack() as ray_session:

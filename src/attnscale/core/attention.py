@@ -68,10 +68,21 @@ def attend(
     mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Explicit attention. Returns (z_BHTD, scores_BHTT after mask, pattern_BHTT)."""
+    return _attend(q_BHTD, k_BHTD, v_BHTD, scale, mask, rows_may_be_empty=True)
+
+
+def _attend(q_BHTD, k_BHTD, v_BHTD, scale: ScoreScale, mask, rows_may_be_empty: bool):
+    """``attend``; ``rows_may_be_empty=False`` (a causal mask, no padding: every row sees
+    its own key) skips the zeroing of rows with no visible key, which would change nothing."""
     scores_BHTT = scale.scores(q_BHTD, k_BHTD)
     if mask is not None:
-        scores_BHTT = scores_BHTT.masked_fill(~mask, float("-inf"))
-    pattern_BHTT = masked_softmax(scores_BHTT, mask)
+        # + 0 / -inf gives masked_fill's scores exactly, and costs nothing in the backward
+        # (softmax already sends no gradient where its weight is 0)
+        bias = torch.zeros(mask.shape, dtype=scores_BHTT.dtype, device=scores_BHTT.device)
+        scores_BHTT = scores_BHTT + bias.masked_fill_(~mask, float("-inf"))
+    pattern_BHTT = torch.softmax(scores_BHTT.float(), dim=-1)  # the scores are masked already
+    if mask is not None and rows_may_be_empty:
+        pattern_BHTT = pattern_BHTT.masked_fill(~mask.any(-1, keepdim=True), 0.0)
     z_BHTD = pattern_BHTT.to(v_BHTD.dtype) @ v_BHTD
     return z_BHTD, scores_BHTT, pattern_BHTT
 
@@ -129,7 +140,8 @@ class Attention(nn.Module):
             z_BHTD = self._fused(q_BHTD, k_BHTD, v_BHTD, key_padding_BT)
         else:
             mask = build_mask(T, self.causal, key_padding_BT, device=x_BTC.device)
-            z_BHTD, scores_BHTT, pattern_BHTT = attend(q_BHTD, k_BHTD, v_BHTD, self.scale, mask)
+            z_BHTD, scores_BHTT, pattern_BHTT = _attend(q_BHTD, k_BHTD, v_BHTD, self.scale, mask,
+                                                        rows_may_be_empty=key_padding_BT is not None)
             self.hook_scores(scores_BHTT)
             self.hook_pattern(pattern_BHTT)
         z_BHTD = self.hook_z(z_BHTD)

@@ -27,6 +27,7 @@ __all__ = [
     "frozen_fraction",
     "row_summary",
     "head_summary",
+    "head_measures",
     "describe_row",
     "MIN_KEYS",
     "FROZEN_HEAD_SHARE",
@@ -146,6 +147,13 @@ def head_summary(scores_BHTT: torch.Tensor, pattern_BHTT: torch.Tensor, threshol
     spread and max |score| over the scores that count; effective words, push
     and max weight averaged over rows that see at least two keys; frozen
     fraction of those rows."""
+    values = head_measures(scores_BHTT, pattern_BHTT, threshold).tolist()
+    return dict(zip(HEAD_MEASURES, values))
+
+
+def head_measures(scores_BHTT: torch.Tensor, pattern_BHTT: torch.Tensor, threshold: float = FROZEN_THRESHOLD) -> torch.Tensor:
+    """``head_summary`` as one fp32 tensor of shape (len(HEAD_MEASURES), H), on the
+    tensors' device: a caller on a GPU reads many layers back in one transfer."""
     keep = torch.isfinite(scores_BHTT)
     rows_BHT = valid_rows(pattern_BHTT) & counted_rows(keep)
     n_rows = rows_BHT.sum((0, 2)).clamp_min(1).double()
@@ -155,14 +163,15 @@ def head_summary(scores_BHTT: torch.Tensor, pattern_BHTT: torch.Tensor, threshol
 
     abs_scores = torch.where(keep, scores_BHTT.abs().float(), 0.0)
     mw = max_weight(pattern_BHTT)
-    return {
-        "spread": spread(scores_BHTT, dim=(0, 2, 3)).tolist(),
-        "max_score": abs_scores.amax((0, 2, 3)).tolist(),
-        "effective_words": row_mean(effective_words(pattern_BHTT)).tolist(),
-        "frozen_fraction": row_mean((mw > threshold).float()).tolist(),
-        "push": row_mean(push(pattern_BHTT)).tolist(),
-        "max_weight": row_mean(mw).tolist(),
+    by_name = {
+        "spread": spread(scores_BHTT, dim=(0, 2, 3)),
+        "max_score": abs_scores.amax((0, 2, 3)),
+        "effective_words": row_mean(effective_words(pattern_BHTT)),
+        "frozen_fraction": row_mean((mw > threshold).float()),
+        "push": row_mean(push(pattern_BHTT)),
+        "max_weight": row_mean(mw),
     }
+    return torch.stack([by_name[k].float() for k in HEAD_MEASURES])
 
 
 def describe_row(p_row: torch.Tensor, row: int) -> str:
@@ -189,9 +198,9 @@ class HeadPool:
     difference loses its digits when the scores have a large mean). Pooling
     ``add`` over batches gives ``head_summary`` on the batches concatenated."""
 
-    def __init__(self, heads: int, threshold: float = FROZEN_THRESHOLD):
-        def zeros():
-            return torch.zeros(heads, dtype=torch.float64)
+    def __init__(self, heads: int, threshold: float = FROZEN_THRESHOLD, device: torch.device | str | None = None):
+        def zeros():  # on the scores' device: the sums never leave it until ``result``
+            return torch.zeros(heads, dtype=torch.float64, device=device)
 
         self.threshold = threshold
         self.entries, self.rows = zeros(), zeros()

@@ -20,6 +20,7 @@ from typing import Any
 from attnscale import limits
 from attnscale.runs import store
 from attnscale.runs.record import TrainRun
+from attnscale.core.device import check_device_spec
 from attnscale.errors import ConfigError
 from attnscale.runs.runner import CorpusSpec, RunSpec, execute
 from attnscale.lm.train import TrainConfig
@@ -41,7 +42,8 @@ def default_train() -> TrainConfig:
 class DynamicsConfig:
     """One width, several schemes. ``model`` holds ModelConfig fields other than
     vocab_size (from the corpus), head_dim and scale (set per run); ``train.seed``
-    is replaced by ``seed``."""
+    is replaced by ``seed``. ``device`` ("auto", "cpu", "cuda", "cuda:N", "mps"),
+    when given, is where every run trains (it sets ``train.device``)."""
 
     corpus: str = "default"
     tokenizer: str | None = None
@@ -50,8 +52,11 @@ class DynamicsConfig:
     seed: int = 0
     model: dict[str, Any] = field(default_factory=default_model)
     train: TrainConfig = field(default_factory=default_train)
+    device: str | None = None
 
     def __post_init__(self):
+        if self.device is not None:
+            check_device_spec(self.device)
         if not isinstance(self.head_dim, int) or self.head_dim < 1:
             raise ConfigError(f"head_dim must be a positive integer, got {self.head_dim!r}")
         if not self.scales or len(set(self.scales)) != len(self.scales):
@@ -104,7 +109,7 @@ def preset(quick: bool = False, corpus: str = "default", seed: int = 0, tokenize
 
 def specs(cfg: DynamicsConfig, vocab_size: int) -> list[RunSpec]:
     check_budget(cfg.model, cfg.train, {cfg.head_dim: len(cfg.scales)}, vocab_size)
-    train_cfg = replace(cfg.train, seed=cfg.seed)
+    train_cfg = replace(cfg.train, seed=cfg.seed, **({"device": cfg.device} if cfg.device is not None else {}))
     return [
         RunSpec(store.run_id(cfg.head_dim, s, cfg.seed), model_config(cfg.model, vocab_size, cfg.head_dim, s),
                 train_cfg, "dynamics")

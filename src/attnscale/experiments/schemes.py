@@ -51,7 +51,7 @@ def _default_lrs() -> tuple[float, ...]:
 class SchemesConfig:
     """Schemes × head widths × learning rates × seeds. ``model`` holds ModelConfig
     fields other than vocab_size, head_dim and scale; ``train.seed`` and
-    ``train.lr`` are set per run."""
+    ``train.lr`` are set per run. ``device``, when given, is where every run trains."""
 
     corpus: str = "default"
     tokenizer: str | None = None
@@ -61,6 +61,7 @@ class SchemesConfig:
     seeds: tuple[int, ...] = (0, 1, 2)
     model: dict[str, Any] = field(default_factory=default_model)
     train: TrainConfig = field(default_factory=default_train)
+    device: str | None = None
 
     def __post_init__(self):
         _ = self.as_sweep  # the sweep's checks: lists without repeats, positive widths, known schemes, valid lrs
@@ -69,7 +70,8 @@ class SchemesConfig:
     def as_sweep(self) -> sweep.SweepConfig:
         """The same runs as a sweep (the sweep already crosses schemes, widths, seeds and lrs)."""
         return sweep.SweepConfig(corpus=self.corpus, tokenizer=self.tokenizer, widths=self.widths, scales=self.scales,
-                                 seeds=self.seeds, lrs=self.lrs, model=self.model, train=self.train)
+                                 seeds=self.seeds, lrs=self.lrs, model=self.model, train=self.train,
+                                 device=self.device)
 
     @property
     def corpus_spec(self) -> CorpusSpec:

@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 from attnscale.runs import store
 from attnscale.runs.record import TrainRun
+from attnscale.core.device import check_device_spec
 from attnscale.errors import ConfigError
 from attnscale.experiments.dynamics import check_budget, default_model, default_train, model_config
 from attnscale.lm.presets import budget
@@ -37,7 +38,8 @@ __all__ = ["SweepConfig", "preset", "run", "run_records", "specs", "rows_from_re
 @dataclass(frozen=True)
 class SweepConfig:
     """Widths × schemes × seeds (× lrs). ``model`` holds ModelConfig fields other than
-    vocab_size, head_dim and scale; ``train.seed`` and, with ``lrs``, ``train.lr`` are set per run."""
+    vocab_size, head_dim and scale; ``train.seed`` and, with ``lrs``, ``train.lr`` are set per run.
+    ``device``, when given, is where every run trains (it sets ``train.device``)."""
 
     corpus: str = "default"
     tokenizer: str | None = None
@@ -47,8 +49,11 @@ class SweepConfig:
     lrs: tuple[float, ...] | None = None
     model: dict[str, Any] = field(default_factory=default_model)
     train: TrainConfig = field(default_factory=default_train)
+    device: str | None = None
 
     def __post_init__(self):
+        if self.device is not None:
+            check_device_spec(self.device)
         for name in ("widths", "scales", "seeds") + (("lrs",) if self.lrs is not None else ()):
             values = getattr(self, name)
             if not values or len(set(values)) != len(values):
@@ -91,7 +96,8 @@ def specs(cfg: SweepConfig, vocab_size: int, group: str = "sweep") -> list[RunSp
         for width in cfg.widths:
             for seed in cfg.seeds:
                 for scale in cfg.scales:
-                    train_cfg = replace(cfg.train, seed=seed, **({} if lr is None else {"lr": lr}))
+                    train_cfg = replace(cfg.train, seed=seed, **({} if lr is None else {"lr": lr}),
+                                        **({} if cfg.device is None else {"device": cfg.device}))
                     out.append(RunSpec(store.run_id(width, scale, seed, lr), model_config(cfg.model, vocab_size, width, scale),
                                        train_cfg, group))
     return out

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from attnscale.core.attention import Attention
+from attnscale.core.device import describe_device, resolve_device
 from attnscale.core.diagnostics import FROZEN_THRESHOLD
 from attnscale.errors import ConfigError
 from attnscale.headcheck import hf, native
@@ -32,6 +33,7 @@ def inspect_model(
     threshold: float = FROZEN_THRESHOLD,
     what_ifs: tuple[str, ...] = ("none", "inv_d"),
     on_layer: OnLayer | None = None,
+    device: str | torch.device | None = None,
 ) -> InspectResult:
     """Measure every head of ``model`` on ``texts``.
 
@@ -44,20 +46,31 @@ def inspect_model(
     ``max_tokens``; the first ``sequences`` of them are read, ``batch`` per
     forward pass. ``on_layer(layer, scheme, scores_BHTT, pattern_BHTT)`` sees
     each layer's tensors as they pass (scheme "model" is the model's own scale),
-    before they are dropped."""
+    before they are dropped.
+
+    ``device`` (a spec such as "cuda" or a ``torch.device``): the model is moved there
+    and measured there; None leaves a given module where it is and loads a named one
+    on the CPU. The numbers equal the CPU's to float tolerance."""
+    target = resolve_device(device) if device is not None else None
     name = str(model) if isinstance(model, (str, Path)) else type(model).__name__
-    cfg = InspectConfig(name, max_tokens, batch, sequences, threshold, tuple(what_ifs))
+    cfg = InspectConfig(name, max_tokens, batch, sequences, threshold, tuple(what_ifs),
+                        **({"device": str(target)} if target is not None else {}))
     if not isinstance(texts, torch.Tensor):
         texts = check_texts(texts)  # before a load that may take half a minute
     if isinstance(model, (str, Path)) and native.is_run(Path(model)):
         model, encode = native.load(Path(model))
+        model = model.to(target) if target is not None else model
         if encode is None and tokenizer is None and not isinstance(texts, torch.Tensor):
             raise ConfigError(f"--model: the record of {name!r} names no corpus (config.corpus) to turn text into tokens; "
                               "give a run whose record names its corpus, or token ids from Python")
         return native.inspect(model, texts, cfg, on_layer, tokenizer or encode, name)
     if isinstance(model, (str, Path)):
         loaded = hf.load(name)
+        if target is not None:
+            loaded.model.to(target)
         return hf.inspect(loaded.model, loaded.tokenizer, texts, cfg, on_layer, name)
+    if target is not None:
+        model.to(target)
     if any(isinstance(m, Attention) for m in model.modules()):
         return native.inspect(model, texts, cfg, on_layer, tokenizer, name)
     if hasattr(model, "config") and hasattr(model, "set_attn_implementation"):
@@ -70,12 +83,14 @@ def inspect_model(
 def run(cfg: InspectConfig, texts: str | Sequence[str], out: Path | None = None) -> InspectResult:
     """The CLI's call: load, inspect, and with ``out`` write record.json and heatmaps.png."""
     started = time.time()
+    device = resolve_device(cfg.device)  # once: the model is moved there and measured there
     result = inspect_model(cfg.model, texts, max_tokens=cfg.max_tokens, batch=cfg.batch, sequences=cfg.sequences,
-                           threshold=cfg.threshold, what_ifs=cfg.what_ifs)
+                           threshold=cfg.threshold, what_ifs=cfg.what_ifs, device=device)
     if out is not None:
         from attnscale.headcheck.show import plot_heatmaps
         from attnscale.runs import record as rec
 
         plot_heatmaps(result, Path(out) / "heatmaps.png")
-        rec.write(out, rec.new("inspect", cfg, result, started=started))
+        # the scores are recomputed from q and k in fp32, whatever the weights are in
+        rec.write(out, rec.new("inspect", cfg, result, started=started, device=describe_device(device, "fp32")))
     return result

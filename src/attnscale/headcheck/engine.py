@@ -28,6 +28,7 @@ from attnscale.core import diagnostics as D
 from attnscale.core.attention import masked_softmax
 from attnscale.core.diagnostics import FROZEN_HEAD_SHARE, FROZEN_THRESHOLD
 from attnscale.core.scales import get_scale
+from attnscale.core.device import check_device_spec
 from attnscale.errors import ConfigError
 
 __all__ = ["MODEL", "HeadCheck", "InspectConfig", "InspectResult", "Layer", "check_texts", "frozen_heads",
@@ -42,7 +43,8 @@ OnLayer = Callable[[int, str, torch.Tensor, torch.Tensor], None]
 
 @dataclass(frozen=True)
 class InspectConfig:
-    """What to inspect. ``sequences=None`` reads every sequence the text gives."""
+    """What to inspect. ``sequences=None`` reads every sequence the text gives.
+    ``device``: where the model runs and the measurements are reduced ("auto", "cpu", "cuda", "cuda:N", "mps")."""
 
     model: str
     max_tokens: int = 128
@@ -50,8 +52,10 @@ class InspectConfig:
     sequences: int | None = 16
     threshold: float = FROZEN_THRESHOLD
     what_ifs: tuple[str, ...] = ("none", "inv_d")
+    device: str = "auto"
 
     def __post_init__(self):
+        check_device_spec(self.device)
         for name in ("max_tokens", "batch", "sequences"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
@@ -131,16 +135,18 @@ class HeadCheck:
         """Scores and weights of layer ``index`` under the model's scale and each
         what-if, reduced to per-head sums at once."""
         self.layers[index] = layer
+        if q_BHTD.device.type == "mps":  # MPS has no float64 for the pooled sums: they are taken on the CPU
+            q_BHTD, k_BKTD, mask_B1TT = q_BHTD.cpu(), k_BKTD.cpu(), mask_B1TT.cpu()
         if layer.kv_heads != layer.heads:  # GQA: query head h reads kv head h // (H / K), as repeat_kv does
             k_BKTD = k_BKTD.repeat_interleave(layer.heads // layer.kv_heads, dim=1)
         raw_BHTT = q_BHTD.float() @ k_BKTD.float().transpose(-2, -1)
         # The rows that count (diagnostics.counted_rows), gathered once as N rows × H heads × T keys.
         rows_BT = D.counted_rows(mask_B1TT[:, 0])
         raw_NHT = raw_BHTT.permute(0, 2, 1, 3)[rows_BT]
-        bias_N1T = torch.zeros(mask_B1TT[:, 0][rows_BT].shape).masked_fill(~mask_B1TT[:, 0][rows_BT], float("-inf"))[:, None]
+        bias_N1T = torch.zeros(mask_B1TT[:, 0][rows_BT].shape, device=raw_BHTT.device).masked_fill(~mask_B1TT[:, 0][rows_BT], float("-inf"))[:, None]
         factors = {MODEL: layer.factor, **{w: get_scale(w, layer.head_dim).factor() for w in self.cfg.what_ifs}}
         for scheme, factor in factors.items():
-            pool = self._pools.setdefault((index, scheme), D.HeadPool(layer.heads, self.cfg.threshold))
+            pool = self._pools.setdefault((index, scheme), D.HeadPool(layer.heads, self.cfg.threshold, raw_BHTT.device))
             scores_BHTT, scaled_NHT = raw_BHTT * factor, raw_NHT * factor
             if layer.cap is not None:
                 scores_BHTT, scaled_NHT = layer.cap(scores_BHTT), layer.cap(scaled_NHT)

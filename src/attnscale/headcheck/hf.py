@@ -271,7 +271,7 @@ def inspect(model, tokenizer, texts, cfg: InspectConfig, on_layer: OnLayer | Non
         cap = kwargs.get("softcap")
         T = q_BHTD.shape[-2]
         if mask is None:  # SDPA skips the mask when is_causal alone says it all
-            mask = build_mask(T, bool(getattr(module, "is_causal", False)), pad_BT)
+            mask = build_mask(T, bool(getattr(module, "is_causal", False)), pad_BT, device=q_BHTD.device)
         # padding queries are not rows of the text: mask their whole row so no statistic counts them
         mask = mask[..., -T:, :] & pad_BT[:, None, :, None]
         layer = Layer(
@@ -292,6 +292,8 @@ def inspect(model, tokenizer, texts, cfg: InspectConfig, on_layer: OnLayer | Non
                 T = max(len(s) for s in chunk)
                 ids_BT = torch.tensor([s + [pad_id] * (T - len(s)) for s in chunk])
                 pad_BT = torch.tensor([[1] * len(s) + [0] * (T - len(s)) for s in chunk], dtype=torch.bool)
+                device = next(model.parameters()).device
+                ids_BT, pad_BT = ids_BT.to(device), pad_BT.to(device)
                 model(input_ids=ids_BT, attention_mask=pad_BT.long())
     finally:
         model.train(training)

@@ -203,8 +203,9 @@ def inspect(model: nn.Module, texts, cfg: InspectConfig, on_layer: OnLayer | Non
     by_len: dict[int, list[list[int]]] = {}
     for s in seqs:
         by_len.setdefault(len(s), []).append(s)
+    device = next(model.parameters()).device  # the ids go where the model is
     with record(model, list(module_of), fn=fn), torch.no_grad():
         for group in by_len.values():
             for start in range(0, len(group), cfg.batch):
-                model(torch.tensor(group[start : start + cfg.batch]))
+                model(torch.tensor(group[start : start + cfg.batch]).to(device, non_blocking=True))
     return check.result(name, type(model).__name__, seqs, available)

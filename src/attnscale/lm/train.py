@@ -16,48 +16,51 @@ recorded; ``train`` never raises for it (a sweep must finish).
 Determinism: batches come from a local ``torch.Generator`` seeded with
 ``seed``; the weights from ``torch.manual_seed(seed)`` inside ``train``.
 Same config, same machine, same thread count -> the same numbers to the last digit.
+Weights and batches are drawn on the CPU and moved to the device, so every
+device starts from the same model and sees the same batches; GPU kernels then
+agree with the CPU only to float tolerance.
+
+Device and precision (``core.device``) are resolved once per run, recorded in
+the results (``"device"``), and passed down. Steps that do not record may take
+the fused SDPA path (``TrainConfig.attention``); steps that record always take
+the explicit one. Each step reads the device back once: the loss, the gradient
+norm and, on a recording step, every diagnostic in one transfer.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
+import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
 from attnscale.lm.data import batches, check_length, eval_batches
-from attnscale.core.diagnostics import FROZEN_THRESHOLD, HEAD_MEASURES, head_summary
+from attnscale.core import device as dev
+from attnscale.core.device import native_bf16
+from attnscale.core.diagnostics import FROZEN_THRESHOLD, HEAD_MEASURES, head_measures
 from attnscale.errors import ConfigError
 from attnscale.core.hooks import record
+from attnscale.core.scales import get_scale
 from attnscale.lm.model import ModelConfig, TinyLM
 from attnscale.files import atomic_write_bytes, to_jsonable
 
-__all__ = ["TrainConfig", "train", "run_config", "save_weights", "lr_at", "evaluate", "DIAGNOSTICS", "summarize",
+__all__ = ["TrainConfig", "train", "run_config", "comparable_config", "save_weights", "lr_at", "evaluate", "DIAGNOSTICS", "summarize",
            "resolve_dtype", "native_bf16"]
 
 DIAGNOSTICS = HEAD_MEASURES  # recorded per layer and head, as diagnostics.head_summary names them
-DTYPES = {"fp32": None, "bf16": torch.bfloat16, "auto": None}
-
-
-def native_bf16() -> bool:
-    """True where the CPU has bf16 dot-product instructions (AVX512-BF16 or AMX).
-
-    Elsewhere bf16 matmuls are emulated and slower than fp32, so "auto" picks fp32."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            flags = f.read()
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
+DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16, "auto": None}
+ATTENTION = ("auto", "fused", "explicit")
 
 
 def resolve_dtype(dtype: str) -> str:
-    """"fp32" or "bf16"; "auto" is bf16 on a CPU with native bf16, else fp32."""
+    """On the CPU: "fp32" or "bf16"; "auto" is bf16 on a CPU with native bf16, else fp32.
+    (Any device: ``core.device.resolve_precision``.)"""
     if dtype == "auto":
         return "bf16" if native_bf16() else "fp32"
     return dtype
@@ -68,8 +71,14 @@ class TrainConfig:
     """Optimisation budget and recording. ``eval_batches=None`` evaluates the whole valid split.
 
     ``dtype``: "fp32", "bf16" (autocast: matmuls in bf16, softmax and loss in
-    fp32) or "auto" (bf16 where the CPU has native bf16, else fp32; the
-    resolved one is in the results)."""
+    fp32), "fp16" (GPUs: autocast with a gradient scaler) or "auto" (bf16 where
+    the CPU or GPU computes in it natively; fp16 on older GPUs; else fp32; the
+    resolved one is in the results). ``device``: "auto" (CUDA, else MPS, else
+    CPU), "cpu", "cuda", "cuda:N" or "mps". ``attention``: the path of steps
+    that do not record: "fused" (SDPA, for every scheme it can express),
+    "explicit", or "auto" (fused on GPUs; on the CPU the model config's ``impl``).
+    ``device``, ``threads``, ``attention`` and ``checkpoint_every`` decide how a
+    run executes, not what it measures: a run resumed with others is the same run."""
 
     steps: int = 300
     batch: int = 32
@@ -87,6 +96,8 @@ class TrainConfig:
     threads: int | None = None
     frozen_threshold: float = FROZEN_THRESHOLD
     checkpoint_every: int = 0
+    device: str = "auto"
+    attention: str = "auto"
 
     def __post_init__(self):
         for name in ("steps", "batch", "record_every", "record_sequences"):
@@ -109,6 +120,9 @@ class TrainConfig:
             raise ConfigError(f"train threads must be a positive integer or None, got {self.threads!r}")
         if not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 0:
             raise ConfigError(f"train checkpoint_every must be a non-negative integer (0 = never), got {self.checkpoint_every!r}")
+        dev.check_device_spec(self.device)
+        if self.attention not in ATTENTION:
+            raise ConfigError(f"train attention {self.attention!r} is unknown; choose one of: {', '.join(ATTENTION)}")
         if not 0 < self.frozen_threshold < 1:
             raise ConfigError(f"train frozen_threshold must lie in (0, 1), got {self.frozen_threshold!r}")
 
@@ -123,10 +137,27 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def _autocast(dtype: str):
-    if resolve_dtype(dtype) == "fp32":
-        return contextlib.nullcontext()
-    return torch.autocast("cpu", dtype=torch.bfloat16)
+def _autocast(precision: "str | dev.Precision"):
+    """Autocast for a resolved precision (a dtype name means the CPU's rule)."""
+    if isinstance(precision, str):
+        precision = dev.resolve_precision(resolve_dtype(precision), torch.device("cpu"))
+    return dev.autocast(precision)
+
+
+# On the CPU the fused path does not pay: at the presets' shape (T 64, batch 32,
+# 1 thread, d_model 128, d_k 32) a training step costs the same CPU time with
+# either path (110 ms, benchmarks/vs_nanogpt.py's shape, 6 alternating rounds),
+# from d_k 256 the fused backward is slower (benchmarks/attention_paths.py), and
+# in bf16 it is slower at every d_k; the explicit path also keeps CPU runs
+# bit-identical whichever steps record.
+def _attention_impl(choice: str, model_cfg: ModelConfig, device: torch.device, precision: "dev.Precision") -> str:
+    """The path non-recording steps take. "auto": fused SDPA on GPUs (flash and
+    memory-efficient kernels), the model config's own ``impl`` on the CPU."""
+    if not get_scale(model_cfg.scale, model_cfg.d_k).fusable:
+        return "explicit"  # SDPA cannot express this scheme; Attention would write it out anyway
+    if choice != "auto":
+        return choice
+    return "fused" if device.type in ("cuda", "mps") else model_cfg.impl
 
 
 @contextlib.contextmanager
@@ -141,24 +172,50 @@ def _threads(n: int | None):
 
 
 class _Recorder:
-    """Hook callback: pairs each layer's scores with its pattern and reduces them at once."""
+    """Hook callback: pairs each layer's scores with its pattern and reduces them at once, on the device.
+
+    The reductions stay tensors until ``row``, so a recording step reads the
+    device back once (``numbers`` joins them with the step's loss)."""
 
     def __init__(self, n_layers: int, threshold: float, sequences: int):
         self.threshold, self.sequences = threshold, sequences
         self.scores: dict[int, torch.Tensor] = {}
-        self.layers: list[dict[str, list[float]] | None] = [None] * n_layers
+        self.layers: list[torch.Tensor | None] = [None] * n_layers
 
     def __call__(self, name: str, tensor: torch.Tensor) -> None:
         layer = int(name.split(".")[1])  # "blocks.{i}.attn.hook_*"
         tensor = tensor[: self.sequences]  # the reductions cost more than the forward; a few sequences suffice
+        if tensor.device.type == "mps":  # the reductions run in float64, which MPS lacks
+            tensor = tensor.cpu()
         if name.endswith("hook_scores"):
             self.scores[layer] = tensor
         else:
-            self.layers[layer] = head_summary(self.scores.pop(layer), tensor, self.threshold)
+            self.layers[layer] = head_measures(self.scores.pop(layer), tensor, self.threshold)
 
-    def row(self) -> dict[str, list[list[float]]]:
-        """Each diagnostic as a [layer][head] list."""
-        return {k: [layer[k] for layer in self.layers] for k in DIAGNOSTICS}
+    def tensor(self) -> torch.Tensor:
+        """Every diagnostic, flattened from shape (layers, len(DIAGNOSTICS), heads)."""
+        return torch.stack(self.layers).flatten()
+
+    def row(self, values: list[float]) -> dict[str, list[list[float]]]:
+        """Each diagnostic as a [layer][head] list, from ``tensor().tolist()``."""
+        n_layers, n_measures = len(self.layers), len(DIAGNOSTICS)
+        heads = len(values) // (n_layers * n_measures)
+        out: dict[str, list[list[float]]] = {k: [] for k in DIAGNOSTICS}
+        for layer in range(n_layers):
+            for m, k in enumerate(DIAGNOSTICS):
+                start = (layer * n_measures + m) * heads
+                out[k].append(values[start : start + heads])
+        return out
+
+
+def _read_back(rec: _Recorder | None, *scalars: torch.Tensor) -> tuple[list[float], dict | None]:
+    """The step's one device-to-host transfer: ``scalars`` as floats, and the recorded row if any."""
+    parts = [s.detach().float().reshape(1) for s in scalars]
+    if rec is not None:
+        parts.append(rec.tensor().to(parts[0].device))
+    values = torch.cat(parts).tolist()
+    n = len(scalars)
+    return values[:n], (rec.row(values[n:]) if rec is not None else None)
 
 
 @contextlib.contextmanager
@@ -173,22 +230,28 @@ def _recording(model: TinyLM, due: bool, cfg: TrainConfig):
 
 
 @torch.no_grad()
-def evaluate(model: TinyLM, ids: torch.Tensor, batch: int, max_batches: int | None, dtype: str = "fp32") -> dict[str, float]:
-    """Held-out mean cross-entropy (nats, token-weighted) and perplexity = exp of it."""
+def evaluate(model: TinyLM, ids: torch.Tensor, batch: int, max_batches: int | None,
+             dtype: "str | dev.Precision" = "fp32") -> dict[str, float]:
+    """Held-out mean cross-entropy (nats, token-weighted) and perplexity = exp of it.
+
+    Runs on the model's device; ``dtype`` is a resolved ``Precision`` (a name means the CPU's rule).
+    The sum stays on the device in float64 and is read back once."""
     was_training = model.training
     model.eval()
-    total, tokens = 0.0, 0
+    device = next(model.parameters()).device
+    total, tokens = torch.zeros((), dtype=torch.float64 if device.type != "mps" else torch.float32, device=device), 0
     try:
         for i, (x_BT, y_BT) in enumerate(eval_batches(ids, batch, model.cfg.context)):
             if max_batches is not None and i >= max_batches:
                 break
+            x_BT, y_BT = dev.to_device(device, x_BT, y_BT)
             with torch.no_grad(), _autocast(dtype):  # no graph: evaluation never backpropagates
                 logits_BTV = model(x_BT)
-            total += float(torch.nn.functional.cross_entropy(logits_BTV.float().flatten(0, 1), y_BT.flatten(), reduction="sum"))
+            total += torch.nn.functional.cross_entropy(logits_BTV.float().flatten(0, 1), y_BT.flatten(), reduction="sum")
             tokens += y_BT.numel()
     finally:
         model.train(was_training)
-    loss = total / tokens
+    loss = float(total) / tokens
     return {"valid_loss": loss, "perplexity": math.exp(loss) if loss < 700 else math.inf, "eval_tokens": tokens}
 
 
@@ -207,6 +270,28 @@ def summarize(row: dict[str, Any]) -> dict[str, Any]:
 
 def _finite(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
+
+
+# Train settings that change how a run is executed, not what it measures: a sweep
+# resumed with another -j (so another thread count), checkpoint interval, device or
+# attention path (fused and explicit agree to float tolerance) is still the same run.
+_EXECUTION_ONLY = {"train": ("threads", "checkpoint_every", "device", "attention")}
+# What makes two corpora the same: the text's hash and how it was cut into tokens,
+# not the path or name it was read under ("wikitext-2" and its folder are one corpus).
+_CORPUS_IDENTITY = ("sha256", "tokenizer", "vocab_size", "train_tokens", "valid_tokens")
+
+
+def comparable_config(config: Any) -> dict[str, Any]:
+    """The part of a training run's config ({"model", "train", "corpus"}) that decides its results:
+    what a rerun must match to keep a finished run or resume a checkpoint."""
+    cfg = json.loads(json.dumps(to_jsonable(config)))
+    for section, keys in _EXECUTION_ONLY.items():
+        for key in keys:
+            cfg.get(section, {}).pop(key, None)
+    corpus = cfg.get("corpus")
+    if isinstance(corpus, dict) and any(k in corpus for k in _CORPUS_IDENTITY):
+        cfg["corpus"] = {k: corpus[k] for k in _CORPUS_IDENTITY if k in corpus}
+    return cfg
 
 
 def run_config(model_cfg: ModelConfig, train_cfg: TrainConfig, corpus) -> dict[str, Any]:
@@ -266,7 +351,7 @@ class _Checkpoint:
         except Exception as e:  # a torn or foreign file must not fail the run, but it must be said
             return None, (f"{self.path.name} could not be read ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else 'no detail'}); "
                           "trained from step 0")
-        if not isinstance(state, dict) or state.get("config") != self.config:
+        if not isinstance(state, dict) or comparable_config(state.get("config")) != comparable_config(self.config):
             return None, f"{self.path.name} belongs to another configuration; trained from step 0"
         return state, None
 
@@ -288,14 +373,19 @@ def save_weights(model: torch.nn.Module, path: Path) -> None:
 
 
 def _train(model_cfg, cfg, corpus, log_line, on_step, should_stop, ckpt, weights) -> dict[str, Any]:
+    device = dev.resolve_device(cfg.device)
+    precision = dev.resolve_precision(cfg.dtype if device.type != "cpu" else resolve_dtype(cfg.dtype), device)
+    impl = _attention_impl(cfg.attention, model_cfg, device, precision)
     torch.manual_seed(cfg.seed)
-    model = TinyLM(model_cfg)
+    # built on the CPU from the seed, then moved: every device starts from the same weights
+    model = TinyLM(replace(model_cfg, impl=impl)).to(device)
     gen = torch.Generator().manual_seed(cfg.seed)
+    scaler = dev.grad_scaler(precision)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr, betas=(0.9, cfg.beta2), fused=True,  # one kernel per step; ~4% faster than foreach on CPU
+        lr=cfg.lr, betas=(0.9, cfg.beta2), fused=device.type in ("cpu", "cuda"),  # one kernel per step; ~4% faster than foreach on CPU
     )
     history: list[dict[str, Any]] = []
     losses: list[float] = []
@@ -323,41 +413,43 @@ def _train(model_cfg, cfg, corpus, log_line, on_step, should_stop, ckpt, weights
         lr = lr_at(step, cfg)
         for group in opt.param_groups:
             group["lr"] = lr
-        x_BT, y_BT = batches(corpus.train, cfg.batch, model_cfg.context, gen)
+        x_BT, y_BT = dev.to_device(device, *batches(corpus.train, cfg.batch, model_cfg.context, gen))
         due = step % cfg.record_every == 0
-        with _recording(model, due, cfg) as rec, _autocast(cfg.dtype):
+        with _recording(model, due, cfg) as rec, _autocast(precision):
             loss = model.loss(x_BT, y_BT)
-        value = loss.item()  # the one sync per step
+        opt.zero_grad(set_to_none=True)
+        scaler.scale(loss).backward()
+        scaler.unscale_(opt)  # clip the true gradients (a no-op without fp16)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+        (value, grad_norm), row = _read_back(rec, loss, grad_norm)  # the one sync per step
         if rec is not None:
-            log({"step": step, "loss": _finite(value), "lr": lr, "elapsed_s": time.perf_counter() - t0, **rec.row()})
-        if not math.isfinite(value):
+            log({"step": step, "loss": _finite(value), "lr": lr, "elapsed_s": time.perf_counter() - t0, **row})
+        if not math.isfinite(value):  # before the update: the model keeps its last finite weights
             status, diverged_at = "diverged", step
             break
         losses.append(value)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
-        opt.step()
+        scaler.step(opt)
+        scaler.update()
         if ckpt is not None and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
             ckpt.save(step=step + 1, model=model.state_dict(), opt=opt.state_dict(), gen=gen.get_state(),
                       losses=losses, history=history)
         if on_step is not None:
-            on_step(step + 1, cfg.steps, {"loss": value, "lr": lr, "grad_norm": float(grad_norm)})
+            on_step(step + 1, cfg.steps, {"loss": value, "lr": lr, "grad_norm": grad_norm})
     steps_done = len(losses)
     train_seconds = time.perf_counter() - t0
 
     if status == "done":
         # the trained model's diagnostics, on one more training batch, without an update
-        x_BT, y_BT = batches(corpus.train, cfg.batch, model_cfg.context, gen)
-        with torch.no_grad(), _recording(model, True, cfg) as rec, _autocast(cfg.dtype):
-            value = float(model.loss(x_BT, y_BT))
+        x_BT, y_BT = dev.to_device(device, *batches(corpus.train, cfg.batch, model_cfg.context, gen))
+        with torch.no_grad(), _recording(model, True, cfg) as rec, _autocast(precision):
+            (value,), row = _read_back(rec, model.loss(x_BT, y_BT))
         log({"step": cfg.steps, "loss": _finite(value), "lr": lr_at(cfg.steps - 1, cfg),
-             "elapsed_s": time.perf_counter() - t0, **rec.row()})
+             "elapsed_s": time.perf_counter() - t0, **row})
         if not math.isfinite(value):
             status, diverged_at = "diverged", cfg.steps
     evaluation = {"valid_loss": None, "perplexity": None, "eval_tokens": 0}
     if status == "done":
-        evaluation = evaluate(model, corpus.valid, cfg.batch, cfg.eval_batches, cfg.dtype)
+        evaluation = evaluate(model, corpus.valid, cfg.batch, cfg.eval_batches, precision)
         if not math.isfinite(evaluation["valid_loss"]):
             status, diverged_at = "diverged", cfg.steps
         evaluation = {k: _finite(v) if isinstance(v, float) else v for k, v in evaluation.items()}
@@ -380,7 +472,9 @@ def _train(model_cfg, cfg, corpus, log_line, on_step, should_stop, ckpt, weights
         "train_seconds": train_seconds,
         "tokens_per_s": (steps_done - start) * cfg.batch * model_cfg.context / max(train_seconds, 1e-9),
         "threads": torch.get_num_threads(),
-        "dtype": resolve_dtype(cfg.dtype),
+        "dtype": precision.name,
+        "attention": impl,
+        "device": dev.describe_device(device, precision),
         "start": summarize(history[0]) if history else None,
         "end": summarize(history[-1]) if history else None,
         "history": history,

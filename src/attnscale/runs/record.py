@@ -235,7 +235,8 @@ class TrainResults:
     tokens_per_s: float | None = None
     threads: int | None = None
     dtype: str | None = None
-    device: dict[str, Any] | None = None
+    attention: str | None = None  # the path non-recording steps took: "fused" or "explicit"
+    device: dict[str, Any] | None = None  # core.device.describe_device: where the run trained
     start: dict[str, Any] | None = None  # lm.train.summarize of the first recorded step
     end: dict[str, Any] | None = None  # ... and of the last
     history: tuple[dict[str, Any], ...] = ()

@@ -97,6 +97,10 @@ def _check(specs: Sequence[RunSpec], corpus) -> None:
         raise ConfigError(f"run ids must be unique; repeated: {', '.join(dupes)}")
     from attnscale.lm.data import check_length
 
+    from attnscale.core.device import resolve_device
+
+    for device in sorted({s.train.device for s in specs}):
+        resolve_device(device)  # a device this machine lacks stops the sweep before any folder is written
     for s in specs:
         check_length(corpus.train, s.model.context, "corpus's training split")
         check_length(corpus.valid, s.model.context, "corpus's held-out split")

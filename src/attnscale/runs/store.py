@@ -7,8 +7,8 @@ Resume (``run_state``, used by ``runs.runner``): a record with status "done" or
 "running" (written before training starts) or "stopped", means the run is
 trained again from its checkpoint.pt or from step 0, with its metrics.jsonl
 started afresh; a folder holding another config or experiment is refused with a
-ConfigError. Thread count, device and checkpoint interval do not make another
-config, nor does the path a corpus was read from (its sha256 does).
+ConfigError. Thread count, device, attention path and checkpoint interval do not
+make another config, nor does the path a corpus was read from (its sha256 does).
 
 Layout of an output folder (``attnscale reproduce --out OUT``):
     OUT/spread/                    experiment "spread"
@@ -21,15 +21,14 @@ run_id = f"d{head_dim}-{scale}-s{seed}" (plus a suffix such as "-lr3e-3" when a 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from attnscale.errors import ConfigError
-from attnscale.files import to_jsonable
+from attnscale.lm.train import comparable_config
 from attnscale.runs import record as rec
 
-__all__ = ["run_id", "comparable_config", "run_state"]
+__all__ = ["run_id", "comparable_config", "run_state"]  # comparable_config: lm.train's, re-exported
 
 
 # ---- resume ----------------------------------------------------------------------
@@ -42,26 +41,6 @@ def run_id(head_dim: int, scale: str, seed: int, lr: float | None = None) -> str
         return base
     mantissa, exponent = f"{lr:.2e}".split("e")
     return f"{base}-lr{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
-
-
-# Train settings that change how a run is executed, not what it measures: a sweep
-# resumed with another -j (so another thread count) or checkpoint interval is still the same run.
-_EXECUTION_ONLY = {"train": ("threads", "checkpoint_every", "device")}
-# What makes two corpora the same: the text's hash and how it was cut into tokens,
-# not the path or name it was read under ("wikitext-2" and its folder are one corpus).
-_CORPUS_IDENTITY = ("sha256", "tokenizer", "vocab_size", "train_tokens", "valid_tokens")
-
-
-def comparable_config(config: Any) -> dict[str, Any]:
-    """The part of a training run's config ({"model", "train", "corpus"}) that decides its results."""
-    cfg = json.loads(json.dumps(to_jsonable(config)))
-    for section, keys in _EXECUTION_ONLY.items():
-        for key in keys:
-            cfg.get(section, {}).pop(key, None)
-    corpus = cfg.get("corpus")
-    if isinstance(corpus, dict) and any(k in corpus for k in _CORPUS_IDENTITY):
-        cfg["corpus"] = {k: corpus[k] for k in _CORPUS_IDENTITY if k in corpus}
-    return cfg
 
 
 def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:

@@ -1,0 +1,192 @@
+"""Training throughput: attnscale's preset path against nanoGPT's own train.py, side by side.
+
+nanoGPT (karpathy/nanoGPT) is taken from a local checkout given on the command
+line; nothing is downloaded. Its ``train.py`` runs unchanged, with its CPU
+defaults (fp32, no torch.compile, no dropout, no biases, foreach AdamW), on
+character-level Tiny Shakespeare prepared exactly as its
+``data/shakespeare_char/prepare.py`` does (first 90% trains, vocab 65). The
+shape: 2 layers, 4 heads, T 64, batch 32, gradient accumulation 1.
+
+attnscale runs ``lm.train.train`` with the sweep preset's model and budget
+choices (post-LN, explicit attention, dtype "auto", recording diagnostics every
+10 steps, metrics written to a run folder) at the same shape, on the same text.
+
+Each measurement is a fresh subprocess with ``OMP_NUM_THREADS`` set to the
+thread count; rounds alternate nanoGPT and attnscale so contention from other
+processes hits both alike. Tokens/s are counted over the steps after the first
+``--skip`` (nanoGPT's first iteration also evaluates; the first steps of both
+build kernels), from nanoGPT's own per-iteration timings and from attnscale's
+per-step callback. The ratio is of the medians over rounds.
+
+    python benchmarks/vs_nanogpt.py /path/to/nanoGPT --corpus /path/to/tinyshakespeare/input.txt \\
+        [--widths 128 256] [--threads 1 2] [--rounds 5] [--steps 60]
+
+On a CUDA machine, ``--gpu`` runs the GPU comparison instead: nanoGPT with its
+GPU defaults (bf16 autocast, torch.compile) against attnscale on ``--device
+cuda`` at d_model 512, 6 layers, 8 heads, T 256, batch 64.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pickle
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parent.parent / "src"
+
+
+# ---- nanoGPT, its own train.py in a prepared folder ---------------------------
+
+
+def prepare_nanogpt(nanogpt: Path, text_path: Path, work: Path) -> Path:
+    """A folder nanoGPT's train.py can run in: its configurator and data/shakespeare_char/{train,val}.bin, meta.pkl."""
+    import numpy as np
+
+    data = text_path.read_text(encoding="utf-8")
+    chars = sorted(set(data))
+    stoi = {c: i for i, c in enumerate(chars)}
+    n = len(data)
+    folder = work / "data" / "shakespeare_char"
+    folder.mkdir(parents=True, exist_ok=True)
+    np.array([stoi[c] for c in data[: int(n * 0.9)]], dtype=np.uint16).tofile(folder / "train.bin")
+    np.array([stoi[c] for c in data[int(n * 0.9):]], dtype=np.uint16).tofile(folder / "val.bin")
+    with open(folder / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": len(chars), "itos": dict(enumerate(chars)), "stoi": stoi}, f)
+    shutil.copy(nanogpt / "configurator.py", work / "configurator.py")  # train.py exec's it from the cwd
+    return work
+
+
+def run_nanogpt(nanogpt: Path, work: Path, shape: dict, steps: int, skip: int, threads: int, gpu: bool,
+                extra: list[str] = ()) -> float:
+    args = [
+        f"--n_layer={shape['layers']}", f"--n_head={shape['heads']}", f"--n_embd={shape['d']}",
+        f"--block_size={shape['T']}", f"--batch_size={shape['B']}", "--gradient_accumulation_steps=1",
+        "--dataset=shakespeare_char", f"--max_iters={steps - 1}", f"--lr_decay_iters={steps}",
+        "--warmup_iters=5", "--eval_interval=1000000", "--eval_iters=1", "--log_interval=1",
+        "--always_save_checkpoint=False", f"--out_dir={work / 'out'}",
+    ]
+    args += ["--device=cuda"] if gpu else ["--device=cpu", "--compile=False", "--dtype=float32"]
+    args += list(extra)  # e.g. --dropout=0.2, as config/train_shakespeare_char.py has it
+    out = _run([sys.executable, str(nanogpt / "train.py"), *args], work, threads)
+    dts = [float(ms) / 1000 for ms in re.findall(r"^iter \d+: loss [^,]+, time ([0-9.]+)ms", out, re.M)]
+    if len(dts) != steps:
+        raise RuntimeError(f"nanoGPT printed {len(dts)} iterations, expected {steps}:\n{out[-2000:]}")
+    return (steps - skip) * shape["B"] * shape["T"] / sum(dts[skip:])
+
+
+# ---- attnscale, the preset path -----------------------------------------------
+
+
+def attnscale_worker(spec: dict) -> None:
+    """Runs in the subprocess: train once, print tokens/s over the steps after ``skip``."""
+    from dataclasses import replace
+
+    import torch
+
+    from attnscale.lm.data import load_corpus
+    from attnscale.lm.model import ModelConfig
+    from attnscale.lm.train import preset, train
+
+    corpus = load_corpus(spec["corpus"], "char", cache_dir=Path(spec["work"]) / "cache")
+    model_kw, preset_cfg = preset("sweep")
+    shape = spec["shape"]
+    model_kw = {**model_kw, "context": shape["T"], "d_model": shape["d"], "n_layers": shape["layers"], "n_heads": shape["heads"]}
+    mcfg = ModelConfig(vocab_size=corpus.vocab_size, head_dim=None, scale="inv_sqrt_d", **model_kw)
+    cfg = replace(preset_cfg, steps=spec["steps"], batch=shape["B"], warmup=5, record_every=10, eval_batches=1,
+                  device=spec["device"])
+    stamps: dict[int, float] = {}
+    res = train(mcfg, cfg, corpus, Path(spec["work"]) / "run",
+                on_step=lambda step, steps, info: stamps.__setitem__(step, time.perf_counter()))
+    if spec["device"] != "cpu":
+        torch.cuda.synchronize()
+    skip, steps = spec["skip"], spec["steps"]
+    tokens = (steps - skip) * shape["B"] * shape["T"]
+    print(json.dumps({"tokens_per_s": tokens / (stamps[steps] - stamps[skip]), "dtype": res["dtype"],
+                      "threads": res["threads"], "device": res["device"]["name"]}))
+
+
+def run_attnscale(corpus: Path, work: Path, shape: dict, steps: int, skip: int, threads: int, gpu: bool,
+                  extra: list[str] = ()) -> float:
+    spec = {"corpus": str(corpus), "work": str(work), "shape": shape, "steps": steps, "skip": skip,
+            "device": "cuda" if gpu else "cpu"}
+    out = _run([sys.executable, __file__, "--worker", json.dumps(spec)], work, threads)
+    return json.loads(out.strip().splitlines()[-1])["tokens_per_s"]
+
+
+def _run(cmd: list[str], cwd: Path, threads: int) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
+    if proc.returncode:
+        raise RuntimeError(f"{' '.join(cmd[:3])} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
+    return proc.stdout
+
+
+def _load() -> str:
+    try:
+        return " ".join(f"{x:.2f}" for x in os.getloadavg())
+    except OSError:
+        return "?"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("nanogpt", type=Path, nargs="?", help="a checkout of karpathy/nanoGPT")
+    ap.add_argument("--corpus", type=Path, default=Path("/work/shared/data/tinyshakespeare/input.txt"),
+                    help="Tiny Shakespeare's input.txt")
+    ap.add_argument("--widths", type=int, nargs="+", default=[128, 256])
+    ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--steps", type=int, default=60, help="training steps per measurement (a multiple of 10)")
+    ap.add_argument("--skip", type=int, default=10, help="steps left out of the timing at the start")
+    ap.add_argument("--gpu", action="store_true", help="the GPU comparison (bf16, compile; d 512, 6 layers, 8 heads, T 256, batch 64)")
+    ap.add_argument("--nanogpt-args", nargs="*", default=[], metavar="ARG",
+                    help="more options for nanoGPT's train.py, e.g. --nanogpt-args=--dropout=0.2")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.worker:
+        return attnscale_worker(json.loads(args.worker))
+    if args.nanogpt is None or not (args.nanogpt / "train.py").is_file():
+        ap.error("give the path of a nanoGPT checkout (the folder holding train.py and model.py)")
+    if not args.corpus.is_file():
+        ap.error(f"--corpus {args.corpus} is not a file; give Tiny Shakespeare's input.txt")
+    if args.gpu:
+        shapes = [dict(d=512, layers=6, heads=8, T=256, B=64)]
+        threads_list = [args.threads[0]]
+    else:
+        shapes = [dict(d=d, layers=2, heads=4, T=64, B=32) for d in args.widths]
+        threads_list = args.threads
+    work = Path(tempfile.mkdtemp(prefix="vs-nanogpt-"))
+    try:
+        prepare_nanogpt(args.nanogpt.resolve(), args.corpus.resolve(), work)
+        print(f"nanoGPT {args.nanogpt} {' '.join(args.nanogpt_args)}, {'GPU' if args.gpu else 'CPU'}; {args.steps} steps a measurement, first "
+              f"{args.skip} not timed; {args.rounds} alternating rounds; load before: {_load()}")
+        print(f"{'d_model':>7} {'threads':>7} {'nanoGPT tok/s':>14} {'attnscale tok/s':>16} {'ratio':>6}  load (1/5/15 min)")
+        for shape in shapes:
+            for threads in threads_list:
+                times = {"nanogpt": [], "attnscale": []}
+                for r in range(args.rounds):
+                    first, second = ("nanogpt", "attnscale") if r % 2 == 0 else ("attnscale", "nanogpt")
+                    for who in (first, second):
+                        fn = run_nanogpt if who == "nanogpt" else run_attnscale
+                        src = args.nanogpt.resolve() if who == "nanogpt" else args.corpus.resolve()
+                        times[who].append(fn(src, work, shape, args.steps, args.skip, threads, args.gpu, args.nanogpt_args))
+                ng, at = statistics.median(times["nanogpt"]), statistics.median(times["attnscale"])
+                print(f"{shape['d']:7d} {threads:7d} {ng:14.0f} {at:16.0f} {at / ng:5.2f}x  {_load()}", flush=True)
+                print(f"        rounds: nanoGPT {[round(t) for t in times['nanogpt']]}, "
+                      f"attnscale {[round(t) for t in times['attnscale']]}", flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
