@@ -24,15 +24,7 @@ from attnscale.lm.model import ModelConfig
 from attnscale.lm.train import TrainConfig, evaluate, train
 from attnscale.runs.trainer import train_run
 
-V = 7
-
-
-@pytest.fixture(scope="module")
-def corpus() -> Corpus:
-    g = torch.Generator().manual_seed(0)
-    base = torch.arange(4000) % V
-    ids = torch.where(torch.rand(4000, generator=g) < 0.1, torch.randint(0, V, (4000,), generator=g), base)
-    return Corpus(name="tiny", tokenizer="char", vocab_size=V, train=ids[:3000], valid=ids[3000:], sha256="0" * 64)
+from test_train import V, corpus  # noqa: F401  (the tiny corpus fixture)
 
 
 def mcfg(**kw) -> ModelConfig:
