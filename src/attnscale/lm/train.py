@@ -3,12 +3,12 @@
 ``train(model_cfg, train_cfg, corpus)`` trains ``TinyLM`` with AdamW, a linear
 warm-up then cosine decay, and gradient clipping, and returns a plain dict.
 Every ``record_every`` steps (and at step 0, before any update) the forward
-pass of the training step itself goes through the hooks: each layer's scores
-and pattern are reduced on the spot by ``diagnostics.head_summary`` (over the
-first ``record_sequences`` sequences of the batch) and dropped, so recording
-costs one explicit-attention forward and a few reductions, not an extra pass
-or kept tensors. The step-0 figures are therefore
-those of the freshly initialised model on a training batch.
+pass of the training step itself is recorded (``lm.recording``); the step-0
+figures are therefore those of the freshly initialised model on a training
+batch. The loop is a few named steps: ``_build`` (device, precision, model,
+optimiser), ``_resume`` (from a ``lm.checkpoint.Checkpoint``), ``_step`` (one
+update), ``_record_trained`` (the trained model's diagnostics), ``evaluate``
+and ``_results``.
 
 A non-finite loss ends the run as "diverged" at that step and keeps what was
 recorded; ``train`` never raises for it (a sweep must finish).
@@ -30,11 +30,9 @@ norm and, on a recording step, every diagnostic in one transfer.
 from __future__ import annotations
 
 import contextlib
-import io
-import json
 import math
 import time
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
@@ -43,17 +41,16 @@ import torch
 from attnscale.lm.data import batches, check_length, eval_batches
 from attnscale.core import device as dev
 from attnscale.core.device import native_bf16
-from attnscale.core.diagnostics import FROZEN_THRESHOLD, HEAD_MEASURES, head_measures
+from attnscale.core.diagnostics import FROZEN_THRESHOLD
 from attnscale.errors import ConfigError
-from attnscale.core.hooks import record
 from attnscale.core.scales import get_scale
+from attnscale.lm.checkpoint import Checkpoint, comparable_config, run_config, save_weights
 from attnscale.lm.model import ModelConfig, TinyLM
-from attnscale.files import atomic_write_bytes, to_jsonable
+from attnscale.lm.recording import DIAGNOSTICS, read_back, recording, summarize
 
 __all__ = ["TrainConfig", "train", "run_config", "comparable_config", "save_weights", "lr_at", "evaluate", "DIAGNOSTICS", "summarize",
            "resolve_dtype", "native_bf16"]
 
-DIAGNOSTICS = HEAD_MEASURES  # recorded per layer and head, as diagnostics.head_summary names them
 DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16, "auto": None}
 ATTENTION = ("auto", "fused", "explicit")
 
@@ -171,64 +168,6 @@ def _threads(n: int | None):
         torch.set_num_threads(before)
 
 
-class _Recorder:
-    """Hook callback: pairs each layer's scores with its pattern and reduces them at once, on the device.
-
-    The reductions stay tensors until ``row``, so a recording step reads the
-    device back once (``numbers`` joins them with the step's loss)."""
-
-    def __init__(self, n_layers: int, threshold: float, sequences: int):
-        self.threshold, self.sequences = threshold, sequences
-        self.scores: dict[int, torch.Tensor] = {}
-        self.layers: list[torch.Tensor | None] = [None] * n_layers
-
-    def __call__(self, name: str, tensor: torch.Tensor) -> None:
-        layer = int(name.split(".")[1])  # "blocks.{i}.attn.hook_*"
-        tensor = tensor[: self.sequences]  # the reductions cost more than the forward; a few sequences suffice
-        if tensor.device.type == "mps":  # the reductions run in float64, which MPS lacks
-            tensor = tensor.cpu()
-        if name.endswith("hook_scores"):
-            self.scores[layer] = tensor
-        else:
-            self.layers[layer] = head_measures(self.scores.pop(layer), tensor, self.threshold)
-
-    def tensor(self) -> torch.Tensor:
-        """Every diagnostic, flattened from shape (layers, len(DIAGNOSTICS), heads)."""
-        return torch.stack(self.layers).flatten()
-
-    def row(self, values: list[float]) -> dict[str, list[list[float]]]:
-        """Each diagnostic as a [layer][head] list, from ``tensor().tolist()``."""
-        n_layers, n_measures = len(self.layers), len(DIAGNOSTICS)
-        heads = len(values) // (n_layers * n_measures)
-        out: dict[str, list[list[float]]] = {k: [] for k in DIAGNOSTICS}
-        for layer in range(n_layers):
-            for m, k in enumerate(DIAGNOSTICS):
-                start = (layer * n_measures + m) * heads
-                out[k].append(values[start : start + heads])
-        return out
-
-
-def _read_back(rec: _Recorder | None, *scalars: torch.Tensor) -> tuple[list[float], dict | None]:
-    """The step's one device-to-host transfer: ``scalars`` as floats, and the recorded row if any."""
-    parts = [s.detach().float().reshape(1) for s in scalars]
-    if rec is not None:
-        parts.append(rec.tensor().to(parts[0].device))
-    values = torch.cat(parts).tolist()
-    n = len(scalars)
-    return values[:n], (rec.row(values[n:]) if rec is not None else None)
-
-
-@contextlib.contextmanager
-def _recording(model: TinyLM, due: bool, cfg: TrainConfig):
-    """Yield a ``_Recorder`` hooked into ``model`` when ``due``, else None (no hooks, fused path stays)."""
-    if not due:
-        yield None
-        return
-    rec = _Recorder(model.cfg.n_layers, cfg.frozen_threshold, cfg.record_sequences)
-    with record(model, ["*hook_scores", "*hook_pattern"], fn=rec):
-        yield rec
-
-
 @torch.no_grad()
 def evaluate(model: TinyLM, ids: torch.Tensor, batch: int, max_batches: int | None,
              dtype: "str | dev.Precision" = "fp32") -> dict[str, float]:
@@ -255,48 +194,8 @@ def evaluate(model: TinyLM, ids: torch.Tensor, batch: int, max_batches: int | No
     return {"valid_loss": loss, "perplexity": math.exp(loss) if loss < 700 else math.inf, "eval_tokens": tokens}
 
 
-def summarize(row: dict[str, Any]) -> dict[str, Any]:
-    """One recorded row in a few numbers: each diagnostic's mean over layers and
-    heads (max for max_score), and ``spread_by_layer``/``frozen_by_layer``
-    (mean over heads), since the first layer is the one that sees the raw embeddings."""
-    out: dict[str, Any] = {}
-    for k in DIAGNOSTICS:
-        flat = [v for layer in row[k] for v in layer]
-        out[k] = max(flat) if k == "max_score" else sum(flat) / len(flat)
-    out["spread_by_layer"] = [sum(layer) / len(layer) for layer in row["spread"]]
-    out["frozen_by_layer"] = [sum(layer) / len(layer) for layer in row["frozen_fraction"]]
-    return out
-
-
 def _finite(x: float | None) -> float | None:
     return x if x is not None and math.isfinite(x) else None
-
-
-# Train settings that change how a run is executed, not what it measures: a sweep
-# resumed with another -j (so another thread count), checkpoint interval, device or
-# attention path (fused and explicit agree to float tolerance) is still the same run.
-_EXECUTION_ONLY = {"train": ("threads", "checkpoint_every", "device", "attention")}
-# What makes two corpora the same: the text's hash and how it was cut into tokens,
-# not the path or name it was read under ("wikitext-2" and its folder are one corpus).
-_CORPUS_IDENTITY = ("sha256", "tokenizer", "vocab_size", "train_tokens", "valid_tokens")
-
-
-def comparable_config(config: Any) -> dict[str, Any]:
-    """The part of a training run's config ({"model", "train", "corpus"}) that decides its results:
-    what a rerun must match to keep a finished run or resume a checkpoint."""
-    cfg = json.loads(json.dumps(to_jsonable(config)))
-    for section, keys in _EXECUTION_ONLY.items():
-        for key in keys:
-            cfg.get(section, {}).pop(key, None)
-    corpus = cfg.get("corpus")
-    if isinstance(corpus, dict) and any(k in corpus for k in _CORPUS_IDENTITY):
-        cfg["corpus"] = {k: corpus[k] for k in _CORPUS_IDENTITY if k in corpus}
-    return cfg
-
-
-def run_config(model_cfg: ModelConfig, train_cfg: TrainConfig, corpus) -> dict[str, Any]:
-    """The configuration a training run is known by: {"model", "train", "corpus"} as plain JSON values."""
-    return to_jsonable({"model": asdict(model_cfg), "train": asdict(train_cfg), "corpus": corpus.describe()})
 
 
 def train(
@@ -330,134 +229,146 @@ def train(
     check_length(corpus.valid, model_cfg.context, "held-out split")
     ckpt = None
     if checkpoint is not None and train_cfg.checkpoint_every:
-        ckpt = _Checkpoint(Path(checkpoint), run_config(model_cfg, train_cfg, corpus))
+        ckpt = Checkpoint(Path(checkpoint), run_config(model_cfg, train_cfg, corpus))
     with _threads(train_cfg.threads):
         results = _train(model_cfg, train_cfg, corpus, log, on_step, should_stop, ckpt, weights)
     return results
 
 
-class _Checkpoint:
-    """Model, optimiser, batch-generator state and what was recorded, for resuming a run."""
+@dataclass
+class _Run:
+    """One run's moving parts while it trains: what ``_train``'s steps share."""
 
-    def __init__(self, path: Path, config: dict[str, Any]):
-        self.path, self.config = path, config
+    model_cfg: ModelConfig
+    cfg: TrainConfig
+    device: torch.device
+    precision: Any  # core.device.Precision
+    impl: str  # the attention path of steps that do not record
+    model: TinyLM
+    opt: torch.optim.Optimizer
+    gen: torch.Generator
+    scaler: Any
+    log_line: Callable[[dict[str, Any]], None] | None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    losses: list[float] = field(default_factory=list)
+    t0: float = field(default_factory=time.perf_counter)
 
-    def load(self) -> tuple[dict[str, Any] | None, str | None]:
-        """The saved state, or None and why it was not used (None when there was nothing to use)."""
-        if not self.path.exists():
-            return None, None
-        try:
-            state = torch.load(self.path, weights_only=False, map_location="cpu")
-        except Exception as e:  # a torn or foreign file must not fail the run, but it must be said
-            return None, (f"{self.path.name} could not be read ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else 'no detail'}); "
-                          "trained from step 0")
-        if not isinstance(state, dict) or comparable_config(state.get("config")) != comparable_config(self.config):
-            return None, f"{self.path.name} belongs to another configuration; trained from step 0"
-        return state, None
+    def log(self, row: dict[str, Any]) -> None:
+        self.history.append(row)
+        if self.log_line is not None:
+            self.log_line(row)
 
-    def save(self, **state) -> None:
-        buffer = io.BytesIO()
-        torch.save({"config": self.config, **state}, buffer)
-        atomic_write_bytes(self.path, buffer.getvalue())  # a reader sees the old checkpoint or the new one
-
-    def remove(self) -> None:
-        self.path.unlink(missing_ok=True)
-
-
-def save_weights(model: torch.nn.Module, path: Path) -> None:
-    """The model's state_dict as safetensors, atomically (tied tensors stored once each, as copies)."""
-    from safetensors.torch import save
-
-    tensors = {k: v.detach().to("cpu").contiguous().clone() for k, v in model.state_dict().items()}
-    atomic_write_bytes(Path(path), save(tensors, metadata={"format": "pt"}))
+    def batch(self, corpus) -> tuple[torch.Tensor, torch.Tensor]:
+        return dev.to_device(self.device, *batches(corpus.train, self.cfg.batch, self.model_cfg.context, self.gen))
 
 
-def _train(model_cfg, cfg, corpus, log_line, on_step, should_stop, ckpt, weights) -> dict[str, Any]:
+def _build(model_cfg: ModelConfig, cfg: TrainConfig, log_line) -> _Run:
+    """Device and precision resolved once; the model built from the seed on the CPU, then moved, so every
+    device starts from the same weights; AdamW with weight decay on matrices only."""
     device = dev.resolve_device(cfg.device)
     precision = dev.resolve_precision(cfg.dtype if device.type != "cpu" else resolve_dtype(cfg.dtype), device)
     impl = _attention_impl(cfg.attention, model_cfg, device, precision)
     torch.manual_seed(cfg.seed)
-    # built on the CPU from the seed, then moved: every device starts from the same weights
     model = TinyLM(replace(model_cfg, impl=impl)).to(device)
-    gen = torch.Generator().manual_seed(cfg.seed)
-    scaler = dev.grad_scaler(precision)
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
         lr=cfg.lr, betas=(0.9, cfg.beta2), fused=device.type in ("cpu", "cuda"),  # one kernel per step; ~4% faster than foreach on CPU
     )
-    history: list[dict[str, Any]] = []
-    losses: list[float] = []
-    status, diverged_at, start = "done", None, 0
-    t0 = time.perf_counter()
+    return _Run(model_cfg, cfg, device, precision, impl, model, opt, torch.Generator().manual_seed(cfg.seed),
+                dev.grad_scaler(precision), log_line)
 
-    def log(row: dict[str, Any]) -> None:
-        history.append(row)
-        if log_line is not None:
-            log_line(row)
 
+def _resume(run: _Run, ckpt: Checkpoint | None) -> tuple[int, list[str]]:
+    """The step to start from (0, or the checkpoint's) and what to say about a checkpoint not used."""
     state, note = ckpt.load() if ckpt is not None else (None, None)
-    notes = [note] if note else []
-    if state is not None:
-        model.load_state_dict(state["model"])
-        opt.load_state_dict(state["opt"])
-        gen.set_state(state["gen"])
-        losses, start = state["losses"], state["step"]
-        for row in state["history"]:
-            log(row)
+    if state is None:
+        return 0, [note] if note else []
+    run.model.load_state_dict(state["model"])
+    run.opt.load_state_dict(state["opt"])
+    run.gen.set_state(state["gen"])
+    run.losses = state["losses"]
+    for row in state["history"]:
+        run.log(row)
+    return state["step"], []
+
+
+def _step(run: _Run, step: int, corpus) -> tuple[float, float, float]:
+    """One update (recording through the hooks when due); (loss, lr, grad norm). A non-finite loss
+    leaves the weights as they were: the update is skipped."""
+    cfg = run.cfg
+    lr = lr_at(step, cfg)
+    for group in run.opt.param_groups:
+        group["lr"] = lr
+    x_BT, y_BT = run.batch(corpus)
+    due = step % cfg.record_every == 0
+    with recording(run.model, due, cfg.frozen_threshold, cfg.record_sequences) as rec, _autocast(run.precision):
+        loss = run.model.loss(x_BT, y_BT)
+    run.opt.zero_grad(set_to_none=True)
+    run.scaler.scale(loss).backward()
+    run.scaler.unscale_(run.opt)  # clip the true gradients (a no-op without fp16)
+    grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.clip)
+    (value, grad_norm), row = read_back(rec, loss, grad_norm)  # the one sync per step
+    if rec is not None:
+        run.log({"step": step, "loss": _finite(value), "lr": lr, "elapsed_s": time.perf_counter() - run.t0, **row})
+    if math.isfinite(value):
+        run.losses.append(value)
+        run.scaler.step(run.opt)
+        run.scaler.update()
+    return value, lr, grad_norm
+
+
+def _record_trained(run: _Run, corpus) -> float:
+    """The trained model's diagnostics, on one more training batch, without an update; its loss."""
+    x_BT, y_BT = run.batch(corpus)
+    cfg = run.cfg
+    with torch.no_grad(), recording(run.model, True, cfg.frozen_threshold, cfg.record_sequences) as rec, \
+            _autocast(run.precision):
+        (value,), row = read_back(rec, run.model.loss(x_BT, y_BT))
+    run.log({"step": run.cfg.steps, "loss": _finite(value), "lr": lr_at(run.cfg.steps - 1, run.cfg),
+             "elapsed_s": time.perf_counter() - run.t0, **row})
+    return value
+
+
+def _train(model_cfg, cfg, corpus, log_line, on_step, should_stop, ckpt, weights) -> dict[str, Any]:
+    """Build, resume, step, record the trained model, evaluate, keep the weights: the run's results."""
+    run = _build(model_cfg, cfg, log_line)
+    start, notes = _resume(run, ckpt)
+    status, diverged_at = "done", None
     for step in range(start, cfg.steps):
         if should_stop is not None and should_stop():
             status = "stopped"
             break
-        lr = lr_at(step, cfg)
-        for group in opt.param_groups:
-            group["lr"] = lr
-        x_BT, y_BT = dev.to_device(device, *batches(corpus.train, cfg.batch, model_cfg.context, gen))
-        due = step % cfg.record_every == 0
-        with _recording(model, due, cfg) as rec, _autocast(precision):
-            loss = model.loss(x_BT, y_BT)
-        opt.zero_grad(set_to_none=True)
-        scaler.scale(loss).backward()
-        scaler.unscale_(opt)  # clip the true gradients (a no-op without fp16)
-        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
-        (value, grad_norm), row = _read_back(rec, loss, grad_norm)  # the one sync per step
-        if rec is not None:
-            log({"step": step, "loss": _finite(value), "lr": lr, "elapsed_s": time.perf_counter() - t0, **row})
+        value, lr, grad_norm = _step(run, step, corpus)
         if not math.isfinite(value):  # before the update: the model keeps its last finite weights
             status, diverged_at = "diverged", step
             break
-        losses.append(value)
-        scaler.step(opt)
-        scaler.update()
         if ckpt is not None and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
-            ckpt.save(step=step + 1, model=model.state_dict(), opt=opt.state_dict(), gen=gen.get_state(),
-                      losses=losses, history=history)
+            ckpt.save(step=step + 1, model=run.model.state_dict(), opt=run.opt.state_dict(), gen=run.gen.get_state(),
+                      losses=run.losses, history=run.history)
         if on_step is not None:
             on_step(step + 1, cfg.steps, {"loss": value, "lr": lr, "grad_norm": grad_norm})
-    steps_done = len(losses)
-    train_seconds = time.perf_counter() - t0
-
-    if status == "done":
-        # the trained model's diagnostics, on one more training batch, without an update
-        x_BT, y_BT = dev.to_device(device, *batches(corpus.train, cfg.batch, model_cfg.context, gen))
-        with torch.no_grad(), _recording(model, True, cfg) as rec, _autocast(precision):
-            (value,), row = _read_back(rec, model.loss(x_BT, y_BT))
-        log({"step": cfg.steps, "loss": _finite(value), "lr": lr_at(cfg.steps - 1, cfg),
-             "elapsed_s": time.perf_counter() - t0, **row})
-        if not math.isfinite(value):
-            status, diverged_at = "diverged", cfg.steps
+    steps_done, train_seconds = len(run.losses), time.perf_counter() - run.t0
+    if status == "done" and not math.isfinite(_record_trained(run, corpus)):
+        status, diverged_at = "diverged", cfg.steps
     evaluation = {"valid_loss": None, "perplexity": None, "eval_tokens": 0}
     if status == "done":
-        evaluation = evaluate(model, corpus.valid, cfg.batch, cfg.eval_batches, precision)
+        evaluation = evaluate(run.model, corpus.valid, cfg.batch, cfg.eval_batches, run.precision)
         if not math.isfinite(evaluation["valid_loss"]):
             status, diverged_at = "diverged", cfg.steps
         evaluation = {k: _finite(v) if isinstance(v, float) else v for k, v in evaluation.items()}
     if ckpt is not None and status != "stopped":
         ckpt.remove()
     if weights is not None and status == "done":
-        save_weights(model, weights)
-    tail = losses[-max(1, cfg.record_every):]
+        save_weights(run.model, weights)
+    return _results(run, status, diverged_at, start, steps_done, train_seconds, evaluation, notes)
+
+
+def _results(run: _Run, status, diverged_at, start, steps_done, train_seconds, evaluation, notes) -> dict[str, Any]:
+    """The fields of ``runs.record.TrainResults``."""
+    cfg, model_cfg = run.cfg, run.model_cfg
+    tail = run.losses[-max(1, cfg.record_every):]
     return {
         "status": status,
         "steps_done": steps_done,
@@ -467,16 +378,16 @@ def _train(model_cfg, cfg, corpus, log_line, on_step, should_stop, ckpt, weights
         "d_k": model_cfg.d_k,
         "scale": model_cfg.scale,
         "init": model_cfg.init,
-        "params": model.num_params(),
+        "params": run.model.num_params(),
         "resumed_from": start or None,
         "train_seconds": train_seconds,
         "tokens_per_s": (steps_done - start) * cfg.batch * model_cfg.context / max(train_seconds, 1e-9),
         "threads": torch.get_num_threads(),
-        "dtype": precision.name,
-        "attention": impl,
-        "device": dev.describe_device(device, precision),
-        "start": summarize(history[0]) if history else None,
-        "end": summarize(history[-1]) if history else None,
-        "history": history,
+        "dtype": run.precision.name,
+        "attention": run.impl,
+        "device": dev.describe_device(run.device, run.precision),
+        "start": summarize(run.history[0]) if run.history else None,
+        "end": summarize(run.history[-1]) if run.history else None,
+        "history": run.history,
         "notes": notes,
     }

@@ -10,7 +10,6 @@ can be rebuilt at any time from whatever subset of experiments is on disk.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path

@@ -305,8 +305,6 @@ def _metadata(runs) -> list[tuple]:
 def document(runs, verdicts: list[course.Verdict], out: Path,
              experiments: dict[str, str]) -> tuple[list[tuple], dict[str, Path]]:
     """Every section's blocks, in order, and the figures drawn for them ({name: png path})."""
-    from attnscale.report import schemes_section
-
     pngs: dict[str, Path] = {}
     by = {e: [v for v in verdicts if v.experiment == e] for e in experiments}
     blocks = [*_header(runs, verdicts, experiments),

@@ -85,7 +85,7 @@ def cores() -> int:
 
 
 def _config(spec: RunSpec, corpus) -> dict[str, Any]:
-    from attnscale.lm.train import run_config  # the shape the record holds, so run_state compares like with like
+    from attnscale.lm.checkpoint import run_config  # the shape the record holds, so run_state compares like with like
 
     return run_config(spec.model, spec.train, corpus)
 

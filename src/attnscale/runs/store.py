@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscale.errors import ConfigError
-from attnscale.lm.train import comparable_config
+from attnscale.lm.checkpoint import comparable_config
 from attnscale.runs import record as rec
 
 __all__ = ["run_id", "comparable_config", "run_state"]  # comparable_config: lm.train's, re-exported

@@ -37,7 +37,8 @@ def train_run(model_cfg, train_cfg, corpus, run_dir: Path, *, group: str | None 
     Resumes from ``run_dir/checkpoint.pt`` when ``train_cfg.checkpoint_every`` saved
     one for this very config; a checkpoint that could not be used is said on
     stderr and in the record's notes."""
-    from attnscale.lm.train import run_config, train
+    from attnscale.lm.checkpoint import run_config
+    from attnscale.lm.train import train
 
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
