@@ -166,3 +166,25 @@ def test_page_policy_blocks_scripts_and_fetches_even_if_escaping_failed(page, bu
     errors = page.errors()
     assert any("Content Security Policy" in e and "script" in e for e in errors), errors
     assert any("Content Security Policy" in e and "example.invalid" in e for e in errors), errors
+
+
+def test_the_scheme_study_section_renders(page, tmp_path):
+    """A tiny real study (8 runs): its section, its 4 figures decoded, its table, no console errors."""
+    from test_schemes import TINY
+
+    from attnscale.cli import main
+    from attnscale.report.schemes_section import TITLE
+
+    runs = tmp_path / "schemes"
+    assert main(["schemes", "--widths", "8", "--scale", "none", "qk_norm", "--lrs", "1e-3", "3e-2",
+                 "--seeds", "0", "1", *TINY, "--out", str(runs)]) == 0
+    built = report.build(runs, tmp_path / "report")
+    page.open(built["html"])
+    probe = page.probe()
+    assert probe["ok"] == probe["images"] == 4 and probe["broken"] == [], probe
+    p = page.page
+    heading = p.locator("h2", has_text=TITLE)
+    assert heading.count() == 1 and heading.is_visible()
+    assert p.locator("th", has_text="LR sensitivity ± SE").count() == 1
+    assert p.locator("img[alt*='learning rate']").count() >= 1
+    assert page.errors() == []
