@@ -40,7 +40,7 @@ from attnscale.files import atomic_write_json, to_jsonable
 
 __all__ = [
     "SCHEMA_VERSION", "RECORD", "METRICS", "WEIGHTS", "CHECKPOINT", "FINISHED", "STATUSES",
-    "RecordError", "Record", "TrainResults", "TrainRun",
+    "RecordError", "NewerRecordError", "Record", "TrainResults", "TrainRun",
     "new", "write", "read", "find", "read_metrics", "environment",
 ]
 
@@ -55,6 +55,10 @@ FINISHED = ("done", "diverged")  # a run in one of these states is never trained
 
 class RecordError(ConfigError):
     """A record.json that cannot be read: damaged, not a record, or of a newer schema."""
+
+
+class NewerRecordError(RecordError):
+    """A record of a schema version newer than this attnscale reads: never overwritten."""
 
 
 @dataclass(frozen=True)
@@ -93,7 +97,7 @@ class Record:
             raise RecordError(f"{where} is not a run record (not a JSON object)")
         version = data.get("schema", 0)
         if not isinstance(version, int) or version > SCHEMA_VERSION:
-            raise RecordError(f"{where} has record schema version {version!r}; this attnscale reads versions "
+            raise NewerRecordError(f"{where} has record schema version {version!r}; this attnscale reads versions "
                               f"0 to {SCHEMA_VERSION}: upgrade attnscale to read it")
         missing = [k for k in ("experiment", "status", "config") if k not in data]
         if missing:

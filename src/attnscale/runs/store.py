@@ -64,9 +64,9 @@ def run_state(run_dir: Path, config: Any, experiment: str = "train") -> str:
         return "restart"
     try:
         record = rec.read(run_dir)
-    except rec.RecordError as e:
-        if "schema version" in str(e):
-            raise  # a newer attnscale's run: never overwrite it
+    except rec.NewerRecordError:
+        raise  # a newer attnscale's run: never overwrite it
+    except rec.RecordError:
         return "restart"  # records are written atomically: only a foreign hand leaves half of one
     if record.experiment != experiment:
         raise ConfigError(f"{run_dir} holds a {record.experiment!r} run, not {experiment!r}; use another --out")
