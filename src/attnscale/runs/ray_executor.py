@@ -110,8 +110,16 @@ def start_local(num_cpus: int | None = None) -> None:
     """Start a Ray instance on this machine for this process: 127.0.0.1 only, no
     dashboard, no usage statistics; ``num_cpus`` None lets Ray count them."""
     ray = _import_ray()
-    with _this_host_only():
-        ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, logging_level=logging.WARNING)
+    # Ray's token authentication stays on; its notice that it is on is not a warning to a user of
+    # attnscale, whose stderr carries only progress and errors
+    notice = logging.getLogger("ray._private.authentication.authentication_token_setup")
+    before = notice.level
+    notice.setLevel(logging.ERROR)
+    try:
+        with _this_host_only():
+            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, logging_level=logging.WARNING)
+    finally:
+        notice.setLevel(before)
 
 
 def _host_port(address: str) -> tuple[str, int] | None:
