@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from attnscale.errors import ConfigError
 
-__all__ = ["Estimate", "memory_limit", "hours_limit", "check", "spread_cost", "fresh_cost", "training_cost",
+__all__ = ["Estimate", "memory_limit", "hours_limit", "check", "spread_cost", "fresh_cost", "training_cost", "widths_cost",
            "OPS_PER_S", "FLOAT_BYTES"]
 
 OPS_PER_S = 1e12  # optimistic on purpose: a refusal must never be a run that would have finished
@@ -127,6 +127,19 @@ def training_cost(*, vocab: int, context: int, d_model: int, n_layers: int, n_he
     acts += 2 * tokens * vocab
     attention_ops = n_layers * 12 * batch * n_heads * context * context * head_dim
     ops = steps * runs * (6 * tokens * params + attention_ops)
-    what = (f"training {runs} run{'s' if runs != 1 else ''} of {steps:,} steps (batch {batch:,}, context {context:,}, "
+    return Estimate(_training_words(runs, steps, batch, context, head_dim), (4 * params + acts) * FLOAT_BYTES, ops)
+
+
+def widths_cost(runs_per_width: dict[int, int], **shape: int) -> Estimate:
+    """``training_cost`` of ``runs_per_width`` (head width -> runs at it; ``shape``: the other
+    arguments): the memory of the widest run (runs train one after another in a
+    process), the operations of them all."""
+    costs = {w: training_cost(head_dim=w, runs=n, **shape) for w, n in runs_per_width.items()}
+    widest = max(costs, key=lambda w: costs[w].bytes)
+    what = _training_words(sum(runs_per_width.values()), shape["steps"], shape["batch"], shape["context"], widest)
+    return Estimate(what, costs[widest].bytes, sum(c.ops for c in costs.values()))
+
+
+def _training_words(runs: int, steps: int, batch: int, context: int, head_dim: int) -> str:
+    return (f"training {runs} run{'s' if runs != 1 else ''} of {steps:,} steps (batch {batch:,}, context {context:,}, "
             f"head width {head_dim:,})")
-    return Estimate(what, (4 * params + acts) * FLOAT_BYTES, ops)

@@ -162,14 +162,10 @@ def head_measures(scores_BHTT: torch.Tensor, pattern_BHTT: torch.Tensor, thresho
         return (torch.where(rows_BHT, x_BHT.double(), 0.0).sum((0, 2)) / n_rows).float()
 
     abs_scores = torch.where(keep, scores_BHTT.abs().float(), 0.0)
-    mw = max_weight(pattern_BHTT)
     by_name = {
         "spread": spread(scores_BHTT, dim=(0, 2, 3)),
         "max_score": abs_scores.amax((0, 2, 3)),
-        "effective_words": row_mean(effective_words(pattern_BHTT)),
-        "frozen_fraction": row_mean((mw > threshold).float()),
-        "push": row_mean(push(pattern_BHTT)),
-        "max_weight": row_mean(mw),
+        **{k: row_mean(v_BHT) for k, v_BHT in _row_stats(pattern_BHTT, threshold).items()},
     }
     return torch.stack([by_name[k].float() for k in HEAD_MEASURES])
 

@@ -86,13 +86,9 @@ def check_budget(model: dict[str, Any], train: TrainConfig, runs_per_width: dict
     """Refuse, before anything is built, training that cannot fit this machine's memory or
     time limit (``attnscale.limits``); ``runs_per_width``: head width -> runs at that width."""
     cfg = model_config(model, vocab_size, 1, "none")
-    costs = [(limits.training_cost(vocab=vocab_size, context=cfg.context, d_model=cfg.d_model, n_layers=cfg.n_layers,
-                                   n_heads=cfg.n_heads, head_dim=w, mlp_ratio=cfg.mlp_ratio, batch=train.batch,
-                                   steps=train.steps), n) for w, n in runs_per_width.items()]
-    widest = max(costs, key=lambda c: c[0].bytes)[0]
-    runs = sum(runs_per_width.values())
-    what = widest.what.replace("training 1 run ", f"training {runs} run{'s' if runs != 1 else ''} ")
-    limits.check(limits.Estimate(what, widest.bytes, sum(c.ops * n for c, n in costs)),
+    limits.check(limits.widths_cost(runs_per_width, vocab=vocab_size, context=cfg.context, d_model=cfg.d_model,
+                                    n_layers=cfg.n_layers, n_heads=cfg.n_heads, mlp_ratio=cfg.mlp_ratio,
+                                    batch=train.batch, steps=train.steps),
                  "lower --steps, --batch, --context or the widths")
 
 
