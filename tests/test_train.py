@@ -72,12 +72,13 @@ def test_bf16_trains_and_records(corpus):
 
 
 def test_auto_dtype_follows_the_cpu(corpus, monkeypatch):
-    import attnscale.lm.train as t
+    from attnscale.core import device as dev
 
-    monkeypatch.setattr(t, "native_bf16", lambda: False)
-    assert t.resolve_dtype("auto") == "fp32" and t.resolve_dtype("bf16") == "bf16"
+    monkeypatch.setattr(dev, "native_bf16", lambda: False)
+    cpu = torch.device("cpu")
+    assert dev.resolve_precision("auto", cpu).name == "fp32" and dev.resolve_precision("bf16", cpu).name == "bf16"
     assert train(mcfg(), tcfg(steps=1, dtype="auto"), corpus)["dtype"] == "fp32"
-    monkeypatch.setattr(t, "native_bf16", lambda: True)
+    monkeypatch.setattr(dev, "native_bf16", lambda: True)
     assert train(mcfg(), tcfg(steps=1, dtype="auto"), corpus)["dtype"] == "bf16"
 
 

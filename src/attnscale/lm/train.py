@@ -40,7 +40,6 @@ import torch
 
 from attnscale.lm.data import batches, check_length, eval_batches
 from attnscale.core import device as dev
-from attnscale.core.device import native_bf16
 from attnscale.core.diagnostics import FROZEN_THRESHOLD
 from attnscale.errors import ConfigError
 from attnscale.core.scales import get_scale
@@ -48,19 +47,9 @@ from attnscale.lm.checkpoint import Checkpoint, comparable_config, run_config, s
 from attnscale.lm.model import ModelConfig, TinyLM
 from attnscale.lm.recording import DIAGNOSTICS, read_back, recording, summarize
 
-__all__ = ["TrainConfig", "train", "run_config", "comparable_config", "save_weights", "lr_at", "evaluate", "DIAGNOSTICS", "summarize",
-           "resolve_dtype", "native_bf16"]
+__all__ = ["TrainConfig", "train", "run_config", "comparable_config", "save_weights", "lr_at", "evaluate", "DIAGNOSTICS", "summarize"]
 
-DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16, "auto": None}
 ATTENTION = ("auto", "fused", "explicit")
-
-
-def resolve_dtype(dtype: str) -> str:
-    """On the CPU: "fp32" or "bf16"; "auto" is bf16 on a CPU with native bf16, else fp32.
-    (Any device: ``core.device.resolve_precision``.)"""
-    if dtype == "auto":
-        return "bf16" if native_bf16() else "fp32"
-    return dtype
 
 
 @dataclass(frozen=True)
@@ -111,8 +100,8 @@ class TrainConfig:
             raise ConfigError("train weight_decay must be >= 0, clip > 0 and beta2 in [0, 1)")
         if self.eval_batches is not None and (not isinstance(self.eval_batches, int) or self.eval_batches < 1):
             raise ConfigError(f"train eval_batches must be a positive integer or None (all), got {self.eval_batches!r}")
-        if self.dtype not in DTYPES:
-            raise ConfigError(f"train dtype {self.dtype!r} is unknown; choose one of: {', '.join(DTYPES)}")
+        if self.dtype not in dev.DTYPES:
+            raise ConfigError(f"train dtype {self.dtype!r} is unknown; choose one of: {', '.join(dev.DTYPES)}")
         if self.threads is not None and (not isinstance(self.threads, int) or self.threads < 1):
             raise ConfigError(f"train threads must be a positive integer or None, got {self.threads!r}")
         if not isinstance(self.checkpoint_every, int) or self.checkpoint_every < 0:
@@ -137,7 +126,7 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 def _autocast(precision: "str | dev.Precision"):
     """Autocast for a resolved precision (a dtype name means the CPU's rule)."""
     if isinstance(precision, str):
-        precision = dev.resolve_precision(resolve_dtype(precision), torch.device("cpu"))
+        precision = dev.resolve_precision(precision, torch.device("cpu"))
     return dev.autocast(precision)
 
 
@@ -266,7 +255,7 @@ def _build(model_cfg: ModelConfig, cfg: TrainConfig, log_line) -> _Run:
     """Device and precision resolved once; the model built from the seed on the CPU, then moved, so every
     device starts from the same weights; AdamW with weight decay on matrices only."""
     device = dev.resolve_device(cfg.device)
-    precision = dev.resolve_precision(cfg.dtype if device.type != "cpu" else resolve_dtype(cfg.dtype), device)
+    precision = dev.resolve_precision(cfg.dtype, device)
     impl = _attention_impl(cfg.attention, model_cfg, device, precision)
     torch.manual_seed(cfg.seed)
     model = TinyLM(replace(model_cfg, impl=impl)).to(device)

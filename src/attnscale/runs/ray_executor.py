@@ -313,7 +313,7 @@ def run(pending: Sequence[Any], corpus_spec, out: Path, configs: dict[str, dict]
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         has_gpu = any(n["Resources"].get("GPU", 0) for n in ray.nodes() if n.get("Alive"))
-        needs = {s.run_id: resources(getattr(s.train, "device", "cpu"), threads, has_gpu) for s in pending}
+        needs = {s.run_id: resources(s.train.device, threads, has_gpu) for s in pending}
         _fits(ray, list(needs.values()))
         here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
         hub = ray.remote(_hub_class()).options(num_cpus=0, scheduling_strategy=here).remote()
