@@ -26,22 +26,14 @@ import math
 import statistics
 from typing import Any, Iterable, Mapping, Sequence
 
-__all__ = ["COLLAPSE_WORDS", "run_measures", "sensitivity", "mean_se", "loss_curve", "summary_rows", "reading"]
+from attnscale.report.analysis import mean_se
+
+__all__ = ["COLLAPSE_WORDS", "run_measures", "sensitivity", "loss_curve", "summary_rows", "reading"]
 
 # A head has collapsed when its rows put their weight on fewer than 2 words on
 # average: half-way from "one word" (frozen) to "a pair", well under the ~30 a
 # fresh scaled head of the tiny model spreads over. Plain and scale-free.
 COLLAPSE_WORDS = 2.0
-
-
-def mean_se(values: Sequence[float]) -> tuple[float | None, float | None]:
-    """Mean and standard error of the mean (sample std / sqrt(k)); SE is None below two values."""
-    values = [float(v) for v in values]
-    if not values:
-        return None, None
-    mean = statistics.fmean(values)
-    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) >= 2 else None
-    return mean, se
 
 
 def _finite(x: Any) -> bool:
