@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from attnscale import files
+from attnscale import files, limits
 from attnscale.runs import record as rec
 from attnscale.runs import store
 from attnscale.errors import ConfigError
@@ -45,7 +45,7 @@ from attnscale.runs.progress import make_progress
 from attnscale.runs.trainer import mark_running, train_run
 from attnscale.lm.train import TrainConfig
 
-__all__ = ["CorpusSpec", "RunSpec", "execute", "cores", "EXECUTORS"]
+__all__ = ["CorpusSpec", "RunSpec", "execute", "estimate", "cores", "EXECUTORS"]
 
 _STEP_MESSAGE_EVERY_S = 0.2  # a worker reports its step at most this often
 EXECUTORS = ("local", "ray")  # where runs train: worker processes of this machine, or Ray tasks
@@ -74,6 +74,19 @@ class RunSpec:
     model: ModelConfig
     train: TrainConfig
     group: str | None = None
+
+
+def estimate(specs: Sequence[RunSpec]) -> limits.Estimate:
+    """What training every run of ``specs`` costs (``limits.training_cost`` of each, summed):
+    ``.cpu_seconds(workers)`` is the ETA on a laptop CPU."""
+    ops, largest = 0.0, 0.0
+    for s in specs:
+        m, t = s.model, s.train
+        e = limits.training_cost(vocab=m.vocab_size, context=m.context, d_model=m.d_model, n_layers=m.n_layers,
+                                 n_heads=m.n_heads, head_dim=m.head_dim or m.d_model // m.n_heads,
+                                 mlp_ratio=m.mlp_ratio, batch=t.batch, steps=t.steps)
+        ops, largest = ops + e.ops, max(largest, e.bytes)
+    return limits.Estimate(f"training {len(specs)} run{'s' if len(specs) != 1 else ''}", largest, ops)
 
 
 def cores() -> int:
@@ -109,21 +122,30 @@ def _check(specs: Sequence[RunSpec], corpus) -> None:
 
 
 def _copy_finished(spec: RunSpec, config: dict, out: Path, reuse: Sequence[Path]) -> bool:
-    """Copy a finished run of ``config`` from a ``reuse`` folder into ``out``; False if none has one."""
+    """Copy a finished run of ``config`` from a ``reuse`` folder into ``out``; False if none has one.
+
+    The run of the same name is looked at first, then every other run in the folder: a run of
+    the very same config is the same run whatever its name (the setup study's 1,200-step rows
+    are the full preset's dynamics runs)."""
     for folder in reuse:
-        source = Path(folder) / spec.run_id
-        try:
-            if Path(folder).resolve() == out.resolve() or store.run_state(source, config) != "finished":
-                continue
-        except ConfigError:
-            continue  # another config under the same name: not this run
-        target = out / spec.run_id
-        target.mkdir(parents=True, exist_ok=True)
-        for name in (rec.METRICS, rec.WEIGHTS):  # the files first, the record last: the record commits the copy
-            if (source / name).exists():
-                files.atomic_write_bytes(target / name, (source / name).read_bytes())
-        rec.write(target, rec.TrainRun.load(source).copied(spec.group, str(source)))
-        return True
+        folder = Path(folder)
+        if not folder.is_dir() or folder.resolve() == out.resolve():
+            continue
+        named = folder / spec.run_id
+        others = sorted(d for d in folder.iterdir() if d.name != spec.run_id and (d / rec.RECORD).is_file())
+        for source in [named, *others]:
+            try:
+                if store.run_state(source, config) != "finished":
+                    continue
+            except ConfigError:
+                continue  # another config: not this run
+            target = out / spec.run_id
+            target.mkdir(parents=True, exist_ok=True)
+            for name in (rec.METRICS, rec.WEIGHTS):  # the files first, the record last: the record commits the copy
+                if (source / name).exists():
+                    files.atomic_write_bytes(target / name, (source / name).read_bytes())
+            rec.write(target, rec.TrainRun.load(source).copied(spec.group, str(source)))
+            return True
     return False
 
 
