@@ -199,7 +199,10 @@ def _add_reproduce(sub) -> None:
     p.add_argument("--seed", type=nonneg_int, default=0, help="seed of every experiment (default: %(default)s)")
     p.add_argument("--quick", action="store_true",
                    help="a small preset that finishes in about two minutes; its report says so and is not "
-                        "the full reproduction")
+                        "the course's comparison")
+    p.add_argument("--full", action="store_true", help=f"the full-length preset ({_full_budget()}) and the setup "
+                   "study: the course's end of training, about 90 minutes on a 2-core laptop CPU; prints its "
+                   "estimate first, checkpoints every run")
     p.add_argument("--corpus", default="default",
                    help="'default' (embedded), 'wikitext-2', 'tinyshakespeare', a text file or a folder")
     p.add_argument("-j", "--jobs", type=positive_int, default=min(2, os.cpu_count() or 1),
@@ -214,9 +217,13 @@ def _add_reproduce(sub) -> None:
 def _run_reproduce(args) -> None:
     from attnscale import reproduce
 
+    from attnscale.lm.presets import preset_name
+
+    preset = preset_name(args.quick, args.full)
     device = usable_device(args.device)
     out = writable_dir(args.out)
-    reproduce.run(out, seed=args.seed, quick=args.quick, corpus=args.corpus, jobs=args.jobs, **_executor(args), device=device)
+    reproduce.run(out, seed=args.seed, preset=preset, corpus=args.corpus, jobs=args.jobs, **_executor(args),
+                  device=device)
 
 
 def _add_report(sub) -> None:
@@ -260,6 +267,17 @@ def _quick_budget() -> str:
 
     b = budget("quick")
     return f"{b.train.steps} steps, batch {b.train.batch}, context {b.model['context']}"
+
+
+def _full_budget() -> str:
+    from attnscale.lm.presets import budget
+
+    b = budget("full")
+    return f"{b.train.steps:,} steps a run, {b.seeds} seeds"
+
+
+def _full_option(p) -> None:
+    p.add_argument("--full", action="store_true", help=f"the full-length budget ({_full_budget()}); not with --quick")
 
 
 def tokenizer_name(text: str) -> str:
@@ -313,6 +331,7 @@ def _add_train(sub) -> None:
                    help="score-scale scheme (default: %(default)s, the course's 1/sqrt(d))")
     p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the weights and batches (default: %(default)s)")
     _training_options(p, "attnscale-out/train")
+    _full_option(p)
     p.set_defaults(run=_run_train)
 
 
@@ -320,7 +339,7 @@ def _run_train(args) -> None:
     from attnscale.experiments import dynamics, sweep
 
     usable_device(args.device)  # before anything is written
-    base = sweep.preset(quick=args.quick, corpus=args.corpus, seed=args.seed, tokenizer=args.tokenizer)
+    base = sweep.preset(quick=args.quick, full=args.full, corpus=args.corpus, seed=args.seed, tokenizer=args.tokenizer)
     cfg = _budget(sweep.SweepConfig(corpus=args.corpus, widths=(args.width,), scales=(args.scale,),
                                     seeds=(args.seed,), model=base.model, train=base.train), args)
     out = writable_dir(args.out)  # after the config: a refused request writes nothing
@@ -344,6 +363,7 @@ def _add_dynamics(sub) -> None:
     p.add_argument("--seed", type=nonneg_int, default=_default(DynamicsConfig, "seed"),
                    help="seed of the weights and batches, the same for every scheme (default: %(default)s)")
     _training_options(p, "attnscale-out/dynamics")
+    _full_option(p)
     _jobs_option(p)
     _executor_options(p)
     p.set_defaults(run=_run_dynamics)
@@ -355,7 +375,8 @@ def _run_dynamics(args) -> None:
     from attnscale.experiments import dynamics
 
     usable_device(args.device)  # before anything is written
-    cfg = replace(dynamics.preset(quick=args.quick, corpus=args.corpus, seed=args.seed, tokenizer=args.tokenizer),
+    cfg = replace(dynamics.preset(quick=args.quick, full=args.full, corpus=args.corpus, seed=args.seed,
+                                  tokenizer=args.tokenizer),
                   head_dim=args.width, scales=tuple(dict.fromkeys(args.scales)))
     cfg = _budget(cfg, args)
     out = writable_dir(args.out)  # after the config: a refused request writes nothing
@@ -372,10 +393,12 @@ def _add_sweep(sub) -> None:
                    help=f"head widths (default: {_words(widths)}; fewer with --quick)")
     p.add_argument("--scale", type=scale_name, nargs="+", default=list(scales), dest="scales",
                    help=f"score-scale schemes; the gap is none − inv_sqrt_d (default: {_words(scales)})")
-    p.add_argument("--seeds", type=nonneg_int, nargs="+", default=list(seeds),
-                   help=f"seeds per width and scheme; two or more give standard errors (default: {_words(seeds)})")
+    p.add_argument("--seeds", type=nonneg_int, nargs="+",
+                   help=f"seeds per width and scheme; two or more give standard errors (default: {_words(seeds)}; "
+                        "--full: the full budget's)")
     p.add_argument("--lrs", type=positive_float, nargs="+", help="sweep these learning rates too")
     _training_options(p, "attnscale-out/sweep")
+    _full_option(p)
     _jobs_option(p)
     _executor_options(p)
     p.set_defaults(run=_run_sweep)
@@ -387,9 +410,9 @@ def _run_sweep(args) -> None:
     from attnscale.experiments import sweep
 
     usable_device(args.device)  # before anything is written
-    cfg = sweep.preset(quick=args.quick, corpus=args.corpus, tokenizer=args.tokenizer)
+    cfg = sweep.preset(quick=args.quick, full=args.full, corpus=args.corpus, tokenizer=args.tokenizer)
     cfg = replace(cfg, widths=tuple(dict.fromkeys(args.widths or cfg.widths)), scales=tuple(dict.fromkeys(args.scales)),
-                  seeds=tuple(dict.fromkeys(args.seeds)), lrs=tuple(dict.fromkeys(args.lrs)) if args.lrs else None)
+                  seeds=tuple(dict.fromkeys(args.seeds or cfg.seeds)), lrs=tuple(dict.fromkeys(args.lrs)) if args.lrs else None)
     cfg = _budget(cfg, args)
     out = writable_dir(args.out)  # after the config: a refused request writes nothing
     rows = sweep.run(cfg, out, jobs=args.jobs, **_executor(args))
@@ -430,6 +453,60 @@ def _run_schemes(args) -> None:
     _print_json(result) if args.json else print(schemes.format_table(result))
 
 
+def study_axis(text: str) -> tuple[str, tuple]:
+    """AXIS=V1,V2 for --axis: numbers where the axis takes numbers."""
+    from attnscale.report.setup_analysis import AXES
+
+    axis, sep, values = text.partition("=")
+    if not sep or axis not in AXES or not values:
+        raise argparse.ArgumentTypeError(f"takes AXIS=V1,V2 with AXIS one of {', '.join(AXES)}, got {text!r}")
+    parse = {"lr": float, "weight_decay": float, "steps": int}.get(axis, str)
+    try:
+        return axis, tuple(parse(v) for v in values.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{axis} takes numbers, got {values!r}") from None
+
+
+def _add_study(sub) -> None:
+    from attnscale.report.setup_analysis import AXES
+
+    p = sub.add_parser("study", help="the setup study: how the end of training at d=1,024 (spread, frozen rows, "
+                                     "perplexity) depends on lr, schedule, weight decay, init, norm and length")
+    p.add_argument("--width", type=positive_int, help="head width d (default: 1024)")
+    p.add_argument("--scale", type=scale_name, nargs="+", dest="scales",
+                   help="schemes, one run each per setup (default: none inv_sqrt_d)")
+    p.add_argument("--seeds", type=nonneg_int, nargs="+", help="seeds (default 0 1)")
+    p.add_argument("--axis", type=study_axis, action="append", dest="axes", metavar="AXIS=V1,V2",
+                   help=f"one axis and the values tried instead of the base's (repeat for more; default: every "
+                        f"axis, around the full budget, or the default one with --quick); AXIS: {', '.join(AXES)}")
+    p.add_argument("--reuse", type=Path, nargs="+", default=[], metavar="DIR",
+                   help="folders of finished runs (e.g. reproduce --full's OUT/dynamics): a run of the very same "
+                        "config found there is copied, not trained again")
+    _training_options(p, "attnscale-out/study")
+    _jobs_option(p)
+    _executor_options(p)
+    p.set_defaults(run=_run_study)
+
+
+def _run_study(args) -> None:
+    from dataclasses import replace
+
+    from attnscale.experiments import setup_study
+
+    usable_device(args.device)  # before anything is written
+    cfg = setup_study.preset("quick" if args.quick else "full", corpus=args.corpus, tokenizer=args.tokenizer)
+    cfg = _budget(cfg, args)
+    cfg = replace(cfg, width=args.width or cfg.width, scales=tuple(dict.fromkeys(args.scales or cfg.scales)),
+                  seeds=tuple(dict.fromkeys(args.seeds if args.seeds is not None else cfg.seeds)),
+                  axes=tuple(args.axes) if args.axes else cfg.axes)
+    missing = [str(d) for d in args.reuse if not d.is_dir()]
+    if missing:
+        raise UsageError(f"--reuse: {', '.join(missing)} is not a folder; give folders that hold finished runs")
+    out = writable_dir(args.out)  # after the checks: a refused request writes nothing
+    result = setup_study.run(cfg, out, jobs=args.jobs, reuse=args.reuse, **_executor(args))
+    _print_json(result) if args.json else print(setup_study.format_table(result))
+
+
 def _add_inspect(sub) -> None:
     from attnscale.core.diagnostics import FROZEN_THRESHOLD
 
@@ -464,7 +541,7 @@ def _run_inspect(args) -> None:
 
 
 COMMANDS = [_add_spread, _add_fresh, _add_reproduce, _add_report]
-COMMANDS += [_add_train, _add_dynamics, _add_sweep, _add_schemes]
+COMMANDS += [_add_train, _add_dynamics, _add_sweep, _add_schemes, _add_study]
 COMMANDS += [_add_inspect]
 
 

@@ -20,16 +20,11 @@ from attnscale.runs import record as rec
 
 __all__ = ["run", "stages"]
 
-# the schemes stage with -j 2 on an idle 2-core machine, embedded corpus (--quick, default),
-# from CPU time: 60 runs of 120 steps took 252 s of CPU in the named study
-SCHEMES_ESTIMATE_S = {True: 15.0, False: 150.0}
-
-
 @dataclass(frozen=True)
 class Stage:
     name: str
     folder: str  # relative to the output folder
-    estimate_s: float  # rough cost on a 2-core laptop, for the ETA
+    estimate_s: float  # on this machine's CPU (``limits.CPU_OPS_PER_S``), for the ETA
     config: object  # the experiment's config, compared with what is on disk
     runner: Callable[[object, Path], object]
     # one-record stages are skipped when their record exists; groups of runs
@@ -37,53 +32,62 @@ class Stage:
     group: bool = False
 
 
-def stages(*, seed: int = 0, quick: bool = False, corpus: str = "default", jobs: int = 1,
+def stages(*, seed: int = 0, preset: str = "default", corpus: str = "default", jobs: int = 1,
            executor: str = "local", ray_address: str | None = None, device: str | None = None) -> list[Stage]:
-    """The stages in order; ``device`` is where the training runs go (spread and fresh stay on the CPU)."""
+    """The stages in order; ``preset``: "quick", "default" or "full" (``lm.presets``);
+    ``device`` is where the training runs go (spread and fresh stay on the CPU).
+
+    "full" trains the dynamics pair once per seed of the sweep (so the dynamics claims read
+    a mean over seeds); runs that two stages share (the sweep's widest pairs) are trained
+    once and copied. The setup study is its own command (``attnscale study``): its runs
+    put into the same folder (``--out DIR/study``) join the report."""
     from attnscale.experiments import dynamics, fresh, schemes, spread, sweep
-
     from attnscale.lm.data import load_corpus
+    from attnscale.lm.presets import PRESETS, budget
+    from attnscale.runs.runner import cores, estimate
 
+    if preset not in PRESETS:
+        raise ConfigError(f"unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}")
+    quick, full = preset == "quick", preset == "full"
     pairs, sequences = (5000, 50) if quick else (20000, 200)
     vocab = load_corpus(corpus).vocab_size  # once: the budgets depend on it
-    dyn = replace(dynamics.preset(quick=quick, corpus=corpus, seed=seed, vocab_size=vocab), device=device)
-    swp = replace(sweep.preset(quick=quick, corpus=corpus, seed=seed, vocab_size=vocab), device=device)
-    dyn_s, swp_s = _training_estimate(quick, vocab, jobs)
-    return [
+    seeds = range(seed, seed + budget(preset, vocab).seeds)
+    dyns = [replace(dynamics.preset(quick=quick, full=full, corpus=corpus, seed=s, vocab_size=vocab), device=device)
+            for s in seeds]
+    swp = replace(sweep.preset(quick=quick, full=full, corpus=corpus, seed=seed, vocab_size=vocab), device=device)
+    sch = replace(schemes.preset("smoke" if quick else "quick", corpus=corpus, seed=seed, vocab_size=vocab),
+                  device=device)
+    counted: set[str] = set()
+    workers = min(jobs, cores())
+
+    def eta(specs) -> float:
+        """Seconds for the runs no earlier stage trains (copies cost nothing)."""
+        new = [s for s in specs if repr((s.run_id, s.model, s.train)) not in counted]
+        counted.update(repr((s.run_id, s.model, s.train)) for s in new)
+        return estimate(new).cpu_seconds(min(workers, len(new))) if new else 0.0
+
+    def dyn_stage(cfg, label: str) -> Stage:
+        return Stage(f"training dynamics with and without the scale{label}", "dynamics",
+                     eta(dynamics.specs(cfg, vocab)), cfg,
+                     lambda c, d: dynamics.run(c, d, jobs=jobs, executor=executor, ray_address=ray_address), group=True)
+
+    out = [
         Stage("spread of q·k vs width", "spread", 2, spread.SpreadConfig(pairs=pairs, seed=seed),
               lambda c, d: spread.run(c, out=d)),
         Stage("fresh head, unit-variance q and k", "fresh-unit", 3,
               fresh.FreshConfig(sequences=sequences, init="unit", seed=seed), lambda c, d: fresh.run(c, out=d)),
         Stage("fresh head, the model's own init", "fresh-model", 5,
               fresh.FreshConfig(sequences=sequences, init="model", seed=seed), lambda c, d: fresh.run(c, out=d)),
-        Stage("training dynamics with and without the scale", "dynamics", dyn_s, dyn,
-              lambda c, d: dynamics.run(c, d, jobs=jobs, executor=executor, ray_address=ray_address), group=True),
-        Stage("width sweep: held-out perplexity", "sweep", swp_s, swp,
-              # the widest pair of the sweep is the dynamics pair, same budget: copied, not retrained
+        *(dyn_stage(c, f" (seed {c.seed})" if len(dyns) > 1 else "") for c in dyns),
+        Stage("width sweep: held-out perplexity", "sweep", eta(sweep.specs(swp, vocab)), swp,
+              # the widest pairs of the sweep are the dynamics pairs, same budget: copied, not retrained
               lambda c, d: sweep.run(c, d, jobs=jobs, reuse=[d.parent / "dynamics"], executor=executor,
                                      ray_address=ray_address), group=True),
         # beyond the course: every scheme over a learning-rate grid ("smoke" for --quick, else "quick")
-        Stage("which scale? schemes × widths × learning rates", "schemes", SCHEMES_ESTIMATE_S[quick] * 2 / min(jobs, 2),
-              replace(schemes.preset("smoke" if quick else "quick", corpus=corpus, seed=seed, vocab_size=vocab), device=device),
+        Stage("which scale? schemes × widths × learning rates", "schemes", eta(schemes.specs(sch, vocab)), sch,
               lambda c, d: schemes.run(c, d, jobs=jobs, executor=executor, ray_address=ray_address), group=True),
     ]
-
-
-def _training_estimate(quick: bool, vocab_size: int, jobs: int) -> tuple[float, float]:
-    """Seconds for the dynamics pair and the rest of the sweep, for the stage ETA:
-    what they took on a 2-core laptop with -j 2 (char-level embedded corpus:
-    100 s and 118 s; word-level WikiText-2: 258 s and 707 s), scaled by the jobs.
-    The sweep runner then prints an ETA measured from the steps it has done."""
-    from attnscale.lm.presets import LARGE_VOCAB
-
-    if quick:
-        dyn, swp = 10.0, 10.0
-    elif vocab_size > LARGE_VOCAB:
-        dyn, swp = 258.0, 707.0
-    else:
-        dyn, swp = 100.0, 118.0
-    slower = 2 / min(jobs, 2)
-    return dyn * slower, swp * slower
+    return out
 
 
 def _on_disk(stage: Stage, folder: Path) -> bool:
@@ -100,26 +104,35 @@ def _on_disk(stage: Stage, folder: Path) -> bool:
     return True
 
 
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+
+
 def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def run(out: Path, *, seed: int = 0, quick: bool = False, corpus: str = "default", jobs: int = 1,
+def run(out: Path, *, seed: int = 0, preset: str = "default", corpus: str = "default", jobs: int = 1,
         executor: str = "local", ray_address: str | None = None, device: str | None = None) -> Path:
     """Run every stage not yet on disk, then build the report; returns the report's HTML path.
+
+    Before the first stage it prints the estimated time of what is left to train
+    (on a laptop CPU; a GPU is faster), and before each stage the time left.
 
     ``executor="ray"``: the training stages run as Ray tasks, in one Ray session
     (a local instance, or the cluster at ``ray_address``) opened for the first of them."""
     out = Path(out)
-    todo = stages(seed=seed, quick=quick, corpus=corpus, jobs=jobs, executor=executor, ray_address=ray_address,
+    todo = stages(seed=seed, preset=preset, corpus=corpus, jobs=jobs, executor=executor, ray_address=ray_address,
                   device=device)
     started = time.time()
-    left = sum(s.estimate_s for s in todo)
+    left = sum(s.estimate_s for s in todo if not _on_disk(s, out / s.folder))
+    _say(f"attnscale reproduce, {preset} preset: {len(todo)} stages, about {_minutes(left)} on a laptop CPU "
+         f"with {jobs} job{'s' if jobs != 1 else ''} (finished runs are kept; a GPU is faster)")
     with contextlib.ExitStack() as ray_session:
         opened = False
         for i, stage in enumerate(todo, 1):
             folder = out / stage.folder
-            eta = f"~{left / 60:.0f} min left" if left >= 90 else f"~{left:.0f} s left"
+            eta = f"~{_minutes(left)} left"
             if _on_disk(stage, folder):
                 _say(f"[{i}/{len(todo)}] {stage.name}: already on disk, kept")
             else:
@@ -133,11 +146,15 @@ def run(out: Path, *, seed: int = 0, quick: bool = False, corpus: str = "default
                 t = time.time()
                 stage.runner(stage.config, folder)
                 _say(f"[{i}/{len(todo)}] {stage.name}: done in {time.time() - t:.1f} s")
-            left -= stage.estimate_s
+                left -= stage.estimate_s
     from attnscale import report
 
     paths = report.build(out, out / "report")
     _say(f"reproduce finished in {time.time() - started:.0f} s")
+    if preset == "full" and not (out / "study").exists():
+        _say(f"the setup study (how the end of training depends on lr, schedule, weight decay, init, norm and "
+             f"length): attnscale study --quick --out {out / 'study'} --reuse {out / 'dynamics'}, "
+             f"then attnscale report {out}")
     print(f"report: {paths['html']}")
     print(f"markdown: {paths['markdown']}")
     return paths["html"]

@@ -24,7 +24,7 @@ from attnscale.core.device import check_device_spec
 from attnscale.errors import ConfigError
 from attnscale.runs.runner import CorpusSpec, RunSpec, execute
 from attnscale.lm.train import TrainConfig
-from attnscale.lm.presets import budget
+from attnscale.lm.presets import budget, preset_name
 
 __all__ = ["DynamicsConfig", "check_budget", "preset", "specs", "model_config", "run", "rows_from_records",
            "format_table"]
@@ -93,13 +93,14 @@ def check_budget(model: dict[str, Any], train: TrainConfig, runs_per_width: dict
 
 
 def preset(quick: bool = False, corpus: str = "default", seed: int = 0, tokenizer: str | None = None,
-           vocab_size: int | None = None) -> DynamicsConfig:
-    """The course's pair (none, inv_sqrt_d) at width 1,024 on ``lm.presets.budget``.
+           vocab_size: int | None = None, full: bool = False) -> DynamicsConfig:
+    """The course's pair (none, inv_sqrt_d) at width 1,024 on ``lm.presets.budget`` ("quick",
+    "default", or with ``full`` the "full" budget).
 
     The budget depends on the corpus's vocabulary: give ``vocab_size`` where the
     corpus is loaded already, else it is loaded here (cached after the first time)."""
     vocab = vocab_size if vocab_size is not None else CorpusSpec(corpus, tokenizer).load().vocab_size
-    b = budget("quick" if quick else "default", vocab)
+    b = budget(preset_name(quick, full), vocab)
     return DynamicsConfig(corpus=corpus, tokenizer=tokenizer, seed=seed, model=b.model, train=b.train)
 
 

@@ -26,7 +26,7 @@ from attnscale.runs.record import TrainRun
 from attnscale.core.device import check_device_spec
 from attnscale.errors import ConfigError
 from attnscale.experiments.dynamics import check_budget, default_model, default_train, model_config
-from attnscale.lm.presets import budget
+from attnscale.lm.presets import budget, preset_name
 from attnscale.runs.runner import CorpusSpec, RunSpec, execute
 from attnscale.lm.train import TrainConfig
 from attnscale.report.analysis import GAP_RULE, GAP_THRESHOLD_PPL, gap_table, mean_se, run_rows
@@ -77,15 +77,16 @@ class SweepConfig:
 
 
 def preset(quick: bool = False, corpus: str = "default", seed: int = 0, tokenizer: str | None = None,
-           vocab_size: int | None = None) -> SweepConfig:
-    """The course's sweep: widths 32 … 1,024, none vs inv_sqrt_d, one seed, on ``lm.presets.budget``
-    (so its widest pair is the dynamics pair). ``quick`` keeps the course's ends and
+           vocab_size: int | None = None, full: bool = False) -> SweepConfig:
+    """The course's sweep: widths 32 … 1,024, none vs inv_sqrt_d, on ``lm.presets.budget``
+    (so its widest pair is the dynamics pair) with the budget's seeds from ``seed`` on (one;
+    ``full``: the "full" budget, several). ``quick`` keeps the course's ends and
     middle (32, 128, 1,024) on the "quick" budget: about a minute in all."""
     vocab = vocab_size if vocab_size is not None else CorpusSpec(corpus, tokenizer).load().vocab_size
-    b = budget("quick" if quick else "default", vocab)
+    b = budget(preset_name(quick, full), vocab)
     widths = (32, 128, 1024) if quick else (32, 64, 128, 256, 512, 1024)
-    return SweepConfig(corpus=corpus, tokenizer=tokenizer, widths=widths, seeds=(seed,), model=b.model,
-                       train=b.train)
+    return SweepConfig(corpus=corpus, tokenizer=tokenizer, widths=widths, seeds=tuple(range(seed, seed + b.seeds)),
+                       model=b.model, train=b.train)
 
 
 def specs(cfg: SweepConfig, vocab_size: int, group: str = "sweep") -> list[RunSpec]:
@@ -147,7 +148,7 @@ def format_table(rows: list[dict[str, Any]], baseline: str = "none", reference: 
     for lr in lrs:
         if lr is not None:
             lines.append(f"lr {lr:g}")
-        lines.append(f"{'width':>6} " + " ".join(f"{s:>18}" for s in scales) + f" {'gap':>16}")
+        lines.append(f"{'width':>6} " + " ".join(f"{s:>18}" for s in scales) + f" {'gap (% of ref.)':>22}")
         for width in sorted({r["width"] for r in rows if r["lr"] == lr}):
             cells = []
             for s in scales:
@@ -160,10 +161,11 @@ def format_table(rows: list[dict[str, Any]], baseline: str = "none", reference: 
             elif g["diverged"]:
                 gap = f"{g['diverged']} diverged"
             else:
-                gap = f"{g['gap']:+.2f}" + (f" ±{g['gap_se']:.2f}" if g["gap_se"] is not None else "")
-            lines.append(f"{width:>6} " + " ".join(f"{c:>18}" for c in cells) + f" {gap:>16}")
+                gap = (f"{g['gap']:+.2f}" + (f" ±{g['gap_se']:.2f}" if g["gap_se"] is not None else "")
+                       + (f" ({g['share']:.0%})" if g["share"] is not None else ""))
+            lines.append(f"{width:>6} " + " ".join(f"{c:>18}" for c in cells) + f" {gap:>22}")
         start = next((s["width"] for s in gaps["starts"] if s["lr"] == lr), None)
-        lines.append(f"gap = ppl({baseline}) − ppl({reference}); "
+        lines.append(f"gap = ppl({baseline}) − ppl({reference}), in points and as a share of ppl({reference}); "
                      + (f"it starts at width {start}" if start is not None else "no width shows a gap")
                      + f" ({GAP_RULE})")
     return "\n".join(lines)

@@ -21,9 +21,10 @@ from typing import Any
 from attnscale.errors import ConfigError
 from attnscale.lm.train import TrainConfig
 
-__all__ = ["Budget", "budget", "with_steps", "model_settings", "PRESETS", "LARGE_VOCAB", "CHECKPOINT_EVERY"]
+__all__ = ["Budget", "budget", "preset_name", "with_steps", "model_settings", "PRESETS", "LARGE_VOCAB",
+           "CHECKPOINT_EVERY", "FULL_STEPS", "FULL_SEEDS"]
 
-PRESETS = ("quick", "default")
+PRESETS = ("quick", "default", "full")
 # A word-level vocabulary (WikiText-2: 33,278 words) makes the output layer cost
 # more than the rest of the tiny model at every width (measured: 0.7 s of CPU a
 # step at width 32, 0.9 at 1,024, batch 16); on such corpora the default budget
@@ -31,6 +32,8 @@ PRESETS = ("quick", "default")
 # course's sweep (12 runs) fits ~15 minutes on 2 cores.
 LARGE_VOCAB = 8192
 CHECKPOINT_EVERY = 100  # default runs save a checkpoint this often, so a killed run resumes mid-way
+FULL_STEPS = 1200  # see budget("full")
+FULL_SEEDS = 2
 
 _MODEL = {"context": 64, "d_model": 64, "n_layers": 2, "n_heads": 4, "init": "torch", "norm": "post", "impl": "explicit"}
 
@@ -43,6 +46,7 @@ class Budget:
     name: str
     model: dict[str, Any] = field(default_factory=lambda: dict(_MODEL))
     train: TrainConfig = field(default_factory=TrainConfig)
+    seeds: int = 1  # seeds per width and scheme in the sweep (and dynamics pairs in reproduce)
 
 
 def budget(name: str = "default", vocab_size: int = 0) -> Budget:
@@ -57,7 +61,19 @@ def budget(name: str = "default", vocab_size: int = 0) -> Budget:
         if vocab_size > LARGE_VOCAB:
             train = replace(train, batch=train.batch // 2)
         return Budget(name, dict(_MODEL), train)
+    if name == "full":
+        # the default setup trained 3x longer, FULL_SEEDS seeds for standard errors; a checkpoint every 100
+        # steps (about a minute of the widest run on one CPU core) so a kill loses minutes
+        b = budget("default", vocab_size)
+        return Budget(name, b.model, with_steps(b.train, FULL_STEPS), FULL_SEEDS)
     raise ConfigError(f"unknown preset {name!r}; choose one of: {', '.join(PRESETS)}")
+
+
+def preset_name(quick: bool = False, full: bool = False) -> str:
+    """The budget ``--quick`` / ``--full`` ask for ("default" for neither)."""
+    if quick and full:
+        raise ConfigError("--quick and --full ask for two presets; give one of them")
+    return "quick" if quick else "full" if full else "default"
 
 
 def with_steps(train: TrainConfig, steps: int) -> TrainConfig:

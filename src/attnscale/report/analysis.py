@@ -23,7 +23,7 @@ from typing import Any
 
 from attnscale.runs.record import FINISHED  # run statuses whose perplexity (or its absence) is final
 
-__all__ = ["run_rows", "mean", "mean_se", "spread_se", "binomial_se", "within", "gap_table", "gap_by_width", "first_start",
+__all__ = ["run_rows", "mean", "mean_se", "spread_se", "binomial_se", "within", "gap_table", "gap_by_width", "share_by_width", "first_start",
            "GAP_THRESHOLD_PPL", "GAP_RULE"]
 
 # Where "large" starts: the first width from which every wider width shows a gap
@@ -84,7 +84,8 @@ def run_rows(runs: Sequence[Any], varied_lr: bool | None = None) -> list[dict[st
 
 def gap_table(rows: Sequence[dict[str, Any]], baseline: str = "none", reference: str = "inv_sqrt_d",
               threshold: float = GAP_THRESHOLD_PPL) -> dict[str, Any]:
-    """Per (lr, width): ppl(baseline) − ppl(reference), mean and SE over paired seeds, and where the gap starts.
+    """Per (lr, width): ppl(baseline) − ppl(reference), mean and SE over paired seeds, the gap as a share of
+    the reference's perplexity, and where the gap starts.
 
     ``rows``: one per run, {"lr", "width", "scale", "seed", "valid_ppl", "status"}
     (``lr`` None unless the sweep varied it). A diverged run has no perplexity: a
@@ -117,6 +118,11 @@ def gap_table(rows: Sequence[dict[str, Any]], baseline: str = "none", reference:
             "reference_ppl": mean_se([ref[s] for s in paired if ref[s] is not None])[0],
             "gap": None if diverged else gap, "gap_se": None if diverged else se,
             "diverged": diverged, "counts": counts,
+            "share": None,  # the gap as a share of the reference's perplexity (corpora differ in their perplexity range)
+        })
+        ref_ppl = out_rows[-1]["reference_ppl"]
+        out_rows[-1].update({
+            "share": None if diverged or gap is None or not ref_ppl else gap / ref_ppl,
         })
     starts = []
     for lr in dict.fromkeys(r["lr"] for r in out_rows):
@@ -132,6 +138,13 @@ def gap_table(rows: Sequence[dict[str, Any]], baseline: str = "none", reference:
         "rows": out_rows, "starts": starts,
         "gap_starts_at": starts[0]["width"] if len(starts) == 1 else None,
     }
+
+
+def share_by_width(table: dict[str, Any]) -> dict[int, float]:
+    """width -> the gap as a share of the reference's perplexity, at the table's first learning rate."""
+    rows = table["rows"]
+    first_lr = rows[0]["lr"] if rows else None
+    return {r["width"]: r["share"] for r in rows if r["lr"] == first_lr and r["share"] is not None}
 
 
 def gap_by_width(table: dict[str, Any]) -> dict[int, tuple[float, float | None, int]]:

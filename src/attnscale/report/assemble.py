@@ -20,7 +20,7 @@ from attnscale.errors import ConfigError
 from attnscale.runs import record
 from attnscale.runs.record import Record, TrainRun
 
-__all__ = ["Runs", "TrainRun", "load_runs", "build"]
+__all__ = ["Runs", "TrainRun", "load_runs", "verdicts", "build"]
 
 EXPERIMENTS = {
     "spread": "spread of q·k vs width (`attnscale spread --out DIR/spread`)",
@@ -115,6 +115,22 @@ def load_runs(runs_dir: Path) -> Runs:
     return runs
 
 
+def verdicts(runs: Runs) -> list[course.Verdict]:
+    """The claims judged; an end-of-training claim that does not agree carries, in its note,
+    what the setup study measured about it (where the records hold a study)."""
+    from dataclasses import replace
+
+    from attnscale.report import setup_section
+
+    study = setup_section.notes(runs)
+    out = []
+    for v in course.evaluate(runs):
+        if v.verdict in (course.PARTLY, course.DIFFERS) and v.key in study:
+            v = replace(v, note="; ".join(x for x in (v.note, study[v.key]) if x))
+        out.append(v)
+    return out
+
+
 def build(runs_dir: Path, out_dir: Path | None = None) -> dict[str, Path]:
     """Write index.html, report.md and PNGs for the records under ``runs_dir``.
 
@@ -124,7 +140,7 @@ def build(runs_dir: Path, out_dir: Path | None = None) -> dict[str, Path]:
     out = Path(out_dir) if out_dir is not None else Path(runs_dir) / "report"
     try:
         out.mkdir(parents=True, exist_ok=True)
-        blocks, pngs = sections.document(runs, course.evaluate(runs), out, EXPERIMENTS)
+        blocks, pngs = sections.document(runs, verdicts(runs), out, EXPERIMENTS)
         images = {p.name: p.read_bytes() for p in pngs.values()}
         paths = {"html": out / "index.html", "markdown": out / "report.md", **pngs}
         paths["html"].write_text(render.to_html(blocks, images), encoding="utf-8")

@@ -88,6 +88,7 @@ class Verdict:
     verdict: str
     beside: str = ""  # the same measure under another setting (the model's own init)
     note: str = ""
+    key: str = ""  # ``Claim.key``
 
 
 @dataclass(frozen=True)
@@ -97,10 +98,11 @@ class Claim:
     course: str  # the chapter's figure
     tolerance: str
     judge: Callable[[RunsView], tuple[str, str, str, str]]  # runs -> (ours, verdict, beside, note)
+    key: str = ""  # the end-of-training claims: the name the setup study judges them by
 
     def evaluate(self, runs: RunsView) -> Verdict:
         ours, verdict, beside, note = self.judge(runs)
-        return Verdict(self.experiment, self.claim, self.course, ours, self.tolerance, verdict, beside, note)
+        return Verdict(self.experiment, self.claim, self.course, ours, self.tolerance, verdict, beside, note, self.key)
 
 
 def _not_run(what: str) -> tuple[str, str, str, str]:
@@ -248,6 +250,11 @@ def _dyn_claim(scale: str, which: str, key: str, test: Callable[[float], bool], 
 
 
 START_SPREAD, START_TOLERANCE = 21.0, 0.10
+# the course's end of training at d = 1,024, as the claims below judge it (the setup study reads the same)
+END_SPREAD = 5000.0  # without the scale: "over 5,000"
+END_FROZEN = 0.99  # "99.9% of rows": at least 99%
+SCALED_SPREAD, SCALED_TOLERANCE = 3.4, 0.30  # with the scale: "settled around 3.4", ±30%
+BIG_GAP = (16.5, 18.5)  # "17 to 18 points" and its rounding
 
 
 def _start_spread(runs):
@@ -309,6 +316,7 @@ def _gap_claim(select: Callable[[int], bool], lo: float, hi: float, sign: int, w
     band is "partly"; a gap of the other sign (or lost in noise) differs."""
     def judge(runs):
         gaps = {w: g for w, g in gap_by_width(runs).items() if select(w)}
+        shares = analysis.share_by_width(_gap_table(runs))
         if not gaps:
             return _not_run(f"no sweep pair (with and without the scale) at {what}")
         parts, size_ok, direction_ok = [], True, True
@@ -317,7 +325,8 @@ def _gap_claim(select: Callable[[int], bool], lo: float, hi: float, sign: int, w
             inside = lo - slack <= gap <= hi + slack
             size_ok &= inside
             direction_ok &= inside or sign * gap > slack
-            parts.append(f"d={w}: {fmt_gap(gap, se, n)}")
+            share = f", {shares[w]:.0%} of the scaled ppl" if w in shares else ""
+            parts.append(f"d={w}: {fmt_gap(gap, se, n)}{share}")
         if size_ok:
             return "; ".join(parts), AGREES, "", ""
         if direction_ok:
@@ -367,20 +376,21 @@ CLAIMS: list[Claim] = [
     Claim("dynamics", "d=1024, no scale: spread about 21 at the start", "≈ 21 (its first layer's head)",
           f"layer 0 within ±{START_TOLERANCE:.0%} of 21", _start_spread),
     Claim("dynamics", "… grows to over 5,000 by the end", "> 5,000", "> 5,000",
-          _dyn_claim("none", "last", "spread", lambda v: v > 5000, "{:,.0f}", grows=True)),
+          _dyn_claim("none", "last", "spread", lambda v: v > END_SPREAD, "{:,.0f}", grows=True), "end_spread"),
     Claim("dynamics", "… and 99.9% of rows end frozen", "99.9%", "≥ 99%",
-          _dyn_claim("none", "last", "frozen_fraction", lambda v: v >= 0.99, "{:.1%}", grows=True)),
+          _dyn_claim("none", "last", "frozen_fraction", lambda v: v >= END_FROZEN, "{:.1%}", grows=True), "end_frozen"),
     Claim("dynamics", "frozen heads do not recover; they get worse", "worse", "frozen share at the end ≥ at the start",
-          _not_recovering),
+          _not_recovering, "not_recovering"),
     Claim("dynamics", "d=1024, with the scale: the spread settles around 3.4", "≈ 3.4", "within ±30% of 3.4",
-          _dyn_claim(SCALED, "last", "spread", lambda v: abs(v - 3.4) <= 0.3 * 3.4, "{:.2f}")),
+          _dyn_claim(SCALED, "last", "spread", lambda v: analysis.within(v, SCALED_SPREAD, SCALED_TOLERANCE), "{:.2f}"),
+          "scaled_spread"),
     Claim("sweep", "d=32: no difference (unscaled very slightly ahead)", "≈ 0, gap ≤ 0",
           "−1 ≤ gap ≤ 0 points (+ 3 SE); the sign is part of the claim",
           _gap_claim(lambda w: w == 32, -1.0, 0.0, -1, "d=32")),
     Claim("sweep", "d=128: the scale helps by about 2 points", "≈ 2", "1.5–2.5 points (+ 3 SE)",
           _gap_claim(lambda w: w == 128, 1.5, 2.5, +1, "d=128")),
     Claim("sweep", "d ≥ 256: worth 17 to 18 points", "17–18", "16.5–18.5 points (+ 3 SE) at each width",
-          _gap_claim(lambda w: w >= 256, 16.5, 18.5, +1, "d ≥ 256")),
+          _gap_claim(lambda w: w >= 256, *BIG_GAP, +1, "d ≥ 256"), "big_gap"),
     Claim("sweep", "where 'large' starts: after 32, by 128", "32 < d ≤ 128", "narrowest width from which every wider one has a gap > 1 point", _starts),
 ]
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["spread_plot", "fresh_plot", "illustration", "training", "perplexity_vs_width", "head_heatmaps",
+           "end_spread_by_setup",
            "scheme_colour"]
 
 _COLOURS = {"none": "#c0392b", "inv_sqrt_d": "#2471a3", "inv_d": "#7d3c98", "qk_norm": "#1e8449",
@@ -419,4 +420,43 @@ def random_score_overlay(theory: dict[str, Any], path: Path) -> Path:
         ax.grid(alpha=0.3)
         if ax.lines or ax.collections:
             ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def end_spread_by_setup(panels: dict[str, list[tuple[str, dict[str, tuple[float | None, float | None]]]]],
+                        lines: dict[str, tuple[float, str]], path: Path, title: str) -> Path:
+    """End-of-training spread against each axis of the setup study, one panel per axis.
+
+    ``panels[axis name]`` = [(value label, {scheme: (mean, SE or None)})] in the axis's order,
+    the base's value among them; ``lines[label]`` = (y, scheme): the course's figures."""
+    plt = _plt()
+    cols = min(3, max(1, len(panels)))
+    rows = math.ceil(len(panels) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols + 0.4, 3.4 * rows + 0.6), squeeze=False)
+    flat = [ax for row in axes for ax in row]
+    for ax, (name, points) in zip(flat, panels.items()):
+        xs = list(range(len(points)))
+        scales = list(dict.fromkeys(s for _, cells in points for s in cells))
+        for k, scale in enumerate(scales):
+            nudge = 0.06 * (k - (len(scales) - 1) / 2)
+            pts = [(x + nudge, *cells[scale]) for x, (_, cells) in zip(xs, points)
+                   if scale in cells and cells[scale][0] is not None and cells[scale][0] > 0]
+            if pts:
+                ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] or 0.0 for p in pts], marker="o",
+                            capsize=3, color=scheme_colour(scale), label=scale)
+        for label, (y, scale) in lines.items():
+            ax.axhline(y, color=scheme_colour(scale), lw=0.8, ls="--", alpha=0.7)
+            ax.text(xs[-1] + 0.3 if xs else 0, y, label, fontsize=7, va="bottom", ha="right",
+                    color=scheme_colour(scale))
+        ax.set_xticks(xs, [v for v, _ in points], fontsize=8)
+        ax.set_xlim(-0.5, len(xs) - 0.5 + 0.3)
+        if ax.lines or ax.collections:
+            _plain_log_y(ax, [k * 10.0 ** e for e in range(-1, 6) for k in (1, 2, 5)])
+        ax.set_title(name, fontsize=10)
+        ax.grid(alpha=0.3)
+    for ax in flat[len(panels):]:
+        ax.set_visible(False)
+    flat[0].set_ylabel("spread at the end (mean over heads)")
+    flat[0].legend(fontsize=8)
+    fig.suptitle(title, fontsize=11)
     return _save(fig, path)

@@ -17,11 +17,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from attnscale.report import course, schemes_section
+from attnscale.report import course, schemes_section, setup_section
 
 __all__ = ["document", "preset_of"]
 
-QUICK, FULL, CUSTOM = "quick", "default", "custom"
+QUICK, DEFAULT, FULL, CUSTOM = "quick", "default", "full", "custom"
 # what the presets fix and a run's record keeps; batch is left out (the full preset
 # halves it on a word-level vocabulary), as are threads, dtype and checkpoints
 _PRESET_TRAIN = ("steps", "lr", "warmup", "eval_batches", "record_every")
@@ -55,33 +55,39 @@ def _preset_settings(name: str) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def preset_of(runs) -> tuple[str, str]:
-    """(QUICK | FULL | CUSTOM | "", description) from the training runs' configs.
+    """(QUICK | DEFAULT | FULL | CUSTOM | "", description) from the training runs' configs.
 
     A run matches a preset when every setting that preset fixes is the one the
-    run recorded; the folder is "quick" or "default" only if every run of the
+    run recorded; the folder is "quick", "default" or "full" only if every run of the
     course's experiments (dynamics and sweep; studies beyond the course keep their
     own budgets) matches the same one, "" when it holds no training run."""
     course_runs = [*runs.dynamics, *runs.sweep] or runs.train
     if not course_runs:
         return "", "no training runs in these records, so no training preset"
-    names = {QUICK: "quick", FULL: "default"}
-    wanted = {p: _preset_settings(n) for p, n in names.items()}
+    wanted = {p: _preset_settings(p) for p in (QUICK, DEFAULT, FULL)}
     seen = set()
     for t in course_runs:
         got = ({k: t.model.get(k) for k in _PRESET_MODEL}, {k: t.train.get(k) for k in _PRESET_TRAIN})
         seen.add(next((p for p, w in wanted.items() if w == got), CUSTOM))
     m, tr = wanted[QUICK]
-    full_m, full_tr = wanted[FULL]
+    def_m, def_tr = wanted[DEFAULT]
+    full_tr = wanted[FULL][1]
     evals = lambda t: "the whole held-out split" if t["eval_batches"] is None else f"{t['eval_batches']} held-out batches"  # noqa: E731
+    seeds = len({t.seed for t in runs.sweep}) or 1
     if seen == {QUICK}:
         return QUICK, (f"Quick preset (attnscale reproduce --quick): {tr['steps']} steps per run, context "
                        f"{m['context']}, perplexity on {evals(tr)}. A smoke test, not the full reproduction: "
-                       f"its numbers are not the course's comparison (the full preset trains {full_tr['steps']} "
-                       f"steps, context {full_m['context']}, perplexity on {evals(full_tr)}); "
-                       "run attnscale reproduce for that.")
+                       f"the default preset trains {def_tr['steps']} steps, context {def_m['context']}, "
+                       f"perplexity on {evals(def_tr)}; run attnscale reproduce (or --full) for that.")
+    if seen == {DEFAULT}:
+        return DEFAULT, (f"Default preset (attnscale reproduce): {def_tr['steps']} steps per run, context "
+                         f"{def_m['context']}, perplexity on {evals(def_tr)}, {seeds} seed{'s' if seeds != 1 else ''}. "
+                         f"The course's end of training is judged by the full preset (attnscale reproduce --full: "
+                         f"{full_tr['steps']:,} steps a run, with the setup study).")
     if seen == {FULL}:
-        return FULL, (f"Default preset (the full attnscale reproduce): {full_tr['steps']} steps per run, context "
-                      f"{full_m['context']}, perplexity on {evals(full_tr)}.")
+        return FULL, (f"Full preset (attnscale reproduce --full): {full_tr['steps']:,} steps per run, context "
+                      f"{def_m['context']}, perplexity on {evals(full_tr)}, {seeds} seed{'s' if seeds != 1 else ''}, "
+                      "and the setup study.")
     return CUSTOM, ("Custom settings: the training runs match " + ("neither preset" if seen == {CUSTOM} else "no single preset")
                     + " of attnscale reproduce (see the runs' settings below); compare with care.")
 
@@ -94,7 +100,7 @@ def _shared(runs) -> list:
 def _header(runs, verdicts: list[course.Verdict], experiments: dict[str, str]) -> list[tuple]:
     preset, words = preset_of(runs)
     title = "The score scale in attention: the course's figures beside ours"
-    b: list[tuple] = [("h1", title + (" (quick preset)" if preset == QUICK else "")),
+    b: list[tuple] = [("h1", title + (f" ({preset} preset)" if preset in (QUICK, DEFAULT, FULL) else "")),
                       ("banner", words)]
     finished = [rec.finished for _, rec in runs.records if rec.finished]
     when = (" to ".join(dict.fromkeys(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
@@ -102,8 +108,8 @@ def _header(runs, verdicts: list[course.Verdict], experiments: dict[str, str]) -
     shared = _shared(runs)
     source = f"Built from {len(runs.records) - len(shared)} run records under {runs.root} (finished {when})"
     if shared:
-        source += (f"; {len(shared)} of the sweep's runs are the dynamics runs, shared between the two stages "
-                   "and counted once")
+        source += (f"; {len(shared)} runs are shared between stages (the sweep's widest pairs are the dynamics "
+                   "runs, the setup study's base is the dynamics pair) and counted once")
     counts = {k: sum(v.verdict == k for v in verdicts) for k in course.VERDICTS}
     said = {course.AGREES: "agree", course.PARTLY: "partly", course.DIFFERS: "differ", course.NOT_RUN: "not run"}
     b.append(("p", (f"{source}. The course is chapter 9, 'Scaled attention'. Of {len(verdicts)} claims: "
@@ -231,14 +237,16 @@ def _sweep(runs, verdicts, out: Path, pngs: dict) -> list[tuple]:
         pngs["sweep"] = plots.perplexity_vs_width(cells, gaps, start, out / "sweep.png")
         b.append(("img", "sweep.png", "Held-out perplexity and the gap against width"))
     scales = sorted({s for _, s in cells})
+    shares = analysis.share_by_width(analysis.gap_table(course.sweep_rows(runs), reference=course.SCALED))
     rows = []
     for w in sorted({w for w, _ in cells}):
         ppl = [analysis.mean_se(cells.get((w, s), [])) for s in scales]
         gap = gaps.get(w)
-        rows.append([w, *[_f(m, "{:.2f}") for m, _ in ppl],
+        rows.append([w, *[_f(m, "{:.2f}") + ("" if e is None else f" ± {e:.2f}") for m, e in ppl],
                      "—" if gap is None else f"{gap[0]:+.2f}", _f(gap[1] if gap else None, "{:.2f}"),
-                     gap[2] if gap else len(cells.get((w, scales[0]), []))])
-    b.append(("table", ["width d", *[f"ppl {s}" for s in scales], "gap", "SE of gap", "seeds"], rows))
+                     _f(shares.get(w), "{:.0%}"), gap[2] if gap else len(cells.get((w, scales[0]), []))])
+    b.append(("table", ["width d", *[f"ppl {s}" for s in scales], "gap", "SE of gap", "gap / ppl with the scale",
+                        "seeds"], rows))
     bad = [f"{t.path.relative_to(runs.root).as_posix()}: {t.status}"
            + (f" at step {t.diverged_at}" if t.diverged_at is not None else "")
            for t in runs.sweep if t.status != "done"]
@@ -314,5 +322,6 @@ def document(runs, verdicts: list[course.Verdict], out: Path,
               *_dynamics(runs, by["dynamics"], out, pngs),
               *_sweep(runs, by["sweep"], out, pngs),
               *schemes_section.blocks(runs, out, pngs),  # beyond the course: which scale?
+              *setup_section.blocks(runs, out, pngs),  # beyond the course: which setup?
               *_metadata(runs)]
     return blocks, pngs

@@ -1,0 +1,189 @@
+"""Beyond the course: which setup decides how training ends at width 1,024?
+
+The course's end state (without the scale the spread passes 5,000 and 99.9% of
+rows freeze; with it the spread settles around 3.4) depends on more than the
+scale. This study trains the tiny model at one head width, with and without the
+scale, at a base setup and at one change of one setting at a time (one axis at
+a time: learning rate, schedule, weight decay, init, norm placement, training
+length), with seeds, and records the end of training of each run. The analysis
+(``attnscale.report.setup_analysis``) says in which setups each of the course's
+end-of-training claims holds in direction and in size.
+
+A run's axis is its record group, ``study:<axis>`` (``study:base`` for the base
+setup); its value is read back from its config, so the record says what ran.
+The base runs are named like the dynamics and sweep runs (``d1024-none-s0``), so
+``reproduce --full`` copies them from its dynamics stage instead of training them twice.
+Runs go to ``out/<run_id>`` through the same resumable runner as the sweep.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from attnscale.core.device import check_device_spec
+from attnscale.errors import ConfigError
+from attnscale.experiments.dynamics import check_budget, model_config
+from attnscale.lm.presets import budget, with_steps
+from attnscale.lm.train import TrainConfig
+from attnscale.report.setup_analysis import AXES, GROUP_PREFIX, label, value_of
+from attnscale.runs import store
+from attnscale.runs.record import TrainRun
+from attnscale.runs.runner import CorpusSpec, RunSpec, execute
+
+__all__ = ["AXES", "GROUP", "SIZES", "StudyConfig", "preset", "apply", "run_id", "specs", "run_records",
+           "run", "format_table"]
+
+GROUP = GROUP_PREFIX.rstrip(":")  # records: group "study:<axis>", "study:base" for the base setup
+SIZES = ("smoke", "quick", "full")
+SCHEDULES = {"cosine": None, "constant": 1.0}  # cosine keeps the base's min_lr_ratio; constant never decays
+
+def apply(model: dict[str, Any], train: TrainConfig, axis: str, value: Any) -> tuple[dict[str, Any], TrainConfig]:
+    """The base (``model``, ``train``) with one setting changed."""
+    if axis not in AXES:
+        raise ConfigError(f"unknown study axis {axis!r}; choose from: {', '.join(AXES)}")
+    if axis == "steps":
+        return model, with_steps(train, int(value))
+    if axis == "schedule":
+        if value not in SCHEDULES:
+            raise ConfigError(f"schedule takes one of {', '.join(SCHEDULES)}, got {value!r}")
+        return model, (train if value == "cosine" else replace(train, min_lr_ratio=SCHEDULES[value]))
+    where, name = AXES[axis]
+    if where == "model":
+        return {**model, name: value}, train
+    return model, replace(train, **{name: value})
+
+
+@dataclass(frozen=True)
+class StudyConfig:
+    """One head width; the base setup (``model``: ModelConfig fields other than
+    vocab_size, head_dim and scale; ``train``) and, per axis, the values tried
+    instead of the base's; every run once per scale and seed."""
+
+    corpus: str = "default"
+    tokenizer: str | None = None
+    width: int = 1024
+    scales: tuple[str, ...] = ("none", "inv_sqrt_d")
+    seeds: tuple[int, ...] = (0, 1)
+    axes: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    model: dict[str, Any] = field(default_factory=lambda: budget().model)
+    train: TrainConfig = field(default_factory=lambda: budget().train)
+    device: str | None = None
+
+    def __post_init__(self):
+        if self.device is not None:
+            check_device_spec(self.device)
+        if not isinstance(self.width, int) or isinstance(self.width, bool) or self.width < 1:
+            raise ConfigError(f"width must be a positive integer, got {self.width!r}")
+        for name in ("scales", "seeds"):
+            values = getattr(self, name)
+            if not values or len(set(values)) != len(values):
+                raise ConfigError(f"{name} must be a non-empty list without repeats, got {values}")
+        if any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in self.seeds):
+            raise ConfigError(f"seeds must be non-negative integers, got {self.seeds}")
+        seen = set()
+        for axis, values in self.axes:
+            if axis in seen:
+                raise ConfigError(f"study axis {axis!r} is given twice; give each axis once with all its values")
+            seen.add(axis)
+            base = value_of(axis, self.model, asdict(self.train)) if axis in AXES else None
+            for v in values:
+                model, train = apply(self.model, self.train, axis, v)  # raises for a bad axis or value
+                if value_of(axis, model, asdict(train)) == base:
+                    raise ConfigError(f"study axis {axis}: {label(axis, v)} is the base setup's own value; "
+                                      "give values that differ from it")
+                for scale in self.scales:
+                    model_config(model, 1, self.width, scale)
+        check_budget(self.model, self.train, {self.width: len(self.scales) * len(self.seeds)})
+
+    @property
+    def corpus_spec(self) -> CorpusSpec:
+        return CorpusSpec(self.corpus, self.tokenizer)
+
+    def settings(self) -> list[tuple[str, Any, dict[str, Any], TrainConfig]]:
+        """(axis, value, model, train) per setup, the base first (axis "base", value None)."""
+        out = [("base", None, self.model, self.train)]
+        for axis, values in self.axes:
+            out += [(axis, v, *apply(self.model, self.train, axis, v)) for v in values]
+        return out
+
+
+def preset(size: str = "full", corpus: str = "default", seed: int = 0, tokenizer: str | None = None,
+           vocab_size: int | None = None) -> StudyConfig:
+    """The study at width 1,024, one axis at a time around a preset's setup, two seeds.
+
+    - "quick": around the default budget (400 steps): learning rate ×3, a constant schedule,
+      weight decay off, unit init (larger q and k), pre-LN, half and the full budget's length;
+      with ``--reuse`` the full-length rows are the runs ``reproduce --full`` trained (then
+      about 45 minutes with -j 2 on a 2-core laptop CPU);
+    - "full": around the full budget (``reproduce --full``'s 1,200 steps), both directions where
+      an axis has them (learning rate ÷3 and ×3, both other inits, half and twice the length): hours;
+    - "smoke": width 64, around the quick budget, two axes of one value each, 20 steps:
+      a check that the study and its report section work, not a measurement."""
+    if size not in SIZES:
+        raise ConfigError(f"unknown study preset {size!r}; choose one of: {', '.join(SIZES)}")
+    vocab = vocab_size if vocab_size is not None else CorpusSpec(corpus, tokenizer).load().vocab_size
+    if size == "smoke":
+        b = budget("quick", vocab)
+        return StudyConfig(corpus=corpus, tokenizer=tokenizer, width=64, seeds=(seed, seed + 1),
+                           axes=(("lr", (b.train.lr * 3,)), ("norm", ("pre",))),
+                           model=b.model, train=with_steps(b.train, 20))
+    b = budget("full" if size == "full" else "default", vocab)
+    lr, steps = b.train.lr, b.train.steps
+    full = size == "full"
+    longer = steps * 2 if full else budget("full", vocab).train.steps
+    inits = tuple(i for i in (("gpt2", "unit") if full else ("unit",)) if i != b.model["init"])
+    axes = (("lr", ((float(f"{lr / 3:.1g}"),) if full else ()) + (float(f"{lr * 3:.1g}"),)),
+            ("schedule", ("constant" if b.train.min_lr_ratio < 1 else "cosine",)),
+            ("weight_decay", (0.0,) if b.train.weight_decay > 0 else (0.1,)),
+            ("init", inits),
+            ("norm", ("pre" if b.model["norm"] == "post" else "post",)),
+            ("steps", (steps // 2, longer)))
+    return StudyConfig(corpus=corpus, tokenizer=tokenizer, seeds=(seed, seed + 1), axes=axes, model=b.model,
+                       train=b.train)
+
+
+def run_id(width: int, scale: str, seed: int, axis: str, value: Any) -> str:
+    """The base's runs are named as dynamics and sweep name theirs; the others add ``-<axis>-<value>``."""
+    base = store.run_id(width, scale, seed)
+    return base if axis == "base" else f"{base}-{axis}-{label(axis, value)}"
+
+
+def specs(cfg: StudyConfig, vocab_size: int) -> list[RunSpec]:
+    """One run per setup × seed × scale, the base setup first."""
+    out = []
+    settings = cfg.settings()
+    check_budget(cfg.model, cfg.train, {cfg.width: len(settings) * len(cfg.seeds) * len(cfg.scales)}, vocab_size)
+    for axis, value, model, train in settings:
+        for seed in cfg.seeds:
+            for scale in cfg.scales:
+                t = replace(train, seed=seed, **({} if cfg.device is None else {"device": cfg.device}))
+                out.append(RunSpec(run_id(cfg.width, scale, seed, axis, value),
+                                   model_config(model, vocab_size, cfg.width, scale), t, f"{GROUP_PREFIX}{axis}"))
+    return out
+
+
+def run_records(cfg: StudyConfig, out: Path, jobs: int = 1, progress: bool = True, reuse: Sequence[Path] = (),
+                executor: str = "local", ray_address: str | None = None) -> list[TrainRun]:
+    """Train every run not yet finished under ``out/<run_id>``; return every run as read back."""
+    corpus = cfg.corpus_spec.load()
+    return execute(specs(cfg, corpus.vocab_size), cfg.corpus_spec, Path(out), jobs=jobs, progress=progress,
+                   corpus=corpus, reuse=reuse, executor=executor, ray_address=ray_address)
+
+
+def run(cfg: StudyConfig, out: Path, jobs: int = 1, progress: bool = True, reuse: Sequence[Path] = (),
+        executor: str = "local", ray_address: str | None = None) -> dict[str, Any]:
+    """Train what is missing; return {"rows": per setup and scale, "claims": across setups}."""
+    from attnscale.report import setup_analysis
+
+    runs = run_records(cfg, out, jobs, progress, reuse=reuse, executor=executor, ray_address=ray_address)
+    rows = setup_analysis.summary_rows([setup_analysis.run_row(t) for t in runs])
+    return {"rows": rows, "claims": setup_analysis.claims(rows)}
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """Per setup: end spread, frozen share, effective words and perplexity without and with the scale."""
+    from attnscale.report import setup_analysis
+
+    return setup_analysis.format_text(result["rows"], result["claims"])

@@ -1,0 +1,250 @@
+"""The setup study's analysis: how each end-of-training claim of the course depends on the setup.
+
+Pure functions of plain rows, shared by ``attnscale study`` and the report.
+``run_row`` reads one training run (a ``runs.record.TrainRun``, by its
+attributes only); everything after it works on plain numbers.
+
+A setup is the base, or the base with one setting changed (an axis and its
+value, ``AXES``); a run's axis is its record group ``study:<axis>``, its value
+is read from its recorded config. Per setup and scale: the end of training as
+the dynamics claims read it (mean over layers and heads at the last recorded
+step), averaged over seeds with the SE of that mean (``analysis.mean_se``).
+Per setup, four of the course's claims, each judged twice with the report's
+own thresholds (``course``): its direction (training moves the measure the way
+the course says) and its size (the course's figure is reached):
+
+- end_spread: without the scale the spread grows (end > start); size > 5,000;
+- end_frozen: without the scale the frozen share does not fall (end ≥ start); size ≥ 99%;
+- scaled_spread: with the scale the end spread is below the unscaled run's; size 3.4 ± 30%;
+- big_gap: the scale helps (perplexity gap > 0, beyond 2 SE where seeds give one); size 16.5–18.5 points.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from attnscale.report import analysis, course
+
+__all__ = ["AXES", "AXIS_NAMES", "GROUP_PREFIX", "value_of", "label", "is_study", "run_row", "summary_rows",
+           "setups", "pair", "gap", "claims", "setup_name", "value_text", "explain", "format_text", "CLAIM_WORDS"]
+
+GROUP_PREFIX = "study:"
+# axis -> (where in the config, the field it sets)
+AXES: dict[str, tuple[str, str]] = {
+    "lr": ("train", "lr"),
+    "schedule": ("train", "min_lr_ratio"),
+    "weight_decay": ("train", "weight_decay"),
+    "init": ("model", "init"),
+    "norm": ("model", "norm"),
+    "steps": ("train", "steps"),
+}
+AXIS_NAMES = {"lr": "learning rate", "schedule": "schedule", "weight_decay": "weight decay", "init": "init",
+              "norm": "norm placement", "steps": "training steps"}
+SCALED = course.SCALED
+CLAIM_WORDS = {
+    "end_spread": ("without the scale the spread grows", "over 5,000"),
+    "end_frozen": ("without the scale rows stay frozen or freeze more", "≥ 99% of rows frozen"),
+    "scaled_spread": ("with the scale the spread stays below the unscaled run's", "around 3.4 (± 30%)"),
+    "big_gap": ("the scale helps perplexity", "by 16.5–18.5 points"),
+}
+
+
+def value_of(axis: str, model: Mapping[str, Any], train: Mapping[str, Any]) -> Any:
+    """The value of ``axis`` in a run's recorded config: the learning rate, "cosine"/"constant", ..."""
+    where, name = AXES[axis]
+    got = (model if where == "model" else train).get(name)
+    if axis == "schedule":
+        return "constant" if got is not None and float(got) >= 1.0 else "cosine"
+    return got
+
+
+def label(axis: str, value: Any) -> str:
+    """``value`` as run ids and tables write it: 1e-2, 0, constant, pre, 1200."""
+    if isinstance(value, float) and axis == "lr":
+        mantissa, exponent = f"{value:.2e}".split("e")
+        return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def is_study(run: Any) -> bool:
+    return str(getattr(run, "group", "")).startswith(GROUP_PREFIX)
+
+
+def _finite(values) -> list[float]:
+    return [float(v) for v in values if v is not None and math.isfinite(float(v))]
+
+
+def run_row(t: Any) -> dict[str, Any]:
+    """One study run as plain numbers: its axis, value, scale, seed, status, and the diagnostics
+    at the first and last recorded step (means over layers and heads; spread per layer at the end)."""
+    axis = t.group[len(GROUP_PREFIX):]
+    row = {"run": t.run_id, "axis": axis, "value": None if axis == "base" else value_of(axis, t.model, t.train),
+           "scale": t.scale, "seed": t.seed, "width": t.width, "status": t.status, "steps_done": t.steps_done,
+           "perplexity": t.perplexity, "settings": {a: value_of(a, t.model, t.train) for a in AXES}}  # every axis
+    has = t.line("first") is not None
+    for key in ("spread", "frozen_fraction", "effective_words"):
+        row[f"start_{key}"] = t.diag_mean("first", key) if has else None
+        row[f"end_{key}"] = t.diag_mean("last", key) if has else None
+    row["end_spread_by_layer"] = t.layer_means("last", "spread") if has else []
+    return row
+
+
+def _key(row: Mapping[str, Any]) -> tuple[str, str]:
+    return row["axis"], "base" if row["axis"] == "base" else label(row["axis"], row["value"])
+
+
+def setups(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
+    """(axis, value label) of every setup in ``rows``, the base first, then the axes in ``AXES`` order by value."""
+    keys = {_key(r): r for r in rows}
+    order = {a: i for i, a in enumerate(["base", *AXES])}
+
+    def sort(k):
+        v = keys[k]["value"]
+        return order.get(k[0], len(order)), (0, v, "") if isinstance(v, (int, float)) else (1, 0, str(v))
+    return sorted(keys, key=sort)
+
+
+def summary_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per setup and scale: seeds, runs done, and mean ± SE over seeds of the end of training."""
+    out = []
+    for setup in setups(rows):
+        for scale in dict.fromkeys(r["scale"] for r in rows):
+            mine = [r for r in rows if _key(r) == setup and r["scale"] == scale]
+            if not mine:
+                continue
+            s: dict[str, Any] = {"axis": setup[0], "value": setup[1], "scale": scale, "seeds": len(mine),
+                                 "done": sum(r["status"] == "done" for r in mine),
+                                 "steps": max((r["steps_done"] or 0) for r in mine),
+                                 "settings": mine[0]["settings"]}
+            for key in ("start_spread", "end_spread", "start_frozen_fraction", "end_frozen_fraction",
+                        "end_effective_words", "perplexity"):
+                s[key], s[f"{key}_se"] = analysis.mean_se(_finite(r[key] for r in mine))
+            layers = [r["end_spread_by_layer"] for r in mine if r["end_spread_by_layer"]]
+            s["end_spread_max_layer"] = max((max(_finite(ls)) for ls in layers if _finite(ls)), default=None)
+            s["_ppl_by_seed"] = {r["seed"]: r["perplexity"] for r in mine if r["perplexity"] is not None}
+            out.append(s)
+    return out
+
+
+def pair(summary: Sequence[Mapping[str, Any]], setup: tuple[str, str]) -> tuple[Mapping | None, Mapping | None]:
+    got = {r["scale"]: r for r in summary if (r["axis"], r["value"]) == setup}
+    return got.get("none"), got.get(SCALED)
+
+
+def gap(none: Mapping | None, scaled: Mapping | None) -> tuple[float | None, float | None, int]:
+    """ppl(none) − ppl(scaled) over the seeds both finished (paired), its SE, and those seeds."""
+    if none is None or scaled is None:
+        return None, None, 0
+    seeds = sorted(set(none["_ppl_by_seed"]) & set(scaled["_ppl_by_seed"]), key=str)
+    diffs = [none["_ppl_by_seed"][s] - scaled["_ppl_by_seed"][s] for s in seeds]
+    m, se = analysis.mean_se(diffs)
+    return m, se, len(diffs)
+
+
+def _judge(key: str, none: Mapping | None, scaled: Mapping | None) -> tuple[bool | None, bool | None]:
+    """(direction holds, size holds) of one claim in one setup; None where the runs needed are missing."""
+    if key in ("end_spread", "end_frozen"):
+        measure = "spread" if key == "end_spread" else "frozen_fraction"
+        if none is None or none[f"end_{measure}"] is None:
+            return None, None
+        end, start = none[f"end_{measure}"], none[f"start_{measure}"]
+        if key == "end_spread":
+            return end > start, end > course.END_SPREAD
+        return end >= start, end >= course.END_FROZEN
+    if key == "scaled_spread":
+        if scaled is None or scaled["end_spread"] is None:
+            return None, None
+        below = None if none is None or none["end_spread"] is None else scaled["end_spread"] < none["end_spread"]
+        return below, analysis.within(scaled["end_spread"], course.SCALED_SPREAD, course.SCALED_TOLERANCE)
+    g, se, _ = gap(none, scaled)
+    if g is None:
+        return None, None
+    slack = 3 * se if se is not None else 0.0
+    lo, hi = course.BIG_GAP
+    return g > (2 * se if se is not None else 0.0), lo - slack <= g <= hi + slack
+
+
+def claims(summary: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    """Per claim key: {"setups": judged, "direction": [setups where it holds], "size": [...]}; a setup
+    is (axis, value label)."""
+    out = {}
+    for key in CLAIM_WORDS:
+        judged, direction, size = [], [], []
+        for setup in dict.fromkeys((r["axis"], r["value"]) for r in summary):
+            d, s = _judge(key, *pair(summary, setup))
+            if d is None and s is None:
+                continue
+            judged.append(setup)
+            if d:
+                direction.append(setup)
+            if s:
+                size.append(setup)
+        out[key] = {"setups": judged, "direction": direction, "size": size}
+    return out
+
+
+def setup_name(setup: tuple[str, str]) -> str:
+    return "base" if setup[0] == "base" else f"{AXIS_NAMES.get(setup[0], setup[0])} {setup[1]}"
+
+
+def value_text(summary, setup, key: str) -> str:
+    none, scaled = pair(summary, setup)
+    if key == "big_gap":
+        g, se, n = gap(none, scaled)
+        ref = scaled["perplexity"] if scaled else None
+        share = f", {100 * g / ref:.0f}% of the scaled model's {ref:.2f}" if g is not None and ref else ""
+        return "—" if g is None else f"{g:+.2f}" + (f" ± {se:.2f}" if se is not None else "") + share
+    row, measure, fmt = ((scaled, "end_spread", "{:,.2f}") if key == "scaled_spread" else
+                         (none, "end_spread", "{:,.0f}") if key == "end_spread" else
+                         (none, "end_frozen_fraction", "{:.1%}"))
+    if row is None or row[measure] is None:
+        return "—"
+    se = row[f"{measure}_se"]
+    return fmt.format(row[measure]) + ("" if se is None else " ± " + fmt.format(se))
+
+
+def explain(key: str, summary: Sequence[Mapping[str, Any]], judged: Mapping[str, Mapping[str, Any]]) -> str:
+    """One sentence for a verdict's note: in how many setups the claim's size and direction hold, and where."""
+    c = judged.get(key)
+    if not c or not c["setups"]:
+        return ""
+    n = len(c["setups"])
+    where = [f"{setup_name(s)}: {value_text(summary, s, key)}" for s in c["size"]]
+    base = next((s for s in c["setups"] if s[0] == "base"), None)
+    seeds = max((r["seeds"] for r in summary), default=0)
+    text = (f"setup study ({n} setups, {seeds} seed{'s' if seeds != 1 else ''}): the size ({CLAIM_WORDS[key][1]}) "
+            f"holds in {len(c['size'])} of {n}" + (f" ({'; '.join(where)})" if where else "")
+            + f", the direction ({CLAIM_WORDS[key][0]}) in {len(c['direction'])} of {n}")
+    if base is not None:
+        text += f"; base setup {value_text(summary, base, key)}"
+    return text
+
+
+def _pm(mean, se, fmt: str) -> str:
+    if mean is None:
+        return "-"
+    return fmt.format(mean) + ("" if se is None else " ±" + fmt.format(se))
+
+
+def format_text(summary: Sequence[Mapping[str, Any]], judged: Mapping[str, Mapping[str, Any]]) -> str:
+    """The terminal table of ``attnscale study``: one line per setup and scale, then the claims."""
+    head = (f"{'setup':<22} {'scale':<11} {'end spread':>17} {'max layer':>10} {'frozen':>15} {'eff. words':>11} "
+            f"{'valid ppl':>14}  seeds")
+    lines = [head]
+    for r in summary:
+        lines.append(f"{setup_name((r['axis'], r['value'])):<22} {r['scale']:<11} "
+                     f"{_pm(r['end_spread'], r['end_spread_se'], '{:,.1f}'):>17} "
+                     f"{_pm(r['end_spread_max_layer'], None, '{:,.0f}'):>10} "
+                     f"{_pm(r['end_frozen_fraction'], r['end_frozen_fraction_se'], '{:.1%}'):>15} "
+                     f"{_pm(r['end_effective_words'], None, '{:.2f}'):>11} "
+                     f"{_pm(r['perplexity'], r['perplexity_se'], '{:.2f}'):>14}  {r['done']}/{r['seeds']}")
+    lines.append("end of training: mean over layers and heads at the last recorded step, ± SE over seeds")
+    for key, c in judged.items():
+        if c["setups"]:
+            lines.append(f"{CLAIM_WORDS[key][0]} — size {CLAIM_WORDS[key][1]}: in {len(c['size'])} of "
+                         f"{len(c['setups'])} setups; direction: in {len(c['direction'])} of {len(c['setups'])}")
+    return "\n".join(lines)

@@ -1,0 +1,141 @@
+"""The report section "Beyond the course: how the end of training depends on the setup".
+
+``blocks(runs, out, pngs)`` returns block tuples (``render.py``) from the setup
+study's run records (groups ``study:<axis>``) and draws its figure into ``out``;
+``notes(runs)`` gives, per end-of-training claim key (``course.Claim.key``), the
+sentence a verdict that does not agree carries. The numbers come from
+``setup_analysis``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from attnscale.report import course
+from attnscale.report import setup_analysis as sa
+
+__all__ = ["TITLE", "study_runs", "summary", "notes", "blocks"]
+
+TITLE = "Beyond the course: how the end of training depends on the setup"
+
+
+def study_runs(runs) -> list:
+    return [t for t in runs.train if sa.is_study(t)]
+
+
+def summary(runs) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """(summary rows, claims across setups) of the finished study runs; empty without a study."""
+    rows = [sa.run_row(t) for t in study_runs(runs)]
+    finished = [r for r in rows if r["status"] in ("done", "diverged")]
+    if not finished:
+        return [], {}
+    table = sa.summary_rows(finished)
+    return table, sa.claims(table)
+
+
+def notes(runs) -> dict[str, str]:
+    """Claim key -> what the setup study measured about it ({} without a study)."""
+    table, judged = summary(runs)
+    return {key: text for key in sa.CLAIM_WORDS if (text := sa.explain(key, table, judged))}
+
+
+def _pm(mean, se, fmt: str) -> str:
+    if mean is None:
+        return "—"
+    return fmt.format(mean) + ("" if se is None else " ± " + fmt.format(se))
+
+
+def _table(table: list[dict[str, Any]]) -> tuple:
+    head = ["setup", "spread, no scale", "max layer", "frozen, no scale", "eff. words, no scale", "ppl, no scale",
+            "spread, 1/√d", "frozen, 1/√d", "ppl, 1/√d", "gap (points; share of 1/√d ppl)", "seeds"]
+    rows = []
+    for setup in dict.fromkeys((r["axis"], r["value"]) for r in table):
+        none, scaled = sa.pair(table, setup)
+        n, s = none or {}, scaled or {}
+        g, se, k = sa.gap(none, scaled)
+        share = f" ({100 * g / s['perplexity']:.0f}%)" if g is not None and s.get("perplexity") else ""
+        rows.append([sa.setup_name(setup),
+                     _pm(n.get("end_spread"), n.get("end_spread_se"), "{:,.0f}"),
+                     _pm(n.get("end_spread_max_layer"), None, "{:,.0f}"),
+                     _pm(n.get("end_frozen_fraction"), n.get("end_frozen_fraction_se"), "{:.1%}"),
+                     _pm(n.get("end_effective_words"), n.get("end_effective_words_se"), "{:.2f}"),
+                     _pm(n.get("perplexity"), n.get("perplexity_se"), "{:.2f}"),
+                     _pm(s.get("end_spread"), s.get("end_spread_se"), "{:.2f}"),
+                     _pm(s.get("end_frozen_fraction"), s.get("end_frozen_fraction_se"), "{:.1%}"),
+                     _pm(s.get("perplexity"), s.get("perplexity_se"), "{:.2f}"),
+                     "—" if g is None else _pm(g, se, "{:+.2f}") + share,
+                     max(n.get("seeds", 0), s.get("seeds", 0))])
+    return ("table", head, rows)
+
+
+def _claims_table(table, judged) -> tuple:
+    head = ["the course's claim at d=1,024", "direction holds in", "size holds in", "setups where the size holds"]
+    rows = []
+    for key, (direction, size) in sa.CLAIM_WORDS.items():
+        c = judged.get(key)
+        if not c or not c["setups"]:
+            continue
+        n = len(c["setups"])
+        rows.append([f"{direction}; {size}", f"{len(c['direction'])} of {n}", f"{len(c['size'])} of {n}",
+                     "; ".join(f"{sa.setup_name(s)}: {sa.value_text(table, s, key)}" for s in c["size"]) or "none"])
+    return ("table", head, rows)
+
+
+def _panels(table) -> dict[str, list[tuple[str, dict[str, tuple]]]]:
+    """Per axis: the base's value and the axis's values, in order, with each scheme's end spread."""
+    base = [r for r in table if r["axis"] == "base"]
+    out: dict[str, list] = {}
+    for axis in sa.AXES:
+        mine = [r for r in table if r["axis"] == axis]
+        if not mine:
+            continue
+        points: dict[Any, dict[str, tuple]] = {}
+        raw = {}
+        for r in base:
+            v = r["settings"][axis]
+            raw[sa.label(axis, v)] = v
+            points.setdefault(sa.label(axis, v), {})[r["scale"]] = (r["end_spread"], r["end_spread_se"])
+        for r in mine:
+            raw[r["value"]] = r["settings"][axis]
+            points.setdefault(r["value"], {})[r["scale"]] = (r["end_spread"], r["end_spread_se"])
+        order = sorted(points, key=lambda k: (0, raw[k], "") if isinstance(raw[k], (int, float)) else (1, 0, str(raw[k])))
+        base_label = sa.label(axis, base[0]["settings"][axis]) if base else None
+        out[sa.AXIS_NAMES[axis]] = [(f"{k} (base)" if k == base_label else k, points[k]) for k in order]
+    return out
+
+
+def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[tuple]:
+    """The section's blocks (none without a run of the study)."""
+    from attnscale.report import plots
+
+    study = study_runs(runs)
+    if not study:
+        return []
+    table, judged = summary(runs)
+    width = max(t.width for t in study)
+    base = next((t for t in study if t.group == sa.GROUP_PREFIX + "base"), study[0])
+    settings = ", ".join(f"{sa.AXIS_NAMES[a]} {sa.label(a, sa.value_of(a, base.model, base.train))}" for a in sa.AXES)
+    b: list[tuple] = [("h2", TITLE), ("p", (
+        f"The course's end of training at width {width:,} (spread over 5,000 and 99.9% of rows frozen without the "
+        "scale; around 3.4 with it; 17–18 points of perplexity) depends on how the model is trained. The setup "
+        f"study (`attnscale study`, a stage of `attnscale reproduce --full`) trains the base setup ({settings}) "
+        "and the same with one setting changed at a time, with and without the scale, over seeds. End of training: "
+        "the mean over layers and heads at the last recorded step (as the claims above read it), ± SE over seeds. "
+        "A claim's direction holds where training moves the measure the course's way; its size, where the course's "
+        "figure is reached (the tolerances of the claims above)."))]
+    unfinished = [f"{t.run_id}: {t.status}" for t in study if t.status not in ("done", "diverged")]
+    if unfinished:
+        b.append(("list", "Study runs not finished (not counted):", unfinished))
+    if not table:
+        return b
+    b.append(_claims_table(table, judged))
+    panels = _panels(table)
+    if panels:
+        lines = {"5,000": (course.END_SPREAD, "none"), "3.4": (course.SCALED_SPREAD, course.SCALED)}
+        pngs["study-end-spread"] = plots.end_spread_by_setup(
+            panels, lines, out / "study-end-spread.png", f"Spread at the end of training, d={width:,}, by setup")
+        b.append(("img", "study-end-spread.png", "End-of-training spread against each setting, one panel per axis "
+                                                 "(base marked), without and with the scale, ± 1 SE over seeds"))
+    b.append(_table(table))
+    return b

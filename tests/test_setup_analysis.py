@@ -1,0 +1,96 @@
+"""report.setup_analysis: the setup study's numbers, on hand-built rows."""
+
+import math
+
+import pytest
+
+from attnscale.report import setup_analysis as sa
+
+
+def row(axis, value, scale, seed, end_spread, end_frozen, ppl, start_spread=21.0, start_frozen=0.6, words=1.1,
+        status="done", layers=None):
+    settings = {"lr": 3e-3, "schedule": "cosine", "weight_decay": 0.1, "init": "torch", "norm": "post", "steps": 400}
+    if axis != "base":
+        settings[axis] = value
+    return {"run": f"{axis}-{value}-{scale}-{seed}", "axis": axis, "value": None if axis == "base" else value,
+            "scale": scale, "seed": seed, "width": 1024, "status": status, "steps_done": settings["steps"],
+            "perplexity": ppl, "settings": settings,
+            "start_spread": start_spread if scale == "none" else 0.7, "end_spread": end_spread,
+            "start_frozen_fraction": start_frozen, "end_frozen_fraction": end_frozen,
+            "start_effective_words": 5.0, "end_effective_words": words,
+            "end_spread_by_layer": layers if layers is not None else [end_spread / 2, end_spread * 1.5]}
+
+
+ROWS = [
+    # base: grows but short of 5,000; freezes more but not to 99%; scaled 5.2; gap 6 points
+    row("base", None, "none", 0, 300.0, 0.93, 15.0), row("base", None, "none", 1, 340.0, 0.95, 15.4),
+    row("base", None, "inv_sqrt_d", 0, 5.0, 0.2, 9.0), row("base", None, "inv_sqrt_d", 1, 5.4, 0.2, 9.2),
+    # lr 9e-3: past 5,000 and 99%; scaled 3.0 (inside 3.4 ± 30%); gap 17 ± 0.5
+    row("lr", 9e-3, "none", 0, 6000.0, 0.995, 26.5), row("lr", 9e-3, "none", 1, 7000.0, 0.991, 27.5),
+    row("lr", 9e-3, "inv_sqrt_d", 0, 3.0, 0.1, 9.5), row("lr", 9e-3, "inv_sqrt_d", 1, 3.1, 0.1, 10.5),
+    # pre-LN: the spread falls below its start, rows thaw; the scaled run is ahead by less than noise
+    row("norm", "pre", "none", 0, 15.0, 0.3, 9.0), row("norm", "pre", "none", 1, 17.0, 0.4, 9.4),
+    row("norm", "pre", "inv_sqrt_d", 0, 20.0, 0.1, 9.5), row("norm", "pre", "inv_sqrt_d", 1, 2.0, 0.1, 8.7),
+]
+
+
+def test_value_of_reads_the_axis_back_from_a_config():
+    model, train = {"init": "unit", "norm": "pre"}, {"lr": 0.009, "min_lr_ratio": 1.0, "weight_decay": 0.0, "steps": 1200}
+    assert [sa.value_of(a, model, train) for a in sa.AXES] == [0.009, "constant", 0.0, "unit", "pre", 1200]
+    assert sa.value_of("schedule", {}, {"min_lr_ratio": 0.1}) == "cosine"
+    assert [sa.label("lr", 0.009), sa.label("lr", 1e-3), sa.label("weight_decay", 0.0), sa.label("steps", 1200)] == \
+        ["9e-3", "1e-3", "0", "1200"]
+
+
+def test_summary_is_a_mean_and_se_over_seeds_per_setup_and_scale():
+    table = sa.summary_rows(ROWS)
+    assert [(r["axis"], r["value"], r["scale"]) for r in table][:2] == [("base", "base", "none"), ("base", "base", "inv_sqrt_d")]
+    assert [r["axis"] for r in table] == ["base"] * 2 + ["lr"] * 2 + ["norm"] * 2  # base first, then AXES order
+    base = table[0]
+    assert base["end_spread"] == pytest.approx(320.0) and base["end_spread_se"] == pytest.approx(20.0)
+    assert base["end_spread_max_layer"] == pytest.approx(510.0) and base["seeds"] == base["done"] == 2
+    g, se, n = sa.gap(*sa.pair(table, ("lr", "9e-3")))
+    assert (g, n) == (pytest.approx(17.0), 2) and se == pytest.approx(0.0)
+    g, se, n = sa.gap(*sa.pair(table, ("base", "base")))
+    assert g == pytest.approx(6.1) and se == pytest.approx(0.1)
+
+
+def test_claims_say_where_the_direction_and_the_size_hold():
+    judged = sa.claims(sa.summary_rows(ROWS))
+    base, lr, pre = ("base", "base"), ("lr", "9e-3"), ("norm", "pre")
+    assert judged["end_spread"] == {"setups": [base, lr, pre], "direction": [base, lr], "size": [lr]}
+    assert judged["end_frozen"] == {"setups": [base, lr, pre], "direction": [base, lr], "size": [lr]}
+    assert judged["scaled_spread"]["size"] == [lr] and judged["scaled_spread"]["direction"] == [base, lr, pre]
+    # pre-LN: the gap is +0.1 ± 0.7, not beyond 2 SE, so the direction does not hold there
+    assert judged["big_gap"]["direction"] == [base, lr] and judged["big_gap"]["size"] == [lr]
+
+
+def test_explain_names_the_setups_with_their_numbers():
+    table = sa.summary_rows(ROWS)
+    text = sa.explain("end_spread", table, sa.claims(table))
+    assert text.startswith("setup study (3 setups, 2 seeds): the size (over 5,000) holds in 1 of 3 "
+                           "(learning rate 9e-3: 6,500 ± 500)")
+    assert "the direction (without the scale the spread grows) in 2 of 3; base setup 320 ± 20" in text
+    gap = sa.explain("big_gap", table, sa.claims(table))
+    assert "learning rate 9e-3: +17.00 ± 0.00, 170% of the scaled model's 10.00" in gap
+    assert sa.explain("end_spread", [], {}) == ""
+
+
+def test_unfinished_and_missing_runs_are_not_judged():
+    rows = [row("base", None, "none", 0, math.nan, 0.9, None, status="running", layers=[]),
+            row("base", None, "inv_sqrt_d", 0, 4.0, 0.1, 9.0)]
+    table = sa.summary_rows(rows)
+    none = table[0]
+    assert none["end_spread"] is None and none["end_spread_max_layer"] is None and none["perplexity"] is None
+    judged = sa.claims(table)
+    assert judged["end_spread"]["setups"] == [] and judged["big_gap"]["setups"] == []
+    assert judged["scaled_spread"]["setups"] == [("base", "base")]  # its size is judged; its direction needs both
+    assert judged["scaled_spread"]["direction"] == []
+
+
+def test_the_text_table_has_a_line_per_setup_and_scale_and_the_claims():
+    table = sa.summary_rows(ROWS)
+    text = sa.format_text(table, sa.claims(table)).splitlines()
+    assert len(text) == 1 + 6 + 1 + 4
+    assert text[3].startswith("learning rate 9e-3") and "6,500.0 ±500.0" in text[3] and "99.3% ±0.2%" in text[3]
+    assert text[-1].startswith("the scale helps perplexity — size by 16.5–18.5 points: in 1 of 3 setups")

@@ -1,0 +1,100 @@
+"""The setup study (`attnscale study`): its config, its runs, reuse by config, and its report section."""
+
+from dataclasses import replace
+
+import pytest
+
+from attnscale.cli import main
+from attnscale.errors import ConfigError
+from attnscale.experiments import setup_study, sweep
+from attnscale.lm.presets import FULL_STEPS, budget, with_steps
+from attnscale.report import assemble, course, setup_section
+from attnscale.runs import store
+from attnscale.runs.record import TrainRun
+
+
+def test_axes_change_one_setting_each():
+    b = budget("default")
+    changed = {axis: setup_study.apply(b.model, b.train, axis, value) for axis, value in
+               [("lr", 9e-3), ("schedule", "constant"), ("weight_decay", 0.0), ("init", "unit"), ("norm", "pre"),
+                ("steps", 1200)]}
+    assert changed["lr"][1] == replace(b.train, lr=9e-3) and changed["schedule"][1].min_lr_ratio == 1.0
+    assert changed["weight_decay"][1].weight_decay == 0.0 and changed["steps"][1] == with_steps(b.train, 1200)
+    assert changed["init"][0] == {**b.model, "init": "unit"} and changed["norm"][0] == {**b.model, "norm": "pre"}
+    assert setup_study.apply(b.model, b.train, "schedule", "cosine") == (b.model, b.train)
+
+
+@pytest.mark.parametrize("axes, words", [
+    ((("depth", (3,)),), "unknown study axis 'depth'"),
+    ((("norm", ("post",)),), "post is the base setup's own value"),
+    ((("norm", ("pre",)), ("norm", ("post",))), "given twice"),
+    ((("schedule", ("linear",)),), "schedule takes one of cosine, constant"),
+    ((("init", ("xavier",)),), "init"),
+])
+def test_bad_axes_are_refused_before_anything_runs(axes, words):
+    with pytest.raises(ConfigError, match=words):
+        setup_study.StudyConfig(axes=axes)
+
+
+def test_the_presets_vary_every_axis_around_their_budget():
+    quick, full = setup_study.preset("quick", vocab_size=104), setup_study.preset("full", vocab_size=104)
+    assert [a for a, _ in quick.axes] == [a for a, _ in full.axes] == list(setup_study.AXES)
+    assert quick.train == budget("default").train and full.train == budget("full").train
+    assert dict(quick.axes)["steps"] == (200, FULL_STEPS)  # its longest rows are reproduce --full's runs
+    assert dict(full.axes)["lr"] == (1e-3, 9e-3) and dict(full.axes)["init"] == ("gpt2", "unit")
+    assert quick.seeds == full.seeds == (0, 1) and quick.width == 1024
+    specs = setup_study.specs(quick, 104)
+    assert len(specs) == (1 + 7) * 2 * 2
+    assert [s.run_id for s in specs[:2]] == [store.run_id(1024, "none", 0), store.run_id(1024, "inv_sqrt_d", 0)]
+    assert specs[-1].run_id == "d1024-inv_sqrt_d-s1-steps-1200" and specs[-1].group == "study:steps"
+    assert len({s.run_id for s in specs}) == len(specs)
+
+
+def test_study_end_to_end_reuses_by_config_and_reports(tmp_path):
+    b = budget("quick")
+    train = with_steps(b.train, 10)
+    # a finished run of the base setup under another name: the study copies it instead of training it
+    earlier = sweep.SweepConfig(widths=(16,), scales=("none",), model=b.model, train=train)
+    sweep.run_records(earlier, tmp_path / "earlier", progress=False, group="dynamics")
+    (tmp_path / "earlier" / "d16-none-s0").rename(tmp_path / "earlier" / "renamed")
+    cfg = setup_study.StudyConfig(width=16, seeds=(0,), axes=(("norm", ("pre",)),), model=b.model, train=train)
+    result = setup_study.run(cfg, tmp_path / "out", progress=False, reuse=[tmp_path / "earlier"])
+    runs = {p.name: TrainRun.load(p) for p in (tmp_path / "out").iterdir()}
+    assert sorted(runs) == ["d16-inv_sqrt_d-s0", "d16-inv_sqrt_d-s0-norm-pre", "d16-none-s0", "d16-none-s0-norm-pre"]
+    assert runs["d16-none-s0"].record.copied_from.endswith("renamed") and runs["d16-none-s0"].group == "study:base"
+    assert runs["d16-none-s0-norm-pre"].model["norm"] == "pre" and runs["d16-none-s0-norm-pre"].group == "study:norm"
+    assert [(r["axis"], r["value"], r["scale"]) for r in result["rows"]] == [
+        ("base", "base", "none"), ("base", "base", "inv_sqrt_d"), ("norm", "pre", "none"), ("norm", "pre", "inv_sqrt_d")]
+    assert all(r["end_spread"] > 0 and r["perplexity"] > 1 for r in result["rows"])
+    assert result["claims"]["end_spread"]["setups"] == [("base", "base"), ("norm", "pre")]
+    text = setup_study.format_table(result)
+    assert text.splitlines()[3].startswith("norm placement pre     none")
+
+    paths = assemble.build(tmp_path / "out")
+    md = paths["markdown"].read_text()
+    assert setup_section.TITLE in md and "| the course's claim at d=1,024 | direction holds in |" in md
+    assert "norm placement post (base)" not in md and paths["study-end-spread"].stat().st_size > 10_000
+
+
+def test_a_verdict_that_does_not_agree_names_the_study_measurement(monkeypatch):
+    v = course.Verdict("dynamics", "… grows to over 5,000", "> 5,000", "1,900", "> 5,000", course.PARTLY,
+                       note="up from 21", key="end_spread")
+    ok = replace(v, verdict=course.AGREES, key="end_frozen")
+    monkeypatch.setattr(course, "evaluate", lambda runs: [v, ok])
+    monkeypatch.setattr(setup_section, "notes", lambda runs: {"end_spread": "setup study: lr 9e-3 reaches 6,500",
+                                                              "end_frozen": "not shown: that claim agrees"})
+    got = assemble.verdicts(object())
+    assert got[0].note == "up from 21; setup study: lr 9e-3 reaches 6,500" and got[1].note == "up from 21"
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--axis", "depth=3"], "AXIS=V1,V2"),
+    (["--axis", "lr=fast"], "lr takes numbers"),
+    (["--axis", "norm=post"], "base setup's own value"),
+    (["--reuse", "/nonexistent/dir"], "--reuse: /nonexistent/dir is not a folder"),
+])
+def test_study_command_errors_are_one_line(args, words, tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["study", "--quick", "--out", str(out), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and words in err and not out.exists()
