@@ -1,0 +1,48 @@
+"""The package's layers: no module imports from a layer above its own (DESIGN.md: data flows one way)."""
+
+import ast
+from pathlib import Path
+
+import attnscale
+
+SRC = Path(attnscale.__file__).parent
+# lowest first; a module may import from its own layer or any lower one, lazily or not
+RANK = {"errors": 0, "files": 0, "limits": 0, "core": 1, "diagnostics": 1, "scales": 1, "lm": 2, "runs": 3,
+        "report": 4, "headcheck": 4, "experiments": 5, "reproduce": 6, "cli": 7, "__main__": 7}
+
+
+def _layer(parts: list[str]) -> str:
+    return parts[0] if parts else "__init__"
+
+
+def _imports(path: Path):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module == "attnscale":  # from attnscale import files, report
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("attnscale."):
+            yield node.module.split(".")[1], node.lineno
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("attnscale."):
+                    yield alias.name.split(".")[1], node.lineno
+
+
+def test_every_module_has_a_layer():
+    top = {p.stem if p.is_file() else p.name for p in SRC.iterdir()
+           if (p.suffix == ".py" or (p.is_dir() and (p / "__init__.py").exists()))}
+    assert top - {"__init__"} <= set(RANK), top - set(RANK)
+
+
+def test_no_import_runs_up_a_layer():
+    upward = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = path.relative_to(SRC).with_suffix("").parts
+        here = _layer(list(rel))
+        if here == "__init__":
+            continue
+        for target, line in _imports(path):
+            if target in RANK and RANK[target] > RANK[here]:
+                upward.append(f"{'/'.join(rel)}.py:{line} imports attnscale.{target}")
+    assert not upward, upward
