@@ -41,10 +41,11 @@ def test_the_presets_vary_every_axis_around_their_budget():
     assert [a for a, _ in quick.axes] == [a for a, _ in full.axes] == list(setup_study.AXES)
     assert quick.train == budget("default").train and full.train == budget("full").train
     assert dict(quick.axes)["steps"] == (200, FULL_STEPS)  # its longest rows are reproduce --full's runs
-    assert dict(full.axes)["lr"] == (1e-3, 9e-3) and dict(full.axes)["init"] == ("gpt2", "unit")
+    assert dict(full.axes)["lr"] == (1e-3, 9e-3, 3e-2) and dict(quick.axes)["lr"] == (9e-3, 3e-2)
+    assert dict(full.axes)["init"] == ("gpt2", "unit")
     assert quick.seeds == full.seeds == (0, 1) and quick.width == 1024
     specs = setup_study.specs(quick, 104)
-    assert len(specs) == (1 + 7) * 2 * 2
+    assert len(specs) == (1 + 8) * 2 * 2
     assert [s.run_id for s in specs[:2]] == [store.run_id(1024, "none", 0), store.run_id(1024, "inv_sqrt_d", 0)]
     assert specs[-1].run_id == "d1024-inv_sqrt_d-s1-steps-1200" and specs[-1].group == "study:steps"
     assert len({s.run_id for s in specs}) == len(specs)

@@ -113,12 +113,12 @@ def preset(size: str = "full", corpus: str = "default", seed: int = 0, tokenizer
            vocab_size: int | None = None) -> StudyConfig:
     """The study at width 1,024, one axis at a time around a preset's setup, two seeds.
 
-    - "quick": around the default budget (400 steps): learning rate ×3, a constant schedule,
+    - "quick": around the default budget (400 steps): learning rate ×3 and ×10, a constant schedule,
       weight decay off, unit init (larger q and k), pre-LN, half and the full budget's length;
       with ``--reuse`` the full-length rows are the runs ``reproduce --full`` trained (then
-      about 45 minutes with -j 2 on a 2-core laptop CPU);
+      about 50 minutes with -j 2 on a 2-core laptop CPU);
     - "full": around the full budget (``reproduce --full``'s 1,200 steps), both directions where
-      an axis has them (learning rate ÷3 and ×3, both other inits, half and twice the length): hours;
+      an axis has them (learning rate ÷3, ×3 and ×10, both other inits, half and twice the length): hours;
     - "smoke": width 64, around the quick budget, two axes of one value each, 20 steps:
       a check that the study and its report section work, not a measurement."""
     if size not in SIZES:
@@ -134,7 +134,7 @@ def preset(size: str = "full", corpus: str = "default", seed: int = 0, tokenizer
     full = size == "full"
     longer = steps * 2 if full else budget("full", vocab).train.steps
     inits = tuple(i for i in (("gpt2", "unit") if full else ("unit",)) if i != b.model["init"])
-    axes = (("lr", ((float(f"{lr / 3:.1g}"),) if full else ()) + (float(f"{lr * 3:.1g}"),)),
+    axes = (("lr", ((float(f"{lr / 3:.1g}"),) if full else ()) + (float(f"{lr * 3:.1g}"), float(f"{lr * 10:.1g}"))),
             ("schedule", ("constant" if b.train.min_lr_ratio < 1 else "cosine",)),
             ("weight_decay", (0.0,) if b.train.weight_decay > 0 else (0.1,)),
             ("init", inits),
