@@ -234,7 +234,7 @@ def test_the_first_lines_name_the_preset_and_the_claims_that_differ(tmp_path):
     md = report.build(runs, tmp_path / "full")["markdown"].read_text()
     assert "quick" not in md.splitlines()[0] and md.splitlines()[2].startswith("> **Default preset")
     assert "400 steps per run" in md.splitlines()[2] and md.splitlines()[0].endswith("(default preset)")
-    assert "judged by the full preset (attnscale reproduce --full: 1,200 steps a run" in md.splitlines()[2]
+    assert "judged by the full preset (attnscale reproduce --full: 1,200 steps a run)." in md.splitlines()[2]
     _as_preset(runs, "full")
     md = report.build(runs, tmp_path / "full-preset")["markdown"].read_text()
     assert md.splitlines()[0].endswith("(full preset)") and md.splitlines()[2].startswith(
@@ -267,8 +267,8 @@ def test_runs_shared_by_two_stages_are_counted_once(tmp_path):
         (dst / "record.json").write_text(json.dumps(rec))
     md = report.build(runs, tmp_path / "out")["markdown"].read_text()
     assert f"Built from {n} run records" in md
-    assert "2 runs are shared between stages (the sweep's widest pairs are the dynamics runs" in md
-    assert md.count("shared with the dynamics stage (copied, not retrained)") == 2
+    assert "2 runs are copies of runs another stage trained (the sweep's widest pairs are the dynamics runs" in md
+    assert md.count("; a copy of dynamics/d1024-") == 2 and md.count("(not retrained)") == 2
 
 
 def test_environments_that_differ_only_in_threads_are_one_line(tmp_path):

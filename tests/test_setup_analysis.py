@@ -49,26 +49,63 @@ def test_summary_is_a_mean_and_se_over_seeds_per_setup_and_scale():
     base = table[0]
     assert base["end_spread"] == pytest.approx(320.0) and base["end_spread_se"] == pytest.approx(20.0)
     assert base["end_spread_max_layer"] == pytest.approx(510.0) and base["seeds"] == base["done"] == 2
-    g, se, n = sa.gap(*sa.pair(table, ("lr", "9e-3")))
-    assert (g, n) == (pytest.approx(17.0), 2) and se == pytest.approx(0.0)
-    g, se, n = sa.gap(*sa.pair(table, ("base", "base")))
+    g, se, n, ref = sa.gap(*sa.pair(table, ("lr", "9e-3")))
+    assert (g, n, ref) == (pytest.approx(17.0), 2, pytest.approx(10.0)) and se == pytest.approx(0.0)
+    g, se, n, ref = sa.gap(*sa.pair(table, ("base", "base")))
     assert g == pytest.approx(6.1) and se == pytest.approx(0.1)
 
 
 def test_claims_say_where_the_direction_and_the_size_hold():
     judged = sa.claims(sa.summary_rows(ROWS))
     base, lr, pre = ("base", "base"), ("lr", "9e-3"), ("norm", "pre")
-    assert judged["end_spread"] == {"setups": [base, lr, pre], "direction": [base, lr], "size": [lr]}
-    assert judged["end_frozen"] == {"setups": [base, lr, pre], "direction": [base, lr], "size": [lr]}
-    assert judged["scaled_spread"]["size"] == [lr] and judged["scaled_spread"]["direction"] == [base, lr, pre]
-    # pre-LN: the gap is +0.1 ± 0.7, not beyond 2 SE, so the direction does not hold there
+    every = [base, lr, pre]
+    assert judged["end_spread"] == {"setups": every, "size": [lr], "direction_setups": every, "direction": [base, lr]}
+    assert judged["end_frozen"] == {"setups": every, "size": [lr], "direction_setups": every, "direction": [base, lr]}
+    assert judged["scaled_spread"]["size"] == [lr] and judged["scaled_spread"]["direction"] == every
+    # pre-LN: the gap is +0.1 ± 0.6, not beyond 3 SE, so the direction does not hold there
     assert judged["big_gap"]["direction"] == [base, lr] and judged["big_gap"]["size"] == [lr]
+
+
+def test_the_gap_direction_needs_three_standard_errors_as_the_claims_do():
+    rows = [row("base", None, "none", 0, 300.0, 0.9, 13.0), row("base", None, "none", 1, 300.0, 0.9, 17.0),
+            row("base", None, "inv_sqrt_d", 0, 5.0, 0.2, 10.0), row("base", None, "inv_sqrt_d", 1, 5.0, 0.2, 10.0)]
+    g, se, n, _ = sa.gap(*sa.pair(sa.summary_rows(rows), ("base", "base")))
+    assert (g, se) == (pytest.approx(5.0), pytest.approx(2.0))  # beyond 2 SE, not beyond 3
+    assert sa.claims(sa.summary_rows(rows))["big_gap"]["direction"] == []
+
+
+def test_a_diverged_run_is_not_an_end_of_training():
+    rows = [row("lr", 3e-2, "none", 0, 8000.0, 0.999, None, status="diverged"),
+            row("lr", 3e-2, "none", 1, 900.0, 0.95, 30.0),
+            row("lr", 3e-2, "inv_sqrt_d", 0, 3.0, 0.1, 10.0), row("lr", 3e-2, "inv_sqrt_d", 1, 3.2, 0.1, 10.2)]
+    table = sa.summary_rows(rows)
+    none = table[0]
+    assert (none["seeds"], none["done"], none["diverged"]) == (2, 1, [(0, 400)])
+    assert none["end_spread"] == pytest.approx(900.0) and none["end_spread_se"] is None
+    assert sa.claims(table)["end_spread"]["size"] == []  # 8,000 before diverging does not count
+    g, se, n, ref = sa.gap(none, table[1])
+    assert (g, n, ref) == (pytest.approx(19.8), 1, pytest.approx(10.2))  # paired: seed 1 only
+
+
+def test_one_study_at_a_time():
+    with pytest.raises(ValueError, match="several widths"):
+        sa.summary_rows([row("base", None, "none", 0, 300.0, 0.9, 15.0),
+                         {**row("base", None, "none", 1, 40.0, 0.5, 5.0), "width": 64}])
+    with pytest.raises(ValueError, match="one study at a time"):
+        sa.summary_rows([row("base", None, "none", 0, 300.0, 0.9, 15.0), row("base", None, "none", 0, 40.0, 0.5, 5.0)])
+
+
+def test_a_missing_start_leaves_the_direction_unjudged_not_failed():
+    rows = [row("base", None, "none", 0, 6000.0, 0.995, 15.0, start_spread=math.nan)]
+    judged = sa.claims(sa.summary_rows(rows))
+    assert judged["end_spread"] == {"setups": [("base", "base")], "size": [("base", "base")],
+                                    "direction_setups": [], "direction": []}
 
 
 def test_explain_names_the_setups_with_their_numbers():
     table = sa.summary_rows(ROWS)
     text = sa.explain("end_spread", table, sa.claims(table))
-    assert text.startswith("setup study (3 setups, 2 seeds): the size (over 5,000) holds in 1 of 3 "
+    assert text.startswith("setup study (d=1,024, 3 setups, 2 seeds): the size (over 5,000) holds in 1 of 3 "
                            "(learning rate 9e-3: 6,500 ± 500)")
     assert "the direction (without the scale the spread grows) in 2 of 3; base setup 320 ± 20" in text
     gap = sa.explain("big_gap", table, sa.claims(table))
@@ -85,7 +122,7 @@ def test_unfinished_and_missing_runs_are_not_judged():
     judged = sa.claims(table)
     assert judged["end_spread"]["setups"] == [] and judged["big_gap"]["setups"] == []
     assert judged["scaled_spread"]["setups"] == [("base", "base")]  # its size is judged; its direction needs both
-    assert judged["scaled_spread"]["direction"] == []
+    assert judged["scaled_spread"]["direction_setups"] == []
 
 
 def test_the_text_table_has_a_line_per_setup_and_scale_and_the_claims():

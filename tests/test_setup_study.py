@@ -22,6 +22,16 @@ def test_axes_change_one_setting_each():
     assert changed["weight_decay"][1].weight_decay == 0.0 and changed["steps"][1] == with_steps(b.train, 1200)
     assert changed["init"][0] == {**b.model, "init": "unit"} and changed["norm"][0] == {**b.model, "norm": "pre"}
     assert setup_study.apply(b.model, b.train, "schedule", "cosine") == (b.model, b.train)
+    constant = replace(b.train, min_lr_ratio=1.0)  # a constant base can try the cosine schedule
+    assert setup_study.apply(b.model, constant, "schedule", "cosine")[1].min_lr_ratio == 0.1
+
+
+def test_the_base_moves_and_the_axes_follow_it():
+    """--steps or --lr on the command line move the base; the axes are taken around it."""
+    train = with_steps(budget("default").train, FULL_STEPS)
+    cfg = setup_study.preset("quick", vocab_size=104, train=replace(train, lr=9e-3))
+    axes = dict(cfg.axes)
+    assert axes["lr"] == (0.03, 0.09) and axes["steps"] == (FULL_STEPS // 2, FULL_STEPS * 2)
 
 
 @pytest.mark.parametrize("axes, words", [
@@ -30,6 +40,7 @@ def test_axes_change_one_setting_each():
     ((("norm", ("pre",)), ("norm", ("post",))), "given twice"),
     ((("schedule", ("linear",)),), "schedule takes one of cosine, constant"),
     ((("init", ("xavier",)),), "init"),
+    ((("steps", (200, 200)),), "values 200, 200 repeat; give each value once"),
 ])
 def test_bad_axes_are_refused_before_anything_runs(axes, words):
     with pytest.raises(ConfigError, match=words):
@@ -74,7 +85,10 @@ def test_study_end_to_end_reuses_by_config_and_reports(tmp_path):
     paths = assemble.build(tmp_path / "out")
     md = paths["markdown"].read_text()
     assert setup_section.TITLE in md and "| the course's claim at d=1,024 | direction holds in |" in md
-    assert "norm placement post (base)" not in md and paths["study-end-spread"].stat().st_size > 10_000
+    assert "Width 16; base setup: learning rate 3e-3, schedule cosine" in md and "(./)" not in md
+    assert paths["study-end-spread"].stat().st_size > 10_000
+    panel = setup_section._panels(setup_section.summary(list(runs.values()))[0])["norm placement"]
+    assert [label for label, _ in panel] == ["post (base)", "pre"] and set(panel[0][1]) == {"none", "inv_sqrt_d"}
 
 
 def test_a_verdict_that_does_not_agree_names_the_study_measurement(monkeypatch):
@@ -93,6 +107,7 @@ def test_a_verdict_that_does_not_agree_names_the_study_measurement(monkeypatch):
     (["--axis", "lr=fast"], "lr takes numbers"),
     (["--axis", "norm=post"], "base setup's own value"),
     (["--reuse", "/nonexistent/dir"], "--reuse: /nonexistent/dir is not a folder"),
+    (["--axis", "steps=200,200"], "repeat; give each value once"),
 ])
 def test_study_command_errors_are_one_line(args, words, tmp_path, capsys):
     out = tmp_path / "out"

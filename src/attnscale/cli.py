@@ -200,9 +200,10 @@ def _add_reproduce(sub) -> None:
     p.add_argument("--quick", action="store_true",
                    help="a small preset that finishes in about two minutes; its report says so and is not "
                         "the course's comparison")
-    p.add_argument("--full", action="store_true", help=f"the full-length preset ({_full_budget()}) and the setup "
-                   "study: the course's end of training, about 90 minutes on a 2-core laptop CPU; prints its "
-                   "estimate first, checkpoints every run")
+    p.add_argument("--full", action="store_true",
+                   help="the full-length preset (1,200 steps a run, 2 seeds): the course's end of training, about "
+                        "an hour on a 2-core laptop CPU; prints its estimate first, checkpoints every run; the setup "
+                        "study is its own command (attnscale study), which it names at the end")
     p.add_argument("--corpus", default="default",
                    help="'default' (embedded), 'wikitext-2', 'tinyshakespeare', a text file or a folder")
     p.add_argument("-j", "--jobs", type=positive_int, default=min(2, os.cpu_count() or 1),
@@ -247,12 +248,13 @@ def _run_report(args) -> None:
 # ---- training: train, dynamics, sweep ------------------------------------------------
 
 
-def _training_options(p, out: str) -> None:
+def _training_options(p, out: str, quick: str | None = None) -> None:
     """Options every training command shares: corpus, budget overrides, output, workers."""
     p.add_argument("--corpus", default="default",
                    help="'default' (embedded), 'wikitext-2', 'tinyshakespeare', a text file or a folder")
     p.add_argument("--tokenizer", type=tokenizer_name, help="word, char or bpe (default: the corpus's own)")
-    p.add_argument("--quick", action="store_true", help=f"a small budget, seconds per run ({_quick_budget()})")
+    p.add_argument("--quick", action="store_true",
+                   help=quick or f"a small budget, seconds per run ({_quick_budget()})")
     p.add_argument("--steps", type=positive_int, help="optimizer steps per run (default: the preset's)")
     p.add_argument("--batch", type=positive_int, help="sequences per step (default: the preset's)")
     p.add_argument("--lr", type=positive_float, help="peak learning rate (default: the preset's)")
@@ -269,15 +271,12 @@ def _quick_budget() -> str:
     return f"{b.train.steps} steps, batch {b.train.batch}, context {b.model['context']}"
 
 
-def _full_budget() -> str:
+def _full_option(p, seeds: bool = False) -> None:
     from attnscale.lm.presets import budget
 
     b = budget("full")
-    return f"{b.train.steps:,} steps a run, {b.seeds} seeds"
-
-
-def _full_option(p) -> None:
-    p.add_argument("--full", action="store_true", help=f"the full-length budget ({_full_budget()}); not with --quick")
+    what = f"{b.train.steps:,} steps a run" + (f", seeds 0 to {b.seeds - 1} unless --seeds" if seeds else "")
+    p.add_argument("--full", action="store_true", help=f"the full-length budget ({what}); not with --quick")
 
 
 def tokenizer_name(text: str) -> str:
@@ -307,20 +306,26 @@ def _executor(args) -> dict:
     return {"executor": args.executor, "ray_address": args.ray_address}
 
 
-def _budget(cfg, args):
-    """``cfg`` (a DynamicsConfig or SweepConfig) with the command line's overrides."""
+def _overrides(model: dict, train, args) -> tuple[dict, object]:
+    """(model settings, TrainConfig) with the command line's --steps, --batch, --lr and --context."""
     from dataclasses import replace
 
     from attnscale.lm.presets import with_steps
 
-    train = cfg.train
     if args.steps is not None:
         train = with_steps(train, args.steps)
     if args.batch is not None:
         train = replace(train, batch=args.batch)
     if args.lr is not None:
         train = replace(train, lr=args.lr)
-    model = {**cfg.model, **({"context": args.context} if args.context is not None else {})}
+    return {**model, **({"context": args.context} if args.context is not None else {})}, train
+
+
+def _budget(cfg, args):
+    """``cfg`` (a DynamicsConfig or SweepConfig) with the command line's overrides."""
+    from dataclasses import replace
+
+    model, train = _overrides(cfg.model, cfg.train, args)
     return replace(cfg, tokenizer=args.tokenizer, model=model, train=train, device=args.device)
 
 
@@ -398,7 +403,7 @@ def _add_sweep(sub) -> None:
                         "--full: the full budget's)")
     p.add_argument("--lrs", type=positive_float, nargs="+", help="sweep these learning rates too")
     _training_options(p, "attnscale-out/sweep")
-    _full_option(p)
+    _full_option(p, seeds=True)
     _jobs_option(p)
     _executor_options(p)
     p.set_defaults(run=_run_sweep)
@@ -482,7 +487,9 @@ def _add_study(sub) -> None:
     p.add_argument("--reuse", type=Path, nargs="+", default=[], metavar="DIR",
                    help="folders of finished runs (e.g. reproduce --full's OUT/dynamics): a run of the very same "
                         "config found there is copied, not trained again")
-    _training_options(p, "attnscale-out/study")
+    _training_options(p, "attnscale-out/study",
+                      quick="around the default budget (400 steps) instead of the full one (1,200): 36 runs at "
+                            "d=1,024, about an hour on a 2-core laptop CPU, less with --reuse")
     _jobs_option(p)
     _executor_options(p)
     p.set_defaults(run=_run_study)
@@ -493,10 +500,16 @@ def _run_study(args) -> None:
 
     from attnscale.experiments import setup_study
 
+    from attnscale.lm.presets import budget
+
     usable_device(args.device)  # before anything is written
-    cfg = setup_study.preset("quick" if args.quick else "full", corpus=args.corpus, tokenizer=args.tokenizer)
-    cfg = _budget(cfg, args)
-    cfg = replace(cfg, width=args.width or cfg.width, scales=tuple(dict.fromkeys(args.scales or cfg.scales)),
+    size = "quick" if args.quick else "full"
+    vocab = setup_study.CorpusSpec(args.corpus, args.tokenizer).load().vocab_size
+    base = budget("default" if args.quick else "full", vocab)
+    model, train = _overrides(base.model, base.train, args)  # the axes are then taken around this base
+    cfg = setup_study.preset(size, corpus=args.corpus, tokenizer=args.tokenizer, vocab_size=vocab, model=model,
+                             train=train)
+    cfg = replace(cfg, device=args.device, width=args.width or cfg.width, scales=tuple(dict.fromkeys(args.scales or cfg.scales)),
                   seeds=tuple(dict.fromkeys(args.seeds if args.seeds is not None else cfg.seeds)),
                   axes=tuple(args.axes) if args.axes else cfg.axes)
     missing = [str(d) for d in args.reuse if not d.is_dir()]

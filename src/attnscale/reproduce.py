@@ -30,6 +30,27 @@ class Stage:
     # one-record stages are skipped when their record exists; groups of runs
     # are always handed to the sweep runner, which skips each finished run itself
     group: bool = False
+    runs: tuple = ()  # a group's runs that no earlier stage trains: what its estimate counts
+
+
+def _left_s(stage: Stage, folder: Path) -> float:
+    """The part of ``stage``'s estimate still to run: runs finished under ``folder`` cost nothing."""
+    from attnscale.runs.runner import estimate
+
+    if not stage.group:
+        return 0.0 if _on_disk(stage, folder) else stage.estimate_s
+    if not stage.runs:
+        return stage.estimate_s
+    pending = [s for s in stage.runs if not _finished(folder / s.run_id)]
+    total = estimate(stage.runs).ops
+    return stage.estimate_s * (estimate(pending).ops / total if total else 0.0)
+
+
+def _finished(run_dir: Path) -> bool:
+    try:
+        return (run_dir / rec.RECORD).exists() and rec.read(run_dir).status in rec.FINISHED
+    except rec.RecordError:
+        return False
 
 
 def stages(*, seed: int = 0, preset: str = "default", corpus: str = "default", jobs: int = 1,
@@ -60,16 +81,20 @@ def stages(*, seed: int = 0, preset: str = "default", corpus: str = "default", j
     counted: set[str] = set()
     workers = min(jobs, cores())
 
-    def eta(specs) -> float:
-        """Seconds for the runs no earlier stage trains (copies cost nothing)."""
-        new = [s for s in specs if repr((s.run_id, s.model, s.train)) not in counted]
-        counted.update(repr((s.run_id, s.model, s.train)) for s in new)
-        return estimate(new).cpu_seconds(min(workers, len(new))) if new else 0.0
+    def new(specs) -> tuple:
+        """The runs no earlier stage trains (copies cost nothing)."""
+        fresh = tuple(s for s in specs if repr((s.run_id, s.model, s.train)) not in counted)
+        counted.update(repr((s.run_id, s.model, s.train)) for s in fresh)
+        return fresh
+
+    def group(name: str, folder: str, specs, cfg, runner) -> Stage:
+        runs = new(specs)
+        eta = estimate(runs).cpu_seconds(min(workers, len(runs))) if runs else 0.0
+        return Stage(name, folder, eta, cfg, runner, group=True, runs=runs)
 
     def dyn_stage(cfg, label: str) -> Stage:
-        return Stage(f"training dynamics with and without the scale{label}", "dynamics",
-                     eta(dynamics.specs(cfg, vocab)), cfg,
-                     lambda c, d: dynamics.run(c, d, jobs=jobs, executor=executor, ray_address=ray_address), group=True)
+        return group(f"training dynamics with and without the scale{label}", "dynamics", dynamics.specs(cfg, vocab),
+                     cfg, lambda c, d: dynamics.run(c, d, jobs=jobs, executor=executor, ray_address=ray_address))
 
     out = [
         Stage("spread of q·k vs width", "spread", 2, spread.SpreadConfig(pairs=pairs, seed=seed),
@@ -79,13 +104,13 @@ def stages(*, seed: int = 0, preset: str = "default", corpus: str = "default", j
         Stage("fresh head, the model's own init", "fresh-model", 5,
               fresh.FreshConfig(sequences=sequences, init="model", seed=seed), lambda c, d: fresh.run(c, out=d)),
         *(dyn_stage(c, f" (seed {c.seed})" if len(dyns) > 1 else "") for c in dyns),
-        Stage("width sweep: held-out perplexity", "sweep", eta(sweep.specs(swp, vocab)), swp,
+        group("width sweep: held-out perplexity", "sweep", sweep.specs(swp, vocab), swp,
               # the widest pairs of the sweep are the dynamics pairs, same budget: copied, not retrained
               lambda c, d: sweep.run(c, d, jobs=jobs, reuse=[d.parent / "dynamics"], executor=executor,
-                                     ray_address=ray_address), group=True),
+                                     ray_address=ray_address)),
         # beyond the course: every scheme over a learning-rate grid ("smoke" for --quick, else "quick")
-        Stage("which scale? schemes × widths × learning rates", "schemes", eta(schemes.specs(sch, vocab)), sch,
-              lambda c, d: schemes.run(c, d, jobs=jobs, executor=executor, ray_address=ray_address), group=True),
+        group("which scale? schemes × widths × learning rates", "schemes", schemes.specs(sch, vocab), sch,
+              lambda c, d: schemes.run(c, d, jobs=jobs, executor=executor, ray_address=ray_address)),
     ]
     return out
 
@@ -125,9 +150,11 @@ def run(out: Path, *, seed: int = 0, preset: str = "default", corpus: str = "def
     todo = stages(seed=seed, preset=preset, corpus=corpus, jobs=jobs, executor=executor, ray_address=ray_address,
                   device=device)
     started = time.time()
-    left = sum(s.estimate_s for s in todo if not _on_disk(s, out / s.folder))
-    _say(f"attnscale reproduce, {preset} preset: {len(todo)} stages, about {_minutes(left)} on a laptop CPU "
-         f"with {jobs} job{'s' if jobs != 1 else ''} (finished runs are kept; a GPU is faster)")
+    lefts = [_left_s(s, out / s.folder) for s in todo]
+    left = sum(lefts)
+    _say(f"attnscale reproduce, {preset} preset: {len(todo)} stage{'s' if len(todo) != 1 else ''}, about "
+         f"{_minutes(left)} of work left on a laptop CPU with {jobs} job{'s' if jobs != 1 else ''} (finished runs "
+         "are kept; a GPU is faster)")
     with contextlib.ExitStack() as ray_session:
         opened = False
         for i, stage in enumerate(todo, 1):
@@ -146,7 +173,7 @@ def run(out: Path, *, seed: int = 0, preset: str = "default", corpus: str = "def
                 t = time.time()
                 stage.runner(stage.config, folder)
                 _say(f"[{i}/{len(todo)}] {stage.name}: done in {time.time() - t:.1f} s")
-                left -= stage.estimate_s
+            left -= lefts[i - 1]
     from attnscale import report
 
     paths = report.build(out, out / "report")

@@ -11,8 +11,9 @@ end-of-training claims holds in direction and in size.
 
 A run's axis is its record group, ``study:<axis>`` (``study:base`` for the base
 setup); its value is read back from its config, so the record says what ran.
-The base runs are named like the dynamics and sweep runs (``d1024-none-s0``), so
-``reproduce --full`` copies them from its dynamics stage instead of training them twice.
+The base runs are named like the dynamics and sweep runs (``d1024-none-s0``); with
+``reuse`` a finished run of the very same config in another folder (a dynamics
+run of ``reproduce``, under any name) is copied instead of trained twice.
 Runs go to ``out/<run_id>`` through the same resumable runner as the sweep.
 """
 
@@ -24,20 +25,22 @@ from typing import Any, Sequence
 
 from attnscale.core.device import check_device_spec
 from attnscale.errors import ConfigError
-from attnscale.experiments.dynamics import check_budget, model_config
+from attnscale import limits
+from attnscale.experiments.dynamics import model_config
 from attnscale.lm.presets import budget, with_steps
 from attnscale.lm.train import TrainConfig
 from attnscale.report.setup_analysis import AXES, GROUP_PREFIX, label, value_of
 from attnscale.runs import store
 from attnscale.runs.record import TrainRun
-from attnscale.runs.runner import CorpusSpec, RunSpec, execute
+from attnscale.runs.runner import CorpusSpec, RunSpec, estimate, execute
 
 __all__ = ["AXES", "GROUP", "SIZES", "StudyConfig", "preset", "apply", "run_id", "specs", "run_records",
            "run", "format_table"]
 
 GROUP = GROUP_PREFIX.rstrip(":")  # records: group "study:<axis>", "study:base" for the base setup
 SIZES = ("smoke", "quick", "full")
-SCHEDULES = {"cosine": None, "constant": 1.0}  # cosine keeps the base's min_lr_ratio; constant never decays
+# min_lr_ratio of each schedule: cosine decays to a tenth of the peak (the presets'), constant never decays
+SCHEDULES = {"cosine": TrainConfig().min_lr_ratio, "constant": 1.0}
 
 def apply(model: dict[str, Any], train: TrainConfig, axis: str, value: Any) -> tuple[dict[str, Any], TrainConfig]:
     """The base (``model``, ``train``) with one setting changed."""
@@ -48,7 +51,9 @@ def apply(model: dict[str, Any], train: TrainConfig, axis: str, value: Any) -> t
     if axis == "schedule":
         if value not in SCHEDULES:
             raise ConfigError(f"schedule takes one of {', '.join(SCHEDULES)}, got {value!r}")
-        return model, (train if value == "cosine" else replace(train, min_lr_ratio=SCHEDULES[value]))
+        if value == "cosine" and train.min_lr_ratio < 1.0:
+            return model, train  # already cosine: keep its own floor
+        return model, replace(train, min_lr_ratio=SCHEDULES[value])
     where, name = AXES[axis]
     if where == "model":
         return {**model, name: value}, train
@@ -87,6 +92,9 @@ class StudyConfig:
             if axis in seen:
                 raise ConfigError(f"study axis {axis!r} is given twice; give each axis once with all its values")
             seen.add(axis)
+            labels = [label(axis, v) for v in values] if axis in AXES else []
+            if len(set(labels)) != len(labels):
+                raise ConfigError(f"study axis {axis}: values {', '.join(labels)} repeat; give each value once")
             base = value_of(axis, self.model, asdict(self.train)) if axis in AXES else None
             for v in values:
                 model, train = apply(self.model, self.train, axis, v)  # raises for a bad axis or value
@@ -95,11 +103,21 @@ class StudyConfig:
                                       "give values that differ from it")
                 for scale in self.scales:
                     model_config(model, 1, self.width, scale)
-        check_budget(self.model, self.train, {self.width: len(self.scales) * len(self.seeds)})
+        limits.check(estimate(self._specs(1)), "lower --steps, the steps axis or the seeds")
 
     @property
     def corpus_spec(self) -> CorpusSpec:
         return CorpusSpec(self.corpus, self.tokenizer)
+
+    def _specs(self, vocab_size: int) -> list[RunSpec]:
+        out = []
+        for axis, value, model, train in self.settings():
+            for seed in self.seeds:
+                for scale in self.scales:
+                    t = replace(train, seed=seed, **({} if self.device is None else {"device": self.device}))
+                    out.append(RunSpec(run_id(self.width, scale, seed, axis, value),
+                                       model_config(model, vocab_size, self.width, scale), t, f"{GROUP_PREFIX}{axis}"))
+        return out
 
     def settings(self) -> list[tuple[str, Any, dict[str, Any], TrainConfig]]:
         """(axis, value, model, train) per setup, the base first (axis "base", value None)."""
@@ -110,7 +128,8 @@ class StudyConfig:
 
 
 def preset(size: str = "full", corpus: str = "default", seed: int = 0, tokenizer: str | None = None,
-           vocab_size: int | None = None) -> StudyConfig:
+           vocab_size: int | None = None, model: dict[str, Any] | None = None,
+           train: TrainConfig | None = None) -> StudyConfig:
     """The study at width 1,024, one axis at a time around a preset's setup, two seeds.
 
     - "quick": around the default budget (400 steps): learning rate ×3 and ×10, a constant schedule,
@@ -120,7 +139,10 @@ def preset(size: str = "full", corpus: str = "default", seed: int = 0, tokenizer
     - "full": around the full budget (``reproduce --full``'s 1,200 steps), both directions where
       an axis has them (learning rate ÷3, ×3 and ×10, both other inits, half and twice the length): hours;
     - "smoke": width 64, around the quick budget, two axes of one value each, 20 steps:
-      a check that the study and its report section work, not a measurement."""
+      a check that the study and its report section work, not a measurement.
+
+    ``model`` and ``train``, when given, replace the budget's base (the command line's
+    --steps, --lr, --batch, --context) and the axes' values are taken around them."""
     if size not in SIZES:
         raise ConfigError(f"unknown study preset {size!r}; choose one of: {', '.join(SIZES)}")
     vocab = vocab_size if vocab_size is not None else CorpusSpec(corpus, tokenizer).load().vocab_size
@@ -130,18 +152,21 @@ def preset(size: str = "full", corpus: str = "default", seed: int = 0, tokenizer
                            axes=(("lr", (b.train.lr * 3,)), ("norm", ("pre",))),
                            model=b.model, train=with_steps(b.train, 20))
     b = budget("full" if size == "full" else "default", vocab)
-    lr, steps = b.train.lr, b.train.steps
+    model, train = model if model is not None else b.model, train if train is not None else b.train
+    lr, steps = train.lr, train.steps
     full = size == "full"
-    longer = steps * 2 if full else budget("full", vocab).train.steps
-    inits = tuple(i for i in (("gpt2", "unit") if full else ("unit",)) if i != b.model["init"])
-    axes = (("lr", ((float(f"{lr / 3:.1g}"),) if full else ()) + (float(f"{lr * 3:.1g}"), float(f"{lr * 10:.1g}"))),
-            ("schedule", ("constant" if b.train.min_lr_ratio < 1 else "cosine",)),
-            ("weight_decay", (0.0,) if b.train.weight_decay > 0 else (0.1,)),
+    full_steps = budget("full", vocab).train.steps
+    longer = full_steps if not full and steps < full_steps else steps * 2
+    inits = tuple(i for i in (("gpt2", "unit") if full else ("unit",)) if i != model.get("init"))
+    lrs = ((float(f"{lr / 3:.1g}"),) if full else ()) + (float(f"{lr * 3:.1g}"), float(f"{lr * 10:.1g}"))
+    axes = (("lr", tuple(dict.fromkeys(x for x in lrs if x != lr))),
+            ("schedule", ("constant" if train.min_lr_ratio < 1 else "cosine",)),
+            ("weight_decay", (0.0,) if train.weight_decay > 0 else (0.1,)),
             ("init", inits),
-            ("norm", ("pre" if b.model["norm"] == "post" else "post",)),
-            ("steps", (steps // 2, longer)))
-    return StudyConfig(corpus=corpus, tokenizer=tokenizer, seeds=(seed, seed + 1), axes=axes, model=b.model,
-                       train=b.train)
+            ("norm", ("pre" if model.get("norm") == "post" else "post",)),
+            ("steps", tuple(x for x in (steps // 2, longer) if x >= 1)))
+    return StudyConfig(corpus=corpus, tokenizer=tokenizer, seeds=(seed, seed + 1),
+                       axes=tuple((a, v) for a, v in axes if v), model=model, train=train)
 
 
 def run_id(width: int, scale: str, seed: int, axis: str, value: Any) -> str:
@@ -152,15 +177,8 @@ def run_id(width: int, scale: str, seed: int, axis: str, value: Any) -> str:
 
 def specs(cfg: StudyConfig, vocab_size: int) -> list[RunSpec]:
     """One run per setup × seed × scale, the base setup first."""
-    out = []
-    settings = cfg.settings()
-    check_budget(cfg.model, cfg.train, {cfg.width: len(settings) * len(cfg.seeds) * len(cfg.scales)}, vocab_size)
-    for axis, value, model, train in settings:
-        for seed in cfg.seeds:
-            for scale in cfg.scales:
-                t = replace(train, seed=seed, **({} if cfg.device is None else {"device": cfg.device}))
-                out.append(RunSpec(run_id(cfg.width, scale, seed, axis, value),
-                                   model_config(model, vocab_size, cfg.width, scale), t, f"{GROUP_PREFIX}{axis}"))
+    out = cfg._specs(vocab_size)
+    limits.check(estimate(out), "lower --steps, the steps axis or the seeds")
     return out
 
 

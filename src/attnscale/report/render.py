@@ -1,6 +1,6 @@
 """The report's document as blocks, rendered twice: one self-contained HTML page and Markdown.
 
-A block is a tuple: ("h1" | "h2" | "p" | "banner", text), ("list", lead, items),
+A block is a tuple: ("h1" | "h2" | "h3" | "p" | "banner", text), ("list", lead, items),
 ("table", headers, rows) or ("img", png file name, caption). A "banner" is what
 a reader must see first (the preset that made the records). Every string is
 escaped here and nowhere else, so one file says how a corpus name or a note
@@ -49,7 +49,7 @@ def to_html(blocks: list[tuple], images: dict[str, bytes]) -> str:
     out = []
     for blk in blocks:
         kind = blk[0]
-        if kind in ("h1", "h2", "p"):
+        if kind in ("h1", "h2", "h3", "p"):
             out.append(f"<{kind}>{e(str(blk[1]))}</{kind}>")
         elif kind == "banner":
             out.append(f'<p class="banner">{e(str(blk[1]))}</p>')
@@ -96,8 +96,8 @@ def to_markdown(blocks: list[tuple]) -> str:
     out = []
     for blk in blocks:
         kind = blk[0]
-        if kind in ("h1", "h2"):
-            out.append(("# " if kind == "h1" else "## ") + _md_cell(blk[1]))
+        if kind in ("h1", "h2", "h3"):
+            out.append({"h1": "# ", "h2": "## ", "h3": "### "}[kind] + _md_cell(blk[1]))
         elif kind == "p":
             out.append(_md(blk[1]))
         elif kind == "banner":

@@ -83,11 +83,12 @@ def preset_of(runs) -> tuple[str, str]:
         return DEFAULT, (f"Default preset (attnscale reproduce): {def_tr['steps']} steps per run, context "
                          f"{def_m['context']}, perplexity on {evals(def_tr)}, {seeds} seed{'s' if seeds != 1 else ''}. "
                          f"The course's end of training is judged by the full preset (attnscale reproduce --full: "
-                         f"{full_tr['steps']:,} steps a run, with the setup study).")
+                         f"{full_tr['steps']:,} steps a run).")
     if seen == {FULL}:
+        study = " The setup study's runs are in these records too." if setup_section.study_runs(runs) else ""
         return FULL, (f"Full preset (attnscale reproduce --full): {full_tr['steps']:,} steps per run, context "
-                      f"{def_m['context']}, perplexity on {evals(full_tr)}, {seeds} seed{'s' if seeds != 1 else ''}, "
-                      "and the setup study.")
+                      f"{def_m['context']}, perplexity on {evals(full_tr)}, {seeds} seed{'s' if seeds != 1 else ''}."
+                      + study)
     return CUSTOM, ("Custom settings: the training runs match " + ("neither preset" if seen == {CUSTOM} else "no single preset")
                     + " of attnscale reproduce (see the runs' settings below); compare with care.")
 
@@ -108,8 +109,9 @@ def _header(runs, verdicts: list[course.Verdict], experiments: dict[str, str]) -
     shared = _shared(runs)
     source = f"Built from {len(runs.records) - len(shared)} run records under {runs.root} (finished {when})"
     if shared:
-        source += (f"; {len(shared)} runs are shared between stages (the sweep's widest pairs are the dynamics "
-                   "runs, the setup study's base is the dynamics pair) and counted once")
+        source += (f"; {len(shared)} runs are copies of runs another stage trained (the sweep's widest pairs are "
+                   "the dynamics runs; the setup study copies the runs of its setups that reproduce trained), "
+                   "counted once")
     counts = {k: sum(v.verdict == k for v in verdicts) for k in course.VERDICTS}
     said = {course.AGREES: "agree", course.PARTLY: "partly", course.DIFFERS: "differ", course.NOT_RUN: "not run"}
     b.append(("p", (f"{source}. The course is chapter 9, 'Scaled attention'. Of {len(verdicts)} claims: "
@@ -297,7 +299,12 @@ def _metadata(runs) -> list[tuple]:
         else:
             setting = _kv(cfg)
         if rec.copied_from:
-            setting += "; shared with the dynamics stage (copied, not retrained)"
+            source = Path(rec.copied_from)
+            try:
+                source = source.relative_to(runs.root)
+            except ValueError:
+                pass
+            setting += f"; a copy of {source.as_posix()} (not retrained)"
         rows.append([d.relative_to(runs.root).as_posix() or ".",
                      rec.experiment + (f" ({rec.group})" if rec.group else ""),
                      rec.status, _f(rec.duration_s, "{:.1f}"), setting])

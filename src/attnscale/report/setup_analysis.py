@@ -8,7 +8,10 @@ A setup is the base, or the base with one setting changed (an axis and its
 value, ``AXES``); a run's axis is its record group ``study:<axis>``, its value
 is read from its recorded config. Per setup and scale: the end of training as
 the dynamics claims read it (mean over layers and heads at the last recorded
-step), averaged over seeds with the SE of that mean (``analysis.mean_se``).
+step) of the runs that finished ("done"; a diverged run's last recorded step is
+not an end of training, so it is counted apart), averaged over seeds with the
+SE of that mean (``analysis.mean_se``). One study is one base setup at one
+width: rows of several are refused (the report keeps each study folder apart).
 Per setup, four of the course's claims, each judged twice with the report's
 own thresholds (``course``): its direction (training moves the measure the way
 the course says) and its size (the course's figure is reached):
@@ -16,7 +19,8 @@ the course says) and its size (the course's figure is reached):
 - end_spread: without the scale the spread grows (end > start); size > 5,000;
 - end_frozen: without the scale the frozen share does not fall (end ≥ start); size ≥ 99%;
 - scaled_spread: with the scale the end spread is below the unscaled run's; size 3.4 ± 30%;
-- big_gap: the scale helps (perplexity gap > 0, beyond 2 SE where seeds give one); size 16.5–18.5 points.
+- big_gap: the scale helps (perplexity gap > 0, beyond 3 SE where seeds give one); size 16.5–18.5 points
+  (± 3 SE), the gap paired by seed.
 """
 
 from __future__ import annotations
@@ -71,7 +75,9 @@ def label(axis: str, value: Any) -> str:
 
 
 def is_study(run: Any) -> bool:
-    return str(getattr(run, "group", "")).startswith(GROUP_PREFIX)
+    """A run of a setup study: group ``study:<axis>`` with an axis this attnscale knows."""
+    group = str(getattr(run, "group", ""))
+    return group.startswith(GROUP_PREFIX) and group[len(GROUP_PREFIX):] in ("base", *AXES)
 
 
 def _finite(values) -> list[float]:
@@ -109,23 +115,33 @@ def setups(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
 
 
 def summary_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """One row per setup and scale: seeds, runs done, and mean ± SE over seeds of the end of training."""
+    """One row per setup and scale: seeds, runs done and diverged, and mean ± SE over the finished
+    seeds of the end of training. ``rows`` are one study's: a ValueError where they mix widths or
+    two runs claim one setup, scale and seed (two studies in one list)."""
+    if len({r["width"] for r in rows}) > 1:
+        raise ValueError(f"setup-study rows of several widths ({sorted({r['width'] for r in rows})}); "
+                         "summarise one study at a time")
+    seen = [(_key(r), r["scale"], r["seed"]) for r in rows]
+    if len(set(seen)) != len(seen):
+        raise ValueError("two setup-study runs of the same setup, scale and seed; summarise one study at a time")
     out = []
     for setup in setups(rows):
         for scale in dict.fromkeys(r["scale"] for r in rows):
             mine = [r for r in rows if _key(r) == setup and r["scale"] == scale]
             if not mine:
                 continue
+            done = [r for r in mine if r["status"] == "done"]
             s: dict[str, Any] = {"axis": setup[0], "value": setup[1], "scale": scale, "seeds": len(mine),
-                                 "done": sum(r["status"] == "done" for r in mine),
+                                 "done": len(done), "width": mine[0]["width"],
+                                 "diverged": [(r["seed"], r["steps_done"]) for r in mine if r["status"] == "diverged"],
                                  "steps": max((r["steps_done"] or 0) for r in mine),
                                  "settings": mine[0]["settings"]}
             for key in ("start_spread", "end_spread", "start_frozen_fraction", "end_frozen_fraction",
                         "end_effective_words", "perplexity"):
-                s[key], s[f"{key}_se"] = analysis.mean_se(_finite(r[key] for r in mine))
-            layers = [r["end_spread_by_layer"] for r in mine if r["end_spread_by_layer"]]
+                s[key], s[f"{key}_se"] = analysis.mean_se(_finite(r[key] for r in done))
+            layers = [r["end_spread_by_layer"] for r in done if r["end_spread_by_layer"]]
             s["end_spread_max_layer"] = max((max(_finite(ls)) for ls in layers if _finite(ls)), default=None)
-            s["_ppl_by_seed"] = {r["seed"]: r["perplexity"] for r in mine if r["perplexity"] is not None}
+            s["_ppl_by_seed"] = {r["seed"]: r["perplexity"] for r in done if r["perplexity"] is not None}
             out.append(s)
     return out
 
@@ -135,14 +151,16 @@ def pair(summary: Sequence[Mapping[str, Any]], setup: tuple[str, str]) -> tuple[
     return got.get("none"), got.get(SCALED)
 
 
-def gap(none: Mapping | None, scaled: Mapping | None) -> tuple[float | None, float | None, int]:
-    """ppl(none) − ppl(scaled) over the seeds both finished (paired), its SE, and those seeds."""
+def gap(none: Mapping | None, scaled: Mapping | None) -> tuple[float | None, float | None, int, float | None]:
+    """ppl(none) − ppl(scaled) over the seeds both finished (paired), its SE, those seeds, and the
+    scaled model's mean perplexity over the same seeds (what a share of the gap divides by)."""
     if none is None or scaled is None:
-        return None, None, 0
+        return None, None, 0, None
     seeds = sorted(set(none["_ppl_by_seed"]) & set(scaled["_ppl_by_seed"]), key=str)
     diffs = [none["_ppl_by_seed"][s] - scaled["_ppl_by_seed"][s] for s in seeds]
     m, se = analysis.mean_se(diffs)
-    return m, se, len(diffs)
+    ref = analysis.mean_se([scaled["_ppl_by_seed"][s] for s in seeds])[0]
+    return m, se, len(diffs), ref
 
 
 def _judge(key: str, none: Mapping | None, scaled: Mapping | None) -> tuple[bool | None, bool | None]:
@@ -152,38 +170,39 @@ def _judge(key: str, none: Mapping | None, scaled: Mapping | None) -> tuple[bool
         if none is None or none[f"end_{measure}"] is None:
             return None, None
         end, start = none[f"end_{measure}"], none[f"start_{measure}"]
-        if key == "end_spread":
-            return end > start, end > course.END_SPREAD
-        return end >= start, end >= course.END_FROZEN
+        grew = None if start is None else (end > start if key == "end_spread" else end >= start)
+        return grew, (end > course.END_SPREAD if key == "end_spread" else end >= course.END_FROZEN)
     if key == "scaled_spread":
         if scaled is None or scaled["end_spread"] is None:
             return None, None
         below = None if none is None or none["end_spread"] is None else scaled["end_spread"] < none["end_spread"]
         return below, analysis.within(scaled["end_spread"], course.SCALED_SPREAD, course.SCALED_TOLERANCE)
-    g, se, _ = gap(none, scaled)
+    g, se, _, _ = gap(none, scaled)
     if g is None:
         return None, None
-    slack = 3 * se if se is not None else 0.0
+    slack = 3 * se if se is not None else 0.0  # the claims' own: 3 SE of the paired gap
     lo, hi = course.BIG_GAP
-    return g > (2 * se if se is not None else 0.0), lo - slack <= g <= hi + slack
+    return g > slack, lo - slack <= g <= hi + slack
 
 
 def claims(summary: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-    """Per claim key: {"setups": judged, "direction": [setups where it holds], "size": [...]}; a setup
-    is (axis, value label)."""
+    """Per claim key: {"setups": [setups where its size could be judged], "size": [... where it holds],
+    "direction_setups": [... where its direction could be judged], "direction": [... where it holds]};
+    a setup is (axis, value label)."""
     out = {}
     for key in CLAIM_WORDS:
-        judged, direction, size = [], [], []
+        c: dict[str, list] = {"setups": [], "size": [], "direction_setups": [], "direction": []}
         for setup in dict.fromkeys((r["axis"], r["value"]) for r in summary):
             d, s = _judge(key, *pair(summary, setup))
-            if d is None and s is None:
-                continue
-            judged.append(setup)
-            if d:
-                direction.append(setup)
-            if s:
-                size.append(setup)
-        out[key] = {"setups": judged, "direction": direction, "size": size}
+            if s is not None:
+                c["setups"].append(setup)
+                if s:
+                    c["size"].append(setup)
+            if d is not None:
+                c["direction_setups"].append(setup)
+                if d:
+                    c["direction"].append(setup)
+        out[key] = c
     return out
 
 
@@ -194,8 +213,7 @@ def setup_name(setup: tuple[str, str]) -> str:
 def value_text(summary, setup, key: str) -> str:
     none, scaled = pair(summary, setup)
     if key == "big_gap":
-        g, se, n = gap(none, scaled)
-        ref = scaled["perplexity"] if scaled else None
+        g, se, n, ref = gap(none, scaled)
         share = f", {100 * g / ref:.0f}% of the scaled model's {ref:.2f}" if g is not None and ref else ""
         return "—" if g is None else f"{g:+.2f}" + (f" ± {se:.2f}" if se is not None else "") + share
     row, measure, fmt = ((scaled, "end_spread", "{:,.2f}") if key == "scaled_spread" else
@@ -216,9 +234,10 @@ def explain(key: str, summary: Sequence[Mapping[str, Any]], judged: Mapping[str,
     where = [f"{setup_name(s)}: {value_text(summary, s, key)}" for s in c["size"]]
     base = next((s for s in c["setups"] if s[0] == "base"), None)
     seeds = max((r["seeds"] for r in summary), default=0)
-    text = (f"setup study ({n} setups, {seeds} seed{'s' if seeds != 1 else ''}): the size ({CLAIM_WORDS[key][1]}) "
-            f"holds in {len(c['size'])} of {n}" + (f" ({'; '.join(where)})" if where else "")
-            + f", the direction ({CLAIM_WORDS[key][0]}) in {len(c['direction'])} of {n}")
+    width = summary[0]["width"] if summary else "?"
+    text = (f"setup study (d={width:,}, {n} setups, {seeds} seed{'s' if seeds != 1 else ''}): the size "
+            f"({CLAIM_WORDS[key][1]}) holds in {len(c['size'])} of {n}" + (f" ({'; '.join(where)})" if where else "")
+            + f", the direction ({CLAIM_WORDS[key][0]}) in {len(c['direction'])} of {len(c['direction_setups'])}")
     if base is not None:
         text += f"; base setup {value_text(summary, base, key)}"
     return text
@@ -246,5 +265,5 @@ def format_text(summary: Sequence[Mapping[str, Any]], judged: Mapping[str, Mappi
     for key, c in judged.items():
         if c["setups"]:
             lines.append(f"{CLAIM_WORDS[key][0]} — size {CLAIM_WORDS[key][1]}: in {len(c['size'])} of "
-                         f"{len(c['setups'])} setups; direction: in {len(c['direction'])} of {len(c['setups'])}")
+                         f"{len(c['setups'])} setups; direction: in {len(c['direction'])} of {len(c['direction_setups'])}")
     return "\n".join(lines)

@@ -1,10 +1,11 @@
 """The report section "Beyond the course: how the end of training depends on the setup".
 
 ``blocks(runs, out, pngs)`` returns block tuples (``render.py``) from the setup
-study's run records (groups ``study:<axis>``) and draws its figure into ``out``;
-``notes(runs)`` gives, per end-of-training claim key (``course.Claim.key``), the
-sentence a verdict that does not agree carries. The numbers come from
-``setup_analysis``.
+studies' run records (groups ``study:<axis>``), one part per study (a folder of
+them, at one width: two studies are never pooled), and draws their figures into
+``out``; ``notes(runs)`` gives, per end-of-training claim key
+(``course.Claim.key``), the sentence a verdict that does not agree carries, from
+the studies at the course's width, 1,024. The numbers come from ``setup_analysis``.
 """
 
 from __future__ import annotations
@@ -15,18 +16,27 @@ from typing import Any
 from attnscale.report import course
 from attnscale.report import setup_analysis as sa
 
-__all__ = ["TITLE", "study_runs", "summary", "notes", "blocks"]
+__all__ = ["TITLE", "COURSE_WIDTH", "study_runs", "studies", "summary", "notes", "blocks"]
 
 TITLE = "Beyond the course: how the end of training depends on the setup"
+COURSE_WIDTH = 1024
 
 
 def study_runs(runs) -> list:
     return [t for t in runs.train if sa.is_study(t)]
 
 
-def summary(runs) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
-    """(summary rows, claims across setups) of the finished study runs; empty without a study."""
-    rows = [sa.run_row(t) for t in study_runs(runs)]
+def studies(runs) -> dict[tuple[str, int], list]:
+    """The study runs by (folder, width): one study each."""
+    out: dict[tuple[str, int], list] = {}
+    for t in study_runs(runs):
+        out.setdefault((t.path.parent.relative_to(runs.root).as_posix() or ".", t.width), []).append(t)
+    return out
+
+
+def summary(study: list) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
+    """(summary rows, claims across setups) of one study's finished runs; empty where none finished."""
+    rows = [sa.run_row(t) for t in study]
     finished = [r for r in rows if r["status"] in ("done", "diverged")]
     if not finished:
         return [], {}
@@ -35,9 +45,16 @@ def summary(runs) -> tuple[list[dict[str, Any]], dict[str, dict[str, Any]]]:
 
 
 def notes(runs) -> dict[str, str]:
-    """Claim key -> what the setup study measured about it ({} without a study)."""
-    table, judged = summary(runs)
-    return {key: text for key in sa.CLAIM_WORDS if (text := sa.explain(key, table, judged))}
+    """Claim key -> what the setup studies at width 1,024 measured about it ({} without one)."""
+    out: dict[str, list[str]] = {}
+    mine = {k: v for k, v in studies(runs).items() if k[1] == COURSE_WIDTH}
+    for (folder, _), study in mine.items():
+        table, judged = summary(study)
+        for key in sa.CLAIM_WORDS:
+            text = sa.explain(key, table, judged)
+            if text:
+                out.setdefault(key, []).append(text + (f" [{folder}]" if len(mine) > 1 else ""))
+    return {k: "; ".join(v) for k, v in out.items()}
 
 
 def _pm(mean, se, fmt: str) -> str:
@@ -48,13 +65,14 @@ def _pm(mean, se, fmt: str) -> str:
 
 def _table(table: list[dict[str, Any]]) -> tuple:
     head = ["setup", "spread, no scale", "max layer", "frozen, no scale", "eff. words, no scale", "ppl, no scale",
-            "spread, 1/√d", "frozen, 1/√d", "ppl, 1/√d", "gap (points; share of 1/√d ppl)", "seeds"]
+            "spread, 1/√d", "frozen, 1/√d", "ppl, 1/√d", "gap (points; share of 1/√d ppl)",
+            "runs done (no scale + 1/√d)"]
     rows = []
     for setup in dict.fromkeys((r["axis"], r["value"]) for r in table):
         none, scaled = sa.pair(table, setup)
         n, s = none or {}, scaled or {}
-        g, se, k = sa.gap(none, scaled)
-        share = f" ({100 * g / s['perplexity']:.0f}%)" if g is not None and s.get("perplexity") else ""
+        g, se, k, ref = sa.gap(none, scaled)
+        share = f" ({100 * g / ref:.0f}%)" if g is not None and ref else ""
         rows.append([sa.setup_name(setup),
                      _pm(n.get("end_spread"), n.get("end_spread_se"), "{:,.0f}"),
                      _pm(n.get("end_spread_max_layer"), None, "{:,.0f}"),
@@ -65,7 +83,7 @@ def _table(table: list[dict[str, Any]]) -> tuple:
                      _pm(s.get("end_frozen_fraction"), s.get("end_frozen_fraction_se"), "{:.1%}"),
                      _pm(s.get("perplexity"), s.get("perplexity_se"), "{:.2f}"),
                      "—" if g is None else _pm(g, se, "{:+.2f}") + share,
-                     max(n.get("seeds", 0), s.get("seeds", 0))])
+                     f"{n.get('done', 0)}+{s.get('done', 0)} of {n.get('seeds', 0)}+{s.get('seeds', 0)}"])
     return ("table", head, rows)
 
 
@@ -77,7 +95,8 @@ def _claims_table(table, judged) -> tuple:
         if not c or not c["setups"]:
             continue
         n = len(c["setups"])
-        rows.append([f"{direction}; {size}", f"{len(c['direction'])} of {n}", f"{len(c['size'])} of {n}",
+        rows.append([f"{direction}; {size}", f"{len(c['direction'])} of {len(c['direction_setups'])}",
+                     f"{len(c['size'])} of {n}",
                      "; ".join(f"{sa.setup_name(s)}: {sa.value_text(table, s, key)}" for s in c["size"]) or "none"])
     return ("table", head, rows)
 
@@ -106,36 +125,54 @@ def _panels(table) -> dict[str, list[tuple[str, dict[str, tuple]]]]:
 
 
 def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[tuple]:
-    """The section's blocks (none without a run of the study)."""
+    """The section's blocks (none without a run of a study): one part per study."""
+    found = studies(runs)
+    if not found:
+        return []
+    b: list[tuple] = [("h2", TITLE), ("p", (
+        "The course's end of training at width 1,024 (spread over 5,000 and 99.9% of rows frozen without the "
+        "scale; around 3.4 with it; 17–18 points of perplexity) depends on how the model is trained. The setup "
+        "study (`attnscale study`, run on its own; `reproduce --full` prints the command) trains a base setup and "
+        "the same with one setting changed at a time, with and without the scale, over seeds. End of training: "
+        "the mean over layers and heads at the last recorded step (as the claims above read it) of the runs that "
+        "finished, ± SE over seeds. A claim's direction holds where training moves the measure the course's way; "
+        "its size, where the course's figure is reached (the tolerances of the claims above)."))]
+    for (folder, width), study in found.items():
+        b += _one(folder, width, study, len(found) > 1, out, pngs)
+    return b
+
+
+def _one(folder: str, width: int, study: list, several: bool, out: Path, pngs: dict[str, Path]) -> list[tuple]:
     from attnscale.report import plots
 
-    study = study_runs(runs)
-    if not study:
-        return []
-    table, judged = summary(runs)
-    width = max(t.width for t in study)
-    base = next((t for t in study if t.group == sa.GROUP_PREFIX + "base"), study[0])
-    settings = ", ".join(f"{sa.AXIS_NAMES[a]} {sa.label(a, sa.value_of(a, base.model, base.train))}" for a in sa.AXES)
-    b: list[tuple] = [("h2", TITLE), ("p", (
-        f"The course's end of training at width {width:,} (spread over 5,000 and 99.9% of rows frozen without the "
-        "scale; around 3.4 with it; 17–18 points of perplexity) depends on how the model is trained. The setup "
-        f"study (`attnscale study`, a stage of `attnscale reproduce --full`) trains the base setup ({settings}) "
-        "and the same with one setting changed at a time, with and without the scale, over seeds. End of training: "
-        "the mean over layers and heads at the last recorded step (as the claims above read it), ± SE over seeds. "
-        "A claim's direction holds where training moves the measure the course's way; its size, where the course's "
-        "figure is reached (the tolerances of the claims above)."))]
+    b: list[tuple] = []
+    base = next((t for t in study if t.group == sa.GROUP_PREFIX + "base"), None)
+    if several:
+        b.append(("h3", f"The study in {folder}, d={width:,}"))
+    if base is None:
+        b.append(("p", f"Its base runs are not in the records, so the setups below have nothing to compare with "
+                       f"({folder})."))
+    else:
+        settings = ", ".join(f"{sa.AXIS_NAMES[a]} {sa.label(a, sa.value_of(a, base.model, base.train))}"
+                             for a in sa.AXES)
+        b.append(("p", f"Width {width:,}; base setup: {settings}" + ("" if folder == "." else f" ({folder}/)") + "."))
     unfinished = [f"{t.run_id}: {t.status}" for t in study if t.status not in ("done", "diverged")]
     if unfinished:
         b.append(("list", "Study runs not finished (not counted):", unfinished))
+    diverged = [f"{t.run_id}: diverged at step {t.diverged_at}" for t in study if t.status == "diverged"]
+    if diverged:
+        b.append(("list", "Study runs that diverged (left out of the end-of-training means):", diverged))
+    table, judged = summary(study)
     if not table:
         return b
     b.append(_claims_table(table, judged))
     panels = _panels(table)
     if panels:
+        name = f"study-end-spread-{len(pngs)}" if several else "study-end-spread"
         lines = {"5,000": (course.END_SPREAD, "none"), "3.4": (course.SCALED_SPREAD, course.SCALED)}
-        pngs["study-end-spread"] = plots.end_spread_by_setup(
-            panels, lines, out / "study-end-spread.png", f"Spread at the end of training, d={width:,}, by setup")
-        b.append(("img", "study-end-spread.png", "End-of-training spread against each setting, one panel per axis "
-                                                 "(base marked), without and with the scale, ± 1 SE over seeds"))
+        pngs[name] = plots.end_spread_by_setup(panels, lines, out / f"{name}.png",
+                                               f"Spread at the end of training, d={width:,}, by setup")
+        b.append(("img", f"{name}.png", "End-of-training spread against each setting, one panel per axis "
+                                        "(base marked), without and with the scale, ± 1 SE over seeds"))
     b.append(_table(table))
     return b

@@ -26,6 +26,7 @@ instead (``runs.ray_executor``: a local Ray instance, or a cluster at ``ray_addr
 
 from __future__ import annotations
 
+import json
 import multiprocessing
 import os
 import queue as queue_mod
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from attnscale import files, limits
+from attnscale.files import to_jsonable
 from attnscale.runs import record as rec
 from attnscale.runs import store
 from attnscale.errors import ConfigError
@@ -121,31 +123,52 @@ def _check(specs: Sequence[RunSpec], corpus) -> None:
             raise ConfigError(f"run {s.run_id}: model vocab_size {s.model.vocab_size} < corpus vocab {corpus.vocab_size}")
 
 
-def _copy_finished(spec: RunSpec, config: dict, out: Path, reuse: Sequence[Path]) -> bool:
+def _finished_by_config(folder: Path) -> dict[str, Path]:
+    """A reuse folder's finished training runs, by their comparable config (read once per folder)."""
+    out: dict[str, Path] = {}
+    for d in sorted(folder.iterdir()):
+        try:
+            record = rec.read(d) if (d / rec.RECORD).is_file() else None
+        except rec.RecordError:
+            continue
+        if record is not None and record.experiment == "train" and record.finished_ok:
+            out.setdefault(_config_key(record.config), d)
+    return out
+
+
+def _config_key(config: Any) -> str:
+    return json.dumps(to_jsonable(store.comparable_config(config)), sort_keys=True)
+
+
+def _copy_finished(spec: RunSpec, config: dict, out: Path, reuse: Sequence[Path],
+                   index: dict[Path, dict[str, Path]]) -> bool:
     """Copy a finished run of ``config`` from a ``reuse`` folder into ``out``; False if none has one.
 
     The run of the same name is looked at first, then every other run in the folder: a run of
     the very same config is the same run whatever its name (the setup study's 1,200-step rows
-    are the full preset's dynamics runs)."""
+    are the full preset's dynamics runs). ``index`` caches each folder's runs by config."""
     for folder in reuse:
         folder = Path(folder)
         if not folder.is_dir() or folder.resolve() == out.resolve():
             continue
-        named = folder / spec.run_id
-        others = sorted(d for d in folder.iterdir() if d.name != spec.run_id and (d / rec.RECORD).is_file())
-        for source in [named, *others]:
-            try:
-                if store.run_state(source, config) != "finished":
-                    continue
-            except ConfigError:
-                continue  # another config: not this run
-            target = out / spec.run_id
-            target.mkdir(parents=True, exist_ok=True)
-            for name in (rec.METRICS, rec.WEIGHTS):  # the files first, the record last: the record commits the copy
-                if (source / name).exists():
-                    files.atomic_write_bytes(target / name, (source / name).read_bytes())
-            rec.write(target, rec.TrainRun.load(source).copied(spec.group, str(source)))
-            return True
+        source = folder / spec.run_id
+        try:
+            named = store.run_state(source, config) == "finished"
+        except ConfigError:
+            named = False  # another config under that name: not this run
+        if not named:
+            if folder not in index:
+                index[folder] = _finished_by_config(folder)
+            source = index[folder].get(_config_key(config))
+            if source is None:
+                continue
+        target = out / spec.run_id
+        target.mkdir(parents=True, exist_ok=True)
+        for name in (rec.METRICS, rec.WEIGHTS):  # the files first, the record last: the record commits the copy
+            if (source / name).exists():
+                files.atomic_write_bytes(target / name, (source / name).read_bytes())
+        rec.write(target, rec.TrainRun.load(source).copied(spec.group, str(source)))
+        return True
     return False
 
 
@@ -184,8 +207,9 @@ def execute(
     configs = {s.run_id: _config(s, corpus) for s in specs}
     # every folder is checked before anything is trained: a clash stops the sweep at once
     states = {s.run_id: store.run_state(out / s.run_id, configs[s.run_id]) for s in specs}
+    index: dict[Path, dict[str, Path]] = {}
     for s in specs:
-        if states[s.run_id] != "finished" and _copy_finished(s, configs[s.run_id], out, reuse):
+        if states[s.run_id] != "finished" and _copy_finished(s, configs[s.run_id], out, reuse, index):
             states[s.run_id] = "finished"
     pending = [s for s in specs if states[s.run_id] != "finished"]
     done = [s for s in specs if states[s.run_id] == "finished"]
