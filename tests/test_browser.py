@@ -51,7 +51,9 @@ class Page:
         self.page, self.events = page, []
         page.on("console", lambda m: self.events.append(f"console: {m.text}") if m.type in ("error", "assert") else None)
         page.on("pageerror", lambda e: self.events.append(f"exception: {e}"))
-        page.on("requestfailed", lambda r: self.events.append(f"request failed: {r.url[:80]} ({r.failure})"))
+        # the URL's end names the file (a data: URI is cut short: it is the whole image)
+        page.on("requestfailed", lambda r: self.events.append(
+            f"request failed: {r.url[:40] + '…' if r.url.startswith('data:') else r.url} ({r.failure})"))
 
     def open(self, path: Path) -> None:
         self.events.clear()
