@@ -82,7 +82,7 @@ def _table(table: list[dict[str, Any]]) -> tuple:
                      _pm(s.get("end_spread"), s.get("end_spread_se"), "{:.2f}"),
                      _pm(s.get("end_frozen_fraction"), s.get("end_frozen_fraction_se"), "{:.1%}"),
                      _pm(s.get("perplexity"), s.get("perplexity_se"), "{:.2f}"),
-                     "—" if g is None else _pm(g, se, "{:+.2f}") + share,
+                     "—" if g is None else f"{g:+.2f}" + ("" if se is None else f" ± {se:.2f}") + share,
                      f"{n.get('done', 0)}+{s.get('done', 0)} of {n.get('seeds', 0)}+{s.get('seeds', 0)}"])
     return ("table", head, rows)
 
