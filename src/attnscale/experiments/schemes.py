@@ -134,15 +134,13 @@ def run(cfg: SchemesConfig, out: Path, jobs: int = 1, progress: bool = True, exe
     return {"runs": runs, "summary": schemes_analysis.summary_rows(runs)}
 
 
-def _pm(mean, se, fmt="{:.3f}") -> str:
-    if mean is None:
-        return "-"
-    return fmt.format(mean) + ("" if se is None else " ±" + fmt.format(se))
-
-
 def format_table(result: dict[str, Any]) -> str:
     """Per scheme and width: LR sensitivity ± SE, best loss ± SE and its LR, divergences, max |logit|, collapse."""
+    from attnscale.report.analysis import plus_minus
     from attnscale.report.schemes_analysis import COLLAPSE_WORDS, reading
+
+    def _pm(mean, se, fmt="{:.3f}"):
+        return plus_minus(mean, se, fmt, terminal=True)
 
     rows = result["summary"]
     head = (f"{'width':>6} {'scale':<13} {'LR sensitivity':>16} {'best loss':>16} {'best lr':>8} {'diverged':>9} "

@@ -23,7 +23,7 @@ from typing import Any
 
 from attnscale.runs.record import FINISHED  # run statuses whose perplexity (or its absence) is final
 
-__all__ = ["run_rows", "mean", "mean_se", "spread_se", "binomial_se", "within", "gap_table", "gap_by_width", "share_by_width", "first_start",
+__all__ = ["run_rows", "mean", "mean_se", "plus_minus", "spread_se", "binomial_se", "within", "gap_table", "gap_by_width", "share_by_width", "first_start",
            "GAP_THRESHOLD_PPL", "GAP_RULE"]
 
 # Where "large" starts: the first width from which every wider width shows a gap
@@ -61,6 +61,14 @@ def spread_se(width: int, pairs: int) -> float:
 def binomial_se(share: float, n: int) -> float:
     """SE of a share of ``n`` independent rows; kept above 0 so a 0% or 100% share still has a width."""
     return math.sqrt(max(share * (1 - share), 1e-12) / n)
+
+
+def plus_minus(mean: float | None, se: float | None, fmt: str = "{:.3f}", terminal: bool = False) -> str:
+    """``mean ± se`` in ``fmt`` ("—" for no mean, the mean alone for no SE); ``terminal``: the
+    command-line tables' narrower form, "-" and "x ±y"."""
+    if mean is None:
+        return "-" if terminal else "—"
+    return fmt.format(mean) + ("" if se is None else (" ±" if terminal else " ± ") + fmt.format(se))
 
 
 def within(value: float, target: float, relative: float) -> bool:

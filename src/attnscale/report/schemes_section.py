@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscale.report import schemes_analysis as sa
+from attnscale.report.analysis import plus_minus
 from attnscale.runs.record import TrainRun
 
 __all__ = ["GROUP", "TITLE", "run_row", "blocks"]
@@ -39,19 +40,14 @@ def run_row(t: TrainRun) -> dict[str, Any]:
     }
 
 
-def _pm(mean, se, fmt="{:.3f}") -> str:
-    if mean is None:
-        return "—"
-    return fmt.format(mean) + ("" if se is None else f" ± {fmt.format(se)}")
-
-
 def _table(summary: list[dict[str, Any]]) -> tuple:
     head = ["width d", "scheme", "LR sensitivity ± SE", "best loss ± SE", "best lr", "diverged",
             "max |logit|, lowest lr", "max |logit|, highest lr", "lowest eff. words", "collapsed head-runs", "seeds"]
-    rows = [[r["width"], r["scale"], _pm(r["sensitivity"], r["sensitivity_se"]), _pm(r["best_loss"], r["best_loss_se"]),
+    rows = [[r["width"], r["scale"], plus_minus(r["sensitivity"], r["sensitivity_se"]),
+             plus_minus(r["best_loss"], r["best_loss_se"]),
              "—" if r["best_lr"] is None else f"{r['best_lr']:g}",
              f"{r['diverged']} of {r['runs']}" + (f" (steps {', '.join(map(str, r['diverged_at']))})" if r["diverged_at"] else ""),
-             _pm(*r["max_logit_low_lr"], fmt="{:,.1f}"), _pm(*r["max_logit_high_lr"], fmt="{:,.1f}"),
+             plus_minus(*r["max_logit_low_lr"], fmt="{:,.1f}"), plus_minus(*r["max_logit_high_lr"], fmt="{:,.1f}"),
              "—" if r["min_effective_words"] is None else f"{r['min_effective_words']:.2f}",
              f"{r['collapsed_heads']} of {r['heads']}", r["seeds"]] for r in summary]
     return ("table", head, rows)

@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from attnscale.report import analysis, course
+from attnscale.runs import store
 
 __all__ = ["AXES", "AXIS_NAMES", "GROUP_PREFIX", "value_of", "label", "is_study", "run_row", "summary_rows",
            "setups", "pair", "gap", "claims", "setup_name", "value_text", "explain", "format_text", "CLAIM_WORDS"]
@@ -67,8 +68,7 @@ def value_of(axis: str, model: Mapping[str, Any], train: Mapping[str, Any]) -> A
 def label(axis: str, value: Any) -> str:
     """``value`` as run ids and tables write it: 1e-2, 0, constant, pre, 1200."""
     if isinstance(value, float) and axis == "lr":
-        mantissa, exponent = f"{value:.2e}".split("e")
-        return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+        return store.lr_text(value)
     if isinstance(value, float):
         return f"{value:g}"
     return str(value)
@@ -243,24 +243,22 @@ def explain(key: str, summary: Sequence[Mapping[str, Any]], judged: Mapping[str,
     return text
 
 
-def _pm(mean, se, fmt: str) -> str:
-    if mean is None:
-        return "-"
-    return fmt.format(mean) + ("" if se is None else " ±" + fmt.format(se))
-
-
 def format_text(summary: Sequence[Mapping[str, Any]], judged: Mapping[str, Mapping[str, Any]]) -> str:
     """The terminal table of ``attnscale study``: one line per setup and scale, then the claims."""
     head = (f"{'setup':<22} {'scale':<11} {'end spread':>17} {'max layer':>10} {'frozen':>15} {'eff. words':>11} "
             f"{'valid ppl':>14}  seeds")
     lines = [head]
+
+    def pm(mean, se, fmt):
+        return analysis.plus_minus(mean, se, fmt, terminal=True)
+
     for r in summary:
         lines.append(f"{setup_name((r['axis'], r['value'])):<22} {r['scale']:<11} "
-                     f"{_pm(r['end_spread'], r['end_spread_se'], '{:,.1f}'):>17} "
-                     f"{_pm(r['end_spread_max_layer'], None, '{:,.0f}'):>10} "
-                     f"{_pm(r['end_frozen_fraction'], r['end_frozen_fraction_se'], '{:.1%}'):>15} "
-                     f"{_pm(r['end_effective_words'], None, '{:.2f}'):>11} "
-                     f"{_pm(r['perplexity'], r['perplexity_se'], '{:.2f}'):>14}  {r['done']}/{r['seeds']}")
+                     f"{pm(r['end_spread'], r['end_spread_se'], '{:,.1f}'):>17} "
+                     f"{pm(r['end_spread_max_layer'], None, '{:,.0f}'):>10} "
+                     f"{pm(r['end_frozen_fraction'], r['end_frozen_fraction_se'], '{:.1%}'):>15} "
+                     f"{pm(r['end_effective_words'], None, '{:.2f}'):>11} "
+                     f"{pm(r['perplexity'], r['perplexity_se'], '{:.2f}'):>14}  {r['done']}/{r['seeds']}")
     lines.append("end of training: mean over layers and heads at the last recorded step, ± SE over seeds")
     for key, c in judged.items():
         if c["setups"]:

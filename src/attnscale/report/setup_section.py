@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscale.report import course
+from attnscale.report.analysis import plus_minus
 from attnscale.report import setup_analysis as sa
 
 __all__ = ["TITLE", "COURSE_WIDTH", "study_runs", "studies", "summary", "notes", "blocks"]
@@ -57,12 +58,6 @@ def notes(runs) -> dict[str, str]:
     return {k: "; ".join(v) for k, v in out.items()}
 
 
-def _pm(mean, se, fmt: str) -> str:
-    if mean is None:
-        return "—"
-    return fmt.format(mean) + ("" if se is None else " ± " + fmt.format(se))
-
-
 def _table(table: list[dict[str, Any]]) -> tuple:
     head = ["setup", "spread, no scale", "max layer", "frozen, no scale", "eff. words, no scale", "ppl, no scale",
             "spread, 1/√d", "frozen, 1/√d", "ppl, 1/√d", "gap (points; share of 1/√d ppl)",
@@ -74,14 +69,14 @@ def _table(table: list[dict[str, Any]]) -> tuple:
         g, se, k, ref = sa.gap(none, scaled)
         share = f" ({100 * g / ref:.0f}%)" if g is not None and ref else ""
         rows.append([sa.setup_name(setup),
-                     _pm(n.get("end_spread"), n.get("end_spread_se"), "{:,.0f}"),
-                     _pm(n.get("end_spread_max_layer"), None, "{:,.0f}"),
-                     _pm(n.get("end_frozen_fraction"), n.get("end_frozen_fraction_se"), "{:.1%}"),
-                     _pm(n.get("end_effective_words"), n.get("end_effective_words_se"), "{:.2f}"),
-                     _pm(n.get("perplexity"), n.get("perplexity_se"), "{:.2f}"),
-                     _pm(s.get("end_spread"), s.get("end_spread_se"), "{:.2f}"),
-                     _pm(s.get("end_frozen_fraction"), s.get("end_frozen_fraction_se"), "{:.1%}"),
-                     _pm(s.get("perplexity"), s.get("perplexity_se"), "{:.2f}"),
+                     plus_minus(n.get("end_spread"), n.get("end_spread_se"), "{:,.0f}"),
+                     plus_minus(n.get("end_spread_max_layer"), None, "{:,.0f}"),
+                     plus_minus(n.get("end_frozen_fraction"), n.get("end_frozen_fraction_se"), "{:.1%}"),
+                     plus_minus(n.get("end_effective_words"), n.get("end_effective_words_se"), "{:.2f}"),
+                     plus_minus(n.get("perplexity"), n.get("perplexity_se"), "{:.2f}"),
+                     plus_minus(s.get("end_spread"), s.get("end_spread_se"), "{:.2f}"),
+                     plus_minus(s.get("end_frozen_fraction"), s.get("end_frozen_fraction_se"), "{:.1%}"),
+                     plus_minus(s.get("perplexity"), s.get("perplexity_se"), "{:.2f}"),
                      "—" if g is None else f"{g:+.2f}" + ("" if se is None else f" ± {se:.2f}") + share,
                      f"{n.get('done', 0)}+{s.get('done', 0)} of {n.get('seeds', 0)}+{s.get('seeds', 0)}"])
     return ("table", head, rows)
