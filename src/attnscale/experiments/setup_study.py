@@ -101,8 +101,6 @@ class StudyConfig:
                 if value_of(axis, model, asdict(train)) == base:
                     raise ConfigError(f"study axis {axis}: {label(axis, v)} is the base setup's own value; "
                                       "give values that differ from it")
-                for scale in self.scales:
-                    model_config(model, 1, self.width, scale)
         limits.check(estimate(self._specs(1)), "lower --steps, the steps axis or the seeds")
 
     @property
