@@ -1,8 +1,16 @@
 """Device and precision: resolution, errors, the record, the fused switch, checkpoints across devices.
 
 CI has no GPU: the CUDA branches that need no kernel (resolution, precision rules,
-the record's fields, checkpoints written on a GPU) run here with torch.cuda's
-answers patched; everything that computes runs on the CPU."""
+the record's fields, checkpoints written on a GPU, which copies are non-blocking)
+run here with torch's answers patched; TF32 and fp16 with a gradient scaler run on
+the CPU (torch sets the flag and scales gradients there too); everything that
+computes runs on the CPU.
+
+What a CPU cannot show, ``benchmarks/gpu_check.py`` runs on a GPU with nothing
+patched: that TF32 kernels run, that MPS copies arrive intact, that fp16 trains
+with real overflow, that ``evaluate(dtype="bf16")`` on a CUDA model autocasts
+there (on a CPU model the CPU's rule and the model's device's rule are one), and
+that no sweep parent holds a CUDA context (nvidia-smi)."""
 
 import io
 import json
@@ -21,7 +29,7 @@ from attnscale.core import device as dev
 from attnscale.errors import ConfigError
 from attnscale.lm.data import Corpus
 from attnscale.lm.model import ModelConfig
-from attnscale.lm.train import TrainConfig, evaluate, train
+from attnscale.lm.train import TrainConfig, evaluate, lr_at, train
 from attnscale.runs.trainer import train_run
 
 from test_train import V, corpus  # noqa: F401  (the tiny corpus fixture)
@@ -81,6 +89,23 @@ def test_gpu_index_past_the_last_is_refused(two_gpus):
         dev.resolve_device("cuda:2")
 
 
+def test_resolving_a_gpu_starts_no_cuda_context(two_gpus, monkeypatch):
+    """A sweep's parent resolves the device only to refuse a missing one; asking torch.cuda.current_device()
+    there would start a CUDA context the parent then holds, idle, on the GPU for the whole sweep."""
+    def started():
+        raise AssertionError("CUDA was initialised")
+
+    monkeypatch.setattr(torch.cuda, "current_device", started)
+    monkeypatch.setattr(torch.cuda, "_lazy_init", started)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert dev.resolve_device("auto") == dev.resolve_device("cuda") == torch.device("cuda", 0)
+    assert dev.resolve_device("cuda:1") == torch.device("cuda", 1)
+    # once CUDA is running (the run's own process), "cuda" is the current GPU, as torch says
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert dev.resolve_device("cuda") == torch.device("cuda", 1)
+
+
 @pytest.mark.parametrize("spec", ["gpu", "cuda:", "cuda:-1", "cuda:x", "tpu", "", 3, None])
 def test_malformed_spec_is_a_config_error(spec):
     with pytest.raises(ConfigError, match="device"):
@@ -122,17 +147,45 @@ def test_cpu_precision_follows_native_bf16(monkeypatch):
         dev.resolve_precision("fp8", cpu)
 
 
-def test_cuda_precision_bf16_where_native_else_fp16_with_scaler_fp32_with_tf32(monkeypatch):
+@pytest.mark.parametrize("capability, name, autocast, scaler", [
+    ((9, 0), "bf16", torch.bfloat16, False),  # Hopper
+    ((8, 0), "bf16", torch.bfloat16, False),  # Ampere: bf16 tensor cores
+    ((7, 5), "fp16", torch.float16, True),  # Turing: fp16 tensor cores
+    ((7, 0), "fp16", torch.float16, True),  # Volta
+    ((6, 1), "fp32", None, False),  # Pascal: no tensor cores, fp16 at 1/64 rate on most
+    ((6, 0), "fp32", None, False),  # P100: fast fp16, but no tensor cores either
+])
+def test_cuda_auto_precision_by_compute_capability(monkeypatch, capability, name, autocast, scaler):
+    monkeypatch.setattr(dev, "_cuda_capability", lambda d: capability)
+    p = dev.resolve_precision("auto", torch.device("cuda", 0))
+    assert (p.device_type, p.name, p.autocast, p.scaler) == ("cuda", name, autocast, scaler)
+
+
+def test_cuda_fp32_allows_tf32_and_fp16_always_scales(monkeypatch):
     gpu = torch.device("cuda", 0)
-    monkeypatch.setattr(dev, "_cuda_native_bf16", lambda d: True)
-    p = dev.resolve_precision("auto", gpu)
-    assert (p.device_type, p.name, p.autocast, p.scaler, p.tf32) == ("cuda", "bf16", torch.bfloat16, False, False)
-    monkeypatch.setattr(dev, "_cuda_native_bf16", lambda d: False)
-    p = dev.resolve_precision("auto", gpu)
-    assert (p.name, p.autocast, p.scaler) == ("fp16", torch.float16, True)
+    monkeypatch.setattr(dev, "_cuda_capability", lambda d: (8, 0))
     p = dev.resolve_precision("fp32", gpu)
     assert (p.name, p.autocast, p.scaler, p.tf32) == ("fp32", None, False, True)
-    assert dev.resolve_precision("auto", torch.device("mps")).name == "fp32"
+    p = dev.resolve_precision("fp16", gpu)
+    assert (p.name, p.autocast, p.scaler, p.tf32) == ("fp16", torch.float16, True, False)
+
+
+def test_mps_fp16_gets_a_scaler_where_torch_has_one(monkeypatch):
+    mps = torch.device("mps")
+    assert dev.resolve_precision("auto", mps).name == "fp32"
+    monkeypatch.setattr(dev, "_mps_grad_scaler", lambda: True)
+    p = dev.resolve_precision("fp16", mps)
+    assert (p.device_type, p.name, p.autocast, p.scaler) == ("mps", "fp16", torch.float16, True)
+    assert not dev.resolve_precision("bf16", mps).scaler
+    monkeypatch.setattr(dev, "_mps_grad_scaler", lambda: False)
+    with pytest.raises(ConfigError, match=r"fp16.*MPS.*2\.8.*--dtype bf16"):
+        dev.resolve_precision("fp16", mps)
+
+
+@pytest.mark.parametrize("version, has", [("2.7.1", False), ("2.8.0", True), ("2.13.0+cpu", True), ("3.0.0", True)])
+def test_mps_grad_scaler_from_torch_2_8(monkeypatch, version, has):
+    monkeypatch.setattr(torch, "__version__", version)
+    assert dev._mps_grad_scaler() is has
 
 
 def test_autocast_on_the_cpu():
@@ -143,18 +196,89 @@ def test_autocast_on_the_cpu():
         assert (a @ a).dtype == torch.float32
 
 
-def test_tf32_is_on_inside_and_restored_after():
-    before = torch.backends.cuda.matmul.fp32_precision
-    with dev.autocast(dev.Precision("cuda", "fp32", None, tf32=True)):
-        assert torch.backends.cuda.matmul.fp32_precision == "tf32"
-    assert torch.backends.cuda.matmul.fp32_precision == before
+def _fp32_settings():
+    return [(o, o.fp32_precision) for o in dev._fp32_precision_settings()], torch.get_float32_matmul_precision()
 
 
-def test_scaler_only_scales_fp16_on_cuda():
+@pytest.mark.parametrize("user_level", [None, "high", "highest"])
+def test_tf32_is_on_inside_readable_by_the_legacy_api_and_restored_exactly(user_level):
+    if user_level is not None:
+        torch.set_float32_matmul_precision(user_level)
+    try:
+        before = _fp32_settings()
+        with dev.tf32(dev.Precision("cuda", "fp32", None, tf32=True)):
+            assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+            assert torch.get_float32_matmul_precision() == "high"  # raised "mix of the legacy and new APIs" before
+            assert torch.backends.cuda.matmul.allow_tf32
+        assert _fp32_settings() == before
+        with dev.tf32(dev.Precision("cuda", "bf16", torch.bfloat16)):  # no TF32 asked: nothing touched
+            assert _fp32_settings() == before
+    finally:
+        for obj, value in before[0]:
+            obj.fp32_precision = value
+
+
+def test_tf32_holds_through_the_backward_of_a_training_step(corpus, monkeypatch):
+    """The flag as a backward hook reads it, in a real training run (TF32 asked for on the CPU, where torch
+    keeps the flag but has no TF32 kernels: the numbers are the plain fp32 ones)."""
+    monkeypatch.setattr(dev, "resolve_precision", lambda dtype, device: dev.Precision("cpu", "fp32", None, tf32=True))
+    seen = {"forward": set(), "backward": set()}
+
+    def read(phase):
+        def hook(*_):
+            seen[phase].add((torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.fp32_precision))
+        return hook
+
+    handles = [torch.nn.modules.module.register_module_forward_hook(read("forward")),
+               torch.nn.modules.module.register_module_full_backward_hook(read("backward"))]
+    try:
+        before = _fp32_settings()
+        res = train(mcfg(), tcfg(steps=3, device="cpu"), corpus)
+    finally:
+        for h in handles:
+            h.remove()
+    assert res["status"] == "done"
+    assert seen["forward"] == seen["backward"] == {("high", "tf32")}
+    assert _fp32_settings() == before
+
+
+def test_scaler_only_scales_fp16():
     scaler = dev.grad_scaler(dev.Precision("cpu", "fp32", None))
     loss = torch.tensor(2.0)
     assert not scaler.is_enabled() and scaler.scale(loss) is loss
     assert not dev.grad_scaler(dev.Precision("cpu", "bf16", torch.bfloat16)).is_enabled()
+
+
+# ---- copies to the device ----------------------------------------------------------
+
+
+@pytest.fixture
+def copies(monkeypatch):
+    """Tensor.to recorded instead of run (no GPU here), and pinning as a CUDA build does it."""
+    calls = []
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: (calls.append((a, k)), self)[1])
+    pinned = set()
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: (pinned.add(id(self)), self)[1])
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: id(self) in pinned)
+    return calls
+
+
+def test_copies_to_cuda_are_non_blocking_from_pinned_memory(copies):
+    x, y = torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long)
+    dev.to_device(torch.device("cuda", 0), x, y)
+    assert [k.get("non_blocking") for _, k in copies] == [True, True]
+
+
+def test_copies_to_mps_block(copies):
+    """A non-blocking copy of an unpinned CPU tensor to MPS can read freed memory (PyTorch 139550, 189690)."""
+    x = torch.zeros(2, 3, dtype=torch.long)
+    dev.to_device(torch.device("mps"), x, x)
+    assert len(copies) == 2 and not any(k.get("non_blocking") for _, k in copies)
+
+
+def test_copies_to_the_cpu_are_no_copies():
+    x = torch.zeros(2)
+    assert dev.to_device(torch.device("cpu"), x)[0] is x
 
 
 # ---- the record --------------------------------------------------------------------
@@ -320,6 +444,97 @@ def test_checkpoint_from_a_gpu_resumes_on_the_cpu(corpus, tmp_path, no_gpu):
     # resumed with device "auto" (the CPU here): the same run, and the numbers of the uninterrupted one
     resumed = train_run(mcfg(), tcfg(steps=8, checkpoint_every=2, device="auto"), corpus, tmp_path).results.to_json()
     assert resumed["resumed_from"] == 4 and resumed["notes"] == []
+    assert json.loads(json.dumps(numbers(resumed))) == json.loads(json.dumps(numbers(whole)))
+
+
+# ---- the update: skipped on the device, read back after ----------------------------
+
+
+def test_the_read_back_follows_the_optimiser_step(corpus, monkeypatch):
+    """The step's one sync comes after the update is queued: a GPU never idles while the host decides."""
+    import attnscale.lm.train as T
+
+    events = []
+    real_step, real_read = torch.optim.AdamW.step, T.read_back
+    monkeypatch.setattr(torch.optim.AdamW, "step", lambda self, *a, **k: (events.append("step"), real_step(self, *a, **k))[1])
+    monkeypatch.setattr(T, "read_back", lambda *a: (events.append("read"), real_read(*a))[1])
+    train(mcfg(), tcfg(steps=4), corpus)
+    assert events == ["step", "read"] * 4 + ["read"]  # the last: the trained model's diagnostics
+
+
+def test_a_nan_loss_leaves_the_weights_as_they_were(corpus, monkeypatch):
+    from attnscale.lm.model import TinyLM
+
+    real, seen = TinyLM.loss, {}
+
+    def flaky(self, x, y):
+        seen["n"] = seen.get("n", 0) + 1
+        if seen["n"] == 3:
+            seen["model"], seen["before"] = self, {k: v.clone() for k, v in self.state_dict().items()}
+            return real(self, x, y) * float("nan")
+        return real(self, x, y)
+
+    monkeypatch.setattr(TinyLM, "loss", flaky)
+    res = train(mcfg(), tcfg(steps=6), corpus)
+    assert res["status"] == "diverged" and res["diverged_at"] == 2 and res["steps_done"] == 2
+    after = seen["model"].state_dict()
+    assert all(torch.equal(after[k], v) for k, v in seen["before"].items())
+
+
+# ---- fp16: the gradient scaler -------------------------------------------------------
+
+
+class CountingScaler(torch.amp.GradScaler):
+    """A GradScaler that keeps its scale before and after each update: a skipped step halves it."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.trace = []
+
+    def update(self, new_scale=None):
+        before = self.get_scale()
+        super().update(new_scale)
+        self.trace.append((before, self.get_scale()))
+
+
+@pytest.fixture
+def fp16_on_the_cpu(monkeypatch):
+    """fp16 autocast with a GradScaler, on the CPU (refused to users, who have no fast fp16 matmuls there; torch
+    runs it). The scale starts at 2**40 and grows every 2 steps, so a tiny run overflows and skips steps."""
+    scalers = []
+    monkeypatch.setattr(dev, "resolve_precision", lambda dtype, device: dev.Precision("cpu", "fp16", torch.float16, scaler=True))
+    monkeypatch.setattr(dev, "grad_scaler", lambda p: scalers.append(CountingScaler("cpu", init_scale=2.0**40, growth_interval=2))
+                        or scalers[-1])
+    return scalers
+
+
+def test_fp16_skipped_steps_move_neither_the_schedule_nor_the_count(corpus, fp16_on_the_cpu):
+    cfg = tcfg(steps=8, record_every=2)
+    seen = []
+    res = train(mcfg(), cfg, corpus, on_step=lambda step, steps, info: seen.append((step, info["lr"])))
+    trace = fp16_on_the_cpu[0].trace
+    skipped = sum(after < before for before, after in trace)
+    assert skipped >= 3  # 2**40 must come down to where fp16 gradients fit
+    assert len(trace) - skipped == cfg.steps == res["steps_done"]  # 8 real updates, not 8 minus the skipped
+    assert seen == [(s + 1, lr_at(s, cfg)) for s in range(cfg.steps)]
+    assert [r["step"] for r in res["history"]] == [0, 2, 4, 6, 8]
+    assert any(f"skipped {skipped} step" in n for n in res["notes"])
+
+
+def test_fp16_scaler_state_survives_a_kill_and_resume(corpus, tmp_path, fp16_on_the_cpu):
+    def numbers(res):
+        return [{k: v for k, v in row.items() if k != "elapsed_s"} for row in res["history"]], res["perplexity"]
+
+    cfg = tcfg(steps=8, checkpoint_every=2, record_every=2)
+    whole = train(mcfg(), cfg, corpus)
+    done = []
+    cut = train_run(mcfg(), cfg, corpus, tmp_path, should_stop=lambda: len(done) >= 5, on_step=lambda *a: done.append(a))
+    assert cut.status == "stopped"
+    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["scaler"]["scale"]
+    assert saved < 2.0**40  # the scale reached at step 4
+    resumed = train_run(mcfg(), cfg, corpus, tmp_path).results.to_json()
+    assert resumed["resumed_from"] == 4
+    assert fp16_on_the_cpu[2].trace[0][0] == saved  # the resumed scaler starts where the cut one was
     assert json.loads(json.dumps(numbers(resumed))) == json.loads(json.dumps(numbers(whole)))
 
 
