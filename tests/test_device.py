@@ -609,3 +609,32 @@ def test_inspect_on_a_device_equals_inspect_where_the_model_is(corpus):
     there = inspect_model(model, ids, max_tokens=16, batch=2, device="cpu")
     assert [r["model"] for r in there.rows] == [r["model"] for r in here.rows]
     assert math.isfinite(there.rows[0]["model"]["spread"])
+
+
+# ---- the public diagnostics on MPS (no float64 there) ----------------------------------
+
+
+def test_head_pool_for_mps_scores_sums_on_the_cpu():
+    from attnscale.core.diagnostics import HeadPool
+
+    pool = HeadPool(2, device="mps")  # MPS has no float64: torch.zeros(..., float64, device="mps") raises there
+    assert {t.device.type for t in (pool.sum, pool.sum_sq, pool.entries, pool.rows)} == {"cpu"}
+
+
+@pytest.mark.skipif(not dev._mps_available(), reason="needs Apple's MPS (a CPU cannot show what MPS refuses)")
+def test_public_diagnostics_take_mps_tensors_and_agree_with_the_cpu():
+    from attnscale.core import diagnostics as D
+
+    scores = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(0))
+    scores = scores.masked_fill(~torch.ones(6, 6, dtype=torch.bool).tril(), float("-inf"))
+    pattern = torch.softmax(scores, -1)
+    on_mps = scores.to("mps"), pattern.to("mps")
+    torch.testing.assert_close(D.spread(on_mps[0], dim=(0, 2, 3)), D.spread(scores, dim=(0, 2, 3)))
+    for fn in (D.entropy, D.effective_words, D.push):
+        torch.testing.assert_close(fn(on_mps[1]), fn(pattern))
+    assert D.frozen_fraction(on_mps[1]) == D.frozen_fraction(pattern)
+    assert D.row_summary(on_mps[1]) == pytest.approx(D.row_summary(pattern))
+    torch.testing.assert_close(D.head_measures(*on_mps), D.head_measures(scores, pattern))
+    pool = D.HeadPool(3, device="mps")
+    pool.add(*on_mps)
+    assert pool.result() == pytest.approx(D.head_summary(scores, pattern))
