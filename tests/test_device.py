@@ -106,6 +106,26 @@ def test_resolving_a_gpu_starts_no_cuda_context(two_gpus, monkeypatch):
     assert dev.resolve_device("cuda") == torch.device("cuda", 1)
 
 
+def test_a_record_written_by_a_sweep_parent_starts_no_cuda_context(two_gpus, monkeypatch, tmp_path):
+    """The runner marks each run "running" from the parent process; the record's environment named the
+    GPU through torch.cuda.get_device_name, which starts CUDA: the parent then held an idle context."""
+    from attnscale.runs import record as rec
+    from attnscale.runs.trainer import mark_running
+
+    def started(*a):
+        raise AssertionError("CUDA was initialised")
+
+    monkeypatch.setattr(torch.cuda, "_lazy_init", started)
+    monkeypatch.setattr(torch.cuda, "get_device_name", started)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    mark_running(tmp_path, {"model": {}, "train": {}, "corpus": {}}, None)
+    assert rec.read(tmp_path).environment["cuda"] is None
+    # a process that runs on the GPU (a worker) names it
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=None: "NVIDIA H200")
+    assert rec.new("train", {}, None).environment["cuda"] == "NVIDIA H200"
+
+
 @pytest.mark.parametrize("spec", ["gpu", "cuda:", "cuda:-1", "cuda:x", "tpu", "", 3, None])
 def test_malformed_spec_is_a_config_error(spec):
     with pytest.raises(ConfigError, match="device"):
@@ -638,3 +658,101 @@ def test_public_diagnostics_take_mps_tensors_and_agree_with_the_cpu():
     pool = D.HeadPool(3, device="mps")
     pool.add(*on_mps)
     assert pool.result() == pytest.approx(D.head_summary(scores, pattern))
+
+
+# ---- on a real GPU, nothing patched (skipped without one; benchmarks/gpu_check.py runs them) ----------
+
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _cuda_dtypes():
+    if not torch.cuda.is_available():
+        return ["fp32"]
+    return ["fp32", "fp16"] + (["bf16"] if torch.cuda.get_device_capability()[0] >= 8 else [])
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", ["auto", "fp32", "bf16", "fp16"])
+def test_gpu_trains_in_each_precision(corpus, dtype):
+    if dtype not in _cuda_dtypes() + ["auto"]:
+        pytest.skip(f"{dtype} is not native on this GPU")
+    res = train(mcfg(impl="fused"), tcfg(steps=8, device="cuda", dtype=dtype), corpus)
+    assert res["status"] == "done" and math.isfinite(res["perplexity"])
+    assert res["device"]["type"] == "cuda" and res["dtype"] == (dev.resolve_precision(dtype, dev.resolve_device("cuda")).name)
+    assert res["attention"] == "fused" and all(math.isfinite(v) for v in res["history"][-1]["spread"][0])
+
+
+@cuda_only
+def test_gpu_tf32_runs_inside_and_not_outside():
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("TF32 needs Ampere (8.0) or later")
+    a, b = (torch.randn(512, 512, generator=torch.Generator().manual_seed(i), dtype=torch.float64) for i in range(2))
+    exact = a @ b
+
+    def error():
+        got = (a.float().cuda() @ b.float().cuda()).double().cpu()
+        return float((got - exact).abs().max() / exact.abs().max())
+
+    with dev.tf32(dev.resolve_precision("fp32", torch.device("cuda", 0))):
+        inside = error()
+    outside = error()
+    assert inside > 1e-4 > outside  # TF32 keeps 10 mantissa bits, fp32 23
+
+
+@cuda_only
+def test_gpu_evaluate_bf16_autocasts_on_the_gpu(corpus):
+    from attnscale.lm.model import TinyLM
+
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("bf16 needs Ampere (8.0) or later")
+    model = TinyLM(mcfg()).cuda()
+    dtypes = set()
+    handle = torch.nn.modules.module.register_module_forward_hook(
+        lambda m, i, o: dtypes.add(o.dtype) if isinstance(m, torch.nn.Linear) else None)
+    try:
+        evaluate(model, corpus.valid, 4, 2, "bf16")
+    finally:
+        handle.remove()
+    assert torch.bfloat16 in dtypes
+
+
+@cuda_only
+def test_gpu_copies_arrive_intact():
+    gpu = torch.device("cuda", 0)
+    for i in range(200):  # fresh tensors, freed right after: what a non-blocking copy from unpinned memory would garble
+        x = torch.randint(0, 1000, (32, 64), generator=torch.Generator().manual_seed(i))
+        (y,) = dev.to_device(gpu, x.clone())
+        assert torch.equal(y.cpu(), x)
+
+
+@pytest.mark.skipif(not dev._mps_available(), reason="needs Apple's MPS")
+def test_mps_copies_arrive_intact():
+    for i in range(200):
+        x = torch.randint(0, 1000, (32, 64), generator=torch.Generator().manual_seed(i))
+        (y,) = dev.to_device(torch.device("mps"), x.clone())
+        assert torch.equal(y.cpu(), x)
+
+
+@cuda_only
+def test_gpu_checkpoint_resumes_on_the_cpu(corpus, tmp_path):
+    done = []
+    cfg = tcfg(steps=8, checkpoint_every=2, device="cuda", dtype="fp32")
+    cut = train_run(mcfg(), cfg, corpus, tmp_path, should_stop=lambda: len(done) >= 5, on_step=lambda *a: done.append(a))
+    assert cut.status == "stopped"
+    resumed = train_run(mcfg(), tcfg(steps=8, checkpoint_every=2, device="cpu", dtype="fp32"), corpus, tmp_path)
+    assert resumed.status == "done" and resumed.results.resumed_from == 4
+    assert resumed.results.device["type"] == "cpu"
+
+
+@cuda_only
+def test_gpu_fp16_scores_stay_finite():
+    from attnscale import Attention, record
+
+    attn = Attention(4, 1, 4, scale="none", impl="explicit").cuda()
+    with torch.no_grad():
+        attn.q_proj.weight.fill_(50.0)
+        attn.k_proj.weight.fill_(50.0)
+    with record(attn, ["hook_scores"]) as c, torch.autocast("cuda", dtype=torch.float16):
+        attn(torch.ones(1, 3, 4, device="cuda"))
+    visible = torch.ones(3, 3, dtype=torch.bool, device="cuda").tril()
+    assert (c["hook_scores"][0, 0][visible] == 160_000.0).all()
