@@ -167,3 +167,18 @@ def test_ray_vs_local():
     out = run_bench("ray_vs_local.py", "-j", "1", "--repeats", "1", "--sweep-arg=--steps=2", "--sweep-arg=--widths=8",
                     timeout=400)
     assert "ray/local" in out and "local Ray instance" in out
+
+
+def test_gpu_check_on_a_cpu_runs_what_it_can_and_says_what_it_skipped():
+    out = run_bench("gpu_check.py", "--device", "cpu", "--quick", "--steps", "10", "--only", "2", "3", "5")
+    assert re.search(r"^\s+ok\s+train fp32\s+done, ran fp32, perplexity [0-9.]+", out, re.M), out
+    assert re.search(r"^\s+SKIP\s+train fp16\s+needs a GPU", out, re.M)
+    assert re.search(r"^\s+SKIP\s+resume across devices\s+one device only", out, re.M)
+    assert re.search(r"^\s+SKIP\s+no CUDA context in a sweep's parent", out, re.M)
+    assert re.search(r"^\d+ ok, 0 failed, \d+ skipped$", out, re.M)
+
+
+def test_gpu_check_refuses_a_missing_device_in_one_line():
+    proc = subprocess.run([sys.executable, str(BENCH / "gpu_check.py"), "--device", "cuda:7"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr and "cuda:7" in proc.stderr
