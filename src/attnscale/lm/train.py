@@ -11,7 +11,9 @@ update), ``_record_trained`` (the trained model's diagnostics), ``evaluate``
 and ``_results``.
 
 A non-finite loss ends the run as "diverged" at that step and keeps what was
-recorded; ``train`` never raises for it (a sweep must finish).
+recorded; ``train`` never raises for it (a sweep must finish). In fp16 a step
+whose gradients overflow is skipped by the gradient scaler and retried on the
+next batch, moving neither the schedule nor the step count.
 
 Determinism: batches come from a local ``torch.Generator`` seeded with
 ``seed``; the weights from ``torch.manual_seed(seed)`` inside ``train``.
@@ -23,8 +25,9 @@ agree with the CPU only to float tolerance.
 Device and precision (``core.device``) are resolved once per run, recorded in
 the results (``"device"``), and passed down. Steps that do not record may take
 the fused SDPA path (``TrainConfig.attention``); steps that record always take
-the explicit one. Each step reads the device back once: the loss, the gradient
-norm and, on a recording step, every diagnostic in one transfer.
+the explicit one. Each step reads the device back once, after its update is
+queued: the loss, the gradient norm, whether the update was skipped and, on a
+recording step, every diagnostic in one transfer.
 """
 
 from __future__ import annotations
@@ -61,8 +64,8 @@ class TrainConfig:
 
     ``dtype``: "fp32", "bf16" (autocast: matmuls in bf16, softmax and loss in
     fp32), "fp16" (GPUs: autocast with a gradient scaler) or "auto" (bf16 where
-    the CPU or GPU computes in it natively; fp16 on older GPUs; else fp32; the
-    resolved one is in the results). ``device``: "auto" (CUDA, else MPS, else
+    the CPU or GPU computes in it natively; fp16 on Volta and Turing; else fp32;
+    the resolved one is in the results). ``device``: "auto" (CUDA, else MPS, else
     CPU), "cpu", "cuda", "cuda:N" or "mps". ``attention``: the path of steps
     that do not record: "fused" (SDPA, for every scheme it can express),
     "explicit", or "auto" (fused on GPUs; on the CPU the model config's ``impl``).
