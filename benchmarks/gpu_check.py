@@ -163,11 +163,13 @@ def parent_context(args, device, work: Path) -> str:
            "--out", str(work / "sweep")]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     holders: set[int] = set()
+    family = {proc.pid}  # the parent and the workers it starts, as this machine numbers them
     try:
         while proc.poll() is None:
             q = subprocess.run(["nvidia-smi", "--query-compute-apps=pid", "--format=csv,noheader"],
                                capture_output=True, text=True)
             holders |= {int(x) for x in q.stdout.split() if x.strip().isdigit()}
+            family |= _descendants(proc.pid)
             time.sleep(0.5)
     finally:
         if proc.poll() is None:
@@ -176,9 +178,26 @@ def parent_context(args, device, work: Path) -> str:
         raise AssertionError(f"the sweep failed: {proc.stderr.strip().splitlines()[-1:]}")
     if proc.pid in holders:
         raise AssertionError(f"the sweep's parent (pid {proc.pid}) held a CUDA context")
-    if not holders - {proc.pid}:
-        raise Skip("nvidia-smi listed no process (a container may hide them)")
-    return f"parent {proc.pid} held none; {len(holders)} worker process(es) did"
+    workers = holders & (family - {proc.pid})
+    if not workers:  # in a container nvidia-smi may show no process, or the host's numbers for them
+        raise Skip("nvidia-smi showed none of the sweep's worker processes, so it cannot tell (a container?)")
+    return f"parent {proc.pid} held none; {len(workers)} worker process(es) did"
+
+
+def _descendants(pid: int) -> set[int]:
+    """The processes below ``pid``, from /proc (Linux)."""
+    parents: dict[int, int] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        parents[int(stat.parent.name)] = int(fields[1])
+    found, frontier = set(), {pid}
+    while frontier:
+        frontier = {child for child, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
 
 
 def vs_nanogpt(args, device, work: Path) -> str:

@@ -20,6 +20,7 @@ import subprocess
 import sys
 import sysconfig
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -182,3 +183,22 @@ def test_gpu_check_refuses_a_missing_device_in_one_line():
     proc = subprocess.run([sys.executable, str(BENCH / "gpu_check.py"), "--device", "cuda:7"], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "cuda:7" in proc.stderr
+
+
+def test_gpu_check_finds_a_process_tree():
+    """How gpu_check tells a sweep's workers (which hold CUDA contexts) from its parent (which must not)."""
+    sys.path.insert(0, str(BENCH))
+    try:
+        import gpu_check
+    finally:
+        sys.path.remove(str(BENCH))
+    proc = subprocess.Popen([sys.executable, "-c", "import subprocess, sys; "
+                             "subprocess.run([sys.executable, '-c', 'import time; time.sleep(3)'])"])
+    try:
+        deadline = time.time() + 10
+        found = set()
+        while not found and time.time() < deadline:
+            found = gpu_check._descendants(proc.pid)
+        assert len(found) == 1 and proc.pid not in found
+    finally:
+        proc.wait()
