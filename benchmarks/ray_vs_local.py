@@ -1,6 +1,6 @@
 """Wall time of the quick sweep through the local executor and through Ray, side by side.
 
-    python benchmarks/ray_vs_local.py [-j 2] [--repeats 2] [--sweep-arg=--steps=10 --sweep-arg=--widths=32]
+    python benchmarks/ray_vs_local.py [-j 2] [--repeats 2]
 
 Each sweep is `attnscale sweep --quick` on the embedded corpus (widths 32, 128,
 1,024 × none, inv_sqrt_d: 6 runs) in a fresh process into a fresh folder, as a
@@ -24,10 +24,10 @@ import time
 from pathlib import Path
 
 
-def sweep_seconds(jobs: int, executor: str, extra: list[str] = ()) -> float:
+def sweep_seconds(jobs: int, executor: str) -> float:
     with tempfile.TemporaryDirectory(prefix="attnscale-bench-") as out:
         cmd = [sys.executable, "-m", "attnscale.cli", "sweep", "--quick", "-j", str(jobs), "--out", out,
-               "--executor", executor, *extra]
+               "--executor", executor]
         t = time.perf_counter()
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         return time.perf_counter() - t
@@ -69,15 +69,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-j", "--jobs", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--sweep-arg", action="append", default=[], metavar="ARG", dest="sweep_args",
-                        help="one more option for the sweep, e.g. --sweep-arg=--steps=10 (repeat for more)")
     args = parser.parse_args()
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    print(f"{cpus} cores, load average {os.getloadavg()[0]:.1f}; quick sweep {' '.join(args.sweep_args)}, -j {args.jobs}")
+    print(f"{cpus} cores, load average {os.getloadavg()[0]:.1f}; quick sweep, -j {args.jobs}")
     times: dict[str, list[float]] = {"local": [], "ray": []}
     for i in range(args.repeats):
         for executor in ("local", "ray"):
-            times[executor].append(sweep_seconds(args.jobs, executor, args.sweep_args))
+            times[executor].append(sweep_seconds(args.jobs, executor))
             print(f"  {executor:<5} run {i + 1}: {times[executor][-1]:6.1f} s", flush=True)
     local, on_ray = statistics.median(times["local"]), statistics.median(times["ray"])
     print(f"quick sweep: local {local:.1f} s, ray {on_ray:.1f} s (Ray start-up included); "
