@@ -1,6 +1,6 @@
 """Explicit vs fused attention on this CPU: forward and forward+backward, as ratios.
 
-    python benchmarks/attention_paths.py [--threads 1] [--repeats 7]
+    python benchmarks/attention_paths.py [--threads 1] [--repeats 7] [--lengths 64 256] [--widths 32 ... 1024]
 
 For each sequence length T and head width d_k, times attnscale's explicit path
 (q @ kᵀ · scale -> mask -> fp32 softmax -> @ v, what the diagnostics read) and
@@ -66,7 +66,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--batch", type=int, default=16)
     ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"])
+    ap.add_argument("--dtypes", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    ap.add_argument("--lengths", type=int, nargs="+", default=[64, 256], help="sequence lengths T")
+    ap.add_argument("--widths", type=int, nargs="+", default=[32, 64, 128, 256, 512, 1024], help="head widths d_k")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16}
@@ -74,8 +76,8 @@ def main() -> None:
     print(f"{'dtype':<5} {'T':>4} {'d_k':>5} | {'explicit fwd ms':>15} {'fused fwd ms':>12} {'ratio':>6} | "
           f"{'explicit f+b ms':>15} {'fused f+b ms':>12} {'ratio':>6}")
     for dname in args.dtypes:
-        for T in (64, 256):
-            for d in (32, 64, 128, 256, 512, 1024):
+        for T in args.lengths:
+            for d in args.widths:
                 r = bench(T, d, args.batch, args.heads, args.repeats, dtypes[dname])
                 (ef, ff), (eb, fb) = r["fwd"], r["fwd+bwd"]
                 print(f"{dname:<5} {T:>4} {d:>5} | {1e3 * ef:>15.2f} {1e3 * ff:>12.2f} {ef / ff:>6.2f} | "

@@ -1,10 +1,10 @@
 """Where a training step's time goes: attnscale's preset step and nanoGPT's, in CPU time, with torch.profiler.
 
 Both steps run in this process, alternating, at vs_nanogpt.py's shape (2 layers,
-4 heads, T 64, batch 32, vocab 65): attnscale's TinyLM with the sweep preset's
-choices, recording diagnostics every 10th step as train.py does, fused AdamW,
-one read-back per step; nanoGPT's GPT from its model.py with the body of its
-train.py loop (fresh np.memmap batch, clipping, foreach AdamW, loss.item()).
+4 heads, T 64, batch 32, one token a character: 65 for Tiny Shakespeare):
+attnscale's TinyLM with the default preset's choices, recording diagnostics
+every 10th step as train.py does, fused AdamW, one read-back per step;
+nanoGPT's GPT from its model.py with the body of its train.py loop (fresh np.memmap batch, clipping, foreach AdamW, loss.item()).
 CPU time (``time.process_time``) is what the process itself spent, so other
 processes on the machine change it far less than wall time.
 
@@ -14,6 +14,7 @@ processes on the machine change it far less than wall time.
 from __future__ import annotations
 
 import argparse
+import pickle
 import statistics
 import sys
 import tempfile
@@ -24,16 +25,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from attnscale.lm import train as T
 from attnscale.lm.data import batches, load_corpus
 from attnscale.lm.model import ModelConfig, TinyLM
+from attnscale.lm.presets import budget
+from attnscale.lm.recording import read_back, recording
 
 
 def attnscale_step(corpus, d: int):
-    model_kw, preset_cfg = T.preset("sweep")
-    cfg = replace(preset_cfg, batch=32, device="cpu", record_every=10)
+    preset = budget("default", corpus.vocab_size)  # what `attnscale sweep` trains
+    cfg = replace(preset.train, batch=32, device="cpu", record_every=10)
     torch.manual_seed(0)
-    model = TinyLM(ModelConfig(vocab_size=corpus.vocab_size, head_dim=None, **{**model_kw, "d_model": d}))
+    model = TinyLM(ModelConfig(vocab_size=corpus.vocab_size, head_dim=None, **{**preset.model, "d_model": d}))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     gen = torch.Generator().manual_seed(0)
     counter = [0]
@@ -41,23 +43,23 @@ def attnscale_step(corpus, d: int):
     def step():
         i = counter[0] = counter[0] + 1
         x, y = batches(corpus.train, 32, 64, gen)
-        with T._recording(model, i % 10 == 0, cfg) as rec:
+        with recording(model, i % cfg.record_every == 0, cfg.frozen_threshold, cfg.record_sequences) as rec:
             loss = model.loss(x, y)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        T._read_back(rec, loss, norm)
+        read_back(rec, loss, norm)
         opt.step()
 
     return step
 
 
-def nanogpt_step(nanogpt: Path, train_bin: Path, d: int):
+def nanogpt_step(nanogpt: Path, train_bin: Path, vocab_size: int, d: int):
     sys.path.insert(0, str(nanogpt))
     from model import GPT, GPTConfig  # nanoGPT's model.py
 
     torch.manual_seed(1337)
-    model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=d, block_size=64, bias=False, vocab_size=65, dropout=0.0))
+    model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=d, block_size=64, bias=False, vocab_size=vocab_size, dropout=0.0))
     opt = model.configure_optimizers(0.1, 6e-4, (0.9, 0.95), "cpu")
 
     def get_batch():  # train.py's get_batch
@@ -79,6 +81,12 @@ def nanogpt_step(nanogpt: Path, train_bin: Path, d: int):
         loss.item()
 
     return step
+
+
+def _vocab(work: Path) -> int:
+    """The characters of the whole text, as prepare_nanogpt counted them (the ids in train.bin lie below it)."""
+    with open(work / "data/shakespeare_char/meta.pkl", "rb") as f:
+        return pickle.load(f)["vocab_size"]
 
 
 def cpu_ms(step, n: int) -> float:
@@ -106,7 +114,8 @@ def main() -> None:
         prepare_nanogpt(args.nanogpt.resolve(), args.corpus.resolve(), Path(work))
         corpus = load_corpus(str(args.corpus), "char", cache_dir=Path(work) / "cache")
         steps = {"attnscale": attnscale_step(corpus, args.d_model),
-                 "nanoGPT": nanogpt_step(args.nanogpt.resolve(), Path(work) / "data/shakespeare_char/train.bin", args.d_model)}
+                 "nanoGPT": nanogpt_step(args.nanogpt.resolve(), Path(work) / "data/shakespeare_char/train.bin",
+                                         _vocab(Path(work)), args.d_model)}
         for fn in steps.values():
             cpu_ms(fn, 10)  # warm-up
         times = {k: [] for k in steps}

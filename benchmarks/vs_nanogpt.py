@@ -7,7 +7,7 @@ character-level Tiny Shakespeare prepared exactly as its
 ``data/shakespeare_char/prepare.py`` does (first 90% trains, vocab 65). The
 shape: 2 layers, 4 heads, T 64, batch 32, gradient accumulation 1.
 
-attnscale runs ``lm.train.train`` with the sweep preset's model and budget
+attnscale runs ``runs.trainer.train_run`` with the default preset's model and budget
 choices (post-LN, explicit attention, dtype "auto", recording diagnostics every
 10 steps, metrics written to a run folder) at the same shape, on the same text.
 
@@ -94,24 +94,29 @@ def attnscale_worker(spec: dict) -> None:
 
     from attnscale.lm.data import load_corpus
     from attnscale.lm.model import ModelConfig
-    from attnscale.lm.train import preset, train
+    from attnscale.lm.presets import budget
+    from attnscale.runs.trainer import train_run
 
     corpus = load_corpus(spec["corpus"], "char", cache_dir=Path(spec["work"]) / "cache")
-    model_kw, preset_cfg = preset("sweep")
+    preset = budget("default", corpus.vocab_size)  # what `attnscale sweep` trains
     shape = spec["shape"]
-    model_kw = {**model_kw, "context": shape["T"], "d_model": shape["d"], "n_layers": shape["layers"], "n_heads": shape["heads"]}
+    model_kw = {**preset.model, "context": shape["T"], "d_model": shape["d"], "n_layers": shape["layers"],
+                "n_heads": shape["heads"]}
     mcfg = ModelConfig(vocab_size=corpus.vocab_size, head_dim=None, scale="inv_sqrt_d", **model_kw)
-    cfg = replace(preset_cfg, steps=spec["steps"], batch=shape["B"], warmup=5, record_every=10, eval_batches=1,
-                  device=spec["device"])
+    cfg = replace(preset.train, steps=spec["steps"], batch=shape["B"], warmup=5, record_every=10, eval_batches=1,
+                  checkpoint_every=0, device=spec["device"])
     stamps: dict[int, float] = {}
-    res = train(mcfg, cfg, corpus, Path(spec["work"]) / "run",
-                on_step=lambda step, steps, info: stamps.__setitem__(step, time.perf_counter()))
-    if spec["device"] != "cpu":
-        torch.cuda.synchronize()
+
+    def stamp(step: int, steps: int, info: dict) -> None:
+        if cfg.device.startswith("cuda"):
+            torch.cuda.synchronize()  # the step's read-back already waits; this keeps the stamp honest if it moves
+        stamps[step] = time.perf_counter()
+
+    res = train_run(mcfg, cfg, corpus, Path(spec["work"]) / "run", on_step=stamp).results
     skip, steps = spec["skip"], spec["steps"]
     tokens = (steps - skip) * shape["B"] * shape["T"]
-    print(json.dumps({"tokens_per_s": tokens / (stamps[steps] - stamps[skip]), "dtype": res["dtype"],
-                      "threads": res["threads"], "device": res["device"]["name"]}))
+    print(json.dumps({"tokens_per_s": tokens / (stamps[steps] - stamps[skip]), "dtype": res.dtype,
+                      "threads": res.threads, "device": res.device["name"]}))
 
 
 def run_attnscale(corpus: Path, work: Path, shape: dict, steps: int, skip: int, threads: int, gpu: bool,
@@ -157,6 +162,8 @@ def main() -> None:
         return attnscale_worker(json.loads(args.worker))
     if args.nanogpt is None or not (args.nanogpt / "train.py").is_file():
         ap.error("give the path of a nanoGPT checkout (the folder holding train.py and model.py)")
+    if not 0 <= args.skip < args.steps:
+        ap.error(f"--skip {args.skip} must be at least 0 and below --steps {args.steps}")
     if not args.corpus.is_file():
         ap.error(f"--corpus {args.corpus} is not a file; give Tiny Shakespeare's input.txt")
     if args.gpu:

@@ -88,3 +88,45 @@ def test_causal_path_without_padding_equals_the_reference_bit_for_bit():
         grads.append((z, scores, pattern, q.grad, k.grad, v.grad))
     for a, b in zip(*grads):
         assert torch.equal(a, b)
+
+
+def _big_qk_attention():
+    """One head whose q and k are 200 in every entry: q·k = 4 · 200² = 160,000, past fp16's 65,504."""
+    attn = Attention(4, 1, 4, scale="none", causal=True, impl="explicit")
+    with torch.no_grad():
+        for proj in (attn.q_proj, attn.k_proj):
+            proj.weight.fill_(50.0)
+    return attn, torch.ones(1, 3, 4)
+
+
+def test_fp16_autocast_scores_are_fp32_and_do_not_overflow():
+    attn, x = _big_qk_attention()
+    with record(attn, ["hook_scores", "hook_pattern"]) as c, torch.autocast("cpu", dtype=torch.float16):
+        y = attn(x)
+    scores = c["hook_scores"]
+    assert scores.dtype == torch.float32 and y.dtype == torch.float16
+    visible = build_mask(3, causal=True).expand_as(scores)
+    assert (scores[visible] == 160_000.0).all()  # 200 and 160,000 are exact in fp16 and fp32
+    assert (scores[~visible] == float("-inf")).all()
+    torch.testing.assert_close(c["hook_pattern"][0, 0, 2], torch.full((3,), 1 / 3))
+
+
+def test_fp16_tensors_give_fp32_scores_and_fp16_output():
+    q = k = torch.full((1, 1, 3, 4), 200.0, dtype=torch.float16)
+    v = torch.randn(1, 1, 3, 4).half()
+    from attnscale.core.scales import get_scale
+
+    z, scores, pattern = attend(q, k, v, get_scale("none", 4), build_mask(3, causal=True))
+    assert scores.dtype == torch.float32 and z.dtype == torch.float16
+    assert torch.isfinite(scores.tril()).all() and scores[0, 0, 2, 0] == 160_000.0
+
+
+def test_bf16_and_fp32_scores_keep_their_dtype():
+    """Only fp16 lacks the range: bf16 and fp32 scores are computed as before, to the last bit."""
+    from attnscale.core.scales import get_scale
+
+    for dtype in (torch.float32, torch.bfloat16):
+        q, k, v = (torch.randn(1, 2, 5, 8, generator=torch.Generator().manual_seed(i)).to(dtype) for i in range(3))
+        scale = get_scale("inv_sqrt_d", 8)
+        _, scores, _ = attend(q, k, v, scale, None)
+        assert scores.dtype == dtype and torch.equal(scores, (q @ k.transpose(-2, -1)) * scale.factor())

@@ -1,8 +1,16 @@
 """Device and precision: resolution, errors, the record, the fused switch, checkpoints across devices.
 
 CI has no GPU: the CUDA branches that need no kernel (resolution, precision rules,
-the record's fields, checkpoints written on a GPU) run here with torch.cuda's
-answers patched; everything that computes runs on the CPU."""
+the record's fields, checkpoints written on a GPU, which copies are non-blocking)
+run here with torch's answers patched; TF32 and fp16 with a gradient scaler run on
+the CPU (torch sets the flag and scales gradients there too); everything that
+computes runs on the CPU.
+
+What a CPU cannot show, ``benchmarks/gpu_check.py`` runs on a GPU with nothing
+patched: that TF32 kernels run, that MPS copies arrive intact, that fp16 trains
+with real overflow, that ``evaluate(dtype="bf16")`` on a CUDA model autocasts
+there (on a CPU model the CPU's rule and the model's device's rule are one), and
+that no sweep parent holds a CUDA context (nvidia-smi)."""
 
 import io
 import json
@@ -21,7 +29,7 @@ from attnscale.core import device as dev
 from attnscale.errors import ConfigError
 from attnscale.lm.data import Corpus
 from attnscale.lm.model import ModelConfig
-from attnscale.lm.train import TrainConfig, evaluate, train
+from attnscale.lm.train import TrainConfig, evaluate, lr_at, train
 from attnscale.runs.trainer import train_run
 
 from test_train import V, corpus  # noqa: F401  (the tiny corpus fixture)
@@ -81,6 +89,43 @@ def test_gpu_index_past_the_last_is_refused(two_gpus):
         dev.resolve_device("cuda:2")
 
 
+def test_resolving_a_gpu_starts_no_cuda_context(two_gpus, monkeypatch):
+    """A sweep's parent resolves the device only to refuse a missing one; asking torch.cuda.current_device()
+    there would start a CUDA context the parent then holds, idle, on the GPU for the whole sweep."""
+    def started():
+        raise AssertionError("CUDA was initialised")
+
+    monkeypatch.setattr(torch.cuda, "current_device", started)
+    monkeypatch.setattr(torch.cuda, "_lazy_init", started)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    assert dev.resolve_device("auto") == dev.resolve_device("cuda") == torch.device("cuda", 0)
+    assert dev.resolve_device("cuda:1") == torch.device("cuda", 1)
+    # once CUDA is running (the run's own process), "cuda" is the current GPU, as torch says
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert dev.resolve_device("cuda") == torch.device("cuda", 1)
+
+
+def test_a_record_written_by_a_sweep_parent_starts_no_cuda_context(two_gpus, monkeypatch, tmp_path):
+    """The runner marks each run "running" from the parent process; the record's environment named the
+    GPU through torch.cuda.get_device_name, which starts CUDA: the parent then held an idle context."""
+    from attnscale.runs import record as rec
+    from attnscale.runs.trainer import mark_running
+
+    def started(*a):
+        raise AssertionError("CUDA was initialised")
+
+    monkeypatch.setattr(torch.cuda, "_lazy_init", started)
+    monkeypatch.setattr(torch.cuda, "get_device_name", started)
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: False)
+    mark_running(tmp_path, {"model": {}, "train": {}, "corpus": {}}, None)
+    assert rec.read(tmp_path).environment["cuda"] is None
+    # a process that runs on the GPU (a worker) names it
+    monkeypatch.setattr(torch.cuda, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda i=None: "NVIDIA H200")
+    assert rec.new("train", {}, None).environment["cuda"] == "NVIDIA H200"
+
+
 @pytest.mark.parametrize("spec", ["gpu", "cuda:", "cuda:-1", "cuda:x", "tpu", "", 3, None])
 def test_malformed_spec_is_a_config_error(spec):
     with pytest.raises(ConfigError, match="device"):
@@ -122,17 +167,45 @@ def test_cpu_precision_follows_native_bf16(monkeypatch):
         dev.resolve_precision("fp8", cpu)
 
 
-def test_cuda_precision_bf16_where_native_else_fp16_with_scaler_fp32_with_tf32(monkeypatch):
+@pytest.mark.parametrize("capability, name, autocast, scaler", [
+    ((9, 0), "bf16", torch.bfloat16, False),  # Hopper
+    ((8, 0), "bf16", torch.bfloat16, False),  # Ampere: bf16 tensor cores
+    ((7, 5), "fp16", torch.float16, True),  # Turing: fp16 tensor cores
+    ((7, 0), "fp16", torch.float16, True),  # Volta
+    ((6, 1), "fp32", None, False),  # Pascal: no tensor cores, fp16 at 1/64 rate on most
+    ((6, 0), "fp32", None, False),  # P100: fast fp16, but no tensor cores either
+])
+def test_cuda_auto_precision_by_compute_capability(monkeypatch, capability, name, autocast, scaler):
+    monkeypatch.setattr(dev, "_cuda_capability", lambda d: capability)
+    p = dev.resolve_precision("auto", torch.device("cuda", 0))
+    assert (p.device_type, p.name, p.autocast, p.scaler) == ("cuda", name, autocast, scaler)
+
+
+def test_cuda_fp32_allows_tf32_and_fp16_always_scales(monkeypatch):
     gpu = torch.device("cuda", 0)
-    monkeypatch.setattr(dev, "_cuda_native_bf16", lambda d: True)
-    p = dev.resolve_precision("auto", gpu)
-    assert (p.device_type, p.name, p.autocast, p.scaler, p.tf32) == ("cuda", "bf16", torch.bfloat16, False, False)
-    monkeypatch.setattr(dev, "_cuda_native_bf16", lambda d: False)
-    p = dev.resolve_precision("auto", gpu)
-    assert (p.name, p.autocast, p.scaler) == ("fp16", torch.float16, True)
+    monkeypatch.setattr(dev, "_cuda_capability", lambda d: (8, 0))
     p = dev.resolve_precision("fp32", gpu)
     assert (p.name, p.autocast, p.scaler, p.tf32) == ("fp32", None, False, True)
-    assert dev.resolve_precision("auto", torch.device("mps")).name == "fp32"
+    p = dev.resolve_precision("fp16", gpu)
+    assert (p.name, p.autocast, p.scaler, p.tf32) == ("fp16", torch.float16, True, False)
+
+
+def test_mps_fp16_gets_a_scaler_where_torch_has_one(monkeypatch):
+    mps = torch.device("mps")
+    assert dev.resolve_precision("auto", mps).name == "fp32"
+    monkeypatch.setattr(dev, "_mps_grad_scaler", lambda: True)
+    p = dev.resolve_precision("fp16", mps)
+    assert (p.device_type, p.name, p.autocast, p.scaler) == ("mps", "fp16", torch.float16, True)
+    assert not dev.resolve_precision("bf16", mps).scaler
+    monkeypatch.setattr(dev, "_mps_grad_scaler", lambda: False)
+    with pytest.raises(ConfigError, match=r"fp16.*MPS.*2\.8.*--dtype bf16"):
+        dev.resolve_precision("fp16", mps)
+
+
+@pytest.mark.parametrize("version, has", [("2.7.1", False), ("2.8.0", True), ("2.13.0+cpu", True), ("3.0.0", True)])
+def test_mps_grad_scaler_from_torch_2_8(monkeypatch, version, has):
+    monkeypatch.setattr(torch, "__version__", version)
+    assert dev._mps_grad_scaler() is has
 
 
 def test_autocast_on_the_cpu():
@@ -143,18 +216,90 @@ def test_autocast_on_the_cpu():
         assert (a @ a).dtype == torch.float32
 
 
-def test_tf32_is_on_inside_and_restored_after():
-    before = torch.backends.cuda.matmul.fp32_precision
-    with dev.autocast(dev.Precision("cuda", "fp32", None, tf32=True)):
-        assert torch.backends.cuda.matmul.fp32_precision == "tf32"
-    assert torch.backends.cuda.matmul.fp32_precision == before
+def _fp32_settings():
+    return [(o, o.fp32_precision) for o in dev._fp32_precision_settings()], torch.get_float32_matmul_precision()
 
 
-def test_scaler_only_scales_fp16_on_cuda():
+@pytest.mark.parametrize("user_level", [None, "high", "highest"])
+def test_tf32_is_on_inside_readable_by_the_legacy_api_and_restored_exactly(user_level):
+    if user_level is not None:
+        torch.set_float32_matmul_precision(user_level)
+    try:
+        before = _fp32_settings()
+        with dev.tf32(dev.Precision("cuda", "fp32", None, tf32=True)):
+            assert torch.backends.cuda.matmul.fp32_precision == "tf32"
+            assert torch.get_float32_matmul_precision() == "high"  # raised "mix of the legacy and new APIs" before
+            assert torch.backends.cuda.matmul.allow_tf32
+        assert _fp32_settings() == before
+        with dev.tf32(dev.Precision("cuda", "bf16", torch.bfloat16)):  # no TF32 asked: nothing touched
+            assert _fp32_settings() == before
+    finally:
+        for obj, value in before[0]:
+            obj.fp32_precision = value
+
+
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")  # the embedding's input needs no gradient
+def test_tf32_holds_through_the_backward_of_a_training_step(corpus, monkeypatch):
+    """The flag as a backward hook reads it, in a real training run (TF32 asked for on the CPU, where torch
+    keeps the flag but has no TF32 kernels: the numbers are the plain fp32 ones)."""
+    monkeypatch.setattr(dev, "resolve_precision", lambda dtype, device: dev.Precision("cpu", "fp32", None, tf32=True))
+    seen = {"forward": set(), "backward": set()}
+
+    def read(phase):
+        def hook(*_):
+            seen[phase].add((torch.get_float32_matmul_precision(), torch.backends.cuda.matmul.fp32_precision))
+        return hook
+
+    handles = [torch.nn.modules.module.register_module_forward_hook(read("forward")),
+               torch.nn.modules.module.register_module_full_backward_hook(read("backward"))]
+    try:
+        before = _fp32_settings()
+        res = train(mcfg(), tcfg(steps=3, device="cpu"), corpus)
+    finally:
+        for h in handles:
+            h.remove()
+    assert res["status"] == "done"
+    assert seen["forward"] == seen["backward"] == {("high", "tf32")}
+    assert _fp32_settings() == before
+
+
+def test_scaler_only_scales_fp16():
     scaler = dev.grad_scaler(dev.Precision("cpu", "fp32", None))
     loss = torch.tensor(2.0)
     assert not scaler.is_enabled() and scaler.scale(loss) is loss
     assert not dev.grad_scaler(dev.Precision("cpu", "bf16", torch.bfloat16)).is_enabled()
+
+
+# ---- copies to the device ----------------------------------------------------------
+
+
+@pytest.fixture
+def copies(monkeypatch):
+    """Tensor.to recorded instead of run (no GPU here), and pinning as a CUDA build does it."""
+    calls = []
+    monkeypatch.setattr(torch.Tensor, "to", lambda self, *a, **k: (calls.append((a, k)), self)[1])
+    pinned = set()
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda self: (pinned.add(id(self)), self)[1])
+    monkeypatch.setattr(torch.Tensor, "is_pinned", lambda self: id(self) in pinned)
+    return calls
+
+
+def test_copies_to_cuda_are_non_blocking_from_pinned_memory(copies):
+    x, y = torch.zeros(2, 3, dtype=torch.long), torch.ones(2, 3, dtype=torch.long)
+    dev.to_device(torch.device("cuda", 0), x, y)
+    assert [k.get("non_blocking") for _, k in copies] == [True, True]
+
+
+def test_copies_to_mps_block(copies):
+    """A non-blocking copy of an unpinned CPU tensor to MPS can read freed memory (PyTorch 139550, 189690)."""
+    x = torch.zeros(2, 3, dtype=torch.long)
+    dev.to_device(torch.device("mps"), x, x)
+    assert len(copies) == 2 and not any(k.get("non_blocking") for _, k in copies)
+
+
+def test_copies_to_the_cpu_are_no_copies():
+    x = torch.zeros(2)
+    assert dev.to_device(torch.device("cpu"), x)[0] is x
 
 
 # ---- the record --------------------------------------------------------------------
@@ -323,6 +468,97 @@ def test_checkpoint_from_a_gpu_resumes_on_the_cpu(corpus, tmp_path, no_gpu):
     assert json.loads(json.dumps(numbers(resumed))) == json.loads(json.dumps(numbers(whole)))
 
 
+# ---- the update: skipped on the device, read back after ----------------------------
+
+
+def test_the_read_back_follows_the_optimiser_step(corpus, monkeypatch):
+    """The step's one sync comes after the update is queued: a GPU never idles while the host decides."""
+    import attnscale.lm.train as T
+
+    events = []
+    real_step, real_read = torch.optim.AdamW.step, T.read_back
+    monkeypatch.setattr(torch.optim.AdamW, "step", lambda self, *a, **k: (events.append("step"), real_step(self, *a, **k))[1])
+    monkeypatch.setattr(T, "read_back", lambda *a: (events.append("read"), real_read(*a))[1])
+    train(mcfg(), tcfg(steps=4), corpus)
+    assert events == ["step", "read"] * 4 + ["read"]  # the last: the trained model's diagnostics
+
+
+def test_a_nan_loss_leaves_the_weights_as_they_were(corpus, monkeypatch):
+    from attnscale.lm.model import TinyLM
+
+    real, seen = TinyLM.loss, {}
+
+    def flaky(self, x, y):
+        seen["n"] = seen.get("n", 0) + 1
+        if seen["n"] == 3:
+            seen["model"], seen["before"] = self, {k: v.clone() for k, v in self.state_dict().items()}
+            return real(self, x, y) * float("nan")
+        return real(self, x, y)
+
+    monkeypatch.setattr(TinyLM, "loss", flaky)
+    res = train(mcfg(), tcfg(steps=6), corpus)
+    assert res["status"] == "diverged" and res["diverged_at"] == 2 and res["steps_done"] == 2
+    after = seen["model"].state_dict()
+    assert all(torch.equal(after[k], v) for k, v in seen["before"].items())
+
+
+# ---- fp16: the gradient scaler -------------------------------------------------------
+
+
+class CountingScaler(torch.amp.GradScaler):
+    """A GradScaler that keeps its scale before and after each update: a skipped step halves it."""
+
+    def __init__(self, *a, **k):
+        super().__init__(*a, **k)
+        self.trace = []
+
+    def update(self, new_scale=None):
+        before = self.get_scale()
+        super().update(new_scale)
+        self.trace.append((before, self.get_scale()))
+
+
+@pytest.fixture
+def fp16_on_the_cpu(monkeypatch):
+    """fp16 autocast with a GradScaler, on the CPU (refused to users, who have no fast fp16 matmuls there; torch
+    runs it). The scale starts at 2**40 and grows every 2 steps, so a tiny run overflows and skips steps."""
+    scalers = []
+    monkeypatch.setattr(dev, "resolve_precision", lambda dtype, device: dev.Precision("cpu", "fp16", torch.float16, scaler=True))
+    monkeypatch.setattr(dev, "grad_scaler", lambda p: scalers.append(CountingScaler("cpu", init_scale=2.0**40, growth_interval=2))
+                        or scalers[-1])
+    return scalers
+
+
+def test_fp16_skipped_steps_move_neither_the_schedule_nor_the_count(corpus, fp16_on_the_cpu):
+    cfg = tcfg(steps=8, record_every=2)
+    seen = []
+    res = train(mcfg(), cfg, corpus, on_step=lambda step, steps, info: seen.append((step, info["lr"])))
+    trace = fp16_on_the_cpu[0].trace
+    skipped = sum(after < before for before, after in trace)
+    assert skipped >= 3  # 2**40 must come down to where fp16 gradients fit
+    assert len(trace) - skipped == cfg.steps == res["steps_done"]  # 8 real updates, not 8 minus the skipped
+    assert seen == [(s + 1, lr_at(s, cfg)) for s in range(cfg.steps)]
+    assert [r["step"] for r in res["history"]] == [0, 2, 4, 6, 8]
+    assert any(f"skipped {skipped} step" in n for n in res["notes"])
+
+
+def test_fp16_scaler_state_survives_a_kill_and_resume(corpus, tmp_path, fp16_on_the_cpu):
+    def numbers(res):
+        return [{k: v for k, v in row.items() if k != "elapsed_s"} for row in res["history"]], res["perplexity"]
+
+    cfg = tcfg(steps=8, checkpoint_every=2, record_every=2)
+    whole = train(mcfg(), cfg, corpus)
+    done = []
+    cut = train_run(mcfg(), cfg, corpus, tmp_path, should_stop=lambda: len(done) >= 5, on_step=lambda *a: done.append(a))
+    assert cut.status == "stopped"
+    saved = torch.load(tmp_path / "checkpoint.pt", weights_only=False)["scaler"]["scale"]
+    assert saved < 2.0**40  # the scale reached at step 4
+    resumed = train_run(mcfg(), cfg, corpus, tmp_path).results.to_json()
+    assert resumed["resumed_from"] == 4
+    assert fp16_on_the_cpu[2].trace[0][0] == saved  # the resumed scaler starts where the cut one was
+    assert json.loads(json.dumps(numbers(resumed))) == json.loads(json.dumps(numbers(whole)))
+
+
 def test_device_and_attention_do_not_make_another_run():
     from attnscale.runs.store import comparable_config
 
@@ -394,3 +630,130 @@ def test_inspect_on_a_device_equals_inspect_where_the_model_is(corpus):
     there = inspect_model(model, ids, max_tokens=16, batch=2, device="cpu")
     assert [r["model"] for r in there.rows] == [r["model"] for r in here.rows]
     assert math.isfinite(there.rows[0]["model"]["spread"])
+
+
+# ---- the public diagnostics on MPS (no float64 there) ----------------------------------
+
+
+def test_head_pool_for_mps_scores_sums_on_the_cpu():
+    from attnscale.core.diagnostics import HeadPool
+
+    pool = HeadPool(2, device="mps")  # MPS has no float64: torch.zeros(..., float64, device="mps") raises there
+    assert {t.device.type for t in (pool.sum, pool.sum_sq, pool.entries, pool.rows)} == {"cpu"}
+
+
+@pytest.mark.skipif(not dev._mps_available(), reason="needs Apple's MPS (a CPU cannot show what MPS refuses)")
+def test_public_diagnostics_take_mps_tensors_and_agree_with_the_cpu():
+    from attnscale.core import diagnostics as D
+
+    scores = torch.randn(2, 3, 6, 6, generator=torch.Generator().manual_seed(0))
+    scores = scores.masked_fill(~torch.ones(6, 6, dtype=torch.bool).tril(), float("-inf"))
+    pattern = torch.softmax(scores, -1)
+    on_mps = scores.to("mps"), pattern.to("mps")
+    torch.testing.assert_close(D.spread(on_mps[0], dim=(0, 2, 3)), D.spread(scores, dim=(0, 2, 3)))
+    for fn in (D.entropy, D.effective_words, D.push):
+        torch.testing.assert_close(fn(on_mps[1]), fn(pattern))
+    assert D.frozen_fraction(on_mps[1]) == D.frozen_fraction(pattern)
+    assert D.row_summary(on_mps[1]) == pytest.approx(D.row_summary(pattern))
+    torch.testing.assert_close(D.head_measures(*on_mps), D.head_measures(scores, pattern))
+    pool = D.HeadPool(3, device="mps")
+    pool.add(*on_mps)
+    assert pool.result() == pytest.approx(D.head_summary(scores, pattern))
+
+
+# ---- on a real GPU, nothing patched (skipped without one; benchmarks/gpu_check.py runs them) ----------
+
+cuda_only = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+def _cuda_dtypes():
+    if not torch.cuda.is_available():
+        return ["fp32"]
+    return ["fp32", "fp16"] + (["bf16"] if torch.cuda.get_device_capability()[0] >= 8 else [])
+
+
+@cuda_only
+@pytest.mark.parametrize("dtype", ["auto", "fp32", "bf16", "fp16"])
+def test_gpu_trains_in_each_precision(corpus, dtype):
+    if dtype not in _cuda_dtypes() + ["auto"]:
+        pytest.skip(f"{dtype} is not native on this GPU")
+    res = train(mcfg(impl="fused"), tcfg(steps=8, device="cuda", dtype=dtype), corpus)
+    assert res["status"] == "done" and math.isfinite(res["perplexity"])
+    assert res["device"]["type"] == "cuda" and res["dtype"] == (dev.resolve_precision(dtype, dev.resolve_device("cuda")).name)
+    assert res["attention"] == "fused" and all(math.isfinite(v) for v in res["history"][-1]["spread"][0])
+
+
+@cuda_only
+def test_gpu_tf32_runs_inside_and_not_outside():
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("TF32 needs Ampere (8.0) or later")
+    a, b = (torch.randn(512, 512, generator=torch.Generator().manual_seed(i), dtype=torch.float64) for i in range(2))
+    exact = a @ b
+
+    def error():
+        got = (a.float().cuda() @ b.float().cuda()).double().cpu()
+        return float((got - exact).abs().max() / exact.abs().max())
+
+    with dev.tf32(dev.resolve_precision("fp32", torch.device("cuda", 0))):
+        inside = error()
+    outside = error()
+    assert inside > 1e-4 > outside  # TF32 keeps 10 mantissa bits, fp32 23
+
+
+@cuda_only
+def test_gpu_evaluate_bf16_autocasts_on_the_gpu(corpus):
+    from attnscale.lm.model import TinyLM
+
+    if torch.cuda.get_device_capability()[0] < 8:
+        pytest.skip("bf16 needs Ampere (8.0) or later")
+    model = TinyLM(mcfg()).cuda()
+    dtypes = set()
+    handle = torch.nn.modules.module.register_module_forward_hook(
+        lambda m, i, o: dtypes.add(o.dtype) if isinstance(m, torch.nn.Linear) else None)
+    try:
+        evaluate(model, corpus.valid, 4, 2, "bf16")
+    finally:
+        handle.remove()
+    assert torch.bfloat16 in dtypes
+
+
+@cuda_only
+def test_gpu_copies_arrive_intact():
+    gpu = torch.device("cuda", 0)
+    for i in range(200):  # fresh tensors, freed right after: what a non-blocking copy from unpinned memory would garble
+        x = torch.randint(0, 1000, (32, 64), generator=torch.Generator().manual_seed(i))
+        (y,) = dev.to_device(gpu, x.clone())
+        assert torch.equal(y.cpu(), x)
+
+
+@pytest.mark.skipif(not dev._mps_available(), reason="needs Apple's MPS")
+def test_mps_copies_arrive_intact():
+    for i in range(200):
+        x = torch.randint(0, 1000, (32, 64), generator=torch.Generator().manual_seed(i))
+        (y,) = dev.to_device(torch.device("mps"), x.clone())
+        assert torch.equal(y.cpu(), x)
+
+
+@cuda_only
+def test_gpu_checkpoint_resumes_on_the_cpu(corpus, tmp_path):
+    done = []
+    cfg = tcfg(steps=8, checkpoint_every=2, device="cuda", dtype="fp32")
+    cut = train_run(mcfg(), cfg, corpus, tmp_path, should_stop=lambda: len(done) >= 5, on_step=lambda *a: done.append(a))
+    assert cut.status == "stopped"
+    resumed = train_run(mcfg(), tcfg(steps=8, checkpoint_every=2, device="cpu", dtype="fp32"), corpus, tmp_path)
+    assert resumed.status == "done" and resumed.results.resumed_from == 4
+    assert resumed.results.device["type"] == "cpu"
+
+
+@cuda_only
+def test_gpu_fp16_scores_stay_finite():
+    from attnscale import Attention, record
+
+    attn = Attention(4, 1, 4, scale="none", impl="explicit").cuda()
+    with torch.no_grad():
+        attn.q_proj.weight.fill_(50.0)
+        attn.k_proj.weight.fill_(50.0)
+    with record(attn, ["hook_scores"]) as c, torch.autocast("cuda", dtype=torch.float16):
+        attn(torch.ones(1, 3, 4, device="cuda"))
+    visible = torch.ones(3, 3, dtype=torch.bool, device="cuda").tril()
+    assert (c["hook_scores"][0, 0][visible] == 160_000.0).all()

@@ -4,6 +4,9 @@ Reference path (the one the diagnostics read):
 
     scores = scale(q, k)  ->  mask with -inf  ->  softmax in fp32  ->  @ v
 
+The scores are fp32 in an fp16 run (q·k passes fp16's range before the scale
+factor brings it down); in fp32 and bf16 they keep the inputs' dtype.
+
 Masking rule: masked entries are -inf in ``hook_scores`` (so a reader can tell
 them apart from small scores) and exactly 0 in ``hook_pattern``; a row with no
 visible key gets all-zero weights rather than NaN.
@@ -71,10 +74,26 @@ def attend(
     return _attend(q_BHTD, k_BHTD, v_BHTD, scale, mask, rows_may_be_empty=True)
 
 
+def _in_fp16(x: torch.Tensor) -> bool:
+    kind = x.device.type
+    return x.dtype == torch.float16 or (torch.is_autocast_enabled(kind) and torch.get_autocast_dtype(kind) == torch.float16)
+
+
+def _scores(scale: ScoreScale, q_BHTD: torch.Tensor, k_BHTD: torch.Tensor) -> torch.Tensor:
+    """``scale.scores``, in fp32 where q·k would be computed in fp16: the product comes before
+    the factor, and without a scale (or once q and k have grown) it passes fp16's largest
+    number, 65,504, and becomes inf, which every reader of the scores takes for a masked entry.
+    fp32 and bf16 (fp32's range) are computed as they are, their numbers unchanged."""
+    if not _in_fp16(q_BHTD):
+        return scale.scores(q_BHTD, k_BHTD)
+    with torch.autocast(q_BHTD.device.type, enabled=False):
+        return scale.scores(q_BHTD.float(), k_BHTD.float())
+
+
 def _attend(q_BHTD, k_BHTD, v_BHTD, scale: ScoreScale, mask, rows_may_be_empty: bool):
     """``attend``; ``rows_may_be_empty=False`` (a causal mask, no padding: every row sees
     its own key) skips the zeroing of rows with no visible key, which would change nothing."""
-    scores_BHTT = scale.scores(q_BHTD, k_BHTD)
+    scores_BHTT = _scores(scale, q_BHTD, k_BHTD)
     if mask is not None:
         # + 0 / -inf gives masked_fill's scores exactly, and costs nothing in the backward
         # (softmax already sends no gradient where its weight is 0)

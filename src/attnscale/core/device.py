@@ -13,11 +13,15 @@ stay in fp32 whatever it says (attention.py and model.py cast them). The rules:
   (AVX512-BF16 or AMX); elsewhere bf16 is emulated and slower than fp32, so
   "auto" is fp32. fp16 is refused (no fast fp16 matmuls on CPUs).
 - CUDA: "auto" is bf16 on GPUs that compute in it natively (compute capability
-  8.0 and up), else fp16 with a gradient scaler (fp16's narrow exponent
-  underflows small gradients; the scaler multiplies the loss before backward
-  and divides the gradients back). "fp32" keeps fp32 tensors but lets
-  matmuls use TF32 tensor cores (10-bit mantissa, fp32 range).
-- MPS: "auto" is fp32; bf16 and fp16 autocast on request.
+  8.0 and up); fp16 with a gradient scaler on Volta and Turing (7.x), whose
+  tensor cores compute in fp16 (fp16's narrow exponent underflows small
+  gradients; the scaler multiplies the loss before backward and divides the
+  gradients back); fp32 on older GPUs (Pascal and before: no tensor cores, and
+  most of them run fp16 at a fraction of their fp32 rate). "fp32" keeps fp32
+  tensors but lets matmuls use TF32 tensor cores (10-bit mantissa, fp32 range)
+  for the whole step, forward and backward (``tf32``).
+- MPS: "auto" is fp32; bf16 and fp16 autocast on request, fp16 with a gradient
+  scaler (torch 2.8 and newer have one for MPS).
 
 ``describe_device(device, dtype)`` is the dict a run record keeps.
 """
@@ -36,7 +40,7 @@ import torch
 from attnscale.errors import ConfigError
 
 __all__ = ["DEVICES", "DTYPES", "check_device_spec", "resolve_device", "describe_device", "native_bf16", "Precision",
-           "resolve_precision", "autocast", "grad_scaler", "to_device"]
+           "resolve_precision", "autocast", "tf32", "grad_scaler", "to_device"]
 
 DEVICES = ("auto", "cpu", "cuda", "cuda:N", "mps")
 DTYPES = ("auto", "fp32", "bf16", "fp16")
@@ -59,15 +63,22 @@ def check_device_spec(spec: str) -> str:
     return spec
 
 
+def _current_cuda_index() -> int:
+    """The current GPU without starting CUDA here: asking torch.cuda.current_device() creates this
+    process's CUDA context, which a sweep's parent (it only checks the device) would then hold idle
+    on the GPU for the whole sweep. Before anything started CUDA, the current GPU is 0."""
+    return torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+
+
 def resolve_device(spec: str | torch.device = "auto") -> torch.device:
     """The ``torch.device`` for "auto", "cpu", "cuda", "cuda:N" or "mps"; a ConfigError when
-    the spec is malformed or this machine lacks the device."""
+    the spec is malformed or this machine lacks the device. Starts no CUDA context (only counts GPUs)."""
     if isinstance(spec, torch.device):
         spec = str(spec)
     text = check_device_spec(spec).strip().lower()
     if text == "auto":
         if torch.cuda.is_available():
-            return torch.device("cuda", torch.cuda.current_device())
+            return torch.device("cuda", _current_cuda_index())
         return torch.device("mps") if _mps_available() else torch.device("cpu")
     if text == "cpu":
         return torch.device("cpu")
@@ -80,7 +91,7 @@ def resolve_device(spec: str | torch.device = "auto") -> torch.device:
     if not torch.cuda.is_available():
         why = "this torch is built without CUDA" if torch.version.cuda is None else "no CUDA GPU is visible"
         raise ConfigError(f"device {spec!r} is not available ({why}); use --device cpu or auto")
-    index = int(match.group(1)) if match.group(1) is not None else torch.cuda.current_device()
+    index = int(match.group(1)) if match.group(1) is not None else _current_cuda_index()
     count = torch.cuda.device_count()
     if index >= count:
         raise ConfigError(f"device {spec!r} is not available: this machine has {count} CUDA GPU(s), "
@@ -100,8 +111,22 @@ def native_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def _cuda_native_bf16(device: torch.device) -> bool:
-    return torch.cuda.get_device_properties(device).major >= 8  # Ampere and later compute in bf16
+def _cuda_capability(device: torch.device) -> tuple[int, int]:
+    props = torch.cuda.get_device_properties(device)
+    return props.major, props.minor
+
+
+def _cuda_auto_dtype(device: torch.device) -> str:
+    """bf16 from Ampere (8.0: bf16 tensor cores), fp16 on Volta and Turing (7.x: fp16 tensor cores),
+    fp32 before (Pascal's P100 has fast fp16 but no tensor cores, its other GPUs run fp16 at 1/64 rate)."""
+    major, _ = _cuda_capability(device)
+    return "bf16" if major >= 8 else "fp16" if major >= 7 else "fp32"
+
+
+def _mps_grad_scaler() -> bool:
+    """torch 2.8 brought GradScaler's unscale kernel to MPS; before it, GradScaler("mps") fails in float64."""
+    major, minor = (int(x) for x in re.match(r"(\d+)\.(\d+)", torch.__version__).groups())
+    return (major, minor) >= (2, 8)
 
 
 @dataclass(frozen=True)
@@ -124,45 +149,90 @@ def resolve_precision(dtype: str, device: torch.device) -> Precision:
     kind = device.type
     if dtype == "auto":
         if kind == "cuda":
-            dtype = "bf16" if _cuda_native_bf16(device) else "fp16"
+            dtype = _cuda_auto_dtype(device)
         elif kind == "cpu":
             dtype = "bf16" if native_bf16() else "fp32"
         else:
             dtype = "fp32"
     if dtype == "fp16" and kind == "cpu":
         raise ConfigError("dtype 'fp16' needs a GPU (CPUs have no fast fp16 matmuls); use --dtype bf16 or fp32 on the CPU")
+    if dtype == "fp16" and kind == "mps" and not _mps_grad_scaler():
+        raise ConfigError(f"dtype 'fp16' on MPS needs a gradient scaler, which torch {torch.__version__} lacks there "
+                          "(2.8 and newer have one); use --dtype bf16 or fp32")
     if dtype == "fp32":
         return Precision(kind, "fp32", None, tf32=kind == "cuda")
-    return Precision(kind, dtype, _TORCH_DTYPES[dtype], scaler=dtype == "fp16" and kind == "cuda")
+    return Precision(kind, dtype, _TORCH_DTYPES[dtype], scaler=dtype == "fp16")
 
 
 @contextlib.contextmanager
 def autocast(precision: Precision) -> Iterator[None]:
-    """Autocast for ``precision``; plain fp32 runs without one. TF32 matmuls are
-    allowed while it is open where the precision says so, and restored after."""
-    with contextlib.ExitStack() as stack:
-        if precision.tf32:
-            before = torch.backends.cuda.matmul.fp32_precision
-            torch.backends.cuda.matmul.fp32_precision = "tf32"
-            stack.callback(setattr, torch.backends.cuda.matmul, "fp32_precision", before)
-        if precision.autocast is not None:
-            stack.enter_context(torch.autocast(precision.device_type, dtype=precision.autocast))
+    """Autocast for ``precision``, around a forward pass (the backward follows the casts it made); plain fp32
+    runs without one. TF32 is not this: it must hold through the backward too (``tf32``)."""
+    if precision.autocast is None:
+        yield
+        return
+    with torch.autocast(precision.device_type, dtype=precision.autocast):
         yield
 
 
+def _fp32_precision_settings() -> list[Any]:
+    """The objects that hold torch's per-backend fp32 precision (torch 2.9 and newer), parents first."""
+    b = torch.backends
+    found = [b] + [getattr(b, m, None) for m in ("cuda", "cudnn", "mkldnn")]
+    found += [getattr(getattr(b, m, None), leaf, None) for m in ("cuda", "cudnn", "mkldnn") for leaf in ("matmul", "conv", "rnn")]
+    return [o for o in found if o is not None and hasattr(o, "fp32_precision")]
+
+
+@contextlib.contextmanager
+def tf32(precision: Precision) -> Iterator[None]:
+    """TF32 matmuls while open, where ``precision.tf32`` says so; torch's settings exactly as they were after.
+
+    Open it around the whole step: the backward does about two thirds of the matmuls.
+    It is switched on through ``torch.set_float32_matmul_precision("high")``, which
+    sets torch's legacy flag and its newer per-backend settings (torch 2.9) alike:
+    setting only the newer ``torch.backends.cuda.matmul.fp32_precision`` leaves the two
+    disagreeing, and whatever reads the legacy one inside (torch.compile, Lightning,
+    ``torch.get_float32_matmul_precision()``) raises "mix of the legacy and new APIs"."""
+    if not precision.tf32:
+        yield
+        return
+    try:
+        level = torch.get_float32_matmul_precision()
+    except RuntimeError:  # the caller's settings mix the two APIs already: the legacy level cannot be read
+        level = None
+    # torch 2.9+ keeps the legacy level apart from the per-backend settings: both are put back,
+    # the level first (setting it rewrites the others), then each setting as it was, "none" included
+    before = [(o, o.fp32_precision) for o in _fp32_precision_settings()]
+    torch.set_float32_matmul_precision("high")
+    try:
+        yield
+    finally:
+        if level is not None:
+            torch.set_float32_matmul_precision(level)
+        for obj, value in before:
+            obj.fp32_precision = value
+
+
 def grad_scaler(precision: Precision) -> torch.amp.GradScaler:
-    """A GradScaler that scales only where the precision needs one (fp16 on CUDA); a no-op otherwise."""
+    """A GradScaler that scales only where the precision needs one (fp16, on CUDA or MPS); a no-op otherwise."""
     device_type = precision.device_type if precision.scaler else "cpu"
     return torch.amp.GradScaler(device_type, enabled=precision.scaler)
 
 
 def to_device(device: torch.device, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """Move tensors to ``device`` in one go; from pinned memory the copies to a GPU are non-blocking."""
+    """Move tensors to ``device`` in one go.
+
+    Only a copy to CUDA from pinned host memory is non-blocking: CUDA keeps a pinned
+    source alive until the copy ends. Anywhere else (MPS above all) a non-blocking copy
+    of a fresh, unpinned CPU tensor can read its memory after Python has freed and
+    reused it (PyTorch issues 139550 and 189690): the model would train on wrong token
+    ids without an error. So MPS gets plain copies."""
     if device.type == "cpu":
         return tensors
     if device.type == "cuda":
-        tensors = tuple(t.pin_memory() if t.device.type == "cpu" else t for t in tensors)
-    return tuple(t.to(device, non_blocking=True) for t in tensors)
+        pinned = tuple(t.pin_memory() if t.device.type == "cpu" else t for t in tensors)
+        return tuple(t.to(device, non_blocking=t.is_pinned()) for t in pinned)
+    return tuple(t.to(device) for t in tensors)
 
 
 def _cpu_name() -> str:

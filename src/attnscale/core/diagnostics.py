@@ -9,6 +9,8 @@ Conventions, written once here:
   row under a causal mask) are left out too: with one choice a row is neither
   frozen nor free, and counting it would call every causal head partly frozen.
 - Entropy is in nats with 0·log 0 = 0, so a one-hot row has entropy 0.
+- Sums run in float64, which Apple's MPS lacks: tensors on MPS are measured on
+  the CPU (``_measurable``), and what comes back is on the CPU.
 """
 
 from __future__ import annotations
@@ -44,6 +46,11 @@ MIN_KEYS = 2
 FROZEN_HEAD_SHARE = 0.5
 
 
+def _measurable(x: torch.Tensor | None) -> torch.Tensor | None:
+    """``x`` where float64 can be computed: MPS tensors come to the CPU (MPS has no float64)."""
+    return x.cpu() if x is not None and x.device.type == "mps" else x
+
+
 def _counted(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
     keep = torch.isfinite(scores)
     if mask is not None:
@@ -56,7 +63,7 @@ def spread(scores: torch.Tensor, mask: torch.Tensor | None = None, dim=None) -> 
 
     With ``dim=None`` over all entries; otherwise over ``dim`` (an int or tuple),
     e.g. ``spread(scores_BHTT, dim=(0, 2, 3))`` gives one spread per head."""
-    x = scores.double()
+    x, mask = _measurable(scores).double(), _measurable(mask)
     keep = _counted(x, mask)
     x = torch.where(keep, x, 0.0)
     n = keep.sum(dim=dim) if dim is not None else keep.sum()
@@ -73,7 +80,7 @@ def spread(scores: torch.Tensor, mask: torch.Tensor | None = None, dim=None) -> 
 
 def entropy(p: torch.Tensor) -> torch.Tensor:
     """H(p) = -Σ p log p over the last dim, in nats, with 0·log 0 = 0."""
-    return torch.special.entr(p.double()).sum(-1).float()
+    return torch.special.entr(_measurable(p).double()).sum(-1).float()
 
 
 def effective_words(p: torch.Tensor) -> torch.Tensor:
@@ -90,7 +97,7 @@ def push(p: torch.Tensor) -> torch.Tensor:
 
     ||J||_F² = Σ_ij (δ_ij p_i - p_i p_j)² = Σp² - 2Σp³ + (Σp²)².
     It measures how much nudging the scores can still move the weights: 0 for a one-hot row."""
-    p = p.double()
+    p = _measurable(p).double()
     s2 = p.pow(2).sum(-1)
     s3 = p.pow(3).sum(-1)
     return (s2 - 2 * s3 + s2.pow(2)).clamp_min(0).sqrt().float()
@@ -103,6 +110,7 @@ def valid_rows(p: torch.Tensor) -> torch.Tensor:
 
 def frozen_fraction(p: torch.Tensor, threshold: float = FROZEN_THRESHOLD) -> float:
     """Share of rows whose largest weight exceeds ``threshold``."""
+    p = _measurable(p)
     rows = valid_rows(p)
     return float((max_weight(p)[rows] > threshold).double().mean())
 
@@ -113,6 +121,7 @@ def _quantiles(x: torch.Tensor, qs) -> list[float]:
 
 def row_summary(p: torch.Tensor, threshold: float = FROZEN_THRESHOLD) -> dict[str, float]:
     """Summaries over every row of ``p`` (any leading shape; rows are the last dim)."""
+    p = _measurable(p)
     rows = valid_rows(p)
     if not bool(rows.any()):
         raise ValueError("no row of attention weights sees any key")
@@ -153,7 +162,8 @@ def head_summary(scores_BHTT: torch.Tensor, pattern_BHTT: torch.Tensor, threshol
 
 def head_measures(scores_BHTT: torch.Tensor, pattern_BHTT: torch.Tensor, threshold: float = FROZEN_THRESHOLD) -> torch.Tensor:
     """``head_summary`` as one fp32 tensor of shape (len(HEAD_MEASURES), H), on the
-    tensors' device: a caller on a GPU reads many layers back in one transfer."""
+    tensors' device (the CPU for MPS): a caller on a GPU reads many layers back in one transfer."""
+    scores_BHTT, pattern_BHTT = _measurable(scores_BHTT), _measurable(pattern_BHTT)
     keep = torch.isfinite(scores_BHTT)
     rows_BHT = valid_rows(pattern_BHTT) & counted_rows(keep)
     n_rows = rows_BHT.sum((0, 2)).clamp_min(1).double()
@@ -195,6 +205,9 @@ class HeadPool:
     ``add`` over batches gives ``head_summary`` on the batches concatenated."""
 
     def __init__(self, heads: int, threshold: float = FROZEN_THRESHOLD, device: torch.device | str | None = None):
+        if device is not None and torch.device(device).type == "mps":
+            device = "cpu"  # float64 sums: MPS has none, so its scores are pooled on the CPU
+
         def zeros():  # on the scores' device: the sums never leave it until ``result``
             return torch.zeros(heads, dtype=torch.float64, device=device)
 
@@ -206,6 +219,7 @@ class HeadPool:
     def add(self, scores_BHTT: torch.Tensor, pattern_BHTT: torch.Tensor) -> None:
         """One batch as ``head_summary`` takes it: masked scores are -inf; rows
         count where they see at least ``MIN_KEYS`` keys and their weights sum to 1."""
+        scores_BHTT, pattern_BHTT = _measurable(scores_BHTT), _measurable(pattern_BHTT)
         keep_BHTT = torch.isfinite(scores_BHTT)
         self.add_scores(scores_BHTT, keep_BHTT)
         rows_BHT = valid_rows(pattern_BHTT) & counted_rows(keep_BHTT)
@@ -216,6 +230,7 @@ class HeadPool:
     def add_scores(self, scores_BHTT: torch.Tensor, keep: torch.Tensor) -> None:
         """Spread and max |score| sums over the entries where the boolean ``keep``
         (broadcastable to B×H×T×T) is True; what it leaves out never counts."""
+        scores_BHTT, keep = _measurable(scores_BHTT), _measurable(keep)
         x_BHTT = torch.where(keep, scores_BHTT, 0.0).double()
         self.entries += keep.expand_as(scores_BHTT).sum((0, 2, 3)).double()
         self.sum += x_BHTT.sum((0, 2, 3))
@@ -225,6 +240,7 @@ class HeadPool:
     def add_rows(self, pattern_NHT: torch.Tensor) -> None:
         """Row measurements of N rows × H heads that all count (gathered by the
         caller with ``counted_rows``), e.g. only the real rows of a padded batch."""
+        pattern_NHT = _measurable(pattern_NHT)
         self.rows += pattern_NHT.shape[0]
         for k, v_NH in _row_stats(pattern_NHT, self.threshold).items():
             self.row_sums[k] += v_NH.sum(0).double()

@@ -2,8 +2,8 @@
 
 ``comparable_config``: the part of a run's config that decides its results (a
 rerun must match it to keep a finished run or resume a checkpoint);
-``Checkpoint``: model, optimiser and batch-generator state, saved atomically,
-loaded on any device; ``save_weights``: a finished run's final weights as
+``Checkpoint``: model, optimiser, batch-generator and (fp16) gradient-scaler
+state, saved atomically, loaded on any device; ``save_weights``: a finished run's final weights as
 safetensors."""
 
 from __future__ import annotations
@@ -53,7 +53,10 @@ def run_config(model_cfg: ModelConfig, train_cfg: TrainConfig, corpus) -> dict[s
 
 
 class Checkpoint:
-    """Model, optimiser, batch-generator state and what was recorded, for resuming a run."""
+    """Model, optimiser, batch-generator and gradient-scaler state and what was recorded, for resuming a run.
+
+    The fp16 scaler's state (its loss scale and growth tracker) travels with the rest: a
+    resumed run that restarted at 2**16 would skip other steps than an uninterrupted one."""
 
     def __init__(self, path: Path, config: dict[str, Any]):
         self.path, self.config = path, config

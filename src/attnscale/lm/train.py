@@ -11,7 +11,9 @@ update), ``_record_trained`` (the trained model's diagnostics), ``evaluate``
 and ``_results``.
 
 A non-finite loss ends the run as "diverged" at that step and keeps what was
-recorded; ``train`` never raises for it (a sweep must finish).
+recorded; ``train`` never raises for it (a sweep must finish). In fp16 a step
+whose gradients overflow is skipped by the gradient scaler and retried on the
+next batch, moving neither the schedule nor the step count.
 
 Determinism: batches come from a local ``torch.Generator`` seeded with
 ``seed``; the weights from ``torch.manual_seed(seed)`` inside ``train``.
@@ -23,8 +25,9 @@ agree with the CPU only to float tolerance.
 Device and precision (``core.device``) are resolved once per run, recorded in
 the results (``"device"``), and passed down. Steps that do not record may take
 the fused SDPA path (``TrainConfig.attention``); steps that record always take
-the explicit one. Each step reads the device back once: the loss, the gradient
-norm and, on a recording step, every diagnostic in one transfer.
+the explicit one. Each step reads the device back once, after its update is
+queued: the loss, the gradient norm, whether the update was skipped and, on a
+recording step, every diagnostic in one transfer.
 """
 
 from __future__ import annotations
@@ -50,6 +53,9 @@ from attnscale.lm.recording import DIAGNOSTICS, read_back, recording, summarize
 __all__ = ["TrainConfig", "train", "run_config", "comparable_config", "save_weights", "lr_at", "evaluate", "DIAGNOSTICS", "summarize"]
 
 ATTENTION = ("auto", "fused", "explicit")
+# fp16 steps the scaler may skip in a row before the run counts as diverged: each skip halves the
+# loss scale, so 40 take 2**16 below 1e-7, where no gradient can overflow any more
+MAX_SKIPPED = 40
 
 
 @dataclass(frozen=True)
@@ -58,8 +64,8 @@ class TrainConfig:
 
     ``dtype``: "fp32", "bf16" (autocast: matmuls in bf16, softmax and loss in
     fp32), "fp16" (GPUs: autocast with a gradient scaler) or "auto" (bf16 where
-    the CPU or GPU computes in it natively; fp16 on older GPUs; else fp32; the
-    resolved one is in the results). ``device``: "auto" (CUDA, else MPS, else
+    the CPU or GPU computes in it natively; fp16 on Volta and Turing; else fp32;
+    the resolved one is in the results). ``device``: "auto" (CUDA, else MPS, else
     CPU), "cpu", "cuda", "cuda:N" or "mps". ``attention``: the path of steps
     that do not record: "fused" (SDPA, for every scheme it can express),
     "explicit", or "auto" (fused on GPUs; on the CPU the model config's ``impl``).
@@ -123,11 +129,12 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def _autocast(precision: "str | dev.Precision"):
-    """Autocast for a resolved precision (a dtype name means the CPU's rule)."""
-    if isinstance(precision, str):
-        precision = dev.resolve_precision(precision, torch.device("cpu"))
-    return dev.autocast(precision)
+@contextlib.contextmanager
+def _precision(precision: "dev.Precision", forward: bool = True):
+    """TF32 where the precision allows it, for all that runs inside (a step's forward and backward);
+    autocast too when ``forward``: autocast wraps the forward only, its backward follows the casts."""
+    with dev.tf32(precision), (dev.autocast(precision) if forward else contextlib.nullcontext()):
+        yield
 
 
 # On the CPU the fused path does not pay: at the presets' shape (T 64, batch 32,
@@ -162,18 +169,20 @@ def evaluate(model: TinyLM, ids: torch.Tensor, batch: int, max_batches: int | No
              dtype: "str | dev.Precision" = "fp32") -> dict[str, float]:
     """Held-out mean cross-entropy (nats, token-weighted) and perplexity = exp of it.
 
-    Runs on the model's device; ``dtype`` is a resolved ``Precision`` (a name means the CPU's rule).
-    The sum stays on the device in float64 and is read back once."""
+    Runs on the model's device; ``dtype`` is a resolved ``Precision``, or a name resolved
+    by the rule of the model's device. The sum stays on the device (float64; float32 on MPS,
+    which has no float64) and is read back once."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
+    precision = dtype if isinstance(dtype, dev.Precision) else dev.resolve_precision(dtype, device)
     total, tokens = torch.zeros((), dtype=torch.float64 if device.type != "mps" else torch.float32, device=device), 0
     try:
         for i, (x_BT, y_BT) in enumerate(eval_batches(ids, batch, model.cfg.context)):
             if max_batches is not None and i >= max_batches:
                 break
             x_BT, y_BT = dev.to_device(device, x_BT, y_BT)
-            with torch.no_grad(), _autocast(dtype):  # no graph: evaluation never backpropagates
+            with torch.no_grad(), _precision(precision):  # no graph: evaluation never backpropagates
                 logits_BTV = model(x_BT)
             total += torch.nn.functional.cross_entropy(logits_BTV.float().flatten(0, 1), y_BT.flatten(), reduction="sum")
             tokens += y_BT.numel()
@@ -240,6 +249,7 @@ class _Run:
     log_line: Callable[[dict[str, Any]], None] | None
     history: list[dict[str, Any]] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
+    skipped: int = 0  # fp16 steps the gradient scaler skipped (inf/NaN gradients); they do not count
     t0: float = field(default_factory=time.perf_counter)
 
     def log(self, row: dict[str, Any]) -> None:
@@ -263,7 +273,9 @@ def _build(model_cfg: ModelConfig, cfg: TrainConfig, log_line) -> _Run:
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=cfg.lr, betas=(0.9, cfg.beta2), fused=device.type in ("cpu", "cuda"),  # one kernel per step; ~4% faster than foreach on CPU
+        # one kernel per step (~4% faster than foreach on CPU), and it skips an update on the device where told to
+        # (found_inf), which MPS's fused kernel ignored until mid-2026 (PyTorch PR 186360): MPS keeps foreach
+        lr=cfg.lr, betas=(0.9, cfg.beta2), fused=device.type in ("cpu", "cuda"),
     )
     return _Run(model_cfg, cfg, device, precision, impl, model, opt, torch.Generator().manual_seed(cfg.seed),
                 dev.grad_scaler(precision), log_line)
@@ -277,35 +289,68 @@ def _resume(run: _Run, ckpt: Checkpoint | None) -> tuple[int, list[str]]:
     run.model.load_state_dict(state["model"])
     run.opt.load_state_dict(state["opt"])
     run.gen.set_state(state["gen"])
+    if state.get("scaler"):  # fp16: the loss scale it had reached, not 2**16 again
+        run.scaler.load_state_dict(state["scaler"])
+    run.skipped = state.get("skipped", 0)
     run.losses = state["losses"]
     for row in state["history"]:
         run.log(row)
     return state["step"], []
 
 
-def _step(run: _Run, step: int, corpus) -> tuple[float, float, float]:
-    """One update (recording through the hooks when due); (loss, lr, grad norm). A non-finite loss
-    leaves the weights as they were: the update is skipped."""
+def _step(run: _Run, step: int, corpus) -> tuple[float, float, float, bool]:
+    """One update (recording through the hooks when due); (loss, lr, grad norm, skipped).
+
+    Where the loss or a gradient is not finite the update is skipped, the weights left as
+    they were. That is decided on the device (the fused optimiser's ``found_inf``, the fp16
+    scaler's own check), so the step's one read-back comes after the optimiser step is
+    queued: the GPU is never left waiting while the host decides. TF32, where the precision
+    allows it, holds for the forward, the backward and the update."""
     cfg = run.cfg
     lr = lr_at(step, cfg)
     for group in run.opt.param_groups:
         group["lr"] = lr
     x_BT, y_BT = run.batch(corpus)
     due = step % cfg.record_every == 0
-    with recording(run.model, due, cfg.frozen_threshold, cfg.record_sequences) as rec, _autocast(run.precision):
-        loss = run.model.loss(x_BT, y_BT)
-    run.opt.zero_grad(set_to_none=True)
-    run.scaler.scale(loss).backward()
-    run.scaler.unscale_(run.opt)  # clip the true gradients (a no-op without fp16)
-    grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.clip)
-    (value, grad_norm), row = read_back(rec, loss, grad_norm)  # the one sync per step
-    if rec is not None:
+    with dev.tf32(run.precision):
+        with recording(run.model, due, cfg.frozen_threshold, cfg.record_sequences) as rec, dev.autocast(run.precision):
+            loss = run.model.loss(x_BT, y_BT)
+        run.opt.zero_grad(set_to_none=True)
+        run.scaler.scale(loss).backward()
+        run.scaler.unscale_(run.opt)  # clip the true gradients (a no-op without fp16)
+        grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.clip)
+        # a gradient is inf or NaN exactly when their norm is (the scaler's own test, for fp16)
+        bad = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
+        on_device = run.opt.defaults.get("fused")
+        if on_device:
+            _update(run, bad)
+        (value, grad_norm, skipped), row = read_back(rec, loss, grad_norm, bad)  # the one sync per step
+        if not on_device:  # foreach AdamW (MPS) cannot skip on the device: the host decides
+            _update(run, bool(skipped))
+    skipped = bool(skipped)
+    retried = skipped and math.isfinite(value) and run.scaler.is_enabled()  # fp16: the same step, the next batch
+    if rec is not None and not retried:
         run.log({"step": step, "loss": _finite(value), "lr": lr, "elapsed_s": time.perf_counter() - run.t0, **row})
-    if math.isfinite(value):
+    if not skipped:
         run.losses.append(value)
-        run.scaler.step(run.opt)
+    return value, lr, grad_norm, skipped
+
+
+def _update(run: _Run, skip: "torch.Tensor | bool") -> None:
+    """The optimiser step, skipped where ``skip``: a device tensor for a fused optimiser, which
+    skips there without the host waiting; a bool decided on the host for any other."""
+    if run.scaler.is_enabled():  # fp16: the scaler skips where unscale_ found inf/NaN, and lowers its scale
+        if skip is not True:
+            run.scaler.step(run.opt)
         run.scaler.update()
-    return value, lr, grad_norm
+    elif isinstance(skip, torch.Tensor):
+        run.opt.found_inf = skip.float()  # what GradScaler hands a fused optimiser: 1 skips the update and its count
+        try:
+            run.opt.step()
+        finally:
+            del run.opt.found_inf
+    elif not skip:
+        run.opt.step()
 
 
 def _record_trained(run: _Run, corpus) -> float:
@@ -313,7 +358,7 @@ def _record_trained(run: _Run, corpus) -> float:
     x_BT, y_BT = run.batch(corpus)
     cfg = run.cfg
     with torch.no_grad(), recording(run.model, True, cfg.frozen_threshold, cfg.record_sequences) as rec, \
-            _autocast(run.precision):
+            _precision(run.precision):
         (value,), row = read_back(rec, run.model.loss(x_BT, y_BT))
     run.log({"step": run.cfg.steps, "loss": _finite(value), "lr": lr_at(run.cfg.steps - 1, run.cfg),
              "elapsed_s": time.perf_counter() - run.t0, **row})
@@ -324,20 +369,31 @@ def _train(model_cfg, cfg, corpus, log_line, on_step, should_stop, ckpt, weights
     """Build, resume, step, record the trained model, evaluate, keep the weights: the run's results."""
     run = _build(model_cfg, cfg, log_line)
     start, notes = _resume(run, ckpt)
-    status, diverged_at = "done", None
-    for step in range(start, cfg.steps):
+    status, diverged_at, step, in_a_row = "done", None, start, 0
+    while step < cfg.steps:
         if should_stop is not None and should_stop():
             status = "stopped"
             break
-        value, lr, grad_norm = _step(run, step, corpus)
-        if not math.isfinite(value):  # before the update: the model keeps its last finite weights
+        value, lr, grad_norm, skipped = _step(run, step, corpus)
+        in_a_row = in_a_row + 1 if skipped else 0
+        # before the update: the model keeps its last finite weights. Skipped steps are fp16's
+        # scaler backing off (it halves its scale each time); outside fp16, or past MAX_SKIPPED
+        # in a row (a scale halved to nothing), they mean the run has diverged.
+        if not math.isfinite(value) or (skipped and (not run.scaler.is_enabled() or in_a_row > MAX_SKIPPED)):
             status, diverged_at = "diverged", step
             break
-        if ckpt is not None and (step + 1) % cfg.checkpoint_every == 0 and step + 1 < cfg.steps:
-            ckpt.save(step=step + 1, model=run.model.state_dict(), opt=run.opt.state_dict(), gen=run.gen.get_state(),
-                      losses=run.losses, history=run.history)
+        if skipped:  # neither the schedule nor the step count moves
+            run.skipped += 1
+            continue
+        step += 1
+        if ckpt is not None and step % cfg.checkpoint_every == 0 and step < cfg.steps:
+            ckpt.save(step=step, model=run.model.state_dict(), opt=run.opt.state_dict(), gen=run.gen.get_state(),
+                      scaler=run.scaler.state_dict(), skipped=run.skipped, losses=run.losses, history=run.history)
         if on_step is not None:
-            on_step(step + 1, cfg.steps, {"loss": value, "lr": lr, "grad_norm": grad_norm})
+            on_step(step, cfg.steps, {"loss": value, "lr": lr, "grad_norm": grad_norm})
+    if run.skipped:
+        notes.append(f"the fp16 gradient scaler skipped {run.skipped} step(s) with inf/NaN gradients; "
+                     "they are not counted and did not move the schedule")
     steps_done, train_seconds = len(run.losses), time.perf_counter() - run.t0
     if status == "done" and not math.isfinite(_record_trained(run, corpus)):
         status, diverged_at = "diverged", cfg.steps

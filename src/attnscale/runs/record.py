@@ -150,7 +150,9 @@ def environment(device: dict[str, Any] | None = None) -> dict[str, Any]:
         "processor": platform.machine(),
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
-        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        # the GPU this process uses, named only once it has started CUDA: asking earlier starts it, and a
+        # sweep's parent (which writes the "running" records) would hold an idle CUDA context all along
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() and torch.cuda.is_initialized() else None,
     }
     if device:
         env["device"] = dict(device)
