@@ -212,3 +212,4 @@ def test_scoreboard_counts_and_names_the_claims_that_do_not_agree(tmp_path):
     assert lines[0].startswith("d=1024, no scale: the spread grows to over 5,000 by the end: partly (course > 5,000")
     assert lines[1].startswith(D32 + ": differs (course ≈ 0, gap ≤ 0, ours d=32: +0.72")
     assert all(line.split(":")[0] for line in lines)
+    assert course.scoreboard(got, figures=False)[1][1] == D32 + ": differs"

@@ -43,6 +43,7 @@ __all__ = ["AGREES", "PARTLY", "DIFFERS", "NOT_RUN", "VERDICTS", "Claim", "Verdi
 AGREES, PARTLY, DIFFERS, NOT_RUN = "agrees", "partly", "differs", "not run"
 VERDICTS = (AGREES, PARTLY, DIFFERS, NOT_RUN)
 SCALED = "inv_sqrt_d"
+COURSE_WIDTH = 1024  # the width of the course's end-of-training claims
 COURSE_WIDTHS = {4: "about 2", 64: "8", 256: "16", 1024: "32"}
 
 
@@ -433,13 +434,13 @@ def reasons(verdicts: Sequence[Verdict]) -> list[str]:
 SAID = {AGREES: "agree", PARTLY: "partly", DIFFERS: "differ", NOT_RUN: "not run"}
 
 
-def scoreboard(verdicts: Sequence[Verdict]) -> tuple[str, list[str]]:
-    """The count of verdicts in one line ("14 agree, 3 partly, 2 differ of 19 claims"; a verdict
-    nobody got is left out), and one short line per claim that does not agree: its name, verdict
-    and both figures. What a reader (or a terminal) sees before any explanation."""
+def scoreboard(verdicts: Sequence[Verdict], figures: bool = True) -> tuple[str, list[str]]:
+    """The count of verdicts in one line ("14 agree, 3 partly, 2 differ of 19 claims"; "not run"
+    only where some claim was not), and one short line per claim that does not agree: its name,
+    verdict and (``figures``) both figures. What a reader, or a terminal, sees before any explanation."""
     counts = {k: sum(v.verdict == k for v in verdicts) for k in VERDICTS}
     shown = [k for k in VERDICTS if counts[k] or k in (AGREES, PARTLY, DIFFERS)]
     head = ", ".join(f"{counts[k]} {SAID[k]}" for k in shown) + f" of {len(verdicts)} claims"
-    lines = [f"{v.title}: {v.verdict} (course {v.course}, ours {v.ours})"
+    lines = [f"{v.title}: {v.verdict}" + (f" (course {v.course}, ours {v.ours})" if figures else "")
              for v in verdicts if v.verdict in (PARTLY, DIFFERS)]
     return head, lines

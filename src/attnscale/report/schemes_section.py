@@ -12,8 +12,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from attnscale.core.scales import display_name
 from attnscale.report import schemes_analysis as sa
-from attnscale.report.analysis import plus_minus
+from attnscale.report.analysis import budget, budget_text, plus_minus
 from attnscale.runs.record import TrainRun
 
 __all__ = ["GROUP", "TITLE", "run_row", "blocks"]
@@ -43,7 +44,7 @@ def run_row(t: TrainRun) -> dict[str, Any]:
 def _table(summary: list[dict[str, Any]]) -> tuple:
     head = ["width d", "scheme", "LR sensitivity ± SE", "best loss ± SE", "best lr", "diverged",
             "max |logit|, lowest lr", "max |logit|, highest lr", "lowest eff. words", "collapsed head-runs", "seeds"]
-    rows = [[r["width"], r["scale"], plus_minus(r["sensitivity"], r["sensitivity_se"]),
+    rows = [[r["width"], display_name(r["scale"]), plus_minus(r["sensitivity"], r["sensitivity_se"]),
              plus_minus(r["best_loss"], r["best_loss_se"]),
              "—" if r["best_lr"] is None else f"{r['best_lr']:g}",
              f"{r['diverged']} of {r['runs']}" + (f" (steps {', '.join(map(str, r['diverged_at']))})" if r["diverged_at"] else ""),
@@ -119,7 +120,9 @@ def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[tuple]:
         "best final loss, per seed, then mean ± standard error over seeds; a diverged run counts at its loss at "
         "init. Max |logit| is the largest scaled score any head produced at any recorded step (attention logit "
         "growth). A head has collapsed when its rows spread over fewer than "
-        f"{sa.COLLAPSE_WORDS:g} effective words at some recorded step (entropy collapse, Zhai et al. 2023)."))]
+        f"{sa.COLLAPSE_WORDS:g} effective words at some recorded step (entropy collapse, Zhai et al. 2023).")),
+        # the study's own budget: not the preset's of the course's experiments above
+        ("p", f"The study's runs, as their records say: {budget_text(budget(study))}.")]
     rows = [run_row(t) for t in study]
     finished = [r for r in rows if r["status"] in ("done", "diverged")]
     unfinished = [f"{r['run']}: {r['status']}" for r in rows if r["status"] not in ("done", "diverged")]
@@ -128,7 +131,8 @@ def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[tuple]:
     if not finished:
         return b
     summary = sa.summary_rows(finished)
-    b.append(("list", "What the records show (generated from the numbers below):", sa.reading(summary)))
+    named = [{**r, "scale": display_name(r["scale"])} for r in summary]
+    b.append(("list", "What the records show (generated from the numbers below):", sa.reading(named)))
     curves = _curves(finished)
     pngs["schemes-loss-lr"] = plots.loss_vs_lr(curves, out / "schemes-loss-lr.png")
     b.append(("img", "schemes-loss-lr.png", "Final held-out loss against learning rate, one panel per width, "

@@ -139,6 +139,7 @@ def environment(device: dict[str, Any] | None = None) -> dict[str, Any]:
     import torch
 
     import attnscale
+    from attnscale.core.device import native_bf16
 
     env = {
         "attnscale": attnscale.__version__,
@@ -151,6 +152,8 @@ def environment(device: dict[str, Any] | None = None) -> dict[str, Any]:
         "cpu_count": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        # bf16 dot products in the CPU: where they are, "auto" trains in bf16 and the numbers move a little
+        "cpu_native_bf16": native_bf16(),
     }
     if device:
         env["device"] = dict(device)
