@@ -318,3 +318,36 @@ def test_numbers_are_right_aligned_with_one_precision_per_column(tmp_path):
     factors = [row.split(" | ")[5] for row in lines[spread_head + 2:spread_head + 9]]
     assert len({len(f.split(".")[1]) for f in factors}) == 1, factors  # one number of decimals
     assert not re.search(r"&[#\w]+;", md)
+
+
+def test_precision_and_native_bf16_are_said_for_the_machine_and_every_run(tmp_path):
+    runs = write_runs(tmp_path / "runs")
+    for path in runs.rglob("record.json"):
+        rec = json.loads(path.read_text())
+        if rec["experiment"] == "train" and "sweep" in path.parts:  # the dynamics records are older: no field
+            rec["environment"] = {**ENV, "cpu_native_bf16": True, "device": {"type": "cpu", "name": "Xeon", "dtype": "bf16"}}
+            rec["results"]["dtype"] = "bf16"
+        path.write_text(json.dumps(rec))
+    paths = report.build(runs, tmp_path / "out")
+    md = paths["markdown"].read_text()
+    envs = md[md.index("Software and hardware:"):].split("\n\n")[1].splitlines()
+    assert len(envs) == 2, envs
+    ends = sorted(line.split("; ", 1)[1] for line in envs)
+    assert ends == ["native bf16 in the CPU: not recorded",  # spread, fresh and the older training records
+                    "native bf16 in the CPU: yes; trained in bf16 on cpu (Xeon)"], envs
+    table = md[md.index("| run | experiment |"):].splitlines()
+    assert table[0].startswith("| run | experiment | status | duration (s) | precision | native bf16 in the CPU |")
+    row = next(line for line in table if line.startswith("| sweep/d32-none-s0 |"))
+    assert "| bf16 | yes |" in row
+    assert "| — | not recorded |" in next(line for line in table if line.startswith("| spread |"))
+    # the appendix is folded until a reader opens it
+    assert "<details><summary>Every run (" in md
+    page = paths["html"].read_text()
+    assert "<details><summary>Every run (" in page and "<details open" not in page
+
+
+def test_schemes_read_as_readers_name_them(tmp_path):
+    md = report.build(write_runs(tmp_path / "runs"), tmp_path / "out")["markdown"].read_text()
+    assert "| width d | ppl 1/√d | ppl none | gap |" in md
+    assert "| 1024 | 1/√d | 32.080 |" in md  # the spread table
+    assert "| inv_sqrt_d |" not in md
