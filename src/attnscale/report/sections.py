@@ -167,8 +167,9 @@ def _spread(runs, verdicts, out: Path, pngs: dict) -> list[tuple]:
     from attnscale.report import plots
 
     b: list[tuple] = [("h2", "1. Wider means louder: the spread of q·k"),
-                      ("p", ("Random pairs of vectors with independent N(0, 1) entries. The spread is the standard "
-                             "deviation of q·k; SE is the standard error of our estimate (sample std over the pairs)."))]
+                      ("p", ("Random pairs of vectors with independent N(0, 1) entries (`attnscale spread`). The "
+                             "spread is the standard deviation of q·k; SE is the standard error of our estimate "
+                             "(sample std over the pairs)."))]
     if not runs.spread_rows:
         return b + [("p", "Not run.")]
     b.append(_verdict_table(verdicts))
@@ -201,7 +202,8 @@ def _fresh(runs, verdicts, out: Path, pngs: dict) -> list[tuple]:
 
     b: list[tuple] = [("h2", "3. A fresh head, before any training"),
                       ("p", ("Verdicts use the footnote's assumption (q and k entries with unit variance, 'unit' "
-                             "init); the tiny model's own initialisation is shown beside them. Effective words of a "
+                             "init: `attnscale fresh --init unit`); the tiny model's own initialisation is shown beside "
+                             "them (`--init model`). Effective words of a "
                              "row = exp(entropy); a row is frozen when its largest weight exceeds the threshold. The "
                              "course quotes one row for 'roughly 35 words', not an average, so we ask whether 35 "
                              "lies inside our p10–p90 range of single rows."))]
@@ -241,7 +243,8 @@ def _dynamics(runs, verdicts, out: Path, pngs: dict) -> list[tuple]:
     from attnscale.report import plots
 
     b: list[tuple] = [("h2", "4. What happens during training"),
-                      ("p", ("Spread, frozen share and effective words at a step are the mean over all layers and "
+                      ("p", ("The tiny model trained with and without the scale (`attnscale dynamics`). "
+                             "Spread, frozen share and effective words at a step are the mean over all layers and "
                              "heads (each head's spread is over its scaled, unmasked scores); the course's spread "
                              "at the start is its first layer's head, so that claim reads layer 0. Plots show the "
                              "mean (thick) and each layer where layers differ by over 10% (thin, a lighter shade "
@@ -266,7 +269,8 @@ def _sweep(runs, verdicts, out: Path, pngs: dict) -> list[tuple]:
     from attnscale.report import analysis, plots
 
     b: list[tuple] = [("h2", "5. Where 'large' starts: held-out perplexity by width"),
-                      ("p", ("Gap = perplexity without the scale − with it (positive: the scale helps), means over "
+                      ("p", ("The tiny model trained at each width with and without the scale (`attnscale sweep`). "
+                             "Gap = perplexity without the scale − with it (positive: the scale helps), means over "
                              "seeds; SE from the seeds where each cell has two or more. The gap in points depends on "
                              "the corpus and tokenizer, and the course's corpus is not the one here, so compare "
                              "shapes first.")),
