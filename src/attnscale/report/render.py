@@ -31,6 +31,8 @@ from typing import Any
 
 __all__ = ["to_html", "to_markdown"]
 
+# on a phone, a column of words keeps room for a few words (10em) and its table scrolls sideways
+# in its own box, rather than squeezing every cell into a column a word wide
 _CSS = """body{font:15px/1.5 system-ui,sans-serif;max-width:1180px;margin:2em auto;padding:0 1em;color:#222;
 overflow-wrap:anywhere}h1{font-size:1.7em;line-height:1.25}
 div.wide,figure{overflow-x:auto;margin:1em 0}figure{margin:1em 0}
@@ -39,6 +41,7 @@ overflow-wrap:normal;min-width:3em}td:first-child{min-width:7em}
 code{font:.92em ui-monospace,monospace;background:#f4f4f4;padding:0 .2em;border-radius:3px}
 div.scoreboard{border:2px solid #555;padding:.5em .9em;margin:1em 0}div.scoreboard p{margin:.3em 0;font-size:1.15em}
 details{margin:1em 0}summary{cursor:pointer;font-weight:600}
+@media (max-width:600px){td:not(.num):not([class^=v-]){min-width:10em}}
 th{background:#f2f2f2}td.v-agrees{background:#d5f5e3}td.v-differs{background:#fadbd8}td.v-not-run{background:#eee;color:#666}
 td.v-partly{background:#fcf3cf}td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
 p.banner{border:2px solid #b9770e;background:#fef5e7;padding:.6em .9em;font-weight:600}
