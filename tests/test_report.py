@@ -306,7 +306,7 @@ def test_environments_that_differ_only_in_threads_are_one_line(tmp_path):
         rec["environment"] = {**ENV, "torch_threads": 1 + i % 2}
         path.write_text(json.dumps(rec))
     md = report.build(runs, tmp_path / "out")["markdown"].read_text()
-    envs = md[md.index("Software and hardware:"):].strip().splitlines()[2:]
+    envs = md[md.index("Software and hardware:"):].split("\n\n")[1].splitlines()
     assert len(envs) == 1 and "torch_threads=1 or 2 (threads per process" in envs[0]
 
 

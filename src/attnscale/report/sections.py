@@ -79,19 +79,21 @@ def preset_of(runs) -> tuple[str, str]:
     full_tr = wanted[FULL][1]
     evals = lambda t: "the whole held-out split" if t["eval_batches"] is None else f"{t['eval_batches']} held-out batches"  # noqa: E731
     seeds = len({t.seed for t in runs.sweep}) or 1
+    # the preset is the course's experiments' budget; a study beyond them keeps its own (the stage table)
+    ours = "of the course's experiments (sections 4 and 5)"
     if seen == {QUICK}:
-        return QUICK, (f"Quick preset (attnscale reproduce --quick): {tr['steps']} steps per run, context "
+        return QUICK, (f"Quick preset (attnscale reproduce --quick): {tr['steps']} steps per run {ours}, context "
                        f"{m['context']}, perplexity on {evals(tr)}. A smoke test, not the full reproduction: "
                        f"the default preset trains {def_tr['steps']} steps, context {def_m['context']}, "
                        f"perplexity on {evals(def_tr)}; run attnscale reproduce (or --full) for that.")
     if seen == {DEFAULT}:
-        return DEFAULT, (f"Default preset (attnscale reproduce): {def_tr['steps']} steps per run, context "
+        return DEFAULT, (f"Default preset (attnscale reproduce): {def_tr['steps']} steps per run {ours}, context "
                          f"{def_m['context']}, perplexity on {evals(def_tr)}, {seeds} seed{'s' if seeds != 1 else ''}. "
                          f"The course's end of training is judged by the full preset (attnscale reproduce --full: "
                          f"{full_tr['steps']:,} steps a run).")
     if seen == {FULL}:
         study = " The setup study's runs are in these records too." if setup_section.study_runs(runs) else ""
-        return FULL, (f"Full preset (attnscale reproduce --full): {full_tr['steps']:,} steps per run, context "
+        return FULL, (f"Full preset (attnscale reproduce --full): {full_tr['steps']:,} steps per run {ours}, context "
                       f"{def_m['context']}, perplexity on {evals(full_tr)}, {seeds} seed{'s' if seeds != 1 else ''}."
                       + study)
     return CUSTOM, ("Custom settings: the training runs match " + ("neither preset" if seen == {CUSTOM} else "no single preset")
