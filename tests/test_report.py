@@ -294,7 +294,7 @@ def test_runs_shared_by_two_stages_are_counted_once(tmp_path):
         (dst / "metrics.jsonl").write_bytes((src / "metrics.jsonl").read_bytes())
         (dst / "record.json").write_text(json.dumps(rec))
     md = report.build(runs, tmp_path / "out")["markdown"].read_text()
-    assert f"Built from {n} run records" in md
+    assert f"Built from {n} run records in the folder runs/" in md
     assert "2 runs are copies of runs another stage trained (the sweep's widest pairs are the dynamics runs" in md
     assert md.count("; a copy of dynamics/d1024-") == 2 and md.count("(not retrained)") == 2
 
@@ -351,3 +351,17 @@ def test_schemes_read_as_readers_name_them(tmp_path):
     assert "| width d | ppl 1/√d | ppl none | gap |" in md
     assert "| 1024 | 1/√d | 32.080 |" in md  # the spread table
     assert "| inv_sqrt_d |" not in md
+
+
+def test_no_absolute_path_of_this_machine_reaches_the_report(tmp_path):
+    runs = write_runs(tmp_path / "runs")
+    src = runs / "dynamics" / "d1024-none-s0"
+    outside = tmp_path / "elsewhere" / "d1024-none-s0"  # a study copies runs from another folder
+    outside.mkdir(parents=True)
+    rec = json.loads((src / "record.json").read_text())
+    rec.update(group="sweep", copied_from=str(outside))
+    (runs / "sweep" / "d1024-none-s0" / "record.json").write_text(json.dumps(rec))
+    paths = report.build(runs, tmp_path / "out")
+    for text in (paths["markdown"].read_text(), paths["html"].read_text()):
+        assert str(tmp_path) not in text
+    assert "a copy of ../elsewhere/d1024-none-s0 (not retrained)" in paths["markdown"].read_text()

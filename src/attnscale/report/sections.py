@@ -13,6 +13,7 @@ each with its reason.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -145,7 +146,9 @@ def _header(runs, verdicts: list[course.Verdict], experiments: dict[str, str]) -
     when = (" to ".join(dict.fromkeys(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
                                       for t in (min(finished), max(finished)))) if finished else "?")
     shared = _shared(runs)
-    source = f"Built from {len(runs.records) - len(shared)} run records under {runs.root} (finished {when})"
+    # the folder by its name: an absolute path is one machine's, and the report travels
+    source = (f"Built from {len(runs.records) - len(shared)} run records in the folder {runs.root.resolve().name}/ "
+              f"(finished {when})")
     if shared:
         source += (f"; {len(shared)} runs are copies of runs another stage trained (the sweep's widest pairs are "
                    "the dynamics runs; the setup study copies the runs of its setups that reproduce trained), "
@@ -372,11 +375,8 @@ def _metadata(runs) -> list[tuple]:
         else:
             setting = _kv(cfg)
         if rec.copied_from:
-            source = Path(rec.copied_from)
-            try:
-                source = source.relative_to(runs.root)
-            except ValueError:
-                pass
+            # relative to the records' folder, even where it lies outside it: no machine's absolute path
+            source = Path(os.path.relpath(Path(rec.copied_from), runs.root))
             setting += f"; a copy of {source.as_posix()} (not retrained)"
         rows.append([d.relative_to(runs.root).as_posix() or ".",
                      rec.experiment + (f" ({rec.group})" if rec.group else ""),
