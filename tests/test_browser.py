@@ -5,9 +5,12 @@ are never installed, and nothing is fetched).
 Checks that the page renders, that every image decodes, that nothing is logged
 as an error (console, uncaught exceptions, failed loads, CSP violations), that
 the CSP holds even where escaping failed, and what a reader sees first: the
-preset banner and the claims that do not agree. A canary page with a deliberate
-error and a missing image runs first, so a detector that sees nothing cannot
-pass by accident. A full-page screenshot is kept under test-artifacts/."""
+scoreboard, then the preset banner and the claims that do not agree. On a
+390-px phone the page does not scroll sideways, no backtick shows, and every
+figure is at least as wide as its smallest text needs to read 9 px. A canary
+page with a deliberate error and a missing image runs first, so a detector that
+sees nothing cannot pass by accident. Full-page screenshots, at desktop width
+and at 390 px, are kept under test-artifacts/."""
 
 from __future__ import annotations
 
@@ -130,18 +133,25 @@ def test_report_renders_with_every_image_and_no_errors(page, built):
     print(f"\nscreenshot: {shot}")
 
 
-def test_a_reader_sees_the_preset_and_the_claims_that_differ_first(page, built):
+def test_a_reader_sees_the_scoreboard_then_the_preset_and_the_claims_that_differ(page, built):
     page.open(built["html"])
     p = page.page
     assert p.locator("h1").inner_text().endswith("(quick preset)")
+    board = p.locator("div.scoreboard")
+    assert board.count() == 1 and board.is_visible()
+    assert board.locator("p").inner_text() == "Scoreboard: 17 agree, 0 partly, 1 differ, 1 not run of 19 claims of the course"
+    assert board.locator("li").all_inner_texts() == ["d=32: no difference (unscaled very slightly ahead): differs"]
     banner = p.locator("p.banner")
     assert banner.count() == 1 and "Quick preset" in banner.inner_text()
     assert "not the full reproduction" in banner.inner_text() and banner.is_visible()
-    # the banner and the list of differing claims come before the first section
+    # the scoreboard right under the title, nothing between them; then the banner; the reasons before section 1
+    title = p.locator("h1").bounding_box()
+    assert board.bounding_box()["y"] - (title["y"] + title["height"]) < 40
     first_h2 = p.locator("h2").first.bounding_box()["y"]
-    assert banner.bounding_box()["y"] < first_h2
-    items = p.locator("ul").first.locator("li")
-    assert p.locator("p", has_text="Claims that do not agree, and why:").count() == 1
+    assert board.bounding_box()["y"] < banner.bounding_box()["y"] < first_h2
+    lead = p.locator("p", has_text="Claims that do not agree, and why:")
+    assert lead.count() == 1
+    items = p.locator("p:has-text('Claims that do not agree, and why:') + ul > li")
     assert items.count() == 1 and "d=32" in items.first.inner_text() and "differs" in items.first.inner_text()
     assert items.first.bounding_box()["y"] < first_h2
     # verdict cells keep their colours; numbers sit right
@@ -150,11 +160,44 @@ def test_a_reader_sees_the_preset_and_the_claims_that_differ_first(page, built):
     assert align == "right"
 
 
+# the page as a phone shows it: its width, the text a reader can see (closed <details> included),
+# and each figure's shown and own width
+LAYOUT = """() => ({page: document.documentElement.scrollWidth, screen: document.documentElement.clientWidth,
+  text: document.body.textContent, images: [...document.images].map(i => ({alt: i.alt, natural: i.naturalWidth,
+  shown: i.getBoundingClientRect().width})), board: document.querySelector('div.scoreboard').getBoundingClientRect().top,
+  code: document.querySelectorAll('code').length})"""
+
+
+@pytest.mark.parametrize("width", [390, 1280])
+def test_the_page_fits_the_screen_and_every_figure_reads(page, built, width):
+    from attnscale.report import plots
+
+    page.page.set_viewport_size({"width": width, "height": 900})
+    try:
+        page.open(built["html"])
+        got = page.page.evaluate(LAYOUT)
+        if width == 390:
+            ARTIFACTS.mkdir(exist_ok=True)
+            page.page.screenshot(path=str(ARTIFACTS / "report-390.png"), full_page=True)
+    finally:
+        page.page.set_viewport_size({"width": 1280, "height": 900})
+    assert got["page"] <= got["screen"] == width  # no sideways scroll: wide tables and figures scroll in their box
+    assert got["code"] >= 4 and "`" not in got["text"]  # inline code is <code> (each section's command), its marks gone
+    assert got["board"] < 250  # the scoreboard is on the first screen, under the title
+    # every figure's smallest text is plots.MIN_FONT_PT (test_plots holds that), so it reads at 9 px or more
+    # on screen exactly when the figure is shown at SMALLEST_SHOWN of its own width or wider: at 390 px
+    # a figure squeezed to the screen (max-width: 100%) would fall to about a third and fail here
+    assert len(got["images"]) == 5
+    for img in got["images"]:
+        text_px = plots.MIN_FONT_PT * plots.DPI / 72 * img["shown"] / img["natural"]
+        assert text_px >= plots.SCREEN_TEXT_PX - 0.05, (img["alt"], img["shown"], img["natural"], text_px)
+
+
 def test_markdown_has_no_html_entities(built):
     md = built["markdown"].read_text()
     assert not re.search(r"&(#\d+|#x[0-9a-f]+|[a-z]+);", md, re.I), re.findall(r"&\w+;", md)[:5]
     assert "< 1.5" in md and "> 5,000" in md  # the comparisons read as written
-    assert md.splitlines()[2].startswith("> **Quick preset")
+    assert md.splitlines()[2].startswith("**Scoreboard:") and "\n> **Quick preset" in md
 
 
 def test_page_policy_blocks_scripts_and_fetches_even_if_escaping_failed(page, built, tmp_path):
@@ -189,4 +232,9 @@ def test_the_scheme_study_section_renders(page, tmp_path):
     assert heading.count() == 1 and heading.is_visible()
     assert p.locator("th", has_text="LR sensitivity ± SE").count() == 1
     assert p.locator("img[alt*='learning rate']").count() >= 1
+    # the study's own budget, from its records, and its schemes by the names readers know
+    assert p.locator("p", has_text="The study's runs, as their records say: 3 steps a run, context 16, 2 seeds, "
+                                   "width 8, learning rates 1e-3 and 3e-2.").count() == 1
+    cell = lambda name: p.get_by_role("cell", name=name, exact=True).count()  # noqa: E731
+    assert cell("qk-norm") >= 1 and cell("qk_norm") == 0  # run ids keep the registry's name; the scheme column does not
     assert page.errors() == []

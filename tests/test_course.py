@@ -185,3 +185,31 @@ def test_course_and_analysis_load_no_experiment_and_no_matplotlib():
             "print(sorted(m for m in sys.modules if m.startswith(('attnscale.experiments', 'matplotlib'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_every_claim_has_a_name_that_stands_alone():
+    names = [c.title for c in course.CLAIMS]
+    assert len(set(names)) == len(names)
+    assert not [n for n in names if n.startswith("…")]  # "… grows to over 5,000" names nothing on its own
+    assert "d=1024, no scale: the spread grows to over 5,000 by the end" in names
+
+
+def test_scoreboard_counts_and_names_the_claims_that_do_not_agree(tmp_path):
+    head, lines = course.scoreboard(course.evaluate(load_runs(write_runs(tmp_path / "a"))))
+    assert head == f"{len(course.CLAIMS)} agree, 0 partly, 0 differ of {len(course.CLAIMS)} claims" and lines == []
+    root = write_runs(tmp_path / "b")
+    for seed in (0, 1):  # the scaled run ahead at d=32: differs
+        path = root / "sweep" / f"d32-none-s{seed}" / "record.json"
+        rec = json.loads(path.read_text())
+        rec["results"]["perplexity"] = 40.72 + 0.1 * seed
+        path.write_text(json.dumps(rec))
+    path = root / "dynamics" / "d1024-none-s0" / "metrics.jsonl"  # the end spread grown, short of 5,000: partly
+    path.write_text(path.read_text().replace("5200.0", "800.0"))
+    got = course.evaluate(load_runs(root))
+    head, lines = course.scoreboard(got)
+    n = len(course.CLAIMS)
+    assert head == f"{n - 2} agree, 1 partly, 1 differ of {n} claims", head
+    assert lines[0].startswith("d=1024, no scale: the spread grows to over 5,000 by the end: partly (course > 5,000")
+    assert lines[1].startswith(D32 + ": differs (course ≈ 0, gap ≤ 0, ours d=32: +0.72")
+    assert all(line.split(":")[0] for line in lines)
+    assert course.scoreboard(got, figures=False)[1][1] == D32 + ": differs"

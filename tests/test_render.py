@@ -46,3 +46,49 @@ def test_number_columns_are_right_aligned():
 def test_banner_is_set_apart():
     assert '<p class="banner">Quick preset</p>' in render.to_html([("banner", "Quick preset")], {})
     assert render.to_markdown([("banner", "Quick *preset*")]).startswith("> **Quick \\*preset\\***")
+
+
+def _png(width: int, height: int = 10) -> bytes:
+    import struct
+    import zlib
+
+    raw = b"".join(b"\x00" + b"\xff" * width for _ in range(height))  # grey, filter 0 per row
+    chunk = lambda kind, data: (struct.pack(">I", len(data)) + kind + data  # noqa: E731
+                                + struct.pack(">I", zlib.crc32(kind + data)))
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 0, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(raw)) + chunk(b"IEND", b""))
+
+
+def test_inline_code_is_code_in_html_and_backticks_in_markdown():
+    blocks = [("h2", "Run `attnscale spread`"), ("p", "then `attnscale report` <b>"), ("list", "lead", ["`x`"]),
+              ("table", ["a"], [["`cell`"]]), ("img", "a.png", "made by `plots`")]
+    page = render.to_html(blocks, {"a.png": _png(20)})
+    assert "<code>attnscale spread</code>" in page and "<code>attnscale report</code> &lt;b&gt;" in page
+    assert "<li><code>x</code></li>" in page and "<code>cell</code></td>" in page
+    assert 'alt="made by plots"' in page and "<figcaption>made by <code>plots</code></figcaption>" in page
+    assert "`" not in page
+    md = render.to_markdown(blocks)
+    assert "## Run `attnscale spread`" in md and "`attnscale report` \\<b>" in md
+
+
+def test_tables_scroll_in_their_own_box_and_details_fold():
+    blocks = [("details", "Every run (2 records)", [("table", ["run"], [["a"], ["b"]])])]
+    page = render.to_html(blocks, {})
+    assert '<details><summary>Every run (2 records)</summary><div class="wide"><table>' in page
+    assert "</table></div></details>" in page and "<details open" not in page
+    assert "div.wide,figure{overflow-x:auto" in page  # the box scrolls, not the page
+    md = render.to_markdown(blocks)
+    assert md.startswith("<details><summary>Every run (2 records)</summary>\n\n| run |") and "</details>" in md
+
+
+def test_a_figure_is_never_shown_below_its_smallest_legible_width():
+    assert render.png_width(_png(1234)) == 1234
+    page = render.to_html([("img", "a.png", "c")], {"a.png": _png(1000)}, min_scale=0.6545)
+    assert 'style="min-width:655px"' in page
+    assert "style=" not in render.to_html([("img", "a.png", "c")], {"a.png": _png(1000)})
+
+
+def test_scoreboard_is_a_box_with_its_claims():
+    page = render.to_html([("scoreboard", "Scoreboard: 1 agree", ["claim: differs"])], {})
+    assert '<div class="scoreboard"><p><strong>Scoreboard: 1 agree</strong></p><ul><li>claim: differs</li></ul></div>' in page
+    assert render.to_markdown([("scoreboard", "S", ["c"])]) == "**S**\n\n- c\n"

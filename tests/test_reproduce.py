@@ -27,9 +27,11 @@ def test_quick_writes_every_stage_and_the_report(quick_out, capsys):
                     "Beyond the course: which scale?"):
         assert section in md
     lines = md.splitlines()
-    assert lines[0].endswith("(quick preset)") and lines[2].startswith("> **Quick preset")  # never taken for the full one
-    assert ", 0 not run." in lines[4]  # the summary line: every claim was judged
-    assert "2 runs are copies of runs another stage trained" in lines[4]  # the sweep's widest pair is the dynamics pair: counted once
+    head = md[:md.index("## 1.")]
+    assert lines[0].endswith("(quick preset)") and lines[2].startswith("**Scoreboard:")  # the verdict count first
+    assert "\n> **Quick preset" in head  # never taken for the full one
+    assert "not run" not in lines[2]  # the scoreboard: every claim was judged
+    assert "2 runs are copies of runs another stage trained" in head  # the sweep's widest pair is the dynamics pair: counted once
     assert (quick_out / "report" / "index.html").stat().st_size > 50_000
 
 

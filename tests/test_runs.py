@@ -96,6 +96,14 @@ def test_a_record_round_trips_through_its_schema(tmp_path):
     assert record.find(tmp_path) == [tmp_path]
 
 
+def test_every_record_says_whether_the_cpu_has_native_bf16(monkeypatch):
+    from attnscale.core import device
+
+    for native in (True, False):  # what "auto" would train in here, and why the numbers may differ elsewhere
+        monkeypatch.setattr(device, "native_bf16", lambda: native)
+        assert record.new("spread", {}, []).environment["cpu_native_bf16"] is native
+
+
 def test_a_record_without_a_version_reads_as_the_old_form(tmp_path):
     files.atomic_write_json(tmp_path / "record.json", {
         "experiment": "train", "status": "done", "config": _config(), "environment": {}, "started": 1.0,

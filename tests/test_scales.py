@@ -3,7 +3,7 @@ import math
 import pytest
 import torch
 
-from attnscale.core.scales import SCALES, ScoreScale, get_scale, register_scale
+from attnscale.core.scales import DISPLAY_NAMES, SCALES, ScoreScale, display_name, get_scale, register_scale
 
 
 def test_registry_has_the_course_pair_and_the_variants():
@@ -47,5 +47,14 @@ def test_a_new_scheme_is_one_small_class():
 
     try:
         assert get_scale("test_half", 3).scores(torch.ones(1, 1, 1, 3), torch.ones(1, 1, 1, 3)).item() == 1.5
+        assert display_name("test_half") == "test_half"  # no display name given: its own
     finally:
-        del SCALES["test_half"]
+        del SCALES["test_half"], DISPLAY_NAMES["test_half"]
+
+
+def test_every_scheme_has_one_display_name_that_carries_its_parameter():
+    assert set(DISPLAY_NAMES) == set(SCALES)
+    assert len(set(DISPLAY_NAMES.values())) == len(DISPLAY_NAMES)  # two schemes never read alike
+    assert display_name("inv_sqrt_d") == "1/√d" and display_name("inv_d") == "1/d (muP)"
+    assert display_name("softcap") == f"soft-cap {get_scale('softcap', 4).cap_value:g}" == "soft-cap 50"
+    assert display_name("a_scheme_from_an_old_record") == "a_scheme_from_an_old_record"

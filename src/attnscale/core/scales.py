@@ -27,7 +27,8 @@ from torch import nn
 
 from attnscale.errors import ConfigError
 
-__all__ = ["ScoreScale", "SCALES", "register_scale", "get_scale", "scale_names"]
+__all__ = ["ScoreScale", "SCALES", "DISPLAY_NAMES", "SOFTCAP_CAP", "register_scale", "get_scale", "scale_names",
+           "display_name"]
 
 
 class ScoreScale(nn.Module):
@@ -73,16 +74,22 @@ class ScoreScale(nn.Module):
 
 
 SCALES: dict[str, Callable[[int], ScoreScale]] = {}
+# How a reader sees each scheme, in the README, the report and the terminal: what it does, with
+# its parameter where it has one ("soft-cap 50"). Records and the command line keep the registry's
+# names (``inv_sqrt_d``), which a program matches; a reader should not have to decode them.
+DISPLAY_NAMES: dict[str, str] = {}
 
 
-def register_scale(name: str):
-    """Class decorator: make a ``ScoreScale`` subclass available under ``name``."""
+def register_scale(name: str, display: str | None = None):
+    """Class decorator: make a ``ScoreScale`` subclass available under ``name``, shown to
+    readers as ``display`` (default: ``name``)."""
 
     def deco(cls):
         if name in SCALES:
             raise ValueError(f"scale {name!r} is already registered")
         cls.name = name
         SCALES[name] = cls
+        DISPLAY_NAMES[name] = display or name
         return cls
 
     return deco
@@ -90,6 +97,12 @@ def register_scale(name: str):
 
 def scale_names() -> list[str]:
     return list(SCALES)
+
+
+def display_name(name: str) -> str:
+    """How the scheme ``name`` reads in tables, plots and messages; a name that is not
+    registered (a scheme from an older record) reads as itself."""
+    return DISPLAY_NAMES.get(name, name)
 
 
 def get_scale(name: str, head_dim: int) -> ScoreScale:
@@ -106,7 +119,7 @@ class NoScale(ScoreScale):
     """Raw q·k: spread sqrt(d) at unit-variance init."""
 
 
-@register_scale("inv_sqrt_d")
+@register_scale("inv_sqrt_d", "1/√d")
 class InvSqrtD(ScoreScale):
     """q·k / sqrt(d): spread 1 at unit-variance init, whatever d (the transformer default)."""
 
@@ -114,7 +127,7 @@ class InvSqrtD(ScoreScale):
         return 1.0 / math.sqrt(self.head_dim)
 
 
-@register_scale("inv_d")
+@register_scale("inv_d", "1/d (muP)")
 class InvD(ScoreScale):
     """q·k / d (muP): at init the spread falls like 1/sqrt(d); it is chosen for
     the regime after training, where q and k become correlated and q·k grows like d."""
@@ -123,7 +136,7 @@ class InvD(ScoreScale):
         return 1.0 / self.head_dim
 
 
-@register_scale("qk_norm")
+@register_scale("qk_norm", "qk-norm")
 class QKNorm(ScoreScale):
     """RMS-normalise q and k per head (learned gain, init 1), then 1/sqrt(d).
 
@@ -147,13 +160,16 @@ class QKNorm(ScoreScale):
         return 1.0 / math.sqrt(self.head_dim)
 
 
-@register_scale("softcap")
+SOFTCAP_CAP = 50.0  # Gemma 2's attention cap
+
+
+@register_scale("softcap", f"soft-cap {SOFTCAP_CAP:g}")
 class SoftCap(ScoreScale):
     """cap · tanh(s / cap) after 1/sqrt(d): scores stay in (-cap, cap).
 
-    The default cap of 50 is Gemma 2's attention cap."""
+    The default cap, ``SOFTCAP_CAP`` (50), is Gemma 2's attention cap."""
 
-    def __init__(self, head_dim: int, cap: float = 50.0):
+    def __init__(self, head_dim: int, cap: float = SOFTCAP_CAP):
         super().__init__(head_dim)
         self.cap_value = float(cap)
 
@@ -164,7 +180,7 @@ class SoftCap(ScoreScale):
         return self.cap_value * torch.tanh(scores / self.cap_value)
 
 
-@register_scale("learned_temp")
+@register_scale("learned_temp", "learned temperature")
 class LearnedTemperature(ScoreScale):
     """A learned factor exp(t) per layer, initialised at 1/sqrt(d).
 

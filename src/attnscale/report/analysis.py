@@ -23,7 +23,7 @@ from typing import Any
 
 from attnscale.runs.record import FINISHED  # run statuses whose perplexity (or its absence) is final
 
-__all__ = ["run_rows", "mean", "mean_se", "plus_minus", "spread_se", "binomial_se", "within", "gap_table", "gap_by_width", "share_by_width", "first_start",
+__all__ = ["run_rows", "budget", "budget_text", "span_text", "mean", "mean_se", "plus_minus", "spread_se", "binomial_se", "within", "gap_table", "gap_by_width", "share_by_width", "first_start",
            "GAP_THRESHOLD_PPL", "GAP_RULE"]
 
 # Where "large" starts: the first width from which every wider width shows a gap
@@ -167,3 +167,42 @@ def first_start(table: dict[str, Any]) -> int | None:
     """Where the gap starts at the table's first learning rate (None: no width qualifies)."""
     starts = table["starts"]
     return starts[0]["width"] if starts else None
+
+
+def budget(runs: Sequence[Any]) -> dict[str, Any]:
+    """What a group of training runs (``runs.record.TrainRun``) was given, as their records say:
+    {"runs", and the distinct "steps", "context", "batch", "seeds", "widths", "lrs", sorted}.
+    Read per stage, so a study with its own budget never borrows a preset's."""
+    def values(get) -> list:
+        return sorted({v for v in (get(t) for t in runs) if v is not None})
+
+    return {"runs": len(runs), "steps": values(lambda t: t.train.get("steps")),
+            "context": values(lambda t: t.model.get("context")), "batch": values(lambda t: t.train.get("batch")),
+            "seeds": values(lambda t: t.seed), "widths": values(lambda t: t.width), "lrs": values(lambda t: t.lr)}
+
+
+def span_text(values: Sequence[Any], fmt: str = "{:,}") -> str:
+    """Sorted values in words: "64", "64 and 256", "32 to 1,024" ("?" for none)."""
+    if not values:
+        return "?"
+    if len(values) <= 2:
+        return " and ".join(fmt.format(v) for v in values)
+    return f"{fmt.format(values[0])} to {fmt.format(values[-1])}"
+
+
+def budget_text(b: dict[str, Any]) -> str:
+    """A ``budget`` in words: "60 steps a run, context 32, 2 seeds, widths 64 and 256, 5 learning rates
+    from 3e-4 to 3e-2"; a setting that differs between runs shows both ends."""
+    from attnscale.runs.store import lr_text
+
+    seeds = len(b["seeds"])
+    text = (f"{span_text(b['steps'])} steps a run, context {span_text(b['context'])}, "
+            f"{seeds} seed{'s' if seeds != 1 else ''}, width{'s' if len(b['widths']) != 1 else ''} "
+            f"{span_text(b['widths'])}")
+    if len(b["lrs"]) > 2:
+        text += f", {len(b['lrs'])} learning rates from {lr_text(b['lrs'][0])} to {lr_text(b['lrs'][-1])}"
+    elif len(b["lrs"]) == 2:
+        text += ", learning rates " + " and ".join(lr_text(x) for x in b["lrs"])
+    elif b["lrs"]:
+        text += f", learning rate {lr_text(b['lrs'][0])}"
+    return text

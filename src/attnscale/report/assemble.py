@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from attnscale.report import course, render, sections
+from attnscale.report import course, plots, render, sections
 from attnscale.errors import ConfigError
 from attnscale.runs import record
 from attnscale.runs.record import Record, TrainRun
@@ -143,7 +143,8 @@ def build(runs_dir: Path, out_dir: Path | None = None) -> dict[str, Path]:
         blocks, pngs = sections.document(runs, verdicts(runs), out, EXPERIMENTS)
         images = {p.name: p.read_bytes() for p in pngs.values()}
         paths = {"html": out / "index.html", "markdown": out / "report.md", **pngs}
-        paths["html"].write_text(render.to_html(blocks, images), encoding="utf-8")
+        # no figure shown so small that its smallest text falls under 9 px (plots.SMALLEST_SHOWN)
+        paths["html"].write_text(render.to_html(blocks, images, plots.SMALLEST_SHOWN), encoding="utf-8")
         paths["markdown"].write_text(render.to_markdown(blocks), encoding="utf-8")
     except PermissionError as e:
         raise ConfigError(f"cannot write the report to {str(out)!r} ({e.strerror}); give a writable --out") from None

@@ -3,7 +3,14 @@
 matplotlib loads inside each function (with the Agg backend, so no display is
 needed): ``import attnscale`` must stay free of it, and it is an extra
 (``attnscale[report]``). Each function writes one PNG and returns its path.
-Colours follow the scale scheme everywhere, so a reader learns them once.
+Colours follow the scale scheme everywhere, so a reader learns them once, and
+schemes are named as readers see them (``core.scales.display_name``).
+
+Legible where shown: no text is smaller than ``MIN_FONT_PT`` (9 pt, 13.75 px of the
+PNG at ``DPI``), and the page never shows a figure narrower than
+``SMALLEST_SHOWN`` of its width, where that text is still ``SCREEN_TEXT_PX`` (9 px)
+on screen; a legend with many entries sits outside the axes, and schemes whose
+curves would lie on top of each other get a panel each.
 """
 
 from __future__ import annotations
@@ -20,6 +27,16 @@ __all__ = ["spread_plot", "fresh_plot", "illustration", "training", "perplexity_
 _COLOURS = {"none": "#c0392b", "inv_sqrt_d": "#2471a3", "inv_d": "#7d3c98", "qk_norm": "#1e8449",
             "softcap": "#b9770e", "learned_temp": "#566573"}
 DPI = 110
+MIN_FONT_PT = 9  # every text of every figure, ticks and legends included
+SCREEN_TEXT_PX = 9  # the least a reader should have to read on screen
+SMALLEST_SHOWN = SCREEN_TEXT_PX * 72 / (MIN_FONT_PT * DPI)  # ≈ 0.65: the narrowest a figure may be shown
+SMALL = MIN_FONT_PT
+
+
+def _name(scale: str) -> str:
+    from attnscale.core.scales import display_name
+
+    return display_name(scale)
 
 
 def scheme_colour(scale: str) -> str:
@@ -87,7 +104,7 @@ def spread_plot(rows: list[dict], path: Path) -> Path:
     ax.plot(widths, [v for _, v in raw], "o-", color=scheme_colour("none"), label="raw q·k (no scale)")
     for scale in sorted({r["scale"] for r in rows if r.get("scale") != "none"}):
         pts = sorted((int(r["width"]), float(r["scaled_spread"])) for r in rows if r.get("scale") == scale)
-        ax.plot([w for w, _ in pts], [v for _, v in pts], "s-", color=scheme_colour(scale), label=f"scaled ({scale})")
+        ax.plot([w for w, _ in pts], [v for _, v in pts], "s-", color=scheme_colour(scale), label=f"scaled ({_name(scale)})")
     _plain_log_y(ax, [0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256])
     _log2_widths(ax, widths)
     ax.set_xlabel("width d (entries of q and k)")
@@ -111,7 +128,7 @@ def fresh_plot(rows_list: list[dict], path: Path) -> Path:
             pts = sorted((w, r) for (i, w, s), r in rows.items() if i == init and s == scale)
             ws = [w for w, _ in pts]
             c = scheme_colour(scale)
-            label = f"{scale}, {init} init"
+            label = f"{_name(scale)}, {init} init"
             ax1.plot(ws, [r["effective_words_median"] for _, r in pts], ls=ls, marker=mk, color=c, label=label)
             ax1.fill_between(ws, [r["effective_words_p10"] for _, r in pts], [r["effective_words_p90"] for _, r in pts],
                              color=c, alpha=0.12 if init == "unit" else 0.06)
@@ -128,8 +145,8 @@ def fresh_plot(rows_list: list[dict], path: Path) -> Path:
         ax.grid(alpha=0.3)
     ax1.set_title("A fresh head: how many words a row spreads over")
     ax2.set_title("A fresh head: rows frozen on one word")
-    ax1.legend(fontsize=8)
-    ax2.legend(fontsize=8)
+    ax1.legend(fontsize=SMALL)
+    ax2.legend(fontsize=SMALL)
     return _save(fig, path)
 
 
@@ -142,12 +159,12 @@ def illustration(ill: dict[str, Any], path: Path) -> Path:
     # a grid with no empty panel: one row up to 5, else the widest divisor of n up to 5 (a prime: one row)
     cols = n if n <= 5 else next((c for c in (5, 4, 3) if n % c == 0), n)
     rows = n // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(3.2 * cols, 2.6 * rows), sharey=True, squeeze=False)
+    fig, axes = plt.subplots(rows, cols, figsize=(2.6 * cols + 0.4, 2.7 * rows), sharey=True, squeeze=False)
     for ax, m, w, e in zip(axes.flat, mults, weights, eff):
         ax.bar(range(len(w)), w, color=scheme_colour("inv_sqrt_d"), width=0.9)
         title = f"scores × {m:g}"
-        if e is not None:
-            title += f": {e:.1f} effective words"
+        if e is not None:  # two lines: a panel is narrow, and its title must stay at full size
+            title += f"\n{e:.1f} effective words"
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("word")
     for ax in axes[:, 0]:
@@ -174,12 +191,16 @@ def _differ(per: list[list[float]]) -> bool:
     return False
 
 
-def training(runs: list[tuple[str, str, list[dict]]], path: Path, title: str) -> Path:
+def training(runs: list[tuple[str, str, list[dict]]], path: Path, title: str,
+             targets: dict[str, list[tuple[float, str, str]]] | None = None) -> Path:
     """Spread, frozen fraction, effective words and loss per step; ``runs`` = [(label, scale, metric lines)].
 
     Thick: mean over layers and heads. Thin lines: each layer (mean over its
     heads) in a lighter shade of the run's colour and its own dash, drawn only
-    where the layers differ by more than 10%. One legend for the four panels."""
+    where the layers differ by more than 10%. One legend for the four panels.
+    ``targets[measure]`` = [(value, label, scale)]: the course's figures, drawn as
+    dashed lines in the scheme's colour and named where they end (frozen share as a
+    fraction, drawn in %)."""
     plt = _plt()
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
     panels = [("spread", "spread of scaled scores"), ("frozen_fraction", "frozen rows, %"),
@@ -205,6 +226,18 @@ def training(runs: list[tuple[str, str, list[dict]]], path: Path, title: str) ->
         if ev:
             axes[1, 1].plot([x for x, _ in ev], [y for _, y in ev], "o--", color=c, ms=4, label=f"{label} (held out)")
     axes[1, 1].set_ylabel("loss (nats per token)")
+    where = {key: ax for ax, (key, _) in zip(axes.flat, panels)}
+    for key, marks in (targets or {}).items():
+        ax = where[key]
+        if not ax.lines:
+            continue
+        for value, text, scale in marks:
+            y = 100 * value if key == "frozen_fraction" else value
+            # nolegend: a target is named on the plot, beside its line, not among the runs
+            ax.axhline(y, color=scheme_colour(scale), lw=1, ls=(0, (5, 3)), alpha=0.8, label="_nolegend_")
+            # named just under its line: a target at the top of the axis keeps its label inside
+            ax.annotate(text, (0.01, y), xycoords=("axes fraction", "data"), xytext=(0, -2), textcoords="offset points",
+                        fontsize=SMALL, va="top", color=scheme_colour(scale))
     if axes[0, 0].lines:  # the spread runs from ~1 to thousands without the scale
         _plain_log_y(axes[0, 0], [k * 10.0 ** e for e in range(-2, 6) for k in (1, 2, 5)])
     from matplotlib.ticker import MaxNLocator
@@ -217,11 +250,11 @@ def training(runs: list[tuple[str, str, list[dict]]], path: Path, title: str) ->
         for handle, text in zip(*ax.get_legend_handles_labels()):
             legend.setdefault(text, handle)
     if legend:
-        fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=min(4, len(legend)), fontsize=8,
+        fig.legend(list(legend.values()), list(legend), loc="lower center", ncol=min(4, len(legend)), fontsize=SMALL,
                    frameon=False)
     fig.suptitle(title, fontsize=11)
     rows = math.ceil(len(legend) / 4)
-    return _save(fig, path, rect=(0, 0.03 * rows + 0.01, 1, 1))
+    return _save(fig, path, rect=(0, 0.035 * rows + 0.01, 1, 1))
 
 
 def perplexity_vs_width(cells: dict[tuple[int, str], list[float]], gaps: dict[int, tuple[float, float | None, int]],
@@ -237,7 +270,7 @@ def perplexity_vs_width(cells: dict[tuple[int, str], list[float]], gaps: dict[in
         mean = [sum(v) / len(v) for _, v in pts]
         err = [[m - min(v) for m, (_, v) in zip(mean, pts)], [max(v) - m for m, (_, v) in zip(mean, pts)]]
         ax1.errorbar(ws, mean, yerr=err if seeds > 1 else None, marker="o", capsize=3, color=scheme_colour(scale),
-                     label=scale)
+                     label=_name(scale))
     # the axis and legends promise bars only where there are some
     ax1.set_ylabel("held-out perplexity" + (" (bars: seeds' min–max)" if seeds > 1 else " (one seed: no bars)"))
     ax1.set_title("Perplexity by width")
@@ -247,11 +280,12 @@ def perplexity_vs_width(cells: dict[tuple[int, str], list[float]], gaps: dict[in
         has_se = any(gaps[w][1] is not None for w in gw)
         ax2.errorbar(gw, [gaps[w][0] for w in gw], yerr=[3 * (gaps[w][1] or 0) for w in gw] if has_se else None,
                      marker="o", capsize=3, color="#444444",
-                     label="ppl(none) − ppl(inv_sqrt_d)" + ("; bars 3 SE" if has_se else "; one seed, no bars"))
+                     label=f"ppl({_name('none')}) − ppl({_name('inv_sqrt_d')})"
+                     + ("; bars 3 SE" if has_se else "; one seed, no bars"))
         ax2.axhline(0, color="#888888", lw=0.8)
         if start is not None:
             ax2.axvline(start, color=scheme_colour("inv_sqrt_d"), ls="--", lw=1, label=f"gap starts (d={start})")
-        ax2.legend(fontsize=8)
+        ax2.legend(fontsize=SMALL)
     ax2.set_ylabel("perplexity gap (points)")
     ax2.set_title("What the scale is worth")
     for ax in (ax1, ax2):
@@ -297,76 +331,93 @@ __all__ += ["loss_vs_lr", "sensitivity_vs_width", "max_logit_over_steps", "rando
 def _log_lrs(ax, lrs: Sequence[float]) -> None:
     ax.set_xscale("log")
     ax.set_xticks(list(lrs))
-    ax.set_xticklabels([f"{lr:g}" for lr in lrs], fontsize=8)
+    ax.set_xticklabels([f"{lr:g}" for lr in lrs], fontsize=SMALL)
     ax.minorticks_off()
 
 
 def loss_vs_lr(curves: dict[int, dict[str, list[dict]]], path: Path) -> Path:
-    """Final held-out loss against learning rate: one panel per width, a curve per scheme,
+    """Final held-out loss against learning rate: a panel per scheme and width (schemes' curves
+    often lie on top of each other, so each gets its own panel, the others faint behind it),
     a band of ± 1 SE over seeds; a cross marks a learning rate where some seed diverged.
     ``curves[width][scheme]`` = [{"lr", "mean", "se", "diverged"}] (``schemes_analysis.loss_curve``)."""
     plt = _plt()
     widths = sorted(curves)
-    fig, axes = plt.subplots(1, len(widths), figsize=(4.6 * len(widths) + 1, 4.3), sharey=True, squeeze=False)
-    for ax, width in zip(axes[0], widths):
+    most = max(len(curves[w]) for w in widths)
+    cols = min(3, most)
+    per_width = math.ceil(most / cols)
+    fig, axes = plt.subplots(per_width * len(widths), cols, figsize=(3.7 * cols + 0.6, 2.9 * per_width * len(widths) + 0.7),
+                             sharey=True, squeeze=False)
+
+    def points(pts):
+        ok = [p for p in pts if p["mean"] is not None]
+        return [p["lr"] for p in ok], [p["mean"] for p in ok], [p["se"] or 0.0 for p in ok]
+
+    for k, width in enumerate(widths):
         lrs = sorted({c["lr"] for pts in curves[width].values() for c in pts})
-        for scale, pts in curves[width].items():
+        cells = [ax for row in axes[k * per_width:(k + 1) * per_width] for ax in row]
+        for ax, (scale, pts) in zip(cells, curves[width].items()):
+            for other, their in curves[width].items():  # the others, faint: where this one sits among them
+                if other != scale:
+                    xs, ys, _ = points(their)
+                    ax.plot(xs, ys, "-", color="#bbbbbb", lw=1)
             c = scheme_colour(scale)
-            ok = [p for p in pts if p["mean"] is not None]
-            xs, ys = [p["lr"] for p in ok], [p["mean"] for p in ok]
-            ax.plot(xs, ys, "o-", color=c, ms=4, label=scale)
-            se = [p["se"] or 0.0 for p in ok]
-            ax.fill_between(xs, [y - e for y, e in zip(ys, se)], [y + e for y, e in zip(ys, se)], color=c, alpha=0.15)
+            xs, ys, se = points(pts)
+            ax.plot(xs, ys, "o-", color=c, ms=4)
+            ax.fill_between(xs, [y - e for y, e in zip(ys, se)], [y + e for y, e in zip(ys, se)], color=c, alpha=0.2)
             bad = [p["lr"] for p in pts if p["diverged"]]
             if bad:
                 top = max(ys) if ys else 0.0
                 ax.plot(bad, [top] * len(bad), "x", color=c, ms=9, mew=2)
-        _log_lrs(ax, lrs)
-        ax.set_title(f"head width d = {width}")
+            _log_lrs(ax, lrs)
+            ax.set_title(f"{_name(scale)}, d = {width}", color=c, fontsize=10)
+            ax.grid(alpha=0.3)
+        for ax in cells[len(curves[width]):]:
+            ax.set_visible(False)
+    for ax in axes[-1]:
         ax.set_xlabel("peak learning rate")
-        ax.grid(alpha=0.3)
-    axes[0][0].set_ylabel("final held-out loss (nats); band ± 1 SE")
-    axes[0][-1].legend(fontsize=8)
-    fig.suptitle("Final loss against learning rate (× : a seed diverged there)", fontsize=11)
+    for row in axes:
+        row[0].set_ylabel("held-out loss (nats)")
+    fig.suptitle("Final loss against learning rate (band ± 1 SE over seeds; grey: the other schemes; "
+                 "× : a seed diverged)", fontsize=10)
     return _save(fig, path)
 
 
 def sensitivity_vs_width(points: dict[str, list[tuple[int, float, float | None]]], path: Path) -> Path:
     """Learning-rate sensitivity against head width, per scheme: ``points[scheme]`` = [(width, mean, SE or None)]."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.3))
+    fig, ax = plt.subplots(figsize=(8.6, 4.3))
     widths = sorted({w for pts in points.values() for w, _, _ in pts})
     n = max(1, len(points))
     for k, (scale, pts) in enumerate(points.items()):
         pts = sorted(pts)
         nudge = 2 ** (0.04 * (k - (n - 1) / 2))  # side by side, so error bars do not hide each other
         ax.errorbar([w * nudge for w, _, _ in pts], [m for _, m, _ in pts], yerr=[e or 0.0 for _, _, e in pts],
-                    marker="o", capsize=3, color=scheme_colour(scale), label=scale)
+                    marker="o", capsize=3, color=scheme_colour(scale), label=_name(scale))
     _log2_widths(ax, widths)
     ax.set_xlabel("head width d")
     ax.set_ylabel("LR sensitivity (nats); bars ± 1 SE")
     ax.set_title("How much a bad learning rate costs, by width")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=SMALL, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)  # outside: no curve hidden
     return _save(fig, path)
 
 
 def max_logit_over_steps(panels: dict[str, dict[str, list[tuple[int, float]]]], path: Path, title: str) -> Path:
     """Max |attention logit| per recorded step, per scheme: ``panels[panel title][scheme]`` = [(step, value)]."""
     plt = _plt()
-    fig, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels) + 0.5, 4.3), squeeze=False)
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels) + 2.2, 4.3), squeeze=False)
     for ax, (name, series) in zip(axes[0], panels.items()):
         for scale, pts in series.items():
             pts = [(s, v) for s, v in pts if math.isfinite(v)]
             ax.plot([s for s, _ in pts], [max(v, 1e-3) for _, v in pts], "-", color=scheme_colour(scale), lw=1.6,
-                    label=scale)
+                    label=_name(scale))
         if ax.lines:
             _plain_log_y(ax, [k * 10.0 ** e for e in range(-1, 6) for k in (1, 2, 5)])
         ax.set_title(name)
         ax.set_xlabel("step")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("max |scaled score| over layers and heads")
-    axes[0][-1].legend(fontsize=8)
+    axes[0][-1].legend(fontsize=SMALL, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     fig.suptitle(title, fontsize=11)
     return _save(fig, path)
 
@@ -377,50 +428,59 @@ def random_score_overlay(theory: dict[str, Any], path: Path) -> Path:
     and mean effective words over training beside what the same spread predicts.
 
     ``theory``: {"fresh": [(scheme, spread, eff. words, n)], "trained": {scheme: [(spread, eff. words, step)]},
-    "steps": {scheme: [(step, mean spread, mean eff. words)]}, "width", "lr", "context"}."""
+    "steps": {scheme: [(step, mean spread, mean eff. words)]}, "width", "lr", "context"}.
+    One legend below the panels: a colour per scheme, named once, and what each line style means."""
     import numpy as np
+    from matplotlib.lines import Line2D
 
     from attnscale.core.gaussian_scores import expected_effective_words
 
     plt = _plt()
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.5))
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 5.2))
     grid = np.concatenate([np.linspace(0, 4, 81), np.geomspace(4.05, 400, 80)])
+    schemes: dict[str, None] = {}
     if theory["fresh"]:
         n = theory["fresh"][0][3]
-        ax1.plot(np.maximum(grid, 0.05), expected_effective_words(grid, n), color="#888888", lw=1.5,
-                 label=f"random scores, {n} keys")
+        ax1.plot(np.maximum(grid, 0.05), expected_effective_words(grid, n), color="#888888", lw=1.5)
         for scale in dict.fromkeys(s for s, *_ in theory["fresh"]):
+            schemes[scale] = None
             pts = sorted((sp, ew) for s, sp, ew, _ in theory["fresh"] if s == scale)
-            ax1.plot([p[0] for p in pts], [p[1] for p in pts], "o", color=scheme_colour(scale), label=f"fresh, {scale}")
-        ax1.set_title("Fresh heads (unit init): median row")
+            ax1.plot([p[0] for p in pts], [p[1] for p in pts], "o", color=scheme_colour(scale))
+        ax1.set_title(f"Fresh heads (unit init), {n} keys: median row", fontsize=10)
     else:
         ax1.text(0.5, 0.5, "no fresh-head record (attnscale fresh)", ha="center", va="center", transform=ax1.transAxes)
     context = theory.get("context")
     if context:
         curve = expected_effective_words(grid, context, causal=True)
-        ax2.plot(np.maximum(grid, 0.05), curve, color="#888888", lw=1.5, label=f"random scores, causal, {context} keys")
+        ax2.plot(np.maximum(grid, 0.05), curve, color="#888888", lw=1.5)
         for scale, pts in theory["trained"].items():
-            ax2.scatter([p[0] for p in pts], [p[1] for p in pts], s=6, alpha=0.35, color=scheme_colour(scale), label=scale)
-        ax2.set_title(f"Trained heads at every recorded step (d = {theory['width']}, lr {theory['lr']:g})")
+            schemes[scale] = None
+            ax2.scatter([p[0] for p in pts], [p[1] for p in pts], s=6, alpha=0.35, color=scheme_colour(scale))
+        ax2.set_title(f"Trained heads, every recorded step\n(d = {theory['width']}, lr {theory['lr']:g}, causal, "
+                      f"{context} keys)", fontsize=10)
         for scale, pts in theory["steps"].items():
+            schemes[scale] = None
             c = scheme_colour(scale)
-            ax3.plot([p[0] for p in pts], [p[2] for p in pts], "-", color=c, lw=1.6, label=f"{scale}, measured")
+            ax3.plot([p[0] for p in pts], [p[2] for p in pts], "-", color=c, lw=1.6)
             ax3.plot([p[0] for p in pts], expected_effective_words([p[1] for p in pts], context, causal=True), "--",
-                     color=c, lw=1, label=f"{scale}, random scores at that spread")
-        ax3.set_title("Effective words over training (first seed, mean of heads)")
+                     color=c, lw=1)
+        ax3.set_title("Effective words over training\n(first seed, mean of heads)", fontsize=10)
         ax3.set_xlabel("step")
         ax3.set_ylabel("effective words per row")
         ax3.grid(alpha=0.3)
-        ax3.legend(fontsize=6)
     for ax in (ax1, ax2):
         ax.set_xscale("log")
         ax.set_xlim(0.05, 400)
         ax.set_xlabel("spread of scaled scores")
         ax.set_ylabel("effective words per row")
         ax.grid(alpha=0.3)
-        if ax.lines or ax.collections:
-            ax.legend(fontsize=7)
-    return _save(fig, path)
+    handles = [Line2D([], [], color=scheme_colour(s), marker="o", lw=2, label=_name(s)) for s in schemes]
+    handles += [Line2D([], [], color="#888888", lw=1.5, label="random scores (left, middle)"),
+                Line2D([], [], color="#444444", lw=1.6, label="measured (right)"),
+                Line2D([], [], color="#444444", lw=1, ls="--", label="random scores at that spread (right)")]
+    cols = min(5, len(handles))
+    fig.legend(handles=handles, loc="lower center", ncol=cols, fontsize=SMALL, frameon=False)
+    return _save(fig, path, rect=(0, 0.06 * math.ceil(len(handles) / cols) + 0.01, 1, 1))
 
 
 def end_spread_by_setup(panels: dict[str, list[tuple[str, dict[str, tuple[float | None, float | None]]]]],
@@ -443,12 +503,12 @@ def end_spread_by_setup(panels: dict[str, list[tuple[str, dict[str, tuple[float 
                    if scale in cells and cells[scale][0] is not None and cells[scale][0] > 0]
             if pts:
                 ax.errorbar([p[0] for p in pts], [p[1] for p in pts], yerr=[p[2] or 0.0 for p in pts], marker="o",
-                            capsize=3, color=scheme_colour(scale), label=scale)
+                            capsize=3, color=scheme_colour(scale), label=_name(scale))
         for label, (y, scale) in lines.items():
             ax.axhline(y, color=scheme_colour(scale), lw=0.8, ls="--", alpha=0.7)
-            ax.text(xs[-1] + 0.3 if xs else 0, y, label, fontsize=7, va="bottom", ha="right",
+            ax.text(xs[-1] + 0.3 if xs else 0, y, label, fontsize=SMALL, va="bottom", ha="right",
                     color=scheme_colour(scale))
-        ax.set_xticks(xs, [v for v, _ in points], fontsize=8)
+        ax.set_xticks(xs, [v for v, _ in points], fontsize=SMALL)
         ax.set_xlim(-0.5, len(xs) - 0.5 + 0.3)
         if ax.lines or ax.collections:
             _plain_log_y(ax, [k * 10.0 ** e for e in range(-1, 6) for k in (1, 2, 5)])
@@ -457,6 +517,6 @@ def end_spread_by_setup(panels: dict[str, list[tuple[str, dict[str, tuple[float 
     for ax in flat[len(panels):]:
         ax.set_visible(False)
     flat[0].set_ylabel("spread at the end (mean over heads)")
-    flat[0].legend(fontsize=8)
+    flat[0].legend(fontsize=SMALL)
     fig.suptitle(title, fontsize=11)
     return _save(fig, path)

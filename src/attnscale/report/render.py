@@ -1,8 +1,11 @@
 """The report's document as blocks, rendered twice: one self-contained HTML page and Markdown.
 
 A block is a tuple: ("h1" | "h2" | "h3" | "p" | "banner", text), ("list", lead, items),
-("table", headers, rows) or ("img", png file name, caption). A "banner" is what
-a reader must see first (the preset that made the records). Every string is
+("table", headers, rows), ("img", png file name, caption), ("scoreboard", count line,
+items) or ("details", summary, blocks): blocks folded away until a reader opens them.
+The "scoreboard" is what a reader must see first (how many claims agree, and which
+do not); a "banner" comes next (the preset that made the records). Text between
+backticks is code: ``<code>`` in HTML, kept as written in Markdown. Every string is
 escaped here and nowhere else, so one file says how a corpus name or a note
 from a record reaches the page: ``html.escape`` for HTML; for Markdown (which
 passes inline HTML through) a backslash before each < that could open a tag and
@@ -11,23 +14,38 @@ and renders the same, plus | in tables. Table columns whose cells are all
 numbers are right-aligned in both. The HTML's Content-Security-Policy forbids every script and every
 fetch, so even text that slipped past the escaping could not run or call out,
 and the page opens offline: images are inline data URIs, the CSS is inline.
+
+On a narrow screen (a 390-px phone) the page itself never scrolls sideways: long
+words break, and a wide table or figure scrolls inside its own box. A figure is
+never shown narrower than ``min_scale`` of its own width (``to_html``), the
+shrink its smallest text can take and still read (``plots.SMALLEST_SHOWN``).
 """
 
 from __future__ import annotations
 
 import base64
 import html
+import math
 import re
 from typing import Any
 
 __all__ = ["to_html", "to_markdown"]
 
-_CSS = """body{font:15px/1.5 system-ui,sans-serif;max-width:1180px;margin:2em auto;padding:0 1em;color:#222}
-table{border-collapse:collapse;margin:1em 0;font-size:13px}th,td{border:1px solid #ccc;padding:4px 7px;text-align:left;vertical-align:top}
+# on a phone, a column of words keeps room for a few words (10em) and its table scrolls sideways
+# in its own box, rather than squeezing every cell into a column a word wide
+_CSS = """body{font:15px/1.5 system-ui,sans-serif;max-width:1180px;margin:2em auto;padding:0 1em;color:#222;
+overflow-wrap:anywhere}h1{font-size:1.7em;line-height:1.25}
+div.wide,figure{overflow-x:auto;margin:1em 0}figure{margin:1em 0}
+table{border-collapse:collapse;font-size:13px}th,td{border:1px solid #ccc;padding:4px 7px;text-align:left;vertical-align:top;
+overflow-wrap:normal;min-width:3em}td:first-child{min-width:7em}
+code{font:.92em ui-monospace,monospace;background:#f4f4f4;padding:0 .2em;border-radius:3px}
+div.scoreboard{border:2px solid #555;padding:.5em .9em;margin:1em 0}div.scoreboard p{margin:.3em 0;font-size:1.15em}
+details{margin:1em 0}summary{cursor:pointer;font-weight:600}
+@media (max-width:600px){td:not(.num):not([class^=v-]){min-width:10em}}
 th{background:#f2f2f2}td.v-agrees{background:#d5f5e3}td.v-differs{background:#fadbd8}td.v-not-run{background:#eee;color:#666}
 td.v-partly{background:#fcf3cf}td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
 p.banner{border:2px solid #b9770e;background:#fef5e7;padding:.6em .9em;font-weight:600}
-img{max-width:100%;height:auto;display:block;margin:1em 0}h2{border-bottom:1px solid #ddd;margin-top:2em}"""
+img{max-width:100%;height:auto;display:block;margin:0 0 .5em}h2{border-bottom:1px solid #ddd;margin-top:2em}"""
 
 
 _NUMBER = re.compile(r"^[+−-]?(\d{1,3}(,\d{3})+|\d+)(\.\d+)?%?$")
@@ -43,32 +61,71 @@ def numeric_columns(rows: list[list]) -> list[bool]:
     return out
 
 
-def to_html(blocks: list[tuple], images: dict[str, bytes]) -> str:
-    """One self-contained page; ``images`` maps each "img" block's file name to its PNG bytes."""
-    e = html.escape
+_CODE = re.compile(r"`([^`\n]+)`")
+
+
+def _plain(x: Any) -> str:
+    """Text with its code marks dropped: for an attribute or a title, where no tag can go."""
+    return _CODE.sub(r"\1", str(x))
+
+
+def _e(x: Any) -> str:
+    """Escaped text, its `code` spans as <code> (escaping leaves backticks alone)."""
+    return _CODE.sub(r"<code>\1</code>", html.escape(str(x)))
+
+
+def png_width(png: bytes) -> int:
+    """A PNG's width in pixels, from its header (IHDR comes first; width is bytes 16 to 20)."""
+    if png[:8] != b"\x89PNG\r\n\x1a\n" or len(png) < 24:
+        raise ValueError("not a PNG")
+    return int.from_bytes(png[16:20], "big")
+
+
+def to_html(blocks: list[tuple], images: dict[str, bytes], min_scale: float = 0.0) -> str:
+    """One self-contained page; ``images`` maps each "img" block's file name to its PNG bytes.
+    No figure is shown narrower than ``min_scale`` × its own width (its box scrolls instead)."""
+    return _page(_html_blocks(blocks, images, min_scale), blocks)
+
+
+def _html_blocks(blocks: list[tuple], images: dict[str, bytes], min_scale: float) -> list[str]:
+    e = _e
     out = []
     for blk in blocks:
         kind = blk[0]
         if kind in ("h1", "h2", "h3", "p"):
-            out.append(f"<{kind}>{e(str(blk[1]))}</{kind}>")
+            out.append(f"<{kind}>{e(blk[1])}</{kind}>")
         elif kind == "banner":
-            out.append(f'<p class="banner">{e(str(blk[1]))}</p>')
+            out.append(f'<p class="banner">{e(blk[1])}</p>')
+        elif kind == "scoreboard":
+            out.append(f'<div class="scoreboard"><p><strong>{e(blk[1])}</strong></p>'
+                       + ("<ul>" + "".join(f"<li>{e(x)}</li>" for x in blk[2]) + "</ul>" if blk[2] else "") + "</div>")
+        elif kind == "details":
+            out.append(f"<details><summary>{e(blk[1])}</summary>"
+                       + "\n".join(_html_blocks(blk[2], images, min_scale)) + "</details>")
         elif kind == "list":
-            out.append(f"<p>{e(blk[1])}</p><ul>" + "".join(f"<li>{e(str(x))}</li>" for x in blk[2]) + "</ul>")
+            out.append(f"<p>{e(blk[1])}</p><ul>" + "".join(f"<li>{e(x)}</li>" for x in blk[2]) + "</ul>")
         elif kind == "img":
-            data = base64.b64encode(images[blk[1]]).decode("ascii")
-            out.append(f'<figure><img src="data:image/png;base64,{data}" alt="{e(blk[2])}"><figcaption>{e(blk[2])}</figcaption></figure>')
+            png = images[blk[1]]
+            data = base64.b64encode(png).decode("ascii")
+            least = f' style="min-width:{math.ceil(min_scale * png_width(png))}px"' if min_scale > 0 else ""
+            out.append(f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(_plain(blk[2]))}"{least}>'
+                       f"<figcaption>{e(blk[2])}</figcaption></figure>")
         elif kind == "table":
             vcol = blk[1].index("verdict") if "verdict" in blk[1] else -1
             num = numeric_columns(blk[2])
-            head = "".join(('<th class="num">' if i < len(num) and num[i] else "<th>") + f"{e(str(h))}</th>"
+            head = "".join(('<th class="num">' if i < len(num) and num[i] else "<th>") + f"{e(h)}</th>"
                            for i, h in enumerate(blk[1]))
             body = "".join("<tr>" + "".join(
-                (f'<td class="v-{e(str(c)).replace(" ", "-")}">' if i == vcol
-                 else '<td class="num">' if i < len(num) and num[i] else "<td>") + f"{e(str(c))}</td>"
+                (f'<td class="v-{html.escape(str(c)).replace(" ", "-")}">' if i == vcol
+                 else '<td class="num">' if i < len(num) and num[i] else "<td>") + f"{e(c)}</td>"
                 for i, c in enumerate(r)) + "</tr>" for r in blk[2])
-            out.append(f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>")
-    title = e(next((str(b[1]) for b in blocks if b[0] == "h1"), "attnscale report"))
+            # a wide table scrolls in its own box: the page keeps the screen's width
+            out.append(f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>')
+    return out
+
+
+def _page(out: list[str], blocks: list[tuple]) -> str:
+    title = html.escape(_plain(next((str(b[1]) for b in blocks if b[0] == "h1"), "attnscale report")))
     # the CSP forbids every script and every fetch: the page is data, and stays offline
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; img-src data:; style-src 'unsafe-inline'\">"
@@ -93,10 +150,19 @@ def _md_cell(x: Any) -> str:
 
 def to_markdown(blocks: list[tuple]) -> str:
     """Markdown whose images are the PNG files beside it."""
+    return "\n\n".join(_md_blocks(blocks)) + "\n"
+
+
+def _md_blocks(blocks: list[tuple]) -> list[str]:
     out = []
     for blk in blocks:
         kind = blk[0]
-        if kind in ("h1", "h2", "h3"):
+        if kind == "scoreboard":
+            out.append(f"**{_md(blk[1])}**" + ("\n\n" + "\n".join(f"- {_md(x)}" for x in blk[2]) if blk[2] else ""))
+        elif kind == "details":  # Markdown has no fold; HTML's passes through where it renders (GitHub)
+            out.append(f"<details><summary>{_md_cell(blk[1])}</summary>\n\n" + "\n\n".join(_md_blocks(blk[2]))
+                       + "\n\n</details>")
+        elif kind in ("h1", "h2", "h3"):
             out.append({"h1": "# ", "h2": "## ", "h3": "### "}[kind] + _md_cell(blk[1]))
         elif kind == "p":
             out.append(_md(blk[1]))
@@ -111,4 +177,4 @@ def to_markdown(blocks: list[tuple]) -> str:
             out.append("\n".join(["| " + " | ".join(_md_cell(h) for h in blk[1]) + " |",
                                   "|" + "".join("---:|" if n else "---|" for n in num) + ("---|" * (len(blk[1]) - len(num))),
                                   *("| " + " | ".join(_md_cell(c) for c in r) + " |" for r in blk[2])]))
-    return "\n\n".join(out) + "\n"
+    return out

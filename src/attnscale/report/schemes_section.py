@@ -12,8 +12,9 @@ import math
 from pathlib import Path
 from typing import Any
 
+from attnscale.core.scales import display_name
 from attnscale.report import schemes_analysis as sa
-from attnscale.report.analysis import plus_minus
+from attnscale.report.analysis import budget, budget_text, plus_minus
 from attnscale.runs.record import TrainRun
 
 __all__ = ["GROUP", "TITLE", "run_row", "blocks"]
@@ -43,7 +44,7 @@ def run_row(t: TrainRun) -> dict[str, Any]:
 def _table(summary: list[dict[str, Any]]) -> tuple:
     head = ["width d", "scheme", "LR sensitivity ± SE", "best loss ± SE", "best lr", "diverged",
             "max |logit|, lowest lr", "max |logit|, highest lr", "lowest eff. words", "collapsed head-runs", "seeds"]
-    rows = [[r["width"], r["scale"], plus_minus(r["sensitivity"], r["sensitivity_se"]),
+    rows = [[r["width"], display_name(r["scale"]), plus_minus(r["sensitivity"], r["sensitivity_se"]),
              plus_minus(r["best_loss"], r["best_loss_se"]),
              "—" if r["best_lr"] is None else f"{r['best_lr']:g}",
              f"{r['diverged']} of {r['runs']}" + (f" (steps {', '.join(map(str, r['diverged_at']))})" if r["diverged_at"] else ""),
@@ -53,10 +54,19 @@ def _table(summary: list[dict[str, Any]]) -> tuple:
     return ("table", head, rows)
 
 
+def _in_registry_order(scales) -> list[str]:
+    """Schemes in the registry's order (none, 1/√d, then the variants), the order a reader meets
+    them in everywhere; one the registry does not know goes last."""
+    from attnscale.core.scales import scale_names
+
+    known = scale_names()
+    return sorted(dict.fromkeys(scales), key=lambda s: (known.index(s) if s in known else len(known), s))
+
+
 def _curves(rows: list[dict[str, Any]]) -> dict[int, dict[str, list[dict[str, Any]]]]:
     out: dict[int, dict[str, list[dict[str, Any]]]] = {}
     for width in sorted({r["width"] for r in rows}):
-        for scale in dict.fromkeys(r["scale"] for r in rows if r["width"] == width):
+        for scale in _in_registry_order(r["scale"] for r in rows if r["width"] == width):
             mine = [r for r in rows if r["width"] == width and r["scale"] == scale]
             out.setdefault(width, {})[scale] = sa.loss_curve({(r["lr"], r["seed"]): (r["final_loss"], r["init_loss"])
                                                               for r in mine})
@@ -66,7 +76,7 @@ def _curves(rows: list[dict[str, Any]]) -> dict[int, dict[str, list[dict[str, An
 def _logit_series(rows: list[dict[str, Any]], width: int, lr: float) -> dict[str, list[tuple[int, float]]]:
     """Per scheme at ``width`` and ``lr``: (step, max over layers and heads of |logit|), the seeds' mean per step."""
     out = {}
-    for scale in dict.fromkeys(r["scale"] for r in rows):
+    for scale in _in_registry_order(r["scale"] for r in rows):
         by_step: dict[int, list[float]] = {}
         for r in rows:
             if r["scale"] == scale and r["width"] == width and r["lr"] == lr:
@@ -119,7 +129,9 @@ def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[tuple]:
         "best final loss, per seed, then mean ± standard error over seeds; a diverged run counts at its loss at "
         "init. Max |logit| is the largest scaled score any head produced at any recorded step (attention logit "
         "growth). A head has collapsed when its rows spread over fewer than "
-        f"{sa.COLLAPSE_WORDS:g} effective words at some recorded step (entropy collapse, Zhai et al. 2023)."))]
+        f"{sa.COLLAPSE_WORDS:g} effective words at some recorded step (entropy collapse, Zhai et al. 2023).")),
+        # the study's own budget: not the preset's of the course's experiments above
+        ("p", f"The study's runs, as their records say: {budget_text(budget(study))}.")]
     rows = [run_row(t) for t in study]
     finished = [r for r in rows if r["status"] in ("done", "diverged")]
     unfinished = [f"{r['run']}: {r['status']}" for r in rows if r["status"] not in ("done", "diverged")]
@@ -128,15 +140,17 @@ def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[tuple]:
     if not finished:
         return b
     summary = sa.summary_rows(finished)
-    b.append(("list", "What the records show (generated from the numbers below):", sa.reading(summary)))
+    named = [{**r, "scale": display_name(r["scale"])} for r in summary]
+    b.append(("list", "What the records show (generated from the numbers below):", sa.reading(named)))
     curves = _curves(finished)
     pngs["schemes-loss-lr"] = plots.loss_vs_lr(curves, out / "schemes-loss-lr.png")
-    b.append(("img", "schemes-loss-lr.png", "Final held-out loss against learning rate, one panel per width, "
-                                            "band ± 1 SE over seeds"))
-    sens = {}
+    b.append(("img", "schemes-loss-lr.png", "Final held-out loss against learning rate, one panel per scheme and "
+                                            "width (the other schemes in grey), band ± 1 SE over seeds"))
+    sens: dict[str, list] = {s: [] for s in _in_registry_order(r["scale"] for r in summary)}
     for r in summary:
         if r["sensitivity"] is not None:
             sens.setdefault(r["scale"], []).append((r["width"], r["sensitivity"], r["sensitivity_se"]))
+    sens = {s: pts for s, pts in sens.items() if pts}
     if sens:
         pngs["schemes-sensitivity"] = plots.sensitivity_vs_width(sens, out / "schemes-sensitivity.png")
         b.append(("img", "schemes-sensitivity.png", "Learning-rate sensitivity against head width, per scheme, ± 1 SE"))

@@ -13,10 +13,12 @@ each with its reason.
 from __future__ import annotations
 
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
 
+from attnscale.core.scales import display_name
 from attnscale.report import course, schemes_section, setup_section
 
 __all__ = ["document", "preset_of"]
@@ -26,6 +28,10 @@ QUICK, DEFAULT, FULL, CUSTOM = "quick", "default", "full", "custom"
 # halves it on a word-level vocabulary), as are threads, dtype and checkpoints
 _PRESET_TRAIN = ("steps", "lr", "warmup", "eval_batches", "record_every")
 _PRESET_MODEL = ("context", "d_model", "n_layers", "n_heads", "init", "norm")
+# the stages of reproduce by their runs' group, as the budget table names them
+STAGES = {"dynamics": "4. training dynamics", "sweep": "5. width sweep",
+          schemes_section.GROUP: "beyond the course: scheme study"}
+SETUP_STAGE = "beyond the course: setup study"
 
 
 def _f(x: Any, fmt: str = "{:.3g}") -> str:
@@ -74,19 +80,21 @@ def preset_of(runs) -> tuple[str, str]:
     full_tr = wanted[FULL][1]
     evals = lambda t: "the whole held-out split" if t["eval_batches"] is None else f"{t['eval_batches']} held-out batches"  # noqa: E731
     seeds = len({t.seed for t in runs.sweep}) or 1
+    # the preset is the course's experiments' budget; a study beyond them keeps its own (the stage table)
+    ours = "of the course's experiments (sections 4 and 5)"
     if seen == {QUICK}:
-        return QUICK, (f"Quick preset (attnscale reproduce --quick): {tr['steps']} steps per run, context "
+        return QUICK, (f"Quick preset (attnscale reproduce --quick): {tr['steps']} steps per run {ours}, context "
                        f"{m['context']}, perplexity on {evals(tr)}. A smoke test, not the full reproduction: "
                        f"the default preset trains {def_tr['steps']} steps, context {def_m['context']}, "
                        f"perplexity on {evals(def_tr)}; run attnscale reproduce (or --full) for that.")
     if seen == {DEFAULT}:
-        return DEFAULT, (f"Default preset (attnscale reproduce): {def_tr['steps']} steps per run, context "
+        return DEFAULT, (f"Default preset (attnscale reproduce): {def_tr['steps']} steps per run {ours}, context "
                          f"{def_m['context']}, perplexity on {evals(def_tr)}, {seeds} seed{'s' if seeds != 1 else ''}. "
                          f"The course's end of training is judged by the full preset (attnscale reproduce --full: "
                          f"{full_tr['steps']:,} steps a run).")
     if seen == {FULL}:
         study = " The setup study's runs are in these records too." if setup_section.study_runs(runs) else ""
-        return FULL, (f"Full preset (attnscale reproduce --full): {full_tr['steps']:,} steps per run, context "
+        return FULL, (f"Full preset (attnscale reproduce --full): {full_tr['steps']:,} steps per run {ours}, context "
                       f"{def_m['context']}, perplexity on {evals(full_tr)}, {seeds} seed{'s' if seeds != 1 else ''}."
                       + study)
     return CUSTOM, ("Custom settings: the training runs match " + ("neither preset" if seen == {CUSTOM} else "no single preset")
@@ -98,24 +106,54 @@ def _shared(runs) -> list:
     return [rec for _, rec in runs.records if rec.copied_from]
 
 
+def _stage(t) -> str:
+    """The stage a training run belongs to, as the budget table names it."""
+    from attnscale.report.setup_analysis import is_study
+
+    return STAGES.get(t.group) or (SETUP_STAGE if is_study(t) else t.group)
+
+
+def _budgets(runs) -> tuple:
+    """Each stage's own budget, read from its runs' records (the scheme study's is not the preset's)."""
+    from attnscale.report.analysis import budget, span_text
+    from attnscale.runs.store import lr_text
+
+    stages: dict[str, list] = {}
+    for t in runs.train:
+        stages.setdefault(_stage(t), []).append(t)
+    order = [*STAGES.values(), SETUP_STAGE]
+    rows = []
+    for name in sorted(stages, key=lambda s: (order.index(s) if s in order else len(order), s)):
+        b = budget(stages[name])
+        rows.append([name, b["runs"], span_text(b["steps"]), span_text(b["context"]), span_text(b["batch"]),
+                     len(b["seeds"]), span_text(b["widths"]), span_text([lr_text(x) for x in b["lrs"]], "{}")])
+    return ("table", ["stage", "runs", "steps a run", "context", "batch", "seeds", "widths", "learning rate"], rows)
+
+
 def _header(runs, verdicts: list[course.Verdict], experiments: dict[str, str]) -> list[tuple]:
     preset, words = preset_of(runs)
     title = "The score scale in attention: the course's figures beside ours"
+    head, lines = course.scoreboard(verdicts, figures=False)  # the figures follow, with the reasons
+    # the scoreboard first: how the course's claims fared, before any paragraph explains it
     b: list[tuple] = [("h1", title + (f" ({preset} preset)" if preset in (QUICK, DEFAULT, FULL) else "")),
+                      ("scoreboard", f"Scoreboard: {head} of the course", lines),
                       ("banner", words)]
+    if runs.train:
+        b.append(("p", "What each stage trained, as its records say (a study beyond the course keeps its own "
+                       "budget):"))
+        b.append(_budgets(runs))
     finished = [rec.finished for _, rec in runs.records if rec.finished]
     when = (" to ".join(dict.fromkeys(time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
                                       for t in (min(finished), max(finished)))) if finished else "?")
     shared = _shared(runs)
-    source = f"Built from {len(runs.records) - len(shared)} run records under {runs.root} (finished {when})"
+    # the folder by its name: an absolute path is one machine's, and the report travels
+    source = (f"Built from {len(runs.records) - len(shared)} run records in the folder {runs.root.resolve().name}/ "
+              f"(finished {when})")
     if shared:
         source += (f"; {len(shared)} runs are copies of runs another stage trained (the sweep's widest pairs are "
                    "the dynamics runs; the setup study copies the runs of its setups that reproduce trained), "
                    "counted once")
-    counts = {k: sum(v.verdict == k for v in verdicts) for k in course.VERDICTS}
-    said = {course.AGREES: "agree", course.PARTLY: "partly", course.DIFFERS: "differ", course.NOT_RUN: "not run"}
-    b.append(("p", (f"{source}. The course is chapter 9, 'Scaled attention'. Of {len(verdicts)} claims: "
-                    + ", ".join(f"{counts[k]} {said[k]}" for k in course.VERDICTS) + ".")))
+    b.append(("p", f"{source}. The course is chapter 9, 'Scaled attention'."))
     reasons = course.reasons(verdicts)
     if reasons:
         b.append(("list", "Claims that do not agree, and why:", reasons))
@@ -134,15 +172,16 @@ def _spread(runs, verdicts, out: Path, pngs: dict) -> list[tuple]:
     from attnscale.report import plots
 
     b: list[tuple] = [("h2", "1. Wider means louder: the spread of q·k"),
-                      ("p", ("Random pairs of vectors with independent N(0, 1) entries. The spread is the standard "
-                             "deviation of q·k; SE is the standard error of our estimate (sample std over the pairs)."))]
+                      ("p", ("Random pairs of vectors with independent N(0, 1) entries (`attnscale spread`). The "
+                             "spread is the standard deviation of q·k; SE is the standard error of our estimate "
+                             "(sample std over the pairs)."))]
     if not runs.spread_rows:
         return b + [("p", "Not run.")]
     b.append(_verdict_table(verdicts))
     pngs["spread"] = plots.spread_plot(runs.spread_rows, out / "spread.png")
     b.append(("img", "spread.png", "Spread of raw and scaled scores against width, log–log, with the √d line"))
     b.append(("table", ["width d", "scale", "raw spread", "SE", "√d", "factor", "scaled spread"],
-              [[r["width"], r["scale"], _f(r["raw_spread"], "{:.3f}"), _f(course.spread_se(r), "{:.3f}"),
+              [[r["width"], display_name(r["scale"]), _f(r["raw_spread"], "{:.3f}"), _f(course.spread_se(r), "{:.3f}"),
                 _f(r["sqrt_d"], "{:.3f}"), _f(r["factor"], "{:.5f}"), _f(r["scaled_spread"], "{:.3f}")]
                for r in sorted(runs.spread_rows, key=lambda r: (r["width"], r["scale"]))]))
     return b
@@ -168,7 +207,8 @@ def _fresh(runs, verdicts, out: Path, pngs: dict) -> list[tuple]:
 
     b: list[tuple] = [("h2", "3. A fresh head, before any training"),
                       ("p", ("Verdicts use the footnote's assumption (q and k entries with unit variance, 'unit' "
-                             "init); the tiny model's own initialisation is shown beside them. Effective words of a "
+                             "init: `attnscale fresh --init unit`); the tiny model's own initialisation is shown beside "
+                             "them (`--init model`). Effective words of a "
                              "row = exp(entropy); a row is frozen when its largest weight exceeds the threshold. The "
                              "course quotes one row for 'roughly 35 words', not an average, so we ask whether 35 "
                              "lies inside our p10–p90 range of single rows."))]
@@ -179,7 +219,7 @@ def _fresh(runs, verdicts, out: Path, pngs: dict) -> list[tuple]:
     b.append(("img", "fresh.png", "Effective words and frozen rows against width at init"))
     b.append(("table", ["init", "width d", "scale", "eff. words median", "p10", "p90", "max weight", "frozen",
                         "push median", "example row"],
-              [[i, w, s, _f(r["effective_words_median"], "{:.2f}"), _f(r["effective_words_p10"], "{:.2f}"),
+              [[i, w, display_name(s), _f(r["effective_words_median"], "{:.2f}"), _f(r["effective_words_p10"], "{:.2f}"),
                 _f(r["effective_words_p90"], "{:.2f}"), _f(r["max_weight_mean"], "{:.3f}"),
                 _f(r["frozen_fraction"], "{:.1%}"), _f(r.get("push_median"), "{:.4f}"), r.get("example", "")]
                for (i, w, s), r in sorted(runs.fresh_rows.items(), key=lambda x: (x[0][0] != "unit", x[0]))]))
@@ -191,16 +231,25 @@ def _dyn_row(runs, t) -> list:
         if t.line("first") is None:
             return "—"
         return f"{fmt.format(t.diag_mean('first', key))} → {fmt.format(t.diag_mean('last', key))}"
-    return [t.path.relative_to(runs.root).as_posix(), t.width, t.scale, t.seed, t.status, t.steps_done,
+    return [t.path.relative_to(runs.root).as_posix(), t.width, display_name(t.scale), t.seed, t.status, t.steps_done,
             fl("spread", "{:,.1f}"), fl("frozen_fraction", "{:.1%}"), fl("effective_words", "{:.1f}"),
             _f(t.perplexity, "{:.2f}")]
+
+
+def _targets() -> dict[str, list[tuple[float, str, str]]]:
+    """The course's end of training at d=1,024, as its claims hold the figures (``course``), for the plots."""
+    none, scaled = display_name("none"), display_name(course.SCALED)
+    return {"spread": [(course.END_SPREAD, f"course: over {course.END_SPREAD:,.0f} ({none})", "none"),
+                       (course.SCALED_SPREAD, f"course: about {course.SCALED_SPREAD:g} ({scaled})", course.SCALED)],
+            "frozen_fraction": [(course.COURSE_END_FROZEN, f"course: {course.COURSE_END_FROZEN:.1%} ({none})", "none")]}
 
 
 def _dynamics(runs, verdicts, out: Path, pngs: dict) -> list[tuple]:
     from attnscale.report import plots
 
     b: list[tuple] = [("h2", "4. What happens during training"),
-                      ("p", ("Spread, frozen share and effective words at a step are the mean over all layers and "
+                      ("p", ("The tiny model trained with and without the scale (`attnscale dynamics`). "
+                             "Spread, frozen share and effective words at a step are the mean over all layers and "
                              "heads (each head's spread is over its scaled, unmasked scores); the course's spread "
                              "at the start is its first layer's head, so that claim reads layer 0. Plots show the "
                              "mean (thick) and each layer where layers differ by over 10% (thin, a lighter shade "
@@ -208,10 +257,12 @@ def _dynamics(runs, verdicts, out: Path, pngs: dict) -> list[tuple]:
                              "says 'partly' or 'differs' and both numbers are shown.")),
                       _verdict_table(verdicts)]
     for w in sorted({t.width for t in runs.dynamics}):
-        series = [(f"{t.scale} s{t.seed}", t.scale, t.recorded) for t in runs.dynamics if t.width == w and t.recorded]
+        series = [(f"{display_name(t.scale)}, seed {t.seed}", t.scale, t.recorded) for t in runs.dynamics
+                  if t.width == w and t.recorded]
         if series:
             name = f"dynamics-d{w}.png"
-            pngs[f"dynamics-d{w}"] = plots.training(series, out / name, f"Training at head width d={w}")
+            pngs[f"dynamics-d{w}"] = plots.training(series, out / name, f"Training at head width d={w}",
+                                                    _targets() if w == course.COURSE_WIDTH else None)
             b.append(("img", name, f"Spread, frozen rows, effective words and loss per step at d={w}"))
     if runs.dynamics:
         b.append(("table", ["run", "d", "scale", "seed", "status", "steps", "spread first → last", "frozen first → last",
@@ -223,7 +274,8 @@ def _sweep(runs, verdicts, out: Path, pngs: dict) -> list[tuple]:
     from attnscale.report import analysis, plots
 
     b: list[tuple] = [("h2", "5. Where 'large' starts: held-out perplexity by width"),
-                      ("p", ("Gap = perplexity without the scale − with it (positive: the scale helps), means over "
+                      ("p", ("The tiny model trained at each width with and without the scale (`attnscale sweep`). "
+                             "Gap = perplexity without the scale − with it (positive: the scale helps), means over "
                              "seeds; SE from the seeds where each cell has two or more. The gap in points depends on "
                              "the corpus and tokenizer, and the course's corpus is not the one here, so compare "
                              "shapes first.")),
@@ -247,7 +299,7 @@ def _sweep(runs, verdicts, out: Path, pngs: dict) -> list[tuple]:
         rows.append([w, *[_f(m, "{:.2f}") + ("" if e is None else f" ± {e:.2f}") for m, e in ppl],
                      "—" if gap is None else f"{gap[0]:+.2f}", _f(gap[1] if gap else None, "{:.2f}"),
                      _f(shares.get(w), "{:.0%}"), gap[2] if gap else len(cells.get((w, scales[0]), []))])
-    b.append(("table", ["width d", *[f"ppl {s}" for s in scales], "gap", "SE of gap", "gap / ppl with the scale",
+    b.append(("table", ["width d", *[f"ppl {display_name(s)}" for s in scales], "gap", "SE of gap", "gap / ppl with the scale",
                         "seeds"], rows))
     bad = [f"{t.path.relative_to(runs.root).as_posix()}: {t.status}"
            + (f" at step {t.diverged_at}" if t.diverged_at is not None else "")
@@ -268,23 +320,47 @@ def _kv(d: dict | None, keys: tuple[str, ...] | None = None) -> str:
 _THREADS = "torch_threads"
 
 
+def _precision(env: dict) -> str:
+    """Whether the CPU computes bf16 natively, as a record's environment says (older records do not)."""
+    native = env.get("cpu_native_bf16")
+    return "native bf16 in the CPU: " + ("not recorded" if native is None else "yes" if native else "no")
+
+
+def _trained_in(rec) -> str | None:
+    """The precision a training run computed in ("fp32", "bf16", …), from its results; None for other records."""
+    if rec.experiment != "train":
+        return None
+    results = rec.results if isinstance(rec.results, dict) else {}
+    return results.get("dtype") or (results.get("device") or {}).get("dtype")
+
+
 def _environments(runs) -> list[str]:
-    """One line per distinct software and hardware; lines that differ only in the thread
-    count are one line, with the counts and what they mean."""
+    """One line per distinct software and hardware, with the precisions its training runs computed in;
+    lines that differ only in the thread count are one line, with the counts and what they mean."""
     groups: dict[str, set] = {}
+    trained: dict[str, set] = {}
     for _, rec in runs.records:
         env = dict(rec.environment)
         threads = env.pop(_THREADS, None)
-        groups.setdefault(json.dumps(env, sort_keys=True), set()).add(threads)
+        device = env.pop("device", None) or {}  # where a training run computed: said once, with its precision
+        key = json.dumps(env, sort_keys=True)
+        groups.setdefault(key, set()).add(threads)
+        if _trained_in(rec):
+            where = f"{device.get('type', '?')}" + (f" ({device['name']})" if device.get("name") else "")
+            trained.setdefault(key, set()).add(f"{_trained_in(rec)} on {where}")
     lines = []
     for key in sorted(groups):
-        text = _kv(json.loads(key)) or "not recorded"
+        env = json.loads(key)
+        text = _kv({k: v for k, v in env.items() if k != "cpu_native_bf16"}) or "not recorded"
         threads = sorted(t for t in groups[key] if t is not None)
         if len(threads) == 1:
             text += f", {_THREADS}={threads[0]}"
         elif threads:
             text += (f", {_THREADS}={' or '.join(map(str, threads))} (threads per process on the same machine: "
                      "training runs that run side by side, -j N, share the cores)")
+        text += "; " + _precision(env)
+        if key in trained:
+            text += "; trained in " + " and ".join(sorted(trained[key]))
         lines.append(text)
     return lines
 
@@ -299,21 +375,22 @@ def _metadata(runs) -> list[tuple]:
         else:
             setting = _kv(cfg)
         if rec.copied_from:
-            source = Path(rec.copied_from)
-            try:
-                source = source.relative_to(runs.root)
-            except ValueError:
-                pass
+            # relative to the records' folder, even where it lies outside it: no machine's absolute path
+            source = Path(os.path.relpath(Path(rec.copied_from), runs.root))
             setting += f"; a copy of {source.as_posix()} (not retrained)"
         rows.append([d.relative_to(runs.root).as_posix() or ".",
                      rec.experiment + (f" ({rec.group})" if rec.group else ""),
-                     rec.status, _f(rec.duration_s, "{:.1f}"), setting])
+                     rec.status, _f(rec.duration_s, "{:.1f}"), _trained_in(rec) or "—",
+                     _precision(rec.environment).split(": ")[1], setting])
     corpora = {json.dumps(t.corpus, sort_keys=True) for t in runs.train}
-    b = [("h2", "6. The runs"),
-         ("table", ["run", "experiment", "status", "duration (s)", "settings (model; training)"], rows)]
+    b: list[tuple] = [("h2", "6. The runs")]
     if corpora:
         b.append(("list", "Corpora and tokenizers:", [_kv(json.loads(c)) or "not recorded" for c in sorted(corpora)]))
     b.append(("list", "Software and hardware:", _environments(runs)))
+    # the longest table of the page, folded: a reader who wants one run opens it
+    b.append(("details", f"Every run ({len(rows)} records): settings, precision, duration",
+              [("table", ["run", "experiment", "status", "duration (s)", "precision", "native bf16 in the CPU",
+                          "settings (model; training)"], rows)]))
     return b
 
 

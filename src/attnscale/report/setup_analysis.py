@@ -244,7 +244,10 @@ def explain(key: str, summary: Sequence[Mapping[str, Any]], judged: Mapping[str,
 
 
 def format_text(summary: Sequence[Mapping[str, Any]], judged: Mapping[str, Mapping[str, Any]]) -> str:
-    """The terminal table of ``attnscale study``: one line per setup and scale, then the claims."""
+    """The terminal table of ``attnscale study``: one line per setup and scale (named as readers see
+    it, ``core.scales.display_name``), then the claims."""
+    from attnscale.core.scales import display_name
+
     head = (f"{'setup':<22} {'scale':<11} {'end spread':>17} {'max layer':>10} {'frozen':>15} {'eff. words':>11} "
             f"{'valid ppl':>14}  seeds")
     lines = [head]
@@ -253,7 +256,7 @@ def format_text(summary: Sequence[Mapping[str, Any]], judged: Mapping[str, Mappi
         return analysis.plus_minus(mean, se, fmt, terminal=True)
 
     for r in summary:
-        lines.append(f"{setup_name((r['axis'], r['value'])):<22} {r['scale']:<11} "
+        lines.append(f"{setup_name((r['axis'], r['value'])):<22} {display_name(r['scale']):<11} "
                      f"{pm(r['end_spread'], r['end_spread_se'], '{:,.1f}'):>17} "
                      f"{pm(r['end_spread_max_layer'], None, '{:,.0f}'):>10} "
                      f"{pm(r['end_frozen_fraction'], r['end_frozen_fraction_se'], '{:.1%}'):>15} "

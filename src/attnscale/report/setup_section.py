@@ -20,7 +20,7 @@ from attnscale.report import setup_analysis as sa
 __all__ = ["TITLE", "COURSE_WIDTH", "study_runs", "studies", "summary", "notes", "blocks"]
 
 TITLE = "Beyond the course: how the end of training depends on the setup"
-COURSE_WIDTH = 1024
+COURSE_WIDTH = course.COURSE_WIDTH  # the course's end-of-training claims are at d=1,024
 
 
 def study_runs(runs) -> list:

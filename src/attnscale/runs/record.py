@@ -139,6 +139,7 @@ def environment(device: dict[str, Any] | None = None) -> dict[str, Any]:
     import torch
 
     import attnscale
+    from attnscale.core.device import native_bf16
 
     env = {
         "attnscale": attnscale.__version__,
@@ -153,6 +154,8 @@ def environment(device: dict[str, Any] | None = None) -> dict[str, Any]:
         # the GPU this process uses, named only once it has started CUDA: asking earlier starts it, and a
         # sweep's parent (which writes the "running" records) would hold an idle CUDA context all along
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() and torch.cuda.is_initialized() else None,
+        # bf16 dot products in the CPU: where they are, "auto" trains in bf16 and the numbers move a little
+        "cpu_native_bf16": native_bf16(),
     }
     if device:
         env["device"] = dict(device)
