@@ -115,7 +115,8 @@ def test_defaults_are_the_librarys():
     assert tuple(defaults["spread"]["widths"]) == SpreadConfig().widths
     assert defaults["spread"]["pairs"] == SpreadConfig().pairs
     assert tuple(defaults["fresh"]["widths"]) == FreshConfig().widths
-    assert defaults["fresh"]["threshold"] == defaults["inspect"]["threshold"] == FROZEN_THRESHOLD
+    assert defaults["fresh"]["threshold"] == defaults["inspect"]["threshold"] == FROZEN_THRESHOLD == 0.99
+    assert defaults["spread"]["pairs"] == 20_000  # the README's default
 
 
 def test_learned_scheme_prints_nothing_on_stderr():
