@@ -15,7 +15,7 @@ def _row(width, scale, seed, ppl, status="done", lr=None):
 
 def test_mean_and_se_of_the_mean():
     assert analysis.mean([1.0, 2.0, 6.0]) == 3.0
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="mean of no values"):
         analysis.mean([])
     m, se = analysis.mean_se([1.0, 2.0, 6.0])  # sample std sqrt(7), SE sqrt(7/3)
     assert m == 3.0 and math.isclose(se, math.sqrt(7 / 3))

@@ -175,7 +175,7 @@ def test_corrupted_download_is_rejected_and_not_cached(server, monkeypatch, tmp_
     _write(root / "toy", train_txt="the real training text, altered in transit\n", valid_txt="valid\n")
     _toy_source(monkeypatch, train, valid)
     monkeypatch.setenv(data.MIRROR_ENV, url)
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(ConfigError, match="sha256") as err:
         load_corpus("toy")
     message = str(err.value)
     assert "\n" not in message and hashlib.sha256(train).hexdigest() in message
@@ -268,7 +268,7 @@ def test_too_short_for_one_context_is_a_config_error():
         check_length(ids, 8, "valid split")
     with pytest.raises(ConfigError, match="shorter --context"):
         batches(ids, 2, 8, torch.Generator().manual_seed(0))
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="8 tokens.*context of 8"):
         next(eval_batches(ids, 2, 8))
     check_length(ids, 7)  # 7 inputs and their 7 shifted targets fit
 

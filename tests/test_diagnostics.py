@@ -61,7 +61,7 @@ def test_rows_with_no_visible_key_are_left_out():
     s = D.row_summary(p)
     assert s["rows"] == 1
     assert s["effective_words_median"] == pytest.approx(2.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="no row of attention weights sees any key"):
         D.row_summary(torch.zeros(2, 3))
 
 

@@ -158,7 +158,7 @@ def test_rebuild_gives_the_same_report(tmp_path):
 
 
 def test_no_records_is_a_one_line_config_error(tmp_path):
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(ConfigError, match="no run records") as info:
         report.build(tmp_path)
     assert "\n" not in str(info.value) and "no run records" in str(info.value)
     assert not (tmp_path / "report").exists()

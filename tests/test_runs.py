@@ -58,7 +58,7 @@ def test_another_config_in_the_folder_is_refused(tmp_path):
     assert "head_dim" in str(e.value)
     # a half-finished run of another config is refused too: the folder is someone else's
     _write(tmp_path, "train", _config(), None, status="running")
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="holds a run with another config"):
         store.run_state(tmp_path, _config(train={"steps": 20}))
 
 
