@@ -113,7 +113,6 @@ def test_repeated_load_comes_from_the_token_cache(tmp_path):
 
 
 def test_bpe_round_trips_and_is_cached(tmp_path):
-    pytest.importorskip("tokenizers")
     corpus = load_corpus("default", "bpe", bpe_vocab=300, cache_dir=tmp_path)
     assert corpus.tokenizer == "bpe" and corpus.vocab_size == 300
     assert len(corpus.train) < 0.9 * 418_002  # merges do compress the text
@@ -124,8 +123,6 @@ def test_bpe_round_trips_and_is_cached(tmp_path):
 
 @pytest.mark.parametrize("tokenizer", ["word", "char", "bpe"])
 def test_held_out_text_never_shapes_the_vocabulary(tmp_path, tokenizer):
-    if tokenizer == "bpe":
-        pytest.importorskip("tokenizers")
     train = "the cat sat on the mat\nthe dog sat on the log\n" * 40
     # Separate caches, so the second vocabulary is fitted afresh rather than read back.
     a = load_corpus(str(_write(tmp_path / "a", train_txt=train, valid_txt="the cat sat\n")), tokenizer,
