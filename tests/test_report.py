@@ -240,6 +240,7 @@ def test_the_first_lines_name_the_preset_and_the_claims_that_differ(tmp_path):
     assert md.splitlines()[0].endswith("(full preset)") and md.splitlines()[2].startswith(
         "> **Full preset (attnscale reproduce --full): 1,200 steps per run")
     _as_preset(runs, "default")
+    md = report.build(runs, tmp_path / "default-again")["markdown"].read_text()  # the records as just rewritten
     assert "Claims that do not agree" not in md  # every claim agrees on these records
     # a claim that differs is listed at the top, with its reason
     rec_path = runs / "sweep" / "d32-none-s0" / "record.json"
