@@ -71,3 +71,11 @@ def test_learning_rates_get_their_own_start():
     assert table["starts"] == [{"lr": 1e-3, "width": 64}, {"lr": 1e-2, "width": None}]
     assert table["gap_starts_at"] is None  # two learning rates: no single answer
     assert analysis.gap_by_width(table) == {64: (3.0, None, 1), 256: (3.0, None, 1)}  # the first lr's
+
+
+def test_plus_minus_writes_a_mean_and_its_se():
+    assert analysis.plus_minus(1.23456, 0.01234) == "1.235 ± 0.012"
+    assert analysis.plus_minus(1.23456, 0.01234, terminal=True) == "1.235 ±0.012"
+    assert analysis.plus_minus(2.0, None) == "2.000" and analysis.plus_minus(2.0, None, terminal=True) == "2.000"
+    assert analysis.plus_minus(None, 0.1) == "—" and analysis.plus_minus(None, None, terminal=True) == "-"
+    assert analysis.plus_minus(7.25, 0.5, "{:.1f}") == "7.2 ± 0.5"

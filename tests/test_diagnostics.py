@@ -61,7 +61,7 @@ def test_rows_with_no_visible_key_are_left_out():
     s = D.row_summary(p)
     assert s["rows"] == 1
     assert s["effective_words_median"] == pytest.approx(2.0)
-    with pytest.raises(ValueError, match="no row of attention weights sees any key"):
+    with pytest.raises(ValueError, match="^no row of attention weights sees any key$"):
         D.row_summary(torch.zeros(2, 3))
 
 
@@ -88,3 +88,15 @@ def test_head_summary_per_head_and_single_key_rows_skipped():
     soft = torch.zeros(1, 1, 5, 5).masked_fill(~mask, float("-inf"))
     assert D.head_summary(soft, masked_softmax(soft, mask))["frozen_fraction"] == [0.0]
     assert h["spread"][1] == pytest.approx(D.spread(scores[:, 1]).item(), rel=1e-5)
+
+
+def test_rows_that_see_no_key_are_left_out_of_the_frozen_share():
+    p = torch.tensor([[1.0, 0.0], [0.0, 0.0], [0.6, 0.4]])  # the middle row sees nothing: not a row
+    assert D.frozen_fraction(p) == 0.5
+
+
+def test_a_row_is_described_in_words_with_its_numbers():
+    # weights 1/2, 1/4, 1/4: H = 1.5 ln 2, effective words 2**1.5 = 2.83
+    assert D.describe_row(torch.tensor([0.5, 0.25, 0.25]), 3) == \
+        "row 3 puts 50.00% of its weight on word 0 (2.8 effective words)"
+    assert D.describe_row(torch.tensor([0.1, 0.9]), 7) == "row 7 puts 90.00% of its weight on word 1 (1.4 effective words)"

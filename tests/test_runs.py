@@ -141,3 +141,15 @@ def test_a_folder_of_unreadable_records_is_an_error_not_an_empty_report(tmp_path
         (tmp_path / name / "record.json").write_text("{torn")
     with pytest.raises(ConfigError, match="none of the records.*2 skipped"):
         load_runs(tmp_path)
+
+
+def test_a_refused_config_names_each_difference_by_its_path():
+    diff = store._differences
+    assert diff({"train": {"steps": 10, "lr": 1}}, {"train": {"steps": 20, "lr": 1}}) == ["train.steps 10 on disk, 20 asked"]
+    assert diff({"train": {}}, {"train": {"warmup": 3}}) == ["train.warmup None on disk, 3 asked"]  # a key on one side only
+    assert diff({"model": {"a": 1}}, {"model": 5}) == ["model {'a': 1} on disk, 5 asked"]
+    assert diff(1, 2) == ["config 1 on disk, 2 asked"] and diff({"x": 1}, {"x": 1}) == []
+
+
+def test_a_learning_rate_is_written_without_trailing_zeros():
+    assert [store.lr_text(x) for x in (3e-3, 9.5e-4, 1e-2, 1.25e-3, 3e-2)] == ["3e-3", "9.5e-4", "1e-2", "1.25e-3", "3e-2"]
