@@ -153,3 +153,13 @@ def test_a_refused_config_names_each_difference_by_its_path():
 
 def test_a_learning_rate_is_written_without_trailing_zeros():
     assert [store.lr_text(x) for x in (3e-3, 9.5e-4, 1e-2, 1.25e-3, 3e-2)] == ["3e-3", "9.5e-4", "1e-2", "1.25e-3", "3e-2"]
+
+
+def test_the_refusal_names_the_first_three_differences_and_the_way_out(tmp_path):
+    _write(tmp_path, "train", _config(), None, status="done")
+    asked = _config(train={"steps": 20, "batch": 8, "lr": 1e-3, "seed": 1})
+    with pytest.raises(ConfigError) as info:
+        store.run_state(tmp_path, asked)
+    assert str(info.value) == (f"{tmp_path} holds a run with another config (train.batch 4 on disk, 8 asked; "
+                               "train.lr 0.003 on disk, 0.001 asked; train.seed 0 on disk, 1 asked); "
+                               "use another --out, or delete that folder to retrain it")
