@@ -121,3 +121,10 @@ def test_a_pool_that_saw_one_score_and_one_row():
     assert r["spread"] == [0.0] and r["max_score"] == [3.0]
     assert r["max_weight"] == [0.75] and r["frozen_fraction"] == [0.0]
     assert r["effective_words"] == [pytest.approx(math.exp(-(0.25 * math.log(0.25) + 0.75 * math.log(0.75))))]
+
+
+def test_a_pool_keeps_its_sums_on_the_device_it_is_given():
+    # "meta" stands in for a GPU: the sums must be made there, not on the default device
+    pool = D.HeadPool(2, device="meta")
+    assert {t.device.type for t in (pool.entries, pool.rows, pool.sum, pool.sum_sq, pool.max_abs,
+                                    *pool.row_sums.values())} == {"meta"}
