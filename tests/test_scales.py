@@ -83,3 +83,19 @@ def test_qk_norm_adds_its_epsilon_to_the_mean_square():
     with torch.no_grad():
         q_n, _ = scheme.prepare(torch.full((1, 4), 1e-3), torch.ones(1, 4))
     torch.testing.assert_close(q_n, torch.full((1, 4), 1 / math.sqrt(2)), rtol=1e-5, atol=0)
+
+
+def test_a_head_width_must_be_positive_and_one_is_enough():
+    assert get_scale("none", 1).head_dim == 1 and get_scale("inv_sqrt_d", 1).factor() == 1.0
+    with pytest.raises(ValueError, match="^head_dim must be a positive integer, got 0$"):
+        get_scale("none", 0)
+    with pytest.raises(ValueError, match="^unknown scale 'sqrt'; choose one of: none, inv_sqrt_d, inv_d, qk_norm, softcap, learned_temp$"):
+        get_scale("sqrt", 8)
+
+
+def test_scores_are_every_query_against_every_key():
+    # B 2, H 3, 4 queries, 5 keys, width 6: scores[b, h, i, j] = q[b, h, i] · k[b, h, j] / sqrt(6)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 3, 4, 6, generator=g), torch.randn(2, 3, 5, 6, generator=g)
+    expected = torch.einsum("bhid,bhjd->bhij", q, k) / math.sqrt(6)
+    torch.testing.assert_close(get_scale("inv_sqrt_d", 6).scores(q, k), expected)
