@@ -142,3 +142,12 @@ def test_no_rows_no_start():
     table = analysis.gap_table([])
     assert table["rows"] == [] and analysis.first_start(table) is None and table["gap_starts_at"] is None
     assert analysis.share_by_width(table) == {} and analysis.gap_by_width(table) == {}
+
+
+def test_a_diverged_side_leaves_no_se_and_infinity_is_written_in_lower_case():
+    # three seeds: the baseline diverged on seed 0; seeds 1 and 2 would give an SE, but the width has no number
+    rows = [_row(64, "inv_sqrt_d", s, 10.0) for s in range(3)] + [_row(64, "none", 0, None, status="diverged"),
+                                                                 _row(64, "none", 1, 11.0), _row(64, "none", 2, 13.0)]
+    (r,) = analysis.gap_table(rows)["rows"]
+    assert (r["diverged"], r["gap"], r["gap_se"]) == ("baseline", None, None)
+    assert analysis.plus_minus(math.inf, None) == "inf"
