@@ -15,7 +15,7 @@ def _row(width, scale, seed, ppl, status="done", lr=None):
 
 def test_mean_and_se_of_the_mean():
     assert analysis.mean([1.0, 2.0, 6.0]) == 3.0
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^mean of no values$"):
         analysis.mean([])
     m, se = analysis.mean_se([1.0, 2.0, 6.0])  # sample std sqrt(7), SE sqrt(7/3)
     assert m == 3.0 and math.isclose(se, math.sqrt(7 / 3))
@@ -71,3 +71,83 @@ def test_learning_rates_get_their_own_start():
     assert table["starts"] == [{"lr": 1e-3, "width": 64}, {"lr": 1e-2, "width": None}]
     assert table["gap_starts_at"] is None  # two learning rates: no single answer
     assert analysis.gap_by_width(table) == {64: (3.0, None, 1), 256: (3.0, None, 1)}  # the first lr's
+
+
+def test_plus_minus_writes_a_mean_and_its_se():
+    assert analysis.plus_minus(1.23456, 0.01234) == "1.235 ± 0.012"
+    assert analysis.plus_minus(1.23456, 0.01234, terminal=True) == "1.235 ±0.012"
+    assert analysis.plus_minus(2.0, None) == "2.000" and analysis.plus_minus(2.0, None, terminal=True) == "2.000"
+    assert analysis.plus_minus(None, 0.1) == "—" and analysis.plus_minus(None, None, terminal=True) == "-"
+    assert analysis.plus_minus(7.25, 0.5, "{:.1f}") == "7.2 ± 0.5"
+
+
+def test_within_includes_its_edge():
+    assert analysis.within(3.0, 2.0, 0.5) and analysis.within(1.0, 2.0, 0.5)  # |1| <= 0.5 · 2 exactly
+    assert not analysis.within(3.25, 2.0, 0.5)
+
+
+def test_run_rows_keep_the_learning_rate_only_where_runs_vary_it():
+    from types import SimpleNamespace as NS
+
+    def run(lr, seed=0):
+        return NS(run_id=f"d8-none-s{seed}", width=8, scale="none", seed=seed, lr=lr, perplexity=5.0, status="done",
+                  diverged_at=None, results=NS(train_seconds=1.5))
+
+    (row,) = analysis.run_rows([run(3e-3)])
+    assert row == {"run_id": "d8-none-s0", "width": 8, "scale": "none", "seed": 0, "lr": None, "valid_ppl": 5.0,
+                   "status": "done", "diverged_at": None, "train_seconds": 1.5}
+    assert [r["lr"] for r in analysis.run_rows([run(3e-3), run(1e-2, 1)])] == [3e-3, 1e-2]
+    assert [r["lr"] for r in analysis.run_rows([run(3e-3), run(3e-3, 1)])] == [None, None]
+    assert [r["lr"] for r in analysis.run_rows([run(3e-3)], varied_lr=True)] == [3e-3]
+    assert [r["lr"] for r in analysis.run_rows([run(3e-3), run(1e-2, 1)], varied_lr=False)] == [None, None]
+
+
+def test_gap_table_orders_by_learning_rate_then_width_and_skips_unpaired_widths():
+    rows = []
+    for lr in (1e-2, 1e-3):
+        for d in (256, 64):
+            rows += [_row(d, "inv_sqrt_d", 0, 10.0, lr=lr), _row(d, "none", 0, 12.0, lr=lr)]
+    rows.insert(0, _row(32, "none", 0, 12.0, lr=1e-3))  # no reference at width 32: left out, the rest kept
+    table = analysis.gap_table(rows)
+    assert [(r["lr"], r["width"]) for r in table["rows"]] == [(1e-3, 64), (1e-3, 256), (1e-2, 64), (1e-2, 256)]
+    assert set(table) == {"baseline", "reference", "threshold_ppl", "rule", "rows", "starts", "gap_starts_at"}
+    assert (table["baseline"], table["reference"]) == ("none", "inv_sqrt_d")
+    assert set(table["rows"][0]) == {"lr", "width", "seeds", "baseline_ppl", "reference_ppl", "gap", "gap_se",
+                                     "diverged", "counts", "share"}
+    assert analysis.share_by_width(table) == {64: pytest.approx(0.2), 256: pytest.approx(0.2)}  # the first lr's
+    rows += [_row(512, "inv_sqrt_d", 0, 10.0, lr=1e-2), _row(512, "none", 0, 20.0, lr=1e-2)]
+    assert 512 not in analysis.share_by_width(analysis.gap_table(rows))  # another lr's width is not the first's
+
+
+def test_which_side_diverged_and_what_it_leaves():
+    ref_only = [_row(64, "inv_sqrt_d", 0, None, status="diverged"), _row(64, "none", 0, 12.0)]
+    (r,) = analysis.gap_table(ref_only)["rows"]
+    assert (r["diverged"], r["gap"], r["gap_se"], r["share"]) == ("reference", None, None, None) and r["counts"] is False
+    both = [_row(64, "inv_sqrt_d", 0, None, status="diverged"), _row(64, "none", 0, None, status="diverged")]
+    (r,) = analysis.gap_table(both)["rows"]
+    assert (r["diverged"], r["gap"]) == ("both", None) and r["counts"] is False
+    # seed 0: the reference diverged; seed 1: both finished, 8 points apart. The width does not count
+    mixed = ref_only + [_row(64, "inv_sqrt_d", 1, 10.0), _row(64, "none", 1, 18.0)]
+    (r,) = analysis.gap_table(mixed)["rows"]
+    assert r["diverged"] == "reference" and r["counts"] is False and r["gap"] is None and r["share"] is None
+    # the baseline diverged on one seed of two: a gap that counts, with no number to show
+    base = [_row(64, "inv_sqrt_d", 0, 10.0), _row(64, "none", 0, None, status="diverged"),
+            _row(64, "inv_sqrt_d", 1, 10.0), _row(64, "none", 1, 11.0)]
+    (r,) = analysis.gap_table(base)["rows"]
+    assert r["diverged"] == "baseline" and r["counts"] is True and r["gap"] is None and r["share"] is None
+    assert r["reference_ppl"] == 10.0 and r["baseline_ppl"] == 11.0
+
+
+def test_no_rows_no_start():
+    table = analysis.gap_table([])
+    assert table["rows"] == [] and analysis.first_start(table) is None and table["gap_starts_at"] is None
+    assert analysis.share_by_width(table) == {} and analysis.gap_by_width(table) == {}
+
+
+def test_a_diverged_side_leaves_no_se_and_infinity_is_written_in_lower_case():
+    # three seeds: the baseline diverged on seed 0; seeds 1 and 2 would give an SE, but the width has no number
+    rows = [_row(64, "inv_sqrt_d", s, 10.0) for s in range(3)] + [_row(64, "none", 0, None, status="diverged"),
+                                                                 _row(64, "none", 1, 11.0), _row(64, "none", 2, 13.0)]
+    (r,) = analysis.gap_table(rows)["rows"]
+    assert (r["diverged"], r["gap"], r["gap_se"]) == ("baseline", None, None)
+    assert analysis.plus_minus(math.inf, None) == "inf"

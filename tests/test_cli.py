@@ -94,7 +94,7 @@ def _commands():
 
 @pytest.mark.parametrize("command", sorted(_commands()))
 def test_every_option_has_help(command, capsys):
-    with pytest.raises(SystemExit) as done:
+    with pytest.raises(SystemExit, match="^0$") as done:  # SystemExit's message is its code
         main([command, "--help"])
     assert done.value.code == 0
     text = capsys.readouterr().out
@@ -115,7 +115,8 @@ def test_defaults_are_the_librarys():
     assert tuple(defaults["spread"]["widths"]) == SpreadConfig().widths
     assert defaults["spread"]["pairs"] == SpreadConfig().pairs
     assert tuple(defaults["fresh"]["widths"]) == FreshConfig().widths
-    assert defaults["fresh"]["threshold"] == defaults["inspect"]["threshold"] == FROZEN_THRESHOLD
+    assert defaults["fresh"]["threshold"] == defaults["inspect"]["threshold"] == FROZEN_THRESHOLD == 0.99
+    assert defaults["spread"]["pairs"] == 20_000  # the README's default
 
 
 def test_learned_scheme_prints_nothing_on_stderr():

@@ -113,7 +113,6 @@ def test_repeated_load_comes_from_the_token_cache(tmp_path):
 
 
 def test_bpe_round_trips_and_is_cached(tmp_path):
-    pytest.importorskip("tokenizers")
     corpus = load_corpus("default", "bpe", bpe_vocab=300, cache_dir=tmp_path)
     assert corpus.tokenizer == "bpe" and corpus.vocab_size == 300
     assert len(corpus.train) < 0.9 * 418_002  # merges do compress the text
@@ -124,8 +123,6 @@ def test_bpe_round_trips_and_is_cached(tmp_path):
 
 @pytest.mark.parametrize("tokenizer", ["word", "char", "bpe"])
 def test_held_out_text_never_shapes_the_vocabulary(tmp_path, tokenizer):
-    if tokenizer == "bpe":
-        pytest.importorskip("tokenizers")
     train = "the cat sat on the mat\nthe dog sat on the log\n" * 40
     # Separate caches, so the second vocabulary is fitted afresh rather than read back.
     a = load_corpus(str(_write(tmp_path / "a", train_txt=train, valid_txt="the cat sat\n")), tokenizer,
@@ -175,7 +172,7 @@ def test_corrupted_download_is_rejected_and_not_cached(server, monkeypatch, tmp_
     _write(root / "toy", train_txt="the real training text, altered in transit\n", valid_txt="valid\n")
     _toy_source(monkeypatch, train, valid)
     monkeypatch.setenv(data.MIRROR_ENV, url)
-    with pytest.raises(ConfigError) as err:
+    with pytest.raises(ConfigError, match="sha256") as err:
         load_corpus("toy")
     message = str(err.value)
     assert "\n" not in message and hashlib.sha256(train).hexdigest() in message
@@ -268,7 +265,7 @@ def test_too_short_for_one_context_is_a_config_error():
         check_length(ids, 8, "valid split")
     with pytest.raises(ConfigError, match="shorter --context"):
         batches(ids, 2, 8, torch.Generator().manual_seed(0))
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="8 tokens.*context of 8"):
         next(eval_batches(ids, 2, 8))
     check_length(ids, 7)  # 7 inputs and their 7 shifted targets fit
 

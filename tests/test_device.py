@@ -78,7 +78,7 @@ def test_auto_prefers_cuda_then_mps(two_gpus, monkeypatch):
 
 @pytest.mark.parametrize("spec, words", [("cuda", "cuda"), ("cuda:0", "cuda:0"), ("mps", "mps")])
 def test_unavailable_device_is_one_line_naming_it_and_the_fix(no_gpu, spec, words):
-    with pytest.raises(ConfigError) as e:
+    with pytest.raises(ConfigError, match="--device cpu") as e:
         dev.resolve_device(spec)
     msg = str(e.value)
     assert "\n" not in msg and words in msg and "--device cpu" in msg
@@ -460,7 +460,7 @@ def test_checkpoint_from_a_gpu_resumes_on_the_cpu(corpus, tmp_path, no_gpu):
     assert cut.status == "stopped"
     ckpt = tmp_path / "checkpoint.pt"
     _as_if_saved_on_cuda(ckpt)
-    with pytest.raises(RuntimeError):  # what a load without map_location does on a machine without CUDA
+    with pytest.raises(RuntimeError, match="deserialize object on a CUDA device"):  # what a load without map_location does on a machine without CUDA
         torch.load(ckpt, weights_only=False)
     # resumed with device "auto" (the CPU here): the same run, and the numbers of the uninterrupted one
     resumed = train_run(mcfg(), tcfg(steps=8, checkpoint_every=2, device="auto"), corpus, tmp_path).results.to_json()

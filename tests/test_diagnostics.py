@@ -61,7 +61,7 @@ def test_rows_with_no_visible_key_are_left_out():
     s = D.row_summary(p)
     assert s["rows"] == 1
     assert s["effective_words_median"] == pytest.approx(2.0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="^no row of attention weights sees any key$"):
         D.row_summary(torch.zeros(2, 3))
 
 
@@ -88,3 +88,43 @@ def test_head_summary_per_head_and_single_key_rows_skipped():
     soft = torch.zeros(1, 1, 5, 5).masked_fill(~mask, float("-inf"))
     assert D.head_summary(soft, masked_softmax(soft, mask))["frozen_fraction"] == [0.0]
     assert h["spread"][1] == pytest.approx(D.spread(scores[:, 1]).item(), rel=1e-5)
+
+
+def test_rows_that_see_no_key_are_left_out_of_the_frozen_share():
+    p = torch.tensor([[1.0, 0.0], [0.0, 0.0], [0.6, 0.4]])  # the middle row sees nothing: not a row
+    assert D.frozen_fraction(p) == 0.5
+
+
+def test_a_row_is_described_in_words_with_its_numbers():
+    # weights 1/2, 1/4, 1/4: H = 1.5 ln 2, effective words 2**1.5 = 2.83
+    assert D.describe_row(torch.tensor([0.5, 0.25, 0.25]), 3) == \
+        "row 3 puts 50.00% of its weight on word 0 (2.8 effective words)"
+    assert D.describe_row(torch.tensor([0.1, 0.9]), 7) == "row 7 puts 90.00% of its weight on word 1 (1.4 effective words)"
+
+
+def test_row_summary_by_hand():
+    # rows (1/2, 1/2) and (1, 0): effective words 2 and 1, push sqrt(1/2 - 1/2 + 1/4) = 1/2 and 0;
+    # the effective words' quantiles interpolate (median 1.5), push's median is torch's lower middle (0)
+    s = D.row_summary(torch.tensor([[0.5, 0.5], [1.0, 0.0]]))
+    assert s == {"effective_words_median": pytest.approx(1.5), "effective_words_p10": pytest.approx(1.1),
+                 "effective_words_p90": pytest.approx(1.9), "effective_words_mean": pytest.approx(1.5),
+                 "max_weight_mean": pytest.approx(0.75), "frozen_fraction": 0.5, "frozen_threshold": 0.99,
+                 "push_median": 0.0, "push_mean": pytest.approx(0.25), "rows": 2}
+
+
+def test_a_pool_that_saw_one_score_and_one_row():
+    pool = D.HeadPool(1)
+    scores = torch.tensor([[[[3.0, -5.0]]]])
+    pool.add_scores(scores, torch.tensor([[[[True, False]]]]))  # one score counts: spread 0, max |score| 3
+    pool.add_rows(torch.tensor([[[0.25, 0.75]]]))  # one row
+    r = pool.result()
+    assert r["spread"] == [0.0] and r["max_score"] == [3.0]
+    assert r["max_weight"] == [0.75] and r["frozen_fraction"] == [0.0]
+    assert r["effective_words"] == [pytest.approx(math.exp(-(0.25 * math.log(0.25) + 0.75 * math.log(0.75))))]
+
+
+def test_a_pool_keeps_its_sums_on_the_device_it_is_given():
+    # "meta" stands in for a GPU: the sums must be made there, not on the default device
+    pool = D.HeadPool(2, device="meta")
+    assert {t.device.type for t in (pool.entries, pool.rows, pool.sum, pool.sum_sq, pool.max_abs,
+                                    *pool.row_sums.values())} == {"meta"}

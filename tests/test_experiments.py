@@ -54,13 +54,19 @@ def test_illustration_goes_from_blend_to_one_word():
     assert ill["effective_words"][0] > 50 and ill["effective_words"][1] < 2
 
 
-@pytest.mark.parametrize("kwargs", [dict(widths=(0,)), dict(widths=(-4,)), dict(pairs=1), dict(scales=("bogus",))])
-def test_spread_bad_config_raises(kwargs):
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("kwargs, words", [(dict(widths=(0,)), r"widths must be positive integers, got \(0,\)"),
+                                           (dict(widths=(-4,)), r"widths must be positive integers, got \(-4,\)"),
+                                           (dict(pairs=1), "pairs must be at least 2 to measure a spread, got 1"),
+                                           (dict(scales=("bogus",)), "unknown scale 'bogus'; choose one of: none, ")])
+def test_spread_bad_config_raises(kwargs, words):
+    with pytest.raises(ConfigError, match=words):
         spread.SpreadConfig(**kwargs)
 
 
-@pytest.mark.parametrize("kwargs", [dict(words=0), dict(init="xavier"), dict(threshold=1.5), dict(widths=())])
-def test_fresh_bad_config_raises(kwargs):
-    with pytest.raises(ConfigError):
+@pytest.mark.parametrize("kwargs, words", [(dict(words=0), r"words must be at least 2 \(a row needs a choice\), got 0"),
+                                           (dict(init="xavier"), "init must be 'unit' or 'model', got 'xavier'"),
+                                           (dict(threshold=1.5), "threshold must lie between 0 and 1, got 1.5"),
+                                           (dict(widths=()), r"widths must be positive integers, got \(\)")])
+def test_fresh_bad_config_raises(kwargs, words):
+    with pytest.raises(ConfigError, match=words):
         fresh.FreshConfig(**kwargs)

@@ -65,16 +65,25 @@ def test_gap_per_learning_rate():
 # ---- configs and presets ------------------------------------------------------------
 
 
-@pytest.mark.parametrize("bad", [dict(widths=()), dict(widths=(0,)), dict(widths=(8, 8)), dict(scales=("loud",)),
-                                 dict(seeds=(-1,)), dict(lrs=(0.0,)), dict(model={"colour": 1})])
-def test_sweep_config_rejects_bad_values(bad):
-    with pytest.raises(ConfigError):
+@pytest.mark.parametrize("bad, words", [
+    (dict(widths=()), r"widths must be a non-empty list without repeats, got \(\)"),
+    (dict(widths=(0,)), r"widths must be positive integers, got \(0,\)"),
+    (dict(widths=(8, 8)), r"widths must be a non-empty list without repeats, got \(8, 8\)"),
+    (dict(scales=("loud",)), "model scale 'loud' is unknown"),
+    (dict(seeds=(-1,)), r"seeds must be non-negative integers, got \(-1,\)"),
+    (dict(lrs=(0.0,)), "train lr must be a positive number, got 0.0"),
+    (dict(model={"colour": 1}), r"model settings \['colour'\]")])
+def test_sweep_config_rejects_bad_values(bad, words):
+    with pytest.raises(ConfigError, match=words):
         sweep.SweepConfig(**bad)
 
 
-@pytest.mark.parametrize("bad", [dict(head_dim=0), dict(scales=()), dict(scales=("nope",)), dict(seed=-2)])
-def test_dynamics_config_rejects_bad_values(bad):
-    with pytest.raises(ConfigError):
+@pytest.mark.parametrize("bad, words", [(dict(head_dim=0), "head_dim must be a positive integer, got 0"),
+                                        (dict(scales=()), r"scales must be distinct scheme names, got \(\)"),
+                                        (dict(scales=("nope",)), "model scale 'nope' is unknown"),
+                                        (dict(seed=-2), "seed must be a non-negative integer, got -2")])
+def test_dynamics_config_rejects_bad_values(bad, words):
+    with pytest.raises(ConfigError, match=words):
         dynamics.DynamicsConfig(**bad)
 
 

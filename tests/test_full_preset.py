@@ -70,11 +70,11 @@ def test_reproduce_prints_its_estimate_before_the_first_stage(tmp_path, capsys, 
 
     def boom(cfg, d):
         calls.append(d)
-        raise KeyboardInterrupt
+        raise KeyboardInterrupt("Ctrl-C in the first run")
 
     stages = reproduce.stages(preset="full", jobs=2)
     monkeypatch.setattr(reproduce, "stages", lambda **kw: [stages[0].__class__(**{**stages[0].__dict__, "runner": boom})])
-    with pytest.raises(KeyboardInterrupt):
+    with pytest.raises(KeyboardInterrupt, match="Ctrl-C in the first run"):
         reproduce.run(tmp_path / "out", preset="full", jobs=2)
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("attnscale reproduce, full preset: 1 stage, about 2 s of work left on a laptop CPU "

@@ -42,5 +42,5 @@ def test_table_is_monotone_precise_and_vectorised():
     assert float((se / words).max()) < 0.01
     out = expected_effective_words(np.array([0.0, 1.0, 50.0]), 16, causal=True)
     assert out.shape == (3,) and np.all(np.diff(out) < 0)
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="n must be an integer of at least 2, got 1"):
         table(1)

@@ -17,7 +17,7 @@ def test_record_caches_and_always_removes_hooks():
     assert set(cache) == {"hook_scores", "hook_pattern"}
     assert cache["hook_pattern"].shape == (3, 2, 5, 5)
     assert not attn.recording
-    with pytest.raises(RuntimeError):
+    with pytest.raises(RuntimeError, match="boom"):
         with record(attn, "hook_*"):
             raise RuntimeError("boom")
     assert not attn.recording and all(not m._forward_hooks for m in attn.modules())

@@ -273,9 +273,12 @@ def _check_against_eager(loaded, texts):
     before = model.config._attn_implementation
     model.set_attn_implementation("eager")
     try:
-        enc = tok(texts, return_tensors="pt", padding=True)
-        if tok.padding_side == "left":
-            pytest.skip("the comparison below assumes right padding")
+        side = tok.padding_side
+        tok.padding_side = "right"  # the comparison below reads the real rows from the left of each sequence
+        try:
+            enc = tok(texts, return_tensors="pt", padding=True)
+        finally:
+            tok.padding_side = side
         with torch.no_grad():
             ref = model(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"], output_attentions=True).attentions
         seen = {}

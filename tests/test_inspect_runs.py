@@ -5,6 +5,7 @@ import json
 from dataclasses import asdict
 
 import pytest
+import safetensors.torch as safetensors_torch  # a core dependency: never skipped
 import torch
 
 from attnscale.runs import record
@@ -12,8 +13,6 @@ from attnscale.cli import main
 from attnscale.errors import ConfigError
 from attnscale.headcheck.check import inspect_model
 from attnscale.lm.model import ModelConfig, build_model
-
-safetensors_torch = pytest.importorskip("safetensors.torch")
 
 TEXT = "To be, or not to be, that is the question."
 

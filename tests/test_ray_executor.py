@@ -37,10 +37,12 @@ LIVENESS_S = 600
 
 
 def test_resources_ask_for_the_threads_and_a_gpu_share_on_cuda():
+    # the README's "a quarter GPU on CUDA", pinned by its value
+    assert GPU_SHARE == 0.25
     assert resources("cpu", 3, cluster_has_gpu=True) == {"num_cpus": 3}
-    assert resources("cuda", 1, cluster_has_gpu=False) == {"num_cpus": 1, "num_gpus": GPU_SHARE}
-    assert resources("cuda:1", 2, cluster_has_gpu=True) == {"num_cpus": 2, "num_gpus": GPU_SHARE}
-    assert resources("auto", 1, cluster_has_gpu=True) == {"num_cpus": 1, "num_gpus": GPU_SHARE}
+    assert resources("cuda", 1, cluster_has_gpu=False) == {"num_cpus": 1, "num_gpus": 0.25}
+    assert resources("cuda:1", 2, cluster_has_gpu=True) == {"num_cpus": 2, "num_gpus": 0.25}
+    assert resources("auto", 1, cluster_has_gpu=True) == {"num_cpus": 1, "num_gpus": 0.25}
     assert resources("auto", 1, cluster_has_gpu=False) == {"num_cpus": 1}
 
 

@@ -158,7 +158,7 @@ def test_rebuild_gives_the_same_report(tmp_path):
 
 
 def test_no_records_is_a_one_line_config_error(tmp_path):
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(ConfigError, match="no run records") as info:
         report.build(tmp_path)
     assert "\n" not in str(info.value) and "no run records" in str(info.value)
     assert not (tmp_path / "report").exists()
@@ -251,6 +251,7 @@ def test_the_first_lines_are_the_scoreboard_then_the_preset(tmp_path):
     assert title.endswith("(full preset)") and banner.startswith(
         "> **Full preset (attnscale reproduce --full): 1,200 steps per run")
     _as_preset(runs, "default")
+    md = report.build(runs, tmp_path / "default-again")["markdown"].read_text()  # the records as just rewritten
     assert "Claims that do not agree" not in md  # every claim agrees on these records
     # a claim that differs is named in the scoreboard, and listed with its reason before the first section
     rec_path = runs / "sweep" / "d32-none-s0" / "record.json"

@@ -58,7 +58,7 @@ def test_another_config_in_the_folder_is_refused(tmp_path):
     assert "head_dim" in str(e.value)
     # a half-finished run of another config is refused too: the folder is someone else's
     _write(tmp_path, "train", _config(), None, status="running")
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="holds a run with another config"):
         store.run_state(tmp_path, _config(train={"steps": 20}))
 
 
@@ -149,3 +149,25 @@ def test_a_folder_of_unreadable_records_is_an_error_not_an_empty_report(tmp_path
         (tmp_path / name / "record.json").write_text("{torn")
     with pytest.raises(ConfigError, match="none of the records.*2 skipped"):
         load_runs(tmp_path)
+
+
+def test_a_refused_config_names_each_difference_by_its_path():
+    diff = store._differences
+    assert diff({"train": {"steps": 10, "lr": 1}}, {"train": {"steps": 20, "lr": 1}}) == ["train.steps 10 on disk, 20 asked"]
+    assert diff({"train": {}}, {"train": {"warmup": 3}}) == ["train.warmup None on disk, 3 asked"]  # a key on one side only
+    assert diff({"model": {"a": 1}}, {"model": 5}) == ["model {'a': 1} on disk, 5 asked"]
+    assert diff(1, 2) == ["config 1 on disk, 2 asked"] and diff({"x": 1}, {"x": 1}) == []
+
+
+def test_a_learning_rate_is_written_without_trailing_zeros():
+    assert [store.lr_text(x) for x in (3e-3, 9.5e-4, 1e-2, 1.25e-3, 3e-2)] == ["3e-3", "9.5e-4", "1e-2", "1.25e-3", "3e-2"]
+
+
+def test_the_refusal_names_the_first_three_differences_and_the_way_out(tmp_path):
+    _write(tmp_path, "train", _config(), None, status="done")
+    asked = _config(train={"steps": 20, "batch": 8, "lr": 1e-3, "seed": 1})
+    with pytest.raises(ConfigError) as info:
+        store.run_state(tmp_path, asked)
+    assert str(info.value) == (f"{tmp_path} holds a run with another config (train.batch 4 on disk, 8 asked; "
+                               "train.lr 0.003 on disk, 0.001 asked; train.seed 0 on disk, 1 asked); "
+                               "use another --out, or delete that folder to retrain it")

@@ -58,3 +58,53 @@ def test_every_scheme_has_one_display_name_that_carries_its_parameter():
     assert display_name("inv_sqrt_d") == "1/√d" and display_name("inv_d") == "1/d (muP)"
     assert display_name("softcap") == f"soft-cap {get_scale('softcap', 4).cap_value:g}" == "soft-cap 50"
     assert display_name("a_scheme_from_an_old_record") == "a_scheme_from_an_old_record"
+
+
+def test_the_registry_lists_the_schemes_in_order_under_their_names():
+    from attnscale.core.scales import scale_names
+
+    names = ["none", "inv_sqrt_d", "inv_d", "qk_norm", "softcap", "learned_temp"]
+    assert scale_names() == names
+    assert [get_scale(n, 4).name for n in names] == names  # every result records the scale by name
+    with pytest.raises(ValueError, match="^scale 'inv_d' is already registered$"):
+        register_scale("inv_d")(type("Again", (ScoreScale,), {}))
+
+
+def test_qk_norm_normalises_each_vector_over_its_own_width():
+    # q and k at any size along T and H, all parallel to the ones vector: each normalises to ones
+    # (length sqrt(16) = 4), so every score is 16 × 1/sqrt(16) = 4, whatever the sizes
+    d = 16
+    sizes_q = torch.tensor([0.5, 2.0, 7.0]).view(1, 1, 3, 1) * torch.tensor([1.0, 3.0]).view(1, 2, 1, 1)
+    sizes_k = torch.tensor([0.75, 5.0, 1.5]).view(1, 1, 3, 1)
+    q, k = sizes_q * torch.ones(1, 2, 3, d), sizes_k * torch.ones(1, 2, 3, d)
+    with torch.no_grad():
+        scheme = get_scale("qk_norm", d)
+        torch.testing.assert_close(scheme.scores(q, k), torch.full((1, 2, 3, 3), 4.0), rtol=1e-4, atol=0)
+        # the learned gains multiply q' and k': gains 2 and 3 give 4 × 6
+        scheme.q_gain.fill_(2.0)
+        scheme.k_gain.fill_(3.0)
+        torch.testing.assert_close(scheme.scores(q, k), torch.full((1, 2, 3, 3), 24.0), rtol=1e-4, atol=0)
+
+
+def test_qk_norm_adds_its_epsilon_to_the_mean_square():
+    # entries 1e-3: mean square 1e-6, plus eps 1e-6: each entry becomes 1e-3 / sqrt(2e-6) = 1/sqrt(2)
+    scheme = get_scale("qk_norm", 4)
+    with torch.no_grad():
+        q_n, _ = scheme.prepare(torch.full((1, 4), 1e-3), torch.ones(1, 4))
+    torch.testing.assert_close(q_n, torch.full((1, 4), 1 / math.sqrt(2)), rtol=1e-5, atol=0)
+
+
+def test_a_head_width_must_be_positive_and_one_is_enough():
+    assert get_scale("none", 1).head_dim == 1 and get_scale("inv_sqrt_d", 1).factor() == 1.0
+    with pytest.raises(ValueError, match="^head_dim must be a positive integer, got 0$"):
+        get_scale("none", 0)
+    with pytest.raises(ValueError, match="^unknown scale 'sqrt'; choose one of: none, inv_sqrt_d, inv_d, qk_norm, softcap, learned_temp$"):
+        get_scale("sqrt", 8)
+
+
+def test_scores_are_every_query_against_every_key():
+    # B 2, H 3, 4 queries, 5 keys, width 6: scores[b, h, i, j] = q[b, h, i] · k[b, h, j] / sqrt(6)
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 3, 4, 6, generator=g), torch.randn(2, 3, 5, 6, generator=g)
+    expected = torch.einsum("bhid,bhjd->bhij", q, k) / math.sqrt(6)
+    torch.testing.assert_close(get_scale("inv_sqrt_d", 6).scores(q, k), expected)

@@ -18,7 +18,7 @@ TINY = ["--quick", "--steps", "3", "--batch", "2", "--context", "16"]
 
 def test_lr_grid_spans_ten_times_either_side():
     assert schemes.lr_grid(3e-3) == (3e-4, 9.5e-4, 3e-3, 9.5e-3, 3e-2)
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match="an LR grid needs at least 2 points, got 1"):
         schemes.lr_grid(3e-3, 1)
 
 
@@ -30,8 +30,12 @@ def test_defaults_are_the_study():
     assert quick.scales == cfg.scales and quick.widths == (64, 256) and quick.seeds == (0, 1) and quick.train.steps == 60
     with pytest.raises(ConfigError, match="unknown schemes preset"):
         schemes.preset("huge")
-    for bad in ({"lrs": ()}, {"lrs": (1e-3, -1.0)}, {"scales": ("nope",)}, {"widths": (0,)}, {"seeds": (1, 1)}):
-        with pytest.raises(ConfigError):
+    for bad, words in (({"lrs": ()}, r"lrs must be a non-empty list without repeats, got \(\)"),
+                       ({"lrs": (1e-3, -1.0)}, "train lr must be a positive number, got -1.0"),
+                       ({"scales": ("nope",)}, "model scale 'nope' is unknown"),
+                       ({"widths": (0,)}, r"widths must be positive integers, got \(0,\)"),
+                       ({"seeds": (1, 1)}, r"seeds must be a non-empty list without repeats, got \(1, 1\)")):
+        with pytest.raises(ConfigError, match=words):
             schemes.SchemesConfig(**bad)
 
 

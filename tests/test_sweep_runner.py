@@ -220,11 +220,11 @@ def test_sigkill_mid_sweep_then_rerun_loses_and_redoes_nothing(tmp_path):
     assert not list(out.rglob("*.tmp"))
 
 
-@pytest.mark.slow
 def test_ctrl_c_with_workers_keeps_finished_runs_and_leaves_no_worker(tmp_path):
+    # kept short (40 steps) so it runs by default: once the first run is done, three are left to be interrupted
     out = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "attnscale.cli", "sweep", "--widths", "8", "16", "--scale", "none", "inv_sqrt_d",
-           "--quick", "--steps", "150", "--batch", "2", "--context", "16", "--out", str(out), "-j", "2"]
+           "--quick", "--steps", "40", "--batch", "2", "--context", "16", "--out", str(out), "-j", "2"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 180

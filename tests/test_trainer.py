@@ -128,7 +128,14 @@ def test_a_finished_run_keeps_its_final_weights(tmp_path, corpus):
     assert again["perplexity"] == pytest.approx(res["perplexity"], rel=1e-5)
 
 
-def test_stopped_and_diverged_runs_keep_no_weights(tmp_path, corpus):
+def test_stopped_and_diverged_runs_keep_no_weights(tmp_path, corpus, monkeypatch):
     calls = []
-    run(mcfg(), tcfg(), corpus, tmp_path, should_stop=lambda: len(calls) >= 2, on_step=lambda *a: calls.append(a))
-    assert not (tmp_path / record.WEIGHTS).exists()
+    res = run(mcfg(), tcfg(), corpus, tmp_path / "stopped", should_stop=lambda: len(calls) >= 2,
+              on_step=lambda *a: calls.append(a))
+    assert res["status"] == "stopped" and not (tmp_path / "stopped" / record.WEIGHTS).exists()
+    real = TinyLM.loss
+    monkeypatch.setattr(TinyLM, "loss", lambda self, x, y: real(self, x, y) * float("nan"))  # the first step blows up
+    res = run(mcfg(), tcfg(), corpus, tmp_path / "diverged")
+    assert res["status"] == "diverged" and res["diverged_at"] == 0
+    assert not (tmp_path / "diverged" / record.WEIGHTS).exists()
+    assert (tmp_path / "diverged" / record.RECORD).exists()  # the run is recorded; only its weights are not kept

@@ -164,14 +164,14 @@ def _threads(n: int | None):
         torch.set_num_threads(before)
 
 
-@torch.no_grad()
 def evaluate(model: TinyLM, ids: torch.Tensor, batch: int, max_batches: int | None,
              dtype: "str | dev.Precision" = "fp32") -> dict[str, float]:
     """Held-out mean cross-entropy (nats, token-weighted) and perplexity = exp of it.
 
     Runs on the model's device; ``dtype`` is a resolved ``Precision``, or a name resolved
     by the rule of the model's device. The sum stays on the device (float64; float32 on MPS,
-    which has no float64) and is read back once."""
+    which has no float64) and is read back once. No graph is built: the forward runs under
+    ``torch.no_grad`` below (not as a decorator, which mutation testing would skip)."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
