@@ -16,6 +16,8 @@ names both versions. ``Record.results`` per experiment:
 - fresh: {"rows": [{width, scale, init, words, sequences, effective_words_median, _p10,
   _p90, _mean, max_weight_mean, frozen_fraction, frozen_threshold, push_median, push_mean,
   example, example_row}], "illustration": {scores, multipliers, weights, effective_words}}.
+- every record may say, in ``environment["ray_node"]``, which Ray node trained the run
+  (``Record.ray_node``; added within version 1: records without it read as before).
 - train: a ``TrainResults`` (``lm.train.train`` returns its fields). A metrics line
   (``TrainRun.history``) is {"step", "loss", "lr", "elapsed_s", and per measure of
   ``core.diagnostics.HEAD_MEASURES`` a [layer][head] list}; non-finite numbers are null.
@@ -84,6 +86,17 @@ class Record:
     @property
     def finished_ok(self) -> bool:
         return self.status in FINISHED
+
+    @property
+    def ray_node(self) -> dict[str, Any] | None:
+        """The Ray node that trained the run ({"node_id", "node_ip", "hostname"}, in
+        ``environment``); None for a run trained without Ray, and in records written before."""
+        node = self.environment.get("ray_node")
+        return node if isinstance(node, dict) else None
+
+    def on_ray_node(self, node: dict[str, Any]) -> "Record":
+        """This record, saying which Ray node trained the run."""
+        return replace(self, environment={**self.environment, "ray_node": dict(node)})
 
     def to_json(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}
