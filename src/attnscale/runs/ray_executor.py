@@ -4,6 +4,9 @@ Each run is one Ray task that calls ``runs.trainer.train_run``, the function eve
 executor calls; this module only decides where it runs. A task asks Ray for what
 its run needs (as many CPUs as it has torch threads; a share of a GPU when it
 trains on CUDA), so Ray places the runs on the cluster's nodes and packs them.
+The device is resolved in the task, on the node that trains (``task_device``);
+the corpus is loaded once by the driver and reaches every task through Ray's
+object store; each record names the node that trained it (``Record.ray_node``).
 
 How records reach ``--out``. Workers need not share the driver's disk. A task
 trains into a scratch folder on its own node (under Ray's temp folder, removed
@@ -22,7 +25,7 @@ by line.
 
 Faults:
 - a worker process dies (killed, out of memory, its node lost): Ray runs the task
-  again (``MAX_RETRIES``); the new attempt asks the hub for the run's last
+  again (``MAX_RETRIES``), on a node still alive; the new attempt asks the hub for the run's last
   checkpoint and resumes from it; metrics.jsonl is rewritten from the
   checkpoint's history, so it never holds a step twice;
 - the driver dies: its tasks end with it (a local instance too); finished runs
@@ -31,9 +34,9 @@ Faults:
 - a run raises: its error is reported, the other runs go on, and the sweep ends
   with an error naming every failed run (left "running" on disk: a rerun retries it).
 
-Without an address a local Ray instance is started for the sweep and shut down
-after it: bound to 127.0.0.1 only, dashboard off, usage statistics off. Ray is
-imported here only, when a sweep asks for it (the extra ``attnscale[ray]``).
+How this process joins Ray (a local instance, HOST:PORT, ray://, auto) is
+``runs.ray_connect``'s; Ray is imported only there and here, when a sweep asks for
+it (the extra ``attnscale[ray]``).
 """
 
 from __future__ import annotations

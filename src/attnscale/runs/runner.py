@@ -21,7 +21,8 @@ threads, so workers share the cores instead of fighting over them. With
 Ctrl-C stops the workers; every finished run is already on disk.
 
 ``executor="ray"`` hands the same runs, with the same thread count, to Ray tasks
-instead (``runs.ray_executor``: a local Ray instance, or a cluster at ``ray_address``).
+instead (``runs.ray_executor``: a local Ray instance, or a cluster at ``ray_address``);
+each run's device is then resolved on the node that trains it, not here.
 """
 
 from __future__ import annotations
