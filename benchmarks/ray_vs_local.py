@@ -1,9 +1,9 @@
 """Wall time of the quick sweep through the local executor and through Ray, side by side.
 
-    python benchmarks/ray_vs_local.py [-j 2] [--repeats 2] [--kept]
+    python benchmarks/ray_vs_local.py [-j 2] [--repeats 2] [--kept] [--seeds 1]
 
 Each sweep is `attnscale sweep --quick` on the embedded corpus (widths 32, 128,
-1,024 × none, inv_sqrt_d: 6 runs) in a fresh process into a fresh folder, as a
+1,024 × none, inv_sqrt_d: 6 runs a seed, ``--seeds`` seeds) in a fresh process into a fresh folder, as a
 user runs it; the Ray one starts its local Ray instance and shuts it down inside
 that time. With ``--kept`` a third column joins one Ray cluster kept across the
 sweeps (``python -m attnscale.runs.ray_local_cluster --nodes 1``, started once:
@@ -30,10 +30,11 @@ import time
 from pathlib import Path
 
 
-def sweep_seconds(jobs: int, executor: str, address: str | None = None) -> float:
+def sweep_seconds(jobs: int, executor: str, address: str | None = None, seeds: int = 1) -> float:
     with tempfile.TemporaryDirectory(prefix="attnscale-bench-") as out:
         cmd = [sys.executable, "-m", "attnscale.cli", "sweep", "--quick", "-j", str(jobs), "--out", out,
-               "--executor", executor] + (["--ray-address", address] if address else [])
+               "--seeds", *map(str, range(seeds)), "--executor", executor]
+        cmd += ["--ray-address", address] if address else []
         t = time.perf_counter()
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         return time.perf_counter() - t
@@ -104,16 +105,19 @@ def main() -> None:
     parser.add_argument("-j", "--jobs", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--kept", action="store_true", help="also sweep on one Ray cluster kept across sweeps")
+    parser.add_argument("--seeds", type=int, default=1, help="seeds per width and scale: 6 runs each (default: 1)")
     args = parser.parse_args()
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    print(f"{cpus} cores, load average {os.getloadavg()[0]:.1f}; quick sweep, -j {args.jobs}", flush=True)
+    print(f"{cpus} cores, load average {os.getloadavg()[0]:.1f}; quick sweep, {6 * args.seeds} runs, -j {args.jobs}",
+          flush=True)
     columns = ["local", "ray"] + (["ray, kept cluster"] if args.kept else [])
     times: dict[str, list[float]] = {c: [] for c in columns}
     with kept_cluster(cpus) if args.kept else contextlib.nullcontext() as address:
         for i in range(args.repeats):
             for column in columns:
                 executor = "local" if column == "local" else "ray"
-                times[column].append(sweep_seconds(args.jobs, executor, address if "kept" in column else None))
+                kept = address if "kept" in column else None
+                times[column].append(sweep_seconds(args.jobs, executor, kept, args.seeds))
                 print(f"  {column:<17} run {i + 1}: {times[column][-1]:6.1f} s "
                       f"(load average {os.getloadavg()[0]:.1f})", flush=True)
     local = statistics.median(times["local"])
