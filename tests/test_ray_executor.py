@@ -81,6 +81,20 @@ def test_a_task_given_no_gpu_trains_auto_runs_off_cuda(one_visible_gpu):
     assert task_device("cuda", [], None) == "cuda"  # asked for, not given: resolve_device says what is missing
 
 
+def test_a_record_names_its_ray_node_and_records_without_one_still_read(tmp_path):
+    import json
+
+    node = {"node_id": "6f1c", "node_ip": "127.0.0.1", "hostname": "here"}
+    before = rec.new("train", {"model": {}}, {"status": "done", "steps_done": 8})
+    rec.write(tmp_path, before.on_ray_node(node))
+    assert rec.read(tmp_path).ray_node == node
+    assert rec.read(tmp_path).environment["torch"] == before.environment["torch"]  # added to, nothing replaced
+    old = json.loads((tmp_path / rec.RECORD).read_text())
+    del old["environment"]["ray_node"]  # as every record written before Ray nodes were named
+    (tmp_path / rec.RECORD).write_text(json.dumps(old))
+    assert rec.read(tmp_path).ray_node is None
+
+
 def test_an_unknown_executor_is_a_config_error(tmp_path):
     with pytest.raises(ConfigError, match="executor 'dask' is unknown; choose one of: local, ray"):
         execute([], CORPUS, tmp_path, progress=False, executor="dask")

@@ -16,11 +16,13 @@ names both versions. ``Record.results`` per experiment:
 - fresh: {"rows": [{width, scale, init, words, sequences, effective_words_median, _p10,
   _p90, _mean, max_weight_mean, frozen_fraction, frozen_threshold, push_median, push_mean,
   example, example_row}], "illustration": {scores, multipliers, weights, effective_words}}.
-- every record may say, in ``environment["ray_node"]``, which Ray node trained the run
-  (``Record.ray_node``; added within version 1: records without it read as before).
 - train: a ``TrainResults`` (``lm.train.train`` returns its fields). A metrics line
   (``TrainRun.history``) is {"step", "loss", "lr", "elapsed_s", and per measure of
   ``core.diagnostics.HEAD_MEASURES`` a [layer][head] list}; non-finite numbers are null.
+
+A run trained by the Ray executor also says, in ``environment["ray_node"]``, which Ray
+node trained it (``Record.ray_node``). The key was added within version 1: records
+without it read as before, with ``ray_node`` None.
 
 Every reader goes through ``read`` / ``TrainRun``; nothing else parses record.json.
 """
