@@ -269,7 +269,9 @@ def run(pending: Sequence[Any], corpus, out: Path, configs: dict[str, dict], bar
         has_gpu = any(n["Resources"].get("GPU", 0) for n in ray.nodes() if n.get("Alive"))
         needs = {s.run_id: resources(s.train.device, threads, has_gpu) for s in pending}
         _fits(ray, needs, {s.run_id: s.train.device for s in pending})
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        # the hub lives and dies with the driver's node, never on a node that may be lost mid-sweep: with a
+        # soft affinity, which lets Ray place it elsewhere when this node is busy, it once died with a killed node
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         hub = ray.remote(_hub_class()).options(num_cpus=0, scheduling_strategy=here).remote()
         on_disk = {s.run_id: (out / s.run_id / rec.CHECKPOINT).read_bytes()
                    for s in pending if (out / s.run_id / rec.CHECKPOINT).exists()}
