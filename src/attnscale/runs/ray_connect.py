@@ -133,7 +133,12 @@ def _join(address: str) -> None:
             raise ConfigError(f"--ray-address {address}: Ray Client needs its extra here: "
                               "pip install 'attnscale[ray]' (which brings 'ray[client]')") from None
     with _quiet_token_notice(), this_host_only() if loopback else contextlib.nullcontext():
-        ray.init(address=address, logging_level=logging.WARNING)
+        try:
+            ray.init(address=address, logging_level=logging.WARNING)
+        except ConnectionError as e:  # Ray Client: the head's client server answered but could not serve us
+            why = next((line.strip() for line in reversed(str(e).splitlines()) if line.strip()), type(e).__name__)
+            raise ConfigError(f"--ray-address {address}: the cluster answered but would not take this driver ({why}); "
+                              "see the head's ray_client_server*.err logs") from None
 
 
 @contextlib.contextmanager
