@@ -54,13 +54,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.client_port:
         head["ray_client_server_port"] = args.client_port
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
     with this_host_only():
         cluster = Cluster(initialize_head=True, head_node_args=head)
     try:
         with this_host_only():
             nodes = [cluster.head_node] + [cluster.add_node(node_ip_address="127.0.0.1", num_cpus=args.cpus)
                                            for _ in range(args.nodes - 1)]
+        # after the nodes: each one installs Ray's own SIGTERM handler, which drains and exits with 1
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
         args.pids.mkdir(parents=True, exist_ok=True)
         print(f"Ray cluster of {len(nodes)} nodes on 127.0.0.1: --ray-address {cluster.address} (or auto)"
               + (f", Ray Client ray://127.0.0.1:{args.client_port}" if args.client_port else ""), flush=True)
