@@ -1,21 +1,27 @@
 """Wall time of the quick sweep through the local executor and through Ray, side by side.
 
-    python benchmarks/ray_vs_local.py [-j 2] [--repeats 2]
+    python benchmarks/ray_vs_local.py [-j 2] [--repeats 2] [--kept] [--seeds 1]
 
 Each sweep is `attnscale sweep --quick` on the embedded corpus (widths 32, 128,
-1,024 × none, inv_sqrt_d: 6 runs) in a fresh process into a fresh folder, as a
+1,024 × none, inv_sqrt_d: 6 runs a seed, ``--seeds`` seeds) in a fresh process into a fresh folder, as a
 user runs it; the Ray one starts its local Ray instance and shuts it down inside
-that time. Local and Ray alternate, so a change in the machine's load touches
-both; medians are printed with the ratio (target: ray/local <= 1.5).
+that time. With ``--kept`` a third column joins one Ray cluster kept across the
+sweeps (``python -m attnscale.runs.ray_local_cluster --nodes 1``, started once:
+what ``ray start --head`` then ``--ray-address auto`` gives), so Ray's start-up is
+paid once, outside the sweeps; its start-up and the cost of joining it are printed.
+The columns alternate, so a change in the machine's load touches each; medians are
+printed with the ratios.
 
-Then the local Ray instance alone: the time ``ray_executor.start_local`` takes,
+Then the local Ray instance alone: the time ``ray_connect.start_local`` takes,
 and the resident memory (RSS) of each process it starts, idle, before any task.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -24,19 +30,48 @@ import time
 from pathlib import Path
 
 
-def sweep_seconds(jobs: int, executor: str) -> float:
+def sweep_seconds(jobs: int, executor: str, address: str | None = None, seeds: int = 1) -> float:
     with tempfile.TemporaryDirectory(prefix="attnscale-bench-") as out:
         cmd = [sys.executable, "-m", "attnscale.cli", "sweep", "--quick", "-j", str(jobs), "--out", out,
-               "--executor", executor]
+               "--seeds", *map(str, range(seeds)), "--executor", executor]
+        cmd += ["--ray-address", address] if address else []
         t = time.perf_counter()
         subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         return time.perf_counter() - t
 
 
+@contextlib.contextmanager
+def kept_cluster(cpus: int):
+    """One local Ray cluster for every sweep of the ``kept`` column; yields its address."""
+    t = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, "-m", "attnscale.runs.ray_local_cluster", "--nodes", "1", "--cpus",
+                             str(cpus), "--client-port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True)
+    try:
+        first = proc.stdout.readline()
+        address = first.split("--ray-address ")[1].split()[0]
+        while "Ctrl-C" not in proc.stdout.readline():
+            pass
+        print(f"kept cluster ({cpus} CPUs): up in {time.perf_counter() - t:.1f} s, "
+              f"joined in {join_seconds(address):.1f} s by a fresh process", flush=True)
+        yield address
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+
+
+def join_seconds(address: str) -> float:
+    """What a command pays to join a running cluster: connect and let go, in a fresh process."""
+    code = ("import time,sys; from attnscale.runs.ray_connect import session; t=time.perf_counter()\n"
+            "with session(sys.argv[1]): pass\nprint(time.perf_counter()-t)")
+    done = subprocess.run([sys.executable, "-c", code, address], check=True, capture_output=True, text=True)
+    return float(done.stdout.strip().splitlines()[-1])
+
+
 def instance_footprint(cpus: int) -> None:
     import ray
 
-    from attnscale.runs.ray_executor import start_local
+    from attnscale.runs.ray_connect import start_local
 
     t = time.perf_counter()
     start_local(cpus)
@@ -69,17 +104,25 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("-j", "--jobs", type=int, default=2)
     parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--kept", action="store_true", help="also sweep on one Ray cluster kept across sweeps")
+    parser.add_argument("--seeds", type=int, default=1, help="seeds per width and scale: 6 runs each (default: 1)")
     args = parser.parse_args()
     cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    print(f"{cpus} cores, load average {os.getloadavg()[0]:.1f}; quick sweep, -j {args.jobs}")
-    times: dict[str, list[float]] = {"local": [], "ray": []}
-    for i in range(args.repeats):
-        for executor in ("local", "ray"):
-            times[executor].append(sweep_seconds(args.jobs, executor))
-            print(f"  {executor:<5} run {i + 1}: {times[executor][-1]:6.1f} s", flush=True)
-    local, on_ray = statistics.median(times["local"]), statistics.median(times["ray"])
-    print(f"quick sweep: local {local:.1f} s, ray {on_ray:.1f} s (Ray start-up included); "
-          f"ray/local {on_ray / local:.2f} (target <= 1.5)")
+    print(f"{cpus} cores, load average {os.getloadavg()[0]:.1f}; quick sweep, {6 * args.seeds} runs, -j {args.jobs}",
+          flush=True)
+    columns = ["local", "ray"] + (["ray, kept cluster"] if args.kept else [])
+    times: dict[str, list[float]] = {c: [] for c in columns}
+    with kept_cluster(cpus) if args.kept else contextlib.nullcontext() as address:
+        for i in range(args.repeats):
+            for column in columns:
+                executor = "local" if column == "local" else "ray"
+                kept = address if "kept" in column else None
+                times[column].append(sweep_seconds(args.jobs, executor, kept, args.seeds))
+                print(f"  {column:<17} run {i + 1}: {times[column][-1]:6.1f} s "
+                      f"(load average {os.getloadavg()[0]:.1f})", flush=True)
+    local = statistics.median(times["local"])
+    print("quick sweep, median wall time: " + "; ".join(
+        f"{c} {statistics.median(t):.1f} s ({statistics.median(t) / local:.2f}x local)" for c, t in times.items()))
     instance_footprint(cpus)
 
 

@@ -41,9 +41,60 @@ def test_resources_ask_for_the_threads_and_a_gpu_share_on_cuda():
     assert GPU_SHARE == 0.25
     assert resources("cpu", 3, cluster_has_gpu=True) == {"num_cpus": 3}
     assert resources("cuda", 1, cluster_has_gpu=False) == {"num_cpus": 1, "num_gpus": 0.25}
-    assert resources("cuda:1", 2, cluster_has_gpu=True) == {"num_cpus": 2, "num_gpus": 0.25}
     assert resources("auto", 1, cluster_has_gpu=True) == {"num_cpus": 1, "num_gpus": 0.25}
     assert resources("auto", 1, cluster_has_gpu=False) == {"num_cpus": 1}
+
+
+@pytest.fixture
+def one_visible_gpu(monkeypatch):
+    """A Ray task's view of CUDA on a CPU machine: Ray gave it physical GPU 3 and set
+    CUDA_VISIBLE_DEVICES to it, so torch sees one GPU, cuda:0. (Only torch.cuda's answers
+    are patched; the GPU check, benchmarks/gpu_check.py, runs the same with nothing patched.)"""
+    import torch
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+
+
+def test_cuda_n_asks_for_any_gpu_and_trains_on_the_one_ray_gave(one_visible_gpu):
+    import torch
+
+    from attnscale.core.device import resolve_device
+    from attnscale.runs.ray_executor import task_device
+
+    # "cuda:1" names a GPU of the driver's machine; on the cluster it is a share of whichever GPU Ray gives
+    assert resources("cuda:1", 2, cluster_has_gpu=True) == {"num_cpus": 2, "num_gpus": GPU_SHARE}
+    with pytest.raises(ConfigError, match="has 1 CUDA GPU"):
+        resolve_device("cuda:1")  # what the task did before: the driver's check passed, the task failed
+    for asked in ("cuda:1", "cuda", "cuda:0", "auto"):
+        device = task_device(asked, [3], os.environ["CUDA_VISIBLE_DEVICES"])
+        assert resolve_device(device) == torch.device("cuda", 0), asked
+    assert task_device("cuda:1", ["1"], "0,1") == "cuda:1"  # a task given two GPUs trains on its first
+    assert task_device("cuda:1", [2], None) == "cuda:2"  # RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES: all visible
+    assert task_device("cpu", [3], "3") == "cpu"
+
+
+def test_a_task_given_no_gpu_trains_auto_runs_off_cuda(one_visible_gpu):
+    from attnscale.runs.ray_executor import task_device
+
+    assert task_device("auto", [], "3") == "cpu"  # the GPU torch sees is another run's
+    assert task_device("cuda", [], None) == "cuda"  # asked for, not given: resolve_device says what is missing
+
+
+def test_a_record_names_its_ray_node_and_records_without_one_still_read(tmp_path):
+    import json
+
+    node = {"node_id": "6f1c", "node_ip": "127.0.0.1", "hostname": "here"}
+    before = rec.new("train", {"model": {}}, {"status": "done", "steps_done": 8})
+    rec.write(tmp_path, before.on_ray_node(node))
+    assert rec.read(tmp_path).ray_node == node
+    assert rec.read(tmp_path).environment["torch"] == before.environment["torch"]  # added to, nothing replaced
+    old = json.loads((tmp_path / rec.RECORD).read_text())
+    del old["environment"]["ray_node"]  # as every record written before Ray nodes were named
+    (tmp_path / rec.RECORD).write_text(json.dumps(old))
+    assert rec.read(tmp_path).ray_node is None
 
 
 def test_an_unknown_executor_is_a_config_error(tmp_path):
@@ -55,7 +106,7 @@ def test_an_unknown_executor_is_a_config_error(tmp_path):
 def cluster():
     """A local Ray instance started the way ``--executor ray`` starts one; yields its address."""
     ray = pytest.importorskip("ray", reason="Ray cannot be imported here: pip install 'attnscale[ray]'")
-    from attnscale.runs.ray_executor import start_local
+    from attnscale.runs.ray_connect import start_local
 
     start_local(num_cpus=2)
     try:

@@ -87,11 +87,13 @@ def _device_option(p) -> None:
                    help="auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:N or mps")
 
 
-def usable_device(spec: str) -> str:
-    """``spec`` when this machine has the device; else a one-line error (ConfigError), before anything is written."""
+def usable_device(spec: str, executor: str = "local") -> str:
+    """``spec`` when this machine has the device; else a one-line error (ConfigError), before anything is written.
+    With ``executor`` "ray" the runs train elsewhere: the Ray executor checks the cluster instead."""
     from attnscale.core.device import resolve_device
 
-    resolve_device(spec)
+    if executor != "ray":
+        resolve_device(spec)
     return spec
 
 
@@ -221,7 +223,7 @@ def _run_reproduce(args) -> None:
     from attnscale.lm.presets import preset_name
 
     preset = preset_name(args.quick, args.full)
-    device = usable_device(args.device)
+    device = usable_device(args.device, args.executor)
     out = writable_dir(args.out)
     reproduce.run(out, seed=args.seed, preset=preset, corpus=args.corpus, jobs=args.jobs, **_executor(args),
                   device=device)
@@ -296,8 +298,9 @@ def _executor_options(p) -> None:
                    help="where runs train: 'local' worker processes, or 'ray' tasks (pip install 'attnscale[ray]'), "
                         "on a local Ray instance unless --ray-address is given; each run gets cores/JOBS threads")
     p.add_argument("--ray-address", metavar="ADDRESS",
-                   help="with --executor ray: join the Ray cluster whose head is at ADDRESS (HOST:PORT, or 'auto' "
-                        "on a node of it); records still land in --out on this machine")
+                   help="with --executor ray: join the Ray cluster whose head is at ADDRESS (HOST:PORT; "
+                        "ray://HOST:PORT through Ray Client; 'auto': the one `ray start` runs on this machine); "
+                        "records still land in --out on this machine, and --device is resolved where runs train")
 
 
 def _executor(args) -> dict:
@@ -379,7 +382,7 @@ def _run_dynamics(args) -> None:
 
     from attnscale.experiments import dynamics
 
-    usable_device(args.device)  # before anything is written
+    usable_device(args.device, args.executor)  # before anything is written
     cfg = replace(dynamics.preset(quick=args.quick, full=args.full, corpus=args.corpus, seed=args.seed,
                                   tokenizer=args.tokenizer),
                   head_dim=args.width, scales=tuple(dict.fromkeys(args.scales)))
@@ -414,7 +417,7 @@ def _run_sweep(args) -> None:
 
     from attnscale.experiments import sweep
 
-    usable_device(args.device)  # before anything is written
+    usable_device(args.device, args.executor)  # before anything is written
     cfg = sweep.preset(quick=args.quick, full=args.full, corpus=args.corpus, tokenizer=args.tokenizer)
     cfg = replace(cfg, widths=tuple(dict.fromkeys(args.widths or cfg.widths)), scales=tuple(dict.fromkeys(args.scales)),
                   seeds=tuple(dict.fromkeys(args.seeds or cfg.seeds)), lrs=tuple(dict.fromkeys(args.lrs)) if args.lrs else None)
@@ -502,7 +505,7 @@ def _run_study(args) -> None:
 
     from attnscale.lm.presets import budget
 
-    usable_device(args.device)  # before anything is written
+    usable_device(args.device, args.executor)  # before anything is written
     size = "quick" if args.quick else "full"
     vocab = setup_study.CorpusSpec(args.corpus, args.tokenizer).load().vocab_size
     base = budget("default" if args.quick else "full", vocab)

@@ -4,6 +4,9 @@ Each run is one Ray task that calls ``runs.trainer.train_run``, the function eve
 executor calls; this module only decides where it runs. A task asks Ray for what
 its run needs (as many CPUs as it has torch threads; a share of a GPU when it
 trains on CUDA), so Ray places the runs on the cluster's nodes and packs them.
+The device is resolved in the task, on the node that trains (``task_device``);
+the corpus is loaded once by the driver and reaches every task through Ray's
+object store; each record names the node that trained it (``Record.ray_node``).
 
 How records reach ``--out``. Workers need not share the driver's disk. A task
 trains into a scratch folder on its own node (under Ray's temp folder, removed
@@ -22,7 +25,7 @@ by line.
 
 Faults:
 - a worker process dies (killed, out of memory, its node lost): Ray runs the task
-  again (``MAX_RETRIES``); the new attempt asks the hub for the run's last
+  again (``MAX_RETRIES``), on a node still alive; the new attempt asks the hub for the run's last
   checkpoint and resumes from it; metrics.jsonl is rewritten from the
   checkpoint's history, so it never holds a step twice;
 - the driver dies: its tasks end with it (a local instance too); finished runs
@@ -31,143 +34,76 @@ Faults:
 - a run raises: its error is reported, the other runs go on, and the sweep ends
   with an error naming every failed run (left "running" on disk: a rerun retries it).
 
-Without an address a local Ray instance is started for the sweep and shut down
-after it: bound to 127.0.0.1 only, dashboard off, usage statistics off. Ray is
-imported here only, when a sweep asks for it (the extra ``attnscale[ray]``).
+How this process joins Ray (a local instance, HOST:PORT, ray://, auto) is
+``runs.ray_connect``'s; Ray is imported only there and here, when a sweep asks for
+it (the extra ``attnscale[ray]``).
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
 import shutil
 import socket
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
 from attnscale.errors import ConfigError
 from attnscale.files import atomic_write_bytes
 from attnscale.runs import record as rec
+from attnscale.runs.ray_connect import session, start_local
 
-__all__ = ["run", "session", "start_local", "resources", "MAX_RETRIES", "GPU_SHARE"]
+__all__ = ["run", "session", "start_local", "resources", "task_device", "node_of", "MAX_RETRIES", "GPU_SHARE"]
 
 MAX_RETRIES = 3  # attempts after a worker dies; a run that raises is not retried
 GPU_SHARE = 0.25  # the tiny model trains far below one GPU: four runs share one
 _POLL_S = 0.25  # the driver collects steps, checkpoints and results this often
 _STEP_EVERY_S = 0.2  # a task reports its step at most this often
-_LOOPBACK = ("127.0.0.1", "localhost", "::1")
-
-
-def _import_ray():
-    try:
-        import ray
-    except ImportError:
-        raise ConfigError("--executor ray needs Ray: pip install 'attnscale[ray]'") from None
-    return ray
 
 
 def resources(device: str, threads: int, cluster_has_gpu: bool) -> dict[str, float]:
     """What one run asks Ray for: ``threads`` CPUs, plus ``GPU_SHARE`` of a GPU when it
-    trains on CUDA ("auto" trains on CUDA only where the cluster has a GPU to give)."""
+    trains on CUDA ("auto" trains on CUDA only where the cluster has a GPU to give).
+    "cuda:N" asks for a share of some GPU like "cuda" does: Ray, not the index, picks
+    which (``task_device``)."""
     need: dict[str, float] = {"num_cpus": threads}
     if device.startswith("cuda") or (device == "auto" and cluster_has_gpu):
         need["num_gpus"] = GPU_SHARE
     return need
 
 
-# ---- connecting -----------------------------------------------------------------------
+def task_device(spec: str, gpu_ids: Sequence[Any], visible: str | None) -> str:
+    """The device spec a run trains on inside its Ray task: the device is resolved where
+    the run trains, never on the driver (a CPU-only laptop can send CUDA runs to a cluster).
+
+    Ray gives a task the GPUs ``gpu_ids`` and sets CUDA_VISIBLE_DEVICES (``visible``) to
+    them, so in the task's process the first GPU it may use is "cuda:0" whatever index
+    the command asked for: "cuda:1" on the driver names a GPU of the driver's machine,
+    not of the node the run lands on. Where CUDA_VISIBLE_DEVICES is left unset (Ray's
+    RAY_EXPERIMENTAL_NOSET_CUDA_VISIBLE_DEVICES), the GPU's own index is used. A task
+    given no GPU trains "auto" runs off CUDA: a GPU Ray did not give is another run's."""
+    if gpu_ids and (spec == "auto" or spec.startswith("cuda")):
+        first = str(gpu_ids[0])
+        if visible is None:
+            return f"cuda:{first}" if first.isdigit() else "cuda"
+        order = [v.strip() for v in visible.split(",")]
+        return f"cuda:{order.index(first) if first in order else 0}"
+    if spec == "auto":  # no torch.cuda call here: it would open a CUDA context on a GPU Ray did not give
+        import torch
+
+        mps = getattr(torch.backends, "mps", None)
+        return "mps" if mps is not None and mps.is_available() else "cpu"
+    return spec  # "cpu", "mps", or CUDA without a GPU given: resolve_device says what is missing
 
 
-@contextlib.contextmanager
-def _this_host_only():
-    """Let a Ray node be 127.0.0.1. Ray turns that address into the host's outward
-    one, and then listens on every interface, unless it runs in single-host mode,
-    which it keys on RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER=0, read at import into
-    ``ray_constants``: both are set while the node starts (its processes inherit
-    the variable) or joins, then put back, so a later join of a real cluster is
-    untouched. Usage statistics are switched off the same way (RAY_USAGE_STATS_ENABLED=0)."""
-    from ray._private import ray_constants
+def node_of(context) -> dict[str, Any]:
+    """The Ray node a task runs on, as its record keeps it (``Record.ray_node``): the node id
+    Ray knows it by (two nodes on one host differ only there), its address and host name."""
+    import ray
 
-    names = ("RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER", "RAY_USAGE_STATS_ENABLED")
-    saved_env = {k: os.environ.get(k) for k in names}
-    saved_flag = ray_constants.ENABLE_RAY_CLUSTER
-    os.environ.update(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0", RAY_USAGE_STATS_ENABLED="0")
-    ray_constants.ENABLE_RAY_CLUSTER = False
-    try:
-        yield
-    finally:
-        ray_constants.ENABLE_RAY_CLUSTER = saved_flag
-        for k, v in saved_env.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-def start_local(num_cpus: int | None = None) -> None:
-    """Start a Ray instance on this machine for this process: 127.0.0.1 only, no
-    dashboard, no usage statistics; ``num_cpus`` None lets Ray count them."""
-    ray = _import_ray()
-    # Ray's token authentication stays on; its notice that it is on is not a warning to a user of
-    # attnscale, whose stderr carries only progress and errors
-    notice = logging.getLogger("ray._private.authentication.authentication_token_setup")
-    before = notice.level
-    notice.setLevel(logging.ERROR)
-    try:
-        with _this_host_only():
-            ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, logging_level=logging.WARNING)
-    finally:
-        notice.setLevel(before)
-
-
-def _host_port(address: str) -> tuple[str, int] | None:
-    host, _, port = address.removeprefix("ray://").rpartition(":")
-    return (host.strip("[]"), int(port)) if host and port.isdigit() else None
-
-
-def _check_reachable(address: str) -> None:
-    """Ray itself waits minutes on an address where nothing listens: look first."""
-    where = _host_port(address)
-    if where is None:  # "auto": Ray finds the cluster this node belongs to
-        return
-    try:
-        socket.create_connection(where, timeout=5).close()
-    except OSError as e:
-        raise ConfigError(f"--ray-address {address}: no Ray cluster answers there ({e.strerror or e}); "
-                          "start its head with `ray start --head` or fix the address") from None
-
-
-def _join(address: str) -> None:
-    ray = _import_ray()
-    where = _host_port(address)
-    loopback = where is not None and where[0] in _LOOPBACK
-    with _this_host_only() if loopback else contextlib.nullcontext():
-        ray.init(address=address, logging_level=logging.WARNING)
-
-
-@contextlib.contextmanager
-def session(address: str | None = None, num_cpus: int | None = None):
-    """Yield the ``ray`` module connected to a cluster: the one this process is
-    already connected to (left connected), else the one at ``address``, else a local
-    instance of ``num_cpus`` CPUs started now (also for ``address`` "local"); the
-    last two are let go on exit."""
-    ray = _import_ray()
-    address = None if address == "local" else address
-    if address:
-        _check_reachable(address)
-    if ray.is_initialized():
-        yield ray
-        return
-    if address:
-        _join(address)
-    else:
-        start_local(num_cpus)
-    try:
-        yield ray
-    finally:
-        ray.shutdown()
+    return {"node_id": context.get_node_id(), "node_ip": ray.util.get_node_ip_address(),
+            "hostname": socket.gethostname()}
 
 
 # ---- the task and the hub ----------------------------------------------------------
@@ -214,21 +150,22 @@ def _hub_class():
     return Hub
 
 
-_corpora: dict[Any, Any] = {}  # per worker process: Ray reuses a worker for many tasks
+def _train_task(spec, corpus, threads: int, hub) -> dict[str, bytes]:
+    """One run on a Ray worker: train it in scratch space through ``train_run``; return its files.
 
-
-def _train_task(spec, corpus_spec, threads: int, hub) -> dict[str, bytes]:
-    """One run on a Ray worker: train it in scratch space through ``train_run``; return its files."""
+    ``corpus`` arrives through Ray's object store, put there once by the driver: a node
+    needs neither the corpus's file nor a network to fetch it, and a fresh worker loads nothing."""
     import ray
     import torch
 
+    from attnscale.lm.checkpoint import run_config
     from attnscale.runs.trainer import train_run
 
     torch.set_num_threads(threads)
-    if corpus_spec not in _corpora:
-        _corpora.clear()
-        _corpora[corpus_spec] = corpus_spec.load()
-    context = ray.get_runtime_context()  # scratch beside Ray's own files on this node: one place to clean
+    context = ray.get_runtime_context()
+    device = task_device(spec.train.device, ray.get_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES"))
+    train_cfg = replace(spec.train, device=device)  # the device does not make another config (runs.store)
+    # scratch beside Ray's own files on this node: one place to clean
     scratch = Path(context.get_temp_dir()) / "attnscale" / context.get_job_id() / spec.run_id
     shutil.rmtree(scratch, ignore_errors=True)  # what a killed attempt on this node left
     scratch.mkdir(parents=True)
@@ -251,7 +188,9 @@ def _train_task(spec, corpus_spec, threads: int, hub) -> dict[str, bytes]:
                 seen[0] = stamp
                 hub.put_checkpoint.remote(spec.run_id, step, checkpoint.read_bytes())
 
-        train_run(spec.model, spec.train, _corpora[corpus_spec], scratch, group=spec.group, on_step=on_step)
+        run = train_run(spec.model, train_cfg, corpus, scratch, group=spec.group, on_step=on_step)
+        asked = run_config(spec.model, spec.train, corpus)  # the record keeps the device the command asked for
+        rec.write(scratch, replace(run.record, config=asked).on_ray_node(node_of(context)))
         return {p.name: p.read_bytes() for p in scratch.iterdir()
                 if p.is_file() and p.name != rec.CHECKPOINT and not p.name.startswith(".")}
     finally:
@@ -281,16 +220,30 @@ def _commit(run_dir: Path, files: dict[str, bytes]) -> rec.TrainRun:
     return rec.TrainRun.load(run_dir)
 
 
-def _fits(ray, needs: Sequence[dict[str, float]]) -> None:
-    """A run no node can hold would wait for ever: say so before submitting anything."""
+def _fits(ray, needs: dict[str, dict[str, float]], devices: dict[str, str]) -> None:
+    """A run no node can hold would wait for ever: say so before submitting anything.
+    (The nodes alive now are asked: scale an autoscaling cluster up before a sweep needs it.)"""
     nodes = [n["Resources"] for n in ray.nodes() if n.get("Alive")]
-    most_cpus = max((n.get("CPU", 0) for n in nodes), default=0)
-    cpus = max(n["num_cpus"] for n in needs)
-    if cpus > most_cpus:
-        raise ConfigError(f"each run asks Ray for {cpus:g} CPUs (its torch threads, cores/JOBS) but the largest "
-                          f"node has {most_cpus:g}; give a larger -j")
-    if any("num_gpus" in n for n in needs) and not any(n.get("GPU", 0) for n in nodes):
-        raise ConfigError("runs ask for CUDA but no node of the Ray cluster has a GPU; train on cpu or add a GPU node")
+    for run_id, need in needs.items():
+        if any(n.get("CPU", 0) >= need["num_cpus"] and n.get("GPU", 0) >= need.get("num_gpus", 0) for n in nodes):
+            continue
+        if "num_gpus" in need and not any(n.get("GPU", 0) for n in nodes):
+            raise ConfigError(f"--device {devices[run_id]}: no node of the Ray cluster has a GPU "
+                              f"({len(nodes)} node{'s' if len(nodes) != 1 else ''}, CPUs only); "
+                              "train with --device cpu or auto, or add a GPU node")
+        most = max((n.get("CPU", 0) for n in nodes if n.get("GPU", 0) >= need.get("num_gpus", 0)), default=0)
+        raise ConfigError(f"each run asks Ray for {need['num_cpus']:g} CPUs (its torch threads, cores/JOBS)"
+                          f"{' and a GPU share' if 'num_gpus' in need else ''} but the largest node that could "
+                          f"hold it has {most:g}; give a larger -j")
+
+
+def _remote_train(ray, fn, gpu: bool):
+    """``fn`` as a Ray remote function. A run on CPUs keeps its worker for the next run (torch
+    imported once). A run on a GPU gets a fresh worker (``max_calls=1``, as Ray's own default for
+    GPU tasks, which ``.options(num_gpus=...)`` alone bypasses): Ray sets CUDA_VISIBLE_DEVICES
+    per task, but a process binds its GPUs when CUDA starts, so a reused worker would train on the
+    GPU of its first run whatever GPU Ray gave this one, and would keep that GPU's memory."""
+    return ray.remote(max_calls=1)(fn) if gpu else ray.remote(fn)
 
 
 def _reason(err) -> tuple[str, BaseException | None]:
@@ -300,13 +253,14 @@ def _reason(err) -> tuple[str, BaseException | None]:
     return f"{type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}", None
 
 
-def run(pending: Sequence[Any], corpus_spec, out: Path, configs: dict[str, dict], bar, *, threads: int,
+def run(pending: Sequence[Any], corpus, out: Path, configs: dict[str, dict], bar, *, threads: int,
         summary: Callable[[rec.TrainRun], dict], address: str | None = None, local_cpus: int | None = None) -> None:
-    """Train ``pending`` (``runner.RunSpec``s) as Ray tasks of ``threads`` CPUs each; each
-    finished run is written to ``out/<run_id>`` as it arrives. ``configs``: each run's
-    record config (for the "running" record); ``bar``: a ``runs.progress`` display;
-    ``summary``: a finished run as the display shows it; ``local_cpus``: the size
-    of a local instance, when one is started (no ``address``, none connected)."""
+    """Train ``pending`` (``runner.RunSpec``s) on ``corpus`` (a loaded ``lm.data.Corpus``) as
+    Ray tasks of ``threads`` CPUs each; each finished run is written to ``out/<run_id>``
+    as it arrives. ``configs``: each run's record config (for the "running" record);
+    ``bar``: a ``runs.progress`` display; ``summary``: a finished run as the display
+    shows it; ``local_cpus``: the size of a local instance, when one is started (no
+    ``address``, none connected). The device of each run is resolved in its task."""
     from attnscale.runs.trainer import mark_running
 
     with session(address, local_cpus) as ray:
@@ -314,19 +268,23 @@ def run(pending: Sequence[Any], corpus_spec, out: Path, configs: dict[str, dict]
 
         has_gpu = any(n["Resources"].get("GPU", 0) for n in ray.nodes() if n.get("Alive"))
         needs = {s.run_id: resources(s.train.device, threads, has_gpu) for s in pending}
-        _fits(ray, list(needs.values()))
-        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=True)
+        _fits(ray, needs, {s.run_id: s.train.device for s in pending})
+        # the hub lives and dies with the driver's node, never on a node that may be lost mid-sweep: with a
+        # soft affinity, which lets Ray place it elsewhere when this node is busy, it once died with a killed node
+        here = NodeAffinitySchedulingStrategy(ray.get_runtime_context().get_node_id(), soft=False)
         hub = ray.remote(_hub_class()).options(num_cpus=0, scheduling_strategy=here).remote()
         on_disk = {s.run_id: (out / s.run_id / rec.CHECKPOINT).read_bytes()
                    for s in pending if (out / s.run_id / rec.CHECKPOINT).exists()}
         if on_disk:  # before any task asks for them
             ray.get(hub.seed.remote(on_disk))
-        task = ray.remote(_train_task)
+        corpus_ref = ray.put(corpus)  # once for the sweep; each node fetches it once
+        tasks = {gpu: _remote_train(ray, _train_task, gpu) for gpu in (False, True)}
         refs = {}
         for spec in pending:
+            need = needs[spec.run_id]
             mark_running(out / spec.run_id, configs[spec.run_id], spec.group)
-            refs[task.options(name=f"train {spec.run_id}", max_retries=MAX_RETRIES, **needs[spec.run_id])
-                 .remote(spec, corpus_spec, threads, hub)] = spec
+            refs[tasks["num_gpus" in need].options(name=f"train {spec.run_id}", max_retries=MAX_RETRIES, **need)
+                 .remote(spec, corpus_ref, threads, hub)] = spec
         _drive(ray, refs, hub, out, bar, summary)
 
 

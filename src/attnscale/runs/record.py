@@ -20,6 +20,10 @@ names both versions. ``Record.results`` per experiment:
   (``TrainRun.history``) is {"step", "loss", "lr", "elapsed_s", and per measure of
   ``core.diagnostics.HEAD_MEASURES`` a [layer][head] list}; non-finite numbers are null.
 
+A run trained by the Ray executor also says, in ``environment["ray_node"]``, which Ray
+node trained it (``Record.ray_node``). The key was added within version 1: records
+without it read as before, with ``ray_node`` None.
+
 Every reader goes through ``read`` / ``TrainRun``; nothing else parses record.json.
 """
 
@@ -84,6 +88,17 @@ class Record:
     @property
     def finished_ok(self) -> bool:
         return self.status in FINISHED
+
+    @property
+    def ray_node(self) -> dict[str, Any] | None:
+        """The Ray node that trained the run ({"node_id", "node_ip", "hostname"}, in
+        ``environment``); None for a run trained without Ray, and in records written before."""
+        node = self.environment.get("ray_node")
+        return node if isinstance(node, dict) else None
+
+    def on_ray_node(self, node: dict[str, Any]) -> "Record":
+        """This record, saying which Ray node trained the run."""
+        return replace(self, environment={**self.environment, "ray_node": dict(node)})
 
     def to_json(self) -> dict[str, Any]:
         out = {f.name: getattr(self, f.name) for f in fields(self)}

@@ -21,7 +21,8 @@ threads, so workers share the cores instead of fighting over them. With
 Ctrl-C stops the workers; every finished run is already on disk.
 
 ``executor="ray"`` hands the same runs, with the same thread count, to Ray tasks
-instead (``runs.ray_executor``: a local Ray instance, or a cluster at ``ray_address``).
+instead (``runs.ray_executor``: a local Ray instance, or a cluster at ``ray_address``);
+each run's device is then resolved on the node that trains it, not here.
 """
 
 from __future__ import annotations
@@ -105,7 +106,9 @@ def _config(spec: RunSpec, corpus) -> dict[str, Any]:
     return run_config(spec.model, spec.train, corpus)
 
 
-def _check(specs: Sequence[RunSpec], corpus) -> None:
+def _check(specs: Sequence[RunSpec], corpus, executor: str) -> None:
+    """The runs' ids, lengths and vocabularies; their device too where they train here (Ray
+    resolves it where each run trains, and refuses one no node has before any run starts)."""
     ids = [s.run_id for s in specs]
     dupes = sorted({i for i in ids if ids.count(i) > 1})
     if dupes:
@@ -114,7 +117,7 @@ def _check(specs: Sequence[RunSpec], corpus) -> None:
 
     from attnscale.core.device import resolve_device
 
-    for device in sorted({s.train.device for s in specs}):
+    for device in sorted({s.train.device for s in specs}) if executor == "local" else ():
         resolve_device(device)  # a device this machine lacks stops the sweep before any folder is written
     for s in specs:
         check_length(corpus.train, s.model.context, "corpus's training split")
@@ -203,7 +206,7 @@ def execute(
         raise ConfigError(f"executor {executor!r} is unknown; choose one of: {', '.join(EXECUTORS)}")
     out = Path(out)
     corpus = corpus if corpus is not None else corpus_spec.load()
-    _check(specs, corpus)
+    _check(specs, corpus, executor)
     configs = {s.run_id: _config(s, corpus) for s in specs}
     # every folder is checked before anything is trained: a clash stops the sweep at once
     states = {s.run_id: store.run_state(out / s.run_id, configs[s.run_id]) for s in specs}
@@ -227,7 +230,7 @@ def execute(
             if executor == "ray":
                 from attnscale.runs import ray_executor
 
-                ray_executor.run(pending, corpus_spec, out, configs, bar, threads=max(1, cores() // workers),
+                ray_executor.run(pending, corpus, out, configs, bar, threads=max(1, cores() // workers),
                                  summary=_summary, address=ray_address, local_cpus=cores())
             elif workers == 1:
                 _run_here(pending, corpus, out, configs, bar)
