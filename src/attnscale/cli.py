@@ -293,7 +293,7 @@ def _jobs_option(p) -> None:
 
 def _executor_options(p) -> None:
     p.add_argument("--executor", choices=["local", "ray"], default="local",
-                   help="where runs train: 'local' worker processes, or 'ray' tasks (pip install 'attnscale[ray]'), "
+                   help="where runs train: 'local' worker processes, or 'ray' tasks (pip install -e '.[ray]' in the clone), "
                         "on a local Ray instance unless --ray-address is given; each run gets cores/JOBS threads")
     p.add_argument("--ray-address", metavar="ADDRESS",
                    help="with --executor ray: join the Ray cluster whose head is at ADDRESS (HOST:PORT, or 'auto' "

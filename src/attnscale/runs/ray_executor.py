@@ -64,7 +64,7 @@ def _import_ray():
     try:
         import ray
     except ImportError:
-        raise ConfigError("--executor ray needs Ray: pip install 'attnscale[ray]'") from None
+        raise ConfigError("--executor ray needs Ray: pip install -e '.[ray]' in the clone") from None
     return ray
 
 

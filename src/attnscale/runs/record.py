@@ -18,7 +18,7 @@ names both versions. ``Record.results`` per experiment:
   example, example_row}], "illustration": {scores, multipliers, weights, effective_words}}.
 - train: a ``TrainResults`` (``lm.train.train`` returns its fields). A metrics line
   (``TrainRun.history``) is {"step", "loss", "lr", "elapsed_s", and per measure of
-  ``core.diagnostics.HEAD_MEASURES`` a [layer][head] list}; non-finite numbers are null.
+  ``core.diagnostics.HEAD_MEASURES`` a ``[layer][head]`` list}; non-finite numbers are null.
 
 Every reader goes through ``read`` / ``TrainRun``; nothing else parses record.json.
 """
