@@ -53,7 +53,7 @@ def plan(torch: str, index: str, gpu: bool, cpu_index: str, cpu_index_reachable)
         return [torch], f"NVIDIA GPU found: installing {torch} from the default index (the CUDA build)"
     if cpu_index_reachable():
         return ["--index-url", cpu_index, torch], f"no NVIDIA GPU: installing {torch} from PyTorch's CPU index ({cpu_index})"
-    return [torch], (f"no NVIDIA GPU, and PyTorch's CPU index ({cpu_index}) did not answer within {PROBE_SECONDS} s: "
+    return [torch], (f"no NVIDIA GPU, and PyTorch's CPU index ({cpu_index}) could not be reached within {PROBE_SECONDS} s: "
                      f"installing {torch} from the default index instead (on Linux that can be the CUDA build; "
                      f"TORCH_INDEX=URL picks another index)")
 

@@ -530,7 +530,9 @@ def _add_inspect(sub) -> None:
     text = p.add_mutually_exclusive_group(required=True)
     text.add_argument("--text", help="the text to read")
     text.add_argument("--file", type=Path, help="a UTF-8 text file to read")
-    p.add_argument("--max-tokens", type=at_least_two, default=128, help="tokens per sequence; longer texts are cut")
+    p.add_argument("--max-tokens", type=at_least_two, default=None,
+                   help="tokens per sequence; longer texts are cut (default: what the model takes: a training run's "
+                        "context, a Hugging Face model's positions but at most 128)")
     p.add_argument("--batch", type=positive_int, default=8, help="sequences per forward pass")
     p.add_argument("--sequences", type=positive_int, default=16, help="read at most this many sequences of the text")
     p.add_argument("--threshold", type=probability, default=FROZEN_THRESHOLD,
