@@ -149,7 +149,7 @@ def test_damaged_run_is_one_line_and_exit_2(how, words, tmp_path, capsys):
     rc = main(["inspect", "--model", str(run), "--text", "hi there"])
     err = capsys.readouterr().err
     assert rc == 2 and "Traceback" not in err
-    assert err.count("\n") == 1 and err.startswith("error: --model: ") and words in err, err
+    assert err.count("\n") == 1 and err.startswith("attnscale: error: --model: ") and words in err, err
     if "model.safetensors" in words:  # the file is named, and the fix
         assert str(run / "model.safetensors") in err and "train" in err
 
