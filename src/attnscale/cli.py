@@ -274,7 +274,10 @@ def _run_report(args) -> None:
     if not args.runs_dir.is_dir():
         raise UsageError(f"RUNS_DIR: {str(args.runs_dir)!r} is not a folder; give the folder a run wrote its records to")
     out = writable_dir(args.out) if args.out else None  # the default folder is made only once records are found
+    from attnscale.reproduce import scoreboard
+
     paths = report.build(args.runs_dir, out)
+    print("\n".join(scoreboard(args.runs_dir)))
     print(f"report: {paths['html']}")
     print(f"markdown: {paths['markdown']}")
 

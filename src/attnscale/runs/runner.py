@@ -40,7 +40,7 @@ from typing import Any, Sequence
 from attnscale import files, limits
 from attnscale.files import to_jsonable
 from attnscale.runs import record as rec
-from attnscale.runs import store
+from attnscale.runs import pace, store
 from attnscale.errors import ConfigError
 from attnscale.lm.model import ModelConfig
 from attnscale.runs.progress import make_progress
@@ -79,14 +79,11 @@ class RunSpec:
 
 
 def estimate(specs: Sequence[RunSpec]) -> limits.Estimate:
-    """What training every run of ``specs`` costs (``limits.training_cost`` of each, summed):
-    ``.cpu_seconds(workers)`` is the ETA on a laptop CPU."""
+    """What training every run of ``specs`` costs (``pace.run_cost`` of each, summed); the
+    seconds it takes here come from ``pace.Pace``, the rate measured on this machine."""
     ops, largest = 0.0, 0.0
     for s in specs:
-        m, t = s.model, s.train
-        e = limits.training_cost(vocab=m.vocab_size, context=m.context, d_model=m.d_model, n_layers=m.n_layers,
-                                 n_heads=m.n_heads, head_dim=m.head_dim or m.d_model // m.n_heads,
-                                 mlp_ratio=m.mlp_ratio, batch=t.batch, steps=t.steps)
+        e = pace.run_cost(s)
         ops, largest = ops + e.ops, max(largest, e.bytes)
     return limits.Estimate(f"training {len(specs)} run{'s' if len(specs) != 1 else ''}", largest, ops)
 
@@ -141,8 +138,9 @@ def _config_key(config: Any) -> str:
 
 
 def _copy_finished(spec: RunSpec, config: dict, out: Path, reuse: Sequence[Path],
-                   index: dict[Path, dict[str, Path]]) -> bool:
-    """Copy a finished run of ``config`` from a ``reuse`` folder into ``out``; False if none has one.
+                   index: dict[Path, dict[str, Path]]) -> Path | None:
+    """Copy a finished run of ``config`` from a ``reuse`` folder into ``out``; return that
+    folder, or None if none has one.
 
     The run of the same name is looked at first, then every other run in the folder: a run of
     the very same config is the same run whatever its name (the setup study's 1,200-step rows
@@ -168,8 +166,8 @@ def _copy_finished(spec: RunSpec, config: dict, out: Path, reuse: Sequence[Path]
             if (source / name).exists():
                 files.atomic_write_bytes(target / name, (source / name).read_bytes())
         rec.write(target, rec.TrainRun.load(source).copied(spec.group, str(source)))
-        return True
-    return False
+        return folder
+    return None
 
 
 def _summary(run: rec.TrainRun) -> dict[str, Any]:
@@ -208,9 +206,10 @@ def execute(
     # every folder is checked before anything is trained: a clash stops the sweep at once
     states = {s.run_id: store.run_state(out / s.run_id, configs[s.run_id]) for s in specs}
     index: dict[Path, dict[str, Path]] = {}
+    copied: dict[str, Path] = {}
     for s in specs:
-        if states[s.run_id] != "finished" and _copy_finished(s, configs[s.run_id], out, reuse, index):
-            states[s.run_id] = "finished"
+        if states[s.run_id] != "finished" and (source := _copy_finished(s, configs[s.run_id], out, reuse, index)):
+            states[s.run_id], copied[s.run_id] = "finished", source
     pending = [s for s in specs if states[s.run_id] != "finished"]
     done = [s for s in specs if states[s.run_id] == "finished"]
     bar = make_progress(
@@ -220,6 +219,10 @@ def execute(
         done_runs=len(done),
         done_steps=sum(s.train.steps for s in done),
         out=out,
+        weights={s.run_id: pace.step_ops(s) for s in specs},  # the time left counts work, not steps
+        total_work=estimate(specs).ops,
+        done_work=estimate(done).ops,
+        copied=copied,
     )
     try:
         if pending:
