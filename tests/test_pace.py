@@ -1,5 +1,7 @@
 """runs.pace: the rate every ETA comes from, measured on this machine, in operations of work."""
 
+from dataclasses import replace
+
 import pytest
 
 from attnscale.lm.model import ModelConfig
@@ -73,3 +75,22 @@ def test_the_estimate_follows_what_the_stages_took(corpus):
     p.add(runs, seconds=3 * predicted, workers=2)  # the machine turned out three times slower
     assert p.factor() == pytest.approx(3.0)
     assert p.seconds(runs[:1], workers=1) == pytest.approx(3 * p.run_seconds(runs[0]))
+
+
+def test_the_runs_time_left_weighs_steps_as_the_stage_estimate_does(corpus, tmp_path, monkeypatch):
+    from attnscale.runs import runner
+    from attnscale.runs.progress import make_progress
+
+    seen = {}
+
+    def capture(enabled, **kw):
+        seen.update(kw)
+        return make_progress(False, **kw)
+
+    monkeypatch.setattr(runner, "make_progress", capture)
+    p = Pace(step_s=0.5, op_s=1e-9)
+    runs = [replace(spec(corpus, 8, steps=2), run_id="a"), replace(spec(corpus, 64, steps=2), run_id="b")]
+    runner.execute(runs, CorpusSpec("default"), tmp_path, progress=False, corpus=corpus, pace=p)
+    assert seen["weights"] == {"a": p.step_seconds(runs[0]), "b": p.step_seconds(runs[1])}
+    assert seen["total_work"] == pytest.approx(2 * p.step_seconds(runs[0]) + 2 * p.step_seconds(runs[1]))
+    assert sum(p.run_seconds(s) for s in runs) == pytest.approx(seen["total_work"])

@@ -110,7 +110,8 @@ def stages(*, seed: int = 0, preset: str = "default", corpus: str = "default", j
 
     def dyn_stage(cfg, label: str) -> Stage:
         return group(f"training dynamics with and without the scale{label}", "dynamics", dynamics.specs(cfg, vocab),
-                     cfg, lambda c, d: dynamics.run(c, d, jobs=jobs, executor=executor, ray_address=ray_address))
+                     cfg, lambda c, d, pace=None: dynamics.run(c, d, jobs=jobs, executor=executor,
+                                                               ray_address=ray_address, pace=pace))
 
     out = [
         Stage("spread of q·k vs width", "spread", 2, spread.SpreadConfig(pairs=pairs, seed=seed),
@@ -122,11 +123,12 @@ def stages(*, seed: int = 0, preset: str = "default", corpus: str = "default", j
         *(dyn_stage(c, f" (seed {c.seed})" if len(dyns) > 1 else "") for c in dyns),
         group("width sweep: held-out perplexity", "sweep", sweep.specs(swp, vocab), swp,
               # the widest pairs of the sweep are the dynamics pairs, same budget: copied, not retrained
-              lambda c, d: sweep.run(c, d, jobs=jobs, reuse=[d.parent / "dynamics"], executor=executor,
-                                     ray_address=ray_address)),
+              lambda c, d, pace=None: sweep.run(c, d, jobs=jobs, reuse=[d.parent / "dynamics"], executor=executor,
+                                                ray_address=ray_address, pace=pace)),
         # beyond the course: every scheme over a learning-rate grid ("smoke" for --quick, else "quick")
         group("which scale? schemes × widths × learning rates", "schemes", schemes.specs(sch, vocab), sch,
-              lambda c, d: schemes.run(c, d, jobs=jobs, executor=executor, ray_address=ray_address)),
+              lambda c, d, pace=None: schemes.run(c, d, jobs=jobs, executor=executor, ray_address=ray_address,
+                                                  pace=pace)),
     ]
     return out
 
@@ -226,7 +228,8 @@ def run(out: Path, *, seed: int = 0, preset: str = "default", corpus: str = "def
                 opened = True
             trained = _pending(stage, folder) if stage.group else []
             t = time.time()
-            stage.runner(stage.config, folder)
+            # a training stage's runs weigh their steps by the same pace as this stage's estimate
+            stage.runner(stage.config, folder, pace=pace) if stage.group else stage.runner(stage.config, folder)
             took = time.time() - t
             if trained:
                 pace.add(trained, took, stage.workers)  # the next stages' estimates follow what this one took

@@ -77,9 +77,13 @@ class Pace:
     predicted_s: float = 0.0  # process-seconds the stages run so far were predicted to take
     actual_s: float = 0.0  # and what they took
 
+    def step_seconds(self, spec) -> float:
+        """One step of ``spec`` in one process, before correction."""
+        return self.step_s + step_ops(spec) * self.op_s
+
     def run_seconds(self, spec) -> float:
         """One process training ``spec`` from its first step to its last, before correction."""
-        return spec.train.steps * (self.step_s + step_ops(spec) * self.op_s)
+        return spec.train.steps * self.step_seconds(spec)
 
     def factor(self) -> float:
         return self.actual_s / self.predicted_s if self.predicted_s > 0 and self.actual_s > 0 else 1.0

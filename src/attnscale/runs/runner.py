@@ -40,7 +40,8 @@ from typing import Any, Sequence
 from attnscale import files, limits
 from attnscale.files import to_jsonable
 from attnscale.runs import record as rec
-from attnscale.runs import pace, store
+from attnscale.runs import pace as pace_mod
+from attnscale.runs import store
 from attnscale.errors import ConfigError
 from attnscale.lm.model import ModelConfig
 from attnscale.runs.progress import make_progress
@@ -83,7 +84,7 @@ def estimate(specs: Sequence[RunSpec]) -> limits.Estimate:
     seconds it takes here come from ``pace.Pace``, the rate measured on this machine."""
     ops, largest = 0.0, 0.0
     for s in specs:
-        e = pace.run_cost(s)
+        e = pace_mod.run_cost(s)
         ops, largest = ops + e.ops, max(largest, e.bytes)
     return limits.Estimate(f"training {len(specs)} run{'s' if len(specs) != 1 else ''}", largest, ops)
 
@@ -185,6 +186,7 @@ def execute(
     reuse: Sequence[Path] = (),
     executor: str = "local",
     ray_address: str | None = None,
+    pace: pace_mod.Pace | None = None,
 ) -> list[rec.TrainRun]:
     """Train every run of ``specs`` not already finished under ``out``; return all
     their records, read back from disk, in the order given.
@@ -194,7 +196,8 @@ def execute(
     are copied instead of trained again (``reproduce``'s sweep takes its widest
     pair from the dynamics experiment: same seed, same budget, same numbers).
     ``executor``: "local" (worker processes) or "ray" (Ray tasks of cores/jobs CPUs
-    each, on a local instance or the cluster at ``ray_address``)."""
+    each, on a local instance or the cluster at ``ray_address``). ``pace``: this machine's
+    ``runs.pace.Pace``, so that the runs' time left weighs their steps as the stage's does."""
     if not isinstance(jobs, int) or jobs < 1:
         raise ConfigError(f"jobs must be a positive integer, got {jobs!r}")
     if executor not in EXECUTORS:
@@ -212,6 +215,7 @@ def execute(
             states[s.run_id], copied[s.run_id] = "finished", source
     pending = [s for s in specs if states[s.run_id] != "finished"]
     done = [s for s in specs if states[s.run_id] == "finished"]
+    weights = {s.run_id: pace.step_seconds(s) if pace is not None else pace_mod.step_ops(s) for s in specs}
     bar = make_progress(
         progress,
         total_runs=len(specs),
@@ -219,9 +223,9 @@ def execute(
         done_runs=len(done),
         done_steps=sum(s.train.steps for s in done),
         out=out,
-        weights={s.run_id: pace.step_ops(s) for s in specs},  # the time left counts work, not steps
-        total_work=estimate(specs).ops,
-        done_work=estimate(done).ops,
+        weights=weights,  # the time left counts work, not steps: a d=1,024 step is not a d=32 one
+        total_work=sum(weights[s.run_id] * s.train.steps for s in specs),
+        done_work=sum(weights[s.run_id] * s.train.steps for s in done),
         copied=copied,
     )
     try:
