@@ -12,6 +12,7 @@ was predicted, so every later estimate follows what the machine actually did.
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass, replace
 
@@ -20,7 +21,7 @@ from attnscale import limits
 __all__ = ["Pace", "measure", "run_cost", "step_ops"]
 
 WARMUP_STEPS = 1  # the first step pays for allocation and kernel selection: not timed
-TIMED_STEPS = 3
+TIMED_STEPS = 5  # the median of their times: one step slowed by another process does not move it
 
 
 def run_cost(spec) -> limits.Estimate:
@@ -37,8 +38,8 @@ def step_ops(spec) -> float:
 
 
 def _step_seconds(spec, corpus, threads: int, steps: int) -> float:
-    """Seconds a training step of ``spec`` takes here: ``steps`` steps of the real training
-    loop timed after a warm-up step; nothing is written."""
+    """Seconds a training step of ``spec`` takes here: the median of ``steps`` steps of the
+    real training loop timed after a warm-up step; nothing is written."""
     from attnscale.lm.train import train
 
     stamps: list[float] = []
@@ -46,7 +47,7 @@ def _step_seconds(spec, corpus, threads: int, steps: int) -> float:
           on_step=lambda step, total, info: stamps.append(time.perf_counter()),
           should_stop=lambda: len(stamps) >= WARMUP_STEPS + steps)
     timed = stamps[WARMUP_STEPS - 1:]
-    return (timed[-1] - timed[0]) / (len(timed) - 1) if len(timed) > 1 else 0.0
+    return statistics.median(b - a for a, b in zip(timed, timed[1:])) if len(timed) > 1 else 0.0
 
 
 def measure(specs, corpus, threads: int, steps: int = TIMED_STEPS) -> Pace:
