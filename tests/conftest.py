@@ -12,3 +12,13 @@ def _private_cache_folder(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ATTNSCALE_CACHE", str(tmp_path_factory.mktemp("attnscale-cache")))
         yield
+
+
+def pytest_terminal_summary(terminalreporter):
+    """Where the browser tests skipped for want of chromium, one line on how to get it
+    (``make test`` installs everything else; a browser is the system's to install)."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    reasons = [r.longrepr[-1] for r in skipped if isinstance(getattr(r, "longrepr", None), tuple)]  # (path, line, reason)
+    if any("chromium" in str(reason) for reason in reasons):
+        terminalreporter.write_line("chromium is missing, so the browser tests skipped: on Debian or Ubuntu, "
+                                    "sudo apt-get install -y chromium, then make test again")

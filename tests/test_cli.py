@@ -80,7 +80,7 @@ def test_unwritable_out(tmp_path):
     blocker.write_text("")
     r = run_cli("spread", "--widths", "4", "--out", str(blocker / "sub"))
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert r.stderr.startswith("error: --out: cannot write to")
+    assert r.stderr.startswith("attnscale: error: --out: cannot write to")
     assert len(r.stderr.strip().splitlines()) == 1
 
 
@@ -124,3 +124,31 @@ def test_learned_scheme_prints_nothing_on_stderr():
     assert r.returncode == 0 and r.stderr == ""
     r = run_cli("fresh", "--widths", "8", "--sequences", "2", "--scale", "learned_temp", "--init", "model")
     assert r.returncode == 0 and r.stderr == ""
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["reproduc"], "unknown command 'reproduc'"),
+    (["spread", "--widht", "4"], "unrecognized arguments: --widht 4"),
+    (["fresh", "--init", "unt"], "fresh: argument --init: invalid choice: 'unt'"),
+])
+def test_every_error_line_starts_the_same_way(argv, expected, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"attnscale: error: {expected}"), err
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["reproduc"], "did you mean 'reproduce'?"),
+    (["inspec", "--model", "m"], "did you mean 'inspect'?"),
+    (["spread", "--widht", "4"], "did you mean --widths?"),  # the command's own options, not the top parser's
+    (["sweep", "--quik", "--jobz", "2"], "did you mean --quick and --jobs?"),
+    (["fresh", "--init", "unt"], "did you mean 'unit'?"),
+])
+def test_a_mistyped_command_or_option_gets_a_did_you_mean(argv, hint, capsys):
+    assert main(argv) == 2
+    assert capsys.readouterr().err.rstrip().endswith(hint)
+
+
+def test_nothing_close_gets_no_guess(capsys):
+    assert main(["zzzzzz"]) == 2
+    assert "did you mean" not in capsys.readouterr().err

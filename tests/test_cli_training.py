@@ -75,7 +75,7 @@ def test_bad_corpus_is_one_line_exit_2(tmp_path, capsys, kind):
     assert main(["sweep", "--widths", "8", "--corpus", corpus, *TINY, "--out", str(out)]) == 2
     captured = capsys.readouterr()
     lines = captured.err.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in captured.err
+    assert len(lines) == 1 and lines[0].startswith("attnscale: error: ") and "Traceback" not in captured.err
     assert not list(out.glob("*/record.json"))
 
 

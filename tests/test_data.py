@@ -20,16 +20,8 @@ from attnscale.errors import ConfigError
 WIKITEXT2_TRAIN_SHA = "9e9fa1ad55b1c2c95b08e37dd8e653f638fac2c6de904b79e813611eefbc985f"
 
 
-def _shared_data() -> Path | None:
-    """/work/shared/data beside a checkout, or ../shared/data beside a CI clone; None on a user's machine."""
-    here = Path(__file__)
-    for root in (here.parents[2] / "shared" / "data", here.resolve().parents[1].parent / "shared" / "data"):
-        if root.is_dir():
-            return root
-    return None
-
-
-SHARED = _shared_data()
+# small files in the corpora's formats, written for the tests (tests/fixtures/README.md)
+FIXTURES = Path(__file__).resolve().parent / "fixtures"
 
 
 def _closed_port() -> int:
@@ -200,26 +192,40 @@ def test_http_error_is_a_config_error(server, monkeypatch):
         load_corpus("tinyshakespeare")
 
 
-@pytest.mark.skipif(SHARED is None or not (SHARED / "tinyshakespeare" / "input.txt").is_file(),
-                    reason="needs shared/data/tinyshakespeare (development copy)")
+def _as_published(monkeypatch, name: str, folder: Path) -> None:
+    """Make the fixture files in ``folder`` the published files of corpus ``name`` (their sha256)."""
+    source = data.SOURCES[name]
+    shas = {f: hashlib.sha256((folder / f).read_bytes()).hexdigest() for f in source.files}
+    monkeypatch.setitem(data.SOURCES, name, data.Source(source.url, shas, source.tokenizer))
+
+
 def test_tinyshakespeare_through_the_download_path(server, monkeypatch):
     url, root, requests = server
+    text = (FIXTURES / "tinyshakespeare" / "input.txt").read_text(encoding="utf-8")
     (root / "tinyshakespeare").mkdir()
-    (root / "tinyshakespeare" / "input.txt").write_bytes((SHARED / "tinyshakespeare" / "input.txt").read_bytes())
+    (root / "tinyshakespeare" / "input.txt").write_text(text, encoding="utf-8")
+    _as_published(monkeypatch, "tinyshakespeare", FIXTURES / "tinyshakespeare")
     monkeypatch.setenv(data.MIRROR_ENV, url)
     corpus = load_corpus("tinyshakespeare")
-    assert (corpus.name, corpus.tokenizer, corpus.vocab_size) == ("tinyshakespeare", "char", 66)
-    assert (len(corpus.train), len(corpus.valid)) == (1_003_854, 111_540)  # 90/10 of 1,115,394 characters
-    assert corpus.decode(corpus.train[:14]) == "First Citizen:"
+    assert requests == ["/tinyshakespeare/input.txt"]
+    # char level; 42 characters in the text and one id for a character never seen
+    assert (corpus.name, corpus.tokenizer, corpus.vocab_size) == ("tinyshakespeare", "char", 43)
+    assert (len(corpus.train), len(corpus.valid)) == (618, 69)  # 90/10 of 687 characters
+    assert corpus.decode(corpus.train[:16]) == "First Gardener:\n"
 
 
-@pytest.mark.skipif(SHARED is None or not (SHARED / "wikitext-2" / "train.txt").is_file(),
-                    reason="needs shared/data/wikitext-2 (development copy)")
-def test_local_wikitext2_matches_the_published_counts():
-    corpus = load_corpus(str(SHARED / "wikitext-2"))
+def test_local_wikitext2_is_recognised_by_its_hash_and_read_as_words(monkeypatch):
+    _as_published(monkeypatch, "wikitext-2", FIXTURES / "wikitext-2")
+    corpus = load_corpus(str(FIXTURES / "wikitext-2"))
     assert (corpus.name, corpus.tokenizer) == ("wikitext-2", "word")  # recognised by its hash
-    assert corpus.vocab_size == 33_278 and corpus.sha256 == WIKITEXT2_TRAIN_SHA
-    assert (len(corpus.train), len(corpus.valid), len(corpus.test)) == (2_088_628, 217_646, 245_569)
+    # 68 words and 9 line ends in the training file: 49 distinct tokens, <unk> among them
+    assert corpus.vocab_size == 49 and "<unk>" in corpus.codec.itos
+    assert (len(corpus.train), len(corpus.valid), len(corpus.test)) == (77, 28, 20)
+    assert [corpus.codec.itos[i] for i in corpus.train[:6].tolist()] == ["<eos>", "=", "Harbour", "Lamp", "=", "<eos>"]
+
+
+def test_the_published_wikitext2_checksum_is_the_one_the_counts_were_taken_on():
+    assert data.SOURCES["wikitext-2"].files["train.txt"] == WIKITEXT2_TRAIN_SHA
 
 
 # --- bad input -----------------------------------------------------------------------------

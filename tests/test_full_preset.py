@@ -9,9 +9,15 @@ from attnscale.cli import main
 from attnscale.errors import ConfigError
 from attnscale.experiments import dynamics, sweep
 from attnscale.lm.presets import CHECKPOINT_EVERY, FULL_SEEDS, FULL_STEPS, budget, preset_name
+from attnscale.runs.pace import Pace
 from attnscale.runs.runner import estimate
 
 BUDGET_MIN = 90  # the full preset's promise on a 2-core laptop CPU with -j 2
+REFERENCE = Pace(0.0, 1 / limits.CPU_OPS_PER_S)  # the reference CPU's measured rate: what the budgets are held to
+
+
+def _eta(stage, tmp_path):
+    return reproduce._left_s(stage, tmp_path / "nothing-here" / stage.folder, REFERENCE)
 
 
 def test_full_is_the_default_setup_trained_longer_with_seeds():
@@ -37,11 +43,11 @@ def test_quick_and_full_together_are_one_line_and_write_nothing(command, tmp_pat
     assert len(err.splitlines()) == 1 and "--quick and --full" in err and not out.exists()
 
 
-def test_full_stages_fit_the_budget_and_checkpoint_every_run():
+def test_full_stages_fit_the_budget_and_checkpoint_every_run(tmp_path):
     todo = reproduce.stages(preset="full", jobs=2)
     names = [s.name for s in todo]
     assert sum("training dynamics" in n for n in names) == FULL_SEEDS  # one dynamics pair per seed
-    total = sum(s.estimate_s for s in todo)
+    total = sum(_eta(s, tmp_path) for s in todo)
     assert 20 * 60 < total <= BUDGET_MIN * 60, total / 60
     dyn = [s.config for s in todo if s.folder == "dynamics"]
     swp = next(s.config for s in todo if s.folder == "sweep")
@@ -49,19 +55,19 @@ def test_full_stages_fit_the_budget_and_checkpoint_every_run():
     for cfg in (*dyn, swp):
         assert cfg.train.steps == FULL_STEPS and cfg.train.checkpoint_every == CHECKPOINT_EVERY
     # the sweep's widest pairs are the dynamics runs: the ETA counts them once
-    assert next(s.estimate_s for s in todo if s.folder == "sweep") == pytest.approx(
-        estimate([s for s in sweep.specs(swp, 104) if s.model.head_dim != 1024]).cpu_seconds(2))
+    assert next(_eta(s, tmp_path) for s in todo if s.folder == "sweep") == pytest.approx(
+        estimate([s for s in sweep.specs(swp, 104) if s.model.head_dim != 1024]).ops / (2 * limits.CPU_OPS_PER_S))
 
 
-def test_the_eta_is_the_calibrated_cost_of_the_runs():
-    """The default preset's estimate against what its named run took on this 2-core CPU
-    (dynamics 236 s, sweep 243 s with -j 2): the rate is calibrated on those runs."""
-    todo = {s.folder: s.estimate_s for s in reproduce.stages(preset="default", jobs=2)}
+def test_the_work_counted_matches_what_the_reference_cpu_took(tmp_path):
+    """The default preset's work at the reference CPU's rate against what its named run took
+    there (dynamics 236 s, sweep 243 s with -j 2): operations are the right unit of work."""
+    todo = {s.folder: _eta(s, tmp_path) for s in reproduce.stages(preset="default", jobs=2)}
     assert 0.8 * 236 < todo["dynamics"] < 1.25 * 236 and 0.8 * 243 < todo["sweep"] < 1.25 * 243
     cfg = dynamics.preset(full=True, vocab_size=104)
-    one = estimate(dynamics.specs(cfg, 104))
-    assert one.cpu_seconds(1) == pytest.approx(2 * one.cpu_seconds(2))
-    assert one.cpu_seconds(1) == pytest.approx(one.ops / limits.CPU_OPS_PER_S)
+    specs = dynamics.specs(cfg, 104)
+    assert REFERENCE.seconds(specs, 1) == pytest.approx(2 * REFERENCE.seconds(specs, 2))
+    assert REFERENCE.seconds(specs, 1) == pytest.approx(estimate(specs).ops / limits.CPU_OPS_PER_S)
 
 
 def test_reproduce_prints_its_estimate_before_the_first_stage(tmp_path, capsys, monkeypatch):
@@ -77,9 +83,9 @@ def test_reproduce_prints_its_estimate_before_the_first_stage(tmp_path, capsys, 
     with pytest.raises(KeyboardInterrupt, match="Ctrl-C in the first run"):
         reproduce.run(tmp_path / "out", preset="full", jobs=2)
     err = capsys.readouterr().err.splitlines()
-    assert err[0].startswith("attnscale reproduce, full preset: 1 stage, about 2 s of work left on a laptop CPU "
-                             "with 2 jobs")
-    assert err[1].startswith("[1/1] spread of q·k vs width (~") and calls
+    assert err[0].startswith("attnscale reproduce, full preset: 1 stage, about 2 s of work left with 2 jobs "
+                             "at the pace of this machine (nothing left to train")
+    assert err[1].startswith("[1/1] spread of q·k vs width (about 2 s; 2 s left in all) ...") and calls
 
 
 def test_dynamics_and_sweep_take_the_full_budget():
@@ -95,11 +101,11 @@ def test_the_eta_leaves_out_runs_already_finished(tmp_path):
 
     stage = next(s for s in reproduce.stages(preset="full", jobs=2) if s.folder == "sweep")
     folder = tmp_path / "sweep"
-    assert reproduce._left_s(stage, folder) == pytest.approx(stage.estimate_s)
+    full = reproduce._left_s(stage, folder, REFERENCE)
     ops = {s.run_id: estimate([s]).ops for s in stage.runs}
     for s in stage.runs[:-1]:  # all but the last run finished
         rec.write(folder / s.run_id, rec.new("train", {}, {"status": "done", "steps_done": 1}))
     last = stage.runs[-1].run_id
-    assert reproduce._left_s(stage, folder) == pytest.approx(stage.estimate_s * ops[last] / sum(ops.values()))
+    assert reproduce._left_s(stage, folder, REFERENCE) == pytest.approx(full * ops[last] / sum(ops.values()))
     rec.write(folder / last, rec.new("train", {}, {"status": "running", "steps_done": 0}, status="running"))
-    assert reproduce._left_s(stage, folder) == pytest.approx(stage.estimate_s * ops[last] / sum(ops.values()))
+    assert reproduce._left_s(stage, folder, REFERENCE) == pytest.approx(full * ops[last] / sum(ops.values()))

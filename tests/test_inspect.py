@@ -230,7 +230,7 @@ def test_bad_input_is_one_line_and_exit_2(argv, words, tmp_path, capsys):
         pytest.importorskip("transformers")
     rc, err = _cli(["inspect", *[a.replace("{tmp}", str(tmp_path)) for a in argv]], capsys)
     assert rc == 2
-    assert err.count("\n") == 1 and err.startswith("error: ") and words in err
+    assert err.count("\n") == 1 and err.startswith("attnscale: error: ") and words in err
     assert "Traceback" not in err
 
 

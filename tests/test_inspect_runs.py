@@ -148,7 +148,7 @@ def test_damaged_run_is_one_line_and_exit_2(how, words, tmp_path, capsys):
     rc = main(["inspect", "--model", str(run), "--text", "hi there"])
     err = capsys.readouterr().err
     assert rc == 2 and "Traceback" not in err
-    assert err.count("\n") == 1 and err.startswith("error: --model: ") and words in err, err
+    assert err.count("\n") == 1 and err.startswith("attnscale: error: --model: ") and words in err, err
     if "model.safetensors" in words:  # the file is named, and the fix
         assert str(run / "model.safetensors") in err and "train" in err
 
@@ -181,3 +181,63 @@ def test_a_run_trained_by_attnscale_is_inspected_from_its_folder(tmp_path, capsy
                "--max-tokens", "16", "--json"])
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and len(out["rows"]) == 2 * 2  # layers x heads of the trained model
+
+
+@pytest.fixture(scope="module")
+def trained_folders(tmp_path_factory):
+    """The layouts inspect is pointed at: a reproduce-like OUT/<stage>/<run>, trained by the runner,
+    and a second folder whose run is a copy (what --reuse and reproduce's sweep leave)."""
+    from dataclasses import replace
+
+    from attnscale.lm.data import load_corpus
+    from attnscale.lm.train import TrainConfig
+    from attnscale.runs import store
+    from attnscale.runs.runner import CorpusSpec, RunSpec, execute
+
+    corpus = load_corpus("default")
+    out = tmp_path_factory.mktemp("reproduce-out")
+    model = ModelConfig(vocab_size=corpus.vocab_size, context=16, d_model=16, n_layers=1, n_heads=2, head_dim=8)
+    train = TrainConfig(steps=2, batch=2, warmup=1, record_every=1, eval_batches=1, threads=1)
+    specs = [RunSpec(store.run_id(8, s, 0), replace(model, scale=s), train, "dynamics") for s in ("none", "inv_sqrt_d")]
+    execute(specs, CorpusSpec("default"), out / "dynamics", progress=False, corpus=corpus)
+    execute(specs[:1], CorpusSpec("default"), out / "sweep", progress=False, corpus=corpus, reuse=[out / "dynamics"])
+    return out
+
+
+def test_max_tokens_defaults_to_the_run_context(trained_folders, tmp_path, capsys):
+    run = trained_folders / "dynamics" / "d8-none-s0"
+    assert main(["inspect", "--model", str(run), "--text", TEXT * 3, "--out", str(tmp_path / "i")]) == 0
+    assert "sequences of at most 16 tokens" in capsys.readouterr().out  # the run's context, not 128
+    assert record.read(tmp_path / "i").config["max_tokens"] == 16
+    assert main(["inspect", "--model", str(run), "--text", TEXT, "--max-tokens", "17"]) == 2
+    assert "more than the model's context of 16" in capsys.readouterr().err
+
+
+def test_default_max_tokens_by_kind_of_model():
+    from types import SimpleNamespace
+
+    from attnscale.headcheck.check import DEFAULT_TOKENS, default_max_tokens
+
+    assert default_max_tokens(build_model(_cfg(context=24), seed=0)) == 24
+    assert default_max_tokens(SimpleNamespace(config=SimpleNamespace(max_position_embeddings=512))) == DEFAULT_TOKENS == 128
+    assert default_max_tokens(SimpleNamespace(config=SimpleNamespace(max_position_embeddings=40))) == 40
+    assert default_max_tokens(torch.nn.Linear(2, 2)) == DEFAULT_TOKENS
+
+
+@pytest.mark.parametrize("folder", ["", "dynamics"])
+def test_a_folder_of_runs_lists_them_and_suggests_one(trained_folders, folder, capsys):
+    given = trained_folders / folder if folder else trained_folders
+    assert main(["inspect", "--model", str(given), "--text", TEXT]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "\n" not in err and "Traceback" not in err
+    runs = ["d8-inv_sqrt_d-s0", "d8-none-s0"] if folder else ["dynamics/d8-inv_sqrt_d-s0", "dynamics/d8-none-s0", "sweep/d8-none-s0"]
+    assert f"holds {len(runs)} training runs, not one ({', '.join(runs)})" in err
+    suggested = err.rsplit("--model ", 1)[1]
+    assert main(["inspect", "--model", suggested, "--text", TEXT]) == 0  # the suggestion works as given
+
+
+def test_a_copied_run_is_read_like_the_one_it_copies(trained_folders):
+    original = inspect_model(trained_folders / "dynamics" / "d8-none-s0", TEXT)
+    copy = inspect_model(trained_folders / "sweep" / "d8-none-s0", TEXT)
+    assert record.read(trained_folders / "sweep" / "d8-none-s0").copied_from == str(trained_folders / "dynamics" / "d8-none-s0")
+    assert copy.rows == original.rows

@@ -25,7 +25,7 @@ def _refused(r, *needles):
     assert r.returncode == 2, (r.returncode, r.stderr[-2000:])
     assert "Traceback" not in r.stderr
     lines = r.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), r.stderr
+    assert len(lines) == 1 and lines[0].startswith("attnscale: error: "), r.stderr
     for needle in needles:
         assert needle in lines[0], lines[0]
     return lines[0]

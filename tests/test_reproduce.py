@@ -46,3 +46,34 @@ def test_other_settings_in_the_same_folder_are_refused(quick_out, capsys):
     assert main(["reproduce", "--quick", "--seed", "1", "--out", str(quick_out)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "other settings" in err and "--out" in err
+
+
+def test_it_ends_with_the_scoreboard_the_report_judged(quick_out, capsys):
+    from attnscale.reproduce import scoreboard
+    from attnscale.report.assemble import load_runs, verdicts
+
+    judged = verdicts(load_runs(quick_out))
+    lines = scoreboard(quick_out)
+    counts = {w: sum(v.verdict == w for v in judged) for w in ("agrees", "partly", "differs")}
+    assert lines[0] == (f"scoreboard: {counts['agrees']} agree, {counts['partly']} partly, {counts['differs']} differ "
+                        f"(of the course's {len(judged)} claims)")
+    others = [v for v in judged if v.verdict != "agrees"]
+    assert len(lines) == 1 + len(others)
+    for line, v in zip(lines[1:], others):
+        assert line.split()[0] == v.verdict.split()[0] and "…" not in line and f"here {v.ours}" in line
+    assert main(["report", str(quick_out), "--out", str(quick_out / "report")]) == 0
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[: len(lines)] == lines  # `report` prints the same board; reproduce prints it before the paths
+
+
+def test_claims_that_continue_the_one_before_borrow_its_subject():
+    from types import SimpleNamespace as V
+
+    from attnscale.reproduce import _named
+
+    claims = [V(experiment="dynamics", claim="d=1024, no scale: spread about 21 at the start"),
+              V(experiment="dynamics", claim="… grows to over 5,000 by the end"),
+              V(experiment="dynamics", claim="… and 99.9% of rows end frozen"),
+              V(experiment="spread", claim="raw score spread at d=4 is √d")]
+    assert _named(claims) == ["d=1024, no scale: spread about 21 at the start", "d=1024, no scale: grows to over 5,000 by the end",
+                              "d=1024, no scale: 99.9% of rows end frozen", "raw score spread at d=4 is √d"]

@@ -87,7 +87,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
     for bad in (["--lrs", "0"], ["--scale", "bogus"], ["--widths", "0"], ["--seeds", "-1"]):
         assert main(["schemes", *bad, "--out", str(tmp_path)]) == 2
         err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and err.startswith("error:")
+        assert len(err.splitlines()) == 1 and err.startswith("attnscale: error: ")
 
 
 def test_a_report_without_the_study_leaves_the_section_out(tmp_path):

@@ -21,9 +21,43 @@ class UsageError(Exception):
     """A mistake in what the user asked for: printed as one line, exit 2."""
 
 
+ERROR = "attnscale: error: "  # how every error line starts, whichever layer found the mistake
+
+
 class _Parser(argparse.ArgumentParser):
+    def parse_known_args(self, args=None, namespace=None):
+        self._argv = list(sys.argv[1:] if args is None else args)  # for the "did you mean" of error()
+        return super().parse_known_args(args, namespace)
+
     def error(self, message):  # one line, not usage + message
-        raise UsageError(f"{self.prog}: {message}")
+        command = self.prog.partition(" ")[2]  # "attnscale spread" -> "spread"; the top parser has none
+        if message.startswith("argument COMMAND: invalid choice: "):  # argparse's words for a mistyped command
+            given = message.split("'")[1]
+            message = f"unknown command {given!r}; choose one of: {', '.join(self._commands())}"
+        raise UsageError(f"{command + ': ' if command else ''}{message}{self._did_you_mean(message)}")
+
+    def _commands(self) -> dict[str, argparse.ArgumentParser]:
+        return next((a.choices for a in self._actions if isinstance(a, argparse._SubParsersAction)), {})
+
+    def _did_you_mean(self, message: str) -> str:
+        """The closest command or option to a mistyped one (difflib), as "; did you mean X?"."""
+        import difflib
+        import re
+
+        choice = re.search(r"(?:invalid choice: |unknown command )'([^']*)'", message)
+        if choice:
+            known = list(self._commands()) or [c for a in self._actions for c in (a.choices or [])]
+            close = difflib.get_close_matches(choice.group(1), known, n=1, cutoff=0.6)
+            return f"; did you mean {close[0]!r}?" if close else ""
+        if "unrecognized arguments" not in message:
+            return ""
+        argv = getattr(self, "_argv", [])
+        # the options of the command that was given (the top parser reports a subcommand's leftovers)
+        parser = next((self._commands()[a] for a in argv if a in self._commands()), self)
+        options = [o for a in parser._actions for o in a.option_strings]
+        unknown = [a.split("=", 1)[0] for a in message.split(":", 1)[1].split() if a.startswith("--")]
+        hints = [close[0] for u in unknown for close in [difflib.get_close_matches(u, options, n=1, cutoff=0.6)] if close]
+        return f"; did you mean {' and '.join(hints)}?" if hints else ""
 
 
 # ---- option types: each names what it takes --------------------------------
@@ -242,7 +276,10 @@ def _run_report(args) -> None:
     if not args.runs_dir.is_dir():
         raise UsageError(f"RUNS_DIR: {str(args.runs_dir)!r} is not a folder; give the folder a run wrote its records to")
     out = writable_dir(args.out) if args.out else None  # the default folder is made only once records are found
+    from attnscale.reproduce import scoreboard
+
     paths = report.build(args.runs_dir, out)
+    print("\n".join(scoreboard(args.runs_dir)))
     print(f"report: {paths['html']}")
     print(f"markdown: {paths['markdown']}")
 
@@ -295,7 +332,7 @@ def _jobs_option(p) -> None:
 
 def _executor_options(p) -> None:
     p.add_argument("--executor", choices=["local", "ray"], default="local",
-                   help="where runs train: 'local' worker processes, or 'ray' tasks (pip install 'attnscale[ray]'), "
+                   help="where runs train: 'local' worker processes, or 'ray' tasks (pip install -e '.[ray]' in the clone), "
                         "on a local Ray instance unless --ray-address is given; each run gets cores/JOBS threads")
     p.add_argument("--ray-address", metavar="ADDRESS",
                    help="with --executor ray: join the Ray cluster whose head is at ADDRESS (HOST:PORT; "
@@ -533,7 +570,9 @@ def _add_inspect(sub) -> None:
     text = p.add_mutually_exclusive_group(required=True)
     text.add_argument("--text", help="the text to read")
     text.add_argument("--file", type=Path, help="a UTF-8 text file to read")
-    p.add_argument("--max-tokens", type=at_least_two, default=128, help="tokens per sequence; longer texts are cut")
+    p.add_argument("--max-tokens", type=at_least_two, default=None,
+                   help="tokens per sequence; longer texts are cut (default: what the model takes: a training run's "
+                        "context, a Hugging Face model's positions but at most 128)")
     p.add_argument("--batch", type=positive_int, default=8, help="sequences per forward pass")
     p.add_argument("--sequences", type=positive_int, default=16, help="read at most this many sequences of the text")
     p.add_argument("--threshold", type=probability, default=FROZEN_THRESHOLD,
@@ -581,10 +620,10 @@ def main(argv: list[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         args.run(args)
     except (UsageError, ConfigError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"{ERROR}{e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("interrupted; finished runs are kept on disk", file=sys.stderr)
+        print("attnscale: interrupted; finished runs are kept on disk", file=sys.stderr)
         return 130
     except BrokenPipeError:  # e.g. `attnscale spread | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -17,33 +17,50 @@ from typing import Callable
 from attnscale.errors import ConfigError
 from attnscale.files import to_jsonable
 from attnscale.runs import record as rec
+from attnscale.runs.pace import Pace
 
-__all__ = ["run", "stages"]
+__all__ = ["run", "scoreboard", "stages"]
 
 @dataclass(frozen=True)
 class Stage:
     name: str
     folder: str  # relative to the output folder
-    estimate_s: float  # on this machine's CPU (``limits.CPU_OPS_PER_S``), for the ETA
+    estimate_s: float  # a stage that trains nothing: its few seconds; training stages: work / pace
     config: object  # the experiment's config, compared with what is on disk
     runner: Callable[[object, Path], object]
     # one-record stages are skipped when their record exists; groups of runs
     # are always handed to the sweep runner, which skips each finished run itself
     group: bool = False
     runs: tuple = ()  # a group's runs that no earlier stage trains: what its estimate counts
+    workers: int = 1  # processes that train its runs side by side
 
 
-def _left_s(stage: Stage, folder: Path) -> float:
-    """The part of ``stage``'s estimate still to run: runs finished under ``folder`` cost nothing."""
-    from attnscale.runs.runner import estimate
+def _pending(stage: Stage, folder: Path) -> list:
+    """The runs of a training stage still to train: runs finished under ``folder`` cost nothing."""
+    return [s for s in stage.runs if not _finished(folder / s.run_id)]
 
+
+def _left_s(stage: Stage, folder: Path, pace: Pace) -> float:
+    """The seconds ``stage`` has left: its pending runs at this machine's measured ``pace``."""
     if not stage.group:
         return 0.0 if _on_disk(stage, folder) else stage.estimate_s
-    if not stage.runs:
-        return stage.estimate_s
-    pending = [s for s in stage.runs if not _finished(folder / s.run_id)]
-    total = estimate(stage.runs).ops
-    return stage.estimate_s * (estimate(pending).ops / total if total else 0.0)
+    return pace.seconds(_pending(stage, folder), stage.workers)
+
+
+def measure_pace(todo: list[Stage], out: Path, corpus: str, jobs: int) -> tuple[Pace, str]:
+    """This machine's training rate, timed on a few steps of the costliest run still to train
+    (its device, precision and thread count), and a line that says what was timed."""
+    from attnscale.lm.data import load_corpus
+    from attnscale.runs import pace
+    from attnscale.runs.runner import cores
+
+    pending = [s for st in todo if st.group for s in _pending(st, out / st.folder)]
+    if not pending:
+        return Pace(0.0, 0.0), "nothing left to train"
+    workers = max((st.workers for st in todo if st.group), default=1)
+    measured = pace.measure(pending, load_corpus(corpus), threads=max(1, cores() // workers))
+    return measured, (f"{pace.TIMED_STEPS} steps of {' and of '.join(measured.timed)} timed here: "
+                      f"{measured.step_s * 1e3:.0f} ms a step plus {measured.op_s * 1e12:.0f} ms per 10^9 operations")
 
 
 def _finished(run_dir: Path) -> bool:
@@ -65,7 +82,7 @@ def stages(*, seed: int = 0, preset: str = "default", corpus: str = "default", j
     from attnscale.experiments import dynamics, fresh, schemes, spread, sweep
     from attnscale.lm.data import load_corpus
     from attnscale.lm.presets import PRESETS, budget
-    from attnscale.runs.runner import cores, estimate
+    from attnscale.runs.runner import cores
 
     if preset not in PRESETS:
         raise ConfigError(f"unknown preset {preset!r}; choose one of: {', '.join(PRESETS)}")
@@ -89,12 +106,12 @@ def stages(*, seed: int = 0, preset: str = "default", corpus: str = "default", j
 
     def group(name: str, folder: str, specs, cfg, runner) -> Stage:
         runs = new(specs)
-        eta = estimate(runs).cpu_seconds(min(workers, len(runs))) if runs else 0.0
-        return Stage(name, folder, eta, cfg, runner, group=True, runs=runs)
+        return Stage(name, folder, 0.0, cfg, runner, group=True, runs=runs, workers=max(1, min(workers, len(runs))))
 
     def dyn_stage(cfg, label: str) -> Stage:
         return group(f"training dynamics with and without the scale{label}", "dynamics", dynamics.specs(cfg, vocab),
-                     cfg, lambda c, d: dynamics.run(c, d, jobs=jobs, executor=executor, ray_address=ray_address))
+                     cfg, lambda c, d, pace=None: dynamics.run(c, d, jobs=jobs, executor=executor,
+                                                               ray_address=ray_address, pace=pace))
 
     out = [
         Stage("spread of q·k vs width", "spread", 2, spread.SpreadConfig(pairs=pairs, seed=seed),
@@ -106,11 +123,12 @@ def stages(*, seed: int = 0, preset: str = "default", corpus: str = "default", j
         *(dyn_stage(c, f" (seed {c.seed})" if len(dyns) > 1 else "") for c in dyns),
         group("width sweep: held-out perplexity", "sweep", sweep.specs(swp, vocab), swp,
               # the widest pairs of the sweep are the dynamics pairs, same budget: copied, not retrained
-              lambda c, d: sweep.run(c, d, jobs=jobs, reuse=[d.parent / "dynamics"], executor=executor,
-                                     ray_address=ray_address)),
+              lambda c, d, pace=None: sweep.run(c, d, jobs=jobs, reuse=[d.parent / "dynamics"], executor=executor,
+                                                ray_address=ray_address, pace=pace)),
         # beyond the course: every scheme over a learning-rate grid ("smoke" for --quick, else "quick")
         group("which scale? schemes × widths × learning rates", "schemes", schemes.specs(sch, vocab), sch,
-              lambda c, d: schemes.run(c, d, jobs=jobs, executor=executor, ray_address=ray_address)),
+              lambda c, d, pace=None: schemes.run(c, d, jobs=jobs, executor=executor, ray_address=ray_address,
+                                                  pace=pace)),
     ]
     return out
 
@@ -129,6 +147,41 @@ def _on_disk(stage: Stage, folder: Path) -> bool:
     return True
 
 
+def _named(claims) -> list[str]:
+    """Each claim in words that stand alone: the course lists some as "… grows to over 5,000",
+    continuing the claim before; those borrow its subject (the words before its colon)."""
+    names, subject, experiment = [], "", None
+    for v in claims:
+        if v.experiment != experiment:
+            subject, experiment = "", v.experiment
+        if ":" in v.claim and not v.claim.startswith("…"):
+            subject = v.claim.split(":", 1)[0]
+        if v.claim.startswith("…"):
+            rest = v.claim.lstrip("… ").removeprefix("and ")
+            names.append(f"{subject or v.experiment}: {rest}")
+        else:
+            names.append(v.claim)
+    return names
+
+
+def scoreboard(out: Path) -> list[str]:
+    """The verdicts on the course's claims as the report judges them (``report.assemble.verdicts``):
+    one line of counts, then one line for each claim that does not agree."""
+    from collections import Counter
+
+    from attnscale.report import course
+    from attnscale.report.assemble import load_runs, verdicts
+
+    judged = verdicts(load_runs(Path(out)))
+    counts = Counter(v.verdict for v in judged)
+    words = {course.AGREES: "agree", course.PARTLY: "partly", course.DIFFERS: "differ", course.NOT_RUN: "not run"}
+    tally = ", ".join(f"{counts[k]} {w}" for k, w in words.items() if counts[k] or k != course.NOT_RUN)
+    lines = [f"scoreboard: {tally} (of the course's {len(judged)} claims)"]
+    lines += [f"  {v.verdict:<8} {name}: course {v.course}, here {v.ours}"
+              for v, name in zip(judged, _named(judged)) if v.verdict != course.AGREES]
+    return lines
+
+
 def _minutes(seconds: float) -> str:
     return f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
 
@@ -141,8 +194,10 @@ def run(out: Path, *, seed: int = 0, preset: str = "default", corpus: str = "def
         executor: str = "local", ray_address: str | None = None, device: str | None = None) -> Path:
     """Run every stage not yet on disk, then build the report; returns the report's HTML path.
 
-    Before the first stage it prints the estimated time of what is left to train
-    (on a laptop CPU; a GPU is faster), and before each stage the time left.
+    Before the first stage it times a few training steps here (``measure_pace``) and
+    prints the estimated time of what is left; before each stage, that stage's time
+    and the time left, at the pace measured so far (the timed steps, then the stages
+    that ran); after it, the time it took beside the estimate.
 
     ``executor="ray"``: the training stages run as Ray tasks, in one Ray session
     (a local instance, or the cluster at ``ray_address``) opened for the first of them."""
@@ -150,30 +205,35 @@ def run(out: Path, *, seed: int = 0, preset: str = "default", corpus: str = "def
     todo = stages(seed=seed, preset=preset, corpus=corpus, jobs=jobs, executor=executor, ray_address=ray_address,
                   device=device)
     started = time.time()
-    lefts = [_left_s(s, out / s.folder) for s in todo]
-    left = sum(lefts)
+    pace, timed = measure_pace(todo, out, corpus, jobs)
+    left = sum(_left_s(s, out / s.folder, pace) for s in todo)
     _say(f"attnscale reproduce, {preset} preset: {len(todo)} stage{'s' if len(todo) != 1 else ''}, about "
-         f"{_minutes(left)} of work left on a laptop CPU with {jobs} job{'s' if jobs != 1 else ''} (finished runs "
-         "are kept; a GPU is faster)")
+         f"{_minutes(left)} of work left with {jobs} job{'s' if jobs != 1 else ''} at the pace of this machine "
+         f"({timed}; finished runs are kept)")
     with contextlib.ExitStack() as ray_session:
         opened = False
         for i, stage in enumerate(todo, 1):
             folder = out / stage.folder
-            eta = f"~{_minutes(left)} left"
             if _on_disk(stage, folder):
                 _say(f"[{i}/{len(todo)}] {stage.name}: already on disk, kept")
-            else:
-                _say(f"[{i}/{len(todo)}] {stage.name} ({eta}) ...")
-                if stage.group and executor == "ray" and not opened:
-                    from attnscale.runs import ray_executor
-                    from attnscale.runs.runner import cores
+                continue
+            mine = _left_s(stage, folder, pace)
+            left = sum(_left_s(s, out / s.folder, pace) for s in todo[i - 1:])
+            _say(f"[{i}/{len(todo)}] {stage.name} (about {_minutes(mine)}; {_minutes(left)} left in all) ...")
+            if stage.group and executor == "ray" and not opened:
+                from attnscale.runs import ray_executor
+                from attnscale.runs.runner import cores
 
-                    ray_session.enter_context(ray_executor.session(ray_address, cores()))
-                    opened = True
-                t = time.time()
-                stage.runner(stage.config, folder)
-                _say(f"[{i}/{len(todo)}] {stage.name}: done in {time.time() - t:.1f} s")
-            left -= lefts[i - 1]
+                ray_session.enter_context(ray_executor.session(ray_address, cores()))
+                opened = True
+            trained = _pending(stage, folder) if stage.group else []
+            t = time.time()
+            # a training stage's runs weigh their steps by the same pace as this stage's estimate
+            stage.runner(stage.config, folder, pace=pace) if stage.group else stage.runner(stage.config, folder)
+            took = time.time() - t
+            if trained:
+                pace.add(trained, took, stage.workers)  # the next stages' estimates follow what this one took
+            _say(f"[{i}/{len(todo)}] {stage.name}: done in {took:.1f} s (estimated {mine:.0f} s)")
     from attnscale import report
 
     paths = report.build(out, out / "report")
@@ -182,6 +242,7 @@ def run(out: Path, *, seed: int = 0, preset: str = "default", corpus: str = "def
         _say(f"the setup study (how the end of training depends on lr, schedule, weight decay, init, norm and "
              f"length): attnscale study --quick --out {out / 'study'} --reuse {out / 'dynamics'}, "
              f"then attnscale report {out}")
+    print("\n".join(scoreboard(out)))
     print(f"report: {paths['html']}")
     print(f"markdown: {paths['markdown']}")
     return paths["html"]

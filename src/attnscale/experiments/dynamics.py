@@ -115,13 +115,13 @@ def specs(cfg: DynamicsConfig, vocab_size: int) -> list[RunSpec]:
 
 
 def run(cfg: DynamicsConfig, out: Path, jobs: int = 1, progress: bool = True, executor: str = "local",
-        ray_address: str | None = None) -> list[dict[str, Any]]:
+        ray_address: str | None = None, pace=None) -> list[dict[str, Any]]:
     """Train each scheme at ``cfg.head_dim`` under ``out/<run_id>`` (finished runs are kept); return rows.
 
     ``executor``, ``ray_address``: where the runs train (``runs.runner.execute``)."""
     corpus = cfg.corpus_spec.load()
     records = execute(specs(cfg, corpus.vocab_size), cfg.corpus_spec, Path(out), jobs=jobs,
-                      progress=progress, corpus=corpus, executor=executor, ray_address=ray_address)
+                      progress=progress, corpus=corpus, executor=executor, ray_address=ray_address, pace=pace)
     return rows_from_records(records)
 
 

@@ -110,12 +110,13 @@ def specs(cfg: SchemesConfig, vocab_size: int):
 
 
 def run_records(cfg: SchemesConfig, out: Path, jobs: int = 1, progress: bool = True,
-                reuse: Sequence[Path] = (), executor: str = "local", ray_address: str | None = None) -> list[TrainRun]:
+                reuse: Sequence[Path] = (), executor: str = "local", ray_address: str | None = None,
+                pace=None) -> list[TrainRun]:
     """Train every run not yet finished under ``out/<run_id>`` (on ``executor``: "local" or "ray");
     return every run as read back."""
     corpus = cfg.corpus_spec.load()
     return execute(specs(cfg, corpus.vocab_size), cfg.corpus_spec, Path(out), jobs=jobs, progress=progress,
-                   corpus=corpus, reuse=reuse, executor=executor, ray_address=ray_address)
+                   corpus=corpus, reuse=reuse, executor=executor, ray_address=ray_address, pace=pace)
 
 
 def rows_from_records(runs: list[TrainRun]) -> list[dict[str, Any]]:
@@ -126,11 +127,12 @@ def rows_from_records(runs: list[TrainRun]) -> list[dict[str, Any]]:
 
 
 def run(cfg: SchemesConfig, out: Path, jobs: int = 1, progress: bool = True, executor: str = "local",
-        ray_address: str | None = None) -> dict[str, Any]:
+        ray_address: str | None = None, pace=None) -> dict[str, Any]:
     """Train what is missing; return {"runs": per-run rows, "summary": per scheme and width}."""
     from attnscale.report import schemes_analysis
 
-    runs = rows_from_records(run_records(cfg, out, jobs, progress, executor=executor, ray_address=ray_address))
+    runs = rows_from_records(run_records(cfg, out, jobs, progress, executor=executor, ray_address=ray_address,
+                                         pace=pace))
     return {"runs": runs, "summary": schemes_analysis.summary_rows(runs)}
 
 

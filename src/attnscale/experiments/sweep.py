@@ -106,15 +106,17 @@ def specs(cfg: SweepConfig, vocab_size: int, group: str = "sweep") -> list[RunSp
 
 def run_records(cfg: SweepConfig, out: Path, jobs: int = 1, progress: bool = True,
                 group: str = "sweep", reuse: Sequence[Path] = (), executor: str = "local",
-                ray_address: str | None = None) -> list[TrainRun]:
+                ray_address: str | None = None, pace=None) -> list[TrainRun]:
     """Train every run not yet finished under ``out/<run_id>``; return every run as read back."""
     corpus = cfg.corpus_spec.load()
     return execute(specs(cfg, corpus.vocab_size, group), cfg.corpus_spec, Path(out), jobs=jobs,
-                   progress=progress, corpus=corpus, reuse=reuse, executor=executor, ray_address=ray_address)
+                   progress=progress, corpus=corpus, reuse=reuse, executor=executor, ray_address=ray_address,
+                   pace=pace)
 
 
 def run(cfg: SweepConfig, out: Path, jobs: int = 1, progress: bool = True,
-        reuse: Sequence[Path] = (), executor: str = "local", ray_address: str | None = None) -> list[dict[str, Any]]:
+        reuse: Sequence[Path] = (), executor: str = "local", ray_address: str | None = None,
+        pace=None) -> list[dict[str, Any]]:
     """Train every run not yet finished under ``out/<run_id>``; return one row per run.
 
     ``reuse``: folders whose finished runs of an identical config are copied, not
@@ -122,7 +124,7 @@ def run(cfg: SweepConfig, out: Path, jobs: int = 1, progress: bool = True,
     dynamics pair the sweep's widest pair). ``executor``, ``ray_address``: where
     the runs train (``runs.runner.execute``)."""
     return rows_from_records(run_records(cfg, out, jobs, progress, reuse=reuse, executor=executor,
-                                         ray_address=ray_address), varied_lr=cfg.lrs is not None)
+                                         ray_address=ray_address, pace=pace), varied_lr=cfg.lrs is not None)
 
 
 def rows_from_records(runs: list[TrainRun], varied_lr: bool = False) -> list[dict[str, Any]]:

@@ -5,6 +5,7 @@ Adapters: ``native`` for attnscale models, training checkpoints and run folders;
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,7 +20,52 @@ from attnscale.errors import ConfigError
 from attnscale.headcheck import hf, native
 from attnscale.headcheck.engine import InspectConfig, InspectResult, OnLayer, check_texts
 
-__all__ = ["inspect_model", "run"]
+__all__ = ["DEFAULT_TOKENS", "default_max_tokens", "inspect_model", "run", "runs_inside"]
+
+# Where a model says nothing shorter: all-MiniLM-L6-v2 was trained on pieces of 128 tokens,
+# and a longer sequence costs T² memory per head on a CPU for little more to read.
+DEFAULT_TOKENS = 128
+SHOWN_RUNS = 6  # runs named in the error for a folder of runs
+
+
+def default_max_tokens(model: nn.Module) -> int:
+    """Tokens per sequence when ``max_tokens`` is not given: an attnscale model's
+    context (a training run's ``model.context``); a Hugging Face model's
+    ``max_position_embeddings``, at most ``DEFAULT_TOKENS``; else ``DEFAULT_TOKENS``."""
+    context = getattr(getattr(model, "cfg", None), "context", None)
+    if context:
+        return int(context)
+    positions = getattr(getattr(model, "config", None), "max_position_embeddings", None)
+    return min(int(positions), DEFAULT_TOKENS) if positions else DEFAULT_TOKENS
+
+
+def runs_inside(folder: Path, depth: int = 2) -> list[Path]:
+    """The training-run folders under ``folder``, down to ``depth`` levels: what
+    ``sweep``, ``dynamics``, ``schemes`` and ``study`` write (OUT/<run>) and
+    ``reproduce`` (OUT/<stage>/<run>)."""
+    found: list[Path] = []
+    for d in sorted(p for p in Path(folder).iterdir() if p.is_dir()):
+        if native.is_run(d) and ((d / native.WEIGHTS).is_file() or (d / native.CHECKPOINT).is_file()):
+            found.append(d)
+        elif depth > 1:
+            found += runs_inside(d, depth - 1)
+    return found
+
+
+def _refuse_folder_of_runs(path: Path) -> None:
+    """A folder that holds runs, not one: name them, and the command that reads the first."""
+    if not path.is_dir() or native.is_run(path):
+        return
+    runs = runs_inside(path)
+    if runs:
+        named = ", ".join(str(r.relative_to(path)) for r in runs[:SHOWN_RUNS])
+        more = f" and {len(runs) - SHOWN_RUNS} more" if len(runs) > SHOWN_RUNS else ""
+        raise ConfigError(f"--model: {str(path)!r} holds {len(runs)} training runs, not one ({named}{more}); "
+                          f"give one of them, e.g. --model {runs[0]}")
+
+
+def _sized(cfg: InspectConfig, model: nn.Module) -> InspectConfig:
+    return cfg if cfg.max_tokens is not None else dataclasses.replace(cfg, max_tokens=default_max_tokens(model))
 
 
 def inspect_model(
@@ -27,7 +73,7 @@ def inspect_model(
     texts: str | Sequence[str] | torch.Tensor,
     *,
     tokenizer=None,
-    max_tokens: int = 128,
+    max_tokens: int | None = None,
     batch: int = 8,
     sequences: int | None = 16,
     threshold: float = FROZEN_THRESHOLD,
@@ -43,7 +89,7 @@ def inspect_model(
     corpus's tokenizer; a loaded Hugging Face model (give its ``tokenizer``); or
     a module holding attnscale ``Attention`` heads (give token ids, or texts and
     a ``tokenizer`` callable). Each text is cut into sequences of at most
-    ``max_tokens``; the first ``sequences`` of them are read, ``batch`` per
+    ``max_tokens`` (None: ``default_max_tokens``, the model's context); the first ``sequences`` of them are read, ``batch`` per
     forward pass. ``on_layer(layer, scheme, scores_BHTT, pattern_BHTT)`` sees
     each layer's tensors as they pass (scheme "model" is the model's own scale),
     before they are dropped.
@@ -57,26 +103,29 @@ def inspect_model(
                         **({"device": str(target)} if target is not None else {}))
     if not isinstance(texts, torch.Tensor):
         texts = check_texts(texts)  # before a load that may take half a minute
+    if isinstance(model, (str, Path)):
+        _refuse_folder_of_runs(Path(model))
     if isinstance(model, (str, Path)) and native.is_run(Path(model)):
         model, encode = native.load(Path(model))
         model = model.to(target) if target is not None else model
         if encode is None and tokenizer is None and not isinstance(texts, torch.Tensor):
             raise ConfigError(f"--model: the record of {name!r} names no corpus (config.corpus) to turn text into tokens; "
                               "give a run whose record names its corpus, or token ids from Python")
-        return native.inspect(model, texts, cfg, on_layer, tokenizer or encode, name)
+        return native.inspect(model, texts, _sized(cfg, model), on_layer, tokenizer or encode, name)
     if isinstance(model, (str, Path)):
         loaded = hf.load(name)
         if target is not None:
             loaded.model.to(target)
-        return hf.inspect(loaded.model, loaded.tokenizer, texts, cfg, on_layer, name)
+        return hf.inspect(loaded.model, loaded.tokenizer, texts, _sized(cfg, loaded.model), on_layer, name)
     if target is not None:
         model.to(target)
     if any(isinstance(m, Attention) for m in model.modules()):
-        return native.inspect(model, texts, cfg, on_layer, tokenizer, name)
+        return native.inspect(model, texts, _sized(cfg, model), on_layer, tokenizer, name)
     if hasattr(model, "config") and hasattr(model, "set_attn_implementation"):
         if tokenizer is None:
             raise ConfigError("a Hugging Face model needs its tokenizer: inspect_model(model, texts, tokenizer=...)")
-        return hf.inspect(model, tokenizer, texts, cfg, on_layer, getattr(model.config, "_name_or_path", "") or name)
+        return hf.inspect(model, tokenizer, texts, _sized(cfg, model), on_layer,
+                          getattr(model.config, "_name_or_path", "") or name)
     raise ConfigError(f"cannot read attention from a {type(model).__name__}; give a Hugging Face model or one built from attnscale.core.attention.Attention")
 
 
@@ -92,5 +141,6 @@ def run(cfg: InspectConfig, texts: str | Sequence[str], out: Path | None = None)
 
         plot_heatmaps(result, Path(out) / "heatmaps.png")
         # the scores are recomputed from q and k in fp32, whatever the weights are in
+        cfg = dataclasses.replace(cfg, max_tokens=result.max_tokens)  # the length it read, not "the default"
         rec.write(out, rec.new("inspect", cfg, result, started=started, device=describe_device(device, "fp32")))
     return result

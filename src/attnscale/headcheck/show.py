@@ -16,6 +16,10 @@ def _title(scheme: str) -> str:
     return _WHAT_IF_TITLES.get(scheme, scheme)
 
 
+def _cut(result: InspectResult) -> str:
+    return f" of at most {result.max_tokens} tokens" if result.max_tokens else ""
+
+
 def _header(result: InspectResult) -> list[str]:
     gqa = f", {result.kv_heads} KV heads (GQA)" if result.kv_heads != result.heads else ""
     cap = f"; soft-cap {result.softcap:g}·tanh(s/{result.softcap:g})" if result.softcap else "; no soft-cap"
@@ -23,7 +27,7 @@ def _header(result: InspectResult) -> list[str]:
         (f"model   {result.model}: {result.architecture}, {result.layers} layers x {result.heads} heads{gqa}, "
          f"d_k {result.head_dim}, {'causal' if result.causal else 'bidirectional'}"),
         f"scale   {result.scale:.6g} = {result.scale_source}{cap}",
-        (f"text    {result.sequences} of {result.sequences_available} sequences, {result.tokens} tokens; "
+        (f"text    {result.sequences} of {result.sequences_available} sequences{_cut(result)}, {result.tokens} tokens; "
          f"frozen = max weight > {result.threshold:g}; rows that see one key are left out"),
     ]
     return lines + [f"note    {n}" for n in result.notes]

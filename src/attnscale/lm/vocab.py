@@ -105,5 +105,5 @@ def _tokenizers():
     try:
         import tokenizers
     except ImportError:
-        raise ConfigError("the bpe tokenizer needs Hugging Face tokenizers: pip install 'attnscale[train]'") from None
+        raise ConfigError("the bpe tokenizer needs Hugging Face tokenizers: pip install -e '.[train]' in the clone") from None
     return tokenizers

@@ -49,7 +49,7 @@ def _plt():
     except ImportError:
         from attnscale.errors import ConfigError
 
-        raise ConfigError("plots need matplotlib; install the extra: pip install 'attnscale[report]'") from None
+        raise ConfigError("plots need matplotlib; install the extra: pip install -e '.[report]' in the clone") from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -37,7 +37,7 @@ def import_ray():
     try:
         import ray
     except ImportError:
-        raise ConfigError("--executor ray needs Ray: pip install 'attnscale[ray]'") from None
+        raise ConfigError("--executor ray needs Ray: pip install -e '.[ray]' in the clone") from None
     return ray
 
 
@@ -131,7 +131,7 @@ def _join(address: str) -> None:
             import grpc  # noqa: F401 - Ray Client's transport; plain Ray Core does not need it
         except ImportError:
             raise ConfigError(f"--ray-address {address}: Ray Client needs its extra here: "
-                              "pip install 'attnscale[ray]' (which brings 'ray[client]')") from None
+                              "pip install -e '.[ray]' in the clone (which brings 'ray[client]')") from None
     with _quiet_token_notice(), this_host_only() if loopback else contextlib.nullcontext():
         try:
             ray.init(address=address, logging_level=logging.WARNING)

@@ -18,7 +18,7 @@ names both versions. ``Record.results`` per experiment:
   example, example_row}], "illustration": {scores, multipliers, weights, effective_words}}.
 - train: a ``TrainResults`` (``lm.train.train`` returns its fields). A metrics line
   (``TrainRun.history``) is {"step", "loss", "lr", "elapsed_s", and per measure of
-  ``core.diagnostics.HEAD_MEASURES`` a [layer][head] list}; non-finite numbers are null.
+  ``core.diagnostics.HEAD_MEASURES`` a ``[layer][head]`` list}; non-finite numbers are null.
 
 A run trained by the Ray executor also says, in ``environment["ray_node"]``, which Ray
 node trained it (``Record.ray_node``). The key was added within version 1: records

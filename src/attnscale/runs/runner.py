@@ -41,6 +41,7 @@ from typing import Any, Sequence
 from attnscale import files, limits
 from attnscale.files import to_jsonable
 from attnscale.runs import record as rec
+from attnscale.runs import pace as pace_mod
 from attnscale.runs import store
 from attnscale.errors import ConfigError
 from attnscale.lm.model import ModelConfig
@@ -80,14 +81,11 @@ class RunSpec:
 
 
 def estimate(specs: Sequence[RunSpec]) -> limits.Estimate:
-    """What training every run of ``specs`` costs (``limits.training_cost`` of each, summed):
-    ``.cpu_seconds(workers)`` is the ETA on a laptop CPU."""
+    """What training every run of ``specs`` costs (``pace.run_cost`` of each, summed); the
+    seconds it takes here come from ``pace.Pace``, the rate measured on this machine."""
     ops, largest = 0.0, 0.0
     for s in specs:
-        m, t = s.model, s.train
-        e = limits.training_cost(vocab=m.vocab_size, context=m.context, d_model=m.d_model, n_layers=m.n_layers,
-                                 n_heads=m.n_heads, head_dim=m.head_dim or m.d_model // m.n_heads,
-                                 mlp_ratio=m.mlp_ratio, batch=t.batch, steps=t.steps)
+        e = pace_mod.run_cost(s)
         ops, largest = ops + e.ops, max(largest, e.bytes)
     return limits.Estimate(f"training {len(specs)} run{'s' if len(specs) != 1 else ''}", largest, ops)
 
@@ -144,8 +142,9 @@ def _config_key(config: Any) -> str:
 
 
 def _copy_finished(spec: RunSpec, config: dict, out: Path, reuse: Sequence[Path],
-                   index: dict[Path, dict[str, Path]]) -> bool:
-    """Copy a finished run of ``config`` from a ``reuse`` folder into ``out``; False if none has one.
+                   index: dict[Path, dict[str, Path]]) -> Path | None:
+    """Copy a finished run of ``config`` from a ``reuse`` folder into ``out``; return that
+    folder, or None if none has one.
 
     The run of the same name is looked at first, then every other run in the folder: a run of
     the very same config is the same run whatever its name (the setup study's 1,200-step rows
@@ -171,8 +170,8 @@ def _copy_finished(spec: RunSpec, config: dict, out: Path, reuse: Sequence[Path]
             if (source / name).exists():
                 files.atomic_write_bytes(target / name, (source / name).read_bytes())
         rec.write(target, rec.TrainRun.load(source).copied(spec.group, str(source)))
-        return True
-    return False
+        return folder
+    return None
 
 
 def _summary(run: rec.TrainRun) -> dict[str, Any]:
@@ -190,6 +189,7 @@ def execute(
     reuse: Sequence[Path] = (),
     executor: str = "local",
     ray_address: str | None = None,
+    pace: pace_mod.Pace | None = None,
 ) -> list[rec.TrainRun]:
     """Train every run of ``specs`` not already finished under ``out``; return all
     their records, read back from disk, in the order given.
@@ -199,7 +199,8 @@ def execute(
     are copied instead of trained again (``reproduce``'s sweep takes its widest
     pair from the dynamics experiment: same seed, same budget, same numbers).
     ``executor``: "local" (worker processes) or "ray" (Ray tasks of cores/jobs CPUs
-    each, on a local instance or the cluster at ``ray_address``)."""
+    each, on a local instance or the cluster at ``ray_address``). ``pace``: this machine's
+    ``runs.pace.Pace``, so that the runs' time left weighs their steps as the stage's does."""
     if not isinstance(jobs, int) or jobs < 1:
         raise ConfigError(f"jobs must be a positive integer, got {jobs!r}")
     if executor not in EXECUTORS:
@@ -211,11 +212,13 @@ def execute(
     # every folder is checked before anything is trained: a clash stops the sweep at once
     states = {s.run_id: store.run_state(out / s.run_id, configs[s.run_id]) for s in specs}
     index: dict[Path, dict[str, Path]] = {}
+    copied: dict[str, Path] = {}
     for s in specs:
-        if states[s.run_id] != "finished" and _copy_finished(s, configs[s.run_id], out, reuse, index):
-            states[s.run_id] = "finished"
+        if states[s.run_id] != "finished" and (source := _copy_finished(s, configs[s.run_id], out, reuse, index)):
+            states[s.run_id], copied[s.run_id] = "finished", source
     pending = [s for s in specs if states[s.run_id] != "finished"]
     done = [s for s in specs if states[s.run_id] == "finished"]
+    weights = {s.run_id: pace.step_seconds(s) if pace is not None else pace_mod.step_ops(s) for s in specs}
     bar = make_progress(
         progress,
         total_runs=len(specs),
@@ -223,6 +226,10 @@ def execute(
         done_runs=len(done),
         done_steps=sum(s.train.steps for s in done),
         out=out,
+        weights=weights,  # the time left counts work, not steps: a d=1,024 step is not a d=32 one
+        total_work=sum(weights[s.run_id] * s.train.steps for s in specs),
+        done_work=sum(weights[s.run_id] * s.train.steps for s in done),
+        copied=copied,
     )
     try:
         if pending:

@@ -1,0 +1,18 @@
+"""tests/conftest.py: a run whose browser tests skipped for want of chromium ends with how to get it."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+
+@pytest.mark.parametrize("reason, told", [("chromium not found on PATH", True), ("Ray cannot be imported", False)])
+def test_a_missing_chromium_is_told_how_to_get(tmp_path, reason, told):
+    shutil.copy(Path(__file__).with_name("conftest.py"), tmp_path / "conftest.py")
+    (tmp_path / "test_it.py").write_text(f"import pytest\ndef test_it():\n    pytest.skip({reason!r})\n")
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+                         capture_output=True, text=True, timeout=120, cwd=tmp_path).stdout
+    assert "1 skipped" in out
+    assert ("sudo apt-get install -y chromium" in out) is told

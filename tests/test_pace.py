@@ -1,0 +1,96 @@
+"""runs.pace: the rate every ETA comes from, measured on this machine, in operations of work."""
+
+from dataclasses import replace
+
+import pytest
+
+from attnscale.lm.model import ModelConfig
+from attnscale.lm.train import TrainConfig
+from attnscale.runs import pace, store
+from attnscale.runs.pace import Pace
+from attnscale.runs.runner import CorpusSpec, RunSpec, estimate
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    return CorpusSpec("default").load()
+
+
+def spec(corpus, width=8, steps=20):
+    model = ModelConfig(vocab_size=corpus.vocab_size, context=16, d_model=16, n_layers=1, n_heads=2, head_dim=width)
+    return RunSpec(store.run_id(width, "none", 0), model, TrainConfig(steps=steps, batch=4, warmup=1, eval_batches=1))
+
+
+def test_work_is_counted_in_operations_so_a_wide_step_weighs_more(corpus):
+    narrow, wide = spec(corpus, 8), spec(corpus, 256)
+    assert pace.step_ops(wide) > 5 * pace.step_ops(narrow)
+    assert pace.run_cost(narrow).ops == pytest.approx(20 * pace.step_ops(narrow))
+    assert estimate([narrow, wide]).ops == pytest.approx(pace.run_cost(narrow).ops + pace.run_cost(wide).ops)
+
+
+def test_measure_times_real_steps_and_writes_nothing(corpus, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    measured = pace.measure([spec(corpus, 8), spec(corpus, 256)], corpus, threads=1, steps=2)
+    assert measured.timed == ("d256-none-s0", "d8-none-s0") and list(tmp_path.iterdir()) == []
+    assert 0 < measured.run_seconds(spec(corpus, 8)) < measured.run_seconds(spec(corpus, 256)) < 3600
+
+
+def test_timing_stops_after_the_timed_steps(corpus, monkeypatch):
+    from attnscale.lm import train as train_mod
+
+    steps_run = []
+    real = train_mod.train
+
+    def counting(model_cfg, train_cfg, corpus, *, on_step=None, should_stop=None, **kw):
+        def on(step, total, info):
+            steps_run.append(step)
+            on_step(step, total, info)
+        assert train_cfg.threads == 1 and train_cfg.checkpoint_every == 0
+        return real(model_cfg, train_cfg, corpus, on_step=on, should_stop=should_stop, **kw)
+
+    monkeypatch.setattr(train_mod, "train", counting)
+    assert pace._step_seconds(spec(corpus, steps=400), corpus, threads=1, steps=2) > 0
+    assert steps_run == [1, 2, 3]  # one warm-up step, then the two timed ones; not the run's 400
+
+
+def test_a_line_through_the_dear_and_the_cheap_step(corpus, monkeypatch):
+    narrow, wide = spec(corpus, 8), spec(corpus, 256)
+    o_narrow, o_wide = pace.step_ops(narrow), pace.step_ops(wide)
+    # a step costs 5 ms plus 1 ns per operation
+    monkeypatch.setattr(pace, "_step_seconds", lambda s, *a, **k: 5e-3 + pace.step_ops(s) * 1e-9)
+    fitted = pace.measure([narrow, wide], corpus, threads=1)
+    assert fitted.step_s == pytest.approx(5e-3) and fitted.op_s == pytest.approx(1e-9)
+    assert fitted.run_seconds(narrow) == pytest.approx(20 * (5e-3 + o_narrow * 1e-9))
+    # noise that makes the cheap step dearer: all of the dear step's time is put on its operations
+    monkeypatch.setattr(pace, "_step_seconds", lambda s, *a, **k: 0.5 if s is narrow else 0.2)
+    fallback = pace.measure([narrow, wide], corpus, threads=1)
+    assert fallback.step_s == 0 and fallback.op_s == pytest.approx(0.2 / o_wide)
+
+
+def test_the_estimate_follows_what_the_stages_took(corpus):
+    p = Pace(step_s=0.0, op_s=1e-9)
+    runs = [spec(corpus, 256), spec(corpus, 256)]
+    predicted = p.seconds(runs, workers=2)
+    assert predicted == pytest.approx(sum(p.run_seconds(s) for s in runs) / 2)
+    p.add(runs, seconds=3 * predicted, workers=2)  # the machine turned out three times slower
+    assert p.factor() == pytest.approx(3.0)
+    assert p.seconds(runs[:1], workers=1) == pytest.approx(3 * p.run_seconds(runs[0]))
+
+
+def test_the_runs_time_left_weighs_steps_as_the_stage_estimate_does(corpus, tmp_path, monkeypatch):
+    from attnscale.runs import runner
+    from attnscale.runs.progress import make_progress
+
+    seen = {}
+
+    def capture(enabled, **kw):
+        seen.update(kw)
+        return make_progress(False, **kw)
+
+    monkeypatch.setattr(runner, "make_progress", capture)
+    p = Pace(step_s=0.5, op_s=1e-9)
+    runs = [replace(spec(corpus, 8, steps=2), run_id="a"), replace(spec(corpus, 64, steps=2), run_id="b")]
+    runner.execute(runs, CorpusSpec("default"), tmp_path, progress=False, corpus=corpus, pace=p)
+    assert seen["weights"] == {"a": p.step_seconds(runs[0]), "b": p.step_seconds(runs[1])}
+    assert seen["total_work"] == pytest.approx(2 * p.step_seconds(runs[0]) + 2 * p.step_seconds(runs[1]))
+    assert sum(p.run_seconds(s) for s in runs) == pytest.approx(seen["total_work"])
