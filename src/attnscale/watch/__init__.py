@@ -11,7 +11,7 @@ The package sits just above ``core`` (it imports only ``core``, ``errors`` and
 """
 
 from attnscale.watch.capture import Adapter, AttentionCall, capture_adapter, capture_hooks, capture_weights
-from attnscale.watch.capture_sdpa import capture_sdpa
+from attnscale.watch.sdpa_capture import capture_sdpa
 from attnscale.watch.measure import HeadStats, capturing, measure, measure_heads
 
 __all__ = ["Adapter", "AttentionCall", "HeadStats", "capture_adapter", "capture_hf", "capture_hooks", "capture_sdpa",
@@ -19,7 +19,7 @@ __all__ = ["Adapter", "AttentionCall", "HeadStats", "capture_adapter", "capture_
 
 
 def capture_hf(model, on_call):
-    """``capture_hf.capture_hf``, imported on first use (it needs transformers)."""
-    from attnscale.watch.capture_hf import capture_hf as capture
+    """``hf_capture.capture_hf``, imported on first use (it needs transformers)."""
+    from attnscale.watch.hf_capture import capture_hf as capture
 
     return capture(model, on_call)

@@ -6,10 +6,10 @@ error):
 
 - ``capture_hooks``: attnscale's own models (``core.attention.Attention``),
   through their hook points;
-- ``capture_hf`` (in ``capture_hf.py``, imports transformers when entered):
+- ``capture_hf`` (in ``hf_capture.py``, imports transformers when entered):
   any Hugging Face model whose attention goes through transformers'
   ``AttentionInterface``, wrapping the model's own attention function;
-- ``capture_sdpa`` (in ``capture_sdpa.py``): any model that calls
+- ``capture_sdpa`` (in ``sdpa_capture.py``): any model that calls
   ``torch.nn.functional.scaled_dot_product_attention``, intercepted for the
   duration of the probe;
 - ``capture_adapter``: anything else, through an ``Adapter``: the names of the

@@ -36,7 +36,7 @@ from torch import nn
 
 from attnscale.errors import ConfigError
 from attnscale.watch.capture import AttentionCall, OnCall, as_visible, named
-from attnscale.watch.capture_sdpa import paused
+from attnscale.watch.sdpa_capture import paused
 
 __all__ = ["capture_hf", "hf_call", "implementations"]
 

@@ -33,7 +33,7 @@ from torch import nn
 from attnscale.core.diagnostics import COLLAPSED_WORDS, FROZEN_THRESHOLD, HEAD_MEASURES, reduce_heads
 from attnscale.errors import ConfigError
 from attnscale.watch.capture import Adapter, AttentionCall, attention_modules, capture_adapter, capture_hooks
-from attnscale.watch.capture_sdpa import capture_sdpa
+from attnscale.watch.sdpa_capture import capture_sdpa
 from attnscale.watch.pool import LayerPools
 
 __all__ = ["CAPTURES", "HeadStats", "capturing", "measure", "measure_heads", "probing"]
@@ -138,7 +138,7 @@ def capturing(model: nn.Module, on_call, capture: str = "auto", adapter: Adapter
         with capture_sdpa(model, on_call):
             yield kind
     else:
-        from attnscale.watch.capture_hf import capture_hf
+        from attnscale.watch.hf_capture import capture_hf
 
         if capture == "hf":
             with capture_hf(model, on_call):
