@@ -23,6 +23,7 @@ model computes itself, for training's recording on the step's own forward.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -53,7 +54,8 @@ class AttentionCall:
     (aligned top-left, as SDPA's). ``softcap``: c·tanh(s/c) after the scale;
     ``cap``: any other squash (it wins over ``softcap``). ``bias``: added to the
     scores after the cap (a position bias, the finite part of a float mask).
-    ``name``: where the call came from, for the reader."""
+    ``name``: where the call came from, for the reader; ``module``: the module
+    that made it, where the capture knows it."""
 
     q: torch.Tensor
     k: torch.Tensor
@@ -64,6 +66,7 @@ class AttentionCall:
     cap: Callable[[torch.Tensor], torch.Tensor] | None = None
     bias: torch.Tensor | None = None
     name: str = ""
+    module: Any = None
 
     @property
     def heads(self) -> int:
@@ -126,7 +129,7 @@ def capture_hooks(model: nn.Module, on_call: OnCall) -> Iterator[None]:
     the model applied (the entries its ``hook_scores`` holds as -inf)."""
     attns = attention_modules(model)
     if not attns:
-        raise ConfigError(f"{type(model).__name__} has no attnscale Attention module to hook; give capture='auto'")
+        raise ConfigError(f"{type(model).__name__} has no attnscale Attention module to read q and k from")
     module_of = {_hook(n, p): (n, m) for n, m in attns for p in ("q", "k", "scores")}
     seen: dict[tuple[str, str], torch.Tensor] = {}
 
@@ -139,7 +142,8 @@ def capture_hooks(model: nn.Module, on_call: OnCall) -> Iterator[None]:
         q_BHTD, k_BHTD = m.scale.prepare(seen.pop((name, "q")), seen.pop((name, "k")))
         custom = type(m.scale).cap is not ScoreScale.cap
         on_call(AttentionCall(q_BHTD, k_BHTD, scale=m.scale.factor(), mask=torch.isfinite(tensor[:, :1]),
-                              softcap=getattr(m.scale, "cap_value", None), cap=m.scale.cap if custom else None, name=name))
+                              softcap=getattr(m.scale, "cap_value", None), cap=m.scale.cap if custom else None, name=name,
+                              module=m))
 
     with record(model, list(module_of), fn=fn):
         yield
@@ -212,8 +216,8 @@ def capture_adapter(model: nn.Module, on_call: OnCall, adapter: Adapter) -> Iter
             if not isinstance(got, AttentionCall):
                 q, k, mask, scale = got
                 mask, bias = as_visible(mask)
-                got = AttentionCall(q, k, scale=scale, mask=mask, bias=bias, name=name)
-            on_call(got if got.name else AttentionCall(**{**got.__dict__, "name": name}))
+                got = AttentionCall(q, k, scale=scale, mask=mask, bias=bias, name=name, module=module)
+            on_call(got if got.name else dataclasses.replace(got, name=name, module=got.module or module))
 
         return hook
 

@@ -110,7 +110,7 @@ def hf_call(module: nn.Module, impl: str, query: torch.Tensor, key: torch.Tensor
     elif impl != "eager":  # sdpa and its kin: no mask means is_causal alone says it
         causal = is_causal and T > 1
     return AttentionCall(query, key, scale=scaling, mask=mask, is_causal=causal, softcap=softcap,
-                         bias=bias.float() if isinstance(bias, torch.Tensor) else None, name=name)
+                         bias=bias.float() if isinstance(bias, torch.Tensor) else None, name=name, module=module)
 
 
 def _dense(block_mask, query: torch.Tensor) -> torch.Tensor:

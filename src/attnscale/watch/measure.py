@@ -36,7 +36,8 @@ from attnscale.watch.capture import Adapter, AttentionCall, attention_modules, c
 from attnscale.watch.sdpa_capture import capture_sdpa
 from attnscale.watch.pool import LayerPools
 
-__all__ = ["CAPTURES", "HeadStats", "capturing", "measure", "measure_heads", "probing"]
+__all__ = ["CAPTURES", "HeadStats", "capturing", "choose", "forward", "input_device", "measure", "measure_heads", "padding_of",
+           "probing"]
 
 CAPTURES = ("auto", "hooks", "hf", "sdpa", "adapter")
 
@@ -156,7 +157,7 @@ def _modes(model: nn.Module) -> list[tuple[nn.Module, bool]]:
     return [(m, m.training) for m in model.modules()]
 
 
-def _input_device(model: nn.Module) -> torch.device:
+def input_device(model: nn.Module) -> torch.device:
     """Where the inputs go: the input embedding's device (a model spread over devices
     starts there), else the first parameter's, else the CPU."""
     get = getattr(model, "get_input_embeddings", None)
@@ -193,7 +194,7 @@ def probing(model: nn.Module) -> Iterator[None]:
 def forward(model: nn.Module, batch: Any) -> Any:
     """One forward on ``batch``: a dict as keyword arguments, a tuple or list as
     positional ones, anything else as the first argument; tensors go where the model starts."""
-    device = _input_device(model)
+    device = input_device(model)
     if isinstance(batch, Mapping):
         return model(**{k: _to(v, device) for k, v in batch.items()})
     if isinstance(batch, (tuple, list)):
