@@ -349,3 +349,29 @@ def test_nothing_stays_installed_after_any_probe():
         watch.measure(model, batch, **kw)
         assert no_hooks(model) and no_function_mode()
     assert hf_state(hf) == before
+
+
+def test_hf_model_whose_attention_skips_the_interface_falls_back_to_sdpa():
+    """A PreTrainedModel with its own attention (calling SDPA directly): "auto" reads the SDPA calls."""
+
+    class Own(transformers.PreTrainedModel):
+        config_class = transformers.PretrainedConfig
+
+        def __init__(self, config):
+            super().__init__(config)
+            self.gpt = TinyGPT()
+
+        def forward(self, input_ids):
+            return self.gpt(input_ids)
+
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = Own(transformers.PretrainedConfig()).eval()
+    from attnscale.watch.measure import choose
+
+    assert choose(model) == "hf"
+    stats = watch.measure_heads(model, {"input_ids": IDS})
+    assert stats.layer_names == ("gpt.blocks.0", "gpt.blocks.1")
+    torch.testing.assert_close(stats.values_LMH, watch.measure_heads(model.gpt, IDS).values_LMH, rtol=0, atol=0)
+    with pytest.raises(ConfigError, match="no attention call"):
+        watch.measure_heads(model, {"input_ids": IDS}, capture="hf")

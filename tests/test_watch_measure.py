@@ -193,3 +193,28 @@ def test_attention_call_reads_like_sdpa():
 def test_import_watch_does_not_import_transformers():
     code = "import sys, attnscale.watch as w; w.measure, w.Watch; assert 'transformers' not in sys.modules"
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_compiled_and_data_parallel_models_are_probed_through_their_own_module():
+    model = SDPAModel(dropout=0.0)
+    want = watch.measure_heads(model, IDS).values_LMH
+    compiled = torch.compile(model, backend="eager")  # never compiled: the probe runs the original eagerly
+    assert torch.equal(watch.measure_heads(compiled, IDS).values_LMH, want)
+    assert torch.equal(watch.measure_heads(nn.DataParallel(model), IDS).values_LMH, want)
+
+
+def test_inputs_go_to_the_input_embedding_of_a_model_spread_over_devices():
+    """A model placed with device_map starts where its input embedding is, not where its first parameter is."""
+    from attnscale.watch.measure import input_device
+
+    class Spread(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.head = nn.Linear(2, 2)  # the first parameter, on the CPU
+            self.emb = nn.Embedding(5, 2, device="meta")
+
+        def get_input_embeddings(self):
+            return self.emb
+
+    assert input_device(Spread()).type == "meta" and input_device(SDPAModel()).type == "cpu"
+    assert input_device(nn.ReLU()).type == "cpu"

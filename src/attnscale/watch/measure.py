@@ -18,6 +18,9 @@ the same forward, to the SDPA calls its attention makes if none goes through
 the interface), else the interception of
 ``torch.nn.functional.scaled_dot_product_attention``; an ``adapter`` is used
 where given. "hooks", "hf", "sdpa" and "adapter" force one.
+
+A ``torch.compile``d model is probed through its original module (eagerly, on
+the same weights), a (Distributed)DataParallel one through its ``module``.
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from attnscale.watch.sdpa_capture import capture_sdpa
 from attnscale.watch.pool import LayerPools
 
 __all__ = ["CAPTURES", "HeadStats", "capturing", "choose", "forward", "input_device", "measure", "measure_heads", "padding_of",
-           "probing"]
+           "probing", "unwrap"]
 
 CAPTURES = ("auto", "hooks", "hf", "sdpa", "adapter")
 
@@ -208,9 +211,23 @@ def padding_of(batch: Any) -> torch.Tensor | None:
     return mask.bool() if isinstance(mask, torch.Tensor) and mask.ndim == 2 else None
 
 
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model a probe runs: a ``torch.compile``d module's original (the probe runs eagerly,
+    on the same weights) and a (Distributed)DataParallel's own module (its forward would sync
+    buffers with ranks that are not probing)."""
+    while True:
+        if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):  # torch._dynamo's OptimizedModule
+            model = model._orig_mod
+        else:
+            return model
+
+
 def measure_heads(model: nn.Module, batch: Any, *, threshold: float = FROZEN_THRESHOLD, capture: str = "auto",
                   adapter: Adapter | None = None) -> HeadStats:
     """Per-head measurements of ``model`` on ``batch`` (see the module's docstring)."""
+    model = unwrap(model)
     pools = LayerPools(threshold)
     padding = padding_of(batch)
     with probing(model), capturing(model, lambda call: pools.add(call, padding), capture, adapter) as kind:

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
+from attnscale.core.hooks import HookPoint
 from attnscale.watch.capture import AttentionCall, OnCall, as_visible
 
 __all__ = ["capture_sdpa", "paused", "sdpa_call"]
@@ -61,15 +62,16 @@ def sdpa_call(query, key, value=None, attn_mask=None, dropout_p=0.0, is_causal=F
 
 
 class _Intercept(TorchFunctionMode):
-    def __init__(self, on_call: OnCall):
+    def __init__(self, on_call: OnCall, where: list[str]):
         super().__init__()
-        self.on_call, self.calls = on_call, 0
+        self.on_call, self.where, self.calls = on_call, where, 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention and not _PAUSED.get():
             # the mode is off while this runs: the measuring below is not intercepted
-            self.on_call(sdpa_call(*args, **kwargs, name=f"sdpa call {self.calls}"))
+            name = self.where[-1] if self.where else f"sdpa call {self.calls}"
+            self.on_call(sdpa_call(*args, **kwargs, name=name))
             self.calls += 1
         return func(*args, **kwargs)
 
@@ -77,7 +79,29 @@ class _Intercept(TorchFunctionMode):
 @contextlib.contextmanager
 def capture_sdpa(model: nn.Module | None, on_call: OnCall) -> Iterator[None]:
     """Every ``scaled_dot_product_attention`` call made inside, in the order they
-    come, handed to ``on_call`` before it runs (``model`` is not needed; it is
-    taken for a signature like the other captures')."""
-    with _Intercept(on_call):
-        yield
+    come, handed to ``on_call`` before it runs. With a ``model``, each call is
+    named after the innermost of its modules running at the time (pre- and
+    post-forward hooks keep track, removed on exit); without, by its number."""
+    where: list[str] = []
+
+    def enter(name: str):
+        def hook(module, args) -> None:
+            where.append(name)
+
+        return hook
+
+    def leave(module, args, output) -> None:  # returns None: the output stays the module's
+        if where:
+            where.pop()
+
+    handles = []
+    try:
+        for name, module in (model.named_modules() if model is not None else []):
+            if name and not isinstance(module, HookPoint):  # a hooked HookPoint would switch attnscale off SDPA
+                handles.append(module.register_forward_pre_hook(enter(name)))
+                handles.append(module.register_forward_hook(leave, always_call=True))
+        with _Intercept(on_call, where):
+            yield
+    finally:
+        for h in handles:
+            h.remove()
