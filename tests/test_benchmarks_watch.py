@@ -1,0 +1,40 @@
+"""benchmarks/watch_overhead.py at smoke size: it runs, and the ratio it prints is the ratio of its medians."""
+
+import importlib.util
+import re
+import statistics
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "watch_overhead.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("watch_overhead", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_summary_is_medians_and_their_ratio(bench):
+    s = bench.summarize([10.0, 12.0, 11.0], [10.2, 12.6, 11.1], [0.1, 0.12, 0.05])
+    assert s["plain_s"] == 11.0 and s["watched_s"] == 11.1
+    assert s["overhead"] == pytest.approx(0.1 / 11.0)
+    assert s["own_share"] == pytest.approx(statistics.median([0.1 / 10.2, 0.12 / 12.6, 0.05 / 11.1]))
+
+
+@pytest.mark.hf
+def test_smoke_run_prints_rounds_and_a_consistent_ratio(bench, tmp_path, monkeypatch, capsys):
+    pytest.importorskip("transformers")
+    monkeypatch.chdir(tmp_path)
+    assert bench.main(["--steps", "2", "--every", "2", "--rounds", "1", "--layers", "1", "--hidden", "32",
+                       "--heads", "4", "--kv-heads", "2", "--batch", "2", "--context", "16"]) == 0
+    out = capsys.readouterr().out
+    assert "avx512_bf16" in out
+    rounds = [tuple(map(float, m)) for m in re.findall(r"without ([\d.]+) s, with ([\d.]+) s \(watch's own timer ([\d.]+) s\)", out)]
+    assert len(rounds) == 1 and all(own > 0 for _, _, own in rounds)
+    ratio = float(re.search(r"ratio ([\d.]+)", out).group(1))
+    want = statistics.median(w for _, w, _ in rounds) / statistics.median(p for p, _, _ in rounds)
+    assert ratio == pytest.approx(want, abs=2e-4)  # printed to 4 decimals from 2-decimal times
