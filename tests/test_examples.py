@@ -31,6 +31,7 @@ def run(tmp_path, monkeypatch, capsys):
 
 
 def test_plain_loop_example_logs_every_probe_to_jsonl_and_tensorboard(tmp_path, run):
+    pytest.importorskip("tensorboard")  # the extra attnscale[watch]
     out = run("plain_loop.py", "--steps", "6", "--every", "3", "--batch", "4", "--context", "16", "--out", "o")
     records = read_log(tmp_path / "o" / "watch.jsonl")
     assert [r.step for r in records] == [3, 6] and "step 6: loss" in out
@@ -39,6 +40,7 @@ def test_plain_loop_example_logs_every_probe_to_jsonl_and_tensorboard(tmp_path, 
 
 
 def test_plain_loop_example_stops_an_unscaled_model_at_its_first_probe(tmp_path, run):
+    pytest.importorskip("tensorboard")  # the extra attnscale[watch]
     out = run("plain_loop.py", "--steps", "20", "--every", "2", "--batch", "4", "--context", "16",
               "--scale", "none", "--width", "1024", "--init", "unit", "--stop", "--out", "o")
     assert "stopped at step 2 by an alert" in out

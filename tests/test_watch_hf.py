@@ -43,6 +43,7 @@ def _trainer(tmp_path, callback, report_to, steps=4, unscaled=False, init_std=0.
 
 
 def test_the_numbers_reach_tensorboard_and_wandb_beside_the_loss(tmp_path):
+    pytest.importorskip("wandb")  # the extra attnscale[watch]
     callback = WatchCallback(every=2, sinks=[JsonlSink(tmp_path / "w.jsonl")], alerts=())
     import wandb
 

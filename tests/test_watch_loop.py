@@ -42,6 +42,7 @@ def _model(scale="inv_sqrt_d", head_dim=None, init="torch"):
 
 
 def test_a_plain_loop_writes_jsonl_and_tensorboard_at_the_probe_steps(tmp_path):
+    pytest.importorskip("tensorboard")  # the extra attnscale[watch]
     model = _model()
     with Watch(model, every=2, sinks=[JsonlSink(tmp_path / "w.jsonl"), TensorBoardSink(tmp_path / "tb")]) as watch:
         assert _train(model, 6, watch) == [2, 4, 6]

@@ -84,6 +84,7 @@ def test_scalars_name_every_head_and_measure():
 
 
 def test_tensorboard_event_files_hold_the_scalars_at_the_steps(tmp_path):
+    pytest.importorskip("tensorboard")  # the extra attnscale[watch]
     sink = TensorBoardSink(tmp_path / "tb")
     sink.write(record(10))
     sink.write(record(20, bump=1.0))
@@ -94,6 +95,7 @@ def test_tensorboard_event_files_hold_the_scalars_at_the_steps(tmp_path):
 
 
 def test_wandb_offline_writes_the_scalars(tmp_path, monkeypatch):
+    pytest.importorskip("wandb")  # the extra attnscale[watch]
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.setenv("WANDB_SILENT", "true")
     sink = WandbSink(project="attnscale-test", dir=str(tmp_path))
