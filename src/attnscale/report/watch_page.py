@@ -68,9 +68,10 @@ def _heatmaps(records, path: Path) -> Path:
     for ax, (measure, label, cmap) in zip(axes[0], (("effective_words", "effective words", "viridis"),
                                                     ("max_score", "max |score|", "magma"))):
         grid = grid_over_steps(records, measure)
-        finite = grid[np.isfinite(grid)]
-        norm = (LogNorm(vmin=max(finite[finite > 0].min(initial=1e-3), 1e-3), vmax=max(finite.max(initial=1.0), 1e-2))
-                if measure == "max_score" and finite.size else None)
+        positive = grid[np.isfinite(grid) & (grid > 0)]
+        # logits span decades as they grow: a log colour scale from the smallest to the largest seen
+        norm = (LogNorm(vmin=positive.min(), vmax=max(positive.max(), positive.min() * 10))
+                if measure == "max_score" and positive.size else None)
         im = ax.imshow(grid, aspect="auto", cmap=cmap, norm=norm, interpolation="nearest")
         ticks = range(0, len(steps), max(1, len(steps) // 8))
         ax.set_xticks(list(ticks), [str(steps[i]) for i in ticks])
