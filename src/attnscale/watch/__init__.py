@@ -38,3 +38,9 @@ def __getattr__(name: str):
     value = getattr(importlib.import_module(_LAZY[name]), name)
     globals()[name] = value  # the name is bound to the object, not to a submodule of the same name
     return value
+
+# the training side's remaining names: alert firings and defaults, the watch log's record and reader
+_LAZY.update({"Alerts": "attnscale.watch.alerts", "Firing": "attnscale.watch.alerts",
+              "default_alerts": "attnscale.watch.alerts", "WatchRecord": "attnscale.watch.record",
+              "read_log": "attnscale.watch.record"})
+__all__ += ["Alerts", "Firing", "default_alerts", "WatchRecord", "read_log"]
