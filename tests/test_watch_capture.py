@@ -375,3 +375,28 @@ def test_hf_model_whose_attention_skips_the_interface_falls_back_to_sdpa():
     torch.testing.assert_close(stats.values_LMH, watch.measure_heads(model.gpt, IDS).values_LMH, rtol=0, atol=0)
     with pytest.raises(ConfigError, match="no attention call"):
         watch.measure_heads(model, {"input_ids": IDS}, capture="hf")
+
+
+def test_hf_probes_in_two_threads_share_the_wrapper_and_the_last_puts_it_back():
+    import threading
+
+    a, b = llama(), llama()
+    before = hf_state(a)
+    seen = {"a": [], "b": []}
+    inside, release = threading.Event(), threading.Event()
+
+    def probe_b():
+        with watch.capture_hf(b, seen["b"].append), torch.no_grad():
+            inside.set()
+            release.wait(30)
+            b(**padded_batch())
+
+    t = threading.Thread(target=probe_b)
+    t.start()
+    inside.wait(30)
+    with watch.capture_hf(a, seen["a"].append), torch.no_grad():
+        a(**padded_batch())
+    release.set()  # a's probe is over; b's still runs through the wrapper
+    t.join(30)
+    assert len(seen["a"]) == len(seen["b"]) == 3
+    assert hf_state(a) == before

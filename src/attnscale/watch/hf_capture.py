@@ -28,6 +28,7 @@ import contextlib
 import contextvars
 import os
 import sys
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -153,37 +154,68 @@ def _modeling_files(model: nn.Module) -> list[Any]:
     return [sys.modules[n] for n in sorted(names) if n in sys.modules]
 
 
+# The wrappers in place: (where, name) -> [probes using it, how to put the original back]. Probes
+# in several threads (or nested) share one wrapper; the last one out puts the original back.
+_INSTALLED: dict[tuple[int, str], list] = {}
+_LOCK = threading.Lock()
+
+
+def _install(where: Any, name: str, impl: str, get, put, drop) -> tuple[int, str] | None:
+    """Wrap the function of implementation ``impl`` that ``get()`` reads at ``name`` in ``where``
+    (``put`` sets a function there, ``drop`` puts the original back), or join the wrapper there."""
+    key = (id(where), name)
+    with _LOCK:
+        if key in _INSTALLED:
+            _INSTALLED[key][0] += 1
+            return key
+        original = get()
+        if not callable(original) or hasattr(original, _WRAPPED):
+            return None
+        put(_wrap(original, impl))
+        _INSTALLED[key] = [1, lambda: drop(original)]
+        return key
+
+
+def _release(key: tuple[int, str]) -> None:
+    with _LOCK:
+        entry = _INSTALLED[key]
+        entry[0] -= 1
+        if entry[0] == 0:
+            del _INSTALLED[key]
+            entry[1]()
+
+
 @contextlib.contextmanager
 def capture_hf(model: nn.Module, on_call: OnCall) -> Iterator[None]:
     """Every AttentionInterface call of ``model`` made inside, handed to ``on_call``
     before the model's own function runs (see the module's docstring)."""
     transformers = _transformers()
-    restore: list = []  # (put back, what to call it with)
+    keys = []
     try:
         for impl in sorted(implementations(model)):
             if impl == "eager":  # not in the interface: each modeling file's own function
                 for module in _modeling_files(model):
-                    original = getattr(module, "eager_attention_forward", None)
-                    if callable(original) and not hasattr(original, _WRAPPED):
-                        setattr(module, "eager_attention_forward", _wrap(original, impl))
-                        restore.append((setattr, (module, "eager_attention_forward", original)))
+                    if callable(getattr(module, "eager_attention_forward", None)):
+                        keys.append(_install(
+                            module, "eager_attention_forward", impl, lambda m=module: m.eager_attention_forward,
+                            lambda f, m=module: setattr(m, "eager_attention_forward", f),
+                            lambda f, m=module: setattr(m, "eager_attention_forward", f)))
                 continue
             for interface in _interfaces(model, transformers):
-                if impl not in interface:
-                    continue
-                original = interface[impl]
-                if hasattr(original, _WRAPPED):
-                    continue
-                interface[impl] = _wrap(original, impl)  # the instance's own entry, over the class-wide one
-                restore.append((_put_back, (interface, impl, original)))
+                if impl in interface:  # the instance's own entry, over the class-wide one
+                    keys.append(_install(
+                        interface, impl, impl, lambda i=interface, n=impl: i[n],
+                        lambda f, i=interface, n=impl: i.__setitem__(n, f),
+                        lambda f, i=interface, n=impl: _put_back(i, n, f)))
         token = _ACTIVE.set((on_call, named(model.named_modules())))
         try:
             yield
         finally:
             _ACTIVE.reset(token)
     finally:
-        for fn, args in reversed(restore):
-            fn(*args)
+        for key in reversed(keys):
+            if key is not None:
+                _release(key)
 
 
 def _put_back(interface, impl: str, original) -> None:
