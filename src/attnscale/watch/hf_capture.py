@@ -11,15 +11,19 @@ For the duration of a probe that very function is wrapped, under its own name:
 the wrapper hands the call to the capture, then calls the model's function with
 the same arguments, so the model keeps its path (sdpa, eager, flash, ...), its
 masks (built for that name, as before) and its outputs. The config is never
-touched. On exit, even on error, every wrapped entry is put back as it was.
-The wrapper only reads the calls of the model being probed (and of the thread
-that probes it); any other model calling the same function meanwhile passes
-straight through.
+touched. On exit, even on error, every wrapped entry is put back as it was
+(by the last probe out, where probes in several threads share a wrapper). The
+wrapper only reads the calls of the model being probed, in the context that
+probes it; any other model calling the same function meanwhile passes straight
+through.
 
 The mask is read in the format the implementation gets: sdpa's boolean mask
 (None when ``is_causal`` alone says it: then causal), eager's additive float
 mask (None: no mask), flash's 2-D padding mask with the module's ``is_causal``
-and ``sliding_window``.
+and ``sliding_window`` (flash is read as transformers documents it; it is not
+installed where the tests run), flex_attention's BlockMask through its
+``mask_mod``. A ``position_bias`` is added to the scores. Not read: learned
+attention sinks (``s_aux``), which take weight from every row.
 """
 
 from __future__ import annotations
