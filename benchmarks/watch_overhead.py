@@ -5,9 +5,11 @@ grouped-query attention) trains on attnscale's embedded corpus with the Trainer,
 same seed and steps in every round; rounds alternate (without, with, without, with,
 ...) so the machine's drift and neighbours hit both alike, and the medians are
 compared. The Trainer logs every ``--every`` steps in both, as a run would; the
-callback probes at those steps. Two figures: the ratio of median wall times (what
-the run pays), and the watch's own timer (``watch/total_seconds`` over the run's
-``train_runtime``).
+callback probes at those steps. Three figures: the ratio of median wall times (what
+the run pays), the ratio of median CPU times of the training process (what it pays
+where neighbours share the cores: their load moves wall time far more than this
+process's own CPU time), and the watch's own timer (``watch/total_seconds`` over
+the run's ``train_runtime``).
 
     python benchmarks/watch_overhead.py                   # default cadence, 3 rounds each
     python benchmarks/watch_overhead.py --report-to tensorboard   # with the integration writing too
@@ -22,6 +24,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -46,8 +49,9 @@ def cpu_line() -> str:
     return f"{name}, {os.cpu_count()} cores, {bf16}, torch {torch.__version__} with {torch.get_num_threads()} threads"
 
 
-def one_round(args, watched: bool, out: Path) -> tuple[float, float | None]:
-    """(train_runtime seconds, the watch's own seconds or None) of one fresh training run."""
+def one_round(args, watched: bool, out: Path) -> tuple[float, float, float | None]:
+    """(train_runtime seconds, CPU seconds of this process in train(), the watch's own seconds or None)
+    of one fresh training run."""
     from tiny_llama import corpus_windows, tiny_llama
     from transformers import Trainer, TrainingArguments
 
@@ -61,16 +65,20 @@ def one_round(args, watched: bool, out: Path) -> tuple[float, float | None]:
                                  learning_rate=1e-3, logging_steps=args.every, save_strategy="no",
                                  report_to=args.report_to, use_cpu=args.device == "cpu", disable_tqdm=True,
                                  dataloader_num_workers=0, seed=0)
-    result = Trainer(model=model, args=training, train_dataset=data, callbacks=callbacks).train()
+    trainer = Trainer(model=model, args=training, train_dataset=data, callbacks=callbacks)
+    cpu = time.process_time()
+    result = trainer.train()
+    cpu = time.process_time() - cpu
     runtime = float(result.metrics["train_runtime"])
     if not watched:
-        return runtime, None
+        return runtime, cpu, None
     latest = callbacks[0].latest
-    return runtime, (latest[1]["watch/total_seconds"] if latest else 0.0)
+    return runtime, cpu, (latest[1]["watch/total_seconds"] if latest else 0.0)
 
 
 def summarize(plain: list[float], watched: list[float], own: list[float]) -> dict[str, float]:
-    """Medians, the overhead as a share of the unwatched median, and the watch's own share."""
+    """Medians of wall (or CPU) seconds, their ratio, the overhead as a share of the unwatched median,
+    and the median of the watch's own seconds over each watched run's seconds."""
     p, w = statistics.median(plain), statistics.median(watched)
     return {"plain_s": p, "watched_s": w, "ratio": w / p, "overhead": w / p - 1,
             "own_share": statistics.median(o / t for o, t in zip(own, watched))}
@@ -78,14 +86,14 @@ def summarize(plain: list[float], watched: list[float], own: list[float]) -> dic
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=400, help="optimizer steps per round")
+    p.add_argument("--steps", type=int, default=300, help="optimizer steps per round")
     p.add_argument("--every", type=int, default=EVERY, help=f"probe (and log) every this many steps (default {EVERY})")
     p.add_argument("--rounds", type=int, default=3, help="rounds with and without the watch each")
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--context", type=int, default=128)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--hidden", type=int, default=128)
-    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--context", type=int, default=64)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=64)
+    p.add_argument("--heads", type=int, default=4)
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--report-to", default="none", help="Trainer integrations, e.g. tensorboard (default none)")
     p.add_argument("--device", choices=["cpu", "auto"], default="cpu", help="cpu, or auto (a GPU where there is one)")
@@ -95,18 +103,21 @@ def main(argv=None) -> int:
     print(f"Llama {args.layers} layers, hidden {args.hidden}, {args.heads} heads over {args.kv_heads} kv heads; "
           f"{args.steps} steps of {args.batch} × {args.context} tokens; probe every {args.every}; "
           f"report_to {args.report_to}")
-    plain, watched, own = [], [], []
+    plain, watched, own, cpu_plain, cpu_watched = [], [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            t_plain, _ = one_round(args, False, Path(tmp) / f"p{r}")
-            t_watched, t_own = one_round(args, True, Path(tmp) / f"w{r}")
-            plain.append(t_plain)
-            watched.append(t_watched)
-            own.append(t_own)
-            print(f"round {r + 1}: without {t_plain:.2f} s, with {t_watched:.2f} s (watch's own timer {t_own:.3f} s)")
+            t_plain, c_plain, _ = one_round(args, False, Path(tmp) / f"p{r}")
+            t_watched, c_watched, t_own = one_round(args, True, Path(tmp) / f"w{r}")
+            for to, value in ((plain, t_plain), (watched, t_watched), (own, t_own), (cpu_plain, c_plain),
+                              (cpu_watched, c_watched)):
+                to.append(value)
+            print(f"round {r + 1}: without {t_plain:.3f} s, with {t_watched:.3f} s (watch's own timer {t_own:.3f} s); "
+                  f"CPU without {c_plain:.3f} s, with {c_watched:.3f} s", flush=True)
     s = summarize(plain, watched, own)
+    c = summarize(cpu_plain, cpu_watched, own)
     print(f"median: without {s['plain_s']:.2f} s, with {s['watched_s']:.2f} s, ratio {s['ratio']:.4f} "
-          f"(overhead {100 * s['overhead']:+.2f}%); watch's own timer: {100 * s['own_share']:.2f}% of training time")
+          f"(overhead {100 * s['overhead']:+.2f}%); CPU time ratio {c['ratio']:.4f} (overhead {100 * c['overhead']:+.2f}%); "
+          f"watch's own timer: {100 * s['own_share']:.2f}% of training time")
     return 0
 
 
