@@ -31,8 +31,9 @@ import torch
 
 from attnscale.core.diagnostics import FROZEN_THRESHOLD
 from attnscale.watch.alerts import Alert, Alerts, default_alerts
+from attnscale.watch.measure import measure_heads
 from attnscale.watch.record import WatchRecord
-from attnscale.watch.sinks import Sink
+from attnscale.watch.sinks import Sink, scalars
 
 __all__ = ["Watch", "EVERY", "PROBE_SEQUENCES", "first_sequences"]
 
@@ -108,9 +109,6 @@ class Watch:
             self._started = now
         if step % self.every or self.probe is None:
             return None
-        from attnscale.watch.measure import measure_heads  # the engine loads with the first probe
-        from attnscale.watch.sinks import scalars
-
         stats = measure_heads(self.model, self.probe, threshold=self.threshold, capture=self.capture,
                               adapter=self.adapter)
         fired = self.alerts.check(stats, step)
