@@ -1,6 +1,6 @@
 """Watch attention health in a Hugging Face Trainer: a small Llama (GQA) on the embedded corpus.
 
-    python examples/hf_trainer.py                       # about a minute on a laptop CPU
+    python examples/hf_trainer.py                       # 200 steps; about 150 CPU-seconds (2 cores: under 2 min)
     python examples/hf_trainer.py --unscaled --init-std 0.5 --stop   # no 1/sqrt(d): the alert stops the Trainer
     tensorboard --logdir watch-out/hf/runs              # the heads beside the Trainer's loss
     attnscale watch-report watch-out/hf/watch.jsonl
@@ -33,9 +33,9 @@ def main(argv=None) -> int:
     from transformers import Trainer, TrainingArguments
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=300)
-    p.add_argument("--every", type=int, default=25, help="probe every this many steps")
-    p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--every", type=int, default=20, help="probe every this many steps")
+    p.add_argument("--batch", type=int, default=8)
     p.add_argument("--context", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--hidden", type=int, default=64)
