@@ -1,6 +1,6 @@
 """Watch attention health in a Hugging Face Trainer: a small Llama (GQA) on the embedded corpus.
 
-    python examples/hf_trainer.py                       # 200 steps; about 150 CPU-seconds (2 cores: under 2 min)
+    python examples/hf_trainer.py                       # 200 steps, a minute or two on a 2-core CPU
     python examples/hf_trainer.py --unscaled --init-std 0.5 --stop   # no 1/sqrt(d): the alert stops the Trainer
     tensorboard --logdir watch-out/hf/runs              # the heads beside the Trainer's loss
     attnscale watch-report watch-out/hf/watch.jsonl

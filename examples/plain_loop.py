@@ -1,6 +1,6 @@
 """Watch attention health in a plain PyTorch loop: attnscale's tiny LM on the embedded corpus.
 
-    python examples/plain_loop.py                       # 200 steps; about 85 CPU-seconds (2 cores: under 2 min)
+    python examples/plain_loop.py                       # 200 steps, a minute or two on a 2-core CPU
     python examples/plain_loop.py --scale none --width 1024 --init unit   # the unscaled model: alerts fire
     tensorboard --logdir watch-out/plain/tb             # the heads beside the loss
     attnscale watch-report watch-out/plain/watch.jsonl  # one HTML page
