@@ -41,7 +41,7 @@ __all__ = ["Adapter", "AttentionCall", "OnCall", "as_visible", "attention_module
            "capture_weights"]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # tensors inside: compared by identity
 class AttentionCall:
     """One attention call, as the model made it.
 

@@ -45,7 +45,7 @@ __all__ = ["CAPTURES", "HeadStats", "capturing", "choose", "forward", "input_dev
 CAPTURES = ("auto", "hooks", "hf", "sdpa", "adapter")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # tensors inside: compared by identity
 class HeadStats:
     """Per-head measurements of one probe.
 
