@@ -23,7 +23,9 @@ _LAZY = {
     "Watch": "attnscale.watch.loop",
     "WatchCallback": "attnscale.watch.hf",
     **{name: "attnscale.watch.sinks" for name in ("JsonlSink", "CsvSink", "TensorBoardSink", "WandbSink")},
-    **{name: "attnscale.watch.alerts" for name in ("Alert", "MaxScore", "Collapsed", "Frozen", "NonFinite", "Spike")},
+    **{name: "attnscale.watch.alerts" for name in ("Alert", "Alerts", "Firing", "default_alerts", "MaxScore", "Collapsed",
+                                                   "Frozen", "NonFinite", "Spike")},
+    **{name: "attnscale.watch.record" for name in ("WatchRecord", "read_log")},
 }
 
 __all__ = ["Adapter", "AttentionCall", "HeadStats", "capture_adapter", "capture_hooks", "capture_sdpa", "capture_weights",
@@ -38,9 +40,3 @@ def __getattr__(name: str):
     value = getattr(importlib.import_module(_LAZY[name]), name)
     globals()[name] = value  # the name is bound to the object, not to a submodule of the same name
     return value
-
-# the training side's remaining names: alert firings and defaults, the watch log's record and reader
-_LAZY.update({"Alerts": "attnscale.watch.alerts", "Firing": "attnscale.watch.alerts",
-              "default_alerts": "attnscale.watch.alerts", "WatchRecord": "attnscale.watch.record",
-              "read_log": "attnscale.watch.record"})
-__all__ += ["Alerts", "Firing", "default_alerts", "WatchRecord", "read_log"]
