@@ -47,12 +47,25 @@ def _records(data: bytes):
             part = b""
 
 
-def wandb_history(wandb_dir) -> list[dict]:
-    """Every history row (``run.log`` call) of every offline run under ``wandb_dir``, values decoded."""
+def wandb_history(wandb_dir, rows: int = 1, timeout: float = 60.0) -> list[dict]:
+    """Every history row (``run.log`` call) of every offline run under ``wandb_dir``, values decoded.
+    wandb's service writes the file after ``finish()`` returns, so this waits up to ``timeout`` seconds
+    for at least ``rows`` rows."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        found = _history(wandb_dir)
+        if len(found) >= rows or time.monotonic() > deadline:
+            return found
+        time.sleep(0.5)
+
+
+def _history(wandb_dir) -> list[dict]:
     from wandb.proto import wandb_internal_pb2 as pb
 
     rows = []
-    for path in sorted(Path(wandb_dir).rglob("run-*.wandb")):
+    for path in sorted(p for p in Path(wandb_dir).rglob("run-*.wandb") if "latest-run" not in p.parts):
         for raw in _records(path.read_bytes()):
             record = pb.Record()
             record.ParseFromString(raw)
