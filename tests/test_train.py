@@ -103,3 +103,31 @@ def test_corpus_too_small_for_vocab_or_context_raises(corpus):
         train(mcfg(vocab_size=3), tcfg(), corpus)
     with pytest.raises(ConfigError, match="context"):
         train(mcfg(context=8), tcfg(), Corpus("t", "char", V, corpus.train[:8], corpus.valid, "0" * 64))
+
+
+def _without_time(res):
+    return [{k: v for k, v in row.items() if k != "elapsed_s"} for row in res["history"]]
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_deferred_recording_reads_the_device_once_per_step_and_gives_the_same_numbers(corpus, monkeypatch, dtype):
+    """On MPS (no float64) each layer's scores and weights wait on the device and travel to the
+    CPU with the step's scalars in one transfer, instead of two per layer. Simulated here by
+    deferring the CPU itself: the numbers are the same, and ``.cpu()`` runs once per recorded step."""
+    from attnscale.lm import recording
+
+    cfg, model_cfg = tcfg(record_every=2, dtype=dtype), mcfg(impl="explicit")
+    want = train(model_cfg, cfg, corpus)
+    calls = [0]
+    original = torch.Tensor.cpu
+
+    def counted(self, *a, **k):
+        calls[0] += 1
+        return original(self, *a, **k)
+
+    with monkeypatch.context() as m:
+        m.setattr(recording, "DEFERRED", ("cpu",))
+        m.setattr(torch.Tensor, "cpu", counted)
+        got = train(model_cfg, cfg, corpus)
+    assert _without_time(got) == _without_time(want)
+    assert calls[0] == len(got["history"])  # steps 0, 2, 4 and the trained model: one transfer each

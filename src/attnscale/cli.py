@@ -595,9 +595,27 @@ def _run_inspect(args) -> None:
     _print_json(result) if args.json else print(show.format_table(result))
 
 
+def _add_watch_report(sub) -> None:
+    p = sub.add_parser("watch-report", help="one HTML page from a watch log (attnscale.watch's JsonlSink): "
+                                            "every head over steps, frozen share, alerts, random-score reference")
+    p.add_argument("log", type=Path, metavar="WATCH_LOG", help="the JSONL file a Watch or WatchCallback wrote")
+    p.add_argument("--out", type=Path, help="the page to write (default: WATCH_LOG with .html)")
+    p.add_argument("--bidirectional", action="store_true",
+                   help="the model's rows see every key (an encoder); the random-score reference is causal otherwise")
+    p.set_defaults(run=_run_watch_report)
+
+
+def _run_watch_report(args) -> None:
+    from attnscale.report import watch_page
+
+    if args.out is not None:
+        writable_dir(args.out.parent or Path("."), "--out")
+    print(f"page: {watch_page.build(args.log, args.out, causal=not args.bidirectional)}")
+
+
 COMMANDS = [_add_spread, _add_fresh, _add_reproduce, _add_report]
 COMMANDS += [_add_train, _add_dynamics, _add_sweep, _add_schemes, _add_study]
-COMMANDS += [_add_inspect]
+COMMANDS += [_add_inspect, _add_watch_report]
 
 
 def build_parser() -> argparse.ArgumentParser:

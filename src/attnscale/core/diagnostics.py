@@ -35,6 +35,8 @@ __all__ = [
     "FROZEN_HEAD_SHARE",
     "counted_rows",
     "HeadPool",
+    "COLLAPSED_WORDS",
+    "reduce_heads",
 ]
 
 FROZEN_THRESHOLD = 0.99
@@ -44,6 +46,8 @@ HEAD_MEASURES = ("spread", "max_score", "effective_words", "frozen_fraction", "p
 MIN_KEYS = 2
 # A head is called frozen when more than this share of its rows is frozen.
 FROZEN_HEAD_SHARE = 0.5
+# A head is called collapsed when its rows spread over fewer effective words than this.
+COLLAPSED_WORDS = 2.0
 
 
 def _measurable(x: torch.Tensor | None) -> torch.Tensor | None:
@@ -245,10 +249,46 @@ class HeadPool:
         for k, v_NH in _row_stats(pattern_NHT, self.threshold).items():
             self.row_sums[k] += v_NH.sum(0).double()
 
-    def result(self) -> dict[str, list[float]]:
-        """Per head, in ``HEAD_MEASURES`` order; zeros for a head that saw nothing."""
+    def measures(self) -> torch.Tensor:
+        """``result`` as one float64 tensor of shape (len(HEAD_MEASURES), H), left on
+        the sums' device, so a caller can read many pools back in one transfer."""
         n, rows = self.entries.clamp_min(1.0), self.rows.clamp_min(1.0)
         mean = self.sum / n
         out = {"spread": (self.sum_sq / n - mean**2).clamp_min(0).sqrt(), "max_score": self.max_abs}
         out.update({k: v / rows for k, v in self.row_sums.items()})
-        return {k: v.tolist() for k, v in out.items()}
+        return torch.stack([out[k] for k in HEAD_MEASURES])
+
+    def result(self) -> dict[str, list[float]]:
+        """Per head, in ``HEAD_MEASURES`` order; zeros for a head that saw nothing."""
+        return dict(zip(HEAD_MEASURES, self.measures().tolist()))
+
+
+def reduce_heads(values_LH, how: str = "mean", *, per_layer: bool = False, weights_LH=None):
+    """Per-layer/per-head numbers (``values_LH[layer][head]``, None where a head has
+    no value) in one number, or with ``per_layer`` one per layer (over its heads).
+
+    ``how``: "mean", "max" or "min"; ``weights_LH`` (same shape) weighs the mean,
+    e.g. by the rows each head counted. Values are taken in order and summed in
+    Python, so the same numbers always give the same result; nothing to reduce
+    gives NaN. Every per-layer/per-head summary in attnscale goes through here."""
+    if how not in ("mean", "max", "min"):
+        raise ValueError(f"how must be 'mean', 'max' or 'min', got {how!r}")
+
+    def one(vals, weights=None):
+        pairs = [(v, 1 if weights is None else weights[i]) for i, v in enumerate(vals) if v is not None]
+        if not pairs:
+            return float("nan")
+        if how != "mean":
+            return (max if how == "max" else min)(v for v, _ in pairs)
+        if weights is None:
+            return sum(v for v, _ in pairs) / len(pairs)
+        total = sum(w for _, w in pairs)
+        return sum(v * w for v, w in pairs) / total if total else float("nan")
+
+    if weights_LH is None:
+        weights_LH = [None] * len(values_LH)
+    if per_layer:
+        return [one(vals, w) for vals, w in zip(values_LH, weights_LH)]
+    flat = [v for layer in values_LH for v in layer]
+    weights = None if all(w is None for w in weights_LH) else [w for layer in weights_LH for w in layer]
+    return one(flat, weights)

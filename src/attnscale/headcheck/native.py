@@ -16,11 +16,11 @@ import torch
 from torch import nn
 
 from attnscale.core.attention import Attention
-from attnscale.core.hooks import record
 from attnscale.core.scales import ScoreScale
 from attnscale.errors import ConfigError
 from attnscale.runs import record as run_record
 from attnscale.runs.record import Record
+from attnscale.watch.capture import AttentionCall, capture_hooks
 from attnscale.headcheck.engine import HeadCheck, InspectConfig, InspectResult, Layer, OnLayer, check_texts, take_sequences
 
 __all__ = ["CHECKPOINT", "WEIGHTS", "inspect", "is_run", "load", "load_checkpoint", "load_run"]
@@ -186,25 +186,19 @@ def inspect(model: nn.Module, texts, cfg: InspectConfig, on_layer: OnLayer | Non
     if context and cfg.max_tokens > context:
         raise ConfigError(f"--max-tokens {cfg.max_tokens} is more than the model's context of {context}; give at most {context}")
     seqs, available = take_sequences([r[i : i + cfg.max_tokens] for r in rows for i in range(0, len(r), cfg.max_tokens)], cfg)
-    module_of = {f"{n}.hook_{h}" if n else f"hook_{h}": (i, m) for i, (n, m) in enumerate(attns) for h in ("q", "k", "scores")}
+    index = {id(m): i for i, (_, m) in enumerate(attns)}
     check = HeadCheck(cfg, on_layer)
-    seen: dict[str, torch.Tensor] = {}
 
-    def fn(hook: str, tensor: torch.Tensor) -> None:
-        i, m = module_of[hook]
-        if not hook.endswith("hook_scores"):
-            seen[hook.rsplit("_", 1)[-1]] = tensor
-            return
-        q_BHTD, k_BHTD = m.scale.prepare(seen.pop("q"), seen.pop("k"))
-        # the model's own mask: the entries its hook_scores holds as -inf
-        check.add(i, _layer(m), q_BHTD, k_BHTD, torch.isfinite(tensor[:, :1]))
+    def on_call(call: AttentionCall) -> None:
+        # q and k as the scale prepares them; the mask is the model's own (the -inf entries of its hook_scores)
+        check.add(index[id(call.module)], _layer(call.module), call.q, call.k, call.mask)
 
     # Sequences of one length go together: the attnscale models take no padding mask.
     by_len: dict[int, list[list[int]]] = {}
     for s in seqs:
         by_len.setdefault(len(s), []).append(s)
     device = next(model.parameters()).device  # the ids go where the model is
-    with record(model, list(module_of), fn=fn), torch.no_grad():
+    with capture_hooks(model, on_call), torch.no_grad():
         for group in by_len.values():
             for start in range(0, len(group), cfg.batch):
                 model(torch.tensor(group[start : start + cfg.batch]).to(device, non_blocking=True))

@@ -1,11 +1,14 @@
 """Recording the attention diagnostics on the training step's own forward pass.
 
-Every ``record_every`` steps the forward pass goes through the hooks: each
-layer's scores and pattern are reduced on the spot by
-``core.diagnostics.head_measures`` (over the first few sequences of the batch)
-and dropped, so recording costs one explicit-attention forward and a few
-reductions, not an extra pass or kept tensors. The reductions stay on the device
-until the step's one read-back (``read_back``)."""
+Every ``record_every`` steps the forward pass goes through the watch's
+``capture_weights``: each layer's scores and pattern, as the model computes
+them, are reduced on the spot by ``core.diagnostics.head_measures`` (over the
+first few sequences of the batch) and dropped, so recording costs one
+explicit-attention forward and a few reductions, not an extra pass or kept
+tensors. The reductions stay on the device until the step's one read-back
+(``read_back``). On MPS, which has no float64 for the reductions, the layers'
+scores and patterns wait on the device instead and travel to the CPU with the
+step's scalars in that one transfer."""
 
 from __future__ import annotations
 
@@ -14,35 +17,49 @@ from typing import Any
 
 import torch
 
-from attnscale.core.diagnostics import HEAD_MEASURES, head_measures
-from attnscale.core.hooks import record
+from attnscale.core.diagnostics import HEAD_MEASURES, head_measures, reduce_heads
 from attnscale.lm.model import TinyLM
+from attnscale.watch.capture import capture_weights
 
 __all__ = ["DIAGNOSTICS", "Recorder", "recording", "read_back", "summarize"]
 
 DIAGNOSTICS = HEAD_MEASURES  # recorded per layer and head, as diagnostics.head_summary names them
+# Devices whose layers wait for the read-back to be reduced on the CPU (no float64 there).
+DEFERRED = ("mps",)
 
 
 class Recorder:
-    """Hook callback: pairs each layer's scores with its pattern and reduces them at once, on the device.
+    """Called with each layer's scores and pattern; reduces them at once, on the device.
 
     The reductions stay tensors until ``row``, so a recording step reads the
-    device back once (``numbers`` joins them with the step's loss)."""
+    device back once (``read_back`` joins them with the step's loss). On a
+    ``DEFERRED`` device the (few sequences of) scores and patterns are kept
+    instead, and ``read_back`` reduces them after the one transfer."""
 
     def __init__(self, n_layers: int, threshold: float, sequences: int):
         self.threshold, self.sequences = threshold, sequences
-        self.scores: dict[int, torch.Tensor] = {}
         self.layers: list[torch.Tensor | None] = [None] * n_layers
+        self.pending: list[tuple[int, torch.Tensor, torch.Tensor]] = []
 
-    def __call__(self, name: str, tensor: torch.Tensor) -> None:
-        layer = int(name.split(".")[1])  # "blocks.{i}.attn.hook_*"
-        tensor = tensor[: self.sequences]  # the reductions cost more than the forward; a few sequences suffice
-        if tensor.device.type == "mps":  # the reductions run in float64, which MPS lacks
-            tensor = tensor.cpu()
-        if name.endswith("hook_scores"):
-            self.scores[layer] = tensor
+    def __call__(self, layer: int, scores_BHTT: torch.Tensor, pattern_BHTT: torch.Tensor) -> None:
+        # the reductions cost more than the forward; a few sequences suffice
+        scores_BHTT, pattern_BHTT = scores_BHTT[: self.sequences], pattern_BHTT[: self.sequences]
+        if scores_BHTT.device.type in DEFERRED:  # no sync here: a copy waits on the device for the read-back
+            self.pending.append((layer, scores_BHTT.clone(), pattern_BHTT.clone()))
         else:
-            self.layers[layer] = head_measures(self.scores.pop(layer), tensor, self.threshold)
+            self.layers[layer] = head_measures(scores_BHTT, pattern_BHTT, self.threshold)
+
+    def reduce(self, flat: torch.Tensor) -> None:
+        """Reduce the pending layers from ``flat``, their scores and patterns (as ``float()``, flattened,
+        in ``pending``'s order) already on the CPU."""
+        start = 0
+        for layer, scores, pattern in self.pending:
+            parts = []
+            for t in (scores, pattern):
+                parts.append(flat[start : start + t.numel()].view(t.shape))
+                start += t.numel()
+            self.layers[layer] = head_measures(*parts, self.threshold)
+        self.pending = []
 
     def tensor(self) -> torch.Tensor:
         """Every diagnostic, flattened from shape (layers, len(DIAGNOSTICS), heads)."""
@@ -63,10 +80,15 @@ class Recorder:
 def read_back(rec: Recorder | None, *scalars: torch.Tensor) -> tuple[list[float], dict | None]:
     """The step's one device-to-host transfer: ``scalars`` as floats, and the recorded row if any."""
     parts = [s.detach().float().reshape(1) for s in scalars]
+    n = len(scalars)
+    if rec is not None and rec.pending:  # the one transfer carries the layers too; reduced on the CPU
+        waiting = [t.float().flatten() for _, s, p in rec.pending for t in (s, p)]
+        flat = torch.cat(parts + waiting).cpu()
+        rec.reduce(flat[n:])
+        parts = [flat[:n]]
     if rec is not None:
         parts.append(rec.tensor().to(parts[0].device))
     values = torch.cat(parts).tolist()
-    n = len(scalars)
     return values[:n], (rec.row(values[n:]) if rec is not None else None)
 
 
@@ -77,7 +99,7 @@ def recording(model: TinyLM, due: bool, threshold: float, sequences: int):
         yield None
         return
     rec = Recorder(model.cfg.n_layers, threshold, sequences)
-    with record(model, ["*hook_scores", "*hook_pattern"], fn=rec):
+    with capture_weights(model, rec):
         yield rec
 
 
@@ -85,10 +107,7 @@ def summarize(row: dict[str, Any]) -> dict[str, Any]:
     """One recorded row in a few numbers: each diagnostic's mean over layers and
     heads (max for max_score), and ``spread_by_layer``/``frozen_by_layer``
     (mean over heads), since the first layer is the one that sees the raw embeddings."""
-    out: dict[str, Any] = {}
-    for k in DIAGNOSTICS:
-        flat = [v for layer in row[k] for v in layer]
-        out[k] = max(flat) if k == "max_score" else sum(flat) / len(flat)
-    out["spread_by_layer"] = [sum(layer) / len(layer) for layer in row["spread"]]
-    out["frozen_by_layer"] = [sum(layer) / len(layer) for layer in row["frozen_fraction"]]
+    out: dict[str, Any] = {k: reduce_heads(row[k], "max" if k == "max_score" else "mean") for k in DIAGNOSTICS}
+    out["spread_by_layer"] = reduce_heads(row["spread"], per_layer=True)
+    out["frozen_by_layer"] = reduce_heads(row["frozen_fraction"], per_layer=True)
     return out

@@ -177,7 +177,9 @@ def _layer_means(steps: list[dict], key: str) -> tuple[list[int], list[list[floa
     """Steps, and per layer the mean over heads of ``key`` at each step."""
     xs = [s["step"] for s in steps]
     n_layers = len(steps[0]["layers"])
-    per = [[sum(s["layers"][i][key]) / len(s["layers"][i][key]) for s in steps] for i in range(n_layers)]
+    from attnscale.core.diagnostics import reduce_heads
+
+    per = [[reduce_heads([s["layers"][i][key]]) for s in steps] for i in range(n_layers)]
     return xs, per
 
 

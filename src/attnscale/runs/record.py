@@ -30,7 +30,6 @@ Every reader goes through ``read`` / ``TrainRun``; nothing else parses record.js
 from __future__ import annotations
 
 import json
-import math
 import os
 import platform
 import subprocess
@@ -363,18 +362,15 @@ class TrainRun:
 
     def diag_mean(self, which: str, key: str) -> float:
         """Mean over layers and heads of ``key`` at the "first" or "last" recorded step (NaN when absent)."""
-        line = self.line(which)
-        vals = [v for layer in (line or {}).get("layers", []) for v in layer.get(key, []) if v is not None]
-        return sum(vals) / len(vals) if vals else math.nan
+        from attnscale.core.diagnostics import reduce_heads
+
+        return reduce_heads([layer.get(key, []) for layer in (self.line(which) or {}).get("layers", [])])
 
     def layer_means(self, which: str, key: str) -> list[float]:
         """Mean over heads of ``key``, one value per layer, at the "first" or "last" recorded step."""
-        line = self.line(which) or {"layers": []}
-        out = []
-        for layer in line["layers"]:
-            vals = [v for v in layer.get(key, []) if v is not None]
-            out.append(sum(vals) / len(vals) if vals else math.nan)
-        return out
+        from attnscale.core.diagnostics import reduce_heads
+
+        return reduce_heads([layer.get(key, []) for layer in (self.line(which) or {"layers": []})["layers"]], per_layer=True)
 
     def copied(self, group: str, copied_from: str) -> Record:
         """This run's record as it reads when copied into another experiment's folder."""

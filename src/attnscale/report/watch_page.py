@@ -1,0 +1,162 @@
+"""One self-contained HTML page from a watch log (``attnscale watch-report WATCH_LOG``).
+
+What a reader sees, from the log's records alone (``watch.record.read_log``):
+- heatmaps of every head (rows: layer.head) over the probe steps (columns) for
+  effective words and max |score|, so a head that collapses or whose logits grow
+  stands out as one row changing colour;
+- the frozen share of rows over steps, per layer (mean of its heads) and model-wide;
+- the alerts on the same step axis, one mark per firing, and a table of the first
+  firing of each alert and head;
+- effective words over steps beside what random scores predict at the same spread
+  (``core.gaussian_scores``: softmax over i.i.d. N(0, spread²) scores, rows of the
+  probe's length, causal unless told otherwise): a head far below its reference
+  attends more sharply than noise at its own spread would.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+
+from attnscale.report import plots, render
+from attnscale.watch.record import WatchRecord, read_log
+
+__all__ = ["build", "page", "reference_words", "first_firings", "grid_over_steps"]
+
+
+def grid_over_steps(records: list[WatchRecord], measure: str) -> np.ndarray:
+    """(layers·heads) × steps: row l·H + h is layer l, head h; null (non-finite) is NaN."""
+    cols = [np.array([[np.nan if v is None else v for v in heads] for heads in r.grid(measure)], dtype=float).ravel()
+            for r in records]
+    return np.stack(cols, axis=1)
+
+
+def reference_words(record: WatchRecord, causal: bool = True) -> tuple[float, float]:
+    """(measured, random-score reference): mean over heads of effective words, and of what random
+    Gaussian scores at each head's own spread give for rows of the probe's length."""
+    from attnscale.core.gaussian_scores import expected_effective_words
+
+    keys = int(record.probe.get("tokens", 0))
+    spread = np.array(record.grid("spread"), dtype=float)
+    words = np.array(record.grid("effective_words"), dtype=float)
+    if keys < 2:
+        return float(np.nanmean(words)), math.nan
+    return float(np.nanmean(words)), float(np.nanmean(expected_effective_words(spread, keys, causal=causal)))
+
+
+def first_firings(records: list[WatchRecord]) -> list[dict]:
+    """The first firing of each (alert, layer, head), in step order."""
+    seen, out = set(), []
+    for r in records:
+        for a in r.alerts:
+            key = (a["alert"], a["layer"], a["head"])
+            if key not in seen:
+                seen.add(key)
+                out.append(a)
+    return out
+
+
+def _heatmaps(records, path: Path) -> Path:
+    from matplotlib.colors import LogNorm
+
+    plt = plots._plt()
+    steps = [r.step for r in records]
+    L, H = records[-1].layers, records[-1].heads
+    fig, axes = plt.subplots(1, 2, figsize=(13, 1.2 + 0.22 * L * H + 2), squeeze=False)
+    for ax, (measure, label, cmap) in zip(axes[0], (("effective_words", "effective words", "viridis"),
+                                                    ("max_score", "max |score|", "magma"))):
+        grid = grid_over_steps(records, measure)
+        positive = grid[np.isfinite(grid) & (grid > 0)]
+        # logits span decades as they grow: a log colour scale from the smallest to the largest seen
+        norm = (LogNorm(vmin=positive.min(), vmax=max(positive.max(), positive.min() * 10))
+                if measure == "max_score" and positive.size else None)
+        im = ax.imshow(grid, aspect="auto", cmap=cmap, norm=norm, interpolation="nearest")
+        ticks = range(0, len(steps), max(1, len(steps) // 8))
+        ax.set_xticks(list(ticks), [str(steps[i]) for i in ticks])
+        ax.set_yticks(range(L * H), [f"{l}.{h}" for l in range(L) for h in range(H)], fontsize=7)
+        ax.set(xlabel="step", ylabel="layer.head", title=f"{label}, every head over steps")
+        fig.colorbar(im, ax=ax, shrink=0.8)
+    return plots._save(fig, path)
+
+
+def _over_steps(records, causal: bool, path: Path) -> Path:
+    plt = plots._plt()
+    steps = [r.step for r in records]
+    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.3))
+    frozen = grid_over_steps(records, "frozen_fraction")
+    H = records[-1].heads
+    for layer in range(records[-1].layers):
+        ax1.plot(steps, np.nanmean(frozen[layer * H:(layer + 1) * H], axis=0), lw=1.2, label=f"layer {layer}")
+    ax1.plot(steps, [r.summary.get("attn/frozen_fraction", math.nan) for r in records], "k--", lw=1.5, label="model")
+    ax1.set(xlabel="step", ylabel="share of rows frozen", title="Frozen share (mean of heads)", ylim=(-0.02, 1.02))
+    ax1.legend(fontsize=7)
+    pairs = [reference_words(r, causal) for r in records]
+    ax2.plot(steps, [p[0] for p in pairs], "-", color="#2471a3", lw=1.6, label="measured (mean of heads)")
+    ax2.plot(steps, [p[1] for p in pairs], "--", color="#888888", lw=1.2, label="random scores at each head's spread")
+    ax2.set(xlabel="step", ylabel="effective words per row", title="Effective words beside random scores")
+    ax2.legend(fontsize=7)
+    names = sorted({a["alert"] for r in records for a in r.alerts})
+    for i, name in enumerate(names):
+        hits = [(a["step"], a["layer"] * H + a["head"]) for r in records for a in r.alerts if a["alert"] == name]
+        ax3.scatter([s for s, _ in hits], [i + 0.6 * (lh / max(records[-1].layers * H, 1) - 0.5) for _, lh in hits],
+                    s=10, label=name)
+    ax3.set_yticks(range(len(names)), names)
+    ax3.set_xlim(min(steps) - 1, max(steps) + 1)
+    ax3.set(xlabel="step", title="Alerts (one mark per head and step)" if names else "No alert fired")
+    for ax in (ax1, ax2, ax3):
+        ax.grid(alpha=0.3)
+    return plots._save(fig, path)
+
+
+def _number(x) -> str:
+    return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:,.4g}"
+
+
+def page(records: list[WatchRecord], causal: bool = True, title: str = "Attention watch") -> tuple[list, dict[str, bytes]]:
+    """(blocks, images) of the page; ``render.to_html`` makes it one file."""
+    import tempfile
+
+    last = records[-1]
+    blocks = [("h1", title),
+              ("p", f"{len(records)} probe steps, {records[0].step} to {last.step}; {last.layers} layers × "
+                    f"{last.heads} heads; probe of {last.probe.get('sequences', '?')} sequences × "
+                    f"{last.probe.get('tokens', '?')} tokens; rows frozen above max weight {last.threshold}.")]
+    watch = last.watch
+    if watch:
+        blocks.append(("p", f"The watch's own time: {watch.get('total_seconds', math.nan):.3g} s in all, "
+                            f"{100 * watch.get('share', math.nan):.2f}% of the wall time since it started."))
+    blocks.append(("h2", "The last probe"))
+    blocks.append(("table", ["summary", f"step {last.step}"], [[k, _number(v)] for k, v in last.summary.items()]))
+    images = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for name, draw, caption in (("heads.png", lambda p: _heatmaps(records, p),
+                                     "Every head over steps: effective words and max |score|"),
+                                    ("steps.png", lambda p: _over_steps(records, causal, p),
+                                     "Frozen share, effective words beside random scores, and alerts, over steps")):
+            images[name] = draw(Path(tmp) / name).read_bytes()
+            blocks += [("img", name, caption)]
+    measured, expected = reference_words(last, causal)
+    blocks.append(("p", f"At step {last.step} the heads spread over {measured:.3g} effective words on average; "
+                        f"random scores at the same spreads would give {_number(expected)} "
+                        f"({'causal' if causal else 'full'} rows of {last.probe.get('tokens', '?')} keys)."))
+    firings = first_firings(records)
+    blocks.append(("h2", "Alerts"))
+    if firings:
+        blocks.append(("table", ["step", "layer", "head", "alert", "value", "action"],
+                       [[a["step"], a["layer"], a["head"], a["alert"], _number(a["value"]), a["action"]] for a in firings]))
+    else:
+        blocks.append(("p", "No alert fired."))
+    return blocks, images
+
+
+def build(log: Path | str, out: Path | str | None = None, causal: bool = True) -> Path:
+    """Read the watch log ``log`` and write the page to ``out`` (default: beside it, .html); returns its path."""
+    log = Path(log)
+    records = read_log(log)
+    out = Path(out) if out is not None else log.with_suffix(".html")
+    blocks, images = page(records, causal=causal, title=f"Attention watch: {log.name}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(render.to_html(blocks, images), encoding="utf-8")
+    return out

@@ -1,0 +1,214 @@
+"""Alerts on a head's measurements, each with an action: warn, stop, or a function of yours.
+
+What each alert watches, and why its default:
+- ``MaxScore(tau=100)``: the largest |scaled score| of a head above tau. 100 is the
+  cap Kimi K2's QK-Clip puts on each head's max logit (Moonshot AI 2025); logit growth
+  is what broke ViT-22B (Dehghani et al. 2023) and high-learning-rate runs
+  (Wortsman et al. 2023).
+- ``Collapsed(words=2)``: a head whose rows spread over fewer than 2 effective words
+  on average, i.e. attends to about one word: entropy collapse (Zhai et al. 2023).
+- ``Frozen(limit=0.5)``: a head whose share of frozen rows (max weight above the
+  watch's threshold) is above ``limit``: softmax no longer moves under a nudge.
+- ``NonFinite()``: a NaN or inf among a head's measures, or a head with no row left to
+  count (every score of a row non-finite drops the row), the usual first sign of a blow-up.
+- ``Spike(measure, sigmas=6, window=20)``: a value more than ``sigmas`` standard
+  deviations away from the mean of the head's own last ``window`` probe values,
+  as OLMo's spike score does for the loss: an alarm relative to the run's history,
+  for runs where no absolute threshold fits.
+
+A firing is said (logged at WARNING on the ``attnscale.watch`` logger, or handed to
+the action function) once per alert, layer and head: a head that stays collapsed for
+10,000 steps is named once, with its layer, head, step and value. Every firing still
+goes into the watch log's record of its step. ``stop`` also sets ``Alerts.should_stop``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import deque
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+
+__all__ = ["Firing", "Alert", "MaxScore", "Collapsed", "Frozen", "NonFinite", "Spike", "Alerts", "default_alerts",
+           "ACTIONS", "LOGGER"]
+
+ACTIONS = ("warn", "stop")
+LOGGER = logging.getLogger("attnscale.watch")
+
+
+@dataclass(frozen=True)
+class Firing:
+    """One alert on one head at one probe step."""
+
+    alert: str
+    layer: int
+    head: int
+    step: int
+    value: float
+    action: str  # "warn", "stop" or "call"
+    message: str
+
+    def to_json(self) -> dict:
+        return {"alert": self.alert, "layer": self.layer, "head": self.head, "step": self.step,
+                "value": self.value, "action": self.action, "message": self.message}
+
+
+def _check_action(action) -> None:
+    if not (callable(action) or action in ACTIONS):
+        raise ValueError(f"an alert's action is 'warn', 'stop' or a function of one Firing, got {action!r}")
+
+
+@dataclass(frozen=True)
+class Alert:
+    """Base of the alerts: ``hits(values_MH, rows_H, measures)`` gives (head, value) pairs of one layer."""
+
+    action: str | Callable[[Firing], None] = "warn"
+
+    name = "alert"
+
+    def __post_init__(self):
+        _check_action(self.action)
+
+    def hits(self, layer: int, values_MH: torch.Tensor, rows_H: torch.Tensor, measures: Sequence[str]):
+        raise NotImplementedError
+
+    def describe(self, value: float) -> str:
+        raise NotImplementedError
+
+
+def _above(values_H: torch.Tensor, limit: float, below: bool = False):
+    hit = values_H < limit if below else values_H > limit
+    return [(int(h), float(values_H[h])) for h in torch.nonzero(hit).flatten()]
+
+
+@dataclass(frozen=True)
+class MaxScore(Alert):
+    tau: float = 100.0
+    name = "max_score"
+
+    def hits(self, layer, values_MH, rows_H, measures):
+        return _above(values_MH[measures.index("max_score")], self.tau)
+
+    def describe(self, value):
+        return f"max |score| {value:.4g} above tau = {self.tau:g}"
+
+
+@dataclass(frozen=True)
+class Collapsed(Alert):
+    words: float = 2.0
+    name = "collapsed"
+
+    def hits(self, layer, values_MH, rows_H, measures):
+        return _above(values_MH[measures.index("effective_words")], self.words, below=True)
+
+    def describe(self, value):
+        return f"collapsed onto {value:.3g} effective words (fewer than {self.words:g})"
+
+
+@dataclass(frozen=True)
+class Frozen(Alert):
+    limit: float = 0.5
+    name = "frozen"
+
+    def hits(self, layer, values_MH, rows_H, measures):
+        return _above(values_MH[measures.index("frozen_fraction")], self.limit)
+
+    def describe(self, value):
+        return f"{100 * value:.1f}% of rows frozen (above {100 * self.limit:g}%)"
+
+
+@dataclass(frozen=True)
+class NonFinite(Alert):
+    name = "non_finite"
+
+    def hits(self, layer, values_MH, rows_H, measures):
+        bad_H = ~torch.isfinite(values_MH).all(0) | (rows_H <= 0)
+        worst = values_MH[measures.index("max_score")]
+        return [(int(h), float(worst[h]) if rows_H[h] > 0 else float("nan")) for h in torch.nonzero(bad_H).flatten()]
+
+    def describe(self, value):
+        return f"a NaN or inf score (max |score| {value}, or no finite row left)"
+
+
+@dataclass(frozen=True)
+class Spike(Alert):
+    measure: str = "max_score"
+    sigmas: float = 6.0
+    window: int = 20
+    min_history: int = 5
+    direction: str = "up"  # "up", "down" or "both": a collapse is a drop in effective words
+    name = "spike"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.direction not in ("up", "down", "both"):
+            raise ValueError(f"Spike direction is 'up', 'down' or 'both', got {self.direction!r}")
+        if not 2 <= self.min_history <= self.window:
+            raise ValueError(f"Spike needs 2 <= min_history <= window, got {self.min_history} and {self.window}")
+
+    def z(self, history: Sequence[float], value: float) -> float:
+        """Standard deviations from the history's mean (population SD, floored at 1e-6 of |mean| and 1e-12:
+        a flat history makes any change a spike, but never a division by zero)."""
+        n = len(history)
+        mean = sum(history) / n
+        sd = math.sqrt(sum((x - mean) ** 2 for x in history) / n)
+        return (value - mean) / max(sd, 1e-6 * abs(mean), 1e-12)
+
+    def describe(self, value):
+        return f"{self.measure} {value:.4g} jumped more than {self.sigmas:g} SD from its last {self.window} probes"
+
+
+def default_alerts(action: str | Callable[[Firing], None] = "warn") -> tuple[Alert, ...]:
+    """Every alert at its default threshold, all with one action."""
+    return (MaxScore(action), Collapsed(action), Frozen(action), NonFinite(action), Spike(action))
+
+
+class Alerts:
+    """Checks a set of alerts on each probe's ``HeadStats``; says each (alert, layer, head) once."""
+
+    def __init__(self, alerts: Sequence[Alert] = ()):
+        self.alerts = tuple(alerts)
+        self.said: set[tuple[int, int, int]] = set()  # (alert index, layer, head)
+        self.should_stop = False
+        self._history: dict[tuple[int, int, int], deque] = {}
+
+    def check(self, stats, step: int) -> list[Firing]:
+        """Every firing at this step; each is said or acted on the first time for its alert, layer and head."""
+        values_LMH, rows_LH, measures = stats.values_LMH, stats.rows_LH, tuple(stats.measures)
+        # where layers differ in heads the table is as wide as the widest: a head a layer lacks is no alarm
+        widths = getattr(stats, "layer_heads", ()) or (values_LMH.shape[2],) * values_LMH.shape[0]
+        fired = []
+        for i, alert in enumerate(self.alerts):
+            for layer, n in enumerate(widths):
+                if isinstance(alert, Spike):
+                    hits = self._spikes(i, alert, layer, values_LMH[layer, measures.index(alert.measure), :n])
+                else:
+                    hits = alert.hits(layer, values_LMH[layer, :, :n], rows_LH[layer, :n], measures)
+                for head, value in hits:
+                    action = alert.action if isinstance(alert.action, str) else "call"
+                    message = (f"attention alert at step {step}: layer {layer} head {head}: "
+                               f"{alert.describe(value)}" + (" (stopping)" if action == "stop" else ""))
+                    firing = Firing(alert.name, layer, head, step, value, action, message)
+                    fired.append(firing)
+                    if alert.action == "stop":
+                        self.should_stop = True
+                    if (i, layer, head) not in self.said:
+                        self.said.add((i, layer, head))
+                        alert.action(firing) if callable(alert.action) else LOGGER.warning(message)
+        return fired
+
+    def _spikes(self, i: int, alert: Spike, layer: int, values_H: torch.Tensor) -> list[tuple[int, float]]:
+        hits = []
+        for head, value in enumerate(values_H.tolist()):
+            history = self._history.setdefault((i, layer, head), deque(maxlen=alert.window))
+            if not math.isfinite(value):
+                continue  # NonFinite's business; a NaN would poison the window
+            if len(history) >= alert.min_history:
+                z = alert.z(history, value)
+                if {"up": z > alert.sigmas, "down": -z > alert.sigmas, "both": abs(z) > alert.sigmas}[alert.direction]:
+                    hits.append((head, value))
+            history.append(value)
+        return hits

@@ -1,0 +1,127 @@
+"""``WatchCallback``: the watch as a Hugging Face ``TrainerCallback``.
+
+    trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[WatchCallback()])
+
+Nothing more: every ``every`` optimizer steps (``on_step_end``) it measures every
+head on the first training batch (caught by a forward pre-hook as ``Watch`` does),
+and its numbers reach every ``report_to`` integration of the run (TensorBoard, W&B,
+MLflow, trackio, ...) at that step, beside the loss.
+
+How the numbers reach the integrations. The Trainer puts the integrations'
+callbacks before any callback passed to it, and hands one ``logs`` dict to each
+``on_log`` in that order, so a user callback that adds to ``logs`` is too late:
+the integrations have written their step already. A callback sees neither the
+Trainer nor its callback list (only args, state, control, model, optimizer,
+dataloaders), and the documentation says callbacks are read-only apart from the
+``TrainerControl`` they return. So the callback uses two public, documented parts:
+1. ``control.should_log = True`` at a probe step (the control a callback may set),
+   so the Trainer logs its loss at that very step;
+2. its own instances of the run's integration callbacks, built from
+   ``args.report_to`` with ``transformers.integrations.get_reporting_integration_callbacks``
+   (the function the Trainer builds its own with), whose ``on_log`` it calls with
+   the watch's numbers at the same ``state.global_step``, right after the Trainer's
+   log of that step. They write into the run the integration already opened: W&B,
+   MLflow and trackio reuse the active run, and the TensorBoard copy writes into the
+   folder the Trainer's TensorBoard callback writes (``TENSORBOARD_LOGGING_DIR``, else
+   the newest folder of event files under ``OUTPUT_DIR/runs`` when training starts),
+   where TensorBoard shows both event files as one run.
+Nothing of the Trainer is read or patched. Like every logged key, the names reach
+the integrations as ``train/attn/layer_{l}/head_{h}/{measure}`` (``rewrite_logs``).
+The copies are set up as the integration sets itself up (W&B updates its config
+again; with ``WANDB_LOG_MODEL`` set it would also log the model twice: leave that
+off, or pass ``report=False`` and a ``WandbSink``). Integrations that open a new
+run per instance (Neptune, DVCLive) would get a second run: ``report=False`` there.
+
+An alert whose action is "stop" sets ``control.should_training_stop`` at its step.
+One process: under DDP every rank would measure; use the callback on one rank.
+transformers loads with this module, never with ``attnscale.watch``.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+try:
+    from transformers import TrainerCallback
+except ImportError:  # pragma: no cover - the extra is missing
+    raise ImportError("attnscale.watch.hf needs transformers; install the extra: pip install 'attnscale[watch]'") from None
+
+from attnscale.core.diagnostics import FROZEN_THRESHOLD
+from attnscale.watch.alerts import Alert
+from attnscale.watch.loop import EVERY, PROBE_SEQUENCES, Watch
+from attnscale.watch.sinks import Sink
+
+__all__ = ["WatchCallback"]
+
+
+def _tensorboard_dir(args) -> str:
+    """The folder the Trainer's own TensorBoard callback writes: its environment variable, else the newest
+    folder of event files under OUTPUT_DIR/runs (it opened its writer in on_train_begin, before ours ran)."""
+    if os.getenv("TENSORBOARD_LOGGING_DIR"):
+        return os.path.expanduser(os.environ["TENSORBOARD_LOGGING_DIR"])
+    runs = Path(args.output_dir) / "runs"
+    folders = [p for p in runs.glob("*") if p.is_dir() and any(p.glob("events.out.tfevents.*"))]
+    if folders:
+        return str(max(folders, key=lambda p: p.stat().st_mtime))
+    from transformers.integrations.integration_utils import default_logdir
+
+    return os.path.join(args.output_dir, default_logdir())
+
+
+class WatchCallback(TrainerCallback):
+    """A ``TrainerCallback`` that runs a ``Watch`` (same arguments) and reports to the run's integrations.
+
+    ``report=False`` leaves the integrations alone (the numbers go to ``sinks`` only)."""
+
+    def __init__(self, every: int = EVERY, probe: Any = None, sinks: Sequence[Sink] = (),
+                 alerts: Sequence[Alert] | None = None, threshold: float = FROZEN_THRESHOLD, *,
+                 probe_sequences: int = PROBE_SEQUENCES, capture: str = "auto", adapter: Callable | None = None,
+                 report: bool = True):
+        self.options = dict(every=every, probe=probe, sinks=sinks, alerts=alerts, threshold=threshold,
+                            probe_sequences=probe_sequences, capture=capture, adapter=adapter)
+        Watch.check(every, threshold, probe_sequences)  # a bad option fails here, not at train()
+        self.report = report
+        self.watch: Watch | None = None
+        self.latest: tuple[int, dict[str, float]] | None = None  # the last probe: (step, numbers)
+        self._relay: list = []
+        self._pending: tuple[int, dict[str, float]] | None = None
+
+    def on_train_begin(self, args, state, control, model=None, **kwargs):
+        if self.watch is None:
+            self.watch = Watch(model, **self.options)
+        if self.report and state.is_world_process_zero:
+            self._relay = self._integrations(args)
+
+    def _integrations(self, args) -> list:
+        from transformers.integrations import TensorBoardCallback, get_reporting_integration_callbacks
+
+        copies = [cls() for cls in get_reporting_integration_callbacks(args.report_to)]
+        for cb in copies:
+            if isinstance(cb, TensorBoardCallback) and getattr(cb, "logging_dir", "") is None:  # older: args.logging_dir
+                cb.logging_dir = _tensorboard_dir(args)
+        return copies
+
+    def on_step_end(self, args, state, control, **kwargs):
+        numbers = self.watch.step(state.global_step)
+        if numbers is not None:
+            self.latest = self._pending = (state.global_step, numbers)
+            control.should_log = True  # the loss is logged at the probe's step too
+        if self.watch.should_stop:
+            control.should_training_stop = True
+        return control
+
+    def on_log(self, args, state, control, logs=None, model=None, **kwargs):
+        if self._pending is None or self._pending[0] != state.global_step:
+            return
+        numbers, self._pending = dict(self._pending[1]), None
+        for cb in self._relay:
+            cb.on_log(args, state, control, logs=dict(numbers), model=model, **kwargs)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        for cb in self._relay:
+            cb.on_train_end(args, state, control, **kwargs)  # the TensorBoard copy closes its writer here
+        self._relay = []
+        if self.watch is not None:
+            self.watch.close()

@@ -1,0 +1,148 @@
+"""``Watch``: attention health inside a plain PyTorch training loop.
+
+    watch = Watch(model, sinks=[JsonlSink("watch.jsonl"), TensorBoardSink("tb")])
+    for step, batch in enumerate(loader, 1):
+        loss = model(batch).loss; loss.backward(); opt.step(); opt.zero_grad()
+        watch.step(step)            # measures every ``every`` steps; None otherwise
+        if watch.should_stop:       # an alert with action "stop" fired
+            break
+    watch.close()
+
+Every ``every`` steps it runs ``measure_heads`` on a fixed probe batch: one forward
+under ``torch.no_grad`` in fp32, the model's train/eval mode put back after, so
+training never sees it. The probe is ``probe`` if given, else the first batch the
+model sees, caught by a forward pre-hook that removes itself once it has one, cut
+to ``probe_sequences`` sequences (a few suffice: the measures are means over rows).
+A fixed probe makes the steps comparable: what changes is the model, not the text.
+
+Why every 100 steps by default: one probe costs about one forward of
+``probe_sequences`` sequences, a few percent of a training step of a usual batch,
+so 1 in 100 keeps the watch under 1% of training time; ``benchmarks/watch_overhead.py``
+measures it, and the watch writes its own cost in every record (``watch/seconds``,
+``watch/share``: its time over the wall time since it started).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable, Sequence
+
+import torch
+
+from attnscale.core.diagnostics import FROZEN_THRESHOLD
+from attnscale.watch.alerts import Alert, Alerts, default_alerts
+from attnscale.watch.measure import measure_heads
+from attnscale.watch.record import WatchRecord
+from attnscale.watch.sinks import Sink, scalars
+
+__all__ = ["Watch", "EVERY", "PROBE_SEQUENCES", "first_sequences"]
+
+EVERY = 100
+PROBE_SEQUENCES = 4
+
+
+def first_sequences(batch: Any, n: int) -> Any:
+    """The first ``n`` sequences of a batch (a tensor, or a dict of tensors sharing the batch dim), detached
+    copies: the probe must not keep the training step's graph or see later in-place changes."""
+    if torch.is_tensor(batch):
+        return batch[:n].detach().clone()
+    if isinstance(batch, dict):
+        sizes = {v.shape[0] for v in batch.values() if torch.is_tensor(v) and v.ndim}
+        rows = min(sizes) if sizes else 0
+        return {k: v[:n].detach().clone() if torch.is_tensor(v) and v.ndim and v.shape[0] == rows else v
+                for k, v in batch.items()}
+    raise TypeError(f"a probe batch is a tensor of token ids or a dict of tensors, got {type(batch).__name__}")
+
+
+class Watch:
+    """Measures every head of ``model`` every ``every`` steps; see the module docstring.
+
+    ``alerts``: a sequence of ``Alert`` (default ``default_alerts()``, all warning);
+    ``sinks``: where records go; ``threshold``: a row's max weight above which it is
+    frozen; ``capture`` and ``adapter``: how q and k are read (``measure_heads``).
+    ``drop_keys``: keys of a caught dict batch that the probe leaves out (labels make an
+    HF model compute a loss the probe does not need)."""
+
+    def __init__(self, model: torch.nn.Module, every: int = EVERY, probe: Any = None, sinks: Sequence[Sink] = (),
+                 alerts: Sequence[Alert] | None = None, threshold: float = FROZEN_THRESHOLD, *,
+                 probe_sequences: int = PROBE_SEQUENCES, capture: str = "auto", adapter: Callable | None = None,
+                 drop_keys: Sequence[str] = ("labels",)):
+        self.check(every, threshold, probe_sequences)
+        self.model, self.every, self.threshold = model, every, threshold
+        self.sinks = list(sinks)
+        self.alerts = Alerts(default_alerts() if alerts is None else alerts)
+        self.probe_sequences, self.capture, self.adapter = probe_sequences, capture, adapter
+        self.drop_keys = tuple(drop_keys)
+        self.probe = None if probe is None else first_sequences(probe, probe_sequences)
+        self.seconds = 0.0  # the watch's own time: probes, alerts and sinks
+        self._started: float | None = None
+        self._hook = None if self.probe is not None else model.register_forward_pre_hook(self._catch, with_kwargs=True)
+        self._closed = False
+
+    @staticmethod
+    def check(every: int, threshold: float, probe_sequences: int) -> None:
+        """Raise ValueError naming the option, for options no watch can run with."""
+        for name, value in (("every", every), ("probe_sequences", probe_sequences)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} takes a positive integer, got {value!r}")
+        if not 0 < threshold < 1:
+            raise ValueError(f"threshold takes a number between 0 and 1, got {threshold!r}")
+
+    @property
+    def should_stop(self) -> bool:
+        """True once an alert whose action is "stop" has fired."""
+        return self.alerts.should_stop
+
+    def _catch(self, module, args, kwargs):
+        """Forward pre-hook: keep the first batch as the probe, then remove the hook."""
+        batch = args[0] if args and torch.is_tensor(args[0]) else {k: v for k, v in kwargs.items()
+                                                                   if k not in self.drop_keys}
+        self.probe = first_sequences(batch, self.probe_sequences)
+        self._hook.remove()
+        self._hook = None
+
+    def step(self, step: int) -> dict[str, float] | None:
+        """Call after the optimizer step. At a probe step (a multiple of ``every``), measure, check the
+        alerts, write the record to every sink and return its flat numbers; else return None."""
+        now = time.perf_counter()
+        if self._started is None:
+            self._started = now
+        if step % self.every or self.probe is None:
+            return None
+        stats = measure_heads(self.model, self.probe, threshold=self.threshold, capture=self.capture,
+                              adapter=self.adapter)
+        fired = self.alerts.check(stats, step)
+        seconds = time.perf_counter() - now
+        wall = time.perf_counter() - self._started
+        record = WatchRecord(
+            step=step, time=time.time(), measures=tuple(stats.measures), values=stats.values_LMH.tolist(),
+            rows=stats.rows_LH.tolist(), summary=stats.summary(), alerts=[f.to_json() for f in fired],
+            watch={"seconds": seconds, "total_seconds": self.seconds + seconds,
+                   "share": (self.seconds + seconds) / wall if wall > 0 else 0.0},
+            probe=self._probe_shape(), threshold=self.threshold)
+        for sink in self.sinks:
+            sink.write(record)
+        self.seconds += time.perf_counter() - now  # sinks included: they are the watch's cost too
+        return scalars(record)
+
+    def _probe_shape(self) -> dict[str, int]:
+        ids = self.probe if torch.is_tensor(self.probe) else next(
+            (v for k, v in self.probe.items() if torch.is_tensor(v) and v.ndim >= 2), None)
+        return {} if ids is None else {"sequences": int(ids.shape[0]), "tokens": int(ids.shape[1])}
+
+    def close(self) -> None:
+        """Flush and close every sink and remove the probe hook; closing twice does nothing."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._hook is not None:
+            self._hook.remove()
+            self._hook = None
+        for sink in self.sinks:
+            sink.close()
+
+    def __enter__(self) -> "Watch":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,104 @@
+"""WatchCallback in a real Hugging Face Trainer: its numbers reach the run's own TensorBoard and W&B
+integrations beside the loss at the same steps, and a stop alert stops the Trainer at its step."""
+
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("tensorboard")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+
+from tiny_llama import corpus_windows, tiny_llama  # noqa: E402
+from watch_readers import tensorboard_scalars, wandb_history  # noqa: E402
+
+from attnscale.core.diagnostics import HEAD_MEASURES  # noqa: E402
+from attnscale.watch.alerts import MaxScore  # noqa: E402
+from attnscale.watch.hf import WatchCallback  # noqa: E402
+from attnscale.watch.record import read_log  # noqa: E402
+from attnscale.watch.sinks import JsonlSink  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch, tmp_path):
+    for name, value in {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "WANDB_MODE": "offline",
+                        "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path), "WANDB_PROJECT": "attnscale-test",
+                        "TENSORBOARD_LOGGING_DIR": ""}.items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("TENSORBOARD_LOGGING_DIR")
+
+
+def _trainer(tmp_path, callback, report_to, steps=4, unscaled=False, init_std=0.02, head_dim=None):
+    from transformers import Trainer, TrainingArguments
+
+    data, vocab = corpus_windows(16)
+    model = tiny_llama(vocab, layers=2, hidden=32, heads=4, kv_heads=2, head_dim=head_dim,
+                       context=16, unscaled=unscaled, init_std=init_std)
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=steps, per_device_train_batch_size=4,
+                             learning_rate=1e-3, logging_steps=1000, save_strategy="no", report_to=report_to,
+                             use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=0)
+    return Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
+
+
+def test_the_numbers_reach_tensorboard_and_wandb_beside_the_loss(tmp_path):
+    pytest.importorskip("wandb")  # the extra attnscale[watch]
+    callback = WatchCallback(every=2, sinks=[JsonlSink(tmp_path / "w.jsonl")], alerts=())
+    import wandb
+
+    _trainer(tmp_path, callback, ["tensorboard", "wandb"]).train()
+    wandb.finish()  # the Trainer leaves the run open; finishing it writes the last rows out
+    records = read_log(tmp_path / "w.jsonl")
+    assert [r.step for r in records] == [2, 4]
+    assert records[0].layers == 2 and records[0].heads == 4  # 4 query heads over 2 kv heads
+
+    tb = tensorboard_scalars(tmp_path / "out" / "runs")
+    assert set(tb["train/loss"]) == {2, 4}  # the Trainer logged its loss at the probe steps
+    for m, measure in enumerate(HEAD_MEASURES):
+        for layer in range(2):
+            for head in range(4):
+                want = {r.step: r.values[layer][m][head] for r in records}
+                assert tb[f"train/attn/layer_{layer}/head_{head}/{measure}"] == pytest.approx(want, rel=1e-6)
+    assert tb["train/attn/max_score"] == pytest.approx({r.step: r.summary["attn/max_score"] for r in records})
+    assert len(list((tmp_path / "out" / "runs").iterdir())) == 1  # one run folder, as the Trainer's
+
+    rows = wandb_history(tmp_path, rows=4)  # the Trainer's two loss rows and the watch's two
+    watched = [r for r in rows if "train/attn/layer_1/head_3/effective_words" in r]
+    assert [r["train/global_step"] for r in watched] == [2, 4]
+    losses = [r["train/global_step"] for r in rows if "train/loss" in r]
+    assert losses == [2, 4]
+    assert [r["train/attn/layer_1/head_3/effective_words"] for r in watched] == pytest.approx(
+        [r.values[1][HEAD_MEASURES.index("effective_words")][3] for r in records], rel=1e-6)
+
+
+def test_report_false_keeps_the_integrations_out(tmp_path):
+    callback = WatchCallback(every=2, alerts=(), report=False)
+    _trainer(tmp_path, callback, ["tensorboard"]).train()
+    tb = tensorboard_scalars(tmp_path / "out" / "runs")
+    assert "train/loss" in tb and not any(k.startswith("train/attn/") for k in tb)
+    assert callback.latest[0] == 4 and "attn/max_score" in callback.latest[1]
+
+
+def test_a_stop_alert_stops_the_trainer_at_its_step(tmp_path):
+    """Llama with its 1/sqrt(head_dim) set to 1 at head width 64, weights of SD 0.5 (q and k entries of
+    SD about 0.5·sqrt(32) = 2.8, scores of SD about 8·2.8² = 64): max |score| passes 100 at step 2."""
+    callback = WatchCallback(every=2, alerts=[MaxScore(tau=100, action="stop")],
+                             sinks=[JsonlSink(tmp_path / "w.jsonl")])
+    trainer = _trainer(tmp_path, callback, "none", steps=8, unscaled=True, init_std=0.5, head_dim=64)
+    trainer.train()
+    assert trainer.state.global_step == 2
+    record = read_log(tmp_path / "w.jsonl")[-1]
+    assert record.step == 2 and record.summary["attn/max_score"] > 100 and record.alerts
+
+
+def test_the_scaled_twin_runs_to_the_end(tmp_path):
+    callback = WatchCallback(every=2, alerts=[MaxScore(tau=100, action="stop")])
+    trainer = _trainer(tmp_path, callback, "none", steps=4, init_std=0.5, head_dim=64)
+    trainer.train()
+    assert trainer.state.global_step == 4 and callback.latest[1]["attn/max_score"] < 100
+
+
+def test_bad_options_fail_when_the_callback_is_made():
+    with pytest.raises(ValueError, match="every"):
+        WatchCallback(every=0)
