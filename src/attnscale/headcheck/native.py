@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 from attnscale.core.attention import Attention
+from attnscale.core.device import to_device
 from attnscale.core.scales import ScoreScale
 from attnscale.errors import ConfigError
 from attnscale.runs import record as run_record
@@ -201,5 +202,7 @@ def inspect(model: nn.Module, texts, cfg: InspectConfig, on_layer: OnLayer | Non
     with capture_hooks(model, on_call), torch.no_grad():
         for group in by_len.values():
             for start in range(0, len(group), cfg.batch):
-                model(torch.tensor(group[start : start + cfg.batch]).to(device, non_blocking=True))
+                # core.device's copy rule: non-blocking only from pinned memory to CUDA (a fresh
+                # unpinned tensor copied non-blocking to MPS can be read after it is freed)
+                model(to_device(device, torch.tensor(group[start : start + cfg.batch]))[0])
     return check.result(name, type(model).__name__, seqs, available)
