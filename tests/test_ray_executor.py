@@ -273,7 +273,7 @@ def test_killed_driver_then_rerun_keeps_finished_runs(cluster, tmp_path):
 
 
 def test_a_failing_run_is_reported_and_the_others_finish(cluster, tmp_path, corpus):
-    from attnscale.core.scales import SCALES, ScoreScale, register_scale
+    from attnscale.core.scales import DISPLAY_NAMES, SCALES, ScoreScale, register_scale
 
     @register_scale("driver_only")  # known to this process, not to Ray's workers: the run fails there
     class DriverOnly(ScoreScale):
@@ -285,7 +285,7 @@ def test_a_failing_run_is_reported_and_the_others_finish(cluster, tmp_path, corp
         with pytest.raises(ConfigError, match=r"1 of 2 runs failed \(d8-driver_only-s0: ConfigError: unknown scale"):
             execute(specs, CORPUS, tmp_path, jobs=2, progress=False, corpus=corpus, executor="ray")
     finally:
-        SCALES.pop("driver_only")
+        SCALES.pop("driver_only"), DISPLAY_NAMES.pop("driver_only")
     assert rec.read(tmp_path / "d8-none-s0").status == "done"
     assert rec.read(tmp_path / "d8-driver_only-s0").status == "running"  # a rerun retries it
 

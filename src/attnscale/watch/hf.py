@@ -46,7 +46,7 @@ from typing import Any, Callable, Sequence
 try:
     from transformers import TrainerCallback
 except ImportError:  # pragma: no cover - the extra is missing
-    raise ImportError("attnscale.watch.hf needs transformers; install the extra: pip install 'attnscale[watch]'") from None
+    raise ImportError("attnscale.watch.hf needs transformers; install the extra from the clone: pip install -e '.[watch]'") from None
 
 from attnscale.core.diagnostics import FROZEN_THRESHOLD
 from attnscale.watch.alerts import Alert

@@ -56,7 +56,7 @@ def _transformers():
     try:
         import transformers
     except ImportError:
-        raise ConfigError("capturing a Hugging Face model needs transformers; install the extra: pip install 'attnscale[hf]'") from None
+        raise ConfigError("capturing a Hugging Face model needs transformers; install the extra from the clone: pip install -e '.[hf]'") from None
     return transformers
 
 

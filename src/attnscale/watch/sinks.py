@@ -96,7 +96,7 @@ class TensorBoardSink(Sink):
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise ConfigError("TensorBoardSink needs tensorboard; install the extra: pip install 'attnscale[watch]'") from None
+            raise ConfigError("TensorBoardSink needs tensorboard; install the extra from the clone: pip install -e '.[watch]'") from None
         self.log_dir = Path(log_dir)
         self._writer = SummaryWriter(log_dir=str(self.log_dir))
 
@@ -119,7 +119,7 @@ class WandbSink(Sink):
         try:
             import wandb
         except ImportError:
-            raise ConfigError("WandbSink needs wandb; install the extra: pip install 'attnscale[watch]'") from None
+            raise ConfigError("WandbSink needs wandb; install the extra from the clone: pip install -e '.[watch]'") from None
         self._owned = wandb.run is None
         self.run = wandb.init(**init) if self._owned else wandb.run
         self._step = step
