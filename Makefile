@@ -9,6 +9,8 @@ BIN := $(VENV)/bin
 OUT ?= attnscale-out
 TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
+# two pytest workers, each taking whole test files (a file's fixtures, e.g. its Ray instance, stay in one process)
+TEST_WORKERS ?= -n 2 --dist loadfile
 
 .PHONY: setup setup-dev reproduce test test-all mutation bench clean
 
@@ -44,10 +46,10 @@ reproduce: setup
 
 # -rs: every skipped test says why (chromium missing, Ray not installable, ...)
 test: setup-dev
-	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/python -m pytest -rs
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/python -m pytest -rs $(TEST_WORKERS)
 
 test-all: setup-dev
-	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/python -m pytest -rs -m ""
+	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/python -m pytest -rs $(TEST_WORKERS) -m ""
 
 # Mutation testing (mutmut, the extra attnscale[mutation]) of the rules that make the reported numbers:
 # each mutant runs only the tests that reach the function it changes. MUTANTS narrows it, e.g.

@@ -28,6 +28,13 @@ def _offline(monkeypatch, tmp_path):
                         "TENSORBOARD_LOGGING_DIR": ""}.items():
         monkeypatch.setenv(name, value)
     monkeypatch.delenv("TENSORBOARD_LOGGING_DIR")
+    # wandb keeps its settings (WANDB_DIR among them) in a process-wide singleton made by the first
+    # run of the process: reset it, so this test's runs go under its own tmp_path whatever ran before
+    if "wandb" in sys.modules:
+        sys.modules["wandb"].teardown()
+    yield
+    if "wandb" in sys.modules:
+        sys.modules["wandb"].teardown()
 
 
 def _trainer(tmp_path, callback, report_to, steps=4, unscaled=False, init_std=0.02, head_dim=None):
