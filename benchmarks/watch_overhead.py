@@ -2,7 +2,7 @@
 
 A Llama-shaped model (``LlamaForCausalLM`` from a ``LlamaConfig``: RoPE, RMSNorm, SwiGLU,
 grouped-query attention) trains on attnscale's embedded corpus with the Trainer, the
-same seed and steps in every round; rounds alternate (without, with, without, with,
+same seed and steps in every round; the order flips every round (without, with; with, without;
 ...) so the machine's drift and neighbours hit both alike, and the medians are
 compared. The Trainer logs every ``--every`` steps in both, as a run would; the
 callback probes at those steps. Three figures: the ratio of median wall times (what
@@ -106,8 +106,14 @@ def main(argv=None) -> int:
     plain, watched, own, cpu_plain, cpu_watched = [], [], [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
-            t_plain, c_plain, _ = one_round(args, False, Path(tmp) / f"p{r}")
-            t_watched, c_watched, t_own = one_round(args, True, Path(tmp) / f"w{r}")
+            # the order flips every round (without-with, with-without, ...): whatever drifts over the run
+            # (the machine, this process's allocator and caches) falls on both alike
+            if r % 2 == 0:
+                t_plain, c_plain, _ = one_round(args, False, Path(tmp) / f"p{r}")
+                t_watched, c_watched, t_own = one_round(args, True, Path(tmp) / f"w{r}")
+            else:
+                t_watched, c_watched, t_own = one_round(args, True, Path(tmp) / f"w{r}")
+                t_plain, c_plain, _ = one_round(args, False, Path(tmp) / f"p{r}")
             for to, value in ((plain, t_plain), (watched, t_watched), (own, t_own), (cpu_plain, c_plain),
                               (cpu_watched, c_watched)):
                 to.append(value)
