@@ -1,23 +1,40 @@
-"""What the watch costs a Hugging Face Trainer run: the same training with and without WatchCallback.
+"""What the watch costs a Hugging Face Trainer run, with and without WatchCallback in one training run.
 
 A Llama-shaped model (``LlamaForCausalLM`` from a ``LlamaConfig``: RoPE, RMSNorm, SwiGLU,
-grouped-query attention) trains on attnscale's embedded corpus with the Trainer, the
-same seed and steps in every round; the order flips every round (without, with; with, without;
-...) so the machine's drift and neighbours hit both alike, and the medians are
-compared. The Trainer logs every ``--every`` steps in both, as a run would; the
-callback probes at those steps. Three figures: the ratio of median wall times (what
-the run pays), the ratio of median CPU times of the training process (what it pays
-where neighbours share the cores: their load moves wall time far more than this
-process's own CPU time), and the watch's own timer (``watch/total_seconds`` over
-the run's ``train_runtime``).
+grouped-query attention) trains on attnscale's embedded corpus with the Trainer. After
+``--warmup`` steps, the run is cut into blocks of ``--every`` steps, and a gate lets the
+WatchCallback act in every other block (with, without; without, with; ...: ABBA, so a
+steady drift of the machine falls on both alike). The Trainer logs every ``--every``
+steps throughout, as a run would; in a "with" block the callback probes at its last step.
 
-    python benchmarks/watch_overhead.py                   # default cadence, 3 rounds each
+Why one run and not two: separate runs of identical work differ by up to ±10% on a
+shared machine (the allocator, where the pages fall, the neighbours), ten times the 1%
+to be resolved. Within one run, adjacent blocks share all of that. The gate costs one
+Python call per callback event in every block alike.
+
+Each block's cost is estimated robustly from the times between successive step starts:
+``every`` × the median step of the block (a neighbour's burst moves a median little),
+plus the excess over that median of the three steps from the block's last step on (the
+probe, the log that follows it, and the step after, where caches refill). A pair's
+overhead is its "with" cost over its "without" cost, minus 1; the printed figure is the
+mean over pairs with a 95% interval from the t distribution with pairs − 1 degrees of
+freedom. It is computed twice: on wall time (what the run pays) and on this process's CPU
+time (what it pays where neighbours share the cores: their load moves wall time far more
+than this process's own CPU time; ``--threads 1`` keeps idle worker threads from spinning
+into it). The sums of the raw step times and the watch's own timer (``watch/seconds``) are
+printed beside them. ``--aa`` never opens the gate: both halves are the same work, so its
+interval should hold 0, which checks the method on this machine.
+
+    python benchmarks/watch_overhead.py                  # 20 pairs of 100-step blocks at the default cadence
+    python benchmarks/watch_overhead.py --aa             # the same with the watch never acting: should read 0
     python benchmarks/watch_overhead.py --report-to tensorboard   # with the integration writing too
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import os
 import platform
 import statistics
@@ -36,6 +53,8 @@ import torch  # noqa: E402
 
 from attnscale.watch.loop import EVERY  # noqa: E402
 
+WINDOW = 3  # steps from a block's last step on that carry the probe, its log and the refill after
+
 
 def cpu_line() -> str:
     """The CPU, and whether it has native bf16 (avx512_bf16), which decides what a CPU run can use."""
@@ -49,46 +68,138 @@ def cpu_line() -> str:
     return f"{name}, {os.cpu_count()} cores, {bf16}, torch {torch.__version__} with {torch.get_num_threads()} threads"
 
 
-def one_round(args, watched: bool, out: Path) -> tuple[float, float, float | None]:
-    """(train_runtime seconds, CPU seconds of this process in train(), the watch's own seconds or None)
-    of one fresh training run."""
+def t_quantile(p: float, df: int) -> float:
+    """The p-quantile (p > 0.5) of Student's t with ``df`` degrees of freedom: bisection on the CDF, which
+    is 1 - I_x(df/2, 1/2) / 2 at x = df / (df + t²), the incomplete beta integrated by Simpson's rule
+    after the substitution u = s^(2/df), which removes the integrand's singularity at 0."""
+    a = df / 2
+
+    def upper_tail(t: float) -> float:  # P(T > t) for t >= 0
+        x = df / (df + t * t)
+        n = 2000  # Simpson panels: the integrand below is smooth on [0, x^a]
+        top = x ** a
+        h = top / n
+        f = [(1 - (i * h) ** (1 / a)) ** -0.5 for i in range(n)] + [0.0]
+        f[n] = (1 - x) ** -0.5 if x < 1 else 0.0
+        area = h / 3 * (f[0] + f[n] + 4 * sum(f[1:n:2]) + 2 * sum(f[2:n:2]))
+        beta = math.exp(math.lgamma(a) + math.lgamma(0.5) - math.lgamma(a + 0.5))
+        return area / a / beta / 2  # ∫ s^(a-1) (1-s)^(-1/2) ds = (1/a) ∫ (1-u^(1/a))^(-1/2) du
+
+    lo, hi = 0.0, 1.0
+    while upper_tail(hi) > 1 - p:
+        hi *= 2
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if upper_tail(mid) > 1 - p else (lo, mid)
+    return (lo + hi) / 2
+
+
+def gate_on(block: int) -> bool:
+    """ABBA: pair k holds blocks 2k and 2k+1; the watch acts in the first of an even pair, the second of an odd one."""
+    return (block % 2 == 0) == ((block // 2) % 2 == 0)
+
+
+def block_cost(intervals: dict[int, float], first: int, every: int) -> float:
+    """Robust seconds of the block of steps first..first+every-1 (see the module docstring)."""
+    last = first + every - 1
+    body = [intervals[s] for s in range(first + WINDOW - 1, last)]  # not the previous window, nor the last step
+    median = statistics.median(body)
+    return every * median + sum(intervals[s] - median for s in range(last, last + WINDOW))
+
+
+def pair_overheads(intervals: dict[int, float], warmup: int, every: int, pairs: int) -> list[float]:
+    """Per ABBA pair: robust cost of its "with" block over its "without" block, minus 1."""
+    out = []
+    for k in range(pairs):
+        costs = {gate_on(b): block_cost(intervals, warmup + b * every + 1, every) for b in (2 * k, 2 * k + 1)}
+        out.append(costs[True] / costs[False] - 1)
+    return out
+
+
+def summarize(overheads: list[float]) -> dict[str, float]:
+    """Mean of the pairs' overheads and its 95% t interval."""
+    n = len(overheads)
+    mean = statistics.fmean(overheads)
+    half = t_quantile(0.975, n - 1) * statistics.stdev(overheads) / math.sqrt(n) if n > 1 else math.inf
+    return {"mean": mean, "low": mean - half, "high": mean + half, "pairs": n}
+
+
+def verdict(s: dict[str, float], limit: float = 0.01) -> str:
+    """What the interval allows about "at most ``limit``"."""
+    if s["high"] <= limit:
+        return f"at most {100 * limit:g}% (the interval's upper end is {100 * s['high']:+.2f}%)"
+    if s["low"] > limit:
+        return f"more than {100 * limit:g}% (the interval's lower end is {100 * s['low']:+.2f}%)"
+    return f"inconclusive at {100 * limit:g}%: the interval holds values on both sides"
+
+
+def train(args, out: Path) -> tuple[dict[str, dict[int, float]], float]:
+    """One gated training run: ({"wall": seconds of each step from its start to the next step's start,
+    "cpu": the same in CPU seconds of this process}, the watch's own seconds)."""
     from tiny_llama import corpus_windows, tiny_llama
-    from transformers import Trainer, TrainingArguments
+    from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from attnscale.watch.hf import WatchCallback
+
+    class StepClock(TrainerCallback):
+        def __init__(self):
+            self.starts: dict[str, dict[int, float]] = {"wall": {}, "cpu": {}}
+
+        def on_step_begin(self, args_, state, control, **kwargs):
+            self.starts["wall"][state.global_step + 1] = time.perf_counter()
+            self.starts["cpu"][state.global_step + 1] = time.process_time()
+
+    class Gate(TrainerCallback):
+        """Forwards the step events to the watch only in "with" blocks; set-up and close always."""
+
+        def __init__(self, inner):
+            self.inner = inner
+
+        def acting(self, step: int) -> bool:
+            return not args.aa and step > args.warmup and gate_on((step - args.warmup - 1) // args.every)
+
+        def on_train_begin(self, *a, **kw):
+            return self.inner.on_train_begin(*a, **kw)
+
+        def on_train_end(self, *a, **kw):
+            return self.inner.on_train_end(*a, **kw)
+
+        def on_step_end(self, args_, state, control, **kw):
+            return self.inner.on_step_end(args_, state, control, **kw) if self.acting(state.global_step) else None
+
+        def on_log(self, args_, state, control, **kw):
+            return self.inner.on_log(args_, state, control, **kw) if self.acting(state.global_step) else None
 
     data, vocab = corpus_windows(args.context)
     model = tiny_llama(vocab, layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.kv_heads,
                        context=args.context, seed=0)
-    callbacks = [WatchCallback(every=args.every)] if watched else []
-    training = TrainingArguments(output_dir=str(out), max_steps=args.steps, per_device_train_batch_size=args.batch,
+    watch, clock = WatchCallback(every=args.every), StepClock()
+    steps = args.warmup + 2 * args.pairs * args.every + WINDOW  # the last window closes inside the run
+    training = TrainingArguments(output_dir=str(out), max_steps=steps, per_device_train_batch_size=args.batch,
                                  learning_rate=1e-3, logging_steps=args.every, save_strategy="no",
                                  report_to=args.report_to, use_cpu=args.device == "cpu", disable_tqdm=True,
                                  dataloader_num_workers=0, seed=0)
-    trainer = Trainer(model=model, args=training, train_dataset=data, callbacks=callbacks)
-    cpu = time.process_time()
-    result = trainer.train()
-    cpu = time.process_time() - cpu
-    runtime = float(result.metrics["train_runtime"])
-    if not watched:
-        return runtime, cpu, None
-    latest = callbacks[0].latest
-    return runtime, cpu, (latest[1]["watch/total_seconds"] if latest else 0.0)
+    Trainer(model=model, args=training, train_dataset=data, callbacks=[Gate(watch), clock]).train()
+    intervals = {clock_name: {s: starts[s + 1] - starts[s] for s in starts if s + 1 in starts}
+                 for clock_name, starts in clock.starts.items()}
+    return intervals, watch.watch.seconds
 
 
-def summarize(plain: list[float], watched: list[float], own: list[float]) -> dict[str, float]:
-    """Medians of wall (or CPU) seconds, their ratio, the overhead as a share of the unwatched median,
-    and the median of the watch's own seconds over each watched run's seconds."""
-    p, w = statistics.median(plain), statistics.median(watched)
-    return {"plain_s": p, "watched_s": w, "ratio": w / p, "overhead": w / p - 1,
-            "own_share": statistics.median(o / t for o, t in zip(own, watched))}
+def raw_sums(intervals: dict[int, float], warmup: int, every: int, pairs: int) -> dict[bool, float]:
+    """Plain sums of the step seconds of the "with" (True) and "without" (False) blocks."""
+    sums = {True: 0.0, False: 0.0}
+    for b in range(2 * pairs):
+        first = warmup + b * every + 1
+        sums[gate_on(b)] += sum(intervals[s] for s in range(first, first + every))
+    return sums
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=300, help="optimizer steps per round")
-    p.add_argument("--every", type=int, default=EVERY, help=f"probe (and log) every this many steps (default {EVERY})")
-    p.add_argument("--rounds", type=int, default=3, help="rounds with and without the watch each")
+    p.add_argument("--every", type=int, default=EVERY, help=f"probe (and log) every this many steps; the block length (default {EVERY})")
+    p.add_argument("--pairs", type=int, default=20, help="pairs of blocks, one with the watch and one without (default 20)")
+    p.add_argument("--warmup", type=int, default=None, help="steps before the first block (default: one block)")
+    p.add_argument("--aa", action="store_true", help="never let the watch act: an A/A check of the method")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--context", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
@@ -97,33 +208,36 @@ def main(argv=None) -> int:
     p.add_argument("--kv-heads", type=int, default=2)
     p.add_argument("--report-to", default="none", help="Trainer integrations, e.g. tensorboard (default none)")
     p.add_argument("--device", choices=["cpu", "auto"], default="cpu", help="cpu, or auto (a GPU where there is one)")
+    p.add_argument("--threads", type=int, default=None, help="torch's intra-op threads (default: torch's own choice)")
+    p.add_argument("--save", type=Path, default=None, help="write every step's wall and CPU seconds to this JSON file")
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.warmup = args.every if args.warmup is None else args.warmup
+    if args.every < 2 * WINDOW or args.pairs < 2 or args.warmup % args.every:
+        p.error(f"--every takes at least {2 * WINDOW}, --pairs at least 2, and --warmup a multiple of --every")
 
     print(cpu_line())
     print(f"Llama {args.layers} layers, hidden {args.hidden}, {args.heads} heads over {args.kv_heads} kv heads; "
-          f"{args.steps} steps of {args.batch} × {args.context} tokens; probe every {args.every}; "
-          f"report_to {args.report_to}")
-    plain, watched, own, cpu_plain, cpu_watched = [], [], [], [], []
+          f"{args.batch} × {args.context} tokens a step; {args.pairs} pairs of {args.every}-step blocks (ABBA) after "
+          f"{args.warmup} warm-up steps; probe every {args.every}; report_to {args.report_to}"
+          + ("; A/A: the watch never acts" if args.aa else ""))
     with tempfile.TemporaryDirectory() as tmp:
-        for r in range(args.rounds):
-            # the order flips every round (without-with, with-without, ...): whatever drifts over the run
-            # (the machine, this process's allocator and caches) falls on both alike
-            if r % 2 == 0:
-                t_plain, c_plain, _ = one_round(args, False, Path(tmp) / f"p{r}")
-                t_watched, c_watched, t_own = one_round(args, True, Path(tmp) / f"w{r}")
-            else:
-                t_watched, c_watched, t_own = one_round(args, True, Path(tmp) / f"w{r}")
-                t_plain, c_plain, _ = one_round(args, False, Path(tmp) / f"p{r}")
-            for to, value in ((plain, t_plain), (watched, t_watched), (own, t_own), (cpu_plain, c_plain),
-                              (cpu_watched, c_watched)):
-                to.append(value)
-            print(f"round {r + 1}: without {t_plain:.3f} s, with {t_watched:.3f} s (watch's own timer {t_own:.3f} s); "
-                  f"CPU without {c_plain:.3f} s, with {c_watched:.3f} s", flush=True)
-    s = summarize(plain, watched, own)
-    c = summarize(cpu_plain, cpu_watched, own)
-    print(f"median: without {s['plain_s']:.2f} s, with {s['watched_s']:.2f} s, ratio {s['ratio']:.4f} "
-          f"(overhead {100 * s['overhead']:+.2f}%); CPU time ratio {c['ratio']:.4f} (overhead {100 * c['overhead']:+.2f}%); "
-          f"watch's own timer: {100 * s['own_share']:.2f}% of training time")
+        intervals, own = train(args, Path(tmp))
+    if args.save:
+        args.save.write_text(json.dumps({"every": args.every, "warmup": args.warmup, "pairs": args.pairs, "aa": args.aa,
+                                         "watch_seconds": own, **intervals}))
+    for clock_name, times in intervals.items():
+        overheads = pair_overheads(times, args.warmup, args.every, args.pairs)
+        s = summarize(overheads)
+        sums = raw_sums(times, args.warmup, args.every, args.pairs)
+        print(f"{clock_name} pairs: " + " ".join(f"{100 * o:+.2f}%" for o in overheads))
+        print(f"{clock_name} overhead: {100 * s['mean']:+.2f}% [95% t interval {100 * s['low']:+.2f}%, "
+              f"{100 * s['high']:+.2f}%] over {s['pairs']} pairs; raw sums: with {sums[True]:.3f} s, without "
+              f"{sums[False]:.3f} s ({100 * (sums[True] / sums[False] - 1):+.2f}%)")
+        print(f"{clock_name} verdict: {verdict(s)}")
+    print(f"watch's own timer: {own:.3f} s, {100 * own / sum(intervals['wall'].values()):.2f}% of the run's wall time "
+          f"(every block, the warm-up included)")
     return 0
 
 

@@ -1,6 +1,8 @@
-"""benchmarks/watch_overhead.py at smoke size: it runs, and the ratio it prints is the ratio of its medians."""
+"""benchmarks/watch_overhead.py: its estimator against hand calculations, and a smoke run whose printed
+figure is the mean of the pairs it prints."""
 
 import importlib.util
+import json
 import re
 import statistics
 from pathlib import Path
@@ -18,31 +20,70 @@ def bench():
     return module
 
 
-def test_summary_is_medians_and_their_ratio(bench):
-    s = bench.summarize([10.0, 12.0, 11.0], [10.2, 12.6, 11.1], [0.1, 0.12, 0.05])
-    assert s["plain_s"] == 11.0 and s["watched_s"] == 11.1
-    assert s["overhead"] == pytest.approx(0.1 / 11.0)
-    assert s["own_share"] == pytest.approx(statistics.median([0.1 / 10.2, 0.12 / 12.6, 0.05 / 11.1]))
+@pytest.mark.parametrize("p, df, table", [(0.975, 1, 12.706), (0.975, 2, 4.303), (0.975, 4, 2.776),
+                                          (0.975, 19, 2.093), (0.95, 3, 2.353), (0.995, 10, 3.169)])
+def test_t_quantile_matches_the_printed_tables(bench, p, df, table):
+    assert bench.t_quantile(p, df) == pytest.approx(table, abs=5e-4)
+
+
+def test_blocks_alternate_abba(bench):
+    assert [bench.gate_on(b) for b in range(8)] == [True, False, False, True, True, False, False, True]
+
+
+def test_block_cost_takes_the_median_step_and_the_window_excess(bench):
+    every = 10
+    steps = {s: 1.0 for s in range(1, 24)}
+    steps[5] = 9.0  # a neighbour's burst inside the body: the median does not move
+    steps[10], steps[11], steps[12] = 4.0, 2.0, 1.5  # probe, its log, the refill: 3 + 1 + 0.5 over the median
+    assert bench.block_cost(steps, 1, every) == pytest.approx(10 * 1.0 + 4.5)
+    # the steps 11 and 12 belong to the previous block's window, so a burst there does not move block 2's median
+    steps[11] = steps[12] = 50.0
+    assert bench.block_cost(steps, 11, every) == pytest.approx(10 * 1.0 + 0.0)
+
+
+def test_pair_overheads_put_with_over_without_in_abba_order(bench):
+    every, warmup = 10, 10
+    steps = {s: 1.0 for s in range(1, warmup + 4 * every + 4)}
+    steps[warmup + every] += 2.0  # block 0 ("with", pair 0): 2 s more at its probe
+    steps[warmup + 4 * every] += 0.5  # block 3 ("with", pair 1): 0.5 s more
+    assert bench.pair_overheads(steps, warmup, every, 2) == pytest.approx([12 / 10 - 1, 10.5 / 10 - 1])
+
+
+def test_summary_is_a_t_interval_of_the_pair_means(bench):
+    pairs = [0.01, 0.02, 0.0, 0.015, 0.005]
+    mean, sd = 0.01, statistics.stdev(pairs)  # sd of these five: sqrt(2.5e-4 / 4)
+    s = bench.summarize(pairs)
+    assert sd == pytest.approx((2.5e-4 / 4) ** 0.5)
+    assert s["mean"] == pytest.approx(mean)
+    assert s["high"] - s["mean"] == pytest.approx(2.776 * sd / 5 ** 0.5, rel=2e-4)  # t(0.975, 4) = 2.776
+
+
+@pytest.mark.parametrize("low, high, word", [(0.002, 0.008, "at most 1%"), (0.012, 0.02, "more than 1%"),
+                                             (0.004, 0.014, "inconclusive")])
+def test_verdict_reads_the_interval(bench, low, high, word):
+    assert bench.verdict({"mean": (low + high) / 2, "low": low, "high": high}).startswith(word)
 
 
 @pytest.mark.hf
-def test_smoke_run_prints_rounds_and_a_consistent_ratio(bench, tmp_path, monkeypatch, capsys):
+def test_smoke_run_prints_pairs_and_their_mean(bench, tmp_path, monkeypatch, capsys):
     pytest.importorskip("transformers")
     monkeypatch.chdir(tmp_path)
-    assert bench.main(["--steps", "2", "--every", "2", "--rounds", "1", "--layers", "1", "--hidden", "32",
-                       "--heads", "4", "--kv-heads", "2", "--batch", "2", "--context", "16"]) == 0
+    assert bench.main(["--every", "6", "--pairs", "2", "--layers", "1", "--hidden", "32", "--heads", "4",
+                       "--kv-heads", "2", "--batch", "2", "--context", "16", "--threads", "1",
+                       "--save", "steps.json"]) == 0
     out = capsys.readouterr().out
+    saved = json.loads((tmp_path / "steps.json").read_text())
+    assert saved["every"] == 6 and saved["warmup"] == 6 and len(saved["wall"]) == 6 + 2 * 2 * 6 + 3 - 1
     assert "avx512_bf16" in out
-    rounds = [tuple(map(float, m)) for m in re.findall(
-        r"without ([\d.]+) s, with ([\d.]+) s \(watch's own timer ([\d.]+) s\); CPU without ([\d.]+) s, with ([\d.]+) s", out)]
-    assert len(rounds) == 1 and all(r[2] > 0 for r in rounds)
-    wall, cpu = (float(x) for x in re.findall(r"ratio ([\d.]+)", out))
-
-    def check(printed: float, plain: float, watched: float) -> None:
-        # the times are printed rounded to 0.0005 and the ratio to 0.00005: that much, and no more, may differ
-        want = watched / plain
-        assert printed == pytest.approx(want, abs=want * (0.0005 / plain + 0.0005 / watched) + 0.00005)
-
-    (plain, watched, _, cpu_plain, cpu_watched), = rounds
-    check(wall, plain, watched)
-    check(cpu, cpu_plain, cpu_watched)
+    for clock in ("wall", "cpu"):
+        pairs = [float(x) for x in re.search(rf"^{clock} pairs: (.*)$", out, re.M).group(1).replace("%", "").split()]
+        mean, low, high = (float(x) for x in re.search(
+            rf"^{clock} overhead: ([+-][\d.]+)% \[95% t interval ([+-][\d.]+)%, ([+-][\d.]+)%\] over 2 pairs", out,
+            re.M).groups())
+        assert len(pairs) == 2 and mean == pytest.approx(statistics.fmean(pairs), abs=0.011)  # printed to 0.01
+        steps = {int(k): v for k, v in saved[clock].items()}
+        assert [100 * o for o in bench.pair_overheads(steps, 6, 6, 2)] == pytest.approx(pairs, abs=0.006)
+        half = 12.706 * statistics.stdev(pairs) / 2 ** 0.5
+        assert high - mean == pytest.approx(half, abs=0.08)  # t(0.975, 1) × |a − b| / 2, pairs printed to 0.01
+        assert re.search(rf"^{clock} verdict: ", out, re.M)
+    assert float(re.search(r"watch's own timer: ([\d.]+) s", out).group(1)) > 0
