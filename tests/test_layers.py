@@ -9,7 +9,7 @@ import attnscale
 
 SRC = Path(attnscale.__file__).parent
 # lowest first; a module may import from its own layer or any lower one, lazily or not
-RANK = {"__init__": 1, "errors": 0, "files": 0, "limits": 0, "core": 1, "diagnostics": 1, "scales": 1, "watch": 2, "lm": 3,
+RANK = {"__init__": 1, "errors": 0, "files": 0, "limits": 0, "terminal": 0, "core": 1, "diagnostics": 1, "scales": 1, "watch": 2, "lm": 3,
         "runs": 4, "report": 5, "headcheck": 5, "experiments": 6, "reproduce": 7, "cli": 8, "__main__": 8}
 
 

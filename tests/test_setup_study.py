@@ -80,7 +80,7 @@ def test_study_end_to_end_reuses_by_config_and_reports(tmp_path):
     assert all(r["end_spread"] > 0 and r["perplexity"] > 1 for r in result["rows"])
     assert result["claims"]["end_spread"]["setups"] == [("base", "base"), ("norm", "pre")]
     text = setup_study.format_table(result)
-    assert text.splitlines()[3].startswith("norm placement pre     none")
+    assert text.splitlines()[3].split()[:4] == ["norm", "placement", "pre", "none"]
 
     paths = assemble.build(tmp_path / "out")
     md = paths["markdown"].read_text()

@@ -18,6 +18,7 @@ from attnscale.errors import ConfigError
 from attnscale.files import to_jsonable
 from attnscale.runs import record as rec
 from attnscale.runs.pace import Pace
+from attnscale.terminal import table
 
 __all__ = ["run", "scoreboard", "stages"]
 
@@ -177,8 +178,9 @@ def scoreboard(out: Path) -> list[str]:
     words = {course.AGREES: "agree", course.PARTLY: "partly", course.DIFFERS: "differ", course.NOT_RUN: "not run"}
     tally = ", ".join(f"{counts[k]} {w}" for k, w in words.items() if counts[k] or k != course.NOT_RUN)
     lines = [f"scoreboard: {tally} (of the course's {len(judged)} claims)"]
-    lines += [f"  {v.verdict:<8} {name}: course {v.course}, here {v.ours}"
-              for v, name in zip(judged, _named(judged)) if v.verdict != course.AGREES]
+    lines += ["  " + line for line in table(("", "claim"), ([v.verdict, f"{name}: course {v.course}, here {v.ours}"]
+                                                        for v, name in zip(judged, _named(judged))
+                                                        if v.verdict != course.AGREES), "<<")[1:]]
     return lines
 
 

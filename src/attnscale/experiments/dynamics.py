@@ -21,7 +21,9 @@ from attnscale import limits
 from attnscale.runs import store
 from attnscale.runs.record import TrainRun
 from attnscale.core.device import check_device_spec
+from attnscale.core.scales import display_name
 from attnscale.errors import ConfigError
+from attnscale.terminal import table
 from attnscale.runs.runner import CorpusSpec, RunSpec, execute
 from attnscale.lm.train import TrainConfig
 from attnscale.lm.presets import budget, preset_name
@@ -153,15 +155,13 @@ def _pair(row: dict, key: str, fmt: str) -> str:
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """Start → end of training, per scheme: spread, frozen fraction, effective words, push; perplexity."""
-    head = (f"{'width':>6} {'scale':<13} {'spread':>19} {'frozen':>15} {'eff. words':>15} "
-            f"{'push':>15} {'valid ppl':>10}  status")
-    lines = [head]
-    for r in rows:
+    def line(r):
         ppl = "-" if r["valid_ppl"] is None else f"{r['valid_ppl']:.2f}"
         status = r["status"] + (f" at step {r['diverged_at']}" if r.get("diverged_at") is not None else "")
-        lines.append(
-            f"{r['width']:>6} {r['scale']:<13} {_pair(r, 'spread', '.2f'):>19} {_pair(r, 'frozen_fraction', '.3f'):>15} "
-            f"{_pair(r, 'effective_words', '.1f'):>15} {_pair(r, 'push', '.3f'):>15} {ppl:>10}  {status}"
-        )
+        return [r["width"], display_name(r["scale"]), _pair(r, "spread", ".2f"), _pair(r, "frozen_fraction", ".3f"),
+                _pair(r, "effective_words", ".1f"), _pair(r, "push", ".3f"), ppl, status]
+
+    lines = table(("width", "scale", "spread", "frozen", "eff. words", "push", "valid ppl", "status"),
+                  map(line, rows), "><>>>>><")
     lines.append("start → end: the freshly initialised model, then after the last step (means over layers and heads)")
     return "\n".join(lines)

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from attnscale.core.scales import scale_names
+from attnscale.core.scales import display_name, scale_names
 from attnscale.errors import ConfigError
 from attnscale.experiments import sweep
 from attnscale.experiments.dynamics import default_model, default_train
@@ -26,6 +26,7 @@ from attnscale.lm.presets import budget
 from attnscale.lm.train import TrainConfig
 from attnscale.runs.record import TrainRun
 from attnscale.runs.runner import CorpusSpec, execute
+from attnscale.terminal import table
 
 __all__ = ["SchemesConfig", "preset", "lr_grid", "specs", "run_records", "run", "rows_from_records", "format_table",
            "SIZES", "GROUP"]
@@ -145,16 +146,15 @@ def format_table(result: dict[str, Any]) -> str:
         return plus_minus(mean, se, fmt, terminal=True)
 
     rows = result["summary"]
-    head = (f"{'width':>6} {'scale':<13} {'LR sensitivity':>16} {'best loss':>16} {'best lr':>8} {'diverged':>9} "
-            f"{'max|logit| top lr':>18} {'min eff.w':>9} {'collapsed':>10}")
-    lines = [head]
-    for r in rows:
-        lines.append(
-            f"{r['width']:>6} {r['scale']:<13} {_pm(r['sensitivity'], r['sensitivity_se']):>16} "
-            f"{_pm(r['best_loss'], r['best_loss_se']):>16} {'-' if r['best_lr'] is None else format(r['best_lr'], 'g'):>8} "
-            f"{r['diverged']:>4}/{r['runs']:<4} {_pm(*r['max_logit_high_lr'], fmt='{:.1f}'):>18} "
-            f"{'-' if r['min_effective_words'] is None else format(r['min_effective_words'], '.2f'):>9} "
-            f"{r['collapsed_heads']:>4}/{r['heads']:<5}")
+    lines = table(
+        ("width", "scale", "LR sensitivity", "best loss", "best lr", "diverged", "max|logit| top lr", "min eff.w",
+         "collapsed"),
+        ([r["width"], display_name(r["scale"]), _pm(r["sensitivity"], r["sensitivity_se"]),
+          _pm(r["best_loss"], r["best_loss_se"]), "-" if r["best_lr"] is None else format(r["best_lr"], "g"),
+          f"{r['diverged']}/{r['runs']}", _pm(*r["max_logit_high_lr"], fmt="{:.1f}"),
+          "-" if r["min_effective_words"] is None else format(r["min_effective_words"], ".2f"),
+          f"{r['collapsed_heads']}/{r['heads']}"] for r in rows),
+        "><>>>>>>>")
     lines.append("LR sensitivity: mean over the LR grid of min(final loss, loss at init) − best final loss (nats; "
                  "Wortsman et al. 2023), ± SE over seeds; a diverged run counts at its loss at init. "
                  f"Collapsed: head-runs below {COLLAPSE_WORDS:g} effective words at some recorded step.")

@@ -24,7 +24,9 @@ from typing import Any, Sequence
 from attnscale.runs import store
 from attnscale.runs.record import TrainRun
 from attnscale.core.device import check_device_spec
+from attnscale.core.scales import display_name
 from attnscale.errors import ConfigError
+from attnscale.terminal import table
 from attnscale.experiments.dynamics import check_budget, default_model, default_train, model_config
 from attnscale.lm.presets import budget, preset_name
 from attnscale.runs.runner import CorpusSpec, RunSpec, execute
@@ -150,7 +152,7 @@ def format_table(rows: list[dict[str, Any]], baseline: str = "none", reference: 
     for lr in lrs:
         if lr is not None:
             lines.append(f"lr {lr:g}")
-        lines.append(f"{'width':>6} " + " ".join(f"{s:>18}" for s in scales) + f" {'gap (% of ref.)':>22}")
+        cells_by_width = []
         for width in sorted({r["width"] for r in rows if r["lr"] == lr}):
             cells = []
             for s in scales:
@@ -165,9 +167,11 @@ def format_table(rows: list[dict[str, Any]], baseline: str = "none", reference: 
             else:
                 gap = (f"{g['gap']:+.2f}" + (f" ±{g['gap_se']:.2f}" if g["gap_se"] is not None else "")
                        + (f" ({g['share']:.0%})" if g["share"] is not None else ""))
-            lines.append(f"{width:>6} " + " ".join(f"{c:>18}" for c in cells) + f" {gap:>22}")
+            cells_by_width.append([width, *cells, gap])
+        lines += table(("width", *map(display_name, scales), "gap (% of ref.)"), cells_by_width, ">" * (len(scales) + 2))
         start = next((s["width"] for s in gaps["starts"] if s["lr"] == lr), None)
-        lines.append(f"gap = ppl({baseline}) − ppl({reference}), in points and as a share of ppl({reference}); "
+        base, ref = display_name(baseline), display_name(reference)
+        lines.append(f"gap = ppl({base}) − ppl({ref}), in points and as a share of ppl({ref}); "
                      + (f"it starts at width {start}" if start is not None else "no width shows a gap")
                      + f" ({GAP_RULE})")
     return "\n".join(lines)

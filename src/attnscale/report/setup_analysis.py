@@ -248,20 +248,19 @@ def format_text(summary: Sequence[Mapping[str, Any]], judged: Mapping[str, Mappi
     it, ``core.scales.display_name``), then the claims."""
     from attnscale.core.scales import display_name
 
-    head = (f"{'setup':<22} {'scale':<11} {'end spread':>17} {'max layer':>10} {'frozen':>15} {'eff. words':>11} "
-            f"{'valid ppl':>14}  seeds")
-    lines = [head]
+    from attnscale.terminal import table
 
     def pm(mean, se, fmt):
         return analysis.plus_minus(mean, se, fmt, terminal=True)
 
-    for r in summary:
-        lines.append(f"{setup_name((r['axis'], r['value'])):<22} {display_name(r['scale']):<11} "
-                     f"{pm(r['end_spread'], r['end_spread_se'], '{:,.1f}'):>17} "
-                     f"{pm(r['end_spread_max_layer'], None, '{:,.0f}'):>10} "
-                     f"{pm(r['end_frozen_fraction'], r['end_frozen_fraction_se'], '{:.1%}'):>15} "
-                     f"{pm(r['end_effective_words'], None, '{:.2f}'):>11} "
-                     f"{pm(r['perplexity'], r['perplexity_se'], '{:.2f}'):>14}  {r['done']}/{r['seeds']}")
+    lines = table(
+        ("setup", "scale", "end spread", "max layer", "frozen", "eff. words", "valid ppl", "seeds"),
+        ([setup_name((r["axis"], r["value"])), display_name(r["scale"]), pm(r["end_spread"], r["end_spread_se"], "{:,.1f}"),
+          pm(r["end_spread_max_layer"], None, "{:,.0f}"),
+          pm(r["end_frozen_fraction"], r["end_frozen_fraction_se"], "{:.1%}"),
+          pm(r["end_effective_words"], None, "{:.2f}"), pm(r["perplexity"], r["perplexity_se"], "{:.2f}"),
+          f"{r['done']}/{r['seeds']}"] for r in summary),
+        "<<>>>>><")
     lines.append("end of training: mean over layers and heads at the last recorded step, ± SE over seeds")
     for key, c in judged.items():
         if c["setups"]:
