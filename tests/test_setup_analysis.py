@@ -34,14 +34,6 @@ ROWS = [
 ]
 
 
-def test_value_of_reads_the_axis_back_from_a_config():
-    model, train = {"init": "unit", "norm": "pre"}, {"lr": 0.009, "min_lr_ratio": 1.0, "weight_decay": 0.0, "steps": 1200}
-    assert [sa.value_of(a, model, train) for a in sa.AXES] == [0.009, "constant", 0.0, "unit", "pre", 1200]
-    assert sa.value_of("schedule", {}, {"min_lr_ratio": 0.1}) == "cosine"
-    assert [sa.label("lr", 0.009), sa.label("lr", 1e-3), sa.label("weight_decay", 0.0), sa.label("steps", 1200)] == \
-        ["9e-3", "1e-3", "0", "1200"]
-
-
 def test_summary_is_a_mean_and_se_over_seeds_per_setup_and_scale():
     table = sa.summary_rows(ROWS)
     assert [(r["axis"], r["value"], r["scale"]) for r in table][:2] == [("base", "base", "none"), ("base", "base", "inv_sqrt_d")]

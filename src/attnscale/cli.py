@@ -500,7 +500,7 @@ def _run_schemes(args) -> None:
 
 def study_axis(text: str) -> tuple[str, tuple]:
     """AXIS=V1,V2 for --axis: numbers where the axis takes numbers."""
-    from attnscale.report.setup_analysis import AXES
+    from attnscale.lm.study_axes import AXES
 
     axis, sep, values = text.partition("=")
     if not sep or axis not in AXES or not values:
@@ -513,7 +513,7 @@ def study_axis(text: str) -> tuple[str, tuple]:
 
 
 def _add_study(sub) -> None:
-    from attnscale.report.setup_analysis import AXES
+    from attnscale.lm.study_axes import AXES
 
     p = sub.add_parser("study", help="the setup study: how the end of training at d=1,024 (spread, frozen rows, "
                                      "perplexity) depends on lr, schedule, weight decay, init, norm and length")

@@ -28,19 +28,17 @@ from attnscale.errors import ConfigError
 from attnscale import limits
 from attnscale.experiments.dynamics import model_config
 from attnscale.lm.presets import budget, with_steps
+from attnscale.lm.study_axes import AXES, GROUP_PREFIX, SCHEDULES, label, value_of
 from attnscale.lm.train import TrainConfig
-from attnscale.report.setup_analysis import AXES, GROUP_PREFIX, label, value_of
 from attnscale.runs import store
 from attnscale.runs.record import TrainRun
 from attnscale.runs.runner import CorpusSpec, RunSpec, estimate, execute
 
-__all__ = ["AXES", "GROUP", "SIZES", "StudyConfig", "preset", "apply", "run_id", "specs", "run_records",
+__all__ = ["GROUP", "SIZES", "StudyConfig", "preset", "apply", "run_id", "specs", "run_records",
            "run", "format_table"]
 
 GROUP = GROUP_PREFIX.rstrip(":")  # records: group "study:<axis>", "study:base" for the base setup
 SIZES = ("smoke", "quick", "full")
-# min_lr_ratio of each schedule: cosine decays to a tenth of the peak (the presets'), constant never decays
-SCHEDULES = {"cosine": TrainConfig().min_lr_ratio, "constant": 1.0}
 
 def apply(model: dict[str, Any], train: TrainConfig, axis: str, value: Any) -> tuple[dict[str, Any], TrainConfig]:
     """The base (``model``, ``train``) with one setting changed."""

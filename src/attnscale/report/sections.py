@@ -108,7 +108,7 @@ def _shared(runs) -> list:
 
 def _stage(t) -> str:
     """The stage a training run belongs to, as the budget table names it."""
-    from attnscale.report.setup_analysis import is_study
+    from attnscale.lm.study_axes import is_study
 
     return STAGES.get(t.group) or (SETUP_STAGE if is_study(t) else t.group)
 
@@ -116,7 +116,7 @@ def _stage(t) -> str:
 def _budgets(runs) -> tuple:
     """Each stage's own budget, read from its runs' records (the scheme study's is not the preset's)."""
     from attnscale.report.analysis import budget, span_text
-    from attnscale.runs.store import lr_text
+    from attnscale.lm.study_axes import lr_text
 
     stages: dict[str, list] = {}
     for t in runs.train:

@@ -15,6 +15,7 @@ from typing import Any
 
 from attnscale.report import course
 from attnscale.report.analysis import plus_minus
+from attnscale.lm import study_axes as axes
 from attnscale.report import setup_analysis as sa
 
 __all__ = ["TITLE", "COURSE_WIDTH", "study_runs", "studies", "summary", "notes", "blocks"]
@@ -24,7 +25,7 @@ COURSE_WIDTH = course.COURSE_WIDTH  # the course's end-of-training claims are at
 
 
 def study_runs(runs) -> list:
-    return [t for t in runs.train if sa.is_study(t)]
+    return [t for t in runs.train if axes.is_study(t)]
 
 
 def studies(runs) -> dict[tuple[str, int], list]:
@@ -100,7 +101,7 @@ def _panels(table) -> dict[str, list[tuple[str, dict[str, tuple]]]]:
     """Per axis: the base's value and the axis's values, in order, with each scheme's end spread."""
     base = [r for r in table if r["axis"] == "base"]
     out: dict[str, list] = {}
-    for axis in sa.AXES:
+    for axis in axes.AXES:
         mine = [r for r in table if r["axis"] == axis]
         if not mine:
             continue
@@ -108,14 +109,14 @@ def _panels(table) -> dict[str, list[tuple[str, dict[str, tuple]]]]:
         raw = {}
         for r in base:
             v = r["settings"][axis]
-            raw[sa.label(axis, v)] = v
-            points.setdefault(sa.label(axis, v), {})[r["scale"]] = (r["end_spread"], r["end_spread_se"])
+            raw[axes.label(axis, v)] = v
+            points.setdefault(axes.label(axis, v), {})[r["scale"]] = (r["end_spread"], r["end_spread_se"])
         for r in mine:
             raw[r["value"]] = r["settings"][axis]
             points.setdefault(r["value"], {})[r["scale"]] = (r["end_spread"], r["end_spread_se"])
         order = sorted(points, key=lambda k: (0, raw[k], "") if isinstance(raw[k], (int, float)) else (1, 0, str(raw[k])))
-        base_label = sa.label(axis, base[0]["settings"][axis]) if base else None
-        out[sa.AXIS_NAMES[axis]] = [(f"{k} (base)" if k == base_label else k, points[k]) for k in order]
+        base_label = axes.label(axis, base[0]["settings"][axis]) if base else None
+        out[axes.AXIS_NAMES[axis]] = [(f"{k} (base)" if k == base_label else k, points[k]) for k in order]
     return out
 
 
@@ -141,15 +142,15 @@ def _one(folder: str, width: int, study: list, several: bool, out: Path, pngs: d
     from attnscale.report import plots
 
     b: list[tuple] = []
-    base = next((t for t in study if t.group == sa.GROUP_PREFIX + "base"), None)
+    base = next((t for t in study if t.group == axes.GROUP_PREFIX + "base"), None)
     if several:
         b.append(("h3", f"The study in {folder}, d={width:,}"))
     if base is None:
         b.append(("p", f"Its base runs are not in the records, so the setups below have nothing to compare with "
                        f"({folder})."))
     else:
-        settings = ", ".join(f"{sa.AXIS_NAMES[a]} {sa.label(a, sa.value_of(a, base.model, base.train))}"
-                             for a in sa.AXES)
+        settings = ", ".join(f"{axes.AXIS_NAMES[a]} {axes.label(a, axes.value_of(a, base.model, base.train))}"
+                             for a in axes.AXES)
         b.append(("p", f"Width {width:,}; base setup: {settings}" + ("" if folder == "." else f" ({folder}/)") + "."))
     unfinished = [f"{t.run_id}: {t.status}" for t in study if t.status not in ("done", "diverged")]
     if unfinished:
