@@ -189,6 +189,10 @@ def _run_spread(args) -> None:
     cfg = spread.SpreadConfig(widths=tuple(args.widths), pairs=args.pairs, scales=tuple(args.scales), seed=args.seed)
     out = writable_dir(args.out) if args.out else None  # after the config: a refused request writes nothing
     rows = spread.run(cfg, out=out)
+    if out:
+        from attnscale.report import plots
+
+        plots.spread_plot(rows, out / "spread.png")
     _print_json(rows) if args.json else print(spread.format_table(rows))
 
 
@@ -224,6 +228,11 @@ def _run_fresh(args) -> None:
                             init=args.init, scales=scales, threshold=args.threshold, seed=args.seed)
     out = writable_dir(args.out) if args.out else None  # after the config: a refused request writes nothing
     result = fresh.run(cfg, out=out)
+    if out:
+        from attnscale.report import plots
+
+        plots.fresh_plot(result["rows"], out / "fresh.png")
+        plots.illustration(result["illustration"], out / "illustration.png")
     _print_json(result["rows"]) if args.json else print(fresh.format_table(result))
 
 

@@ -133,7 +133,8 @@ def illustration(words: int = 64, multipliers=(0.25, 1, 4, 16, 32), seed: int = 
 
 
 def run(cfg: FreshConfig, out: Path | None = None) -> dict:
-    """Every width × scheme; with ``out``, a record and plots. Returns {"rows", "illustration"}."""
+    """Every width × scheme; with ``out``, the record (``report`` draws the figures from it).
+    Returns {"rows", "illustration"}."""
     started = time.time()
     rows = [measure(w, s, cfg) for w in cfg.widths for s in cfg.scales]
     result = {"rows": rows, "illustration": illustration(cfg.words, seed=cfg.seed)}
@@ -143,10 +144,6 @@ def run(cfg: FreshConfig, out: Path | None = None) -> dict:
         from attnscale.runs import record as rec
 
         rec.write(out, rec.new("fresh", cfg, result, started=started))
-        from attnscale.report import plots
-
-        plots.fresh_plot(rows, Path(out) / "fresh.png")
-        plots.illustration(result["illustration"], Path(out) / "illustration.png")
     return result
 
 

@@ -122,7 +122,7 @@ def run_records(cfg: SchemesConfig, out: Path, jobs: int = 1, progress: bool = T
 
 def rows_from_records(runs: list[TrainRun]) -> list[dict[str, Any]]:
     """The plain per-run dicts ``schemes_analysis.summary_rows`` takes, read from the runs' records."""
-    from attnscale.report.schemes_section import run_row
+    from attnscale.report.schemes_analysis import run_row
 
     return [run_row(t) for t in runs]
 

@@ -86,16 +86,13 @@ def measure(width: int, pairs: int, scales: tuple[str, ...], seed: int) -> list[
 
 
 def run(cfg: SpreadConfig, out: Path | None = None) -> list[dict]:
-    """Measure every width; with ``out``, write a record and a plot there."""
+    """Measure every width; with ``out``, write the record there (``report`` draws the figure from it)."""
     started = time.time()
     rows = [row for w in cfg.widths for row in measure(w, cfg.pairs, cfg.scales, cfg.seed)]
     if out is not None:
         from attnscale.runs import record as rec
 
         rec.write(out, rec.new("spread", cfg, rows, started=started))
-        from attnscale.report import plots
-
-        plots.spread_plot(rows, Path(out) / "spread.png")
     return rows
 
 

@@ -1,9 +1,8 @@
 """The report section "Beyond the course: which scale?", from the scheme study's run records.
 
 ``blocks(runs, out, pngs)`` returns the same block tuples as ``assemble._sections``
-and draws its figures into ``out`` (adding them to ``pngs``). ``run_row`` is the
-one place that reads a run (a ``runs.record.TrainRun``) for the study: everything
-after it works on plain numbers (``schemes_analysis``).
+and draws its figures into ``out`` (adding them to ``pngs``). The runs are read
+as plain numbers by ``schemes_analysis.run_row``; everything after it works on those.
 """
 
 from __future__ import annotations
@@ -15,30 +14,11 @@ from typing import Any
 from attnscale.core.scales import display_name
 from attnscale.report import schemes_analysis as sa
 from attnscale.report.analysis import budget, budget_text, plus_minus
-from attnscale.runs.record import TrainRun
 
-__all__ = ["GROUP", "TITLE", "run_row", "blocks"]
+__all__ = ["GROUP", "TITLE", "blocks"]
 
 GROUP = "schemes"
 TITLE = "Beyond the course: which scale?"
-
-
-def run_row(t: TrainRun) -> dict[str, Any]:
-    """One run of the study (a ``runs.record.TrainRun``) as plain numbers: its settings, final held-out
-    loss (None unless done), the loss at init and ``schemes_analysis.run_measures``.
-
-    The loss at init is the first recorded training loss (step 0, before any update:
-    the model has seen nothing, so train and held-out loss agree there); where it is
-    missing, ln(vocab), the loss of a uniform guess."""
-    measures = sa.run_measures(t.recorded)
-    vocab = t.model.get("vocab_size")
-    init = measures["init_loss"] if measures["init_loss"] is not None else (math.log(vocab) if vocab else None)
-    final = t.results.valid_loss if t.status == "done" else None
-    return {
-        "run": t.run_id, "scale": t.scale, "width": t.width, "seed": t.seed, "lr": t.lr,
-        "status": t.status, "final_loss": final, "diverged_at": t.diverged_at,
-        "context": t.model.get("context"), **measures, "init_loss": init,
-    }
 
 
 def _table(summary: list[dict[str, Any]]) -> tuple:
@@ -132,7 +112,7 @@ def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[tuple]:
         f"{sa.COLLAPSE_WORDS:g} effective words at some recorded step (entropy collapse, Zhai et al. 2023).")),
         # the study's own budget: not the preset's of the course's experiments above
         ("p", f"The study's runs, as their records say: {budget_text(budget(study))}.")]
-    rows = [run_row(t) for t in study]
+    rows = [sa.run_row(t) for t in study]
     finished = [r for r in rows if r["status"] in ("done", "diverged")]
     unfinished = [f"{r['run']}: {r['status']}" for r in rows if r["status"] not in ("done", "diverged")]
     if unfinished:
