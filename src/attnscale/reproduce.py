@@ -198,8 +198,8 @@ def run(out: Path, *, seed: int = 0, preset: str = "default", corpus: str = "def
 
     Before the first stage it times a few training steps here (``measure_pace``) and
     prints the estimated time of what is left; before each stage, that stage's time
-    and the time left, at the pace measured so far (the timed steps, then the stages
-    that ran); after it, the time it took beside the estimate.
+    and the time left, at the pace measured so far (the timed steps, then every run
+    that ended since, ``runs.pace.Pace.observe``); after it, the time it took beside the estimate.
 
     ``executor="ray"``: the training stages run as Ray tasks, in one Ray session
     (a local instance, or the cluster at ``ray_address``) opened for the first of them."""
@@ -228,13 +228,10 @@ def run(out: Path, *, seed: int = 0, preset: str = "default", corpus: str = "def
 
                 ray_session.enter_context(ray_executor.session(ray_address, cores()))
                 opened = True
-            trained = _pending(stage, folder) if stage.group else []
             t = time.time()
             # a training stage's runs weigh their steps by the same pace as this stage's estimate
             stage.runner(stage.config, folder, pace=pace) if stage.group else stage.runner(stage.config, folder)
-            took = time.time() - t
-            if trained:
-                pace.add(trained, took, stage.workers)  # the next stages' estimates follow what this one took
+            took = time.time() - t  # each run that ended in it has corrected ``pace`` (runs.progress)
             _say(f"[{i}/{len(todo)}] {stage.name}: done in {took:.1f} s (estimated {mine:.0f} s)")
     from attnscale import report
 
