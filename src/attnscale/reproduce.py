@@ -1,6 +1,6 @@
 """`attnscale reproduce`: every measurement of the chapter, in order, then the report.
 
-Stages write into one folder (layout in ``runs.py``); a stage whose record is
+Stages write into one folder (layout and schema in ``runs.record``); a stage whose record is
 already there is not run again, so an interrupted reproduce picks up where it
 stopped and the report can always be rebuilt from what is on disk.
 """
