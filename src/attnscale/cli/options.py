@@ -91,13 +91,18 @@ def probability(text: str) -> float:
     return _number(text, float, lambda v: 0 < v < 1, "a number between 0 and 1")
 
 
+def _one_of(text: str, check, choices) -> str:
+    """``check(text)``, the library's own rule for the option; its refusal as argparse's one line."""
+    try:
+        return check(text)
+    except ConfigError:
+        raise argparse.ArgumentTypeError(f"takes one of {', '.join(choices)}, got {text!r}") from None
+
+
 def scale_name(text: str) -> str:
     from attnscale.core.scales import SCALES, check_scale
 
-    try:
-        return check_scale(text)
-    except ConfigError:
-        raise argparse.ArgumentTypeError(f"takes one of {', '.join(SCALES)}, got {text!r}") from None
+    return _one_of(text, check_scale, SCALES)
 
 
 def scale_or_all(text: str) -> str:
@@ -108,10 +113,7 @@ def device_name(text: str) -> str:
     """A well-formed device spec; whether this machine has it is checked by ``usable_device`` before any work."""
     from attnscale.core.device import DEVICES, check_device_spec
 
-    try:
-        return check_device_spec(text)
-    except ConfigError:
-        raise argparse.ArgumentTypeError(f"takes one of {', '.join(DEVICES)}, got {text!r}") from None
+    return _one_of(text, check_device_spec, DEVICES)
 
 
 def tokenizer_name(text: str) -> str:
