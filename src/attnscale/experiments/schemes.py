@@ -21,9 +21,8 @@ from typing import Any, Sequence
 from attnscale.core.scales import display_name, scale_names
 from attnscale.errors import ConfigError
 from attnscale.experiments import sweep
-from attnscale.experiments.dynamics import default_model, default_train
+from attnscale.experiments.training_config import TrainingConfig, default_train
 from attnscale.lm.presets import budget
-from attnscale.lm.train import TrainConfig
 from attnscale.runs.record import TrainRun
 from attnscale.runs.runner import CorpusSpec, execute
 from attnscale.terminal import table
@@ -49,22 +48,18 @@ def _default_lrs() -> tuple[float, ...]:
 
 
 @dataclass(frozen=True)
-class SchemesConfig:
+class SchemesConfig(TrainingConfig):
     """Schemes × head widths × learning rates × seeds. ``model`` holds ModelConfig
     fields other than vocab_size, head_dim and scale; ``train.seed`` and
     ``train.lr`` are set per run. ``device``, when given, is where every run trains."""
 
-    corpus: str = "default"
-    tokenizer: str | None = None
     scales: tuple[str, ...] = field(default_factory=lambda: tuple(scale_names()))
     widths: tuple[int, ...] = (64, 256, 1024)
     lrs: tuple[float, ...] = field(default_factory=_default_lrs)
     seeds: tuple[int, ...] = (0, 1, 2)
-    model: dict[str, Any] = field(default_factory=default_model)
-    train: TrainConfig = field(default_factory=default_train)
-    device: str | None = None
 
     def __post_init__(self):
+        super().__post_init__()
         _ = self.as_sweep  # the sweep's checks: lists without repeats, positive widths, known schemes, valid lrs
 
     @property

@@ -17,20 +17,19 @@ Runs go to ``out/<run_id>`` with record extra {"group": "sweep"}, resumed by
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
 from attnscale.runs import store
 from attnscale.runs.record import TrainRun
-from attnscale.core.device import check_device_spec
 from attnscale.core.scales import display_name
 from attnscale.errors import ConfigError
 from attnscale.terminal import table
-from attnscale.experiments.dynamics import check_budget, default_model, default_train, model_config
+from attnscale.experiments.dynamics import check_budget, model_config
+from attnscale.experiments.training_config import TrainingConfig
 from attnscale.lm.presets import budget, preset_name
 from attnscale.runs.runner import CorpusSpec, RunSpec, execute
-from attnscale.lm.train import TrainConfig
 from attnscale.report.analysis import GAP_RULE, GAP_THRESHOLD_PPL, gap_table, mean_se, run_rows
 
 __all__ = ["SweepConfig", "preset", "run", "run_records", "specs", "rows_from_records", "gap_table", "format_table",
@@ -38,24 +37,18 @@ __all__ = ["SweepConfig", "preset", "run", "run_records", "specs", "rows_from_re
 
 
 @dataclass(frozen=True)
-class SweepConfig:
+class SweepConfig(TrainingConfig):
     """Widths × schemes × seeds (× lrs). ``model`` holds ModelConfig fields other than
     vocab_size, head_dim and scale; ``train.seed`` and, with ``lrs``, ``train.lr`` are set per run.
     ``device``, when given, is where every run trains (it sets ``train.device``)."""
 
-    corpus: str = "default"
-    tokenizer: str | None = None
     widths: tuple[int, ...] = (32, 64, 128, 256, 512, 1024)
     scales: tuple[str, ...] = ("none", "inv_sqrt_d")
     seeds: tuple[int, ...] = (0,)
     lrs: tuple[float, ...] | None = None
-    model: dict[str, Any] = field(default_factory=default_model)
-    train: TrainConfig = field(default_factory=default_train)
-    device: str | None = None
 
     def __post_init__(self):
-        if self.device is not None:
-            check_device_spec(self.device)
+        super().__post_init__()
         for name in ("widths", "scales", "seeds") + (("lrs",) if self.lrs is not None else ()):
             values = getattr(self, name)
             if not values or len(set(values)) != len(values):
