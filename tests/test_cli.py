@@ -25,7 +25,7 @@ def test_fresh_table_and_record(tmp_path, capsys):
     out = tmp_path / "fresh"
     assert main(["fresh", "--widths", "256", "--sequences", "20", "--out", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "inv_sqrt_d" in text and "of its weight on word" in text
+    assert "1/√d" in text and "of its weight on word" in text
     record = json.loads((out / "record.json").read_text())
     assert record["config"]["seed"] == 0 and record["environment"]["torch"]
     assert {r["scale"] for r in record["results"]["rows"]} == {"none", "inv_sqrt_d"}

@@ -26,7 +26,7 @@ def test_train_json_row_and_record(tmp_path, capsys):
 def test_dynamics_table(tmp_path, capsys):
     assert main(["dynamics", "--width", "16", *TINY, "--out", str(tmp_path)]) == 0
     text = capsys.readouterr().out
-    assert "none" in text and "inv_sqrt_d" in text and "→" in text
+    assert "none" in text and "1/√d" in text and "→" in text
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d16-inv_sqrt_d-s0", "d16-none-s0"]
 
 
@@ -34,7 +34,7 @@ def test_sweep_table_then_resume_keeps_finished_runs(tmp_path, capsys):
     args = ["sweep", "--widths", "8", "16", "--scale", "none", "inv_sqrt_d", "--seeds", "0", *TINY, "--out", str(tmp_path)]
     assert main(args) == 0
     first = capsys.readouterr()
-    assert "gap = ppl(none) − ppl(inv_sqrt_d)" in first.out and "[4/4]" in first.err
+    assert "gap = ppl(none) − ppl(1/√d)" in first.out and "[4/4]" in first.err
     records = sorted(tmp_path.glob("*/record.json"))
     assert len(records) == 4
     before = [r.stat().st_mtime_ns for r in records]

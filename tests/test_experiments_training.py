@@ -50,7 +50,7 @@ def test_diverged_baseline_counts_as_a_gap_and_other_schemes_are_listed():
     table = sweep.gap_table(rows)
     assert table["rows"][0]["diverged"] == "baseline" and table["gap_starts_at"] == 1024
     text = sweep.format_table(rows)
-    assert "qk_norm" in text and "49.00" in text and "diverged" in text
+    assert "qk-norm" in text and "49.00" in text and "diverged" in text
 
 
 def test_gap_per_learning_rate():
@@ -125,7 +125,9 @@ def test_dynamics_run_records_start_and_end(tmp_path):
 
     assert record.read(tmp_path / "d32-none-s1").group == "dynamics"
     text = dynamics.format_table(rows)
-    assert "d32" not in text and "inv_sqrt_d" in text and "→" in text
+    assert "d32" not in text and "→" in text
+    # schemes by the names readers know (the report's), not the registry's keys
+    assert [line.split()[1] for line in text.splitlines()[1:3]] == ["none", "1/√d"]
 
 
 def test_sweep_runs_any_registered_scheme(tmp_path):

@@ -1,6 +1,7 @@
-"""The package's layers (README, "Where things live"): no module imports from a layer above its own.
+"""The package's layers (README, "Where things live"): no module imports from a layer above its own,
+and no import of any kind (at the top, inside a function, or for types only) closes a circle.
 
-Modules of one layer may import each other (report and headcheck are peers)."""
+Modules of one layer may import each other (report and headcheck are peers), one way only."""
 
 import ast
 from pathlib import Path
@@ -9,7 +10,7 @@ import attnscale
 
 SRC = Path(attnscale.__file__).parent
 # lowest first; a module may import from its own layer or any lower one, lazily or not
-RANK = {"__init__": 1, "errors": 0, "files": 0, "limits": 0, "core": 1, "diagnostics": 1, "scales": 1, "watch": 2, "lm": 3,
+RANK = {"__init__": 1, "errors": 0, "files": 0, "limits": 0, "terminal": 0, "core": 1, "diagnostics": 1, "scales": 1, "watch": 2, "lm": 3,
         "runs": 4, "report": 5, "headcheck": 5, "experiments": 6, "reproduce": 7, "cli": 8, "__main__": 8}
 
 
@@ -64,3 +65,68 @@ def test_relative_imports_are_read_as_the_modules_they_name(tmp_path):
     assert _absolute(node, SRC / "runs" / "runner.py") == "attnscale.report"
     node = ast.parse("from . import record").body[0]
     assert _absolute(node, SRC / "runs" / "runner.py") == "attnscale.runs"
+
+
+def _module(path: Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module -> the attnscale modules it imports (``from attnscale.lm import train`` names attnscale.lm.train)."""
+    modules = {_module(p): p for p in SRC.rglob("*.py")}
+    graph = {}
+    for name, path in modules.items():
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ImportFrom):
+                base = _absolute(node, path) or ""
+                targets |= {f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names}
+            elif isinstance(node, ast.Import):
+                targets |= {a.name for a in node.names}
+        graph[name] = {t for t in targets if t in modules and t != name}
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each set of modules that reach one another through imports (Tarjan's strongly connected components)."""
+    index, low, stack, circles = {}, {}, [], []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in sorted(graph[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = stack[stack.index(v):]
+            del stack[stack.index(v):]
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return circles
+
+
+def test_no_import_closes_a_circle():
+    assert not _circles(_graph())
+
+
+def test_a_circle_is_found_whatever_its_length():
+    assert _circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert _circles({"a": {"b"}, "b": set()}) == []
+
+
+def test_experiments_return_data_and_only_the_report_draws():
+    """An experiment may use the report's pure analysis (its numbers), never a section, plot or renderer."""
+    drawing = []
+    for name, targets in _graph().items():
+        if name.startswith("attnscale.experiments"):
+            drawing += [f"{name} imports {t}" for t in targets
+                        if t.startswith("attnscale.report") and not t.endswith("analysis")]
+    assert not drawing, drawing

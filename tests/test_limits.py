@@ -62,13 +62,14 @@ def test_the_time_limit_is_the_users_to_set(tmp_path):
 
 def test_python_callers_get_the_same_refusal():
     from attnscale.experiments import fresh, spread, sweep
+    from attnscale.experiments.training_config import default_train
 
     with pytest.raises(ConfigError, match="of memory"):
         spread.SpreadConfig(pairs=10**10)
     with pytest.raises(ConfigError, match="of memory"):
         fresh.FreshConfig(words=10**6, widths=(65536,))
     with pytest.raises(ConfigError, match="would take at least"):
-        sweep.SweepConfig(train=sweep.default_train().__class__(steps=10**9))
+        sweep.SweepConfig(train=default_train().__class__(steps=10**9))
     with pytest.raises(ConfigError, match="d=100,000,000,000 needs at least"):
         spread.SpreadConfig(widths=(10**11,), pairs=2)  # one pair's q and k alone
     base = sweep.SweepConfig()

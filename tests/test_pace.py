@@ -67,14 +67,67 @@ def test_a_line_through_the_dear_and_the_cheap_step(corpus, monkeypatch):
     assert fallback.step_s == 0 and fallback.op_s == pytest.approx(0.2 / o_wide)
 
 
-def test_the_estimate_follows_what_the_stages_took(corpus):
+def test_the_estimate_follows_what_the_runs_took(corpus):
     p = Pace(step_s=0.0, op_s=1e-9)
     runs = [spec(corpus, 256), spec(corpus, 256)]
     predicted = p.seconds(runs, workers=2)
     assert predicted == pytest.approx(sum(p.run_seconds(s) for s in runs) / 2)
-    p.add(runs, seconds=3 * predicted, workers=2)  # the machine turned out three times slower
+    for s in runs:  # the machine turned out three times slower
+        p.observe(p.run_seconds(s), 3 * p.run_seconds(s))
     assert p.factor() == pytest.approx(3.0)
     assert p.seconds(runs[:1], workers=1) == pytest.approx(3 * p.run_seconds(runs[0]))
+    p.observe(0.0, 5.0)  # a run that trained no step (all copied, or failed at once) says nothing
+    assert p.factor() == pytest.approx(3.0)
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_loaded_machine_corrects_the_estimate_after_its_first_run(corpus):
+    """The pace was timed on an idle machine; then other work takes 60% of it, so every step
+    takes 2.5 times as long. After the first run ends, the estimate of the rest (the next
+    stage's ETA) is within 30% of what they will take; before it, it is 60% short."""
+    from attnscale.runs.progress import make_progress
+
+    p = Pace(step_s=0.05, op_s=1e-9)
+    runs = [replace(spec(corpus, w, steps=40), run_id=f"r{i}") for i, w in enumerate((8, 64, 256, 64))]
+    slow = 2.5
+    truth = sum(slow * p.run_seconds(s) + 1.0 for s in runs[1:])  # each run also spends 1 s starting and evaluating
+    assert p.seconds(runs[1:]) < 0.7 * truth  # the uncorrected estimate: far too short
+    clock = FakeClock()
+    weights = {s.run_id: p.step_seconds(s) for s in runs}
+    bar = make_progress(False, total_runs=4, total_steps=160, done_runs=0, done_steps=0, out=None,
+                        weights=weights, pace=p, clock=clock)
+    first = runs[0]
+    bar.start(first.run_id, 40)
+    for step in range(1, 41):
+        clock.now += slow * p.step_seconds(first)
+        bar.step(first.run_id, step)
+    clock.now += 1.0
+    bar.finish(first.run_id, {"status": "done"})
+    assert p.seconds(runs[1:]) == pytest.approx(truth, rel=0.3)
+    # the run's own estimate weighed its steps: the factor is what it took over what was predicted
+    assert p.factor() == pytest.approx(clock.now / p.run_seconds(first))
+
+
+def test_a_resumed_run_is_judged_on_the_steps_it_trained_here(corpus):
+    from attnscale.runs.progress import make_progress
+
+    p = Pace(step_s=0.1, op_s=0.0)
+    clock = FakeClock()
+    bar = make_progress(False, total_runs=1, total_steps=100, done_runs=0, done_steps=0, out=None,
+                        weights={"r": 0.1}, pace=p, clock=clock)
+    bar.start("r", 100)
+    for step in range(91, 101):  # a checkpoint held the first 90 steps
+        clock.now += 0.2
+        bar.step("r", step)
+    bar.finish("r", {"status": "done"})
+    assert p.predicted_s == pytest.approx(10 * 0.1) and p.actual_s == pytest.approx(2.0)
 
 
 def test_the_runs_time_left_weighs_steps_as_the_stage_estimate_does(corpus, tmp_path, monkeypatch):

@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from attnscale.report import render
+from attnscale.report.blocks import Heading, Para, Banner, Scoreboard, Details, Bullets, Image, Table
 
 EVIL = '<script>alert(1)</script> & "quoted" | piped'
-BLOCKS = [("h1", "Title " + EVIL), ("p", EVIL), ("list", "lead " + EVIL, [EVIL]),
-          ("table", ["name", "verdict"], [[EVIL, "agrees"], ["x", "not run"]]), ("img", "a.png", "caption " + EVIL)]
+BLOCKS = [Heading(1, "Title " + EVIL), Para(EVIL), Bullets("lead " + EVIL, [EVIL]),
+          Table(["name", "verdict"], [[EVIL, "agrees"], ["x", "not run"]]), Image("a.png", "caption " + EVIL)]
 
 
 def test_html_escapes_every_string_and_allows_no_script_or_fetch():
@@ -29,14 +32,14 @@ def test_markdown_escapes_html_and_table_pipes():
 
 
 def test_markdown_leaves_comparisons_readable_and_entities_literal():
-    md = render.to_markdown([("p", "median < 1.5, over > 5,000, a&b, &amp; kept"), ("p", "> not a quote"),
-                             ("p", "# not a heading")])
+    md = render.to_markdown([Para("median < 1.5, over > 5,000, a&b, &amp; kept"), Para("> not a quote"),
+                             Para("# not a heading")])
     assert "median < 1.5, over > 5,000, a&b, \\&amp; kept" in md
     assert "\\> not a quote" in md and "\\# not a heading" in md
 
 
 def test_number_columns_are_right_aligned():
-    blocks = [("table", ["name", "ppl", "share", "note"], [["a", "1,234.50", "5.0%", "x"], ["b", "—", "12.1%", "2 y"]])]
+    blocks = [Table(["name", "ppl", "share", "note"], [["a", "1,234.50", "5.0%", "x"], ["b", "—", "12.1%", "2 y"]])]
     md = render.to_markdown(blocks)
     assert "|---|---:|---:|---|" in md
     page = render.to_html(blocks, {})
@@ -44,8 +47,8 @@ def test_number_columns_are_right_aligned():
 
 
 def test_banner_is_set_apart():
-    assert '<p class="banner">Quick preset</p>' in render.to_html([("banner", "Quick preset")], {})
-    assert render.to_markdown([("banner", "Quick *preset*")]).startswith("> **Quick \\*preset\\***")
+    assert '<p class="banner">Quick preset</p>' in render.to_html([Banner("Quick preset")], {})
+    assert render.to_markdown([Banner("Quick *preset*")]).startswith("> **Quick \\*preset\\***")
 
 
 def _png(width: int, height: int = 10) -> bytes:
@@ -60,8 +63,8 @@ def _png(width: int, height: int = 10) -> bytes:
 
 
 def test_inline_code_is_code_in_html_and_backticks_in_markdown():
-    blocks = [("h2", "Run `attnscale spread`"), ("p", "then `attnscale report` <b>"), ("list", "lead", ["`x`"]),
-              ("table", ["a"], [["`cell`"]]), ("img", "a.png", "made by `plots`")]
+    blocks = [Heading(2, "Run `attnscale spread`"), Para("then `attnscale report` <b>"), Bullets("lead", ["`x`"]),
+              Table(["a"], [["`cell`"]]), Image("a.png", "made by `plots`")]
     page = render.to_html(blocks, {"a.png": _png(20)})
     assert "<code>attnscale spread</code>" in page and "<code>attnscale report</code> &lt;b&gt;" in page
     assert "<li><code>x</code></li>" in page and "<code>cell</code></td>" in page
@@ -72,7 +75,7 @@ def test_inline_code_is_code_in_html_and_backticks_in_markdown():
 
 
 def test_tables_scroll_in_their_own_box_and_details_fold():
-    blocks = [("details", "Every run (2 records)", [("table", ["run"], [["a"], ["b"]])])]
+    blocks = [Details("Every run (2 records)", [Table(["run"], [["a"], ["b"]])])]
     page = render.to_html(blocks, {})
     assert '<details><summary>Every run (2 records)</summary><div class="wide"><table>' in page
     assert "</table></div></details>" in page and "<details open" not in page
@@ -83,12 +86,18 @@ def test_tables_scroll_in_their_own_box_and_details_fold():
 
 def test_a_figure_is_never_shown_below_its_smallest_legible_width():
     assert render.png_width(_png(1234)) == 1234
-    page = render.to_html([("img", "a.png", "c")], {"a.png": _png(1000)}, min_scale=0.6545)
+    page = render.to_html([Image("a.png", "c")], {"a.png": _png(1000)}, min_scale=0.6545)
     assert 'style="min-width:655px"' in page
-    assert "style=" not in render.to_html([("img", "a.png", "c")], {"a.png": _png(1000)})
+    assert "style=" not in render.to_html([Image("a.png", "c")], {"a.png": _png(1000)})
 
 
 def test_scoreboard_is_a_box_with_its_claims():
-    page = render.to_html([("scoreboard", "Scoreboard: 1 agree", ["claim: differs"])], {})
+    page = render.to_html([Scoreboard("Scoreboard: 1 agree", ["claim: differs"])], {})
     assert '<div class="scoreboard"><p><strong>Scoreboard: 1 agree</strong></p><ul><li>claim: differs</li></ul></div>' in page
-    assert render.to_markdown([("scoreboard", "S", ["c"])]) == "**S**\n\n- c\n"
+    assert render.to_markdown([Scoreboard("S", ["c"])]) == "**S**\n\n- c\n"
+
+
+def test_a_block_that_is_not_a_report_block_is_refused_by_both_renderers():
+    for render_one in (lambda b: render.to_html(b, {}), render.to_markdown):
+        with pytest.raises(TypeError, match="not a report block"):
+            render_one([("h2", "a tuple, as blocks were once written")])

@@ -159,10 +159,6 @@ def test_a_refused_config_names_each_difference_by_its_path():
     assert diff(1, 2) == ["config 1 on disk, 2 asked"] and diff({"x": 1}, {"x": 1}) == []
 
 
-def test_a_learning_rate_is_written_without_trailing_zeros():
-    assert [store.lr_text(x) for x in (3e-3, 9.5e-4, 1e-2, 1.25e-3, 3e-2)] == ["3e-3", "9.5e-4", "1e-2", "1.25e-3", "3e-2"]
-
-
 def test_the_refusal_names_the_first_three_differences_and_the_way_out(tmp_path):
     _write(tmp_path, "train", _config(), None, status="done")
     asked = _config(train={"steps": 20, "batch": 8, "lr": 1e-3, "seed": 1})

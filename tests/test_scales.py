@@ -3,7 +3,8 @@ import math
 import pytest
 import torch
 
-from attnscale.core.scales import DISPLAY_NAMES, SCALES, ScoreScale, display_name, get_scale, register_scale
+from attnscale.core.scales import DISPLAY_NAMES, SCALES, ScoreScale, check_scale, display_name, get_scale, register_scale
+from attnscale.errors import ConfigError
 
 
 def test_registry_has_the_course_pair_and_the_variants():
@@ -108,3 +109,11 @@ def test_scores_are_every_query_against_every_key():
     q, k = torch.randn(2, 3, 4, 6, generator=g), torch.randn(2, 3, 5, 6, generator=g)
     expected = torch.einsum("bhid,bhjd->bhij", q, k) / math.sqrt(6)
     torch.testing.assert_close(get_scale("inv_sqrt_d", 6).scores(q, k), expected)
+
+
+def test_one_rule_names_a_scheme_before_any_is_built():
+    assert [check_scale(s) for s in SCALES] == list(SCALES)
+    with pytest.raises(ConfigError, match="unknown scale 'inv_sqrtd'; choose one of: none, inv_sqrt_d"):
+        check_scale("inv_sqrtd")
+    with pytest.raises(ConfigError, match="unknown scale 'inv_sqrtd'"):
+        get_scale("inv_sqrtd", 64)

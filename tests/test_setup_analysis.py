@@ -34,14 +34,6 @@ ROWS = [
 ]
 
 
-def test_value_of_reads_the_axis_back_from_a_config():
-    model, train = {"init": "unit", "norm": "pre"}, {"lr": 0.009, "min_lr_ratio": 1.0, "weight_decay": 0.0, "steps": 1200}
-    assert [sa.value_of(a, model, train) for a in sa.AXES] == [0.009, "constant", 0.0, "unit", "pre", 1200]
-    assert sa.value_of("schedule", {}, {"min_lr_ratio": 0.1}) == "cosine"
-    assert [sa.label("lr", 0.009), sa.label("lr", 1e-3), sa.label("weight_decay", 0.0), sa.label("steps", 1200)] == \
-        ["9e-3", "1e-3", "0", "1200"]
-
-
 def test_summary_is_a_mean_and_se_over_seeds_per_setup_and_scale():
     table = sa.summary_rows(ROWS)
     assert [(r["axis"], r["value"], r["scale"]) for r in table][:2] == [("base", "base", "none"), ("base", "base", "inv_sqrt_d")]
@@ -130,5 +122,6 @@ def test_the_text_table_has_a_line_per_setup_and_scale_and_the_claims():
     text = sa.format_text(table, sa.claims(table)).splitlines()
     assert len(text) == 1 + 6 + 1 + 4
     assert text[3].startswith("learning rate 9e-3") and "6,500.0 ±500.0" in text[3] and "99.3% ±0.2%" in text[3]
-    assert {line[23:34].strip() for line in text[1:7]} == {"none", "1/√d"}  # schemes as readers know them
+    column = text[0].index("scale")  # the second column, wherever its width puts it
+    assert {line[column:].split()[0] for line in text[1:7]} == {"none", "1/√d"}  # schemes as readers know them
     assert text[-1].startswith("the scale helps perplexity — size by 16.5–18.5 points: in 1 of 3 setups")

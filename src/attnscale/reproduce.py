@@ -1,6 +1,6 @@
 """`attnscale reproduce`: every measurement of the chapter, in order, then the report.
 
-Stages write into one folder (layout in ``runs.py``); a stage whose record is
+Stages write into one folder (layout and schema in ``runs.record``); a stage whose record is
 already there is not run again, so an interrupted reproduce picks up where it
 stopped and the report can always be rebuilt from what is on disk.
 """
@@ -18,6 +18,7 @@ from attnscale.errors import ConfigError
 from attnscale.files import to_jsonable
 from attnscale.runs import record as rec
 from attnscale.runs.pace import Pace
+from attnscale.terminal import table
 
 __all__ = ["run", "scoreboard", "stages"]
 
@@ -177,8 +178,9 @@ def scoreboard(out: Path) -> list[str]:
     words = {course.AGREES: "agree", course.PARTLY: "partly", course.DIFFERS: "differ", course.NOT_RUN: "not run"}
     tally = ", ".join(f"{counts[k]} {w}" for k, w in words.items() if counts[k] or k != course.NOT_RUN)
     lines = [f"scoreboard: {tally} (of the course's {len(judged)} claims)"]
-    lines += [f"  {v.verdict:<8} {name}: course {v.course}, here {v.ours}"
-              for v, name in zip(judged, _named(judged)) if v.verdict != course.AGREES]
+    lines += ["  " + line for line in table(("", "claim"), ([v.verdict, f"{name}: course {v.course}, here {v.ours}"]
+                                                        for v, name in zip(judged, _named(judged))
+                                                        if v.verdict != course.AGREES), "<<")[1:]]
     return lines
 
 
@@ -196,8 +198,8 @@ def run(out: Path, *, seed: int = 0, preset: str = "default", corpus: str = "def
 
     Before the first stage it times a few training steps here (``measure_pace``) and
     prints the estimated time of what is left; before each stage, that stage's time
-    and the time left, at the pace measured so far (the timed steps, then the stages
-    that ran); after it, the time it took beside the estimate.
+    and the time left, at the pace measured so far (the timed steps, then every run
+    that ended since, ``runs.pace.Pace.observe``); after it, the time it took beside the estimate.
 
     ``executor="ray"``: the training stages run as Ray tasks, in one Ray session
     (a local instance, or the cluster at ``ray_address``) opened for the first of them."""
@@ -226,13 +228,10 @@ def run(out: Path, *, seed: int = 0, preset: str = "default", corpus: str = "def
 
                 ray_session.enter_context(ray_executor.session(ray_address, cores()))
                 opened = True
-            trained = _pending(stage, folder) if stage.group else []
             t = time.time()
             # a training stage's runs weigh their steps by the same pace as this stage's estimate
             stage.runner(stage.config, folder, pace=pace) if stage.group else stage.runner(stage.config, folder)
-            took = time.time() - t
-            if trained:
-                pace.add(trained, took, stage.workers)  # the next stages' estimates follow what this one took
+            took = time.time() - t  # each run that ended in it has corrected ``pace`` (runs.progress)
             _say(f"[{i}/{len(todo)}] {stage.name}: done in {took:.1f} s (estimated {mine:.0f} s)")
     from attnscale import report
 

@@ -27,7 +27,7 @@ from torch import nn
 
 from attnscale.errors import ConfigError
 
-__all__ = ["ScoreScale", "SCALES", "DISPLAY_NAMES", "SOFTCAP_CAP", "register_scale", "get_scale", "scale_names",
+__all__ = ["ScoreScale", "SCALES", "DISPLAY_NAMES", "SOFTCAP_CAP", "register_scale", "check_scale", "get_scale", "scale_names",
            "display_name"]
 
 
@@ -105,13 +105,18 @@ def display_name(name: str) -> str:
     return DISPLAY_NAMES.get(name, name)
 
 
+def check_scale(name: str) -> str:
+    """``name`` when a scheme is registered under it; else a ConfigError naming the choices.
+    The one rule every entry point asks (the CLI's --scale, the experiments' configs, ``get_scale``),
+    without building the scheme."""
+    if name not in SCALES:
+        raise ConfigError(f"unknown scale {name!r}; choose one of: {', '.join(SCALES)}")
+    return name
+
+
 def get_scale(name: str, head_dim: int) -> ScoreScale:
     """Build the scheme called ``name`` for heads of width ``head_dim``."""
-    try:
-        cls = SCALES[name]
-    except KeyError:
-        raise ConfigError(f"unknown scale {name!r}; choose one of: {', '.join(SCALES)}") from None
-    return cls(head_dim)
+    return SCALES[check_scale(name)](head_dim)
 
 
 @register_scale("none")

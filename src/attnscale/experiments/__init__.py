@@ -1,7 +1,7 @@
 """One module per experiment of the chapter: spread, fresh, dynamics, sweep."""
 
 from attnscale.errors import ConfigError
-from attnscale.core.scales import get_scale
+from attnscale.core.scales import check_scale
 
 
 def width_seed(seed: int, width: int) -> int:
@@ -15,4 +15,4 @@ def check_widths_and_scales(widths, scales) -> None:
     if not widths or any(int(w) != w or w < 1 for w in widths):
         raise ConfigError(f"widths must be positive integers, got {widths}")
     for s in scales:
-        get_scale(s, 1)
+        check_scale(s)

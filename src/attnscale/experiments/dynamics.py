@@ -13,15 +13,17 @@ resumed like any sweep (``attnscale.runs.runner``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from attnscale import limits
 from attnscale.runs import store
 from attnscale.runs.record import TrainRun
-from attnscale.core.device import check_device_spec
+from attnscale.experiments.training_config import TrainingConfig
+from attnscale.core.scales import display_name
 from attnscale.errors import ConfigError
+from attnscale.terminal import table
 from attnscale.runs.runner import CorpusSpec, RunSpec, execute
 from attnscale.lm.train import TrainConfig
 from attnscale.lm.presets import budget, preset_name
@@ -30,33 +32,19 @@ __all__ = ["DynamicsConfig", "check_budget", "preset", "specs", "model_config", 
            "format_table"]
 
 
-def default_model() -> dict[str, Any]:
-    return budget().model  # the default budget of a small-vocabulary corpus
-
-
-def default_train() -> TrainConfig:
-    return budget().train
-
-
 @dataclass(frozen=True)
-class DynamicsConfig:
+class DynamicsConfig(TrainingConfig):
     """One width, several schemes. ``model`` holds ModelConfig fields other than
     vocab_size (from the corpus), head_dim and scale (set per run); ``train.seed``
     is replaced by ``seed``. ``device`` ("auto", "cpu", "cuda", "cuda:N", "mps"),
     when given, is where every run trains (it sets ``train.device``)."""
 
-    corpus: str = "default"
-    tokenizer: str | None = None
     head_dim: int = 1024
     scales: tuple[str, ...] = ("none", "inv_sqrt_d")
     seed: int = 0
-    model: dict[str, Any] = field(default_factory=default_model)
-    train: TrainConfig = field(default_factory=default_train)
-    device: str | None = None
 
     def __post_init__(self):
-        if self.device is not None:
-            check_device_spec(self.device)
+        super().__post_init__()
         if not isinstance(self.head_dim, int) or self.head_dim < 1:
             raise ConfigError(f"head_dim must be a positive integer, got {self.head_dim!r}")
         if not self.scales or len(set(self.scales)) != len(self.scales):
@@ -153,15 +141,13 @@ def _pair(row: dict, key: str, fmt: str) -> str:
 
 def format_table(rows: list[dict[str, Any]]) -> str:
     """Start → end of training, per scheme: spread, frozen fraction, effective words, push; perplexity."""
-    head = (f"{'width':>6} {'scale':<13} {'spread':>19} {'frozen':>15} {'eff. words':>15} "
-            f"{'push':>15} {'valid ppl':>10}  status")
-    lines = [head]
-    for r in rows:
+    def line(r):
         ppl = "-" if r["valid_ppl"] is None else f"{r['valid_ppl']:.2f}"
         status = r["status"] + (f" at step {r['diverged_at']}" if r.get("diverged_at") is not None else "")
-        lines.append(
-            f"{r['width']:>6} {r['scale']:<13} {_pair(r, 'spread', '.2f'):>19} {_pair(r, 'frozen_fraction', '.3f'):>15} "
-            f"{_pair(r, 'effective_words', '.1f'):>15} {_pair(r, 'push', '.3f'):>15} {ppl:>10}  {status}"
-        )
+        return [r["width"], display_name(r["scale"]), _pair(r, "spread", ".2f"), _pair(r, "frozen_fraction", ".3f"),
+                _pair(r, "effective_words", ".1f"), _pair(r, "push", ".3f"), ppl, status]
+
+    lines = table(("width", "scale", "spread", "frozen", "eff. words", "push", "valid ppl", "status"),
+                  map(line, rows), "><>>>>><")
     lines.append("start → end: the freshly initialised model, then after the last step (means over layers and heads)")
     return "\n".join(lines)

@@ -28,7 +28,8 @@ from attnscale.core.diagnostics import FROZEN_THRESHOLD, describe_row, effective
 from attnscale.errors import ConfigError
 from attnscale.experiments import check_widths_and_scales, width_seed
 from attnscale.core.hooks import record
-from attnscale.core.scales import get_scale
+from attnscale.core.scales import display_name, get_scale
+from attnscale.terminal import table
 
 __all__ = ["FreshConfig", "run", "measure", "illustration", "format_table"]
 
@@ -132,7 +133,8 @@ def illustration(words: int = 64, multipliers=(0.25, 1, 4, 16, 32), seed: int = 
 
 
 def run(cfg: FreshConfig, out: Path | None = None) -> dict:
-    """Every width × scheme; with ``out``, a record and plots. Returns {"rows", "illustration"}."""
+    """Every width × scheme; with ``out``, the record (``report`` draws the figures from it).
+    Returns {"rows", "illustration"}."""
     started = time.time()
     rows = [measure(w, s, cfg) for w in cfg.widths for s in cfg.scales]
     result = {"rows": rows, "illustration": illustration(cfg.words, seed=cfg.seed)}
@@ -142,22 +144,14 @@ def run(cfg: FreshConfig, out: Path | None = None) -> dict:
         from attnscale.runs import record as rec
 
         rec.write(out, rec.new("fresh", cfg, result, started=started))
-        from attnscale.report import plots
-
-        plots.fresh_plot(rows, Path(out) / "fresh.png")
-        plots.illustration(result["illustration"], Path(out) / "illustration.png")
     return result
 
 
 def format_table(result: dict) -> str:
-    rows = result["rows"]
-    head = (f"{'width':>6} {'scale':<11} {'eff. words med':>14} {'p10':>6} {'p90':>6} "
-            f"{'max w':>6} {'frozen':>7} {'push med':>9}  example")
-    lines = [head]
-    for r in rows:
-        lines.append(
-            f"{r['width']:>6} {r['scale']:<11} {r['effective_words_median']:>14.2f} {r['effective_words_p10']:>6.2f} "
-            f"{r['effective_words_p90']:>6.2f} {r['max_weight_mean']:>6.3f} {r['frozen_fraction']:>7.1%} "
-            f"{r['push_median']:>9.4f}  {r['example']}"
-        )
-    return "\n".join(lines)
+    """Per width and scheme: effective words (median, p10, p90), max weight, frozen share, push; one example row."""
+    return "\n".join(table(
+        ("width", "scale", "eff. words med", "p10", "p90", "max w", "frozen", "push med", "example"),
+        ([r["width"], display_name(r["scale"]), f"{r['effective_words_median']:.2f}", f"{r['effective_words_p10']:.2f}",
+          f"{r['effective_words_p90']:.2f}", f"{r['max_weight_mean']:.3f}", f"{r['frozen_fraction']:.1%}",
+          f"{r['push_median']:.4f}", r["example"]] for r in result["rows"]),
+        "><>>>>>><"))

@@ -18,14 +18,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from attnscale.core.scales import scale_names
+from attnscale.core.scales import display_name, scale_names
 from attnscale.errors import ConfigError
 from attnscale.experiments import sweep
-from attnscale.experiments.dynamics import default_model, default_train
+from attnscale.experiments.training_config import TrainingConfig, default_train
 from attnscale.lm.presets import budget
-from attnscale.lm.train import TrainConfig
 from attnscale.runs.record import TrainRun
 from attnscale.runs.runner import CorpusSpec, execute
+from attnscale.terminal import table
 
 __all__ = ["SchemesConfig", "preset", "lr_grid", "specs", "run_records", "run", "rows_from_records", "format_table",
            "SIZES", "GROUP"]
@@ -48,22 +48,18 @@ def _default_lrs() -> tuple[float, ...]:
 
 
 @dataclass(frozen=True)
-class SchemesConfig:
+class SchemesConfig(TrainingConfig):
     """Schemes × head widths × learning rates × seeds. ``model`` holds ModelConfig
     fields other than vocab_size, head_dim and scale; ``train.seed`` and
     ``train.lr`` are set per run. ``device``, when given, is where every run trains."""
 
-    corpus: str = "default"
-    tokenizer: str | None = None
     scales: tuple[str, ...] = field(default_factory=lambda: tuple(scale_names()))
     widths: tuple[int, ...] = (64, 256, 1024)
     lrs: tuple[float, ...] = field(default_factory=_default_lrs)
     seeds: tuple[int, ...] = (0, 1, 2)
-    model: dict[str, Any] = field(default_factory=default_model)
-    train: TrainConfig = field(default_factory=default_train)
-    device: str | None = None
 
     def __post_init__(self):
+        super().__post_init__()
         _ = self.as_sweep  # the sweep's checks: lists without repeats, positive widths, known schemes, valid lrs
 
     @property
@@ -121,7 +117,7 @@ def run_records(cfg: SchemesConfig, out: Path, jobs: int = 1, progress: bool = T
 
 def rows_from_records(runs: list[TrainRun]) -> list[dict[str, Any]]:
     """The plain per-run dicts ``schemes_analysis.summary_rows`` takes, read from the runs' records."""
-    from attnscale.report.schemes_section import run_row
+    from attnscale.report.schemes_analysis import run_row
 
     return [run_row(t) for t in runs]
 
@@ -145,16 +141,15 @@ def format_table(result: dict[str, Any]) -> str:
         return plus_minus(mean, se, fmt, terminal=True)
 
     rows = result["summary"]
-    head = (f"{'width':>6} {'scale':<13} {'LR sensitivity':>16} {'best loss':>16} {'best lr':>8} {'diverged':>9} "
-            f"{'max|logit| top lr':>18} {'min eff.w':>9} {'collapsed':>10}")
-    lines = [head]
-    for r in rows:
-        lines.append(
-            f"{r['width']:>6} {r['scale']:<13} {_pm(r['sensitivity'], r['sensitivity_se']):>16} "
-            f"{_pm(r['best_loss'], r['best_loss_se']):>16} {'-' if r['best_lr'] is None else format(r['best_lr'], 'g'):>8} "
-            f"{r['diverged']:>4}/{r['runs']:<4} {_pm(*r['max_logit_high_lr'], fmt='{:.1f}'):>18} "
-            f"{'-' if r['min_effective_words'] is None else format(r['min_effective_words'], '.2f'):>9} "
-            f"{r['collapsed_heads']:>4}/{r['heads']:<5}")
+    lines = table(
+        ("width", "scale", "LR sensitivity", "best loss", "best lr", "diverged", "max|logit| top lr", "min eff.w",
+         "collapsed"),
+        ([r["width"], display_name(r["scale"]), _pm(r["sensitivity"], r["sensitivity_se"]),
+          _pm(r["best_loss"], r["best_loss_se"]), "-" if r["best_lr"] is None else format(r["best_lr"], "g"),
+          f"{r['diverged']}/{r['runs']}", _pm(*r["max_logit_high_lr"], fmt="{:.1f}"),
+          "-" if r["min_effective_words"] is None else format(r["min_effective_words"], ".2f"),
+          f"{r['collapsed_heads']}/{r['heads']}"] for r in rows),
+        "><>>>>>>>")
     lines.append("LR sensitivity: mean over the LR grid of min(final loss, loss at init) − best final loss (nats; "
                  "Wortsman et al. 2023), ± SE over seeds; a diverged run counts at its loss at init. "
                  f"Collapsed: head-runs below {COLLAPSE_WORDS:g} effective words at some recorded step.")

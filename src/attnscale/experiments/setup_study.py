@@ -19,28 +19,26 @@ Runs go to ``out/<run_id>`` through the same resumable runner as the sweep.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
-from attnscale.core.device import check_device_spec
 from attnscale.errors import ConfigError
 from attnscale import limits
 from attnscale.experiments.dynamics import model_config
+from attnscale.experiments.training_config import TrainingConfig
 from attnscale.lm.presets import budget, with_steps
+from attnscale.lm.study_axes import AXES, GROUP_PREFIX, SCHEDULES, label, value_of
 from attnscale.lm.train import TrainConfig
-from attnscale.report.setup_analysis import AXES, GROUP_PREFIX, label, value_of
 from attnscale.runs import store
 from attnscale.runs.record import TrainRun
 from attnscale.runs.runner import CorpusSpec, RunSpec, estimate, execute
 
-__all__ = ["AXES", "GROUP", "SIZES", "StudyConfig", "preset", "apply", "run_id", "specs", "run_records",
+__all__ = ["GROUP", "SIZES", "StudyConfig", "preset", "apply", "run_id", "specs", "run_records",
            "run", "format_table"]
 
 GROUP = GROUP_PREFIX.rstrip(":")  # records: group "study:<axis>", "study:base" for the base setup
 SIZES = ("smoke", "quick", "full")
-# min_lr_ratio of each schedule: cosine decays to a tenth of the peak (the presets'), constant never decays
-SCHEDULES = {"cosine": TrainConfig().min_lr_ratio, "constant": 1.0}
 
 def apply(model: dict[str, Any], train: TrainConfig, axis: str, value: Any) -> tuple[dict[str, Any], TrainConfig]:
     """The base (``model``, ``train``) with one setting changed."""
@@ -61,24 +59,18 @@ def apply(model: dict[str, Any], train: TrainConfig, axis: str, value: Any) -> t
 
 
 @dataclass(frozen=True)
-class StudyConfig:
+class StudyConfig(TrainingConfig):
     """One head width; the base setup (``model``: ModelConfig fields other than
     vocab_size, head_dim and scale; ``train``) and, per axis, the values tried
     instead of the base's; every run once per scale and seed."""
 
-    corpus: str = "default"
-    tokenizer: str | None = None
     width: int = 1024
     scales: tuple[str, ...] = ("none", "inv_sqrt_d")
     seeds: tuple[int, ...] = (0, 1)
     axes: tuple[tuple[str, tuple[Any, ...]], ...] = ()
-    model: dict[str, Any] = field(default_factory=lambda: budget().model)
-    train: TrainConfig = field(default_factory=lambda: budget().train)
-    device: str | None = None
 
     def __post_init__(self):
-        if self.device is not None:
-            check_device_spec(self.device)
+        super().__post_init__()
         if not isinstance(self.width, int) or isinstance(self.width, bool) or self.width < 1:
             raise ConfigError(f"width must be a positive integer, got {self.width!r}")
         for name in ("scales", "seeds"):
@@ -102,10 +94,6 @@ class StudyConfig:
                     raise ConfigError(f"study axis {axis}: {label(axis, v)} is the base setup's own value; "
                                       "give values that differ from it")
         limits.check(estimate(self._specs(1)), "lower --steps, the steps axis or the seeds")
-
-    @property
-    def corpus_spec(self) -> CorpusSpec:
-        return CorpusSpec(self.corpus, self.tokenizer)
 
     def _specs(self, vocab_size: int) -> list[RunSpec]:
         out = []

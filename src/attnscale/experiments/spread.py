@@ -18,7 +18,8 @@ from attnscale import limits
 from attnscale.core.diagnostics import spread
 from attnscale.errors import ConfigError
 from attnscale.experiments import check_widths_and_scales, width_seed
-from attnscale.core.scales import ScoreScale, get_scale
+from attnscale.core.scales import ScoreScale, display_name, get_scale
+from attnscale.terminal import table
 
 __all__ = ["SpreadConfig", "run", "measure", "format_table"]
 
@@ -85,24 +86,20 @@ def measure(width: int, pairs: int, scales: tuple[str, ...], seed: int) -> list[
 
 
 def run(cfg: SpreadConfig, out: Path | None = None) -> list[dict]:
-    """Measure every width; with ``out``, write a record and a plot there."""
+    """Measure every width; with ``out``, write the record there (``report`` draws the figure from it)."""
     started = time.time()
     rows = [row for w in cfg.widths for row in measure(w, cfg.pairs, cfg.scales, cfg.seed)]
     if out is not None:
         from attnscale.runs import record as rec
 
         rec.write(out, rec.new("spread", cfg, rows, started=started))
-        from attnscale.report import plots
-
-        plots.spread_plot(rows, Path(out) / "spread.png")
     return rows
 
 
 def format_table(rows: list[dict]) -> str:
-    lines = [f"{'width':>6} {'scale':<12} {'raw spread':>11} {'± se':>7} {'sqrt(d)':>8} {'scaled':>8}"]
-    for r in rows:
-        lines.append(
-            f"{r['width']:>6} {r['scale']:<12} {r['raw_spread']:>11.3f} {r['raw_spread_se']:>7.3f} "
-            f"{r['sqrt_d']:>8.3f} {r['scaled_spread']:>8.3f}"
-        )
-    return "\n".join(lines)
+    """Per width and scheme (as readers know it): the raw spread ± SE beside sqrt(d), and the scaled one."""
+    return "\n".join(table(
+        ("width", "scale", "raw spread", "± se", "sqrt(d)", "scaled"),
+        ([r["width"], display_name(r["scale"]), f"{r['raw_spread']:.3f}", f"{r['raw_spread_se']:.3f}",
+          f"{r['sqrt_d']:.3f}", f"{r['scaled_spread']:.3f}"] for r in rows),
+        "><>>>>"))

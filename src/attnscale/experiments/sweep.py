@@ -17,18 +17,19 @@ Runs go to ``out/<run_id>`` with record extra {"group": "sweep"}, resumed by
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Sequence
 
 from attnscale.runs import store
 from attnscale.runs.record import TrainRun
-from attnscale.core.device import check_device_spec
+from attnscale.core.scales import display_name
 from attnscale.errors import ConfigError
-from attnscale.experiments.dynamics import check_budget, default_model, default_train, model_config
+from attnscale.terminal import table
+from attnscale.experiments.dynamics import check_budget, model_config
+from attnscale.experiments.training_config import TrainingConfig
 from attnscale.lm.presets import budget, preset_name
 from attnscale.runs.runner import CorpusSpec, RunSpec, execute
-from attnscale.lm.train import TrainConfig
 from attnscale.report.analysis import GAP_RULE, GAP_THRESHOLD_PPL, gap_table, mean_se, run_rows
 
 __all__ = ["SweepConfig", "preset", "run", "run_records", "specs", "rows_from_records", "gap_table", "format_table",
@@ -36,24 +37,18 @@ __all__ = ["SweepConfig", "preset", "run", "run_records", "specs", "rows_from_re
 
 
 @dataclass(frozen=True)
-class SweepConfig:
+class SweepConfig(TrainingConfig):
     """Widths × schemes × seeds (× lrs). ``model`` holds ModelConfig fields other than
     vocab_size, head_dim and scale; ``train.seed`` and, with ``lrs``, ``train.lr`` are set per run.
     ``device``, when given, is where every run trains (it sets ``train.device``)."""
 
-    corpus: str = "default"
-    tokenizer: str | None = None
     widths: tuple[int, ...] = (32, 64, 128, 256, 512, 1024)
     scales: tuple[str, ...] = ("none", "inv_sqrt_d")
     seeds: tuple[int, ...] = (0,)
     lrs: tuple[float, ...] | None = None
-    model: dict[str, Any] = field(default_factory=default_model)
-    train: TrainConfig = field(default_factory=default_train)
-    device: str | None = None
 
     def __post_init__(self):
-        if self.device is not None:
-            check_device_spec(self.device)
+        super().__post_init__()
         for name in ("widths", "scales", "seeds") + (("lrs",) if self.lrs is not None else ()):
             values = getattr(self, name)
             if not values or len(set(values)) != len(values):
@@ -150,7 +145,7 @@ def format_table(rows: list[dict[str, Any]], baseline: str = "none", reference: 
     for lr in lrs:
         if lr is not None:
             lines.append(f"lr {lr:g}")
-        lines.append(f"{'width':>6} " + " ".join(f"{s:>18}" for s in scales) + f" {'gap (% of ref.)':>22}")
+        cells_by_width = []
         for width in sorted({r["width"] for r in rows if r["lr"] == lr}):
             cells = []
             for s in scales:
@@ -165,9 +160,11 @@ def format_table(rows: list[dict[str, Any]], baseline: str = "none", reference: 
             else:
                 gap = (f"{g['gap']:+.2f}" + (f" ±{g['gap_se']:.2f}" if g["gap_se"] is not None else "")
                        + (f" ({g['share']:.0%})" if g["share"] is not None else ""))
-            lines.append(f"{width:>6} " + " ".join(f"{c:>18}" for c in cells) + f" {gap:>22}")
+            cells_by_width.append([width, *cells, gap])
+        lines += table(("width", *map(display_name, scales), "gap (% of ref.)"), cells_by_width, ">" * (len(scales) + 2))
         start = next((s["width"] for s in gaps["starts"] if s["lr"] == lr), None)
-        lines.append(f"gap = ppl({baseline}) − ppl({reference}), in points and as a share of ppl({reference}); "
+        base, ref = display_name(baseline), display_name(reference)
+        lines.append(f"gap = ppl({base}) − ppl({ref}), in points and as a share of ppl({ref}); "
                      + (f"it starts at width {start}" if start is not None else "no width shows a gap")
                      + f" ({GAP_RULE})")
     return "\n".join(lines)

@@ -101,6 +101,13 @@ def inspect_model(
     name = str(model) if isinstance(model, (str, Path)) else type(model).__name__
     cfg = InspectConfig(name, max_tokens, batch, sequences, threshold, tuple(what_ifs),
                         **({"device": str(target)} if target is not None else {}))
+    return _inspect(cfg, model, texts, target, tokenizer, on_layer)
+
+
+def _inspect(cfg: InspectConfig, model: str | Path | nn.Module, texts, target: torch.device | None,
+             tokenizer=None, on_layer: OnLayer | None = None) -> InspectResult:
+    """``inspect_model`` once its config is built and its device resolved (``target``; None: where the model is)."""
+    name = cfg.model
     if not isinstance(texts, torch.Tensor):
         texts = check_texts(texts)  # before a load that may take half a minute
     if isinstance(model, (str, Path)):
@@ -133,8 +140,7 @@ def run(cfg: InspectConfig, texts: str | Sequence[str], out: Path | None = None)
     """The CLI's call: load, inspect, and with ``out`` write record.json and heatmaps.png."""
     started = time.time()
     device = resolve_device(cfg.device)  # once: the model is moved there and measured there
-    result = inspect_model(cfg.model, texts, max_tokens=cfg.max_tokens, batch=cfg.batch, sequences=cfg.sequences,
-                           threshold=cfg.threshold, what_ifs=cfg.what_ifs, device=device)
+    result = _inspect(dataclasses.replace(cfg, device=str(device)), cfg.model, texts, device)
     if out is not None:
         from attnscale.headcheck.show import plot_heatmaps
         from attnscale.runs import record as rec

@@ -12,15 +12,11 @@ import io
 import json
 from dataclasses import asdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, ClassVar, Protocol
 
 import torch
 
 from attnscale.files import atomic_write_bytes, to_jsonable
-
-if TYPE_CHECKING:
-    from attnscale.lm.model import ModelConfig
-    from attnscale.lm.train import TrainConfig
 
 __all__ = ["comparable_config", "run_config", "Checkpoint", "save_weights"]
 
@@ -47,7 +43,14 @@ def comparable_config(config: Any) -> dict[str, Any]:
     return cfg
 
 
-def run_config(model_cfg: ModelConfig, train_cfg: TrainConfig, corpus) -> dict[str, Any]:
+class _Config(Protocol):
+    """A run's ``ModelConfig`` or ``TrainConfig``: any dataclass instance. A protocol, not those
+    classes, because ``lm.train`` imports this module: naming its type here would close a circle."""
+
+    __dataclass_fields__: ClassVar[dict[str, Any]]
+
+
+def run_config(model_cfg: _Config, train_cfg: _Config, corpus) -> dict[str, Any]:
     """The configuration a training run is known by: {"model", "train", "corpus"} as plain JSON values."""
     return to_jsonable({"model": asdict(model_cfg), "train": asdict(train_cfg), "corpus": corpus.describe()})
 

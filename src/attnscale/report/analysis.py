@@ -193,7 +193,7 @@ def span_text(values: Sequence[Any], fmt: str = "{:,}") -> str:
 def budget_text(b: dict[str, Any]) -> str:
     """A ``budget`` in words: "60 steps a run, context 32, 2 seeds, widths 64 and 256, 5 learning rates
     from 3e-4 to 3e-2"; a setting that differs between runs shows both ends."""
-    from attnscale.runs.store import lr_text
+    from attnscale.lm.study_axes import lr_text
 
     seeds = len(b["seeds"])
     text = (f"{span_text(b['steps'])} steps a run, context {span_text(b['context'])}, "

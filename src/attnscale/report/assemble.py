@@ -1,7 +1,7 @@
 """The report: the course's figures beside ours, built only from run records.
 
 ``build(runs_dir)`` reads every record under ``runs_dir`` (layout and schema in
-``runs.py``), judges the chapter's claims (``course.py``), lays out the sections
+``runs.record``), judges the chapter's claims (``course.py``), lays out the sections
 (``sections.py``), draws the figures (``plots.py``) and writes (``render.py``) one self-contained HTML file (images
 inline as data URIs, inline CSS, no script, so it opens offline and nothing in a
 record can run) and a Markdown file with the PNGs beside it. Nothing is retrained, so the report

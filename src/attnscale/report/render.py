@@ -1,10 +1,9 @@
 """The report's document as blocks, rendered twice: one self-contained HTML page and Markdown.
 
-A block is a tuple: ("h1" | "h2" | "h3" | "p" | "banner", text), ("list", lead, items),
-("table", headers, rows), ("img", png file name, caption), ("scoreboard", count line,
-items) or ("details", summary, blocks): blocks folded away until a reader opens them.
-The "scoreboard" is what a reader must see first (how many claims agree, and which
-do not); a "banner" comes next (the preset that made the records). Text between
+A block is one of the small typed pieces of ``report.blocks``: a Heading, Para,
+Banner, Bullets, Table, Image, Scoreboard, or Details (blocks folded away until a
+reader opens them). The Scoreboard is what a reader must see first (how many
+claims agree, and which do not); a Banner comes next (the preset that made the records). Text between
 backticks is code: ``<code>`` in HTML, kept as written in Markdown. Every string is
 escaped here and nowhere else, so one file says how a corpus name or a note
 from a record reaches the page: ``html.escape`` for HTML; for Markdown (which
@@ -28,6 +27,8 @@ import html
 import math
 import re
 from typing import Any
+
+from attnscale.report.blocks import Banner, Block, Bullets, Details, Heading, Image, Para, Scoreboard, Table
 
 __all__ = ["to_html", "to_markdown"]
 
@@ -81,51 +82,59 @@ def png_width(png: bytes) -> int:
     return int.from_bytes(png[16:20], "big")
 
 
-def to_html(blocks: list[tuple], images: dict[str, bytes], min_scale: float = 0.0) -> str:
-    """One self-contained page; ``images`` maps each "img" block's file name to its PNG bytes.
+def to_html(blocks: list[Block], images: dict[str, bytes], min_scale: float = 0.0) -> str:
+    """One self-contained page; ``images`` maps each Image block's file name to its PNG bytes.
     No figure is shown narrower than ``min_scale`` × its own width (its box scrolls instead)."""
     return _page(_html_blocks(blocks, images, min_scale), blocks)
 
 
-def _html_blocks(blocks: list[tuple], images: dict[str, bytes], min_scale: float) -> list[str]:
+def _html_table(blk: Table) -> str:
+    vcol = list(blk.head).index("verdict") if "verdict" in blk.head else -1
+    num = numeric_columns(blk.rows)
+    head = "".join(('<th class="num">' if i < len(num) and num[i] else "<th>") + f"{_e(h)}</th>"
+                   for i, h in enumerate(blk.head))
+    body = "".join("<tr>" + "".join(
+        (f'<td class="v-{html.escape(str(c)).replace(" ", "-")}">' if i == vcol
+         else '<td class="num">' if i < len(num) and num[i] else "<td>") + f"{_e(c)}</td>"
+        for i, c in enumerate(r)) + "</tr>" for r in blk.rows)
+    # a wide table scrolls in its own box: the page keeps the screen's width
+    return f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>'
+
+
+def _html_blocks(blocks: list[Block], images: dict[str, bytes], min_scale: float) -> list[str]:
     e = _e
     out = []
     for blk in blocks:
-        kind = blk[0]
-        if kind in ("h1", "h2", "h3", "p"):
-            out.append(f"<{kind}>{e(blk[1])}</{kind}>")
-        elif kind == "banner":
-            out.append(f'<p class="banner">{e(blk[1])}</p>')
-        elif kind == "scoreboard":
-            out.append(f'<div class="scoreboard"><p><strong>{e(blk[1])}</strong></p>'
-                       + ("<ul>" + "".join(f"<li>{e(x)}</li>" for x in blk[2]) + "</ul>" if blk[2] else "") + "</div>")
-        elif kind == "details":
-            out.append(f"<details><summary>{e(blk[1])}</summary>"
-                       + "\n".join(_html_blocks(blk[2], images, min_scale)) + "</details>")
-        elif kind == "list":
-            out.append(f"<p>{e(blk[1])}</p><ul>" + "".join(f"<li>{e(x)}</li>" for x in blk[2]) + "</ul>")
-        elif kind == "img":
-            png = images[blk[1]]
+        if isinstance(blk, Heading):
+            out.append(f"<h{blk.level}>{e(blk.text)}</h{blk.level}>")
+        elif isinstance(blk, Para):
+            out.append(f"<p>{e(blk.text)}</p>")
+        elif isinstance(blk, Banner):
+            out.append(f'<p class="banner">{e(blk.text)}</p>')
+        elif isinstance(blk, Scoreboard):
+            out.append(f'<div class="scoreboard"><p><strong>{e(blk.headline)}</strong></p>'
+                       + ("<ul>" + "".join(f"<li>{e(x)}</li>" for x in blk.lines) + "</ul>" if blk.lines else "") + "</div>")
+        elif isinstance(blk, Details):
+            out.append(f"<details><summary>{e(blk.summary)}</summary>"
+                       + "\n".join(_html_blocks(blk.blocks, images, min_scale)) + "</details>")
+        elif isinstance(blk, Bullets):
+            out.append(f"<p>{e(blk.lead)}</p><ul>" + "".join(f"<li>{e(x)}</li>" for x in blk.items) + "</ul>")
+        elif isinstance(blk, Image):
+            png = images[blk.file]
             data = base64.b64encode(png).decode("ascii")
             least = f' style="min-width:{math.ceil(min_scale * png_width(png))}px"' if min_scale > 0 else ""
-            out.append(f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(_plain(blk[2]))}"{least}>'
-                       f"<figcaption>{e(blk[2])}</figcaption></figure>")
-        elif kind == "table":
-            vcol = blk[1].index("verdict") if "verdict" in blk[1] else -1
-            num = numeric_columns(blk[2])
-            head = "".join(('<th class="num">' if i < len(num) and num[i] else "<th>") + f"{e(h)}</th>"
-                           for i, h in enumerate(blk[1]))
-            body = "".join("<tr>" + "".join(
-                (f'<td class="v-{html.escape(str(c)).replace(" ", "-")}">' if i == vcol
-                 else '<td class="num">' if i < len(num) and num[i] else "<td>") + f"{e(c)}</td>"
-                for i, c in enumerate(r)) + "</tr>" for r in blk[2])
-            # a wide table scrolls in its own box: the page keeps the screen's width
-            out.append(f'<div class="wide"><table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table></div>')
+            out.append(f'<figure><img src="data:image/png;base64,{data}" alt="{html.escape(_plain(blk.caption))}"{least}>'
+                       f"<figcaption>{e(blk.caption)}</figcaption></figure>")
+        elif isinstance(blk, Table):
+            out.append(_html_table(blk))
+        else:
+            raise TypeError(f"not a report block: {blk!r}")
     return out
 
 
-def _page(out: list[str], blocks: list[tuple]) -> str:
-    title = html.escape(_plain(next((str(b[1]) for b in blocks if b[0] == "h1"), "attnscale report")))
+def _page(out: list[str], blocks: list[Block]) -> str:
+    title = html.escape(_plain(next((str(b.text) for b in blocks if isinstance(b, Heading) and b.level == 1),
+                                    "attnscale report")))
     # the CSP forbids every script and every fetch: the page is data, and stays offline
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; img-src data:; style-src 'unsafe-inline'\">"
@@ -148,33 +157,34 @@ def _md_cell(x: Any) -> str:
     return _md(x).replace("|", "\\|").replace("\n", " ")
 
 
-def to_markdown(blocks: list[tuple]) -> str:
+def to_markdown(blocks: list[Block]) -> str:
     """Markdown whose images are the PNG files beside it."""
     return "\n\n".join(_md_blocks(blocks)) + "\n"
 
 
-def _md_blocks(blocks: list[tuple]) -> list[str]:
+def _md_blocks(blocks: list[Block]) -> list[str]:
     out = []
     for blk in blocks:
-        kind = blk[0]
-        if kind == "scoreboard":
-            out.append(f"**{_md(blk[1])}**" + ("\n\n" + "\n".join(f"- {_md(x)}" for x in blk[2]) if blk[2] else ""))
-        elif kind == "details":  # Markdown has no fold; HTML's passes through where it renders (GitHub)
-            out.append(f"<details><summary>{_md_cell(blk[1])}</summary>\n\n" + "\n\n".join(_md_blocks(blk[2]))
+        if isinstance(blk, Scoreboard):
+            out.append(f"**{_md(blk.headline)}**" + ("\n\n" + "\n".join(f"- {_md(x)}" for x in blk.lines) if blk.lines else ""))
+        elif isinstance(blk, Details):  # Markdown has no fold; HTML's passes through where it renders (GitHub)
+            out.append(f"<details><summary>{_md_cell(blk.summary)}</summary>\n\n" + "\n\n".join(_md_blocks(blk.blocks))
                        + "\n\n</details>")
-        elif kind in ("h1", "h2", "h3"):
-            out.append({"h1": "# ", "h2": "## ", "h3": "### "}[kind] + _md_cell(blk[1]))
-        elif kind == "p":
-            out.append(_md(blk[1]))
-        elif kind == "banner":
-            out.append("> **" + _md(blk[1]).replace("*", "\\*") + "**")
-        elif kind == "list":
-            out.append(_md(blk[1]) + "\n\n" + "\n".join(f"- {_md(x)}" for x in blk[2]))
-        elif kind == "img":
-            out.append(f"![{_md_cell(blk[2])}]({blk[1]})")
-        elif kind == "table":
-            num = numeric_columns(blk[2])
-            out.append("\n".join(["| " + " | ".join(_md_cell(h) for h in blk[1]) + " |",
-                                  "|" + "".join("---:|" if n else "---|" for n in num) + ("---|" * (len(blk[1]) - len(num))),
-                                  *("| " + " | ".join(_md_cell(c) for c in r) + " |" for r in blk[2])]))
+        elif isinstance(blk, Heading):
+            out.append("#" * blk.level + " " + _md_cell(blk.text))
+        elif isinstance(blk, Para):
+            out.append(_md(blk.text))
+        elif isinstance(blk, Banner):
+            out.append("> **" + _md(blk.text).replace("*", "\\*") + "**")
+        elif isinstance(blk, Bullets):
+            out.append(_md(blk.lead) + "\n\n" + "\n".join(f"- {_md(x)}" for x in blk.items))
+        elif isinstance(blk, Image):
+            out.append(f"![{_md_cell(blk.caption)}]({blk.file})")
+        elif isinstance(blk, Table):
+            num = numeric_columns(blk.rows)
+            out.append("\n".join(["| " + " | ".join(_md_cell(h) for h in blk.head) + " |",
+                                  "|" + "".join("---:|" if n else "---|" for n in num) + ("---|" * (len(blk.head) - len(num))),
+                                  *("| " + " | ".join(_md_cell(c) for c in r) + " |" for r in blk.rows)]))
+        else:
+            raise TypeError(f"not a report block: {blk!r}")
     return out

@@ -28,7 +28,7 @@ from typing import Any, Iterable, Mapping, Sequence
 
 from attnscale.report.analysis import mean_se
 
-__all__ = ["COLLAPSE_WORDS", "run_measures", "sensitivity", "loss_curve", "summary_rows", "reading"]
+__all__ = ["COLLAPSE_WORDS", "run_measures", "run_row", "sensitivity", "loss_curve", "summary_rows", "reading"]
 
 # A head has collapsed when its rows put their weight on fewer than 2 words on
 # average: half-way from "one word" (frozen) to "a pair", well under the ~30 a
@@ -220,3 +220,21 @@ def reading(rows: Sequence[Mapping[str, Any]], collapse_words: float = COLLAPSE_
     else:
         out.append(f"No head fell below {collapse_words:g} effective words in any run.")
     return out
+
+
+def run_row(t: Any) -> dict[str, Any]:
+    """One run of the study (a ``runs.record.TrainRun``) as plain numbers: its settings, final held-out
+    loss (None unless done), the loss at init and ``run_measures``. Reads the run by its attributes only.
+
+    The loss at init is the first recorded training loss (step 0, before any update:
+    the model has seen nothing, so train and held-out loss agree there); where it is
+    missing, ln(vocab), the loss of a uniform guess."""
+    measures = run_measures(t.recorded)
+    vocab = t.model.get("vocab_size")
+    init = measures["init_loss"] if measures["init_loss"] is not None else (math.log(vocab) if vocab else None)
+    final = t.results.valid_loss if t.status == "done" else None
+    return {
+        "run": t.run_id, "scale": t.scale, "width": t.width, "seed": t.seed, "lr": t.lr,
+        "status": t.status, "final_loss": final, "diverged_at": t.diverged_at,
+        "context": t.model.get("context"), **measures, "init_loss": init,
+    }

@@ -1,9 +1,8 @@
 """The report section "Beyond the course: which scale?", from the scheme study's run records.
 
 ``blocks(runs, out, pngs)`` returns the same block tuples as ``assemble._sections``
-and draws its figures into ``out`` (adding them to ``pngs``). ``run_row`` is the
-one place that reads a run (a ``runs.record.TrainRun``) for the study: everything
-after it works on plain numbers (``schemes_analysis``).
+and draws its figures into ``out`` (adding them to ``pngs``). The runs are read
+as plain numbers by ``schemes_analysis.run_row``; everything after it works on those.
 """
 
 from __future__ import annotations
@@ -13,35 +12,17 @@ from pathlib import Path
 from typing import Any
 
 from attnscale.core.scales import display_name
+from attnscale.report.blocks import Block, Heading, Para, Bullets, Image, Table
 from attnscale.report import schemes_analysis as sa
 from attnscale.report.analysis import budget, budget_text, plus_minus
-from attnscale.runs.record import TrainRun
 
-__all__ = ["GROUP", "TITLE", "run_row", "blocks"]
+__all__ = ["GROUP", "TITLE", "blocks"]
 
 GROUP = "schemes"
 TITLE = "Beyond the course: which scale?"
 
 
-def run_row(t: TrainRun) -> dict[str, Any]:
-    """One run of the study (a ``runs.record.TrainRun``) as plain numbers: its settings, final held-out
-    loss (None unless done), the loss at init and ``schemes_analysis.run_measures``.
-
-    The loss at init is the first recorded training loss (step 0, before any update:
-    the model has seen nothing, so train and held-out loss agree there); where it is
-    missing, ln(vocab), the loss of a uniform guess."""
-    measures = sa.run_measures(t.recorded)
-    vocab = t.model.get("vocab_size")
-    init = measures["init_loss"] if measures["init_loss"] is not None else (math.log(vocab) if vocab else None)
-    final = t.results.valid_loss if t.status == "done" else None
-    return {
-        "run": t.run_id, "scale": t.scale, "width": t.width, "seed": t.seed, "lr": t.lr,
-        "status": t.status, "final_loss": final, "diverged_at": t.diverged_at,
-        "context": t.model.get("context"), **measures, "init_loss": init,
-    }
-
-
-def _table(summary: list[dict[str, Any]]) -> tuple:
+def _table(summary: list[dict[str, Any]]) -> Table:
     head = ["width d", "scheme", "LR sensitivity ± SE", "best loss ± SE", "best lr", "diverged",
             "max |logit|, lowest lr", "max |logit|, highest lr", "lowest eff. words", "collapsed head-runs", "seeds"]
     rows = [[r["width"], display_name(r["scale"]), plus_minus(r["sensitivity"], r["sensitivity_se"]),
@@ -51,7 +32,7 @@ def _table(summary: list[dict[str, Any]]) -> tuple:
              plus_minus(*r["max_logit_low_lr"], fmt="{:,.1f}"), plus_minus(*r["max_logit_high_lr"], fmt="{:,.1f}"),
              "—" if r["min_effective_words"] is None else f"{r['min_effective_words']:.2f}",
              f"{r['collapsed_heads']} of {r['heads']}", r["seeds"]] for r in summary]
-    return ("table", head, rows)
+    return Table(head, rows)
 
 
 def _in_registry_order(scales) -> list[str]:
@@ -114,7 +95,7 @@ def _theory_points(runs, study, rows) -> dict[str, Any]:
     return {"fresh": fresh_pts, "trained": trained, "steps": steps, "width": widths[-1], "lr": mid, "context": context}
 
 
-def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[tuple]:
+def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[Block]:
     """The section's blocks (none without a run of the study); its figures are drawn into ``out``
     and added to ``pngs``."""
     from attnscale.report import plots
@@ -122,7 +103,7 @@ def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[tuple]:
     study = [t for t in runs.train if t.group == GROUP]
     if not study:  # not a claim of the course: a report without the study simply has no such section
         return []
-    b: list[tuple] = [("h2", TITLE), ("p", (
+    b: list[Block] = [Heading(2, TITLE), Para((
         "Every registered score-scale scheme trained at several head widths and learning rates, several seeds "
         "each (`attnscale schemes`). Final loss is the held-out cross-entropy in nats. Learning-rate sensitivity "
         "(Wortsman et al. 2023): the mean, over the learning-rate grid, of min(final loss, loss at init) minus the "
@@ -131,20 +112,20 @@ def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[tuple]:
         "growth). A head has collapsed when its rows spread over fewer than "
         f"{sa.COLLAPSE_WORDS:g} effective words at some recorded step (entropy collapse, Zhai et al. 2023).")),
         # the study's own budget: not the preset's of the course's experiments above
-        ("p", f"The study's runs, as their records say: {budget_text(budget(study))}.")]
-    rows = [run_row(t) for t in study]
+        Para(f"The study's runs, as their records say: {budget_text(budget(study))}.")]
+    rows = [sa.run_row(t) for t in study]
     finished = [r for r in rows if r["status"] in ("done", "diverged")]
     unfinished = [f"{r['run']}: {r['status']}" for r in rows if r["status"] not in ("done", "diverged")]
     if unfinished:
-        b.append(("list", "Study runs not finished (not counted):", unfinished))
+        b.append(Bullets("Study runs not finished (not counted):", unfinished))
     if not finished:
         return b
     summary = sa.summary_rows(finished)
     named = [{**r, "scale": display_name(r["scale"])} for r in summary]
-    b.append(("list", "What the records show (generated from the numbers below):", sa.reading(named)))
+    b.append(Bullets("What the records show (generated from the numbers below):", sa.reading(named)))
     curves = _curves(finished)
     pngs["schemes-loss-lr"] = plots.loss_vs_lr(curves, out / "schemes-loss-lr.png")
-    b.append(("img", "schemes-loss-lr.png", "Final held-out loss against learning rate, one panel per scheme and "
+    b.append(Image("schemes-loss-lr.png", "Final held-out loss against learning rate, one panel per scheme and "
                                             "width (the other schemes in grey), band ± 1 SE over seeds"))
     sens: dict[str, list] = {s: [] for s in _in_registry_order(r["scale"] for r in summary)}
     for r in summary:
@@ -153,26 +134,26 @@ def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[tuple]:
     sens = {s: pts for s, pts in sens.items() if pts}
     if sens:
         pngs["schemes-sensitivity"] = plots.sensitivity_vs_width(sens, out / "schemes-sensitivity.png")
-        b.append(("img", "schemes-sensitivity.png", "Learning-rate sensitivity against head width, per scheme, ± 1 SE"))
+        b.append(Image("schemes-sensitivity.png", "Learning-rate sensitivity against head width, per scheme, ± 1 SE"))
     widest = max(r["width"] for r in finished)
     lrs = sorted({r["lr"] for r in finished})
     panels = {f"lr {lr:g}": _logit_series(finished, widest, lr) for lr in dict.fromkeys((lrs[len(lrs) // 2], lrs[-1]))}
     if any(panels.values()):
         pngs["schemes-max-logit"] = plots.max_logit_over_steps(panels, out / "schemes-max-logit.png",
                                                                f"Largest |scaled score| over training at width {widest}")
-        b.append(("img", "schemes-max-logit.png", f"Max |attention logit| per step at width {widest}, the preset's "
+        b.append(Image("schemes-max-logit.png", f"Max |attention logit| per step at width {widest}, the preset's "
                                                   "learning rate and the highest, mean over seeds"))
     b.append(_table(summary))
     theory = _theory_points(runs, study, finished)
     if theory["trained"] or theory["fresh"]:
         pngs["schemes-theory"] = plots.random_score_overlay(theory, out / "schemes-theory.png")
-        b += [("p", ("Random scores as a yardstick: if a row's n scores were independent Gaussians with spread s, "
+        b += [Para(("Random scores as a yardstick: if a row's n scores were independent Gaussians with spread s, "
                      "softmax would spread over exp(E[entropy]) words, the curve (computed once by a fixed-seed "
                      "Monte Carlo, `attnscale.core.gaussian_scores`). Fresh heads with unit-variance q and k are "
                      "the case it describes once d is large (given its query, a row's scores are Gaussian with "
                      "spread |q|, which varies from row to row at small d, so the narrowest widths sit above it); "
                      "a trained head below it concentrates more than its spread alone explains (its scores are "
                      "not random), above it less.")),
-              ("img", "schemes-theory.png", "Effective words against spread, with the random-score curve: fresh "
+              Image("schemes-theory.png", "Effective words against spread, with the random-score curve: fresh "
                                             "heads, trained heads, and effective words over training")]
     return b

@@ -5,7 +5,7 @@ the figures into ``out``. ``runs`` is the report's ``Runs`` (``assemble.py``),
 read only through its attributes; nothing here opens a file but the figures it writes.
 
 The header comes first and carries what a reader must know before any number:
-which preset made the records (compared with ``lm.train.preset``), so that a
+which preset made the records (compared with ``lm.presets.budget``), so that a
 quick report is never taken for the full one, and which claims do not agree,
 each with its reason.
 """
@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscale.core.scales import display_name
+from attnscale.report.blocks import Block, Heading, Para, Banner, Scoreboard, Details, Bullets, Image, Table
 from attnscale.report import course, schemes_section, setup_section
 
 __all__ = ["document", "preset_of"]
@@ -38,14 +39,14 @@ def _f(x: Any, fmt: str = "{:.3g}") -> str:
     return "—" if x is None else fmt.format(x)
 
 
-def _verdict_table(verdicts: list[course.Verdict], beside: str | None = None) -> tuple:
+def _verdict_table(verdicts: list[course.Verdict], beside: str | None = None) -> Table:
     head = ["claim (the course's words)", "course", "ours", "tolerance", "verdict", "note"]
     rows = [[v.claim, v.course, v.ours, v.tolerance, v.verdict, v.note] for v in verdicts]
     if beside:
         head.insert(3, beside)
         for v, r in zip(verdicts, rows):
             r.insert(3, v.beside.split(": ", 1)[-1])
-    return ("table", head, rows)
+    return Table(head, rows)
 
 
 # ---- the header: preset, sources, claims that differ ---------------------------
@@ -108,15 +109,15 @@ def _shared(runs) -> list:
 
 def _stage(t) -> str:
     """The stage a training run belongs to, as the budget table names it."""
-    from attnscale.report.setup_analysis import is_study
+    from attnscale.lm.study_axes import is_study
 
     return STAGES.get(t.group) or (SETUP_STAGE if is_study(t) else t.group)
 
 
-def _budgets(runs) -> tuple:
+def _budgets(runs) -> Table:
     """Each stage's own budget, read from its runs' records (the scheme study's is not the preset's)."""
     from attnscale.report.analysis import budget, span_text
-    from attnscale.runs.store import lr_text
+    from attnscale.lm.study_axes import lr_text
 
     stages: dict[str, list] = {}
     for t in runs.train:
@@ -127,19 +128,19 @@ def _budgets(runs) -> tuple:
         b = budget(stages[name])
         rows.append([name, b["runs"], span_text(b["steps"]), span_text(b["context"]), span_text(b["batch"]),
                      len(b["seeds"]), span_text(b["widths"]), span_text([lr_text(x) for x in b["lrs"]], "{}")])
-    return ("table", ["stage", "runs", "steps a run", "context", "batch", "seeds", "widths", "learning rate"], rows)
+    return Table(["stage", "runs", "steps a run", "context", "batch", "seeds", "widths", "learning rate"], rows)
 
 
-def _header(runs, verdicts: list[course.Verdict], experiments: dict[str, str]) -> list[tuple]:
+def _header(runs, verdicts: list[course.Verdict], experiments: dict[str, str]) -> list[Block]:
     preset, words = preset_of(runs)
     title = "The score scale in attention: the course's figures beside ours"
     head, lines = course.scoreboard(verdicts, figures=False)  # the figures follow, with the reasons
     # the scoreboard first: how the course's claims fared, before any paragraph explains it
-    b: list[tuple] = [("h1", title + (f" ({preset} preset)" if preset in (QUICK, DEFAULT, FULL) else "")),
-                      ("scoreboard", f"Scoreboard: {head} of the course", lines),
-                      ("banner", words)]
+    b: list[Block] = [Heading(1, title + (f" ({preset} preset)" if preset in (QUICK, DEFAULT, FULL) else "")),
+                      Scoreboard(f"Scoreboard: {head} of the course", lines),
+                      Banner(words)]
     if runs.train:
-        b.append(("p", "What each stage trained, as its records say (a study beyond the course keeps its own "
+        b.append(Para("What each stage trained, as its records say (a study beyond the course keeps its own "
                        "budget):"))
         b.append(_budgets(runs))
     finished = [rec.finished for _, rec in runs.records if rec.finished]
@@ -153,71 +154,71 @@ def _header(runs, verdicts: list[course.Verdict], experiments: dict[str, str]) -
         source += (f"; {len(shared)} runs are copies of runs another stage trained (the sweep's widest pairs are "
                    "the dynamics runs; the setup study copies the runs of its setups that reproduce trained), "
                    "counted once")
-    b.append(("p", f"{source}. The course is chapter 9, 'Scaled attention'."))
+    b.append(Para(f"{source}. The course is chapter 9, 'Scaled attention'."))
     reasons = course.reasons(verdicts)
     if reasons:
-        b.append(("list", "Claims that do not agree, and why:", reasons))
+        b.append(Bullets("Claims that do not agree, and why:", reasons))
     missing = [f"{e}: {desc}" for e, desc in experiments.items() if e not in runs.present()]
     if missing:
-        b.append(("list", "Not in the records, so not judged:", missing))
+        b.append(Bullets("Not in the records, so not judged:", missing))
     if runs.notes:
-        b.append(("list", "Records skipped or not used:", runs.notes))
+        b.append(Bullets("Records skipped or not used:", runs.notes))
     return b
 
 
 # ---- one section per experiment ------------------------------------------------
 
 
-def _spread(runs, verdicts, out: Path, pngs: dict) -> list[tuple]:
+def _spread(runs, verdicts, out: Path, pngs: dict) -> list[Block]:
     from attnscale.report import plots
 
-    b: list[tuple] = [("h2", "1. Wider means louder: the spread of q·k"),
-                      ("p", ("Random pairs of vectors with independent N(0, 1) entries (`attnscale spread`). The "
+    b: list[Block] = [Heading(2, "1. Wider means louder: the spread of q·k"),
+                      Para(("Random pairs of vectors with independent N(0, 1) entries (`attnscale spread`). The "
                              "spread is the standard deviation of q·k; SE is the standard error of our estimate "
                              "(sample std over the pairs)."))]
     if not runs.spread_rows:
-        return b + [("p", "Not run.")]
+        return b + [Para("Not run.")]
     b.append(_verdict_table(verdicts))
     pngs["spread"] = plots.spread_plot(runs.spread_rows, out / "spread.png")
-    b.append(("img", "spread.png", "Spread of raw and scaled scores against width, log–log, with the √d line"))
-    b.append(("table", ["width d", "scale", "raw spread", "SE", "√d", "factor", "scaled spread"],
+    b.append(Image("spread.png", "Spread of raw and scaled scores against width, log–log, with the √d line"))
+    b.append(Table(["width d", "scale", "raw spread", "SE", "√d", "factor", "scaled spread"],
               [[r["width"], display_name(r["scale"]), _f(r["raw_spread"], "{:.3f}"), _f(course.spread_se(r), "{:.3f}"),
                 _f(r["sqrt_d"], "{:.3f}"), _f(r["factor"], "{:.5f}"), _f(r["scaled_spread"], "{:.3f}")]
                for r in sorted(runs.spread_rows, key=lambda r: (r["width"], r["scale"]))]))
     return b
 
 
-def _illustration(runs, out: Path, pngs: dict) -> list[tuple]:
+def _illustration(runs, out: Path, pngs: dict) -> list[Block]:
     from attnscale.report import plots
 
     ill = runs.illustration
     if not ill:
         return []
     pngs["illustration"] = plots.illustration(ill, out / "illustration.png")
-    return [("h2", "2. Why loud scores freeze attention"),
-            ("p", (f"One row of {len(ill['scores'])} N(0, 1) scores, multiplied by growing factors before softmax. "
+    return [Heading(2, "2. Why loud scores freeze attention"),
+            Para((f"One row of {len(ill['scores'])} N(0, 1) scores, multiplied by growing factors before softmax. "
                    "Small gaps give a soft blend across many words; the same gaps blown up give a hard choice. "
                    "×1 is what the scale gives at any width; without it the scores are √d louder: ×16 at d=256, "
                    "×32 at d=1024.")),
-            ("img", "illustration.png", "Weights of one row at several score scales")]
+            Image("illustration.png", "Weights of one row at several score scales")]
 
 
-def _fresh(runs, verdicts, out: Path, pngs: dict) -> list[tuple]:
+def _fresh(runs, verdicts, out: Path, pngs: dict) -> list[Block]:
     from attnscale.report import plots
 
-    b: list[tuple] = [("h2", "3. A fresh head, before any training"),
-                      ("p", ("Verdicts use the footnote's assumption (q and k entries with unit variance, 'unit' "
+    b: list[Block] = [Heading(2, "3. A fresh head, before any training"),
+                      Para(("Verdicts use the footnote's assumption (q and k entries with unit variance, 'unit' "
                              "init: `attnscale fresh --init unit`); the tiny model's own initialisation is shown beside "
                              "them (`--init model`). Effective words of a "
                              "row = exp(entropy); a row is frozen when its largest weight exceeds the threshold. The "
                              "course quotes one row for 'roughly 35 words', not an average, so we ask whether 35 "
                              "lies inside our p10–p90 range of single rows."))]
     if not runs.fresh_rows:
-        return b + [("p", "Not run.")]
+        return b + [Para("Not run.")]
     b.append(_verdict_table(verdicts, beside="model's own init"))
     pngs["fresh"] = plots.fresh_plot(list(runs.fresh_rows.values()), out / "fresh.png")
-    b.append(("img", "fresh.png", "Effective words and frozen rows against width at init"))
-    b.append(("table", ["init", "width d", "scale", "eff. words median", "p10", "p90", "max weight", "frozen",
+    b.append(Image("fresh.png", "Effective words and frozen rows against width at init"))
+    b.append(Table(["init", "width d", "scale", "eff. words median", "p10", "p90", "max weight", "frozen",
                         "push median", "example row"],
               [[i, w, display_name(s), _f(r["effective_words_median"], "{:.2f}"), _f(r["effective_words_p10"], "{:.2f}"),
                 _f(r["effective_words_p90"], "{:.2f}"), _f(r["max_weight_mean"], "{:.3f}"),
@@ -244,11 +245,11 @@ def _targets() -> dict[str, list[tuple[float, str, str]]]:
             "frozen_fraction": [(course.COURSE_END_FROZEN, f"course: {course.COURSE_END_FROZEN:.1%} ({none})", "none")]}
 
 
-def _dynamics(runs, verdicts, out: Path, pngs: dict) -> list[tuple]:
+def _dynamics(runs, verdicts, out: Path, pngs: dict) -> list[Block]:
     from attnscale.report import plots
 
-    b: list[tuple] = [("h2", "4. What happens during training"),
-                      ("p", ("The tiny model trained with and without the scale (`attnscale dynamics`). "
+    b: list[Block] = [Heading(2, "4. What happens during training"),
+                      Para(("The tiny model trained with and without the scale (`attnscale dynamics`). "
                              "Spread, frozen share and effective words at a step are the mean over all layers and "
                              "heads (each head's spread is over its scaled, unmasked scores); the course's spread "
                              "at the start is its first layer's head, so that claim reads layer 0. Plots show the "
@@ -263,18 +264,18 @@ def _dynamics(runs, verdicts, out: Path, pngs: dict) -> list[tuple]:
             name = f"dynamics-d{w}.png"
             pngs[f"dynamics-d{w}"] = plots.training(series, out / name, f"Training at head width d={w}",
                                                     _targets() if w == course.COURSE_WIDTH else None)
-            b.append(("img", name, f"Spread, frozen rows, effective words and loss per step at d={w}"))
+            b.append(Image(name, f"Spread, frozen rows, effective words and loss per step at d={w}"))
     if runs.dynamics:
-        b.append(("table", ["run", "d", "scale", "seed", "status", "steps", "spread first → last", "frozen first → last",
+        b.append(Table(["run", "d", "scale", "seed", "status", "steps", "spread first → last", "frozen first → last",
                             "eff. words first → last", "held-out ppl"], [_dyn_row(runs, t) for t in runs.dynamics]))
     return b
 
 
-def _sweep(runs, verdicts, out: Path, pngs: dict) -> list[tuple]:
+def _sweep(runs, verdicts, out: Path, pngs: dict) -> list[Block]:
     from attnscale.report import analysis, plots
 
-    b: list[tuple] = [("h2", "5. Where 'large' starts: held-out perplexity by width"),
-                      ("p", ("The tiny model trained at each width with and without the scale (`attnscale sweep`). "
+    b: list[Block] = [Heading(2, "5. Where 'large' starts: held-out perplexity by width"),
+                      Para(("The tiny model trained at each width with and without the scale (`attnscale sweep`). "
                              "Gap = perplexity without the scale − with it (positive: the scale helps), means over "
                              "seeds; SE from the seeds where each cell has two or more. The gap in points depends on "
                              "the corpus and tokenizer, and the course's corpus is not the one here, so compare "
@@ -289,7 +290,7 @@ def _sweep(runs, verdicts, out: Path, pngs: dict) -> list[tuple]:
     gaps, start = course.gap_by_width(runs), course.gap_start(runs)
     if cells:
         pngs["sweep"] = plots.perplexity_vs_width(cells, gaps, start, out / "sweep.png")
-        b.append(("img", "sweep.png", "Held-out perplexity and the gap against width"))
+        b.append(Image("sweep.png", "Held-out perplexity and the gap against width"))
     scales = sorted({s for _, s in cells})
     shares = analysis.share_by_width(analysis.gap_table(course.sweep_rows(runs), reference=course.SCALED))
     rows = []
@@ -299,13 +300,13 @@ def _sweep(runs, verdicts, out: Path, pngs: dict) -> list[tuple]:
         rows.append([w, *[_f(m, "{:.2f}") + ("" if e is None else f" ± {e:.2f}") for m, e in ppl],
                      "—" if gap is None else f"{gap[0]:+.2f}", _f(gap[1] if gap else None, "{:.2f}"),
                      _f(shares.get(w), "{:.0%}"), gap[2] if gap else len(cells.get((w, scales[0]), []))])
-    b.append(("table", ["width d", *[f"ppl {display_name(s)}" for s in scales], "gap", "SE of gap", "gap / ppl with the scale",
+    b.append(Table(["width d", *[f"ppl {display_name(s)}" for s in scales], "gap", "SE of gap", "gap / ppl with the scale",
                         "seeds"], rows))
     bad = [f"{t.path.relative_to(runs.root).as_posix()}: {t.status}"
            + (f" at step {t.diverged_at}" if t.diverged_at is not None else "")
            for t in runs.sweep if t.status != "done"]
     if bad:
-        b.append(("list", "Sweep runs without a perplexity (not counted):", bad))
+        b.append(Bullets("Sweep runs without a perplexity (not counted):", bad))
     return b
 
 
@@ -365,7 +366,7 @@ def _environments(runs) -> list[str]:
     return lines
 
 
-def _metadata(runs) -> list[tuple]:
+def _metadata(runs) -> list[Block]:
     rows = []
     for d, rec in runs.records:
         cfg = rec.config
@@ -383,19 +384,19 @@ def _metadata(runs) -> list[tuple]:
                      rec.status, _f(rec.duration_s, "{:.1f}"), _trained_in(rec) or "—",
                      _precision(rec.environment).split(": ")[1], setting])
     corpora = {json.dumps(t.corpus, sort_keys=True) for t in runs.train}
-    b: list[tuple] = [("h2", "6. The runs")]
+    b: list[Block] = [Heading(2, "6. The runs")]
     if corpora:
-        b.append(("list", "Corpora and tokenizers:", [_kv(json.loads(c)) or "not recorded" for c in sorted(corpora)]))
-    b.append(("list", "Software and hardware:", _environments(runs)))
+        b.append(Bullets("Corpora and tokenizers:", [_kv(json.loads(c)) or "not recorded" for c in sorted(corpora)]))
+    b.append(Bullets("Software and hardware:", _environments(runs)))
     # the longest table of the page, folded: a reader who wants one run opens it
-    b.append(("details", f"Every run ({len(rows)} records): settings, precision, duration",
-              [("table", ["run", "experiment", "status", "duration (s)", "precision", "native bf16 in the CPU",
+    b.append(Details(f"Every run ({len(rows)} records): settings, precision, duration",
+              [Table(["run", "experiment", "status", "duration (s)", "precision", "native bf16 in the CPU",
                           "settings (model; training)"], rows)]))
     return b
 
 
 def document(runs, verdicts: list[course.Verdict], out: Path,
-             experiments: dict[str, str]) -> tuple[list[tuple], dict[str, Path]]:
+             experiments: dict[str, str]) -> tuple[list[Block], dict[str, Path]]:
     """Every section's blocks, in order, and the figures drawn for them ({name: png path})."""
     pngs: dict[str, Path] = {}
     by = {e: [v for v in verdicts if v.experiment == e] for e in experiments}

@@ -5,7 +5,7 @@ Pure functions of plain rows, shared by ``attnscale study`` and the report.
 attributes only); everything after it works on plain numbers.
 
 A setup is the base, or the base with one setting changed (an axis and its
-value, ``AXES``); a run's axis is its record group ``study:<axis>``, its value
+value, ``lm.study_axes``); a run's axis is its record group ``study:<axis>``, its value
 is read from its recorded config. Per setup and scale: the end of training as
 the dynamics claims read it (mean over layers and heads at the last recorded
 step) of the runs that finished ("done"; a diverged run's last recorded step is
@@ -29,24 +29,11 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from attnscale.lm.study_axes import AXES, AXIS_NAMES, GROUP_PREFIX, label, value_of
 from attnscale.report import analysis, course
-from attnscale.runs import store
 
-__all__ = ["AXES", "AXIS_NAMES", "GROUP_PREFIX", "value_of", "label", "is_study", "run_row", "summary_rows",
-           "setups", "pair", "gap", "claims", "setup_name", "value_text", "explain", "format_text", "CLAIM_WORDS"]
+__all__ = ["run_row", "summary_rows", "setups", "pair", "gap", "claims", "setup_name", "value_text", "explain", "format_text", "CLAIM_WORDS"]
 
-GROUP_PREFIX = "study:"
-# axis -> (where in the config, the field it sets)
-AXES: dict[str, tuple[str, str]] = {
-    "lr": ("train", "lr"),
-    "schedule": ("train", "min_lr_ratio"),
-    "weight_decay": ("train", "weight_decay"),
-    "init": ("model", "init"),
-    "norm": ("model", "norm"),
-    "steps": ("train", "steps"),
-}
-AXIS_NAMES = {"lr": "learning rate", "schedule": "schedule", "weight_decay": "weight decay", "init": "init",
-              "norm": "norm placement", "steps": "training steps"}
 SCALED = course.SCALED
 CLAIM_WORDS = {
     "end_spread": ("without the scale the spread grows", "over 5,000"),
@@ -54,30 +41,6 @@ CLAIM_WORDS = {
     "scaled_spread": ("with the scale the spread stays below the unscaled run's", "around 3.4 (± 30%)"),
     "big_gap": ("the scale helps perplexity", "by 16.5–18.5 points"),
 }
-
-
-def value_of(axis: str, model: Mapping[str, Any], train: Mapping[str, Any]) -> Any:
-    """The value of ``axis`` in a run's recorded config: the learning rate, "cosine"/"constant", ..."""
-    where, name = AXES[axis]
-    got = (model if where == "model" else train).get(name)
-    if axis == "schedule":
-        return "constant" if got is not None and float(got) >= 1.0 else "cosine"
-    return got
-
-
-def label(axis: str, value: Any) -> str:
-    """``value`` as run ids and tables write it: 1e-2, 0, constant, pre, 1200."""
-    if isinstance(value, float) and axis == "lr":
-        return store.lr_text(value)
-    if isinstance(value, float):
-        return f"{value:g}"
-    return str(value)
-
-
-def is_study(run: Any) -> bool:
-    """A run of a setup study: group ``study:<axis>`` with an axis this attnscale knows."""
-    group = str(getattr(run, "group", ""))
-    return group.startswith(GROUP_PREFIX) and group[len(GROUP_PREFIX):] in ("base", *AXES)
 
 
 def _finite(values) -> list[float]:
@@ -248,20 +211,19 @@ def format_text(summary: Sequence[Mapping[str, Any]], judged: Mapping[str, Mappi
     it, ``core.scales.display_name``), then the claims."""
     from attnscale.core.scales import display_name
 
-    head = (f"{'setup':<22} {'scale':<11} {'end spread':>17} {'max layer':>10} {'frozen':>15} {'eff. words':>11} "
-            f"{'valid ppl':>14}  seeds")
-    lines = [head]
+    from attnscale.terminal import table
 
     def pm(mean, se, fmt):
         return analysis.plus_minus(mean, se, fmt, terminal=True)
 
-    for r in summary:
-        lines.append(f"{setup_name((r['axis'], r['value'])):<22} {display_name(r['scale']):<11} "
-                     f"{pm(r['end_spread'], r['end_spread_se'], '{:,.1f}'):>17} "
-                     f"{pm(r['end_spread_max_layer'], None, '{:,.0f}'):>10} "
-                     f"{pm(r['end_frozen_fraction'], r['end_frozen_fraction_se'], '{:.1%}'):>15} "
-                     f"{pm(r['end_effective_words'], None, '{:.2f}'):>11} "
-                     f"{pm(r['perplexity'], r['perplexity_se'], '{:.2f}'):>14}  {r['done']}/{r['seeds']}")
+    lines = table(
+        ("setup", "scale", "end spread", "max layer", "frozen", "eff. words", "valid ppl", "seeds"),
+        ([setup_name((r["axis"], r["value"])), display_name(r["scale"]), pm(r["end_spread"], r["end_spread_se"], "{:,.1f}"),
+          pm(r["end_spread_max_layer"], None, "{:,.0f}"),
+          pm(r["end_frozen_fraction"], r["end_frozen_fraction_se"], "{:.1%}"),
+          pm(r["end_effective_words"], None, "{:.2f}"), pm(r["perplexity"], r["perplexity_se"], "{:.2f}"),
+          f"{r['done']}/{r['seeds']}"] for r in summary),
+        "<<>>>>><")
     lines.append("end of training: mean over layers and heads at the last recorded step, ± SE over seeds")
     for key, c in judged.items():
         if c["setups"]:

@@ -14,7 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from attnscale.report import course
+from attnscale.report.blocks import Block, Heading, Para, Bullets, Image, Table
 from attnscale.report.analysis import plus_minus
+from attnscale.lm import study_axes as axes
 from attnscale.report import setup_analysis as sa
 
 __all__ = ["TITLE", "COURSE_WIDTH", "study_runs", "studies", "summary", "notes", "blocks"]
@@ -24,7 +26,7 @@ COURSE_WIDTH = course.COURSE_WIDTH  # the course's end-of-training claims are at
 
 
 def study_runs(runs) -> list:
-    return [t for t in runs.train if sa.is_study(t)]
+    return [t for t in runs.train if axes.is_study(t)]
 
 
 def studies(runs) -> dict[tuple[str, int], list]:
@@ -79,7 +81,7 @@ def _table(table: list[dict[str, Any]]) -> tuple:
                      plus_minus(s.get("perplexity"), s.get("perplexity_se"), "{:.2f}"),
                      "—" if g is None else f"{g:+.2f}" + ("" if se is None else f" ± {se:.2f}") + share,
                      f"{n.get('done', 0)}+{s.get('done', 0)} of {n.get('seeds', 0)}+{s.get('seeds', 0)}"])
-    return ("table", head, rows)
+    return Table(head, rows)
 
 
 def _claims_table(table, judged) -> tuple:
@@ -93,14 +95,14 @@ def _claims_table(table, judged) -> tuple:
         rows.append([f"{direction}; {size}", f"{len(c['direction'])} of {len(c['direction_setups'])}",
                      f"{len(c['size'])} of {n}",
                      "; ".join(f"{sa.setup_name(s)}: {sa.value_text(table, s, key)}" for s in c["size"]) or "none"])
-    return ("table", head, rows)
+    return Table(head, rows)
 
 
 def _panels(table) -> dict[str, list[tuple[str, dict[str, tuple]]]]:
     """Per axis: the base's value and the axis's values, in order, with each scheme's end spread."""
     base = [r for r in table if r["axis"] == "base"]
     out: dict[str, list] = {}
-    for axis in sa.AXES:
+    for axis in axes.AXES:
         mine = [r for r in table if r["axis"] == axis]
         if not mine:
             continue
@@ -108,23 +110,23 @@ def _panels(table) -> dict[str, list[tuple[str, dict[str, tuple]]]]:
         raw = {}
         for r in base:
             v = r["settings"][axis]
-            raw[sa.label(axis, v)] = v
-            points.setdefault(sa.label(axis, v), {})[r["scale"]] = (r["end_spread"], r["end_spread_se"])
+            raw[axes.label(axis, v)] = v
+            points.setdefault(axes.label(axis, v), {})[r["scale"]] = (r["end_spread"], r["end_spread_se"])
         for r in mine:
             raw[r["value"]] = r["settings"][axis]
             points.setdefault(r["value"], {})[r["scale"]] = (r["end_spread"], r["end_spread_se"])
         order = sorted(points, key=lambda k: (0, raw[k], "") if isinstance(raw[k], (int, float)) else (1, 0, str(raw[k])))
-        base_label = sa.label(axis, base[0]["settings"][axis]) if base else None
-        out[sa.AXIS_NAMES[axis]] = [(f"{k} (base)" if k == base_label else k, points[k]) for k in order]
+        base_label = axes.label(axis, base[0]["settings"][axis]) if base else None
+        out[axes.AXIS_NAMES[axis]] = [(f"{k} (base)" if k == base_label else k, points[k]) for k in order]
     return out
 
 
-def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[tuple]:
+def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[Block]:
     """The section's blocks (none without a run of a study): one part per study."""
     found = studies(runs)
     if not found:
         return []
-    b: list[tuple] = [("h2", TITLE), ("p", (
+    b: list[Block] = [Heading(2, TITLE), Para((
         "The course's end of training at width 1,024 (spread over 5,000 and 99.9% of rows frozen without the "
         "scale; around 3.4 with it; 17–18 points of perplexity) depends on how the model is trained. The setup "
         "study (`attnscale study`, run on its own; `reproduce --full` prints the command) trains a base setup and "
@@ -137,26 +139,26 @@ def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[tuple]:
     return b
 
 
-def _one(folder: str, width: int, study: list, several: bool, out: Path, pngs: dict[str, Path]) -> list[tuple]:
+def _one(folder: str, width: int, study: list, several: bool, out: Path, pngs: dict[str, Path]) -> list[Block]:
     from attnscale.report import plots
 
-    b: list[tuple] = []
-    base = next((t for t in study if t.group == sa.GROUP_PREFIX + "base"), None)
+    b: list[Block] = []
+    base = next((t for t in study if t.group == axes.GROUP_PREFIX + "base"), None)
     if several:
-        b.append(("h3", f"The study in {folder}, d={width:,}"))
+        b.append(Heading(3, f"The study in {folder}, d={width:,}"))
     if base is None:
-        b.append(("p", f"Its base runs are not in the records, so the setups below have nothing to compare with "
+        b.append(Para(f"Its base runs are not in the records, so the setups below have nothing to compare with "
                        f"({folder})."))
     else:
-        settings = ", ".join(f"{sa.AXIS_NAMES[a]} {sa.label(a, sa.value_of(a, base.model, base.train))}"
-                             for a in sa.AXES)
-        b.append(("p", f"Width {width:,}; base setup: {settings}" + ("" if folder == "." else f" ({folder}/)") + "."))
+        settings = ", ".join(f"{axes.AXIS_NAMES[a]} {axes.label(a, axes.value_of(a, base.model, base.train))}"
+                             for a in axes.AXES)
+        b.append(Para(f"Width {width:,}; base setup: {settings}" + ("" if folder == "." else f" ({folder}/)") + "."))
     unfinished = [f"{t.run_id}: {t.status}" for t in study if t.status not in ("done", "diverged")]
     if unfinished:
-        b.append(("list", "Study runs not finished (not counted):", unfinished))
+        b.append(Bullets("Study runs not finished (not counted):", unfinished))
     diverged = [f"{t.run_id}: diverged at step {t.diverged_at}" for t in study if t.status == "diverged"]
     if diverged:
-        b.append(("list", "Study runs that diverged (left out of the end-of-training means):", diverged))
+        b.append(Bullets("Study runs that diverged (left out of the end-of-training means):", diverged))
     table, judged = summary(study)
     if not table:
         return b
@@ -167,7 +169,7 @@ def _one(folder: str, width: int, study: list, several: bool, out: Path, pngs: d
         lines = {"5,000": (course.END_SPREAD, "none"), "3.4": (course.SCALED_SPREAD, course.SCALED)}
         pngs[name] = plots.end_spread_by_setup(panels, lines, out / f"{name}.png",
                                                f"Spread at the end of training, d={width:,}, by setup")
-        b.append(("img", f"{name}.png", "End-of-training spread against each setting, one panel per axis "
+        b.append(Image(f"{name}.png", "End-of-training spread against each setting, one panel per axis "
                                         "(base marked), without and with the scale, ± 1 SE over seeds"))
     b.append(_table(table))
     return b

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from attnscale.report import plots, render
+from attnscale.report.blocks import Heading, Para, Image, Table
 from attnscale.watch.record import WatchRecord, read_log
 
 __all__ = ["build", "page", "reference_words", "first_firings", "grid_over_steps"]
@@ -119,16 +120,16 @@ def page(records: list[WatchRecord], causal: bool = True, title: str = "Attentio
     import tempfile
 
     last = records[-1]
-    blocks = [("h1", title),
-              ("p", f"{len(records)} probe steps, {records[0].step} to {last.step}; {last.layers} layers × "
+    blocks = [Heading(1, title),
+              Para(f"{len(records)} probe steps, {records[0].step} to {last.step}; {last.layers} layers × "
                     f"{last.heads} heads; probe of {last.probe.get('sequences', '?')} sequences × "
                     f"{last.probe.get('tokens', '?')} tokens; rows frozen above max weight {last.threshold}.")]
     watch = last.watch
     if watch:
-        blocks.append(("p", f"The watch's own time: {watch.get('total_seconds', math.nan):.3g} s in all, "
+        blocks.append(Para(f"The watch's own time: {watch.get('total_seconds', math.nan):.3g} s in all, "
                             f"{100 * watch.get('share', math.nan):.2f}% of the wall time since it started."))
-    blocks.append(("h2", "The last probe"))
-    blocks.append(("table", ["summary", f"step {last.step}"], [[k, _number(v)] for k, v in last.summary.items()]))
+    blocks.append(Heading(2, "The last probe"))
+    blocks.append(Table(["summary", f"step {last.step}"], [[k, _number(v)] for k, v in last.summary.items()]))
     images = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, draw, caption in (("heads.png", lambda p: _heatmaps(records, p),
@@ -136,18 +137,18 @@ def page(records: list[WatchRecord], causal: bool = True, title: str = "Attentio
                                     ("steps.png", lambda p: _over_steps(records, causal, p),
                                      "Frozen share, effective words beside random scores, and alerts, over steps")):
             images[name] = draw(Path(tmp) / name).read_bytes()
-            blocks += [("img", name, caption)]
+            blocks += [Image(name, caption)]
     measured, expected = reference_words(last, causal)
-    blocks.append(("p", f"At step {last.step} the heads spread over {measured:.3g} effective words on average; "
+    blocks.append(Para(f"At step {last.step} the heads spread over {measured:.3g} effective words on average; "
                         f"random scores at the same spreads would give {_number(expected)} "
                         f"({'causal' if causal else 'full'} rows of {last.probe.get('tokens', '?')} keys)."))
     firings = first_firings(records)
-    blocks.append(("h2", "Alerts"))
+    blocks.append(Heading(2, "Alerts"))
     if firings:
-        blocks.append(("table", ["step", "layer", "head", "alert", "value", "action"],
+        blocks.append(Table(["step", "layer", "head", "alert", "value", "action"],
                        [[a["step"], a["layer"], a["head"], a["alert"], _number(a["value"]), a["action"]] for a in firings]))
     else:
-        blocks.append(("p", "No alert fired."))
+        blocks.append(Para("No alert fired."))
     return blocks, images
 
 

@@ -6,8 +6,12 @@ pace counted in steps would make the first runs a poor guide to the rest. The
 pace is measured here, not assumed: ``measure`` times a few steps of the dearest
 and the cheapest run on this machine (its device, precision and thread count)
 before anything trains, since a small step costs more than its operations say
-(Python and kernel launches); ``Pace`` then keeps what the runs took against what
-was predicted, so every later estimate follows what the machine actually did.
+(Python and kernel launches); ``Pace`` then keeps what each run finished in this
+invocation took against what was predicted for it (``observe``, called by
+``runs.progress`` as each run ends), so every later estimate follows what the
+machine actually did: a machine loaded by other work, or slower once two runs
+share its cores, corrects the estimate after its first finished run, not after a
+whole stage.
 """
 
 from __future__ import annotations
@@ -69,13 +73,13 @@ def measure(specs, corpus, threads: int, steps: int = TIMED_STEPS) -> Pace:
 @dataclass
 class Pace:
     """Seconds a run takes here: ``steps × (step_s + its step's operations × op_s)`` for one
-    process, as measured before training, times the ratio of what the stages run since took
+    process, as measured before training, times the ratio of what the runs finished since took
     to what they were predicted to take."""
 
     step_s: float  # the fixed cost of a step: Python, kernel launches, the optimiser's loop
     op_s: float  # seconds per operation of ``limits.training_cost``
     timed: tuple[str, ...] = ()  # the runs whose steps were timed
-    predicted_s: float = 0.0  # process-seconds the stages run so far were predicted to take
+    predicted_s: float = 0.0  # process-seconds the runs finished so far were predicted to take
     actual_s: float = 0.0  # and what they took
 
     def step_seconds(self, spec) -> float:
@@ -93,7 +97,10 @@ class Pace:
         """The wall time training ``specs`` takes with ``workers`` processes side by side."""
         return sum(self.run_seconds(s) for s in specs) * self.factor() / max(1, workers)
 
-    def add(self, specs, seconds: float, workers: int = 1) -> None:
-        """``specs`` were trained in ``seconds`` of wall time by ``workers`` processes."""
-        self.predicted_s += sum(self.run_seconds(s) for s in specs)
-        self.actual_s += seconds * max(1, workers)
+    def observe(self, predicted_s: float, actual_s: float) -> None:
+        """A run predicted (``step_seconds`` × the steps it trained) to take ``predicted_s`` in its
+        process took ``actual_s``, from its start to its end: its start-up and evaluation included,
+        which the timed steps leave out, and whatever else loaded the machine meanwhile."""
+        if predicted_s > 0 and actual_s > 0:
+            self.predicted_s += predicted_s
+            self.actual_s += actual_s

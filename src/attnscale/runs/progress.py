@@ -8,7 +8,10 @@ The time left is the work left over the rate measured since this process started
 (runs finished earlier do not count). Work is counted in arithmetic operations
 where the caller gives each run's ``weights`` (``runs.pace``: a step at d=1,024
 is worth about ten at d=32), else in steps. Runs copied from another folder
-rather than trained are named as copies, with the folder they come from.
+rather than trained are named as copies, with the folder they come from. Given
+the ``runs.pace.Pace`` the weights came from, each run that ends tells it how
+long it took against its estimate (``Pace.observe``), so the estimates made
+after it (the next stage's) follow this machine as it is now.
 """
 
 from __future__ import annotations
@@ -45,7 +48,8 @@ class Silent:
 
     def __init__(self, *, total_runs: int, total_steps: int, done_runs: int, done_steps: int, out: Path,
                  weights: dict[str, float] | None = None, total_work: float | None = None,
-                 done_work: float | None = None, copied: dict[str, Path] | None = None):
+                 done_work: float | None = None, copied: dict[str, Path] | None = None, pace=None,
+                 clock=time.monotonic):
         self.total_runs, self.total_steps = total_runs, total_steps
         self.done_runs, self.done_steps = done_runs, done_steps
         self.out = out
@@ -56,21 +60,31 @@ class Silent:
         self._steps: dict[str, int] = {}  # active run -> steps reached
         self._totals: dict[str, int] = {}  # active run -> steps planned
         self._trained = 0.0  # work trained by this process
-        self._t0 = time.monotonic()
+        self._pace = pace  # told each run's time against its estimate (weights are then its step_seconds)
+        self._clock = clock
+        self._started: dict[str, float] = {}  # active run -> when it started
+        self._first: dict[str, int] = {}  # active run -> the first step it reported (past a checkpoint's)
+        self._t0 = clock()
 
     def start(self, run_id: str, steps: int) -> None:
         self._steps[run_id] = 0
         self._totals[run_id] = steps
+        self._started[run_id] = self._clock()
 
     def step(self, run_id: str, step: int, loss: float | None = None) -> int:
         """Record that ``run_id`` reached ``step``; return the steps gained since its last report."""
         gained = max(0, step - self._steps.get(run_id, 0))
+        self._first.setdefault(run_id, step)
         self._steps[run_id] = max(step, self._steps.get(run_id, 0))
         self._trained += gained * self._weights.get(run_id, 1.0)
         return gained
 
     def finish(self, run_id: str, summary: dict[str, Any]) -> int:
         """Count ``run_id`` as finished; return the planned steps it skipped (a diverged run ends early)."""
+        started, first = self._started.pop(run_id, None), self._first.pop(run_id, None)
+        if self._pace is not None and started is not None and first is not None:
+            trained = self._steps.get(run_id, 0) - first + 1
+            self._pace.observe(trained * self._weights.get(run_id, 0.0), self._clock() - started)
         skipped = max(0, self._totals.pop(run_id, 0) - self._steps.pop(run_id, 0))
         self.done_steps += skipped
         self.done_work += skipped * self._weights.get(run_id, 1.0)
@@ -78,7 +92,7 @@ class Silent:
         return skipped
 
     def seconds_left(self) -> float | None:
-        elapsed = time.monotonic() - self._t0
+        elapsed = self._clock() - self._t0
         if self._trained == 0 or elapsed <= 0:
             return None
         remaining = self.total_work - self.done_work - self._trained
@@ -110,17 +124,17 @@ class Plain(Silent):
 
     def __init__(self, **kw):
         super().__init__(**kw)
-        self._last_said = time.monotonic()
+        self._last_said = self._clock()
         for line in self._kept_lines():
             self._say(line)
 
     def _say(self, text: str) -> None:
-        self._last_said = time.monotonic()
+        self._last_said = self._clock()
         print(f"attnscale: {text}", file=sys.stderr, flush=True)
 
     def step(self, run_id, step, loss=None):
         gained = super().step(run_id, step, loss)
-        if time.monotonic() - self._last_said >= self.heartbeat_s:
+        if self._clock() - self._last_said >= self.heartbeat_s:
             left = self.seconds_left()
             eta = f"; about {_duration(left)} left" if left is not None else ""
             active = ", ".join(f"{r} step {s}/{self._totals.get(r, '?')}" for r, s in self._steps.items())
@@ -196,7 +210,7 @@ class Live(Silent):
 def make_progress(enabled: bool, *, total_runs: int, total_steps: int, done_runs: int, done_steps: int, out: Path,
                   **work):
     """Live on a terminal, plain lines elsewhere, silent when not ``enabled``; ``work``: the
-    optional ``weights``, ``total_work``, ``done_work`` and ``copied`` of ``Silent``."""
+    optional ``weights``, ``total_work``, ``done_work``, ``copied`` and ``pace`` of ``Silent``."""
     kw = dict(total_runs=total_runs, total_steps=total_steps, done_runs=done_runs, done_steps=done_steps, out=out,
               **work)
     if not enabled:

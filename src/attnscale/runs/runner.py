@@ -230,6 +230,7 @@ def execute(
         total_work=sum(weights[s.run_id] * s.train.steps for s in specs),
         done_work=sum(weights[s.run_id] * s.train.steps for s in done),
         copied=copied,
+        pace=pace,  # each run that ends corrects the estimates made after it
     )
     try:
         if pending:

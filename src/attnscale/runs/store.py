@@ -26,9 +26,10 @@ from typing import Any
 
 from attnscale.errors import ConfigError
 from attnscale.lm.checkpoint import comparable_config
+from attnscale.lm.study_axes import lr_text
 from attnscale.runs import record as rec
 
-__all__ = ["run_id", "lr_text", "comparable_config", "run_state"]  # comparable_config: lm.train's, re-exported
+__all__ = ["run_id", "comparable_config", "run_state"]  # comparable_config: lm.train's, re-exported
 
 
 # ---- resume ----------------------------------------------------------------------
@@ -38,12 +39,6 @@ def run_id(head_dim: int, scale: str, seed: int, lr: float | None = None) -> str
     """``d{head_dim}-{scale}-s{seed}``, plus ``-lr3e-3`` when a sweep varies the learning rate."""
     base = f"d{head_dim}-{scale}-s{seed}"
     return base if lr is None else f"{base}-lr{lr_text(lr)}"
-
-
-def lr_text(lr: float) -> str:
-    """A learning rate as run ids write it: 3e-3, 9.5e-4."""
-    mantissa, exponent = f"{lr:.2e}".split("e")
-    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
 
 
 def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:

@@ -1,0 +1,205 @@
+"""The commands that train the tiny model: train, dynamics, sweep, schemes, study.
+
+Each starts from its experiment's preset, applies the shared budget options
+(``options.with_budget``), and hands the runs to the experiment; the experiment
+decides where they train (``--jobs``, ``--executor``)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from attnscale.cli.options import (UsageError, default_of, executor_kwargs, executor_options, full_option, jobs_option,
+                                   nonneg_int, overrides, positive_float, positive_int, scale_name, study_axis,
+                                   training_options, with_budget, words)
+from attnscale.cli.sequence import Command, table_of
+
+__all__ = ["COMMANDS"]
+
+
+def _once(values) -> tuple:
+    """``values`` in order, each once: a value given twice trains once."""
+    return tuple(dict.fromkeys(values))
+
+
+def _train_config(args):
+    from attnscale.experiments import sweep
+
+    base = sweep.preset(quick=args.quick, full=args.full, corpus=args.corpus, seed=args.seed, tokenizer=args.tokenizer)
+    return with_budget(sweep.SweepConfig(corpus=args.corpus, widths=(args.width,), scales=(args.scale,),
+                                         seeds=(args.seed,), model=base.model, train=base.train), args)
+
+
+def _train(cfg, out, args) -> dict:
+    from attnscale.experiments import dynamics, sweep
+
+    rows = dynamics.rows_from_records(sweep.run_records(cfg, out, jobs=1, group="train"))
+    return {"rows": rows, "run": out / rows[0]["run_id"]}
+
+
+def _train_table(result) -> str:
+    from attnscale.experiments.dynamics import format_table
+
+    return f"{format_table(result['rows'])}\nrun: {result['run']}"
+
+
+def add_train(sub) -> None:
+    p = sub.add_parser("train", help="train the tiny LM once, at one head width and scale")
+    p.add_argument("--width", type=positive_int, default=64, help="head width d (length of q and k; default: %(default)s)")
+    p.add_argument("--scale", type=scale_name, default="inv_sqrt_d",
+                   help="score-scale scheme (default: %(default)s, the course's 1/sqrt(d))")
+    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the weights and batches (default: %(default)s)")
+    training_options(p, "attnscale-out/train")
+    full_option(p)
+    p.set_defaults(run=Command(_train_config, _train, _train_table, as_json=lambda result: result["rows"]))
+
+
+def _dynamics_config(args):
+    from attnscale.experiments import dynamics
+
+    cfg = dynamics.preset(quick=args.quick, full=args.full, corpus=args.corpus, seed=args.seed, tokenizer=args.tokenizer)
+    return with_budget(dataclasses.replace(cfg, head_dim=args.width, scales=_once(args.scales)), args)
+
+
+def _dynamics(cfg, out, args):
+    from attnscale.experiments import dynamics
+
+    return dynamics.run(cfg, out, jobs=args.jobs, **executor_kwargs(args))
+
+
+def add_dynamics(sub) -> None:
+    from attnscale.experiments.dynamics import DynamicsConfig
+
+    scales = default_of(DynamicsConfig, "scales")
+    p = sub.add_parser("dynamics", help="train at one width with and without the scale; diagnostics over training")
+    p.add_argument("--width", type=positive_int, default=default_of(DynamicsConfig, "head_dim"),
+                   help="head width d (length of q and k; default: %(default)s)")
+    p.add_argument("--scale", type=scale_name, nargs="+", default=list(scales), dest="scales",
+                   help=f"score-scale schemes, one run each (default: {words(scales)})")
+    p.add_argument("--seed", type=nonneg_int, default=default_of(DynamicsConfig, "seed"),
+                   help="seed of the weights and batches, the same for every scheme (default: %(default)s)")
+    training_options(p, "attnscale-out/dynamics")
+    full_option(p)
+    jobs_option(p)
+    executor_options(p)
+    p.set_defaults(run=Command(_dynamics_config, _dynamics, table_of("dynamics")))
+
+
+def _sweep_config(args):
+    from attnscale.experiments import sweep
+
+    cfg = sweep.preset(quick=args.quick, full=args.full, corpus=args.corpus, tokenizer=args.tokenizer)
+    cfg = dataclasses.replace(cfg, widths=_once(args.widths or cfg.widths), scales=_once(args.scales),
+                              seeds=_once(args.seeds or cfg.seeds), lrs=_once(args.lrs) if args.lrs else None)
+    return with_budget(cfg, args)
+
+
+def _sweep(cfg, out, args):
+    from attnscale.experiments import sweep
+
+    return sweep.run(cfg, out, jobs=args.jobs, **executor_kwargs(args))
+
+
+def _sweep_json(rows) -> dict:
+    from attnscale.experiments import sweep
+
+    return {"rows": rows, "gaps": sweep.gap_table(rows)}
+
+
+def add_sweep(sub) -> None:
+    from attnscale.experiments.sweep import SweepConfig
+
+    widths, scales, seeds = (default_of(SweepConfig, k) for k in ("widths", "scales", "seeds"))
+    p = sub.add_parser("sweep", help="held-out perplexity across head widths and scales; where the gap starts")
+    p.add_argument("--widths", type=positive_int, nargs="+",
+                   help=f"head widths (default: {words(widths)}; fewer with --quick)")
+    p.add_argument("--scale", type=scale_name, nargs="+", default=list(scales), dest="scales",
+                   help=f"score-scale schemes; the gap is none − inv_sqrt_d (default: {words(scales)})")
+    p.add_argument("--seeds", type=nonneg_int, nargs="+",
+                   help=f"seeds per width and scheme; two or more give standard errors (default: {words(seeds)}; "
+                        "--full: the full budget's)")
+    p.add_argument("--lrs", type=positive_float, nargs="+", help="sweep these learning rates too")
+    training_options(p, "attnscale-out/sweep")
+    full_option(p, seeds=True)
+    jobs_option(p)
+    executor_options(p)
+    p.set_defaults(run=Command(_sweep_config, _sweep, table_of("sweep"), as_json=_sweep_json))
+
+
+def _schemes_config(args):
+    from attnscale.experiments import schemes
+
+    cfg = with_budget(schemes.preset("quick" if args.quick else "full", corpus=args.corpus, tokenizer=args.tokenizer), args)
+    lrs = args.lrs or (schemes.lr_grid(args.lr) if args.lr is not None else cfg.lrs)
+    return dataclasses.replace(cfg, widths=_once(args.widths or cfg.widths), scales=_once(args.scales or cfg.scales),
+                               seeds=_once(args.seeds if args.seeds is not None else cfg.seeds), lrs=_once(lrs))
+
+
+def _schemes(cfg, out, args):
+    from attnscale.experiments import schemes
+
+    return schemes.run(cfg, out, jobs=args.jobs, **executor_kwargs(args))
+
+
+def add_schemes(sub) -> None:
+    p = sub.add_parser("schemes", help="which scale? every scheme × head width × learning rate × seed: "
+                                       "LR sensitivity, logit growth, entropy collapse")
+    p.add_argument("--widths", type=positive_int, nargs="+", help="head widths (default 64 256 1024; --quick: 64 256)")
+    p.add_argument("--scale", type=scale_name, nargs="+", dest="scales", help="schemes (default: every registered one)")
+    p.add_argument("--lrs", type=positive_float, nargs="+",
+                   help="learning rates (default: 5 from 10× below to 10× above the preset's, or --lr's)")
+    p.add_argument("--seeds", type=nonneg_int, nargs="+", help="seeds (default 0 1 2; --quick: 0 1)")
+    training_options(p, "attnscale-out/schemes")
+    jobs_option(p)
+    executor_options(p)
+    p.set_defaults(run=Command(_schemes_config, _schemes, table_of("schemes")))
+
+
+def _study_config(args):
+    from attnscale.experiments import setup_study
+    from attnscale.lm.presets import budget
+
+    vocab = setup_study.CorpusSpec(args.corpus, args.tokenizer).load().vocab_size
+    base = budget("default" if args.quick else "full", vocab)
+    model, train = overrides(base.model, base.train, args)  # the axes are then taken around this base
+    cfg = setup_study.preset("quick" if args.quick else "full", corpus=args.corpus, tokenizer=args.tokenizer,
+                             vocab_size=vocab, model=model, train=train)
+    cfg = dataclasses.replace(cfg, device=args.device, width=args.width or cfg.width, scales=_once(args.scales or cfg.scales),
+                              seeds=_once(args.seeds if args.seeds is not None else cfg.seeds),
+                              axes=tuple(args.axes) if args.axes else cfg.axes)
+    missing = [str(d) for d in args.reuse if not d.is_dir()]
+    if missing:
+        raise UsageError(f"--reuse: {', '.join(missing)} is not a folder; give folders that hold finished runs")
+    return cfg
+
+
+def _study(cfg, out, args):
+    from attnscale.experiments import setup_study
+
+    return setup_study.run(cfg, out, jobs=args.jobs, reuse=args.reuse, **executor_kwargs(args))
+
+
+def add_study(sub) -> None:
+    from attnscale.lm.study_axes import AXES
+
+    p = sub.add_parser("study", help="the setup study: how the end of training at d=1,024 (spread, frozen rows, "
+                                     "perplexity) depends on lr, schedule, weight decay, init, norm and length")
+    p.add_argument("--width", type=positive_int, help="head width d (default: 1024)")
+    p.add_argument("--scale", type=scale_name, nargs="+", dest="scales",
+                   help="schemes, one run each per setup (default: none inv_sqrt_d)")
+    p.add_argument("--seeds", type=nonneg_int, nargs="+", help="seeds (default 0 1)")
+    p.add_argument("--axis", type=study_axis, action="append", dest="axes", metavar="AXIS=V1,V2",
+                   help=f"one axis and the values tried instead of the base's (repeat for more; default: every "
+                        f"axis, around the full budget, or the default one with --quick); AXIS: {', '.join(AXES)}")
+    p.add_argument("--reuse", type=Path, nargs="+", default=[], metavar="DIR",
+                   help="folders of finished runs (e.g. reproduce --full's OUT/dynamics): a run of the very same "
+                        "config found there is copied, not trained again")
+    training_options(p, "attnscale-out/study",
+                     quick="around the default budget (400 steps) instead of the full one (1,200): 36 runs at "
+                           "d=1,024, about an hour on a 2-core laptop CPU, less with --reuse")
+    jobs_option(p)
+    executor_options(p)
+    p.set_defaults(run=Command(_study_config, _study, table_of("setup_study")))
+
+
+COMMANDS = [add_train, add_dynamics, add_sweep, add_schemes, add_study]

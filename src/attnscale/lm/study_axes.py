@@ -1,0 +1,62 @@
+"""The setup study's definitions: its axes, its schedules, and how a setting reads.
+
+A setup is the base, or the base with one setting changed: an axis and its value.
+These names sit beside the presets, below every reader: the study that trains
+the setups (``experiments.setup_study``), the command line that takes ``--axis``,
+and the report that reads the runs back (``report.setup_analysis``). A run's
+axis is its record group, ``study:<axis>`` (``study:base`` for the base setup);
+its value is read from its recorded config (``value_of``)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from attnscale.lm.train import TrainConfig
+
+__all__ = ["GROUP_PREFIX", "AXES", "AXIS_NAMES", "SCHEDULES", "value_of", "label", "lr_text", "is_study"]
+
+GROUP_PREFIX = "study:"
+# axis -> (where in the config, the field it sets)
+AXES: dict[str, tuple[str, str]] = {
+    "lr": ("train", "lr"),
+    "schedule": ("train", "min_lr_ratio"),
+    "weight_decay": ("train", "weight_decay"),
+    "init": ("model", "init"),
+    "norm": ("model", "norm"),
+    "steps": ("train", "steps"),
+}
+AXIS_NAMES = {"lr": "learning rate", "schedule": "schedule", "weight_decay": "weight decay", "init": "init",
+              "norm": "norm placement", "steps": "training steps"}
+# min_lr_ratio of each schedule: cosine decays to a tenth of the peak (the presets'), constant never decays
+SCHEDULES = {"cosine": TrainConfig().min_lr_ratio, "constant": 1.0}
+
+
+def value_of(axis: str, model: Mapping[str, Any], train: Mapping[str, Any]) -> Any:
+    """The value of ``axis`` in a run's recorded config: the learning rate, "cosine"/"constant", ..."""
+    where, name = AXES[axis]
+    got = (model if where == "model" else train).get(name)
+    if axis == "schedule":
+        return "constant" if got is not None and float(got) >= 1.0 else "cosine"
+    return got
+
+
+def lr_text(lr: float) -> str:
+    """A learning rate as run ids, tables and the report write it: 3e-3, 9.5e-4."""
+    mantissa, exponent = f"{lr:.2e}".split("e")
+    return f"{mantissa.rstrip('0').rstrip('.')}e{int(exponent)}"
+
+
+def label(axis: str, value: Any) -> str:
+    """``value`` as run ids and tables write it: 1e-2, 0, constant, pre, 1200."""
+    if isinstance(value, float) and axis == "lr":
+        return lr_text(value)
+    if isinstance(value, float):
+        return f"{value:g}"
+    return str(value)
+
+
+def is_study(run: Any) -> bool:
+    """A run of a setup study: group ``study:<axis>`` with an axis this attnscale knows."""
+    group = str(getattr(run, "group", ""))
+    return group.startswith(GROUP_PREFIX) and group[len(GROUP_PREFIX):] in ("base", *AXES)
