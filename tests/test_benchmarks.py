@@ -163,6 +163,26 @@ def test_step_flops_counts_the_step_s_products(text_file):
         assert int(share) == pytest.approx(100 * float(rate) / gemm_rate, abs=2)
 
 
+def test_reproduce_stages_adds_each_stage_up_from_its_rows():
+    out = run_bench("reproduce_stages.py", "--preset", "quick", "--rounds", "1", "--steps", "2")
+    row = re.compile(r"^\s+(\d+)\s+(\d+)\s+d_k \d+ \w+\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)x$")
+    total = re.compile(r"^\S.*?\s+(\d+)\s+training, s\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)x")
+    shapes, stages = [], 0
+    for line in out.splitlines():
+        if m := row.match(line):
+            runs, steps, old, new, ratio = int(m[1]), int(m[2]), float(m[3]), float(m[4]), float(m[5])
+            assert ratio == pytest.approx(old / new, abs=0.01)
+            shapes.append((runs, steps, old, new))
+        elif m := total.match(line):  # the stage's seconds: each shape's steps × its ms a step, added up
+            stages += 1
+            assert int(m[1]) == sum(r for r, *_ in shapes)
+            assert float(m[2]) == pytest.approx(sum(s * o / 1000 for _, s, o, _ in shapes), rel=0.01, abs=0.1)
+            assert float(m[3]) == pytest.approx(sum(s * n / 1000 for _, s, _, n in shapes), rel=0.01, abs=0.1)
+            assert float(m[4]) == pytest.approx(float(m[2]) / float(m[3]), rel=0.02, abs=0.01)
+            shapes = []
+    assert stages == 3, out  # dynamics, sweep, schemes
+
+
 def test_attention_paths():
     out = run_bench("attention_paths.py", "--repeats", "1", "--batch", "1", "--heads", "1", "--lengths", "8",
                     "--widths", "4", "--dtypes", "fp32")
