@@ -29,13 +29,20 @@ from attnscale.lm.data import batches, load_corpus
 from attnscale.lm.model import ModelConfig, TinyLM
 from attnscale.lm.presets import budget
 from attnscale.lm.recording import read_back, recording
+from attnscale.lm.train import _attention_impl
+from attnscale.core.device import resolve_precision
 
 
-def attnscale_step(corpus, d: int):
+def attnscale_step(corpus, d: int, impl: str | None = None):
+    """One training step a call (the first does not record, every 10th does); ``impl``: the attention path
+    of the steps that do not record (None: what training picks for the preset here)."""
     preset = budget("default", corpus.vocab_size)  # what `attnscale sweep` trains
     cfg = replace(preset.train, batch=32, device="cpu", record_every=10)
     torch.manual_seed(0)
-    model = TinyLM(ModelConfig(vocab_size=corpus.vocab_size, head_dim=None, **{**preset.model, "d_model": d}))
+    mcfg = ModelConfig(vocab_size=corpus.vocab_size, head_dim=None, **{**preset.model, "d_model": d})
+    if impl is None:
+        impl = _attention_impl(cfg.attention, mcfg, torch.device("cpu"), resolve_precision(cfg.dtype, torch.device("cpu")))
+    model = TinyLM(replace(mcfg, impl=impl))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     gen = torch.Generator().manual_seed(0)
     counter = [0]

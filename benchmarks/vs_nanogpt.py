@@ -11,6 +11,11 @@ attnscale runs ``runs.trainer.train_run`` with the default preset's model and bu
 choices (post-LN, explicit attention, dtype "auto", recording diagnostics every
 10 steps, metrics written to a run folder) at the same shape, on the same text.
 
+``--baseline DIR`` adds a third contender: the same preset path from another
+attnscale source tree (say ``mkdir /tmp/old && git archive HEAD~3 src | tar -x -C
+/tmp/old``, then ``--baseline /tmp/old/src``), in the same alternating rounds, so an old and a
+new version are compared under the same load.
+
 Each measurement is a fresh subprocess with ``OMP_NUM_THREADS`` set to the
 thread count; rounds alternate nanoGPT and attnscale so contention from other
 processes hits both alike. Tokens/s are counted over the steps after the first
@@ -120,16 +125,17 @@ def attnscale_worker(spec: dict) -> None:
 
 
 def run_attnscale(corpus: Path, work: Path, shape: dict, steps: int, skip: int, threads: int, gpu: bool,
-                  extra: list[str] = ()) -> float:
+                  extra: list[str] = (), src: Path = SRC) -> float:
+    """Tokens/s of the preset path, with attnscale imported from ``src``."""
     spec = {"corpus": str(corpus), "work": str(work), "shape": shape, "steps": steps, "skip": skip,
             "device": "cuda" if gpu else "cpu"}
-    out = _run([sys.executable, __file__, "--worker", json.dumps(spec)], work, threads)
+    out = _run([sys.executable, __file__, "--worker", json.dumps(spec)], work, threads, src)
     return json.loads(out.strip().splitlines()[-1])["tokens_per_s"]
 
 
-def _run(cmd: list[str], cwd: Path, threads: int) -> str:
+def _run(cmd: list[str], cwd: Path, threads: int, src: Path = SRC) -> str:
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(SRC), os.environ.get("PYTHONPATH")]))}
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(src), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True)
     if proc.returncode:
         raise RuntimeError(f"{' '.join(cmd[:3])} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
@@ -156,6 +162,8 @@ def main() -> None:
     ap.add_argument("--gpu", action="store_true", help="the GPU comparison (bf16, compile; d 512, 6 layers, 8 heads, T 256, batch 64)")
     ap.add_argument("--nanogpt-args", nargs="*", default=[], metavar="ARG",
                     help="more options for nanoGPT's train.py, e.g. --nanogpt-args=--dropout=0.2")
+    ap.add_argument("--baseline", type=Path, metavar="SRC",
+                    help="another attnscale source tree (its src/ folder) to run beside this one, e.g. the old code")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -166,6 +174,8 @@ def main() -> None:
         ap.error(f"--skip {args.skip} must be at least 0 and below --steps {args.steps}")
     if not args.corpus.is_file():
         ap.error(f"--corpus {args.corpus} is not a file; give Tiny Shakespeare's input.txt")
+    if args.baseline is not None and not (args.baseline / "attnscale" / "__init__.py").is_file():
+        ap.error(f"--baseline {args.baseline} holds no attnscale package; give the src/ folder of a checkout")
     if args.gpu:
         shapes = [dict(d=512, layers=6, heads=8, T=256, B=64)]
         threads_list = [args.threads[0]]
@@ -177,20 +187,28 @@ def main() -> None:
         prepare_nanogpt(args.nanogpt.resolve(), args.corpus.resolve(), work)
         print(f"nanoGPT {args.nanogpt} {' '.join(args.nanogpt_args)}, {'GPU' if args.gpu else 'CPU'}; {args.steps} steps a measurement, first "
               f"{args.skip} not timed; {args.rounds} alternating rounds; load before: {_load()}")
-        print(f"{'d_model':>7} {'threads':>7} {'nanoGPT tok/s':>14} {'attnscale tok/s':>16} {'ratio':>6}  load (1/5/15 min)")
+        old = args.baseline is not None
+        print(f"{'d_model':>7} {'threads':>7} {'nanoGPT tok/s':>14} {'attnscale tok/s':>16} {'ratio':>6}  "
+              + (f"{'baseline tok/s':>14} {'ratio':>6} {'new/base':>8}  " if old else "") + "load (1/5/15 min)")
+        contenders = {"nanogpt": lambda *a: run_nanogpt(args.nanogpt.resolve(), *a),
+                      "attnscale": lambda *a: run_attnscale(args.corpus.resolve(), *a)}
+        if old:
+            contenders["baseline"] = lambda *a: run_attnscale(args.corpus.resolve(), *a, src=args.baseline.resolve())
         for shape in shapes:
             for threads in threads_list:
-                times = {"nanogpt": [], "attnscale": []}
+                rates = {who: [] for who in contenders}
                 for r in range(args.rounds):
-                    first, second = ("nanogpt", "attnscale") if r % 2 == 0 else ("attnscale", "nanogpt")
-                    for who in (first, second):
-                        fn = run_nanogpt if who == "nanogpt" else run_attnscale
-                        src = args.nanogpt.resolve() if who == "nanogpt" else args.corpus.resolve()
-                        times[who].append(fn(src, work, shape, args.steps, args.skip, threads, args.gpu, args.nanogpt_args))
-                ng, at = statistics.median(times["nanogpt"]), statistics.median(times["attnscale"])
-                print(f"{shape['d']:7d} {threads:7d} {ng:14.0f} {at:16.0f} {at / ng:5.2f}x  {_load()}", flush=True)
-                print(f"        rounds: nanoGPT {[round(t) for t in times['nanogpt']]}, "
-                      f"attnscale {[round(t) for t in times['attnscale']]}", flush=True)
+                    order = list(contenders) if r % 2 == 0 else list(contenders)[::-1]
+                    for who in order:
+                        rates[who].append(contenders[who](work, shape, args.steps, args.skip, threads, args.gpu,
+                                                          args.nanogpt_args))
+                med = {who: statistics.median(v) for who, v in rates.items()}
+                ng, at = med["nanogpt"], med["attnscale"]
+                extra = (f"{med['baseline']:14.0f} {med['baseline'] / ng:5.2f}x {at / med['baseline']:7.2f}x  "
+                         if old else "")
+                print(f"{shape['d']:7d} {threads:7d} {ng:14.0f} {at:16.0f} {at / ng:5.2f}x  {extra}{_load()}", flush=True)
+                print("        rounds: " + ", ".join(f"{who} {[round(t) for t in v]}" for who, v in rates.items()),
+                      flush=True)
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -117,6 +117,17 @@ def test_vs_nanogpt(which, stand_in_nanogpt, text_file):
         assert ng == round(32 * 64 / (STEP_MS / 1000))
 
 
+def test_vs_nanogpt_runs_a_baseline_tree_beside(stand_in_nanogpt, text_file):
+    src = Path(__file__).resolve().parent.parent / "src"  # this tree as its own baseline: the plumbing, not a speed
+    out = run_bench("vs_nanogpt.py", str(stand_in_nanogpt), "--corpus", str(text_file), "--widths", "16", "--threads",
+                    "1", "--rounds", "1", "--steps", "6", "--skip", "2", "--baseline", str(src))
+    row = re.search(r"^\s+16\s+1\s+(\d+)\s+(\d+)\s+([0-9.]+)x\s+(\d+)\s+([0-9.]+)x\s+([0-9.]+)x", out, re.M)
+    assert row, out
+    ng, at, base = int(row[1]), int(row[2]), int(row[4])
+    assert float(row[5]) == pytest.approx(base / ng, abs=0.01) and float(row[6]) == pytest.approx(at / base, abs=0.01)
+    assert "baseline [" in out
+
+
 def test_vs_nanogpt_refuses_a_skip_past_the_steps(stand_in_nanogpt, text_file):
     proc = subprocess.run([sys.executable, str(BENCH / "vs_nanogpt.py"), str(stand_in_nanogpt), "--corpus",
                            str(text_file), "--steps", "5", "--skip", "5"], capture_output=True, text=True, timeout=60)
@@ -131,6 +142,45 @@ def test_step_profile(which, stand_in_nanogpt, text_file):
     ratio = float(re.search(r"nanoGPT / attnscale = ([0-9.]+)", out)[1])
     assert ratio == pytest.approx(float(ms["nanoGPT"]) / float(ms["attnscale"]), abs=0.02)
     assert "attnscale, 10 steps:" in out and "nanoGPT, 10 steps:" in out
+
+
+def test_step_flops_counts_the_step_s_products(text_file):
+    out = run_bench("step_flops.py", "--corpus", str(text_file), "--widths", "16", "--threads", "1", "--rounds", "1")
+    flops = int(re.search(r"products, (\d+) FLOP a step", out)[1])
+    # by hand: 6 FLOP per weight per token for every linear layer (forward, then the gradients of its input
+    # and of its weight), and 3 × the two attention products of the forward (2·B·H·T·T·d_k FLOP each)
+    from attnscale.lm.data import load_corpus
+
+    vocab = load_corpus(str(text_file), "char", cache_dir=text_file.parent / "cache").vocab_size
+    d, layers, heads, T, B = 16, 2, 4, 64, 32
+    weights = layers * (4 * d * d + 2 * 4 * d * d) + d * vocab
+    assert flops == 6 * B * T * weights + layers * 3 * 2 * (2 * B * heads * T * T * (d // heads))
+    rows = re.findall(r"\| (explicit|fused)\s+([0-9.]+)\s+([0-9.]+)\s+(\d+)%", out)
+    assert [r[0] for r in rows] == ["explicit", "fused"]
+    gemm_rate = float(re.search(r"^\s+16\s+1\s+[0-9.]+\s+([0-9.]+) \|", out, re.M)[1])
+    for _, ms, rate, share in rows:  # GFLOP/s = FLOP / step time; its share of the GEMM rate
+        assert float(rate) == pytest.approx(flops / float(ms) / 1e6, rel=0.02, abs=0.15)
+        assert int(share) == pytest.approx(100 * float(rate) / gemm_rate, abs=2)
+
+
+def test_reproduce_stages_adds_each_stage_up_from_its_rows():
+    out = run_bench("reproduce_stages.py", "--preset", "quick", "--rounds", "1", "--steps", "2")
+    row = re.compile(r"^\s+(\d+)\s+(\d+)\s+d_k \d+ \w+\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)x$")
+    total = re.compile(r"^\S.*?\s+(\d+)\s+training, s\s+([0-9.]+)\s+([0-9.]+)\s+([0-9.]+)x")
+    shapes, stages = [], 0
+    for line in out.splitlines():
+        if m := row.match(line):
+            runs, steps, old, new, ratio = int(m[1]), int(m[2]), float(m[3]), float(m[4]), float(m[5])
+            assert ratio == pytest.approx(old / new, abs=0.01)
+            shapes.append((runs, steps, old, new))
+        elif m := total.match(line):  # the stage's seconds: each shape's steps × its ms a step, added up
+            stages += 1
+            assert int(m[1]) == sum(r for r, *_ in shapes)
+            assert float(m[2]) == pytest.approx(sum(s * o / 1000 for _, s, o, _ in shapes), rel=0.01, abs=0.1)
+            assert float(m[3]) == pytest.approx(sum(s * n / 1000 for _, s, _, n in shapes), rel=0.01, abs=0.1)
+            assert float(m[4]) == pytest.approx(float(m[2]) / float(m[3]), rel=0.02, abs=0.01)
+            shapes = []
+    assert stages == 3, out  # dynamics, sweep, schemes
 
 
 def test_attention_paths():

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from attnscale.cli import main
 from attnscale.core import device as dev
+from attnscale.core.scales import SCALES
 from attnscale.errors import ConfigError
 from attnscale.lm.data import Corpus
 from attnscale.lm.model import ModelConfig
@@ -361,18 +362,27 @@ def _step_losses(corpus, cfg, model_cfg):
     return losses, res
 
 
-@pytest.mark.parametrize("scale", ["inv_sqrt_d", "none", "qk_norm", "learned_temp"])
+@pytest.mark.parametrize("scale", sorted(SCALES))
 def test_fused_on_non_recording_steps_keeps_the_trajectory(corpus, monkeypatch, scale):
+    """Every registered scheme: the fused path gives the explicit path's losses, step by step, and its
+    diagnostics. SDPA is handed each scheme's own factor (1.0 for "none", not SDPA's default 1/sqrt(d));
+    a scheme it cannot express (soft-capping) stays explicit however it is asked."""
     calls = []
     sdpa = F.scaled_dot_product_attention
-    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: (calls.append(1), sdpa(*a, **k))[1])
+    monkeypatch.setattr(F, "scaled_dot_product_attention",
+                        lambda *a, **k: (calls.append(k.get("scale")), sdpa(*a, **k))[1])
     cfg = tcfg(steps=12, record_every=4, eval_batches=3)
     explicit, res_e = _step_losses(corpus, cfg.__class__(**{**cfg.__dict__, "attention": "explicit"}), mcfg(scale=scale))
     assert calls == [] and res_e["attention"] == "explicit"
     fused, res_f = _step_losses(corpus, cfg.__class__(**{**cfg.__dict__, "attention": "fused"}), mcfg(scale=scale))
+    if scale == "softcap":
+        assert res_f["attention"] == "explicit" and calls == [] and fused == explicit
+        return
     assert res_f["attention"] == "fused"
     # 9 of the 12 steps do not record, and evaluation records nothing: 2 layers each
     assert len(calls) == 2 * (9 + 3)
+    # the factor SDPA was given, from the width (head_dim 4) by hand; a learned one is folded into q (1.0)
+    assert set(calls) == {{"none": 1.0, "inv_d": 0.25, "learned_temp": 1.0}.get(scale, 0.5)}
     assert fused == pytest.approx(explicit, rel=1e-4, abs=1e-5)
     assert res_f["valid_loss"] == pytest.approx(res_e["valid_loss"], rel=1e-4)
     # recording steps took the explicit path: the diagnostics are there and agree
@@ -382,13 +392,16 @@ def test_fused_on_non_recording_steps_keeps_the_trajectory(corpus, monkeypatch, 
             assert torch.allclose(torch.tensor(a[k]), torch.tensor(b[k]), rtol=1e-3, atol=1e-4)
 
 
-def test_attention_auto_is_fused_on_gpus_and_the_model_choice_on_the_cpu():
+def test_attention_auto_is_fused_on_gpus_and_in_fp32_and_the_model_choice_in_cpu_bf16():
     from attnscale.lm.train import _attention_impl
 
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
-    fp32 = dev.Precision("cpu", "fp32", None)
-    assert _attention_impl("auto", mcfg(impl="explicit"), cpu, fp32) == "explicit"
-    assert _attention_impl("auto", mcfg(impl="fused"), cpu, fp32) == "fused"
+    fp32, bf16 = dev.Precision("cpu", "fp32", None), dev.Precision("cpu", "bf16", torch.bfloat16)
+    assert _attention_impl("auto", mcfg(impl="explicit"), cpu, fp32) == "fused"
+    assert _attention_impl("auto", mcfg(impl="explicit", head_dim=1024), cpu, fp32) == "fused"
+    assert _attention_impl("auto", mcfg(impl="explicit"), cpu, bf16) == "explicit"
+    assert _attention_impl("auto", mcfg(impl="fused"), cpu, bf16) == "fused"
+    assert _attention_impl("auto", mcfg(impl="explicit", scale="softcap"), cpu, fp32) == "explicit"
     assert _attention_impl("auto", mcfg(head_dim=1024), gpu, dev.Precision("cuda", "bf16", torch.bfloat16)) == "fused"
     assert _attention_impl("auto", mcfg(), torch.device("mps"), fp32) == "fused"
     assert _attention_impl("explicit", mcfg(impl="fused"), gpu, fp32) == "explicit"

@@ -127,6 +127,24 @@ def test_reuse_copies_a_finished_run_of_the_same_config(tmp_path, corpus):
     assert steps_logged(tmp_path / "b" / s.run_id) == [0, 4, 8]
 
 
+def test_runs_start_dearest_first_and_records_keep_the_order_given(tmp_path, corpus, monkeypatch):
+    from attnscale.runs import runner
+
+    started = []
+    real = runner.train_run
+    monkeypatch.setattr(runner, "train_run",
+                        lambda m, t, *a, **k: (started.append((m.head_dim, t.steps)), real(m, t, *a, **k))[1])
+    # narrow first, as a sweep lists them. A step costs more the wider its heads (all else equal), and a
+    # run of 3× the steps at width 8 costs more than one at 32: the embeddings and output layer, the same at
+    # every width, are most of a step this small (2.75 and 4.52 million operations a step at widths 8 and 32)
+    specs = [spec(corpus, 8, "none"), spec(corpus, 32, "none"), spec(corpus, 16, "none"),
+             spec(corpus, 8, "inv_sqrt_d", steps=24)]
+    records = execute(specs, CORPUS, tmp_path, progress=False, corpus=corpus)
+    assert started == [(8, 24), (32, 8), (16, 8), (8, 8)]
+    assert [r.run_id for r in records] == [s.run_id for s in specs]
+    assert runner.longest_first(specs[:3], {s.run_id: 1.0 for s in specs}) == specs[:3]  # ties keep their order
+
+
 def test_parallel_workers_give_the_same_runs(tmp_path, corpus):
     specs = [spec(corpus, 8, "none"), spec(corpus, 8, "inv_sqrt_d"), spec(corpus, 16, "none")]
     records = execute(specs, CORPUS, tmp_path, jobs=2, progress=False, corpus=corpus)

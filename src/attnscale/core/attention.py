@@ -23,7 +23,11 @@ in bf16 the fused forward + backward is slower at every d_k at T = 64
 (ratios 0.43–0.65). So ``Attention`` defaults to "fused" (fp32 inference, what
 a library user calls), and the tiny model's training presets pick "explicit"
 with bf16 autocast, which ``benchmarks/train_throughput.py`` measures at
-1.6–2× a plain fused-fp32 GPT on a CPU with native bf16.
+1.6–2× a plain fused-fp32 GPT on a CPU with native bf16. Those fp32 figures time
+the products alone, on q, k and v already head-major; inside the module, where
+q, k and v are views of the projections' output, the explicit products copy them
+first (and again in the backward) and SDPA does not, so in fp32 training takes
+the fused path on the steps that do not record at every d_k (``lm.train``).
 """
 
 from __future__ import annotations

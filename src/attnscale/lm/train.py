@@ -68,7 +68,8 @@ class TrainConfig:
     the resolved one is in the results). ``device``: "auto" (CUDA, else MPS, else
     CPU), "cpu", "cuda", "cuda:N" or "mps". ``attention``: the path of steps
     that do not record: "fused" (SDPA, for every scheme it can express),
-    "explicit", or "auto" (fused on GPUs; on the CPU the model config's ``impl``).
+    "explicit", or "auto" (fused on GPUs and on the CPU in fp32; the model config's ``impl``
+    on the CPU in bf16).
     ``device``, ``threads``, ``attention`` and ``checkpoint_every`` decide how a
     run executes, not what it measures: a run resumed with others is the same run."""
 
@@ -137,20 +138,24 @@ def _precision(precision: "dev.Precision", forward: bool = True):
         yield
 
 
-# On the CPU the fused path does not pay: at the presets' shape (T 64, batch 32,
-# 1 thread, d_model 128, d_k 32) a training step costs the same CPU time with
-# either path (110 ms, benchmarks/vs_nanogpt.py's shape, 6 alternating rounds),
-# from d_k 256 the fused backward is slower (benchmarks/attention_paths.py), and
-# in bf16 it is slower at every d_k; the explicit path also keeps CPU runs
-# bit-identical whichever steps record.
+# On the CPU in fp32 the fused path pays at every width: a step of vs_nanogpt.py's shape (T 64, batch 32,
+# d_k = d_model / 4) costs 1.065x (d_model 128) and 1.063x (256) the CPU time explicit, 1 thread
+# (benchmarks/step_flops.py, 5 alternating rounds); the attention module's forward + backward with its
+# projections, at the presets' d_model 64, batch 16: 1.33x (d_k 32), 1.17x (64), 1.04x (128), 1.09x (256),
+# 1.19x (512), 1.07x (1,024) explicit/fused, 21 alternating rounds. SDPA reads q, k and v where the
+# projections left them, while the explicit products first copy them into the head-major layout (and
+# again in the backward), which at d_k 1,024 was a quarter of the step. In bf16 the fused kernel is
+# slower at every d_k (benchmarks/attention_paths.py), so bf16 runs keep the model's own path.
 def _attention_impl(choice: str, model_cfg: ModelConfig, device: torch.device, precision: "dev.Precision") -> str:
-    """The path non-recording steps take. "auto": fused SDPA on GPUs (flash and
-    memory-efficient kernels), the model config's own ``impl`` on the CPU."""
+    """The path non-recording steps take. "auto": fused SDPA on GPUs (flash and memory-efficient
+    kernels) and on the CPU in fp32; the model config's own ``impl`` on the CPU under bf16 autocast."""
     if not get_scale(model_cfg.scale, model_cfg.d_k).fusable:
         return "explicit"  # SDPA cannot express this scheme; Attention would write it out anyway
     if choice != "auto":
         return choice
-    return "fused" if device.type in ("cuda", "mps") else model_cfg.impl
+    if device.type in ("cuda", "mps") or precision.autocast is None:
+        return "fused"
+    return model_cfg.impl
 
 
 @contextlib.contextmanager

@@ -13,6 +13,10 @@ Resume, decided per run by ``store.run_state`` before any training starts:
 A run is marked "running" (a record with its config) before training starts,
 so an interrupted folder still says what it was for.
 
+Order: pending runs start dearest first (``longest_first``), so the last runs
+to finish are short ones and no worker sits idle while another finishes a
+wide run it began last; records still come back in the order given.
+
 Parallelism: ``jobs`` worker processes, started with "spawn" (a fork of a
 process that has run torch's thread pool can deadlock), each loading the corpus
 itself (data.py caches tokenized ids) and limited to ``cores // jobs`` torch
@@ -49,7 +53,7 @@ from attnscale.runs.progress import make_progress
 from attnscale.runs.trainer import mark_running, train_run
 from attnscale.lm.train import TrainConfig
 
-__all__ = ["CorpusSpec", "RunSpec", "execute", "estimate", "cores", "EXECUTORS"]
+__all__ = ["CorpusSpec", "RunSpec", "execute", "estimate", "cores", "longest_first", "EXECUTORS"]
 
 _STEP_MESSAGE_EVERY_S = 0.2  # a worker reports its step at most this often
 EXECUTORS = ("local", "ray")  # where runs train: worker processes of this machine, or Ray tasks
@@ -174,6 +178,16 @@ def _copy_finished(spec: RunSpec, config: dict, out: Path, reuse: Sequence[Path]
     return None
 
 
+def longest_first(specs: Sequence[RunSpec], step_weights: dict[str, float]) -> list[RunSpec]:
+    """``specs``, dearest run first (``step_weights[run_id]`` × its steps; ties keep their order).
+
+    Workers take the next run as they free up; were the widest runs last (a sweep lists
+    widths narrow first), one worker would train the last of them while the others,
+    with nothing left, wait. Started dearest first, the runs left at the end are the
+    short ones, and the workers finish within about one short run of each other."""
+    return sorted(specs, key=lambda s: -step_weights[s.run_id] * s.train.steps)
+
+
 def _summary(run: rec.TrainRun) -> dict[str, Any]:
     return {"status": run.status, "valid_ppl": run.perplexity, "duration_s": run.record.duration_s}
 
@@ -216,9 +230,9 @@ def execute(
     for s in specs:
         if states[s.run_id] != "finished" and (source := _copy_finished(s, configs[s.run_id], out, reuse, index)):
             states[s.run_id], copied[s.run_id] = "finished", source
-    pending = [s for s in specs if states[s.run_id] != "finished"]
     done = [s for s in specs if states[s.run_id] == "finished"]
     weights = {s.run_id: pace.step_seconds(s) if pace is not None else pace_mod.step_ops(s) for s in specs}
+    pending = longest_first([s for s in specs if states[s.run_id] != "finished"], weights)
     bar = make_progress(
         progress,
         total_runs=len(specs),
