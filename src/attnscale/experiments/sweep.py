@@ -29,7 +29,7 @@ from attnscale.experiments.dynamics import check_budget, default_model, default_
 from attnscale.lm.presets import budget, preset_name
 from attnscale.runs.runner import CorpusSpec, RunSpec, execute
 from attnscale.lm.train import TrainConfig
-from attnscale.report.analysis import GAP_RULE, GAP_THRESHOLD_PPL, gap_table, mean_se, run_rows
+from attnscale.report.analysis import GAP_RULE, GAP_THRESHOLD_PPL, gap_table, mean_se, plus_minus, run_rows
 
 __all__ = ["SweepConfig", "preset", "run", "run_records", "specs", "rows_from_records", "gap_table", "format_table",
            "GAP_THRESHOLD_PPL", "GAP_RULE"]
@@ -136,7 +136,7 @@ def rows_from_records(runs: list[TrainRun], varied_lr: bool = False) -> list[dic
 def _fmt_ppl(mean: float | None, se: float | None, diverged: int) -> str:
     if mean is None:
         return "diverged" if diverged else "-"
-    text = f"{mean:.2f}" + (f" ±{se:.2f}" if se is not None else "")
+    text = plus_minus(mean, se, "{:.2f}", terminal=True)
     return text + (f" ({diverged} div)" if diverged else "")
 
 
@@ -163,11 +163,14 @@ def format_table(rows: list[dict[str, Any]], baseline: str = "none", reference: 
             elif g["diverged"]:
                 gap = f"{g['diverged']} diverged"
             else:
-                gap = (f"{g['gap']:+.2f}" + (f" ±{g['gap_se']:.2f}" if g["gap_se"] is not None else "")
+                gap = (plus_minus(g["gap"], g["gap_se"], "{:+.2f}", terminal=True)
                        + (f" ({g['share']:.0%})" if g["share"] is not None else ""))
             lines.append(f"{width:>6} " + " ".join(f"{c:>18}" for c in cells) + f" {gap:>22}")
-        start = next((s["width"] for s in gaps["starts"] if s["lr"] == lr), None)
+        here = next((s for s in gaps["starts"] if s["lr"] == lr), {})
+        start, maybe = here.get("width"), here.get("width_if_undecided")
+        said = f"it starts at width {start}" if start is not None else "no width shows a gap"
+        if maybe != start:  # some gap above the threshold is not beyond its noise
+            said += f" (at width {maybe} if the gaps not yet beyond their noise are real)"
         lines.append(f"gap = ppl({baseline}) − ppl({reference}), in points and as a share of ppl({reference}); "
-                     + (f"it starts at width {start}" if start is not None else "no width shows a gap")
-                     + f" ({GAP_RULE})")
+                     + said + f" ({GAP_RULE})")
     return "\n".join(lines)
