@@ -134,3 +134,24 @@ def test_pairwise_comparisons_are_paired_by_seed_and_holm_corrected():
     # the same data over 2 seeds: no ranking read at all
     two = _three_schemes({"a": [0.10, 0.12], "b": [0.20, 0.25], "c": [0.30, 0.28]})
     assert "no ranking is read" in " ".join(sa.reading(two))
+
+
+def test_unigram_loss_by_hand():
+    # train 0 0 1 over a vocabulary of 3: add-one p = 3/6, 2/6, 1/6; held out 0 2: (ln 2 + ln 6) / 2
+    assert sa.unigram_loss([0, 0, 1], [0, 2], 3) == pytest.approx((math.log(2) + math.log(6)) / 2)
+
+
+def test_grid_ends_at_the_unigram_plateau_are_flagged_and_stop_the_ranking():
+    rows = _three_schemes({"a": [0.10, 0.12, 0.11], "b": [0.20, 0.25, 0.24], "c": [0.30, 0.28, 0.33]})
+    curves = {("a", 64): [{"lr": 1e-3, "mean": 2.0}, {"lr": 1e-2, "mean": 3.15}],
+              ("b", 64): [{"lr": 1e-3, "mean": 3.5}, {"lr": 1e-2, "mean": 2.4}],
+              ("c", 64): [{"lr": 1e-3, "mean": 2.0}, {"lr": 1e-2, "mean": None}]}
+    # unigram 3.24, margin 0.1: a's highest end (3.15 ≥ 3.14) and b's lowest (3.5) sit on it; c's do not
+    ends = sa.plateau_ends(rows, curves, 3.24)
+    assert ends == [("a", 64, "highest", 3.15), ("b", 64, "lowest", 3.5)]
+    text = " ".join(sa.reading(rows, unigram=3.24, plateau=ends))
+    assert "A unigram model (token frequencies alone) scores 3.240 nats" in text
+    assert "a at width 64, highest learning rate (3.150)" in text
+    assert "not read as a ranking" in text and "less sensitive than every other" not in text
+    # the same rows without a plateau: the ranking of the paired test stands
+    assert "a is less sensitive than every other scheme" in " ".join(sa.reading(rows, unigram=3.24, plateau=[]))

@@ -29,13 +29,17 @@ from typing import Any, Iterable, Mapping, Sequence
 from attnscale.report import intervals
 from attnscale.report.analysis import mean_se
 
-__all__ = ["COLLAPSE_WORDS", "MIN_SEEDS", "ALPHA", "run_measures", "sensitivity", "loss_curve", "summary_rows",
-           "pairwise", "reading"]
+__all__ = ["COLLAPSE_WORDS", "MIN_SEEDS", "ALPHA", "PLATEAU_NATS", "run_measures", "sensitivity", "loss_curve",
+           "summary_rows", "pairwise", "unigram_loss", "plateau_ends", "reading"]
 
 # A ranking of schemes by sensitivity is read only from paired-by-seed differences whose Holm-adjusted
 # p-value (over every pair of schemes at the width) is below ALPHA, and only with MIN_SEEDS seeds or
 # more: with 2 seeds a paired difference has 1 degree of freedom, and its t interval is ± 12.7 SE.
 MIN_SEEDS, ALPHA = 3, 0.05
+# A final loss within this of a unigram model's held-out loss (or above it) sits on the unigram plateau:
+# the model has learnt token frequencies and little more, so the loss there measures under-training (at a
+# low learning rate) or a run knocked back to frequencies (at a high one), not a scheme's stability.
+PLATEAU_NATS = 0.1
 
 # A head has collapsed when its rows put their weight on fewer than 2 words on
 # average: half-way from "one word" (frozen) to "a pair", well under the ~30 a
@@ -191,9 +195,39 @@ def _ranking(rows, width: int, wide, seeds: int, lrs, fmt) -> str:
     return head + said + " No scheme is shown less sensitive than all the others."
 
 
-def reading(rows: Sequence[Mapping[str, Any]], collapse_words: float = COLLAPSE_WORDS) -> list[str]:
-    """A few plain sentences generated from ``summary_rows``: who is least and most
-    sensitive at the widest width, how that moves with width, divergences, logit growth, collapse."""
+def unigram_loss(train_ids: Sequence[int], valid_ids: Sequence[int], vocab_size: int) -> float:
+    """The held-out cross-entropy (nats per token) of a unigram model fitted on ``train_ids``:
+    p(t) = (count(t) + 1) / (N + V) (add-one, so a token unseen in training still has a loss),
+    averaged over ``valid_ids``. What a model that has learnt only token frequencies scores."""
+    counts = [0] * vocab_size
+    for t in train_ids:
+        counts[int(t)] += 1
+    total = len(train_ids) + vocab_size
+    return math.fsum(-math.log((counts[int(t)] + 1) / total) for t in valid_ids) / len(valid_ids)
+
+
+def plateau_ends(rows: Sequence[Mapping[str, Any]], curves: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]],
+                 unigram: float, margin: float = PLATEAU_NATS) -> list[tuple[str, int, str, float]]:
+    """(scheme, width, "lowest"/"highest", mean final loss) for every end of a scheme's learning-rate grid
+    whose mean final loss is within ``margin`` of ``unigram`` or above it. ``curves[(scheme, width)]`` is
+    ``loss_curve``'s output."""
+    out = []
+    for r in rows:
+        curve = [c for c in curves.get((r["scale"], r["width"]), []) if c["mean"] is not None]
+        if not curve:
+            continue
+        for end, c in (("lowest", curve[0]), ("highest", curve[-1])):
+            if c["mean"] >= unigram - margin:
+                out.append((r["scale"], r["width"], end, c["mean"]))
+    return out
+
+
+def reading(rows: Sequence[Mapping[str, Any]], collapse_words: float = COLLAPSE_WORDS,
+            unigram: float | None = None, plateau: Sequence[tuple[str, int, str, float]] = ()) -> list[str]:
+    """A few plain sentences generated from ``summary_rows``: each scheme's sensitivity and best loss at
+    the widest width (a ranking only where the budget supports one), how that moves with width,
+    divergences, logit growth, collapse. ``unigram``: a unigram model's held-out loss, and ``plateau``
+    (``plateau_ends``) the grid ends at it: where a grid's end sits there, no ranking is read."""
     rows = [r for r in rows if r["sensitivity"] is not None]
     if not rows:
         return ["No scheme has a complete learning-rate grid yet, so no sensitivity can be read."]
@@ -207,7 +241,21 @@ def reading(rows: Sequence[Mapping[str, Any]], collapse_words: float = COLLAPSE_
         return f"{r[key]:.3f}" + (f" ± {se:.3f}" if se is not None else "")
 
     lrs = wide[0]["lrs"]
-    out.append(_ranking(rows, widths[-1], wide, seeds, lrs, fmt))
+    if unigram is not None:
+        best = min(r["best_loss"] for r in wide)
+        out.append(f"A unigram model (token frequencies alone) scores {unigram:.3f} nats on the held-out split; "
+                   f"the best final loss at width {widths[-1]} is {unigram - best:.3f} nats below it.")
+    if plateau:
+        out.append(f"At the unigram plateau (final loss within {PLATEAU_NATS:g} nats of the unigram model's, or "
+                   "above): " + "; ".join(f"{s} at width {w}, {end} learning rate ({loss:.3f})"
+                                          for s, w, end, loss in plateau)
+                   + ". There the loss measures under-training or a run knocked back to token frequencies, not "
+                     "a scheme's stability, so the sensitivities below are not read as a ranking.")
+        each = "; ".join(f"{r['scale']} {fmt(r)} (best loss {fmt(r, 'best_loss')})" for r in wide)
+        out.append(f"At head width {widths[-1]}, across learning rates {lrs[0]:g} to {lrs[-1]:g}, the sensitivity "
+                   f"and best loss of each scheme: {each}.")
+    else:
+        out.append(_ranking(rows, widths[-1], wide, seeds, lrs, fmt))
     if len(widths) > 1:
         moves = []
         for scale in sorted({r["scale"] for r in rows}):
