@@ -228,3 +228,15 @@ def test_scoreboard_counts_and_names_the_claims_that_do_not_agree(tmp_path):
     assert lines[1].startswith(D32 + ": differs (course ≈ 0, gap ≤ 0, ours d=32: +0.72")
     assert all(line.split(":")[0] for line in lines)
     assert course.scoreboard(got, figures=False)[1][1] == D32 + ": differs"
+
+
+def test_a_frozen_share_is_never_printed_with_an_se_of_zero():
+    # 70% of 200 × 64 rows: SE sqrt(0.7 · 0.3 / 12,800) = 0.41 points
+    assert course._frozen({"frozen_fraction": 0.7, "sequences": 200, "words": 64}) == \
+        "70.0% of 12,800 rows frozen (SE 0.4 pts)"
+    # none frozen: a binomial SE of 0 says nothing; the rule of three's 95% bound is 3 / 12,800 = 0.023%
+    assert course._frozen({"frozen_fraction": 0.0, "sequences": 200, "words": 64}) == \
+        "0% of 12,800 rows frozen (95% bound: under 0.023%)"
+    # 99.95%: SE sqrt(0.9995 · 0.0005 / 12,800) = 0.020 points, so two decimals
+    assert course._frozen({"frozen_fraction": 0.9995, "sequences": 200, "words": 64}) == \
+        "99.95% of 12,800 rows frozen (SE 0.02 pts)"

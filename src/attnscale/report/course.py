@@ -217,7 +217,9 @@ def _frozen(r):
     if p in (0.0, 1.0):  # a binomial SE of 0 says nothing: the rule of three gives the 95% bound instead
         bound = f"under {300 / n:.2g}%" if p == 0 else f"over {100 - 300 / n:.4g}%"
         return f"{100 * p:.0f}% of {n:,} rows frozen (95% bound: {bound})"
-    return f"{100 * p:.1f}% of {n:,} rows frozen (SE {analysis.plus_minus(100 * p, 100 * analysis.binomial_se(p, n), '{:.1f}').split(' ± ')[1]} pts)"
+    se = 100 * analysis.binomial_se(p, n)
+    d = max(1, -math.floor(math.log10(se)))  # the SE's first digit shows: 0.04 points, not 0.0
+    return f"{100 * p:.{d}f}% of {n:,} rows frozen (SE {se:.{d}f} pts)"
 
 
 def _seven_in_ten(r):
@@ -332,7 +334,8 @@ def _not_recovering(runs):
     first = analysis.mean(_layer(t, "first", "frozen_fraction") for t in got)
     last = analysis.mean(_layer(t, "last", "frozen_fraction") for t in got)
     rise = _estimate([_layer(t, "last", "frozen_fraction") - _layer(t, "first", "frozen_fraction") for t in got])
-    figure, noise = with_interval(tuple(x if x is None or i == 2 else 100 * x for i, x in enumerate(rise)), "{:+.1f}")
+    m, se, n, lo, hi = rise  # in points of percentage
+    figure, noise = with_interval((100 * m, None if se is None else 100 * se, n, 100 * lo, 100 * hi), "{:+.1f}")
     ours = f"{100 * first:.1f}% → {100 * last:.1f}% frozen in layer {COURSE_LAYER} (change {figure} pts; {noise})"
     return ours, judging.verdict(judging.side(rise[3], rise[4], lambda v: v >= 0)), "", ""
 
