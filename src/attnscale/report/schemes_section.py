@@ -125,19 +125,11 @@ def _theory_points(runs, study, rows) -> dict[str, Any]:
 
 def unigram(study) -> float | None:
     """A unigram model's held-out loss on the study's corpus (``schemes_analysis.unigram_loss``), or None
-    where the runs used several corpora or the corpus cannot be loaded here (a named corpus not in this
-    machine's cache) or is not the one the records name (another sha256)."""
-    from attnscale.runs.runner import CorpusSpec
+    where it cannot be loaded here as the records name it (``held_out.corpus_of``)."""
+    from attnscale.report.held_out import corpus_of
 
-    named = {(t.corpus.get("name"), t.corpus.get("tokenizer"), t.corpus.get("sha256")) for t in study}
-    if len(named) != 1:
-        return None
-    name, tokenizer, sha = next(iter(named))
-    try:
-        corpus = CorpusSpec(name, tokenizer).load()
-    except Exception:  # offline, or a local file moved: the flag is skipped, and the reading says nothing of it
-        return None
-    if corpus.sha256 != sha:
+    corpus = corpus_of(study)
+    if corpus is None:
         return None
     return sa.unigram_loss(corpus.train.tolist(), corpus.valid.tolist(), corpus.vocab_size)
 

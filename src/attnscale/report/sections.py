@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscale.core.scales import display_name
-from attnscale.report import course, schemes_section, setup_section
+from attnscale.report import course, frozen_section, schemes_section, setup_section
 
 __all__ = ["document", "preset_of"]
 
@@ -273,6 +273,7 @@ def _dynamics(runs, verdicts, out: Path, pngs: dict) -> list[tuple]:
     if runs.dynamics:
         b.append(("table", ["run", "d", "scale", "seed", "status", "steps", "spread first → last", "frozen first → last",
                             "eff. words first → last", "held-out ppl"], [_dyn_row(runs, t) for t in runs.dynamics]))
+        b += frozen_section.blocks(runs)
     return b
 
 
