@@ -240,3 +240,16 @@ def test_a_frozen_share_is_never_printed_with_an_se_of_zero():
     # 99.95%: SE sqrt(0.9995 · 0.0005 / 12,800) = 0.020 points, so two decimals
     assert course._frozen({"frozen_fraction": 0.9995, "sequences": 200, "words": 64}) == \
         "99.95% of 12,800 rows frozen (SE 0.02 pts)"
+
+
+def test_a_figure_reached_agrees_even_where_it_did_not_rise(tmp_path):
+    # rows frozen at 99.5% from the start and at the end: the claim's figure (≥ 99%) holds, so it agrees;
+    # whether it rose only decides between "partly" and "differs" when the figure is not reached
+    from test_report import _train
+
+    root = tmp_path / "r"
+    _train(root, "dynamics", 1024, "none", 0, ppl=50.0, corpus="c", start=(21.0, 0.995, 1.0), end=(6000.0, 0.995, 1.0))
+    _train(root, "dynamics", 1024, "inv_sqrt_d", 0, ppl=40.0, corpus="c", start=(3.0, 0.0, 30.0), end=(3.4, 0.0, 20.0))
+    v = _verdicts(root)
+    assert v["… and 99.9% of rows end frozen"].verdict == course.AGREES
+    assert v["frozen heads do not recover; they get worse"].verdict == course.AGREES  # level: not a recovery

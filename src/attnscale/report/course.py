@@ -296,18 +296,17 @@ def _dyn_claim(scale: str, which: str, key: str, fmt: str, *, above: float | Non
         got = _dyn(runs, scale)
         if not got:
             return _dyn_missing(runs, scale)
-        (m, se, n, lo, hi), ours = _dyn_ours(got, which, key, fmt)
+        (_, _, _, lo, hi), ours = _dyn_ours(got, which, key, fmt)
         size = judging.side(lo, hi, lambda v: v >= above) if above is not None else judging.overlaps(lo, hi, band)
         direction, note = None, _dyn_note(got)
-        if grows:
+        if grows and size != judging.HOLDS:  # the figure reached is the claim whole, however it got there
             rise = _estimate([_layer(t, "last", key) - _layer(t, "first", key) for t in got])
             direction = judging.side(rise[3], rise[4], lambda v: v > 0)
-            if size != judging.HOLDS:
-                first = fmt.format(analysis.mean(_layer(t, "first", key) for t in got))
-                moved = {judging.HOLDS: f"up from {first} at the start, but short of the course's figure",
-                         judging.UNDECIDED: f"from {first} at the start; the rise is not beyond its noise",
-                         judging.FAILS: f"not up from {first} at the start"}[direction]
-                note = "; ".join(x for x in (note, moved) if x)
+            first = fmt.format(analysis.mean(_layer(t, "first", key) for t in got))
+            moved = {judging.HOLDS: f"up from {first} at the start, but short of the course's figure",
+                     judging.UNDECIDED: f"from {first} at the start; the rise is not beyond its noise",
+                     judging.FAILS: f"not up from {first} at the start"}[direction]
+            note = "; ".join(x for x in (note, moved) if x)
         return ours, judging.verdict(size, direction), "", note
     return judge
 
