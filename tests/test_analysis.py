@@ -113,6 +113,9 @@ def test_plus_minus_never_prints_a_zero_se():
     assert analysis.plus_minus(3.2, 0.004, "{:.2f}", terminal=True) == "3.2000 ±0.0040"
     assert analysis.plus_minus(1234.5, 12.0, "{:,.0f}") == "1,234 ± 12"  # enough digits already: unchanged
     assert analysis.plus_minus(3.2, 0.0, "{:.2f}") == "3.20 (seeds identical)"
+    # a signed mean (a gap) keeps its sign; its SE carries none
+    assert analysis.plus_minus(-0.5, 0.7, "{:+.2f}") == "-0.50 ± 0.70"
+    assert analysis.plus_minus(3.0, 0.004, "{:+.2f}", terminal=True) == "+3.0000 ±0.0040"
 
 
 def test_within_includes_its_edge():

@@ -84,7 +84,7 @@ def plus_minus(mean: float | None, se: float | None, fmt: str = "{:.3f}", termin
         if spec:
             shown = se * 100 if spec.group(2) == "%" else se
             fmt = fmt.replace(spec.group(0), "{:" + spec.group(1) + f".{decimals_for(shown)}{spec.group(2)}}}")
-    return fmt.format(mean) + (" ±" if terminal else " ± ") + fmt.format(se)
+    return fmt.format(mean) + (" ±" if terminal else " ± ") + fmt.replace("{:+", "{:").format(se)  # an SE has no sign
 
 
 def within(value: float, target: float, relative: float) -> bool:
