@@ -40,8 +40,32 @@ def test_gap_table_pairs_seeds_and_takes_the_se_of_the_differences():
     # differences 1 and 3: mean 2, sample std sqrt(2), SE 1
     assert r["seeds"] == 2 and r["gap"] == 2.0 and math.isclose(r["gap_se"], 1.0)
     assert r["baseline_ppl"] == 13.0 and r["reference_ppl"] == 11.0
-    assert r["counts"] is False  # 2 > 1 point, but not above 2 SE
+    # 2 > 1 point, but its 95% interval with 1 degree of freedom is 2 ± 12.706: undecided, not a gap
+    assert r["counts"] is None
     assert analysis.gap_by_width(table) == {64: (2.0, r["gap_se"], 2)}
+
+
+def test_a_gap_counts_when_its_t_interval_clears_zero():
+    def table(diffs):
+        rows = [x for s, g in enumerate(diffs) for x in (_row(64, "inv_sqrt_d", s, 10.0), _row(64, "none", s, 10.0 + g))]
+        return analysis.gap_table(rows)["rows"][0]
+    # differences 2, 3, 4: mean 3, SE 1/sqrt(3); lower end 3 − 4.3027/sqrt(3) = 0.516 > 0: a gap
+    assert table([2.0, 3.0, 4.0])["counts"] is True
+    # differences 0.5, 3, 5.5: mean 3, sd 2.5, SE 2.5/sqrt(3) = 1.443; lower end 3 − 4.3027·1.443 < 0: undecided
+    assert table([0.5, 3.0, 5.5])["counts"] is None
+    # the old "> 2 SE" rule would have counted the second (3 > 2 · 1.443); the t rule does not
+    assert 3.0 > 2 * (2.5 / 3 ** 0.5)
+    assert table([0.5, 0.9, 0.7])["counts"] is False  # under 1 point: never a gap
+
+
+def test_an_undecided_width_gives_the_start_both_ways():
+    rows = []
+    for d, diffs in ((64, [0.5, 3.0, 5.5]), (128, [2.0, 3.0, 4.0]), (256, [17.0, 17.5, 18.0])):
+        for s, g in enumerate(diffs):
+            rows += [_row(d, "inv_sqrt_d", s, 10.0), _row(d, "none", s, 10.0 + g)]
+    table = analysis.gap_table(rows)
+    assert [r["counts"] for r in table["rows"]] == [None, True, True]
+    assert analysis.first_start(table) == 128 and analysis.first_start(table, undecided_counts=True) == 64
 
 
 def test_gap_starts_where_every_wider_width_has_a_gap():
@@ -68,7 +92,8 @@ def test_learning_rates_get_their_own_start():
         for d in (64, 256):
             rows += [_row(d, "inv_sqrt_d", 0, 40.0, lr=lr), _row(d, "none", 0, 40.0 + gap, lr=lr)]
     table = analysis.gap_table(rows)
-    assert table["starts"] == [{"lr": 1e-3, "width": 64}, {"lr": 1e-2, "width": None}]
+    assert table["starts"] == [{"lr": 1e-3, "width": 64, "width_if_undecided": 64},
+                               {"lr": 1e-2, "width": None, "width_if_undecided": None}]
     assert table["gap_starts_at"] is None  # two learning rates: no single answer
     assert analysis.gap_by_width(table) == {64: (3.0, None, 1), 256: (3.0, None, 1)}  # the first lr's
 
@@ -79,6 +104,18 @@ def test_plus_minus_writes_a_mean_and_its_se():
     assert analysis.plus_minus(2.0, None) == "2.000" and analysis.plus_minus(2.0, None, terminal=True) == "2.000"
     assert analysis.plus_minus(None, 0.1) == "—" and analysis.plus_minus(None, None, terminal=True) == "-"
     assert analysis.plus_minus(7.25, 0.5, "{:.1f}") == "7.2 ± 0.5"
+
+
+def test_plus_minus_never_prints_a_zero_se():
+    # an SE the format would round to 0 is shown to two significant digits, the mean to the same place
+    assert analysis.plus_minus(382.2, 0.3, "{:,.0f}") == "382.20 ± 0.30"
+    assert analysis.plus_minus(0.958, 0.0004, "{:.1%}") == "95.800% ± 0.040%"
+    assert analysis.plus_minus(3.2, 0.004, "{:.2f}", terminal=True) == "3.2000 ±0.0040"
+    assert analysis.plus_minus(1234.5, 12.0, "{:,.0f}") == "1,234 ± 12"  # enough digits already: unchanged
+    assert analysis.plus_minus(3.2, 0.0, "{:.2f}") == "3.20 (seeds identical)"
+    # a signed mean (a gap) keeps its sign; its SE carries none
+    assert analysis.plus_minus(-0.5, 0.7, "{:+.2f}") == "-0.50 ± 0.70"
+    assert analysis.plus_minus(3.0, 0.004, "{:+.2f}", terminal=True) == "+3.0000 ±0.0040"
 
 
 def test_within_includes_its_edge():

@@ -117,7 +117,8 @@ def test_start_spread_is_judged_on_layer_0_and_shows_the_mean_of_all_layers(tmp_
     # the fixture's layer 1 is 30% above layer 0: layer 0 = 21.2, all layers 24.4
     v = _verdicts(_dynamics_pair(tmp_path / "a", 21.2))[START]
     assert v.verdict == course.AGREES
-    assert v.ours.startswith("21.2 in layer 0") and "24.4 over all 2 layers" in v.ours
+    assert v.ours.startswith("21.2 in layer 0") and "mean over all 2 layers: 24.4" in v.ours
+    assert "n=1, no interval" in v.ours
     # layer 0 = 15.9: the mean over layers (18.3) sits inside ±25% of 21, layer 0 is not within ±10%
     v = _verdicts(_dynamics_pair(tmp_path / "b", 15.9))[START]
     assert v.verdict == course.DIFFERS and "15.9 in layer 0" in v.ours
@@ -153,8 +154,22 @@ def test_d32_sign_is_part_of_the_claim(tmp_path):
     assert _sweep(tmp_path / "b", {32: -0.3})[D32].verdict == course.AGREES
     v = _sweep(tmp_path / "c", {32: -23.2})[D32]  # unscaled ahead, by far more than "very slightly"
     assert v.verdict == course.PARTLY and "direction holds" in v.note
-    # with seeds, 3 SE of slack: +0.02 ± 0.03 is not a sign against the claim
-    assert _sweep(tmp_path / "d", {32: 0.0}, seeds=(0, 1, 2))[D32].verdict == course.AGREES
+    # with seeds: gaps 0, 0.05, 0.10, +0.05 ± 0.029, 95% interval (2 df) −0.074 to +0.174 covers both
+    # signs: neither "agrees" nor "differs" but inconclusive
+    v = _sweep(tmp_path / "d", {32: 0.0}, seeds=(0, 1, 2))[D32]
+    assert v.verdict == course.INCONCLUSIVE and "-0.07 – +0.17" in v.ours.replace("−", "-")
+    # a wrong-sign gap whose interval lies wholly above 0 differs: +0.8, +0.85, +0.9 → 0.85 ± 0.124
+    assert _sweep(tmp_path / "e", {32: 0.8}, seeds=(0, 1, 2))[D32].verdict == course.DIFFERS
+    # and a right-sign gap whose interval lies wholly at or below 0 agrees
+    assert _sweep(tmp_path / "f", {32: -0.5}, seeds=(0, 1, 2))[D32].verdict == course.AGREES
+
+
+def test_a_wrong_sign_gap_never_agrees_however_wide_its_noise(tmp_path):
+    # the case: d=128 at −0.5 with a large SE used to agree with "helps by about 2" (3 SE of slack)
+    helps = "d=128: the scale helps by about 2 points"
+    v = _sweep(tmp_path / "a", {128: -0.5}, seeds=(0, 1))  # −0.5, −0.45: both seeds wrong, interval −0.79 to −0.16
+    assert v[helps].verdict == course.DIFFERS and "-0.79 – -0.16" in v[helps].ours.replace("−", "-")
+    assert _sweep(tmp_path / "b", {128: -0.5})[helps].verdict == course.DIFFERS  # one seed: the sign decides
 
 
 def test_gap_of_the_right_sign_but_wrong_size_is_partly(tmp_path):
@@ -213,3 +228,28 @@ def test_scoreboard_counts_and_names_the_claims_that_do_not_agree(tmp_path):
     assert lines[1].startswith(D32 + ": differs (course ≈ 0, gap ≤ 0, ours d=32: +0.72")
     assert all(line.split(":")[0] for line in lines)
     assert course.scoreboard(got, figures=False)[1][1] == D32 + ": differs"
+
+
+def test_a_frozen_share_is_never_printed_with_an_se_of_zero():
+    # 70% of 200 × 64 rows: SE sqrt(0.7 · 0.3 / 12,800) = 0.41 points
+    assert course._frozen({"frozen_fraction": 0.7, "sequences": 200, "words": 64}) == \
+        "70.0% of 12,800 rows frozen (SE 0.4 pts)"
+    # none frozen: a binomial SE of 0 says nothing; the rule of three's 95% bound is 3 / 12,800 = 0.023%
+    assert course._frozen({"frozen_fraction": 0.0, "sequences": 200, "words": 64}) == \
+        "0% of 12,800 rows frozen (95% bound: under 0.023%)"
+    # 99.95%: SE sqrt(0.9995 · 0.0005 / 12,800) = 0.020 points, so two decimals
+    assert course._frozen({"frozen_fraction": 0.9995, "sequences": 200, "words": 64}) == \
+        "99.95% of 12,800 rows frozen (SE 0.02 pts)"
+
+
+def test_a_figure_reached_agrees_even_where_it_did_not_rise(tmp_path):
+    # rows frozen at 99.5% from the start and at the end: the claim's figure (≥ 99%) holds, so it agrees;
+    # whether it rose only decides between "partly" and "differs" when the figure is not reached
+    from test_report import _train
+
+    root = tmp_path / "r"
+    _train(root, "dynamics", 1024, "none", 0, ppl=50.0, corpus="c", start=(21.0, 0.995, 1.0), end=(6000.0, 0.995, 1.0))
+    _train(root, "dynamics", 1024, "inv_sqrt_d", 0, ppl=40.0, corpus="c", start=(3.0, 0.0, 30.0), end=(3.4, 0.0, 20.0))
+    v = _verdicts(root)
+    assert v["… and 99.9% of rows end frozen"].verdict == course.AGREES
+    assert v["frozen heads do not recover; they get worse"].verdict == course.AGREES  # level: not a recovery

@@ -45,6 +45,17 @@ def test_gap_within_seed_noise_does_not_count():
     assert "no width shows a gap" in sweep.format_table(rows)
 
 
+def test_an_undecided_gap_gives_the_start_both_ways_in_the_table():
+    # d=64: gaps 2 and 4 (2 seeds): 3 ± 1, its 95% interval 3 ± 12.7 reaches 0: undecided; d=128: 17 and 18,
+    # 17.5 ± 0.5, interval 11.1 … 23.9: a gap. The gap starts at 128, or at 64 if d=64's gap is real
+    rows = [row(64, "none", 0, 102.0), row(64, "inv_sqrt_d", 0, 100.0), row(64, "none", 1, 104.0),
+            row(64, "inv_sqrt_d", 1, 100.0), row(128, "none", 0, 117.0), row(128, "inv_sqrt_d", 0, 100.0),
+            row(128, "none", 1, 118.0), row(128, "inv_sqrt_d", 1, 100.0)]
+    text = sweep.format_table(rows)
+    assert "it starts at width 128 (at width 64 if the gaps not yet beyond their noise are real)" in text
+    assert "+3.00 ±1.00" in text and "+17.50 ±0.50" in text
+
+
 def test_diverged_baseline_counts_as_a_gap_and_other_schemes_are_listed():
     rows = [row(1024, "none", 0, None, "diverged"), row(1024, "inv_sqrt_d", 0, 50.0), row(1024, "qk_norm", 0, 49.0)]
     table = sweep.gap_table(rows)
@@ -57,7 +68,8 @@ def test_gap_per_learning_rate():
     rows = [row(32, s, 0, p, lr=lr) for lr, (a, b) in ((1e-3, (10.0, 10.0)), (1e-2, (20.0, 10.0)))
             for s, p in (("none", a), ("inv_sqrt_d", b))]
     table = sweep.gap_table(rows)
-    assert table["starts"] == [{"lr": 1e-3, "width": None}, {"lr": 1e-2, "width": 32}]
+    assert table["starts"] == [{"lr": 1e-3, "width": None, "width_if_undecided": None},
+                               {"lr": 1e-2, "width": 32, "width_if_undecided": 32}]
     assert table["gap_starts_at"] is None  # one answer per lr
     assert "lr 0.01" in sweep.format_table(rows)
 

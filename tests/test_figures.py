@@ -103,21 +103,26 @@ def test_gap_share_is_over_the_scaled_models_perplexity():
     assert analysis.share_by_width(table) == {64: pytest.approx(0.25)}
 
 
-def test_gap_counts_above_two_standard_errors_not_three():
-    # per-seed differences 2 and 4: gap 3, sample std sqrt(2), SE 1 -> 3 > 2·1 (but not > 3·1)
+def test_gap_counts_where_its_t_interval_clears_zero():
+    # per-seed differences 2 and 4: gap 3, sample std sqrt(2), SE 1. With 2 seeds (1 df) the 95% interval
+    # is 3 ± 12.706: it reaches 0, so the gap is undecided (it was "> 2 SE", a 30% false-positive rule)
     rows = [_row(128, "inv_sqrt_d", 0, 10.0), _row(128, "none", 0, 12.0),
             _row(128, "inv_sqrt_d", 1, 20.0), _row(128, "none", 1, 24.0)]
     (r,) = analysis.gap_table(rows)["rows"]
     assert (r["gap"], r["seeds"]) == (3.0, 2) and r["gap_se"] == pytest.approx(1.0)
-    assert r["counts"] is True
+    assert r["counts"] is None
+    # three seeds, differences 2, 3, 4: gap 3, SE 1/sqrt(3) = 0.577; 4.303 · 0.577 = 2.484 < 3: a gap
+    rows += [_row(128, "inv_sqrt_d", 2, 30.0), _row(128, "none", 2, 33.0)]
+    (r,) = analysis.gap_table(rows)["rows"]
+    assert r["gap_se"] == pytest.approx(1 / math.sqrt(3)) and r["counts"] is True
 
 
-def test_gap_of_exactly_two_standard_errors_or_one_point_does_not_count():
-    # differences 1 and 3: gap 2, SE 1: exactly 2 SE, not above
+def test_a_gap_under_one_point_or_not_beyond_its_noise_does_not_count():
+    # differences 1 and 3: gap 2 > 1 point, SE 1, interval 2 ± 12.7: undecided, not a gap
     at_2se = [_row(64, "inv_sqrt_d", 0, 10.0), _row(64, "none", 0, 11.0),
               _row(64, "inv_sqrt_d", 1, 10.0), _row(64, "none", 1, 13.0)]
     (r,) = analysis.gap_table(at_2se)["rows"]
-    assert (r["gap"], r["gap_se"], r["counts"]) == (2.0, 1.0, False)
+    assert (r["gap"], r["gap_se"], r["counts"]) == (2.0, 1.0, None)
     # one seed, a gap of exactly 1 point: not above the threshold
     (r,) = analysis.gap_table([_row(64, "inv_sqrt_d", 0, 10.0), _row(64, "none", 0, 11.0)])["rows"]
     assert (r["gap"], r["counts"]) == (1.0, False)
@@ -142,7 +147,7 @@ def test_where_large_starts_by_hand():
 
 def test_gap_table_rule_names_the_numbers_it_applies():
     assert analysis.GAP_THRESHOLD_PPL == 1.0
-    assert "1 ppl" in analysis.GAP_RULE and "2 SE" in analysis.GAP_RULE
+    assert "1 ppl" in analysis.GAP_RULE and "95% t interval above 0" in analysis.GAP_RULE
 
 
 # ---- learning-rate sensitivity on a hand-built grid -------------------------------
@@ -292,10 +297,11 @@ def test_presets_match_what_the_readme_says():
     assert "all of it in `reproduce`, its first 8 batches in `reproduce --quick`" in text
     assert default.train.eval_batches is None and full.train.eval_batches is None
     assert quick.train.eval_batches == 8
-    # "the default (`attnscale reproduce`: 400 steps a run, seed 0 ..." and "--full: ... 1,200 steps a run, seeds 0 and 1"
-    assert "400 steps a run, seed 0" in text and "1,200 steps a run, seeds 0 and 1" in text
+    # "the default (`attnscale reproduce`: 400 steps a run, seed 0 ..." and "--full: ... 1,200 steps a run, seeds 0, 1 and 2"
+    assert "400 steps a run, seed 0" in text and "1,200 steps a run, seeds 0, 1 and 2" in text
+    assert "1,200 steps a run, 3 seeds" in text
     assert (default.train.steps, default.seeds, default.train.seed) == (400, 1, 0)
-    assert (full.train.steps, full.seeds) == (1200, 2)
+    assert (full.train.steps, full.seeds) == (1200, 3)
     # "(post-LN, 2 layers, 4 heads, d_model 64": and "400 steps of 16 × 64 tokens"
     assert "post-LN, 2 layers, 4 heads, d_model 64" in text and "400 steps of 16 × 64 tokens" in text
     assert {k: default.model[k] for k in ("norm", "n_layers", "n_heads", "d_model", "context")} == \

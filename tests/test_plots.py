@@ -121,7 +121,7 @@ def _every_figure(tmp_path) -> None:
                                tmp_path / "logit.png", "t")
     plots.random_score_overlay({"fresh": [("none", 8.0, 1.2, 64), ("inv_sqrt_d", 1.0, 40.0, 64)],
                                 "trained": {s: [(1.0, 10.0, 0), (2.0, 5.0, 10)] for s in schemes},
-                                "steps": {s: [(0, 1.0, 10.0), (10, 2.0, 5.0)] for s in schemes},
+                                "steps": {s: [(0, 1.0, 10.0, 11.0), (10, 2.0, 5.0, 6.0)] for s in schemes},
                                 "width": 64, "lr": 3e-3, "context": 32}, tmp_path / "theory.png")
     plots.end_spread_by_setup({"learning rate": [("1e-3 (base)", {"none": (300.0, 10.0), "inv_sqrt_d": (4.0, 0.2)}),
                                                  ("3e-3", {"none": (900.0, 50.0), "inv_sqrt_d": (5.0, 0.3)})]},

@@ -83,9 +83,75 @@ def test_summary_rows_and_a_reading_generated_from_them():
     assert wild["max_logit_high_lr"][0] == pytest.approx(50.0 * 0.1 * 256)
     assert wild["collapsed_heads"] == 2 and wild["heads"] == 48
     text = " ".join(sa.reading(rows))
-    assert "least sensitive scheme is steady" in text and "most sensitive is wild" in text
-    assert "more than 2 standard errors apart" in text
+    # two seeds: each scheme's sensitivity with its best loss beside it, and no ranking read from them
+    assert "steady 0.337 ± 0.000" not in text and "(best loss 2.005 ± 0.005)" in text
+    assert "With 2 seeds no ranking is read" in text and "less sensitive than every other" not in text
     assert "From width 64 to 256, the sensitivity rises for every scheme: most for wild" in text
     assert "wild at width 256: 2 of 6" in text  # divergences
     assert "grow most under wild" in text and "1,280.0" in text
     assert "fewer than 2 effective words" in text
+
+
+def _three_schemes(per_seed: dict[str, list[float]]):
+    """Runs whose sensitivity per seed is the given value: two LRs, losses best and best + 2·value."""
+    runs = []
+    for scale, values in per_seed.items():
+        for seed, v in enumerate(values):
+            runs += [_run(scale, 64, 1e-3, seed, 2.0, 1.0), _run(scale, 64, 1e-2, seed, 2.0 + 2 * v, 1.0)]
+    return sa.summary_rows(runs)
+
+
+def test_pairwise_comparisons_are_paired_by_seed_and_holm_corrected():
+    rows = _three_schemes({"a": [0.10, 0.12, 0.11], "b": [0.20, 0.25, 0.24], "c": [0.30, 0.28, 0.33]})
+    assert rows[0]["sensitivity_by_seed"] == pytest.approx({0: 0.10, 1: 0.12, 2: 0.11})
+    tests = {(t["a"], t["b"]): t for t in sa.pairwise(rows, 64)}
+    # a − b per seed: −0.10, −0.13, −0.13; mean −0.12, sd 0.017321, SE 0.01; t = −12, 2 df
+    ab = tests[("a", "b")]
+    assert ab["diff"] == pytest.approx(-0.12) and ab["se"] == pytest.approx(0.01) and ab["t"] == pytest.approx(-12)
+    # two-sided p with 2 df: 1 − |t| / sqrt(2 + t²)
+    p_ab = 1 - 12 / math.sqrt(2 + 144)
+    assert ab["p"] == pytest.approx(p_ab)
+    # a − c: −0.20, −0.16, −0.22, mean −0.193333, sd 0.030551, SE 0.017638; b − c: −0.10, −0.03, −0.09
+    def p2(diffs):
+        m = sum(diffs) / 3
+        se = math.sqrt(sum((d - m) ** 2 for d in diffs) / 2 / 3)
+        t = abs(m / se)
+        return 1 - t / math.sqrt(2 + t * t)
+    ps = {("a", "b"): p_ab, ("a", "c"): p2([-0.20, -0.16, -0.22]), ("b", "c"): p2([-0.10, -0.03, -0.09])}
+    order = sorted(ps, key=ps.get)  # Holm by hand: ×3, ×2, ×1, running max
+    want, run = {}, 0.0
+    for k, key in enumerate(order):
+        run = max(run, min(1.0, (3 - k) * ps[key]))
+        want[key] = run
+    for key, t in tests.items():
+        assert t["p"] == pytest.approx(ps[key]) and t["p_holm"] == pytest.approx(want[key])
+    text = " ".join(sa.reading(rows))
+    assert "Of the 3 paired comparisons" in text
+    # p = 0.00687 (a−b), 0.00822 (a−c), 0.0785 (b−c); Holm: 0.0206, 0.0206 (the running max), 0.0785
+    assert want[("a", "b")] == pytest.approx(0.0206, abs=1e-4) and want[("a", "c")] == pytest.approx(0.0206, abs=1e-4)
+    assert want[("b", "c")] == pytest.approx(0.0785, abs=1e-4)
+    assert "a is less sensitive than every other scheme" in text and "2 show a difference" in text
+    # the same data over 2 seeds: no ranking read at all
+    two = _three_schemes({"a": [0.10, 0.12], "b": [0.20, 0.25], "c": [0.30, 0.28]})
+    assert "no ranking is read" in " ".join(sa.reading(two))
+
+
+def test_unigram_loss_by_hand():
+    # train 0 0 1 over a vocabulary of 3: add-one p = 3/6, 2/6, 1/6; held out 0 2: (ln 2 + ln 6) / 2
+    assert sa.unigram_loss([0, 0, 1], [0, 2], 3) == pytest.approx((math.log(2) + math.log(6)) / 2)
+
+
+def test_grid_ends_at_the_unigram_plateau_are_flagged_and_stop_the_ranking():
+    rows = _three_schemes({"a": [0.10, 0.12, 0.11], "b": [0.20, 0.25, 0.24], "c": [0.30, 0.28, 0.33]})
+    curves = {("a", 64): [{"lr": 1e-3, "mean": 2.0}, {"lr": 1e-2, "mean": 3.15}],
+              ("b", 64): [{"lr": 1e-3, "mean": 3.5}, {"lr": 1e-2, "mean": 2.4}],
+              ("c", 64): [{"lr": 1e-3, "mean": 2.0}, {"lr": 1e-2, "mean": None}]}
+    # unigram 3.24, margin 0.1: a's highest end (3.15 ≥ 3.14) and b's lowest (3.5) sit on it; c's do not
+    ends = sa.plateau_ends(rows, curves, 3.24)
+    assert ends == [("a", 64, "highest", 3.15), ("b", 64, "lowest", 3.5)]
+    text = " ".join(sa.reading(rows, unigram=3.24, plateau=ends))
+    assert "A unigram model (token frequencies alone) scores 3.240 nats" in text
+    assert "a at width 64, highest learning rate (3.150)" in text
+    assert "not read as a ranking" in text and "less sensitive than every other" not in text
+    # the same rows without a plateau: the ranking of the paired test stands
+    assert "a is less sensitive than every other scheme" in " ".join(sa.reading(rows, unigram=3.24, plateau=[]))

@@ -48,22 +48,34 @@ def test_summary_is_a_mean_and_se_over_seeds_per_setup_and_scale():
 
 
 def test_claims_say_where_the_direction_and_the_size_hold():
+    # every figure below on the 95% t interval over 2 seeds (1 df: mean ± 12.706 SE), worked by hand
     judged = sa.claims(sa.summary_rows(ROWS))
     base, lr, pre = ("base", "base"), ("lr", "9e-3"), ("norm", "pre")
     every = [base, lr, pre]
-    assert judged["end_spread"] == {"setups": every, "size": [lr], "direction_setups": every, "direction": [base, lr]}
-    assert judged["end_frozen"] == {"setups": every, "size": [lr], "direction_setups": every, "direction": [base, lr]}
-    assert judged["scaled_spread"]["size"] == [lr] and judged["scaled_spread"]["direction"] == every
-    # pre-LN: the gap is +0.1 ± 0.6, not beyond 3 SE, so the direction does not hold there
+    # end spread: base 320 ± 20 → 66 … 574, under 5,000; lr 6,500 ± 500 → 147 … 12,853, undecided;
+    # rise (end − start by seed): base 299 ± 20 → 45 … 553 and lr above 0; pre −5 ± 1 → −17.7 … 7.7, undecided
+    assert judged["end_spread"] == {"setups": every, "size": [], "size_undecided": [lr], "direction_setups": every,
+                                    "direction": [base, lr], "direction_undecided": [pre]}
+    # frozen: base 0.94 ± 0.01 → 0.813 … 1.067 and lr 0.993 ± 0.002 → 0.968 … 1.018 both reach 99%: undecided;
+    # pre 0.35 ± 0.05 → up to 0.985: under 99%
+    assert judged["end_frozen"] == {"setups": every, "size": [], "size_undecided": [base, lr],
+                                    "direction_setups": every, "direction": [base, lr], "direction_undecided": [pre]}
+    # scaled: 5.2 ± 0.2 → 2.66 … 7.74 meets 2.38 … 4.42, and so do lr's and pre's wide interval; the unscaled
+    # run above it by seed: base and lr clearly, pre (−5, +15 → 5 ± 10) undecided
+    assert judged["scaled_spread"]["size"] == every and judged["scaled_spread"]["direction"] == [base, lr]
+    assert judged["scaled_spread"]["direction_undecided"] == [pre]
+    # gap: base 6.1 ± 0.1 → 4.83 … 7.37 (helps, too small); lr 17 in both seeds; pre 0.1 ± 0.6: undecided
     assert judged["big_gap"]["direction"] == [base, lr] and judged["big_gap"]["size"] == [lr]
+    assert judged["big_gap"]["direction_undecided"] == [pre]
 
 
-def test_the_gap_direction_needs_three_standard_errors_as_the_claims_do():
+def test_the_gap_direction_needs_its_t_interval_above_zero():
     rows = [row("base", None, "none", 0, 300.0, 0.9, 13.0), row("base", None, "none", 1, 300.0, 0.9, 17.0),
             row("base", None, "inv_sqrt_d", 0, 5.0, 0.2, 10.0), row("base", None, "inv_sqrt_d", 1, 5.0, 0.2, 10.0)]
     g, se, n, _ = sa.gap(*sa.pair(sa.summary_rows(rows), ("base", "base")))
-    assert (g, se) == (pytest.approx(5.0), pytest.approx(2.0))  # beyond 2 SE, not beyond 3
-    assert sa.claims(sa.summary_rows(rows))["big_gap"]["direction"] == []
+    assert (g, se) == (pytest.approx(5.0), pytest.approx(2.0))  # 2.5 SE: 5 ± 25.4 with 1 degree of freedom
+    judged = sa.claims(sa.summary_rows(rows))["big_gap"]
+    assert judged["direction"] == [] and judged["direction_undecided"] == [("base", "base")]
 
 
 def test_a_diverged_run_is_not_an_end_of_training():
@@ -90,18 +102,17 @@ def test_one_study_at_a_time():
 def test_a_missing_start_leaves_the_direction_unjudged_not_failed():
     rows = [row("base", None, "none", 0, 6000.0, 0.995, 15.0, start_spread=math.nan)]
     judged = sa.claims(sa.summary_rows(rows))
-    assert judged["end_spread"] == {"setups": [("base", "base")], "size": [("base", "base")],
-                                    "direction_setups": [], "direction": []}
+    assert judged["end_spread"] == {"setups": [("base", "base")], "size": [("base", "base")], "size_undecided": [],
+                                    "direction_setups": [], "direction": [], "direction_undecided": []}
 
 
 def test_explain_names_the_setups_with_their_numbers():
     table = sa.summary_rows(ROWS)
     text = sa.explain("end_spread", table, sa.claims(table))
-    assert text.startswith("setup study (d=1,024, 3 setups, 2 seeds): the size (over 5,000) holds in 1 of 3 "
-                           "(learning rate 9e-3: 6,500 ± 500)")
-    assert "the direction (without the scale the spread grows) in 2 of 3; base setup 320 ± 20" in text
+    assert text == ("setup study (d=1,024, 3 setups, 2 seeds): the size (over 5,000) holds in 0 of 3, 1 undecided, "
+                    "the direction (without the scale the spread grows) in 2 of 3, 1 undecided; base setup 320 ± 20")
     gap = sa.explain("big_gap", table, sa.claims(table))
-    assert "learning rate 9e-3: +17.00 ± 0.00, 170% of the scaled model's 10.00" in gap
+    assert "learning rate 9e-3: +17.00 (seeds identical), 170% of the scaled model's 10.00" in gap
     assert sa.explain("end_spread", [], {}) == ""
 
 

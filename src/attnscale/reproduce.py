@@ -175,8 +175,8 @@ def scoreboard(out: Path) -> list[str]:
 
     judged = verdicts(load_runs(Path(out)))
     counts = Counter(v.verdict for v in judged)
-    words = {course.AGREES: "agree", course.PARTLY: "partly", course.DIFFERS: "differ", course.NOT_RUN: "not run"}
-    tally = ", ".join(f"{counts[k]} {w}" for k, w in words.items() if counts[k] or k != course.NOT_RUN)
+    tally = ", ".join(f"{counts[k]} {w}" for k, w in course.SAID.items()
+                      if counts[k] or k not in (course.NOT_RUN, course.INCONCLUSIVE))
     lines = [f"scoreboard: {tally} (of the course's {len(judged)} claims)"]
     lines += ["  " + line for line in table(("", "claim"), ([v.verdict, f"{name}: course {v.course}, here {v.ours}"]
                                                         for v, name in zip(judged, _named(judged))

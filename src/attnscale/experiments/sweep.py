@@ -30,7 +30,7 @@ from attnscale.experiments.dynamics import check_budget, model_config
 from attnscale.experiments.training_config import TrainingConfig
 from attnscale.lm.presets import budget, preset_name
 from attnscale.runs.runner import CorpusSpec, RunSpec, execute
-from attnscale.report.analysis import GAP_RULE, GAP_THRESHOLD_PPL, gap_table, mean_se, run_rows
+from attnscale.report.analysis import GAP_RULE, GAP_THRESHOLD_PPL, gap_table, mean_se, plus_minus, run_rows
 
 __all__ = ["SweepConfig", "preset", "run", "run_records", "specs", "rows_from_records", "gap_table", "format_table",
            "GAP_THRESHOLD_PPL", "GAP_RULE"]
@@ -131,7 +131,7 @@ def rows_from_records(runs: list[TrainRun], varied_lr: bool = False) -> list[dic
 def _fmt_ppl(mean: float | None, se: float | None, diverged: int) -> str:
     if mean is None:
         return "diverged" if diverged else "-"
-    text = f"{mean:.2f}" + (f" ±{se:.2f}" if se is not None else "")
+    text = plus_minus(mean, se, "{:.2f}", terminal=True)
     return text + (f" ({diverged} div)" if diverged else "")
 
 
@@ -158,13 +158,16 @@ def format_table(rows: list[dict[str, Any]], baseline: str = "none", reference: 
             elif g["diverged"]:
                 gap = f"{g['diverged']} diverged"
             else:
-                gap = (f"{g['gap']:+.2f}" + (f" ±{g['gap_se']:.2f}" if g["gap_se"] is not None else "")
+                gap = (plus_minus(g["gap"], g["gap_se"], "{:+.2f}", terminal=True)
                        + (f" ({g['share']:.0%})" if g["share"] is not None else ""))
             cells_by_width.append([width, *cells, gap])
         lines += table(("width", *map(display_name, scales), "gap (% of ref.)"), cells_by_width, ">" * (len(scales) + 2))
-        start = next((s["width"] for s in gaps["starts"] if s["lr"] == lr), None)
+        here = next((s for s in gaps["starts"] if s["lr"] == lr), {})
+        start, maybe = here.get("width"), here.get("width_if_undecided")
+        said = f"it starts at width {start}" if start is not None else "no width shows a gap"
+        if maybe != start:  # some gap above the threshold is not beyond its noise
+            said += f" (at width {maybe} if the gaps not yet beyond their noise are real)"
         base, ref = display_name(baseline), display_name(reference)
         lines.append(f"gap = ppl({base}) − ppl({ref}), in points and as a share of ppl({ref}); "
-                     + (f"it starts at width {start}" if start is not None else "no width shows a gap")
-                     + f" ({GAP_RULE})")
+                     + said + f" ({GAP_RULE})")
     return "\n".join(lines)

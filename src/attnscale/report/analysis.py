@@ -17,23 +17,29 @@ Standard errors:
 from __future__ import annotations
 
 import math
+import re
 import statistics
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+from attnscale.report.intervals import decimals_for, interval
 from attnscale.runs.record import FINISHED  # run statuses whose perplexity (or its absence) is final
 
 __all__ = ["run_rows", "budget", "budget_text", "span_text", "mean", "mean_se", "plus_minus", "spread_se", "binomial_se", "within", "gap_table", "gap_by_width", "share_by_width", "first_start",
            "GAP_THRESHOLD_PPL", "GAP_RULE"]
 
 # Where "large" starts: the first width from which every wider width shows a gap
-# above 1 point of perplexity and, with two or more seeds, above 2 standard
-# errors of the gap. 1 point sits between the course's "no difference" (width
-# 32) and the smallest gap it calls a help ("about 2 points", width 128); the
-# 2-SE condition keeps seed-to-seed noise from counting as a gap. Requiring
-# every wider width to agree keeps one noisy narrow width from starting it early.
+# above 1 point of perplexity and, with two or more seeds, a 95% t interval of
+# the gap (``intervals.interval``, n − 1 degrees of freedom) wholly above 0. 1
+# point sits between the course's "no difference" (width 32) and the smallest
+# gap it calls a help ("about 2 points", width 128); the interval keeps
+# seed-to-seed noise from counting as a gap (with 2 seeds "> 2 SE" happens by
+# chance about 30% of the time). A gap above 1 point whose interval reaches 0
+# is undecided (``counts`` None), and the start is then given both ways.
+# Requiring every wider width to agree keeps one noisy narrow width from starting it early.
 GAP_THRESHOLD_PPL = 1.0
-GAP_RULE = "gap > 1 ppl (and > 2 SE over seeds when there are 2 or more) at this width and every wider one"
+GAP_RULE = ("gap > 1 ppl (and, with 2 or more seeds, its 95% t interval above 0) at this width and every "
+            "wider one")
 
 
 def mean(values: Iterable[float]) -> float:
@@ -65,10 +71,20 @@ def binomial_se(share: float, n: int) -> float:
 
 def plus_minus(mean: float | None, se: float | None, fmt: str = "{:.3f}", terminal: bool = False) -> str:
     """``mean ± se`` in ``fmt`` ("—" for no mean, the mean alone for no SE); ``terminal``: the
-    command-line tables' narrower form, "-" and "x ±y"."""
+    command-line tables' narrower form, "-" and "x ±y". An SE that ``fmt`` would round to zero is
+    printed to two significant digits instead (never "± 0.00"), and an SE of exactly 0 says so."""
     if mean is None:
         return "-" if terminal else "—"
-    return fmt.format(mean) + ("" if se is None else (" ±" if terminal else " ± ") + fmt.format(se))
+    if se is None:
+        return fmt.format(mean)
+    if se == 0:  # seeds that agree exactly: an SE of 0 is no width to print
+        return fmt.format(mean) + (" (identical)" if terminal else " (seeds identical)")
+    if not re.search(r"[1-9]", fmt.format(se)):  # "± 0.00": show the SE to its own precision, the mean to match
+        spec = re.search(r"\{:([^}]*?)(?:\.\d+)?([f%])\}", fmt)
+        if spec:
+            shown = se * 100 if spec.group(2) == "%" else se
+            fmt = fmt.replace(spec.group(0), "{:" + spec.group(1) + f".{decimals_for(shown)}{spec.group(2)}}}")
+    return fmt.format(mean) + (" ±" if terminal else " ± ") + fmt.replace("{:+", "{:").format(se)  # an SE has no sign
 
 
 def within(value: float, target: float, relative: float) -> bool:
@@ -118,8 +134,11 @@ def gap_table(rows: Sequence[dict[str, Any]], baseline: str = "none", reference:
             counts = True
         elif diverged is not None or gap is None:
             counts = False
-        else:
-            counts = gap > threshold and (se is None or gap > 2 * se)
+        elif gap <= threshold:
+            counts = False
+        else:  # above the threshold: a gap where the interval excludes 0, undecided where it does not
+            ci = interval(gap, se, len(both))
+            counts = True if ci is None or ci[0] > 0 else None
         out_rows.append({
             "lr": lr, "width": width, "seeds": len(paired),
             "baseline_ppl": mean_se([b[s] for s in paired if b[s] is not None])[0],
@@ -135,17 +154,24 @@ def gap_table(rows: Sequence[dict[str, Any]], baseline: str = "none", reference:
     starts = []
     for lr in dict.fromkeys(r["lr"] for r in out_rows):
         group = [r for r in out_rows if r["lr"] == lr]
-        start = None
-        for r in reversed(group):  # widest first: extend the run of counting widths downwards
-            if not r["counts"]:
-                break
-            start = r["width"]
-        starts.append({"lr": lr, "width": start})
+        starts.append({"lr": lr, "width": _start(group, undecided_counts=False),
+                       "width_if_undecided": _start(group, undecided_counts=True)})
     return {
         "baseline": baseline, "reference": reference, "threshold_ppl": threshold, "rule": GAP_RULE,
         "rows": out_rows, "starts": starts,
         "gap_starts_at": starts[0]["width"] if len(starts) == 1 else None,
     }
+
+
+def _start(group: Sequence[dict[str, Any]], undecided_counts: bool) -> int | None:
+    """The narrowest width from which every wider row counts (widest first: extend the run of counting
+    widths downwards); ``undecided_counts``: an undecided row (``counts`` None) counts too."""
+    start = None
+    for r in reversed(group):
+        if not (r["counts"] or (undecided_counts and r["counts"] is None)):
+            break
+        start = r["width"]
+    return start
 
 
 def share_by_width(table: dict[str, Any]) -> dict[int, float]:
@@ -163,10 +189,11 @@ def gap_by_width(table: dict[str, Any]) -> dict[int, tuple[float, float | None, 
             if r["lr"] == first_lr and r["gap"] is not None}
 
 
-def first_start(table: dict[str, Any]) -> int | None:
-    """Where the gap starts at the table's first learning rate (None: no width qualifies)."""
+def first_start(table: dict[str, Any], undecided_counts: bool = False) -> int | None:
+    """Where the gap starts at the table's first learning rate (None: no width qualifies);
+    ``undecided_counts``: where it would start if every undecided gap were a gap."""
     starts = table["starts"]
-    return starts[0]["width"] if starts else None
+    return starts[0]["width_if_undecided" if undecided_counts else "width"] if starts else None
 
 
 def budget(runs: Sequence[Any]) -> dict[str, Any]:

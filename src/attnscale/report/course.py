@@ -5,8 +5,8 @@ tolerance we judge by (stated in words, because the reader must be able to
 disagree with it), and a function that reads our number from the records and
 returns a verdict: "agrees"; "partly" where the direction of the claim holds
 and its size does not (spread grows, but not to the course's figure; the scale
-helps, but by fewer points); "differs"; or "not run" when the records needed
-are absent. Nothing here runs an experiment or reads a file: ``runs`` is
+helps, but by fewer points); "inconclusive" where the seeds' interval covers
+both answers; "differs"; or "not run" when the records needed are absent. Nothing here runs an experiment or reads a file: ``runs`` is
 anything shaped like ``RunsView`` (the report's ``Runs``), and the numbers
 (means, SEs, the gap table) come from ``analysis``.
 
@@ -19,13 +19,20 @@ Tolerances, and why:
   by 3 binomial SE over the rows measured.
 - single rows ("roughly 35 words"): the course quotes one row, so a figure
   agrees if it is a typical single row, inside our p10–p90 range.
-- perplexity gaps: the rounding interval, widened by 3 SE of the gap where the
-  seeds give one (≥ 2 seeds per cell); with one seed there is no noise estimate.
-  Where the course gives a direction (the scale helps; at d=32 the unscaled run
-  is slightly ahead) the sign is part of the claim: a gap of the wrong sign
-  differs however small it is.
-- the spread at the start of training: the course measured its first layer's
-  head, so layer 0 is judged; the mean over all layers is shown beside it.
+- perplexity gaps and the dynamics' figures: the rule of ``judging``, on the
+  95% t interval over seeds (n − 1 degrees of freedom, ``intervals``): a size
+  ("about 2 points": the rounding interval 1.5–2.5) agrees where the interval
+  meets it; a direction (the scale helps; at d=32 the unscaled run is ahead or
+  level; "over 5,000") must be established by the whole interval, and is
+  "inconclusive" where the interval covers both answers. With one seed there is
+  no interval and the figure alone decides: a gap of the wrong sign differs
+  however small it is. (Before, a band widened by 3 SE let a gap of the wrong
+  sign agree, and with 2 seeds 3 SE covers about 80%, not 99.7%.)
+- one convention for the dynamics: the course's figures are one head's, its
+  first layer's, so every dynamics claim, at the start and at the end, reads
+  layer 0 (mean over its heads); the mean over all layers is shown beside it.
+  Spread is the head's pooled spread (over all its scores that count); the
+  report's dynamics section says how it relates to the within-row spread.
 """
 
 from __future__ import annotations
@@ -35,13 +42,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from attnscale.report import analysis
+from attnscale.report import analysis, intervals, judging
+from attnscale.report.judging import AGREES, DIFFERS, INCONCLUSIVE, NOT_RUN, PARTLY, VERDICTS
 
-__all__ = ["AGREES", "PARTLY", "DIFFERS", "NOT_RUN", "VERDICTS", "Claim", "Verdict", "CLAIMS", "RunsView",
+__all__ = ["AGREES", "PARTLY", "DIFFERS", "INCONCLUSIVE", "NOT_RUN", "VERDICTS", "Claim", "Verdict", "CLAIMS", "RunsView",
            "TrainView", "evaluate", "reasons", "scoreboard", "spread_se", "sweep_rows", "gap_by_width", "gap_start", "fmt_gap"]
 
-AGREES, PARTLY, DIFFERS, NOT_RUN = "agrees", "partly", "differs", "not run"
-VERDICTS = (AGREES, PARTLY, DIFFERS, NOT_RUN)
 SCALED = "inv_sqrt_d"
 COURSE_WIDTH = 1024  # the width of the course's end-of-training claims
 COURSE_WIDTHS = {4: "about 2", 64: "8", 256: "16", 1024: "32"}
@@ -208,7 +214,12 @@ def _rows_counted(r) -> int:
 
 def _frozen(r):
     p, n = float(r["frozen_fraction"]), _rows_counted(r)
-    return f"{100 * p:.1f}% of {n:,} rows frozen (SE {100 * analysis.binomial_se(p, n):.1f} pts)"
+    if p in (0.0, 1.0):  # a binomial SE of 0 says nothing: the rule of three gives the 95% bound instead
+        bound = f"under {300 / n:.2g}%" if p == 0 else f"over {100 - 300 / n:.4g}%"
+        return f"{100 * p:.0f}% of {n:,} rows frozen (95% bound: {bound})"
+    se = 100 * analysis.binomial_se(p, n)
+    d = max(1, -math.floor(math.log10(se)))  # the SE's first digit shows: 0.04 points, not 0.0
+    return f"{100 * p:.{d}f}% of {n:,} rows frozen (SE {se:.{d}f} pts)"
 
 
 def _seven_in_ten(r):
@@ -218,6 +229,9 @@ def _seven_in_ten(r):
 
 
 # ---- dynamics ----------------------------------------------------------------
+
+
+COURSE_LAYER = 0  # the course's figures are one head's, its first layer's: every dynamics claim reads that layer
 
 
 def _dyn(runs, scale: str, width: int = 1024):
@@ -231,35 +245,69 @@ def _dyn_missing(runs, scale: str):
 
 
 def _dyn_note(got) -> str:
-    note = f"mean of {len(got)} seeds" if len(got) > 1 else ""
     if any(t.status != "done" for t in got):
-        note = (note + "; " if note else "") + "status: " + ", ".join(sorted({t.status for t in got}))
-    return note
+        return "status: " + ", ".join(sorted({t.status for t in got}))
+    return ""
 
 
-def _dyn_claim(scale: str, which: str, key: str, test: Callable[[float], bool], fmt: str = "{:.1f}",
-               grows: bool = False):
-    """A claim on the mean over layers and heads of ``key`` at the first or last step.
+def _estimate(values: Sequence[float], share: bool = False) -> tuple[float, float | None, int, float, float]:
+    """(mean, SE or None, n, and the 95% t interval's ends: the mean itself where there is none) over seeds;
+    ``share``: the interval is kept inside [0, 1]."""
+    m, se = analysis.mean_se(list(values))
+    ci = intervals.interval(m, se, len(values)) or (m, m)
+    if share:
+        ci = (max(0.0, ci[0]), min(1.0, ci[1]))
+    return m, se, len(values), ci[0], ci[1]
 
-    ``grows``: the claim also says which way training moves ``key`` (up); where
-    it moved up but did not reach the course's figure the verdict is "partly"."""
+
+def with_interval(est: tuple[float, float | None, int, float, float], fmt: str) -> tuple[str, str]:
+    """An ``_estimate`` in words, the figure and its uncertainty apart: ("4.06 ± 0.16", "2 seeds, 95%
+    interval 2.03 – 6.09"); ("4.06", "n=1, no interval") for one seed."""
+    m, se, n, lo, hi = est
+    if se is None:
+        return fmt.format(m), f"n={n}, no interval"
+    return analysis.plus_minus(m, se, fmt), f"{n} seeds, {intervals.LEVEL:.0%} interval {fmt.format(lo)} – {fmt.format(hi)}"
+
+
+def _layer(t, which: str, key: str) -> float:
+    return t.layer_means(which, key)[COURSE_LAYER]
+
+
+def _dyn_ours(got, which: str, key: str, fmt: str) -> tuple[tuple, str]:
+    """The estimate over seeds of ``key`` in the course's layer, and it in words with the mean over all
+    layers beside it (the other convention, so a reader sees how much the choice of layer moves it)."""
+    est = _estimate([_layer(t, which, key) for t in got], share=key == "frozen_fraction")
+    overall = analysis.mean(t.diag_mean(which, key) for t in got)
+    steps = sorted({t.line(which)["step"] for t in got})
+    layers = len(got[0].layer_means(which, key))
+    figure, noise = with_interval(est, fmt)
+    return est, (f"{figure} in layer {COURSE_LAYER} at step {', '.join(map(str, steps))} ({noise}; "
+                 f"mean over all {layers} layers: {fmt.format(overall)})")
+
+
+def _dyn_claim(scale: str, which: str, key: str, fmt: str, *, above: float | None = None,
+               band: tuple[float, float] | None = None, grows: bool = False):
+    """A claim on ``key`` in the course's layer (mean over its heads, then over seeds) at the first or
+    last step: one-sided (``above``: the value is at least that) or about a figure (``band``).
+
+    ``grows``: the claim also says training moves ``key`` up (its direction); where the rise is
+    established (the interval of last − first per seed above 0) and the figure is not reached, "partly"."""
     def judge(runs):
         got = _dyn(runs, scale)
         if not got:
             return _dyn_missing(runs, scale)
-        value = analysis.mean(t.diag_mean(which, key) for t in got)
-        steps = sorted({t.line(which)["step"] for t in got})
-        ours = fmt.format(value) + f" at step {', '.join(map(str, steps))}"
-        if len(got) == 1:  # the verdict uses the mean; the layers show where it comes from
-            ours += " (by layer: " + ", ".join(fmt.format(v) for v in got[0].layer_means(which, key)) + ")"
-        note = _dyn_note(got)
-        if test(value):
-            return ours, AGREES, "", note
-        first = analysis.mean(t.diag_mean("first", key) for t in got)
-        if grows and value > first:
-            moved = f"up from {fmt.format(first)} at the start, but short of the course's figure"
-            return ours, PARTLY, "", (note + "; " if note else "") + moved
-        return ours, DIFFERS, "", note
+        (_, _, _, lo, hi), ours = _dyn_ours(got, which, key, fmt)
+        size = judging.side(lo, hi, lambda v: v >= above) if above is not None else judging.overlaps(lo, hi, band)
+        direction, note = None, _dyn_note(got)
+        if grows and size != judging.HOLDS:  # the figure reached is the claim whole, however it got there
+            rise = _estimate([_layer(t, "last", key) - _layer(t, "first", key) for t in got])
+            direction = judging.side(rise[3], rise[4], lambda v: v > 0)
+            first = fmt.format(analysis.mean(_layer(t, "first", key) for t in got))
+            moved = {judging.HOLDS: f"up from {first} at the start, but short of the course's figure",
+                     judging.UNDECIDED: f"from {first} at the start; the rise is not beyond its noise",
+                     judging.FAILS: f"not up from {first} at the start"}[direction]
+            note = "; ".join(x for x in (note, moved) if x)
+        return ours, judging.verdict(size, direction), "", note
     return judge
 
 
@@ -272,28 +320,23 @@ SCALED_SPREAD, SCALED_TOLERANCE = 3.4, 0.30  # with the scale: "settled around 3
 BIG_GAP = (16.5, 18.5)  # "17 to 18 points" and its rounding
 
 
-def _start_spread(runs):
-    """"About 21 at the start": the course's figure is its first layer's head, so
-    layer 0 (mean over its heads, and over seeds) is judged; all layers shown beside."""
-    got = _dyn(runs, "none")
-    if not got:
-        return _dyn_missing(runs, "none")
-    layer0 = analysis.mean(t.layer_means("first", "spread")[0] for t in got)
-    overall = analysis.mean(t.diag_mean("first", "spread") for t in got)
-    steps = sorted({t.line("first")["step"] for t in got})
-    layers = len(got[0].layer_means("first", "spread"))
-    ours = f"{layer0:.1f} in layer 0 at step {', '.join(map(str, steps))} ({overall:.1f} over all {layers} layers)"
-    note = _dyn_note(got)
-    return ours, _ok(analysis.within(layer0, START_SPREAD, START_TOLERANCE)), "", note
+def _band(figure: float, relative: float) -> tuple[float, float]:
+    return figure * (1 - relative), figure * (1 + relative)
 
 
 def _not_recovering(runs):
+    """"Frozen heads do not recover": the frozen share in the course's layer at the end is at least the
+    start's, read from the per-seed differences (end − start) and their interval."""
     got = _dyn(runs, "none")
     if not got:
         return _not_run("no dynamics run at width 1024 without the scale")
-    first = analysis.mean(t.diag_mean("first", "frozen_fraction") for t in got)
-    last = analysis.mean(t.diag_mean("last", "frozen_fraction") for t in got)
-    return f"{100 * first:.1f}% → {100 * last:.1f}% frozen", _ok(last >= first), "", ""
+    first = analysis.mean(_layer(t, "first", "frozen_fraction") for t in got)
+    last = analysis.mean(_layer(t, "last", "frozen_fraction") for t in got)
+    rise = _estimate([_layer(t, "last", "frozen_fraction") - _layer(t, "first", "frozen_fraction") for t in got])
+    m, se, n, lo, hi = rise  # in points of percentage
+    figure, noise = with_interval((100 * m, None if se is None else 100 * se, n, 100 * lo, 100 * hi), "{:+.1f}")
+    ours = f"{100 * first:.1f}% → {100 * last:.1f}% frozen in layer {COURSE_LAYER} (change {figure} pts; {noise})"
+    return ours, judging.verdict(judging.side(rise[3], rise[4], lambda v: v >= 0)), "", ""
 
 
 # ---- width sweep -------------------------------------------------------------
@@ -320,53 +363,61 @@ def gap_by_width(runs: RunsView) -> dict[int, tuple[float, float | None, int]]:
 
 
 def fmt_gap(gap, se, n) -> str:
-    return f"{gap:+.2f}" + (f" ± {se:.2f} ({n} seeds)" if se is not None else " (1 seed, no noise estimate)")
+    """A gap in words: "+2.10 ± 0.30 (3 seeds, 95% interval 0.81 – 3.39)", "+0.44 (1 seed, no noise estimate)"."""
+    if se is None:
+        return f"{gap:+.2f} (1 seed, no noise estimate)"
+    lo, hi = intervals.interval(gap, se, n)
+    return f"{analysis.plus_minus(gap, se, '{:+.2f}')} ({n} seeds, {intervals.LEVEL:.0%} interval {lo:+.2f} – {hi:+.2f})"
 
 
 def _gap_claim(select: Callable[[int], bool], lo: float, hi: float, sign: int, what: str):
-    """Every selected width's gap inside [lo, hi] (widened by 3 SE where there is one).
-
-    ``sign``: the direction the course gives (+1: the scale helps; −1: the
-    unscaled run is ahead). A gap of that sign beyond its noise but outside the
-    band is "partly"; a gap of the other sign (or lost in noise) differs."""
+    """Every selected width's gap consistent with [lo, hi] (its 95% t interval over seeds meets the band)
+    and of the course's sign (``sign``: +1, the scale helps, gap > 0; −1, the unscaled run is ahead or
+    level, gap ≤ 0), the sign established by the whole interval (``judging``). With one seed the gap
+    alone decides, and a gap of the wrong sign differs however small it is."""
     def judge(runs):
         gaps = {w: g for w, g in gap_by_width(runs).items() if select(w)}
         shares = analysis.share_by_width(_gap_table(runs))
         if not gaps:
             return _not_run(f"no sweep pair (with and without the scale) at {what}")
-        parts, size_ok, direction_ok = [], True, True
+        parts, verdicts, directions = [], [], []
         for w, (gap, se, n) in gaps.items():
-            slack = 3 * se if se is not None else 0.0
-            inside = lo - slack <= gap <= hi + slack
-            size_ok &= inside
-            direction_ok &= inside or sign * gap > slack
+            a, b = intervals.interval(gap, se, n) or (gap, gap)
+            direction = judging.side(a, b, (lambda x: x > 0) if sign > 0 else (lambda x: x <= 0))
+            verdicts.append(judging.verdict(judging.overlaps(a, b, (lo, hi)), direction))
+            directions.append(direction)
             share = f", {shares[w]:.0%} of the scaled ppl" if w in shares else ""
             parts.append(f"d={w}: {fmt_gap(gap, se, n)}{share}")
-        if size_ok:
-            return "; ".join(parts), AGREES, "", ""
-        if direction_ok:
-            lead = "the scale helps" if sign > 0 else "the unscaled run is ahead"
-            return "; ".join(parts), PARTLY, "", f"the direction holds ({lead}), the size does not"
-        signs = {(g > 0) - (g < 0) for g, _, _ in gaps.values()}
-        lead = ("the scaled run is ahead" if sign < 0 else
-                "the unscaled run is ahead" if -1 in signs else "the gap is not beyond its noise")
-        return "; ".join(parts), DIFFERS, "", f"the direction does not hold: {lead}"
+        verdict = judging.worst(verdicts)
+        lead = "the scale helps" if sign > 0 else "the unscaled run is ahead or level"
+        note = {judging.PARTLY: f"the direction holds ({lead}), the size does not",
+                judging.INCONCLUSIVE: f"the interval covers both signs: whether {lead} is not settled by these seeds",
+                judging.DIFFERS: ("the direction does not hold: " + ("the scaled run is ahead" if sign < 0 else
+                                                                      "the unscaled run is ahead or level")
+                                  if judging.FAILS in directions
+                                  else "the size does not hold, and the direction is not settled")}.get(verdict, "")
+        return "; ".join(parts), verdict, "", note
     return judge
 
 
-def gap_start(runs: RunsView) -> int | None:
-    """Where the gap starts, by ``analysis.GAP_RULE``."""
-    return analysis.first_start(_gap_table(runs))
+def gap_start(runs: RunsView, undecided_counts: bool = False) -> int | None:
+    """Where the gap starts, by ``analysis.GAP_RULE``; ``undecided_counts``: if every gap above
+    1 point whose interval still reaches 0 were real."""
+    return analysis.first_start(_gap_table(runs), undecided_counts)
 
 
 def _starts(runs):
     gaps = gap_by_width(runs)
     if len(gaps) < 2:
         return _not_run("fewer than two widths with both schemes in the sweep")
-    w = gap_start(runs)
-    if w is None:
-        return f"no gap above 1 point up to d={max(gaps)}", DIFFERS, "", ""
-    return f"from d={w}", _ok(32 < w <= 128), "", "the rule attnscale sweep uses: " + analysis.GAP_RULE
+    sure, maybe = gap_start(runs), gap_start(runs, undecided_counts=True)
+    ok = [w is not None and 32 < w <= 128 for w in (sure, maybe)]
+    ours = f"from d={sure}" if sure is not None else f"no gap beyond its noise up to d={max(gaps)}"
+    note = "the rule attnscale sweep uses: " + analysis.GAP_RULE
+    if maybe != sure:
+        ours += f" (from d={maybe} if the gaps not yet beyond their noise are real)"
+    verdict = (judging.AGREES if all(ok) else judging.DIFFERS if not any(ok) else judging.INCONCLUSIVE)
+    return ours, verdict, "", note
 
 
 # ---- the claims --------------------------------------------------------------
@@ -390,26 +441,29 @@ CLAIMS: list[Claim] = [
     Claim("fresh", "d=1024, with the scale: none frozen", "0%", "< 0.5% of rows",
           _fresh_claim(1024, SCALED, _frozen, lambda r: r["frozen_fraction"] < 0.005)),
     Claim("dynamics", "d=1024, no scale: spread about 21 at the start", "≈ 21 (its first layer's head)",
-          f"layer 0 within ±{START_TOLERANCE:.0%} of 21", _start_spread),
-    Claim("dynamics", f"… grows to over {END_SPREAD:,.0f} by the end", f"> {END_SPREAD:,.0f}", f"> {END_SPREAD:,.0f}",
-          _dyn_claim("none", "last", "spread", lambda v: v > END_SPREAD, "{:,.0f}", grows=True), "end_spread",
+          f"layer 0's interval meets ±{START_TOLERANCE:.0%} of 21",
+          _dyn_claim("none", "first", "spread", "{:.1f}", band=_band(START_SPREAD, START_TOLERANCE))),
+    Claim("dynamics", f"… grows to over {END_SPREAD:,.0f} by the end", f"> {END_SPREAD:,.0f}",
+          f"layer 0's 95% interval over {END_SPREAD:,.0f}",
+          _dyn_claim("none", "last", "spread", "{:,.0f}", above=END_SPREAD, grows=True), "end_spread",
           f"d=1024, no scale: the spread grows to over {END_SPREAD:,.0f} by the end"),
     Claim("dynamics", f"… and {COURSE_END_FROZEN:.1%} of rows end frozen", f"{COURSE_END_FROZEN:.1%}",
-          f"≥ {END_FROZEN:.0%}",
-          _dyn_claim("none", "last", "frozen_fraction", lambda v: v >= END_FROZEN, "{:.1%}", grows=True), "end_frozen",
+          f"layer 0's 95% interval at or over {END_FROZEN:.0%}",
+          _dyn_claim("none", "last", "frozen_fraction", "{:.1%}", above=END_FROZEN, grows=True), "end_frozen",
           f"d=1024, no scale: {COURSE_END_FROZEN:.1%} of rows end frozen"),
-    Claim("dynamics", "frozen heads do not recover; they get worse", "worse", "frozen share at the end ≥ at the start",
+    Claim("dynamics", "frozen heads do not recover; they get worse", "worse",
+          "layer 0's frozen share at the end ≥ at the start (95% interval of the change per seed)",
           _not_recovering, "not_recovering", "d=1024, no scale: frozen heads do not recover; they get worse"),
     Claim("dynamics", f"d=1024, with the scale: the spread settles around {SCALED_SPREAD:g}", f"≈ {SCALED_SPREAD:g}",
-          f"within ±{SCALED_TOLERANCE:.0%} of {SCALED_SPREAD:g}",
-          _dyn_claim(SCALED, "last", "spread", lambda v: analysis.within(v, SCALED_SPREAD, SCALED_TOLERANCE), "{:.2f}"),
+          f"layer 0's 95% interval meets ±{SCALED_TOLERANCE:.0%} of {SCALED_SPREAD:g}",
+          _dyn_claim(SCALED, "last", "spread", "{:.2f}", band=_band(SCALED_SPREAD, SCALED_TOLERANCE)),
           "scaled_spread"),
     Claim("sweep", "d=32: no difference (unscaled very slightly ahead)", "≈ 0, gap ≤ 0",
-          "−1 ≤ gap ≤ 0 points (+ 3 SE); the sign is part of the claim",
+          "95% interval meets −1 to 0 points, and lies at or below 0 (the sign is part of the claim)",
           _gap_claim(lambda w: w == 32, -1.0, 0.0, -1, "d=32")),
-    Claim("sweep", "d=128: the scale helps by about 2 points", "≈ 2", "1.5–2.5 points (+ 3 SE)",
+    Claim("sweep", "d=128: the scale helps by about 2 points", "≈ 2", "95% interval meets 1.5–2.5 points and lies above 0",
           _gap_claim(lambda w: w == 128, 1.5, 2.5, +1, "d=128")),
-    Claim("sweep", "d ≥ 256: worth 17 to 18 points", "17–18", "16.5–18.5 points (+ 3 SE) at each width",
+    Claim("sweep", "d ≥ 256: worth 17 to 18 points", "17–18", "95% interval meets 16.5–18.5 points and lies above 0, at each width",
           _gap_claim(lambda w: w >= 256, *BIG_GAP, +1, "d ≥ 256"), "big_gap"),
     Claim("sweep", "where 'large' starts: after 32, by 128", "32 < d ≤ 128", "narrowest width from which every wider one has a gap > 1 point", _starts),
 ]
@@ -431,16 +485,16 @@ def reasons(verdicts: Sequence[Verdict]) -> list[str]:
     return out
 
 
-SAID = {AGREES: "agree", PARTLY: "partly", DIFFERS: "differ", NOT_RUN: "not run"}
+SAID = {AGREES: "agree", PARTLY: "partly", INCONCLUSIVE: "inconclusive", DIFFERS: "differ", NOT_RUN: "not run"}
 
 
 def scoreboard(verdicts: Sequence[Verdict], figures: bool = True) -> tuple[str, list[str]]:
-    """The count of verdicts in one line ("14 agree, 3 partly, 2 differ of 19 claims"; "not run"
-    only where some claim was not), and one short line per claim that does not agree: its name,
+    """The count of verdicts in one line ("14 agree, 3 partly, 2 differ of 19 claims"; "inconclusive"
+    and "not run" only where some claim was), and one short line per claim that does not agree: its name,
     verdict and (``figures``) both figures. What a reader, or a terminal, sees before any explanation."""
     counts = {k: sum(v.verdict == k for v in verdicts) for k in VERDICTS}
     shown = [k for k in VERDICTS if counts[k] or k in (AGREES, PARTLY, DIFFERS)]
     head = ", ".join(f"{counts[k]} {SAID[k]}" for k in shown) + f" of {len(verdicts)} claims"
     lines = [f"{v.title}: {v.verdict}" + (f" (course {v.course}, ours {v.ours})" if figures else "")
-             for v in verdicts if v.verdict in (PARTLY, DIFFERS)]
+             for v in verdicts if v.verdict in (PARTLY, INCONCLUSIVE, DIFFERS)]
     return head, lines

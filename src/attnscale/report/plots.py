@@ -425,12 +425,17 @@ def max_logit_over_steps(panels: dict[str, dict[str, list[tuple[int, float]]]], 
 
 
 def random_score_overlay(theory: dict[str, Any], path: Path) -> Path:
-    """Effective words against spread with the random-Gaussian-score curve (``core.gaussian_scores``):
-    fresh heads (n words, every row sees all), trained heads (causal rows of the context),
-    and mean effective words over training beside what the same spread predicts.
+    """Effective words against spread with the random-Gaussian-score curve (``core.gaussian_scores``), each
+    curve the statistic its points are: fresh heads (n words, every row sees all; the median row against the
+    median row of random scores), trained heads (causal rows of the context; a head's mean over rows against
+    E[exp H] over causal rows), and mean effective words over training beside what the same spread predicts.
+    Trained heads sit at their pooled spread (all their scores together), which also counts differences
+    between rows' mean scores that softmax ignores: it is at or above what the rows see, so a head above the
+    curve may be at random level by its rows' own spread, while one below it is below at either.
 
     ``theory``: {"fresh": [(scheme, spread, eff. words, n)], "trained": {scheme: [(spread, eff. words, step)]},
-    "steps": {scheme: [(step, mean spread, mean eff. words)]}, "width", "lr", "context"}.
+    "steps": {scheme: [(step, mean spread, mean eff. words, mean of each head's prediction)]}, "width", "lr",
+    "context"}.
     One legend below the panels: a colour per scheme, named once, and what each line style means."""
     import numpy as np
     from matplotlib.lines import Line2D
@@ -443,28 +448,30 @@ def random_score_overlay(theory: dict[str, Any], path: Path) -> Path:
     schemes: dict[str, None] = {}
     if theory["fresh"]:
         n = theory["fresh"][0][3]
-        ax1.plot(np.maximum(grid, 0.05), expected_effective_words(grid, n), color="#888888", lw=1.5)
+        # the fresh experiment reports the median row: the curve is the median row's too
+        ax1.plot(np.maximum(grid, 0.05), expected_effective_words(grid, n, statistic="median"), color="#888888", lw=1.5)
         for scale in dict.fromkeys(s for s, *_ in theory["fresh"]):
             schemes[scale] = None
             pts = sorted((sp, ew) for s, sp, ew, _ in theory["fresh"] if s == scale)
             ax1.plot([p[0] for p in pts], [p[1] for p in pts], "o", color=scheme_colour(scale))
-        ax1.set_title(f"Fresh heads (unit init), {n} keys: median row", fontsize=10)
+        ax1.set_title(f"Fresh heads (unit init), {n} keys:\nmedian row, against the median row of random scores",
+                      fontsize=10)
     else:
         ax1.text(0.5, 0.5, "no fresh-head record (attnscale fresh)", ha="center", va="center", transform=ax1.transAxes)
     context = theory.get("context")
     if context:
-        curve = expected_effective_words(grid, context, causal=True)
+        curve = expected_effective_words(grid, context, causal=True)  # E[exp H] over rows: a head's own mean
         ax2.plot(np.maximum(grid, 0.05), curve, color="#888888", lw=1.5)
         for scale, pts in theory["trained"].items():
             schemes[scale] = None
             ax2.scatter([p[0] for p in pts], [p[1] for p in pts], s=6, alpha=0.35, color=scheme_colour(scale))
-        ax2.set_title(f"Trained heads, every recorded step\n(d = {theory['width']}, lr {theory['lr']:g}, causal, "
-                      f"{context} keys)", fontsize=10)
+        ax2.set_title(f"Trained heads, every recorded step (d = {theory['width']}, lr {theory['lr']:g},\ncausal, "
+                      f"{context} keys), mean row, at the head's pooled spread", fontsize=10)
         for scale, pts in theory["steps"].items():
             schemes[scale] = None
             c = scheme_colour(scale)
             ax3.plot([p[0] for p in pts], [p[2] for p in pts], "-", color=c, lw=1.6)
-            ax3.plot([p[0] for p in pts], expected_effective_words([p[1] for p in pts], context, causal=True), "--",
+            ax3.plot([p[0] for p in pts], [p[3] for p in pts], "--",
                      color=c, lw=1)
         ax3.set_title("Effective words over training\n(first seed, mean of heads)", fontsize=10)
         ax3.set_xlabel("step")
@@ -479,7 +486,7 @@ def random_score_overlay(theory: dict[str, Any], path: Path) -> Path:
     handles = [Line2D([], [], color=scheme_colour(s), marker="o", lw=2, label=_name(s)) for s in schemes]
     handles += [Line2D([], [], color="#888888", lw=1.5, label="random scores (left, middle)"),
                 Line2D([], [], color="#444444", lw=1.6, label="measured (right)"),
-                Line2D([], [], color="#444444", lw=1, ls="--", label="random scores at that spread (right)")]
+                Line2D([], [], color="#444444", lw=1, ls="--", label="random scores at each head's spread (right)")]
     cols = min(5, len(handles))
     fig.legend(handles=handles, loc="lower center", ncol=cols, fontsize=SMALL, frameon=False)
     return _save(fig, path, rect=(0, 0.06 * math.ceil(len(handles) / cols) + 0.01, 1, 1))

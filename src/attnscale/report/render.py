@@ -44,7 +44,7 @@ div.scoreboard{border:2px solid #555;padding:.5em .9em;margin:1em 0}div.scoreboa
 details{margin:1em 0}summary{cursor:pointer;font-weight:600}
 @media (max-width:600px){td:not(.num):not([class^=v-]){min-width:10em}}
 th{background:#f2f2f2}td.v-agrees{background:#d5f5e3}td.v-differs{background:#fadbd8}td.v-not-run{background:#eee;color:#666}
-td.v-partly{background:#fcf3cf}td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
+td.v-partly{background:#fcf3cf}td.v-inconclusive{background:#e8e4f4}td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
 p.banner{border:2px solid #b9770e;background:#fef5e7;padding:.6em .9em;font-weight:600}
 img{max-width:100%;height:auto;display:block;margin:0 0 .5em}h2{border-bottom:1px solid #ddd;margin-top:2em}"""
 

@@ -26,9 +26,20 @@ import math
 import statistics
 from typing import Any, Iterable, Mapping, Sequence
 
+from attnscale.report import intervals
 from attnscale.report.analysis import mean_se
 
-__all__ = ["COLLAPSE_WORDS", "run_measures", "run_row", "sensitivity", "loss_curve", "summary_rows", "reading"]
+__all__ = ["COLLAPSE_WORDS", "MIN_SEEDS", "ALPHA", "PLATEAU_NATS", "run_measures", "run_row", "sensitivity", "loss_curve",
+           "summary_rows", "pairwise", "unigram_loss", "plateau_ends", "reading"]
+
+# A ranking of schemes by sensitivity is read only from paired-by-seed differences whose Holm-adjusted
+# p-value (over every pair of schemes at the width) is below ALPHA, and only with MIN_SEEDS seeds or
+# more: with 2 seeds a paired difference has 1 degree of freedom, and its t interval is ± 12.7 SE.
+MIN_SEEDS, ALPHA = 3, 0.05
+# A final loss within this of a unigram model's held-out loss (or above it) sits on the unigram plateau:
+# the model has learnt token frequencies and little more, so the loss there measures under-training (at a
+# low learning rate) or a run knocked back to frequencies (at a high one), not a scheme's stability.
+PLATEAU_NATS = 0.1
 
 # A head has collapsed when its rows put their weight on fewer than 2 words on
 # average: half-way from "one word" (frozen) to "a pair", well under the ~30 a
@@ -138,6 +149,7 @@ def summary_rows(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
         lows = [r["min_effective_words"] for r in mine if r.get("min_effective_words") is not None]
         rows.append({
             "scale": scale, "width": width, **{k: v for k, v in sens.items() if k != "per_seed"},
+            "sensitivity_by_seed": {p["seed"]: p["sensitivity"] for p in sens["per_seed"]},
             "max_logit_low_lr": logit_at(lrs[0]), "max_logit_mid_lr": logit_at(lrs[len(lrs) // 2]),
             "max_logit_high_lr": logit_at(lrs[-1]),
             "min_effective_words": min(lows) if lows else None,
@@ -148,16 +160,74 @@ def summary_rows(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def _apart(a: Mapping, b: Mapping, key: str) -> bool:
-    """True when a[key] and b[key] differ by more than 2 combined SEs (both SEs known)."""
-    if a[f"{key}_se"] is None or b[f"{key}_se"] is None:
-        return False
-    return abs(a[key] - b[key]) > 2 * math.hypot(a[f"{key}_se"], b[f"{key}_se"])
+def pairwise(rows: Sequence[Mapping[str, Any]], width: int) -> list[dict[str, Any]]:
+    """Every pair of schemes at ``width`` compared on sensitivity, paired by seed (``intervals.paired``:
+    the mean of the per-seed differences a − b, its SE, two-sided t test with n − 1 degrees of freedom),
+    with Holm's adjusted p-value over all the pairs of the width (``intervals.holm``).
+    Returns [{"a", "b", "diff", "se", "n", "p", "p_holm", "interval"}] in the rows' order."""
+    mine = [r for r in rows if r["width"] == width and r.get("sensitivity_by_seed")]
+    pairs = [(a, b) for i, a in enumerate(mine) for b in mine[i + 1:]]
+    tests = [intervals.paired(a["sensitivity_by_seed"], b["sensitivity_by_seed"]) for a, b in pairs]
+    adjusted = intervals.holm([t["p"] for t in tests])
+    return [{"a": a["scale"], "b": b["scale"], **t, "p_holm": p} for (a, b), t, p in zip(pairs, tests, adjusted)]
 
 
-def reading(rows: Sequence[Mapping[str, Any]], collapse_words: float = COLLAPSE_WORDS) -> list[str]:
-    """A few plain sentences generated from ``summary_rows``: who is least and most
-    sensitive at the widest width, how that moves with width, divergences, logit growth, collapse."""
+def _ranking(rows, width: int, wide, seeds: int, lrs, fmt) -> str:
+    """The sentence on who is least sensitive at ``width``: a ranking only where paired-by-seed
+    differences survive Holm's correction with enough seeds; each scheme's best loss beside its
+    sensitivity (a scheme that never learns well looks insensitive)."""
+    each = "; ".join(f"{r['scale']} {fmt(r)} (best loss {fmt(r, 'best_loss')})" for r in wide)
+    head = (f"At head width {width}, across learning rates {lrs[0]:g} to {lrs[-1]:g}, the sensitivity "
+            f"(nats above the best loss on average) and best loss of each scheme: {each}.")
+    if seeds < MIN_SEEDS:
+        return (head + f" With {seeds} seed{'s' if seeds != 1 else ''} no ranking is read from these (a ranking "
+                f"needs {MIN_SEEDS} or more seeds: paired differences over 2 seeds have 1 degree of freedom).")
+    tests = pairwise(rows, width)
+    held = [t for t in tests if t["p_holm"] is not None and t["p_holm"] < ALPHA]
+    lo = wide[0]
+    beats_all = [t for t in held if lo["scale"] in (t["a"], t["b"])]
+    said = (f" Of the {len(tests)} paired comparisons (by seed, Holm-corrected at {ALPHA:.0%}), "
+            f"{len(held)} show a difference" + (": " + "; ".join(
+                f"{t['a']} − {t['b']} = {t['diff']:+.3f} (adjusted p {t['p_holm']:.2g})" for t in held) if held else "")
+            + ".")
+    if len(beats_all) == len(wide) - 1 and len(wide) > 1:
+        return head + said + f" {lo['scale']} is less sensitive than every other scheme."
+    return head + said + " No scheme is shown less sensitive than all the others."
+
+
+def unigram_loss(train_ids: Sequence[int], valid_ids: Sequence[int], vocab_size: int) -> float:
+    """The held-out cross-entropy (nats per token) of a unigram model fitted on ``train_ids``:
+    p(t) = (count(t) + 1) / (N + V) (add-one, so a token unseen in training still has a loss),
+    averaged over ``valid_ids``. What a model that has learnt only token frequencies scores."""
+    counts = [0] * vocab_size
+    for t in train_ids:
+        counts[int(t)] += 1
+    total = len(train_ids) + vocab_size
+    return math.fsum(-math.log((counts[int(t)] + 1) / total) for t in valid_ids) / len(valid_ids)
+
+
+def plateau_ends(rows: Sequence[Mapping[str, Any]], curves: Mapping[tuple[str, int], Sequence[Mapping[str, Any]]],
+                 unigram: float, margin: float = PLATEAU_NATS) -> list[tuple[str, int, str, float]]:
+    """(scheme, width, "lowest"/"highest", mean final loss) for every end of a scheme's learning-rate grid
+    whose mean final loss is within ``margin`` of ``unigram`` or above it. ``curves[(scheme, width)]`` is
+    ``loss_curve``'s output."""
+    out = []
+    for r in rows:
+        curve = [c for c in curves.get((r["scale"], r["width"]), []) if c["mean"] is not None]
+        if not curve:
+            continue
+        for end, c in (("lowest", curve[0]), ("highest", curve[-1])):
+            if c["mean"] >= unigram - margin:
+                out.append((r["scale"], r["width"], end, c["mean"]))
+    return out
+
+
+def reading(rows: Sequence[Mapping[str, Any]], collapse_words: float = COLLAPSE_WORDS,
+            unigram: float | None = None, plateau: Sequence[tuple[str, int, str, float]] = ()) -> list[str]:
+    """A few plain sentences generated from ``summary_rows``: each scheme's sensitivity and best loss at
+    the widest width (a ranking only where the budget supports one), how that moves with width,
+    divergences, logit growth, collapse. ``unigram``: a unigram model's held-out loss, and ``plateau``
+    (``plateau_ends``) the grid ends at it: where a grid's end sits there, no ranking is read."""
     rows = [r for r in rows if r["sensitivity"] is not None]
     if not rows:
         return ["No scheme has a complete learning-rate grid yet, so no sensitivity can be read."]
@@ -170,14 +240,22 @@ def reading(rows: Sequence[Mapping[str, Any]], collapse_words: float = COLLAPSE_
         se = r[f"{key}_se"]
         return f"{r[key]:.3f}" + (f" ± {se:.3f}" if se is not None else "")
 
-    lo, hi = wide[0], wide[-1]
-    sure = ("more than 2 standard errors apart" if _apart(lo, hi, "sensitivity")
-            else "within 2 standard errors of each other, so not a settled ranking" if seeds >= 2
-            else "from one seed, so without error bars")
-    lrs = lo["lrs"]
-    out.append(f"At head width {widths[-1]}, across learning rates {lrs[0]:g} to {lrs[-1]:g}, the least sensitive "
-               f"scheme is {lo['scale']} ({fmt(lo)} nats above its best loss on average) and the most sensitive "
-               f"is {hi['scale']} ({fmt(hi)}); these two are {sure}.")
+    lrs = wide[0]["lrs"]
+    if unigram is not None:
+        best = min(r["best_loss"] for r in wide)
+        out.append(f"A unigram model (token frequencies alone) scores {unigram:.3f} nats on the held-out split; "
+                   f"the best final loss at width {widths[-1]} is {unigram - best:.3f} nats below it.")
+    if plateau:
+        out.append(f"At the unigram plateau (final loss within {PLATEAU_NATS:g} nats of the unigram model's, or "
+                   "above): " + "; ".join(f"{s} at width {w}, {end} learning rate ({loss:.3f})"
+                                          for s, w, end, loss in plateau)
+                   + ". There the loss measures under-training or a run knocked back to token frequencies, not "
+                     "a scheme's stability, so the sensitivities below are not read as a ranking.")
+        each = "; ".join(f"{r['scale']} {fmt(r)} (best loss {fmt(r, 'best_loss')})" for r in wide)
+        out.append(f"At head width {widths[-1]}, across learning rates {lrs[0]:g} to {lrs[-1]:g}, the sensitivity "
+                   f"and best loss of each scheme: {each}.")
+    else:
+        out.append(_ranking(rows, widths[-1], wide, seeds, lrs, fmt))
     if len(widths) > 1:
         moves = []
         for scale in sorted({r["scale"] for r in rows}):

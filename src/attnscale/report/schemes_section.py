@@ -16,7 +16,7 @@ from attnscale.report.blocks import Block, Heading, Para, Bullets, Image, Table
 from attnscale.report import schemes_analysis as sa
 from attnscale.report.analysis import budget, budget_text, plus_minus
 
-__all__ = ["GROUP", "TITLE", "blocks"]
+__all__ = ["GROUP", "TITLE", "unigram", "blocks"]
 
 GROUP = "schemes"
 TITLE = "Beyond the course: which scale?"
@@ -71,7 +71,13 @@ def _logit_series(rows: list[dict[str, Any]], width: int, lr: float) -> dict[str
 def _theory_points(runs, study, rows) -> dict[str, Any]:
     """What the theory overlay draws: fresh heads (unit init) and, per scheme, every
     recorded (spread, effective words) of each head of the study's runs at the
-    widest width and the preset's (middle) learning rate, seed by seed."""
+    widest width and the preset's (middle) learning rate, seed by seed; and, per
+    recorded step of the first seed, the heads' mean spread, mean effective words and
+    mean of the random-score prediction at each head's spread."""
+    import numpy as np
+
+    from attnscale.core.gaussian_scores import expected_effective_words
+
     # unit init: q·k of N(0, 1) entries has spread sqrt(d) (experiment 1), times the scheme's fixed factor
     factor = {"none": lambda d: 1.0, "inv_sqrt_d": lambda d: d ** -0.5, "inv_d": lambda d: 1.0 / d}
     fresh_pts = [(s, math.sqrt(w) * factor[s](w), r["effective_words_median"], r.get("words", 64))
@@ -80,7 +86,8 @@ def _theory_points(runs, study, rows) -> dict[str, Any]:
     lrs = sorted({r["lr"] for r in rows})
     mid = lrs[len(lrs) // 2]
     trained: dict[str, list[tuple[float, float, int]]] = {}
-    steps: dict[str, list[tuple[int, float, float]]] = {}
+    steps: dict[str, list[tuple[int, float, float, float]]] = {}
+    context = next((r["context"] for r in rows if r.get("context")), None)
     for t in study:
         if t.width != widths[-1] or t.lr != mid:
             continue
@@ -88,11 +95,24 @@ def _theory_points(runs, study, rows) -> dict[str, Any]:
             pairs = [(sp, ew) for layer in line["layers"] for sp, ew in zip(layer["spread"], layer["effective_words"])
                      if sp is not None and ew is not None and math.isfinite(sp) and math.isfinite(ew)]
             trained.setdefault(t.scale, []).extend((sp, ew, line["step"]) for sp, ew in pairs)
-            if pairs and t.seed == min(x.seed for x in study if x.scale == t.scale):
+            if pairs and context and t.seed == min(x.seed for x in study if x.scale == t.scale):
+                # the heads' mean effective words beside the mean of what each head's own spread predicts
+                # (not the prediction at their mean spread: the curve is far from straight)
+                predicted = np.atleast_1d(expected_effective_words([p[0] for p in pairs], context, causal=True))
                 steps.setdefault(t.scale, []).append((line["step"], sum(p[0] for p in pairs) / len(pairs),
-                                                      sum(p[1] for p in pairs) / len(pairs)))
-    context = next((r["context"] for r in rows if r.get("context")), None)
+                                                      sum(p[1] for p in pairs) / len(pairs), float(predicted.mean())))
     return {"fresh": fresh_pts, "trained": trained, "steps": steps, "width": widths[-1], "lr": mid, "context": context}
+
+
+def unigram(study) -> float | None:
+    """A unigram model's held-out loss on the study's corpus (``schemes_analysis.unigram_loss``), or None
+    where it cannot be loaded here as the records name it (``held_out.corpus_of``)."""
+    from attnscale.report.held_out import corpus_of
+
+    corpus = corpus_of(study)
+    if corpus is None:
+        return None
+    return sa.unigram_loss(corpus.train.tolist(), corpus.valid.tolist(), corpus.vocab_size)
 
 
 def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[Block]:
@@ -122,8 +142,12 @@ def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[Block]:
         return b
     summary = sa.summary_rows(finished)
     named = [{**r, "scale": display_name(r["scale"])} for r in summary]
-    b.append(Bullets("What the records show (generated from the numbers below):", sa.reading(named)))
     curves = _curves(finished)
+    floor = unigram(study)
+    ends = [] if floor is None else sa.plateau_ends(
+        named, {(display_name(s), w): c for w, by in curves.items() for s, c in by.items()}, floor)
+    b.append(Bullets("What the records show (generated from the numbers below):",
+                     sa.reading(named, unigram=floor, plateau=ends)))
     pngs["schemes-loss-lr"] = plots.loss_vs_lr(curves, out / "schemes-loss-lr.png")
     b.append(Image("schemes-loss-lr.png", "Final held-out loss against learning rate, one panel per scheme and "
                                             "width (the other schemes in grey), band ± 1 SE over seeds"))
@@ -148,12 +172,19 @@ def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[Block]:
     if theory["trained"] or theory["fresh"]:
         pngs["schemes-theory"] = plots.random_score_overlay(theory, out / "schemes-theory.png")
         b += [Para(("Random scores as a yardstick: if a row's n scores were independent Gaussians with spread s, "
-                     "softmax would spread over exp(E[entropy]) words, the curve (computed once by a fixed-seed "
-                     "Monte Carlo, `attnscale.core.gaussian_scores`). Fresh heads with unit-variance q and k are "
-                     "the case it describes once d is large (given its query, a row's scores are Gaussian with "
-                     "spread |q|, which varies from row to row at small d, so the narrowest widths sit above it); "
-                     "a trained head below it concentrates more than its spread alone explains (its scores are "
-                     "not random), above it less.")),
+                     "how many words would softmax spread over? Each curve is the statistic its points are, "
+                     "computed once by a fixed-seed Monte Carlo (`attnscale.core.gaussian_scores`): the median "
+                     "row's exp(entropy) for the fresh heads (which report their median row), the mean over a "
+                     "causal head's rows of exp(entropy) for the trained heads (which report that mean). Fresh "
+                     "heads with unit-variance q and k are the case it describes once d is large (given its "
+                     "query, a row's scores are Gaussian with spread |q|, which varies from row to row at small "
+                     "d, so the narrowest widths sit above it). A trained head is placed at its pooled spread "
+                     "(all its scores together), not at each row's own centred spread, which the records do not "
+                     "hold: the pooled spread also counts differences between rows' mean scores, which softmax "
+                     "ignores, so it is at or above what the rows see. A head below the curve concentrates more "
+                     "than random scores of its spread would (its scores are not random) at either spread; a "
+                     "head above it may be at random level by its rows' own spread, so above the curve is not "
+                     "read as a finding.")),
               Image("schemes-theory.png", "Effective words against spread, with the random-score curve: fresh "
                                             "heads, trained heads, and effective words over training")]
     return b

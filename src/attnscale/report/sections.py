@@ -20,7 +20,7 @@ from typing import Any
 
 from attnscale.core.scales import display_name
 from attnscale.report.blocks import Block, Heading, Para, Banner, Scoreboard, Details, Bullets, Image, Table
-from attnscale.report import course, schemes_section, setup_section
+from attnscale.report import course, frozen_section, schemes_section, setup_section
 
 __all__ = ["document", "preset_of"]
 
@@ -250,12 +250,18 @@ def _dynamics(runs, verdicts, out: Path, pngs: dict) -> list[Block]:
 
     b: list[Block] = [Heading(2, "4. What happens during training"),
                       Para(("The tiny model trained with and without the scale (`attnscale dynamics`). "
-                             "Spread, frozen share and effective words at a step are the mean over all layers and "
-                             "heads (each head's spread is over its scaled, unmasked scores); the course's spread "
-                             "at the start is its first layer's head, so that claim reads layer 0. Plots show the "
-                             "mean (thick) and each layer where layers differ by over 10% (thin, a lighter shade "
-                             "per layer). A short CPU run may not reach the course's end state; then the verdict "
-                             "says 'partly' or 'differs' and both numbers are shown.")),
+                             "The course's figures are one head's, its first layer's, so every claim below, at the start "
+                             "and at the end, reads layer 0 (the mean over its heads, then over seeds, with the 95% "
+                             "t interval over seeds), the mean over all layers beside it. A head's spread is the "
+                             "standard deviation of all its scaled, unmasked scores, pooled over rows: softmax "
+                             "ignores a shift common to a row, so the pooled figure also counts differences "
+                             "between rows' mean scores and sits at or above the rows' RMS within-row spread (pooled "
+                             "variance = mean within-row variance + variance of the row means); it is the course's "
+                             "measure, so it is the one judged. "
+                             "Plots show the mean over layers (thick) and each layer where layers differ by over "
+                             "10% (thin, a lighter shade per layer). A short CPU run may not reach the course's end "
+                             "state; then the verdict says 'partly', 'inconclusive' or 'differs' and both numbers "
+                             "are shown.")),
                       _verdict_table(verdicts)]
     for w in sorted({t.width for t in runs.dynamics}):
         series = [(f"{display_name(t.scale)}, seed {t.seed}", t.scale, t.recorded) for t in runs.dynamics
@@ -268,6 +274,7 @@ def _dynamics(runs, verdicts, out: Path, pngs: dict) -> list[Block]:
     if runs.dynamics:
         b.append(Table(["run", "d", "scale", "seed", "status", "steps", "spread first → last", "frozen first → last",
                             "eff. words first → last", "held-out ppl"], [_dyn_row(runs, t) for t in runs.dynamics]))
+        b += frozen_section.blocks(runs)
     return b
 
 

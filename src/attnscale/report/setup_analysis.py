@@ -7,20 +7,21 @@ attributes only); everything after it works on plain numbers.
 A setup is the base, or the base with one setting changed (an axis and its
 value, ``lm.study_axes``); a run's axis is its record group ``study:<axis>``, its value
 is read from its recorded config. Per setup and scale: the end of training as
-the dynamics claims read it (mean over layers and heads at the last recorded
-step) of the runs that finished ("done"; a diverged run's last recorded step is
-not an end of training, so it is counted apart), averaged over seeds with the
-SE of that mean (``analysis.mean_se``). One study is one base setup at one
-width: rows of several are refused (the report keeps each study folder apart).
-Per setup, four of the course's claims, each judged twice with the report's
-own thresholds (``course``): its direction (training moves the measure the way
-the course says) and its size (the course's figure is reached):
+the dynamics claims read it (layer 0, ``course.COURSE_LAYER``, mean over its
+heads, at the last recorded step; the mean over all layers kept beside) of the
+runs that finished ("done"; a diverged run's last recorded step is not an end
+of training, so it is counted apart), averaged over seeds with the SE of that
+mean (``analysis.mean_se``). One study is one base setup at one width: rows of
+several are refused (the report keeps each study folder apart). Per setup, four
+of the course's claims, each judged twice with the report's own thresholds and
+rule (``course``, ``judging``: on the 95% t interval over seeds, so each part
+is established, contradicted or undecided): its direction (training moves the
+measure the way the course says) and its size (the course's figure is reached):
 
 - end_spread: without the scale the spread grows (end > start); size > 5,000;
 - end_frozen: without the scale the frozen share does not fall (end ≥ start); size ≥ 99%;
 - scaled_spread: with the scale the end spread is below the unscaled run's; size 3.4 ± 30%;
-- big_gap: the scale helps (perplexity gap > 0, beyond 3 SE where seeds give one); size 16.5–18.5 points
-  (± 3 SE), the gap paired by seed.
+- big_gap: the scale helps (perplexity gap > 0); size 16.5–18.5 points; pairs by seed throughout.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from attnscale.lm.study_axes import AXES, AXIS_NAMES, GROUP_PREFIX, label, value_of
-from attnscale.report import analysis, course
+from attnscale.report import analysis, course, intervals, judging
 
 __all__ = ["run_row", "summary_rows", "setups", "pair", "gap", "claims", "setup_name", "value_text", "explain", "format_text", "CLAIM_WORDS"]
 
@@ -49,15 +50,17 @@ def _finite(values) -> list[float]:
 
 def run_row(t: Any) -> dict[str, Any]:
     """One study run as plain numbers: its axis, value, scale, seed, status, and the diagnostics
-    at the first and last recorded step (means over layers and heads; spread per layer at the end)."""
+    at the first and last recorded step in the course's layer (mean over its heads), the spread over all
+    layers beside it (their mean, and per layer at the end)."""
     axis = t.group[len(GROUP_PREFIX):]
     row = {"run": t.run_id, "axis": axis, "value": None if axis == "base" else value_of(axis, t.model, t.train),
            "scale": t.scale, "seed": t.seed, "width": t.width, "status": t.status, "steps_done": t.steps_done,
            "perplexity": t.perplexity, "settings": {a: value_of(a, t.model, t.train) for a in AXES}}  # every axis
     has = t.line("first") is not None
     for key in ("spread", "frozen_fraction", "effective_words"):
-        row[f"start_{key}"] = t.diag_mean("first", key) if has else None
-        row[f"end_{key}"] = t.diag_mean("last", key) if has else None
+        row[f"start_{key}"] = t.layer_means("first", key)[course.COURSE_LAYER] if has else None
+        row[f"end_{key}"] = t.layer_means("last", key)[course.COURSE_LAYER] if has else None
+    row["end_spread_all_layers"] = t.diag_mean("last", "spread") if has else None
     row["end_spread_by_layer"] = t.layer_means("last", "spread") if has else []
     return row
 
@@ -100,8 +103,12 @@ def summary_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                                  "steps": max((r["steps_done"] or 0) for r in mine),
                                  "settings": mine[0]["settings"]}
             for key in ("start_spread", "end_spread", "start_frozen_fraction", "end_frozen_fraction",
-                        "end_effective_words", "perplexity"):
-                s[key], s[f"{key}_se"] = analysis.mean_se(_finite(r[key] for r in done))
+                        "end_effective_words", "perplexity", "end_spread_all_layers"):
+                values = _finite(r.get(key) for r in done)
+                s[key], s[f"{key}_se"] = analysis.mean_se(values)
+                s[f"{key}_n"] = len(values)
+            s["_by_seed"] = {key: {r["seed"]: r[key] for r in done if r[key] is not None}
+                             for key in ("start_spread", "end_spread", "start_frozen_fraction", "end_frozen_fraction")}
             layers = [r["end_spread_by_layer"] for r in done if r["end_spread_by_layer"]]
             s["end_spread_max_layer"] = max((max(_finite(ls)) for ls in layers if _finite(ls)), default=None)
             s["_ppl_by_seed"] = {r["seed"]: r["perplexity"] for r in done if r["perplexity"] is not None}
@@ -126,45 +133,70 @@ def gap(none: Mapping | None, scaled: Mapping | None) -> tuple[float | None, flo
     return m, se, len(diffs), ref
 
 
-def _judge(key: str, none: Mapping | None, scaled: Mapping | None) -> tuple[bool | None, bool | None]:
-    """(direction holds, size holds) of one claim in one setup; None where the runs needed are missing."""
+def _ends(row: Mapping[str, Any], key: str) -> tuple[float, float]:
+    """The 95% t interval over seeds of ``row[key]`` (the value itself where there is none)."""
+    m = row[key]
+    return intervals.interval(m, row[f"{key}_se"], row.get(f"{key}_n", 0)) or (m, m)
+
+
+def _paired_side(a: Mapping[str, float], b: Mapping[str, float], holds) -> str | None:
+    """Whether ``holds`` of a − b paired by seed, on its 95% t interval (None without a common seed)."""
+    d = intervals.paired(a, b)
+    if d["diff"] is None:
+        return None
+    lo, hi = d["interval"] or (d["diff"], d["diff"])
+    return judging.side(lo, hi, holds)
+
+
+def _judge(key: str, none: Mapping | None, scaled: Mapping | None) -> tuple[str | None, str | None]:
+    """(direction, size) of one claim in one setup, each ``judging.HOLDS``, ``FAILS`` or ``UNDECIDED``
+    on the 95% t interval over seeds (paired by seed where two measures are compared); None where the
+    runs needed are missing."""
     if key in ("end_spread", "end_frozen"):
         measure = "spread" if key == "end_spread" else "frozen_fraction"
         if none is None or none[f"end_{measure}"] is None:
             return None, None
-        end, start = none[f"end_{measure}"], none[f"start_{measure}"]
-        grew = None if start is None else (end > start if key == "end_spread" else end >= start)
-        return grew, (end > course.END_SPREAD if key == "end_spread" else end >= course.END_FROZEN)
+        lo, hi = _ends(none, f"end_{measure}")
+        size = judging.side(lo, hi, (lambda v: v > course.END_SPREAD) if key == "end_spread"
+                            else (lambda v: v >= course.END_FROZEN))
+        grew = None if none[f"start_{measure}"] is None else _paired_side(
+            none["_by_seed"][f"end_{measure}"], none["_by_seed"][f"start_{measure}"],
+            (lambda v: v > 0) if key == "end_spread" else (lambda v: v >= 0))
+        return grew, size
     if key == "scaled_spread":
         if scaled is None or scaled["end_spread"] is None:
             return None, None
-        below = None if none is None or none["end_spread"] is None else scaled["end_spread"] < none["end_spread"]
-        return below, analysis.within(scaled["end_spread"], course.SCALED_SPREAD, course.SCALED_TOLERANCE)
-    g, se, _, _ = gap(none, scaled)
+        lo, hi = _ends(scaled, "end_spread")
+        below = None if none is None or none["end_spread"] is None else _paired_side(
+            none["_by_seed"]["end_spread"], scaled["_by_seed"]["end_spread"], lambda v: v > 0)
+        band = (course.SCALED_SPREAD * (1 - course.SCALED_TOLERANCE), course.SCALED_SPREAD * (1 + course.SCALED_TOLERANCE))
+        return below, judging.overlaps(lo, hi, band)
+    g, se, n, _ = gap(none, scaled)
     if g is None:
         return None, None
-    slack = 3 * se if se is not None else 0.0  # the claims' own: 3 SE of the paired gap
-    lo, hi = course.BIG_GAP
-    return g > slack, lo - slack <= g <= hi + slack
+    lo, hi = intervals.interval(g, se, n) or (g, g)
+    return judging.side(lo, hi, lambda v: v > 0), judging.overlaps(lo, hi, course.BIG_GAP)
 
 
 def claims(summary: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     """Per claim key: {"setups": [setups where its size could be judged], "size": [... where it holds],
-    "direction_setups": [... where its direction could be judged], "direction": [... where it holds]};
+    "size_undecided": [... where the seeds' interval covers both answers], "direction_setups": [... where
+    its direction could be judged], "direction": [... where it holds], "direction_undecided": [...]};
     a setup is (axis, value label)."""
     out = {}
     for key in CLAIM_WORDS:
-        c: dict[str, list] = {"setups": [], "size": [], "direction_setups": [], "direction": []}
+        c: dict[str, list] = {"setups": [], "size": [], "size_undecided": [], "direction_setups": [],
+                              "direction": [], "direction_undecided": []}
         for setup in dict.fromkeys((r["axis"], r["value"]) for r in summary):
             d, s = _judge(key, *pair(summary, setup))
-            if s is not None:
-                c["setups"].append(setup)
-                if s:
-                    c["size"].append(setup)
-            if d is not None:
-                c["direction_setups"].append(setup)
-                if d:
-                    c["direction"].append(setup)
+            for part, got in (("size", s), ("direction", d)):
+                if got is None:
+                    continue
+                c["setups" if part == "size" else "direction_setups"].append(setup)
+                if got == judging.HOLDS:
+                    c[part].append(setup)
+                elif got == judging.UNDECIDED:
+                    c[f"{part}_undecided"].append(setup)
         out[key] = c
     return out
 
@@ -178,14 +210,14 @@ def value_text(summary, setup, key: str) -> str:
     if key == "big_gap":
         g, se, n, ref = gap(none, scaled)
         share = f", {100 * g / ref:.0f}% of the scaled model's {ref:.2f}" if g is not None and ref else ""
-        return "—" if g is None else f"{g:+.2f}" + (f" ± {se:.2f}" if se is not None else "") + share
+        return "—" if g is None else analysis.plus_minus(g, se, "{:+.2f}") + share
     row, measure, fmt = ((scaled, "end_spread", "{:,.2f}") if key == "scaled_spread" else
                          (none, "end_spread", "{:,.0f}") if key == "end_spread" else
                          (none, "end_frozen_fraction", "{:.1%}"))
     if row is None or row[measure] is None:
         return "—"
     se = row[f"{measure}_se"]
-    return fmt.format(row[measure]) + ("" if se is None else " ± " + fmt.format(se))
+    return analysis.plus_minus(row[measure], se, fmt)
 
 
 def explain(key: str, summary: Sequence[Mapping[str, Any]], judged: Mapping[str, Mapping[str, Any]]) -> str:
@@ -198,9 +230,12 @@ def explain(key: str, summary: Sequence[Mapping[str, Any]], judged: Mapping[str,
     base = next((s for s in c["setups"] if s[0] == "base"), None)
     seeds = max((r["seeds"] for r in summary), default=0)
     width = summary[0]["width"] if summary else "?"
+    undecided = [f", {len(c[f'{part}_undecided'])} undecided" if c.get(f"{part}_undecided") else ""
+                 for part in ("size", "direction")]
     text = (f"setup study (d={width:,}, {n} setups, {seeds} seed{'s' if seeds != 1 else ''}): the size "
             f"({CLAIM_WORDS[key][1]}) holds in {len(c['size'])} of {n}" + (f" ({'; '.join(where)})" if where else "")
-            + f", the direction ({CLAIM_WORDS[key][0]}) in {len(c['direction'])} of {len(c['direction_setups'])}")
+            + undecided[0] + f", the direction ({CLAIM_WORDS[key][0]}) in {len(c['direction'])} of "
+            f"{len(c['direction_setups'])}" + undecided[1])
     if base is not None:
         text += f"; base setup {value_text(summary, base, key)}"
     return text
@@ -224,7 +259,8 @@ def format_text(summary: Sequence[Mapping[str, Any]], judged: Mapping[str, Mappi
           pm(r["end_effective_words"], None, "{:.2f}"), pm(r["perplexity"], r["perplexity_se"], "{:.2f}"),
           f"{r['done']}/{r['seeds']}"] for r in summary),
         "<<>>>>><")
-    lines.append("end of training: mean over layers and heads at the last recorded step, ± SE over seeds")
+    lines.append("end of training: layer 0 (mean over its heads) at the last recorded step, ± SE over seeds; "
+                 "max layer: the largest layer's spread")
     for key, c in judged.items():
         if c["setups"]:
             lines.append(f"{CLAIM_WORDS[key][0]} — size {CLAIM_WORDS[key][1]}: in {len(c['size'])} of "

@@ -79,7 +79,7 @@ def _table(table: list[dict[str, Any]]) -> tuple:
                      plus_minus(s.get("end_spread"), s.get("end_spread_se"), "{:.2f}"),
                      plus_minus(s.get("end_frozen_fraction"), s.get("end_frozen_fraction_se"), "{:.1%}"),
                      plus_minus(s.get("perplexity"), s.get("perplexity_se"), "{:.2f}"),
-                     "—" if g is None else f"{g:+.2f}" + ("" if se is None else f" ± {se:.2f}") + share,
+                     "—" if g is None else plus_minus(g, se, "{:+.2f}") + share,
                      f"{n.get('done', 0)}+{s.get('done', 0)} of {n.get('seeds', 0)}+{s.get('seeds', 0)}"])
     return Table(head, rows)
 
@@ -92,8 +92,13 @@ def _claims_table(table, judged) -> tuple:
         if not c or not c["setups"]:
             continue
         n = len(c["setups"])
-        rows.append([f"{direction}; {size}", f"{len(c['direction'])} of {len(c['direction_setups'])}",
-                     f"{len(c['size'])} of {n}",
+        def undecided(part):
+            k = len(c.get(f"{part}_undecided", []))
+            return f" ({k} undecided)" if k else ""
+
+        rows.append([f"{direction}; {size}",
+                     f"{len(c['direction'])} of {len(c['direction_setups'])}" + undecided("direction"),
+                     f"{len(c['size'])} of {n}" + undecided("size"),
                      "; ".join(f"{sa.setup_name(s)}: {sa.value_text(table, s, key)}" for s in c["size"]) or "none"])
     return Table(head, rows)
 
@@ -131,9 +136,11 @@ def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[Block]:
         "scale; around 3.4 with it; 17–18 points of perplexity) depends on how the model is trained. The setup "
         "study (`attnscale study`, run on its own; `reproduce --full` prints the command) trains a base setup and "
         "the same with one setting changed at a time, with and without the scale, over seeds. End of training: "
-        "the mean over layers and heads at the last recorded step (as the claims above read it) of the runs that "
-        "finished, ± SE over seeds. A claim's direction holds where training moves the measure the course's way; "
-        "its size, where the course's figure is reached (the tolerances of the claims above)."))]
+        "layer 0 (mean over its heads) at the last recorded step, as the claims above read it, of the runs that "
+        "finished, ± SE over seeds; max layer: the largest layer's spread. A claim's direction holds where "
+        "training moves the measure the course's way; its size, where the course's figure is reached (the "
+        "tolerances of the claims above); each on the 95% t interval over seeds, and undecided where that "
+        "interval covers both answers."))]
     for (folder, width), study in found.items():
         b += _one(folder, width, study, len(found) > 1, out, pngs)
     return b
