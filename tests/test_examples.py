@@ -58,3 +58,15 @@ def test_hf_trainer_example_runs_and_stops_when_unscaled(tmp_path, run):
     out = run("hf_trainer.py", "--steps", "8", "--every", "2", "--batch", "4", "--context", "16", "--hidden", "32",
               "--unscaled", "--init-std", "0.5", "--stop", "--out", "u")
     assert "trained 2 steps" in out
+
+
+def test_lightning_example_logs_to_its_loggers_and_stops_when_unscaled(tmp_path, run):
+    pytest.importorskip("lightning")
+    pytest.importorskip("tensorboard")
+    out = run("lightning_trainer.py", "--steps", "4", "--every", "2", "--batch", "4", "--context", "16", "--out", "o")
+    assert "trained 4 steps" in out and [r.step for r in read_log(tmp_path / "o" / "watch.jsonl")] == [2, 4]
+    assert set(tensorboard_scalars(tmp_path / "o" / "tb")["attn/layer_1/head_3/max_score"]) == {2, 4}
+    assert "attn/layer_0/head_0/effective_words" in (tmp_path / "o" / "csv" / "metrics.csv").read_text().splitlines()[0]
+    out = run("lightning_trainer.py", "--steps", "8", "--every", "2", "--batch", "4", "--context", "16",
+              "--scale", "none", "--width", "1024", "--init", "unit", "--stop", "--out", "u")
+    assert "trained 2 steps" in out
