@@ -47,7 +47,7 @@ def main(argv=None) -> int:
                        unscaled=args.unscaled, init_std=args.init_std)
     action = "stop" if args.stop else "warn"
     callback = WatchCallback(every=args.every, alerts=[MaxScore(action), Collapsed(action)],
-                             sinks=[JsonlSink(args.out / "watch.jsonl")])
+                             sinks=[JsonlSink(args.out / "watch.jsonl")], qk_clip=args.qk_clip)
     training = TrainingArguments(output_dir=str(args.out), max_steps=args.steps, per_device_train_batch_size=args.batch,
                                  learning_rate=3e-3, logging_steps=args.every, save_strategy="no",
                                  report_to=["tensorboard"], use_cpu=True, disable_tqdm=True, seed=0)

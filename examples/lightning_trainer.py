@@ -86,7 +86,7 @@ def main(argv=None) -> int:
     module = language_model(config, args.lr)
     action = "stop" if args.stop else "warn"
     callback = WatchCallback(every=args.every, alerts=[MaxScore(action), Collapsed(action)],
-                             sinks=[JsonlSink(args.out / "watch.jsonl")])
+                             sinks=[JsonlSink(args.out / "watch.jsonl")], qk_clip=args.qk_clip)
     loader = torch.utils.data.DataLoader(Shifted(corpus.train, args.context), batch_size=args.batch, shuffle=True,
                                          generator=torch.Generator().manual_seed(0))
     trainer = pl.Trainer(max_steps=args.steps, accelerator="cpu", devices=1, callbacks=[callback],

@@ -7,12 +7,15 @@ from pathlib import Path
 
 
 def run_options(p: argparse.ArgumentParser, out: str) -> None:
-    """How long, how often the watch probes, the batch, where it writes, and whether an alert stops the run."""
+    """How long, how often the watch probes, the batch, where it writes, whether an alert stops the run and
+    whether QK-Clip acts."""
     p.add_argument("--steps", type=int, default=200)
     p.add_argument("--every", type=int, default=20, help="probe every this many steps")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--context", type=int, default=64)
     p.add_argument("--stop", action="store_true", help="stop training at the first max-score or collapse alert")
+    p.add_argument("--qk-clip", type=float, default=None, metavar="TAU",
+                   help="QK-Clip: after each step, scale down W_q and W_k of every head whose max score passed TAU")
     p.add_argument("--out", type=Path, default=Path(out))
 
 

@@ -46,7 +46,7 @@ def main(argv=None) -> int:
     action = "stop" if args.stop else "warn"
     alerts = [MaxScore(action), Collapsed(action), Spike("warn", measure="max_score")]
     sinks = [JsonlSink(args.out / "watch.jsonl"), TensorBoardSink(args.out / "tb")]
-    with Watch(model, every=args.every, sinks=sinks, alerts=alerts) as watch:
+    with Watch(model, every=args.every, sinks=sinks, alerts=alerts, qk_clip=args.qk_clip) as watch:
         for step in range(1, args.steps + 1):
             x, y = batches(corpus.train, args.batch, args.context, gen)
             loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())

@@ -70,3 +70,12 @@ def test_lightning_example_logs_to_its_loggers_and_stops_when_unscaled(tmp_path,
     out = run("lightning_trainer.py", "--steps", "8", "--every", "2", "--batch", "4", "--context", "16",
               "--scale", "none", "--width", "1024", "--init", "unit", "--stop", "--out", "u")
     assert "trained 2 steps" in out
+
+
+def test_plain_loop_example_clips_an_unscaled_model(tmp_path, run):
+    pytest.importorskip("tensorboard")  # the extra attnscale[watch]
+    run("plain_loop.py", "--steps", "4", "--every", "2", "--batch", "4", "--context", "16", "--scale", "none",
+        "--width", "1024", "--init", "unit", "--qk-clip", "100", "--out", "o")
+    records = read_log(tmp_path / "o" / "watch.jsonl")
+    assert records[0].qk_clip["tau"] == 100 and min(min(layer) for layer in records[0].qk_clip["gamma"]) < 1
+    assert records[-1].summary["attn/max_score"] < records[0].qk_clip["s_max"][0][0] * 2  # held near tau, not free

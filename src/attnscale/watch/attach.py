@@ -4,7 +4,7 @@ The Hugging Face callback (``hf.py``) and the Lightning callback (``lightning.py
 each translate their framework's events into these four calls, and only that:
 
     start(model)      when training begins: the Watch is made on the model being trained
-    after_step(step)  after each optimizer step: a probe at its cadence
+    after_step(step)  after each optimizer step: QK-Clip (if on), then a probe at its cadence
     should_stop       an alert whose action is "stop" has fired
     finish()          when training ends: the sinks are flushed and closed
 
@@ -30,10 +30,11 @@ class Attached:
 
     def __init__(self, every: int = EVERY, probe: Any = None, sinks: Sequence[Sink] = (),
                  alerts: Sequence[Alert] | None = None, threshold: float = FROZEN_THRESHOLD, *,
-                 probe_sequences: int = PROBE_SEQUENCES, capture: str = "auto", adapter: Callable | None = None):
+                 probe_sequences: int = PROBE_SEQUENCES, capture: str = "auto", adapter: Callable | None = None,
+                 qk_clip: float | None = None):
         self.options = dict(every=every, probe=probe, sinks=sinks, alerts=alerts, threshold=threshold,
-                            probe_sequences=probe_sequences, capture=capture, adapter=adapter)
-        Watch.check(every, threshold, probe_sequences)  # a bad option fails here, not at train()
+                            probe_sequences=probe_sequences, capture=capture, adapter=adapter, qk_clip=qk_clip)
+        Watch.check(every, threshold, probe_sequences, qk_clip)  # a bad option fails here, not at train()
         self.watch: Watch | None = None
         self.latest: tuple[int, dict[str, float]] | None = None
 

@@ -33,6 +33,8 @@ off, or pass ``report=False`` and a ``WandbSink``). Integrations that open a new
 run per instance (Neptune, DVCLive) would get a second run: ``report=False`` there.
 
 An alert whose action is "stop" sets ``control.should_training_stop`` at its step.
+``qk_clip=tau`` QK-Clips every head after each optimizer step (``on_step_end``,
+after the optimizer and scheduler steps; ``qk_clip.py``).
 One process: under DDP every rank would measure; use the callback on one rank.
 transformers loads with this module, never with ``attnscale.watch``.
 """

@@ -18,7 +18,8 @@ whose ``training_step`` never calls its own forward must be given ``probe=``, a
 batch its ``forward`` takes (it says so at the first step otherwise).
 
 An alert whose action is "stop" sets ``trainer.should_stop``: the fit ends after
-that batch. lightning loads with this module, never with ``attnscale.watch``.
+that batch. ``qk_clip=tau`` QK-Clips every head after each optimizer step
+(``qk_clip.py``); its per-head gamma reaches the loggers with the probes. lightning loads with this module, never with ``attnscale.watch``.
 """
 
 from __future__ import annotations

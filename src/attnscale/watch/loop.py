@@ -24,6 +24,7 @@ measures it, and the watch writes its own cost in every record (``watch/seconds`
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, Callable, Sequence
 
@@ -32,6 +33,7 @@ import torch
 from attnscale.core.diagnostics import FROZEN_THRESHOLD
 from attnscale.watch.alerts import Alert, Alerts, default_alerts
 from attnscale.watch.measure import measure_heads
+from attnscale.watch.qk_clip import QKClip, check_tau
 from attnscale.watch.record import WatchRecord
 from attnscale.watch.sinks import Sink, scalars
 
@@ -61,13 +63,14 @@ class Watch:
     ``sinks``: where records go; ``threshold``: a row's max weight above which it is
     frozen; ``capture`` and ``adapter``: how q and k are read (``measure_heads``).
     ``drop_keys``: keys of a caught dict batch that the probe leaves out (labels make an
-    HF model compute a loss the probe does not need)."""
+    HF model compute a loss the probe does not need). ``qk_clip``: tau, to QK-Clip every head
+    after each step (``qk_clip.py``; off by default); ``step`` must then be called every step."""
 
     def __init__(self, model: torch.nn.Module, every: int = EVERY, probe: Any = None, sinks: Sequence[Sink] = (),
                  alerts: Sequence[Alert] | None = None, threshold: float = FROZEN_THRESHOLD, *,
                  probe_sequences: int = PROBE_SEQUENCES, capture: str = "auto", adapter: Callable | None = None,
-                 drop_keys: Sequence[str] = ("labels",)):
-        self.check(every, threshold, probe_sequences)
+                 drop_keys: Sequence[str] = ("labels",), qk_clip: float | None = None):
+        self.check(every, threshold, probe_sequences, qk_clip)
         self.model, self.every, self.threshold = model, every, threshold
         self.sinks = list(sinks)
         self.alerts = Alerts(default_alerts() if alerts is None else alerts)
@@ -77,11 +80,14 @@ class Watch:
         self.seconds = 0.0  # the watch's own time: probes, alerts and sinks
         self._started: float | None = None
         self._hook = None if self.probe is not None else model.register_forward_pre_hook(self._catch, with_kwargs=True)
+        self.clip = None if qk_clip is None else QKClip(model, qk_clip, capture, adapter)
         self._closed = False
 
     @staticmethod
-    def check(every: int, threshold: float, probe_sequences: int) -> None:
+    def check(every: int, threshold: float, probe_sequences: int, qk_clip: float | None = None) -> None:
         """Raise ValueError naming the option, for options no watch can run with."""
+        if qk_clip is not None:
+            check_tau(qk_clip)
         for name, value in (("every", every), ("probe_sequences", probe_sequences)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} takes a positive integer, got {value!r}")
@@ -102,15 +108,21 @@ class Watch:
         self._hook = None
 
     def step(self, step: int) -> dict[str, float] | None:
-        """Call after the optimizer step. At a probe step (a multiple of ``every``), measure, check the
-        alerts, write the record to every sink and return its flat numbers; else return None."""
+        """Call after the optimizer step. With QK-Clip, clip every head the step's forward took past tau.
+        At a probe step (a multiple of ``every``), measure, check the alerts, write the record to every
+        sink and return its flat numbers; else return None."""
         now = time.perf_counter()
         if self._started is None:
             self._started = now
+        if self.clip is not None:
+            self.clip.step()
         if step % self.every or self.probe is None:
+            if self.clip is not None:
+                self.seconds += time.perf_counter() - now
             return None
-        stats = measure_heads(self.model, self.probe, threshold=self.threshold, capture=self.capture,
-                              adapter=self.adapter)
+        with self.clip.paused() if self.clip is not None else contextlib.nullcontext():  # a probe is no training step
+            stats = measure_heads(self.model, self.probe, threshold=self.threshold, capture=self.capture,
+                                  adapter=self.adapter)
         fired = self.alerts.check(stats, step)
         seconds = time.perf_counter() - now
         wall = time.perf_counter() - self._started
@@ -119,7 +131,7 @@ class Watch:
             rows=stats.rows_LH.tolist(), summary=stats.summary(), alerts=[f.to_json() for f in fired],
             watch={"seconds": seconds, "total_seconds": self.seconds + seconds,
                    "share": (self.seconds + seconds) / wall if wall > 0 else 0.0},
-            probe=self._probe_shape(), threshold=self.threshold)
+            probe=self._probe_shape(), threshold=self.threshold, qk_clip=self.clip.take() if self.clip else {})
         for sink in self.sinks:
             sink.write(record)
         self.seconds += time.perf_counter() - now  # sinks included: they are the watch's cost too
@@ -138,6 +150,8 @@ class Watch:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        if self.clip is not None:
+            self.clip.close()
         for sink in self.sinks:
             sink.close()
 
