@@ -35,7 +35,8 @@ run per instance (Neptune, DVCLive) would get a second run: ``report=False`` the
 An alert whose action is "stop" sets ``control.should_training_stop`` at its step.
 ``qk_clip=tau`` QK-Clips every head after each optimizer step (``on_step_end``,
 after the optimizer and scheduler steps; ``qk_clip.py``).
-One process: under DDP every rank would measure; use the callback on one rank.
+Under DDP every rank's callback probes its own batch and the numbers are those of all
+ranks together (``distributed.py``); only rank 0 reports and writes.
 transformers loads with this module, never with ``attnscale.watch``.
 """
 

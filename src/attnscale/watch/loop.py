@@ -15,6 +15,11 @@ model sees, caught by a forward pre-hook that removes itself once it has one, cu
 to ``probe_sequences`` sequences (a few suffice: the measures are means over rows).
 A fixed probe makes the steps comparable: what changes is the model, not the text.
 
+Under DDP (any ``torch.distributed`` process group) make a Watch on every rank:
+each probes its own batch, the numbers are those of all the ranks' probes together
+(one collective per probe step, ``distributed.py``), and only rank 0 writes to its
+sinks and says its alerts; a stop stops every rank at the same step.
+
 Why every 100 steps by default: one probe costs about one forward of
 ``probe_sequences`` sequences, a few percent of a training step of a usual batch,
 so 1 in 100 keeps the watch under 1% of training time; ``benchmarks/watch_overhead.py``
@@ -31,6 +36,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from attnscale.core.diagnostics import FROZEN_THRESHOLD
+from attnscale.watch import distributed
 from attnscale.watch.alerts import Alert, Alerts, default_alerts
 from attnscale.watch.measure import measure_heads
 from attnscale.watch.qk_clip import QKClip, check_tau
@@ -120,10 +126,11 @@ class Watch:
             if self.clip is not None:
                 self.seconds += time.perf_counter() - now
             return None
+        writer = distributed.rank() == 0  # under DDP every rank probes, and rank 0 alone writes
         with self.clip.paused() if self.clip is not None else contextlib.nullcontext():  # a probe is no training step
             stats = measure_heads(self.model, self.probe, threshold=self.threshold, capture=self.capture,
-                                  adapter=self.adapter)
-        fired = self.alerts.check(stats, step)
+                                  adapter=self.adapter, across_ranks=True)
+        fired = self.alerts.check(stats, step, say=writer)
         seconds = time.perf_counter() - now
         wall = time.perf_counter() - self._started
         record = WatchRecord(
@@ -132,7 +139,7 @@ class Watch:
             watch={"seconds": seconds, "total_seconds": self.seconds + seconds,
                    "share": (self.seconds + seconds) / wall if wall > 0 else 0.0},
             probe=self._probe_shape(), threshold=self.threshold, qk_clip=self.clip.take() if self.clip else {})
-        for sink in self.sinks:
+        for sink in self.sinks if writer else ():
             sink.write(record)
         self.seconds += time.perf_counter() - now  # sinks included: they are the watch's cost too
         return scalars(record)

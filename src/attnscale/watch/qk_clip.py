@@ -22,7 +22,9 @@ That is the clip's cost: one more q·kᵀ in float32 per attention call per step
 and, for attnscale's own models, its explicit attention path instead of SDPA
 (the hook points need the scores); ``benchmarks/qk_clip_overhead.py`` measures it.
 The clip acts on the S_max of the weights before the step, as Kimi's does: the
-step's own update can carry the next forward slightly past tau.
+step's own update can carry the next forward slightly past tau. Under data
+parallelism every rank clips with the largest S_max of any rank (one all-reduce
+per step), so the ranks' weights stay equal.
 
 Logged per head at each probe (``QKClip.take``): the smallest gamma, the largest
 S_max and the number of steps that clipped, since the probe before.
@@ -39,6 +41,7 @@ from torch import nn
 
 from attnscale.errors import ConfigError
 from attnscale.watch.capture import Adapter, AttentionCall, capture_adapter, capture_hooks
+from attnscale.watch.distributed import reduce_max
 from attnscale.watch.measure import choose, unwrap
 from attnscale.watch.pool import head_max
 from attnscale.watch.projections import QKProjections, qk_projections
@@ -115,7 +118,8 @@ class QKClip:
         """Clip every head seen since the last call; return each layer's factor on its heads' scores,
         sqrt(gamma_q gamma_k) per query head (1 = untouched), by module name. Nothing seen: nothing done."""
         scores_factor = {}
-        for name, s_max_H in self._s_max.items():
+        names = list(self._s_max)
+        for name, s_max_H in zip(names, reduce_max([self._s_max[n] for n in names])):  # the same on every rank
             rows = self._projections[name]
             gamma_q, gamma_k = clip_factors(s_max_H, rows.k.heads, self.tau)
             rows.q.scale_(gamma_q.sqrt())
