@@ -13,7 +13,7 @@ run): only the clip's own cost is measured. tau is set high (1e9) so no weight
 is ever scaled and both runs do the same arithmetic; scaling the rows is a few
 in-place multiplies per layer when it happens.
 
-    python benchmarks/qk_clip_overhead.py                  # both models, 3 rounds of 30 steps
+    python benchmarks/qk_clip_overhead.py                  # both models, 3 rounds of 30 steps, one thread
     python benchmarks/qk_clip_overhead.py --models llama --rounds 5
 """
 
@@ -88,7 +88,9 @@ def main(argv=None) -> int:
     p.add_argument("--heads", type=int, default=4)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--context", type=int, default=64)
+    p.add_argument("--threads", type=int, default=1, help="torch threads (1: CPU time is not inflated by idle spinning)")
     args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
 
     corpus = load_corpus("default")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; {args.steps} steps a round, "

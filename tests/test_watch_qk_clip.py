@@ -183,8 +183,9 @@ def test_a_model_that_normalises_q_and_k_is_refused():
 
     model = Net(Normed())
     clip = QKClip(model, 10.0)
+    model(torch.randn(1, 4, 16))
     with pytest.raises(ConfigError, match="q_norm"):
-        model(torch.randn(1, 4, 16))
+        clip.step()
     clip.close()
 
 

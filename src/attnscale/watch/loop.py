@@ -105,6 +105,7 @@ class Watch:
         """True once an alert whose action is "stop" has fired."""
         return self.alerts.should_stop
 
+    @torch.compiler.disable  # a compiled model's first call: the batch is kept outside the graph
     def _catch(self, module, args, kwargs):
         """Forward pre-hook: keep the first batch as the probe, then remove the hook."""
         batch = args[0] if args and torch.is_tensor(args[0]) else {k: v for k, v in kwargs.items()

@@ -77,6 +77,7 @@ class QKClip:
         self.model, self.tau = unwrap(model), float(tau)
         self._modules = dict(self.model.named_modules())
         self._s_max: dict[str, torch.Tensor] = {}  # attention module name -> this step's S_max per query head
+        self._calls: dict[str, tuple] = {}  # name -> (module or None, query heads, head width), this step
         self._projections: dict[str, QKProjections] = {}
         self._since: dict[str, list[torch.Tensor]] = {}  # name -> [smallest gamma, largest S_max, steps clipped]
         self._paused = False
@@ -94,16 +95,23 @@ class QKClip:
             self._stack.enter_context(capture_hf(self.model, self._on_call))
 
     def _on_call(self, call: AttentionCall) -> None:
+        # Under torch.compile this runs inside the compiled graph: it reads no state that changes from one
+        # step to the next (the dicts are empty when each step's forward starts), so nothing recompiles.
         if self._paused:
             return
         name = call.name
+        self._calls[name] = (call.module, call.heads, call.q.shape[-1])  # for step() to find the rows
+        s_max = head_max(call)
+        self._s_max[name] = torch.maximum(self._s_max[name], s_max) if name in self._s_max else s_max
+
+    def _rows(self, name: str) -> QKProjections:
         if name not in self._projections:
-            module = call.module if call.module is not None else self._modules.get(name)
+            module, heads, head_dim = self._calls[name]
+            module = module if module is not None else self._modules.get(name)
             if module is None:
                 raise ConfigError(f"QK-Clip cannot tell which module made the attention call {name!r}")
-            self._projections[name] = qk_projections(module, call.heads, call.q.shape[-1], name)
-        s_max = head_max(call)
-        self._s_max[name] = s_max if name not in self._s_max else torch.maximum(self._s_max[name], s_max)
+            self._projections[name] = qk_projections(module, heads, head_dim, name)
+        return self._projections[name]
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:
@@ -120,7 +128,7 @@ class QKClip:
         scores_factor = {}
         names = list(self._s_max)
         for name, s_max_H in zip(names, reduce_max([self._s_max[n] for n in names])):  # the same on every rank
-            rows = self._projections[name]
+            rows = self._rows(name)
             gamma_q, gamma_k = clip_factors(s_max_H, rows.k.heads, self.tau)
             rows.q.scale_(gamma_q.sqrt())
             rows.k.scale_(gamma_k.sqrt())
@@ -132,6 +140,7 @@ class QKClip:
             since[1] = torch.fmax(since[1], s_max_H.float())
             since[2] = since[2] + (factor_H < 1).float()
         self._s_max.clear()
+        self._calls.clear()
         return scores_factor
 
     def take(self) -> dict:
