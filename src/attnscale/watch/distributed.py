@@ -1,4 +1,4 @@
-"""The watch under data parallelism (DDP, or any ``torch.distributed`` process group): one set of numbers.
+"""The watch under data parallelism (DDP, FSDP2, any ``torch.distributed`` process group): one set of numbers.
 
 Every rank runs the probe's forward on its own probe batch (so a collective in
 the model's forward, FSDP's gathers, finds every rank there), and the per-head
@@ -11,7 +11,9 @@ counted, and max_score the largest of any rank: exactly the numbers one process
 would measure on the ranks' probe batches concatenated.
 
 QK-Clip needs the same S_max on every rank, or the ranks' weights would part:
-its per-head S_max is reduced with one all-reduce (max) per step.
+its per-head S_max is reduced with one all-reduce (max) per step. Under FSDP2
+(``fully_shard``) each rank scales the rows of its own shards (``projections.py``).
+Tested on the CPU with gloo, two ranks, DDP and FSDP2.
 
 Ranks other than 0 write nothing (no sink, no warning); their alerts see the same
 numbers, so an alert that stops the run stops every rank at the same step.

@@ -12,7 +12,7 @@ RoPE, which is a rotation and commutes with it. Found on the module by name:
   GPT-2), ``qkv`` (timm), ``qkv_proj`` (Phi-3), ``Wqkv`` (MPT).
 
 ``nn.Linear`` keeps its outputs along dim 0 of the weight; transformers' ``Conv1D``
-(GPT-2) along dim 1. A module that normalises q or k after the projection (a
+(GPT-2) along dim 1. Weights sharded by FSDP2 (DTensors) are scaled shard by shard. A module that normalises q or k after the projection (a
 ``q_norm``/``k_norm`` that is not an ``Identity``, or attnscale's qk-norm scale)
 is refused: the norm would undo the scaling, so QK-Clip cannot act there.
 """
@@ -50,11 +50,26 @@ class HeadRows:
     def scale_(self, factor_N: torch.Tensor) -> None:
         """Multiply head n's rows of the weight and bias by ``factor_N[n]``, in place."""
         with torch.no_grad():
-            f = factor_N.to(self.weight.device, self.weight.dtype).repeat_interleave(self.head_dim)
-            block = self.weight.narrow(self.dim, self.start, f.numel())
-            block.mul_(f[:, None] if self.dim == 0 else f[None, :])
-            if self.bias is not None:
-                self.bias.narrow(0, self.start, f.numel()).mul_(f.to(self.bias.dtype))
+            for tensor, dim in ((self.weight, self.dim), (self.bias, 0)):
+                if tensor is None:
+                    continue
+                f = torch.ones(tensor.shape[dim], dtype=tensor.dtype, device=factor_N.device)
+                f[self.start:self.start + self.heads * self.head_dim] = factor_N.to(tensor.dtype).repeat_interleave(self.head_dim)
+                shape = [1] * tensor.ndim
+                shape[dim] = -1
+                tensor.mul_(_like(f.view(shape), tensor))
+
+
+def _like(f: torch.Tensor, tensor: torch.Tensor) -> torch.Tensor:
+    """``f`` where it multiplies ``tensor``: on its device, or for a sharded DTensor (FSDP2) as a DTensor on
+    its mesh, split where ``tensor`` is split along the dims ``f`` spans, so each rank scales its own rows."""
+    if type(tensor).__name__ != "DTensor":  # told without importing torch.distributed, which a build may lack
+        return f.to(tensor.device)
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    placements = [p if isinstance(p, Shard) and f.shape[p.dim] == tensor.shape[p.dim] else Replicate()
+                  for p in tensor.placements]
+    return distribute_tensor(f.to(tensor.to_local().device), tensor.device_mesh, placements)
 
 
 @dataclass(frozen=True)
