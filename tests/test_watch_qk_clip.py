@@ -193,3 +193,14 @@ def test_a_model_that_normalises_q_and_k_is_refused():
 def test_a_bad_tau_is_refused_by_name(tau):
     with pytest.raises(ValueError, match="qk_clip"):
         Watch(Net(Grouped()), qk_clip=tau)
+
+
+def test_attnscale_qk_norm_scale_is_refused():
+    from attnscale.lm.model import ModelConfig, build_model
+
+    model = build_model(ModelConfig(vocab_size=40, context=8, d_model=16, n_layers=1, n_heads=2, scale="qk_norm"), seed=0)
+    clip = QKClip(model, 10.0)
+    model(torch.randint(0, 40, (1, 8)))
+    with pytest.raises(ConfigError, match="qk-norm"):
+        clip.step()
+    clip.close()
