@@ -126,13 +126,17 @@ def _llama_run(tau, steps=10, lr=3e-3):
     opt = torch.optim.AdamW(model.parameters(), lr=lr)
     clip = QKClip(model, tau) if tau else None
     maxes = []
-    for _ in range(steps):
-        maxes.append(measure_heads(model, {"input_ids": ids}).get("max_score").max().item())
-        model(input_ids=ids, labels=ids).loss.backward()
-        opt.step()
-        opt.zero_grad()
+    try:
+        for _ in range(steps):
+            maxes.append(measure_heads(model, {"input_ids": ids}).get("max_score").max().item())
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if clip:
+                clip.step()
+    finally:
         if clip:
-            clip.step()
+            clip.close()  # its wrapper of the attention function goes, as after any probe
     return maxes
 
 
