@@ -17,11 +17,12 @@ import os
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # tiny_llama.py, beside this file
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # options.py and tiny_llama.py, beside this file
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here downloads
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
+from options import run_options  # noqa: E402
 from tiny_llama import corpus_windows, tiny_llama  # noqa: E402
 
 from attnscale.watch.alerts import Collapsed, MaxScore  # noqa: E402
@@ -33,17 +34,12 @@ def main(argv=None) -> int:
     from transformers import Trainer, TrainingArguments
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--every", type=int, default=20, help="probe every this many steps")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--context", type=int, default=64)
+    run_options(p, "watch-out/hf")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--hidden", type=int, default=64)
     p.add_argument("--unscaled", action="store_true", help="set the model's 1/sqrt(head_dim) to 1")
     p.add_argument("--init-std", type=float, default=0.02,
                    help="initial weight SD (Llama's 0.02 keeps scores near 0 at first; 0.5 makes them large)")
-    p.add_argument("--stop", action="store_true", help="stop training at the first max-score or collapse alert")
-    p.add_argument("--out", type=Path, default=Path("watch-out/hf"))
     args = p.parse_args(argv)
 
     data, vocab = corpus_windows(args.context)
@@ -51,7 +47,7 @@ def main(argv=None) -> int:
                        unscaled=args.unscaled, init_std=args.init_std)
     action = "stop" if args.stop else "warn"
     callback = WatchCallback(every=args.every, alerts=[MaxScore(action), Collapsed(action)],
-                             sinks=[JsonlSink(args.out / "watch.jsonl")])
+                             sinks=[JsonlSink(args.out / "watch.jsonl")], qk_clip=args.qk_clip)
     training = TrainingArguments(output_dir=str(args.out), max_steps=args.steps, per_device_train_batch_size=args.batch,
                                  learning_rate=3e-3, logging_steps=args.every, save_strategy="no",
                                  report_to=["tensorboard"], use_cpu=True, disable_tqdm=True, seed=0)

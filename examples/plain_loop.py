@@ -14,30 +14,27 @@ ends the loop at the first such alert.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-from attnscale.lm.data import batches, load_corpus
-from attnscale.lm.model import ModelConfig, build_model
-from attnscale.watch.alerts import Collapsed, MaxScore, Spike
-from attnscale.watch.loop import Watch
-from attnscale.watch.sinks import JsonlSink, TensorBoardSink
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # options.py, beside this file
+
+from options import run_options, tiny_lm_options  # noqa: E402
+
+from attnscale.lm.data import batches, load_corpus  # noqa: E402
+from attnscale.lm.model import ModelConfig, build_model  # noqa: E402
+from attnscale.watch.alerts import Collapsed, MaxScore, Spike  # noqa: E402
+from attnscale.watch.loop import Watch  # noqa: E402
+from attnscale.watch.sinks import JsonlSink, TensorBoardSink  # noqa: E402
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--steps", type=int, default=200)
-    p.add_argument("--every", type=int, default=20, help="probe every this many steps")
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--context", type=int, default=64)
-    p.add_argument("--width", type=int, default=64, help="head width d (length of q and k)")
-    p.add_argument("--scale", default="inv_sqrt_d", help="inv_sqrt_d (the course's), none, ...")
-    p.add_argument("--init", default="torch", help="torch, gpt2 or unit (q and k entries of variance 1)")
-    p.add_argument("--lr", type=float, default=3e-3)
-    p.add_argument("--stop", action="store_true", help="stop training at the first max-score or collapse alert")
-    p.add_argument("--out", type=Path, default=Path("watch-out/plain"))
+    run_options(p, "watch-out/plain")
+    tiny_lm_options(p)
     args = p.parse_args(argv)
 
     torch.manual_seed(0)
@@ -49,7 +46,7 @@ def main(argv=None) -> int:
     action = "stop" if args.stop else "warn"
     alerts = [MaxScore(action), Collapsed(action), Spike("warn", measure="max_score")]
     sinks = [JsonlSink(args.out / "watch.jsonl"), TensorBoardSink(args.out / "tb")]
-    with Watch(model, every=args.every, sinks=sinks, alerts=alerts) as watch:
+    with Watch(model, every=args.every, sinks=sinks, alerts=alerts, qk_clip=args.qk_clip) as watch:
         for step in range(1, args.steps + 1):
             x, y = batches(corpus.train, args.batch, args.context, gen)
             loss = F.cross_entropy(model(x).flatten(0, 1), y.flatten())

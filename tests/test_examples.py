@@ -1,6 +1,7 @@
 """The watch's examples run at smoke size and write what they say they write."""
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -58,3 +59,59 @@ def test_hf_trainer_example_runs_and_stops_when_unscaled(tmp_path, run):
     out = run("hf_trainer.py", "--steps", "8", "--every", "2", "--batch", "4", "--context", "16", "--hidden", "32",
               "--unscaled", "--init-std", "0.5", "--stop", "--out", "u")
     assert "trained 2 steps" in out
+
+
+def test_lightning_example_logs_to_its_loggers_and_stops_when_unscaled(tmp_path, run):
+    pytest.importorskip("lightning")
+    pytest.importorskip("tensorboard")
+    out = run("lightning_trainer.py", "--steps", "4", "--every", "2", "--batch", "4", "--context", "16", "--out", "o")
+    assert "trained 4 steps" in out and [r.step for r in read_log(tmp_path / "o" / "watch.jsonl")] == [2, 4]
+    assert set(tensorboard_scalars(tmp_path / "o" / "tb")["attn/layer_1/head_3/max_score"]) == {2, 4}
+    assert "attn/layer_0/head_0/effective_words" in (tmp_path / "o" / "csv" / "metrics.csv").read_text().splitlines()[0]
+    out = run("lightning_trainer.py", "--steps", "8", "--every", "2", "--batch", "4", "--context", "16",
+              "--scale", "none", "--width", "1024", "--init", "unit", "--stop", "--out", "u")
+    assert "trained 2 steps" in out
+
+
+def test_plain_loop_example_clips_an_unscaled_model(tmp_path, run):
+    pytest.importorskip("tensorboard")  # the extra attnscale[watch]
+    run("plain_loop.py", "--steps", "4", "--every", "2", "--batch", "4", "--context", "16", "--scale", "none",
+        "--width", "1024", "--init", "unit", "--qk-clip", "100", "--out", "o")
+    records = read_log(tmp_path / "o" / "watch.jsonl")
+    assert records[0].qk_clip["tau"] == 100 and min(min(layer) for layer in records[0].qk_clip["gamma"]) < 1
+    assert records[-1].summary["attn/max_score"] < records[0].qk_clip["s_max"][0][0] * 2  # held near tau, not free
+
+
+def _study():
+    spec = importlib.util.spec_from_file_location("qk_clip_study", EXAMPLES / "qk_clip_study.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_qk_clip_study_summary_is_mean_se_and_a_t_interval():
+    pytest.importorskip("transformers")
+    import statistics
+
+    study = _study()
+    runs = [{"way": "scaled", "seed": s, "perplexity": p, "first_alert_step": None, "max_score": [1.0, m]}
+            for s, (p, m) in enumerate([(10.0, 3.0), (12.0, 4.0), (11.0, 5.0)])]
+    s = study.summarize(runs)["scaled"]
+    se = statistics.stdev([10.0, 12.0, 11.0]) / 3 ** 0.5
+    assert s["perplexity"] == pytest.approx(11.0) and s["se"] == pytest.approx(se)
+    assert s["ci95"] == pytest.approx(4.303 * se)  # t(0.975, 2 degrees of freedom)
+    assert s["final_max_score"] == [3.0, 4.0, 5.0]
+    assert f"| scaled | 3 | 11.000 | {se:.3f} | ± {4.303 * se:.3f} | none, none, none | 3.0, 4.0, 5.0 |" in study.table(
+        {"scaled": s}, "title")
+
+
+@pytest.mark.hf
+def test_qk_clip_study_writes_its_run_folder(tmp_path, run):
+    pytest.importorskip("transformers")
+    out = run("qk_clip_study.py", "--seeds", "1", "--steps", "2", "--every", "2", "--batch", "2", "--context", "16",
+              "--hidden", "32", "--layers", "1", "--eval-windows", "2", "--out", "runs/q")
+    results = json.loads((tmp_path / "runs" / "q" / "results.json").read_text())
+    assert [r["way"] for r in results["runs"]] == ["scaled", "unscaled", "unscaled+qk-clip"]
+    assert all(r["perplexity"] > 1 and r["steps"] == [2] for r in results["runs"])
+    assert (tmp_path / "runs" / "q" / "unscaled+qk-clip" / "seed-0" / "watch.jsonl").is_file()
+    assert "| unscaled+qk-clip | 1 |" in out and (tmp_path / "runs" / "q" / "summary.md").read_text() in out

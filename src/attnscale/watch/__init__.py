@@ -8,9 +8,11 @@ The package sits just above ``core`` (it imports only ``core``, ``errors`` and
 ``files``); transformers is imported only when a Hugging Face model is captured.
 ``capture.py``, ``hf_capture.py`` and ``sdpa_capture.py`` read q and k,
 ``pool.py`` turns them into per-head numbers, ``measure.py`` runs one probe;
-``loop.py`` (``Watch``), ``hf.py`` (``WatchCallback``), ``alerts.py``,
-``sinks.py`` and ``record.py`` take the probes into a training run. Those
-names load on first use, so ``import attnscale.watch`` stays light.
+``loop.py`` (``Watch``), ``hf.py`` and ``lightning.py`` (a ``WatchCallback`` each,
+sharing ``attach.py``), ``alerts.py``, ``sinks.py`` and ``record.py`` take the
+probes into a training run; ``qk_clip.py`` (with ``projections.py``) acts on
+the weights, ``distributed.py`` reduces across ranks. Those names load on first
+use, so ``import attnscale.watch`` stays light.
 """
 
 from attnscale.watch.capture import Adapter, AttentionCall, capture_adapter, capture_hooks, capture_weights
@@ -22,6 +24,7 @@ _LAZY = {
     "capture_hf": "attnscale.watch.hf_capture",
     "Watch": "attnscale.watch.loop",
     "WatchCallback": "attnscale.watch.hf",
+    "QKClip": "attnscale.watch.qk_clip",
     **{name: "attnscale.watch.sinks" for name in ("JsonlSink", "CsvSink", "TensorBoardSink", "WandbSink")},
     **{name: "attnscale.watch.alerts" for name in ("Alert", "Alerts", "Firing", "default_alerts", "MaxScore", "Collapsed",
                                                    "Frozen", "NonFinite", "Spike")},

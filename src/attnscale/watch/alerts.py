@@ -175,8 +175,9 @@ class Alerts:
         self.should_stop = False
         self._history: dict[tuple[int, int, int], deque] = {}
 
-    def check(self, stats, step: int) -> list[Firing]:
-        """Every firing at this step; each is said or acted on the first time for its alert, layer and head."""
+    def check(self, stats, step: int, say: bool = True) -> list[Firing]:
+        """Every firing at this step; each is said or acted on the first time for its alert, layer and head
+        (``say=False``: neither, but a stop still stops; a rank other than 0 checks so)."""
         values_LMH, rows_LH, measures = stats.values_LMH, stats.rows_LH, tuple(stats.measures)
         # where layers differ in heads the table is as wide as the widest: a head a layer lacks is no alarm
         widths = getattr(stats, "layer_heads", ()) or (values_LMH.shape[2],) * values_LMH.shape[0]
@@ -195,7 +196,7 @@ class Alerts:
                     fired.append(firing)
                     if alert.action == "stop":
                         self.should_stop = True
-                    if (i, layer, head) not in self.said:
+                    if say and (i, layer, head) not in self.said:
                         self.said.add((i, layer, head))
                         alert.action(firing) if callable(alert.action) else LOGGER.warning(message)
         return fired

@@ -33,7 +33,10 @@ off, or pass ``report=False`` and a ``WandbSink``). Integrations that open a new
 run per instance (Neptune, DVCLive) would get a second run: ``report=False`` there.
 
 An alert whose action is "stop" sets ``control.should_training_stop`` at its step.
-One process: under DDP every rank would measure; use the callback on one rank.
+``qk_clip=tau`` QK-Clips every head after each optimizer step (``on_step_end``,
+after the optimizer and scheduler steps; ``qk_clip.py``).
+Under DDP every rank's callback probes its own batch and the numbers are those of all
+ranks together (``distributed.py``); only rank 0 reports and writes.
 transformers loads with this module, never with ``attnscale.watch``.
 """
 
@@ -41,17 +44,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable, Sequence
 
 try:
     from transformers import TrainerCallback
 except ImportError:  # pragma: no cover - the extra is missing
     raise ImportError("attnscale.watch.hf needs transformers; install the extra from the clone: pip install -e '.[watch]'") from None
 
-from attnscale.core.diagnostics import FROZEN_THRESHOLD
-from attnscale.watch.alerts import Alert
-from attnscale.watch.loop import EVERY, PROBE_SEQUENCES, Watch
-from attnscale.watch.sinks import Sink
+from attnscale.watch.attach import Attached
 
 __all__ = ["WatchCallback"]
 
@@ -70,27 +69,19 @@ def _tensorboard_dir(args) -> str:
     return os.path.join(args.output_dir, default_logdir())
 
 
-class WatchCallback(TrainerCallback):
+class WatchCallback(Attached, TrainerCallback):
     """A ``TrainerCallback`` that runs a ``Watch`` (same arguments) and reports to the run's integrations.
 
     ``report=False`` leaves the integrations alone (the numbers go to ``sinks`` only)."""
 
-    def __init__(self, every: int = EVERY, probe: Any = None, sinks: Sequence[Sink] = (),
-                 alerts: Sequence[Alert] | None = None, threshold: float = FROZEN_THRESHOLD, *,
-                 probe_sequences: int = PROBE_SEQUENCES, capture: str = "auto", adapter: Callable | None = None,
-                 report: bool = True):
-        self.options = dict(every=every, probe=probe, sinks=sinks, alerts=alerts, threshold=threshold,
-                            probe_sequences=probe_sequences, capture=capture, adapter=adapter)
-        Watch.check(every, threshold, probe_sequences)  # a bad option fails here, not at train()
+    def __init__(self, *args, report: bool = True, **options):
+        super().__init__(*args, **options)
         self.report = report
-        self.watch: Watch | None = None
-        self.latest: tuple[int, dict[str, float]] | None = None  # the last probe: (step, numbers)
         self._relay: list = []
         self._pending: tuple[int, dict[str, float]] | None = None
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        if self.watch is None:
-            self.watch = Watch(model, **self.options)
+        self.start(model)
         if self.report and state.is_world_process_zero:
             self._relay = self._integrations(args)
 
@@ -104,11 +95,11 @@ class WatchCallback(TrainerCallback):
         return copies
 
     def on_step_end(self, args, state, control, **kwargs):
-        numbers = self.watch.step(state.global_step)
+        numbers = self.after_step(state.global_step)
         if numbers is not None:
-            self.latest = self._pending = (state.global_step, numbers)
+            self._pending = (state.global_step, numbers)
             control.should_log = True  # the loss is logged at the probe's step too
-        if self.watch.should_stop:
+        if self.should_stop:
             control.should_training_stop = True
         return control
 
@@ -123,5 +114,4 @@ class WatchCallback(TrainerCallback):
         for cb in self._relay:
             cb.on_train_end(args, state, control, **kwargs)  # the TensorBoard copy closes its writer here
         self._relay = []
-        if self.watch is not None:
-            self.watch.close()
+        self.finish()

@@ -15,6 +15,11 @@ model sees, caught by a forward pre-hook that removes itself once it has one, cu
 to ``probe_sequences`` sequences (a few suffice: the measures are means over rows).
 A fixed probe makes the steps comparable: what changes is the model, not the text.
 
+Under DDP (any ``torch.distributed`` process group) make a Watch on every rank:
+each probes its own batch, the numbers are those of all the ranks' probes together
+(one collective per probe step, ``distributed.py``), and only rank 0 writes to its
+sinks and says its alerts; a stop stops every rank at the same step.
+
 Why every 100 steps by default: one probe costs about one forward of
 ``probe_sequences`` sequences, a few percent of a training step of a usual batch,
 so 1 in 100 keeps the watch under 1% of training time; ``benchmarks/watch_overhead.py``
@@ -24,14 +29,17 @@ measures it, and the watch writes its own cost in every record (``watch/seconds`
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, Callable, Sequence
 
 import torch
 
 from attnscale.core.diagnostics import FROZEN_THRESHOLD
+from attnscale.watch import distributed
 from attnscale.watch.alerts import Alert, Alerts, default_alerts
 from attnscale.watch.measure import measure_heads
+from attnscale.watch.qk_clip import QKClip, check_tau
 from attnscale.watch.record import WatchRecord
 from attnscale.watch.sinks import Sink, scalars
 
@@ -61,13 +69,14 @@ class Watch:
     ``sinks``: where records go; ``threshold``: a row's max weight above which it is
     frozen; ``capture`` and ``adapter``: how q and k are read (``measure_heads``).
     ``drop_keys``: keys of a caught dict batch that the probe leaves out (labels make an
-    HF model compute a loss the probe does not need)."""
+    HF model compute a loss the probe does not need). ``qk_clip``: tau, to QK-Clip every head
+    after each step (``qk_clip.py``; off by default); ``step`` must then be called every step."""
 
     def __init__(self, model: torch.nn.Module, every: int = EVERY, probe: Any = None, sinks: Sequence[Sink] = (),
                  alerts: Sequence[Alert] | None = None, threshold: float = FROZEN_THRESHOLD, *,
                  probe_sequences: int = PROBE_SEQUENCES, capture: str = "auto", adapter: Callable | None = None,
-                 drop_keys: Sequence[str] = ("labels",)):
-        self.check(every, threshold, probe_sequences)
+                 drop_keys: Sequence[str] = ("labels",), qk_clip: float | None = None):
+        self.check(every, threshold, probe_sequences, qk_clip)
         self.model, self.every, self.threshold = model, every, threshold
         self.sinks = list(sinks)
         self.alerts = Alerts(default_alerts() if alerts is None else alerts)
@@ -77,11 +86,14 @@ class Watch:
         self.seconds = 0.0  # the watch's own time: probes, alerts and sinks
         self._started: float | None = None
         self._hook = None if self.probe is not None else model.register_forward_pre_hook(self._catch, with_kwargs=True)
+        self.clip = None if qk_clip is None else QKClip(model, qk_clip, capture, adapter)
         self._closed = False
 
     @staticmethod
-    def check(every: int, threshold: float, probe_sequences: int) -> None:
+    def check(every: int, threshold: float, probe_sequences: int, qk_clip: float | None = None) -> None:
         """Raise ValueError naming the option, for options no watch can run with."""
+        if qk_clip is not None:
+            check_tau(qk_clip)
         for name, value in (("every", every), ("probe_sequences", probe_sequences)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} takes a positive integer, got {value!r}")
@@ -93,6 +105,7 @@ class Watch:
         """True once an alert whose action is "stop" has fired."""
         return self.alerts.should_stop
 
+    @torch.compiler.disable  # a compiled model's first call: the batch is kept outside the graph
     def _catch(self, module, args, kwargs):
         """Forward pre-hook: keep the first batch as the probe, then remove the hook."""
         batch = args[0] if args and torch.is_tensor(args[0]) else {k: v for k, v in kwargs.items()
@@ -102,16 +115,23 @@ class Watch:
         self._hook = None
 
     def step(self, step: int) -> dict[str, float] | None:
-        """Call after the optimizer step. At a probe step (a multiple of ``every``), measure, check the
-        alerts, write the record to every sink and return its flat numbers; else return None."""
+        """Call after the optimizer step. With QK-Clip, clip every head the step's forward took past tau.
+        At a probe step (a multiple of ``every``), measure, check the alerts, write the record to every
+        sink and return its flat numbers; else return None."""
         now = time.perf_counter()
         if self._started is None:
             self._started = now
+        if self.clip is not None:
+            self.clip.step()
         if step % self.every or self.probe is None:
+            if self.clip is not None:
+                self.seconds += time.perf_counter() - now
             return None
-        stats = measure_heads(self.model, self.probe, threshold=self.threshold, capture=self.capture,
-                              adapter=self.adapter)
-        fired = self.alerts.check(stats, step)
+        writer = distributed.rank() == 0  # under DDP every rank probes, and rank 0 alone writes
+        with self.clip.paused() if self.clip is not None else contextlib.nullcontext():  # a probe is no training step
+            stats = measure_heads(self.model, self.probe, threshold=self.threshold, capture=self.capture,
+                                  adapter=self.adapter, across_ranks=True)
+        fired = self.alerts.check(stats, step, say=writer)
         seconds = time.perf_counter() - now
         wall = time.perf_counter() - self._started
         record = WatchRecord(
@@ -119,8 +139,8 @@ class Watch:
             rows=stats.rows_LH.tolist(), summary=stats.summary(), alerts=[f.to_json() for f in fired],
             watch={"seconds": seconds, "total_seconds": self.seconds + seconds,
                    "share": (self.seconds + seconds) / wall if wall > 0 else 0.0},
-            probe=self._probe_shape(), threshold=self.threshold)
-        for sink in self.sinks:
+            probe=self._probe_shape(), threshold=self.threshold, qk_clip=self.clip.take() if self.clip else {})
+        for sink in self.sinks if writer else ():
             sink.write(record)
         self.seconds += time.perf_counter() - now  # sinks included: they are the watch's cost too
         return scalars(record)
@@ -138,6 +158,8 @@ class Watch:
         if self._hook is not None:
             self._hook.remove()
             self._hook = None
+        if self.clip is not None:
+            self.clip.close()
         for sink in self.sinks:
             sink.close()
 

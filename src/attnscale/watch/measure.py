@@ -36,6 +36,7 @@ from torch import nn
 from attnscale.core.diagnostics import COLLAPSED_WORDS, FROZEN_THRESHOLD, HEAD_MEASURES, reduce_heads
 from attnscale.errors import ConfigError
 from attnscale.watch.capture import Adapter, AttentionCall, attention_modules, capture_adapter, capture_hooks
+from attnscale.watch.distributed import reduce_pools
 from attnscale.watch.sdpa_capture import capture_sdpa
 from attnscale.watch.pool import LayerPools
 
@@ -225,8 +226,10 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def measure_heads(model: nn.Module, batch: Any, *, threshold: float = FROZEN_THRESHOLD, capture: str = "auto",
-                  adapter: Adapter | None = None) -> HeadStats:
-    """Per-head measurements of ``model`` on ``batch`` (see the module's docstring)."""
+                  adapter: Adapter | None = None, across_ranks: bool = False) -> HeadStats:
+    """Per-head measurements of ``model`` on ``batch`` (see the module's docstring). ``across_ranks``: in a
+    process group, every rank calls this on its own batch and gets the numbers of all the ranks' batches
+    concatenated, in one collective (``distributed.py``)."""
     model = unwrap(model)
     pools = LayerPools(threshold)
     padding = padding_of(batch)
@@ -237,6 +240,8 @@ def measure_heads(model: nn.Module, batch: Any, *, threshold: float = FROZEN_THR
             f"no attention call of {type(model).__name__} was seen (capture {kind!r}); the model must use attnscale's "
             "Attention, transformers' AttentionInterface or torch.nn.functional.scaled_dot_product_attention, "
             "or be measured with adapter=attnscale.watch.Adapter(modules, read)")
+    if across_ranks:
+        reduce_pools(pools.pools)
     values, rows = pools.read()
     return HeadStats(values, rows, HEAD_MEASURES, tuple(pools.names), tuple(p.rows.shape[0] for p in pools.pools))
 

@@ -21,7 +21,7 @@ from attnscale.core.diagnostics import FROZEN_THRESHOLD, HEAD_MEASURES
 from attnscale.errors import ConfigError
 from attnscale.watch.capture import AttentionCall
 
-__all__ = ["LayerPools", "Scores", "padding_mask"]
+__all__ = ["LayerPools", "Scores", "head_max", "padding_mask"]
 
 # The measures taken over the scores' entries; the others are taken over rows.
 SCORE_MEASURES = ("spread", "max_score")
@@ -59,12 +59,20 @@ class Scores:
         self.cap = cap
         self.bias = None if bias is None else _four_d(bias).to(self.raw_BHTS.device).float().expand(B, -1, T, S)
         self.shared = self.mask.shape[1] == 1
-        if self.shared:  # the rows that count (diagnostics.counted_rows), once, as N rows × H heads × S keys
-            self.rows_BT = D.counted_rows(self.mask[:, 0])
-            self.raw_NHS = self.raw_BHTS.permute(0, 2, 1, 3)[self.rows_BT]
-            seen_NS = self.mask[:, 0][self.rows_BT]
-            self.mask_bias_N1S = torch.zeros(seen_NS.shape, device=self.raw_BHTS.device).masked_fill(~seen_NS, float("-inf"))[:, None]
-            self.bias_NHS = None if self.bias is None else self.bias.expand(B, H, T, S).permute(0, 2, 1, 3)[self.rows_BT]
+        self._gathered = False
+
+    def _gather(self) -> None:
+        """The rows that count (diagnostics.counted_rows), once, as N rows × H heads × S keys (shared masks only;
+        made on the first ``pool``, so a caller that needs only the scores never pays for it)."""
+        if self._gathered:
+            return
+        B, H, T, S = self.raw_BHTS.shape
+        self.rows_BT = D.counted_rows(self.mask[:, 0])
+        self.raw_NHS = self.raw_BHTS.permute(0, 2, 1, 3)[self.rows_BT]
+        seen_NS = self.mask[:, 0][self.rows_BT]
+        self.mask_bias_N1S = torch.zeros(seen_NS.shape, device=self.raw_BHTS.device).masked_fill(~seen_NS, float("-inf"))[:, None]
+        self.bias_NHS = None if self.bias is None else self.bias.expand(B, H, T, S).permute(0, 2, 1, 3)[self.rows_BT]
+        self._gathered = True
 
     def _squash(self, scores: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         if self.cap is not None:
@@ -88,8 +96,28 @@ class Scores:
             pool.add(*self.masked(factor))
             return
         pool.add_scores(self.scaled(factor), self.mask)
+        self._gather()
         scaled_NHS = self._squash(self.raw_NHS * factor, self.bias_NHS)
         pool.add_rows(torch.softmax(scaled_NHS + self.mask_bias_N1S, dim=-1))
+
+
+def head_max(call: AttentionCall) -> torch.Tensor:
+    """Per head, the largest |scaled score| of one call over the entries its mask lets count: (H,) float32
+    on the call's device, as a probe's ``max_score`` takes it, without the rest of a probe's measuring
+    (no softmax, no float64 sums). What QK-Clip needs from every training step."""
+    with torch.no_grad():
+        q, k = call.q.detach(), call.k.detach()
+        visible, bias = _four_d(call.visible()), _four_d(call.bias)
+        factor = call.factor.detach() if isinstance(call.factor, torch.Tensor) else call.factor
+        B, H, T, S = q.shape[0], q.shape[1], q.shape[-2], k.shape[-2]
+        out = torch.zeros(H, device=q.device)
+        step = max(1, CHUNK_ENTRIES // max(1, H * T * S))
+        for start in range(0, B, step):
+            scores = Scores(q[start:start + step], k[start:start + step], _slice(visible, start, start + step),
+                            call.squash(), _slice(bias, start, start + step))
+            kept = scores.scaled(factor).masked_fill(~scores.mask, 0.0)
+            out = torch.maximum(out, kept.abs().amax((0, 2, 3)))
+    return out
 
 
 def padding_mask(call: AttentionCall, padding_BT: torch.Tensor | None) -> torch.Tensor | None:

@@ -8,11 +8,16 @@ A watch log (``JsonlSink``) is JSON Lines; each line is one ``WatchRecord``:
      "alerts": [{"alert": "max_score", "layer": 0, "head": 3, "step": 200, "value": 131.2,
                  "action": "warn", "message": "..."}],
      "watch": {"seconds": 0.012, "total_seconds": 0.05, "share": 0.004},
-     "probe": {"sequences": 4, "tokens": 64}, "threshold": 0.99}
+     "probe": {"sequences": 4, "tokens": 64}, "threshold": 0.99,
+     "qk_clip": {"tau": 100.0, "layers": ["model.layers.0.self_attn", ...], "gamma": [[...heads] ...layers],
+                 "s_max": [[...]], "clipped_steps": [[...]]}}
 
 ``values`` is ``HeadStats.values_LMH`` as nested lists (layer, measure, head);
 ``watch`` is the watch's own cost: this probe's seconds, its seconds so far and
-their share of the wall time since it started. Non-finite numbers are written as
+their share of the wall time since it started. ``qk_clip``, only where QK-Clip
+is on (``qk_clip.py``): per layer and query head since the probe before, the
+smallest factor the clip put on the head's scores, the largest S_max of its
+training forwards and the steps that clipped. Non-finite numbers are written as
 null (strict JSON, as run records do); an alert keeps the value it saw in its
 message. A line of a newer version than this attnscale knows is refused with a
 one-line ``ConfigError`` naming both versions.
@@ -59,6 +64,7 @@ class WatchRecord:
     watch: dict[str, float] = field(default_factory=dict)
     probe: dict[str, int] = field(default_factory=dict)
     threshold: float | None = None
+    qk_clip: dict = field(default_factory=dict)
 
     @property
     def layers(self) -> int:
@@ -74,10 +80,11 @@ class WatchRecord:
         return [layer[m] for layer in self.values]
 
     def to_json(self) -> dict[str, Any]:
+        clip = {"qk_clip": self.qk_clip} if self.qk_clip else {}  # a field of runs with QK-Clip only
         return _finite_or_none({"schema": SCHEMA, "version": VERSION, "step": self.step, "time": self.time,
                                 "measures": list(self.measures), "values": self.values, "rows": self.rows,
                                 "summary": self.summary, "alerts": self.alerts, "watch": self.watch,
-                                "probe": self.probe, "threshold": self.threshold})
+                                "probe": self.probe, "threshold": self.threshold, **clip})
 
     def to_line(self) -> str:
         return json.dumps(self.to_json(), allow_nan=False) + "\n"
@@ -95,7 +102,8 @@ class WatchRecord:
             record = cls(step=int(data["step"]), time=float(data["time"]), measures=tuple(data["measures"]),
                          values=data["values"], rows=data["rows"], summary=dict(data["summary"]),
                          alerts=list(data.get("alerts", [])), watch=dict(data.get("watch", {})),
-                         probe=dict(data.get("probe", {})), threshold=data.get("threshold"))
+                         probe=dict(data.get("probe", {})), threshold=data.get("threshold"),
+                         qk_clip=dict(data.get("qk_clip") or {}))
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"{where} lacks a well-formed field ({e}); give an unedited watch log") from None
         if not record.values or any(len(layer) != len(record.measures) for layer in record.values):

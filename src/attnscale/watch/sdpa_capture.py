@@ -70,9 +70,13 @@ class _Intercept(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is F.scaled_dot_product_attention and not _PAUSED.get():
             # the mode is off while this runs: the measuring below is not intercepted
-            name = self.where[-1] if self.where else f"sdpa call {self.calls}"
+            # only calls made outside every module are numbered: under torch.compile a counter read on every
+            # call would be a guard that fails on the next step, and the graph would recompile each time
+            if self.where:
+                name = self.where[-1]
+            else:
+                name, self.calls = f"sdpa call {self.calls}", self.calls + 1
             self.on_call(sdpa_call(*args, **kwargs, name=name))
-            self.calls += 1
         return func(*args, **kwargs)
 
 

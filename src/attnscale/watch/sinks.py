@@ -29,6 +29,14 @@ def scalars(record: WatchRecord) -> dict[str, float]:
                 out[f"attn/layer_{layer}/head_{head}/{measure}"] = math.nan if value is None else float(value)
     out.update({k: float(v) for k, v in record.summary.items()})
     out["attn/alerts"] = float(len(record.alerts))
+    clip = record.qk_clip
+    if clip:  # QK-Clip: per head the smallest factor on its scores and the largest S_max since the probe before
+        for layer, (gamma_H, s_max_H) in enumerate(zip(clip["gamma"], clip["s_max"])):
+            for head, (gamma, s_max) in enumerate(zip(gamma_H, s_max_H)):
+                out[f"qk_clip/layer_{layer}/head_{head}/gamma"] = float(gamma)
+                out[f"qk_clip/layer_{layer}/head_{head}/s_max"] = float(s_max)
+        out["qk_clip/min_gamma"] = float(min((g for layer in clip["gamma"] for g in layer), default=1.0))
+        out["qk_clip/clipped_heads"] = float(sum(n > 0 for layer in clip["clipped_steps"] for n in layer))
     out.update({f"watch/{k}": float(v) for k, v in record.watch.items()})
     return out
 

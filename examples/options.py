@@ -1,0 +1,27 @@
+"""The command-line options the watch's examples share, so each example shows only what is its own."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def run_options(p: argparse.ArgumentParser, out: str) -> None:
+    """How long, how often the watch probes, the batch, where it writes, whether an alert stops the run and
+    whether QK-Clip acts."""
+    p.add_argument("--steps", type=int, default=200)
+    p.add_argument("--every", type=int, default=20, help="probe every this many steps")
+    p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--context", type=int, default=64)
+    p.add_argument("--stop", action="store_true", help="stop training at the first max-score or collapse alert")
+    p.add_argument("--qk-clip", type=float, default=None, metavar="TAU",
+                   help="QK-Clip: after each step, scale down W_q and W_k of every head whose max score passed TAU")
+    p.add_argument("--out", type=Path, default=Path(out))
+
+
+def tiny_lm_options(p: argparse.ArgumentParser) -> None:
+    """attnscale's tiny LM: its head width, score scale, initialisation and learning rate."""
+    p.add_argument("--width", type=int, default=64, help="head width d (length of q and k)")
+    p.add_argument("--scale", default="inv_sqrt_d", help="inv_sqrt_d (the course's), none, ...")
+    p.add_argument("--init", default="torch", help="torch, gpt2 or unit (q and k entries of variance 1)")
+    p.add_argument("--lr", type=float, default=3e-3)

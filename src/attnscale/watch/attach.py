@@ -1,0 +1,60 @@
+"""``Attached``: what every framework's callback does with a ``Watch``, whatever the framework.
+
+The Hugging Face callback (``hf.py``) and the Lightning callback (``lightning.py``)
+each translate their framework's events into these four calls, and only that:
+
+    start(model)      when training begins: the Watch is made on the model being trained
+    after_step(step)  after each optimizer step: QK-Clip (if on), then a probe at its cadence
+    should_stop       an alert whose action is "stop" has fired
+    finish()          when training ends: the sinks are flushed and closed
+
+Their options are ``Watch``'s, checked when the callback is made, so a bad option
+fails at the line that wrote it, not minutes later inside ``fit``/``train``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Sequence
+
+from attnscale.core.diagnostics import FROZEN_THRESHOLD
+from attnscale.watch.alerts import Alert
+from attnscale.watch.loop import EVERY, PROBE_SEQUENCES, Watch
+from attnscale.watch.sinks import Sink
+
+__all__ = ["Attached"]
+
+
+class Attached:
+    """A ``Watch`` made when training starts, driven by a framework's events; same options as ``Watch``.
+    ``latest``: the last probe, as (step, its flat numbers), or None before the first."""
+
+    def __init__(self, every: int = EVERY, probe: Any = None, sinks: Sequence[Sink] = (),
+                 alerts: Sequence[Alert] | None = None, threshold: float = FROZEN_THRESHOLD, *,
+                 probe_sequences: int = PROBE_SEQUENCES, capture: str = "auto", adapter: Callable | None = None,
+                 qk_clip: float | None = None):
+        self.options = dict(every=every, probe=probe, sinks=sinks, alerts=alerts, threshold=threshold,
+                            probe_sequences=probe_sequences, capture=capture, adapter=adapter, qk_clip=qk_clip)
+        Watch.check(every, threshold, probe_sequences, qk_clip)  # a bad option fails here, not at train()
+        self.watch: Watch | None = None
+        self.latest: tuple[int, dict[str, float]] | None = None
+
+    def start(self, model) -> Watch:
+        """The run's Watch, made on ``model`` the first time (a second fit on the same callback goes on with it)."""
+        if self.watch is None:
+            self.watch = Watch(model, **self.options)
+        return self.watch
+
+    def after_step(self, step: int) -> dict[str, float] | None:
+        """``Watch.step``: the numbers of a probe step (kept as ``latest``), else None."""
+        numbers = self.watch.step(step)
+        if numbers is not None:
+            self.latest = (step, numbers)
+        return numbers
+
+    @property
+    def should_stop(self) -> bool:
+        return self.watch is not None and self.watch.should_stop
+
+    def finish(self) -> None:
+        if self.watch is not None:
+            self.watch.close()

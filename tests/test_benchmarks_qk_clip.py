@@ -1,0 +1,34 @@
+"""benchmarks/qk_clip_overhead.py at smoke size: it runs both models, and its ratios are those of its medians."""
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "qk_clip_overhead.py"
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("qk_clip_overhead", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_summary_is_medians_and_their_ratio(bench):
+    s = bench.summarize([10.0, 12.0, 11.0], [10.5, 13.0, 12.1])
+    assert (s["plain"], s["clipped"]) == (11.0, 12.1) and s["ratio"] == pytest.approx(1.1)
+
+
+@pytest.mark.hf
+def test_smoke_run_prints_both_models_and_consistent_ratios(bench, capsys):
+    pytest.importorskip("transformers")
+    assert bench.main(["--steps", "2", "--rounds", "1", "--layers", "1", "--hidden", "16", "--heads", "2",
+                       "--batch", "2", "--context", "8"]) == 0
+    out = capsys.readouterr().out
+    for name in bench.MODELS:
+        line = next(line for line in out.splitlines() if line.startswith(f"{name} median"))
+        a, b, ratio = (float(x) for x in re.search(r"CPU without ([\d.]+) s, with ([\d.]+) s, ratio ([\d.]+)", line).groups())
+        assert b / a == pytest.approx(ratio, rel=0.01)

@@ -1,0 +1,129 @@
+"""WatchCallback in a real Lightning fit: its per-head numbers reach the run's TensorBoard, CSV and W&B
+loggers at the probe steps (read back from their files), and a stop alert ends the fit at its step."""
+
+import csv
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("lightning")
+pytest.importorskip("tensorboard")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+
+from lightning_trainer import Shifted, language_model  # noqa: E402
+from watch_readers import tensorboard_scalars, wandb_history  # noqa: E402
+
+from attnscale.core.diagnostics import HEAD_MEASURES  # noqa: E402
+from attnscale.errors import ConfigError  # noqa: E402
+from attnscale.lm.data import load_corpus  # noqa: E402
+from attnscale.lm.model import ModelConfig  # noqa: E402
+from attnscale.watch.alerts import MaxScore  # noqa: E402
+from attnscale.watch.lightning import WatchCallback  # noqa: E402
+from attnscale.watch.record import read_log  # noqa: E402
+from attnscale.watch.sinks import JsonlSink  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _offline(monkeypatch, tmp_path):
+    for name, value in {"WANDB_MODE": "offline", "WANDB_SILENT": "true", "WANDB_DIR": str(tmp_path)}.items():
+        monkeypatch.setenv(name, value)
+    if "wandb" in sys.modules:  # its process-wide settings: this test's runs go under its own tmp_path
+        sys.modules["wandb"].teardown()
+    yield
+    if "wandb" in sys.modules:
+        sys.modules["wandb"].teardown()
+
+
+def _fit(tmp_path, callback, loggers, steps=4, accumulate=1, **model):
+    import lightning.pytorch as pl
+    import torch
+
+    corpus = load_corpus("default")
+    config = ModelConfig(vocab_size=corpus.vocab_size, context=16, d_model=32, n_layers=2, n_heads=4,
+                         head_dim=model.pop("head_dim", 8), **model)
+    loader = torch.utils.data.DataLoader(Shifted(corpus.train, 16), batch_size=4)
+    trainer = pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, callbacks=[callback], logger=loggers,
+                         accumulate_grad_batches=accumulate, log_every_n_steps=1, enable_checkpointing=False,
+                         enable_progress_bar=False, enable_model_summary=False, default_root_dir=str(tmp_path))
+    trainer.fit(language_model(config, 1e-3), loader)
+    return trainer
+
+
+def test_every_logger_holds_the_per_head_numbers_at_the_probe_steps(tmp_path):
+    pytest.importorskip("wandb")
+    import wandb
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger, WandbLogger
+
+    callback = WatchCallback(every=2, alerts=(), sinks=[JsonlSink(tmp_path / "w.jsonl")])
+    loggers = [TensorBoardLogger(tmp_path, name="tb", version=""), CSVLogger(tmp_path, name="csv", version=""),
+               WandbLogger(save_dir=str(tmp_path), project="attnscale-test", offline=True)]
+    _fit(tmp_path, callback, loggers)
+    wandb.finish()
+    records = read_log(tmp_path / "w.jsonl")
+    assert [r.step for r in records] == [2, 4] and records[0].layers == 2 and records[0].heads == 4
+
+    tb = tensorboard_scalars(tmp_path / "tb")
+    with open(tmp_path / "csv" / "metrics.csv", newline="") as f:
+        table = [row for row in csv.DictReader(f) if row.get("attn/max_score")]
+    assert [int(row["step"]) for row in table] == [2, 4]
+    # Lightning logs the loss of the k-th batch at step k - 1: the loss at step 2 is the one made with the
+    # weights the probe of step 2 measured (after 2 optimizer steps), in the same run
+    assert set(tb["loss"]) == {0, 1, 2, 3}
+    for m, measure in enumerate(HEAD_MEASURES):
+        for layer in range(2):
+            for head in range(4):
+                key = f"attn/layer_{layer}/head_{head}/{measure}"
+                want = {r.step: r.values[layer][m][head] for r in records}
+                assert tb[key] == pytest.approx(want, rel=1e-6)
+                assert {int(row["step"]): float(row[key]) for row in table} == pytest.approx(want, rel=1e-6)
+    assert tb["attn/max_score"] == pytest.approx({r.step: r.summary["attn/max_score"] for r in records})
+
+    rows = [r for r in wandb_history(tmp_path, rows=2) if "attn/layer_1/head_3/effective_words" in r]
+    assert [r["trainer/global_step"] for r in rows] == [2, 4]
+    assert [r["attn/layer_1/head_3/effective_words"] for r in rows] == pytest.approx(
+        [r.values[1][HEAD_MEASURES.index("effective_words")][3] for r in records], rel=1e-6)
+
+
+def test_a_stop_alert_stops_the_fit_at_its_step(tmp_path):
+    """Unscaled, head width 1024, q and k entries of variance 1 (``init="unit"``): scores of SD about
+    sqrt(1024) = 32, so the largest of a probe passes 100 at the first probe."""
+    callback = WatchCallback(every=2, alerts=[MaxScore(tau=100, action="stop")], sinks=[JsonlSink(tmp_path / "w.jsonl")])
+    trainer = _fit(tmp_path, callback, False, steps=8, scale="none", init="unit", head_dim=1024)
+    assert trainer.global_step == 2
+    record = read_log(tmp_path / "w.jsonl")[-1]
+    assert record.step == 2 and record.summary["attn/max_score"] > 100 and record.alerts
+
+
+def test_steps_are_optimizer_steps_under_gradient_accumulation(tmp_path):
+    callback = WatchCallback(every=2, alerts=(), sinks=[JsonlSink(tmp_path / "w.jsonl")], report=False)
+    trainer = _fit(tmp_path, callback, False, steps=4, accumulate=2)
+    assert trainer.global_step == 4 and [r.step for r in read_log(tmp_path / "w.jsonl")] == [2, 4]
+
+
+def test_a_module_that_never_calls_its_forward_is_told_to_give_a_probe(tmp_path):
+    import lightning.pytorch as pl
+    import torch
+
+    class Bypass(pl.LightningModule):  # training_step calls the inner model, not self(x)
+        def __init__(self):
+            super().__init__()
+            self.inner = language_model(ModelConfig(vocab_size=50, context=8, d_model=16, n_layers=1, n_heads=2), 1e-3)
+
+        def training_step(self, batch, batch_idx):
+            return self.inner.model(batch[0]).mean()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    loader = torch.utils.data.DataLoader(Shifted(torch.randint(0, 50, (200,)), 8), batch_size=2)
+    trainer = pl.Trainer(max_steps=2, accelerator="cpu", callbacks=[WatchCallback(every=1)], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    with pytest.raises(ConfigError, match="probe="):
+        trainer.fit(Bypass(), loader)
+
+
+def test_bad_options_fail_when_the_callback_is_made():
+    with pytest.raises(ValueError, match="every"):
+        WatchCallback(every=0)

@@ -1,0 +1,210 @@
+"""QK-Clip: the factors, the weights it scales (separate, fused, grouped, with biases) checked against scores
+recomputed by hand, and training runs whose heads stay at tau where the same run without it passes tau."""
+
+import dataclasses
+import math
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnscale.errors import ConfigError
+from attnscale.watch.loop import Watch
+from attnscale.watch.measure import measure_heads
+from attnscale.watch.qk_clip import QKClip, clip_factors
+from attnscale.watch.sinks import JsonlSink, scalars
+from attnscale.watch.record import read_log
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+
+
+class Fused(nn.Module):
+    """nanoGPT's attention: one c_attn projection (q, then k, then v), SDPA, causal."""
+
+    def __init__(self, C=16, heads=4):
+        super().__init__()
+        self.c_attn, self.heads = nn.Linear(C, 3 * C), heads
+
+    def qk(self, x):
+        B, T, C = x.shape
+        q, k, _ = self.c_attn(x).split(C, dim=2)
+        return (q.view(B, T, self.heads, -1).transpose(1, 2), k.view(B, T, self.heads, -1).transpose(1, 2))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k = self.qk(x)
+        v = self.c_attn(x)[..., 2 * C:].view(B, T, self.heads, -1).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C)
+
+
+class Grouped(nn.Module):
+    """Grouped-query attention: 4 query heads on 2 key heads, separate projections with biases, SDPA's enable_gqa."""
+
+    def __init__(self, C=16, heads=4, kv_heads=2, D=8):
+        super().__init__()
+        self.q_proj, self.k_proj = nn.Linear(C, heads * D), nn.Linear(C, kv_heads * D)
+        self.v_proj = nn.Linear(C, kv_heads * D)
+        self.heads, self.kv_heads, self.D = heads, kv_heads, D
+
+    def qk(self, x):
+        B, T, _ = x.shape
+        return (self.q_proj(x).view(B, T, self.heads, self.D).transpose(1, 2),
+                self.k_proj(x).view(B, T, self.kv_heads, self.D).transpose(1, 2))
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        q, k = self.qk(x)
+        v = self.v_proj(x).view(B, T, self.kv_heads, self.D).transpose(1, 2)
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+        return out.transpose(1, 2).reshape(B, T, -1)
+
+
+class Net(nn.Module):
+    def __init__(self, attn):
+        super().__init__()
+        self.attn = attn
+
+    def forward(self, x):
+        return self.attn(x)
+
+
+def by_hand(attn, x):
+    """Each query head's largest |q·k| / sqrt(D) over the causal entries, from the weights, in float64."""
+    with torch.no_grad():
+        q, k = (t.double() for t in attn.qk(x))
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+        causal = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).tril()
+        return scores.masked_fill(~causal, 0).abs().amax((0, 2, 3)).tolist()
+
+
+def test_clip_factors():
+    gamma_q, gamma_k = clip_factors(torch.tensor([50.0, 200.0, 400.0, float("nan")]), kv_heads=2, tau=100)
+    assert gamma_q.tolist() == pytest.approx([1, 0.5, 0.25, 1])
+    assert gamma_k.tolist() == pytest.approx([0.5, 0.25])  # group (50, 200) -> 200; group (400, nan) -> 400
+
+
+@pytest.mark.parametrize("attn", [Fused(), Grouped()], ids=["fused c_attn", "grouped, biases"])
+def test_after_the_clip_every_head_is_at_most_tau_recomputed_by_hand(attn):
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in attn.parameters():
+            p.normal_(0, 0.6)
+    model, x = Net(attn), torch.randn(3, 12, 16)
+    before = by_hand(attn, x)
+    tau = sorted(before)[1]  # some heads above tau, some under
+    v_before = attn.c_attn.weight[32:].clone() if isinstance(attn, Fused) else attn.v_proj.weight.clone()
+    clip = QKClip(model, tau)
+    model(x)
+    factors = clip.step()["attn"]
+    clip.close()
+    after = by_hand(attn, x)
+    group = len(before) // (attn.kv_heads if isinstance(attn, Grouped) else len(before))
+    for h, (s, s_after) in enumerate(zip(before, after)):
+        gamma_q = min(1.0, tau / s)
+        gamma_k = min(1.0, tau / max(before[h // group * group:(h // group + 1) * group]))
+        assert s_after == pytest.approx(s * math.sqrt(gamma_q * gamma_k), rel=1e-5)
+        assert factors[h].item() == pytest.approx(math.sqrt(gamma_q * gamma_k), rel=1e-5)
+        assert s_after <= tau * (1 + 1e-5)
+    assert max(after) == pytest.approx(tau, rel=1e-5)  # the largest head is brought to tau, not under it
+    v_after = attn.c_attn.weight[32:] if isinstance(attn, Fused) else attn.v_proj.weight
+    assert torch.equal(v_after, v_before)  # v is never touched
+
+
+def _llama_run(tau, steps=10, lr=3e-3):
+    """A Llama (from its config: RoPE, GQA 4 on 2) without its 1/sqrt(d), trained on one fixed batch of the
+    embedded corpus; each step's training batch measured by the watch before the step."""
+    pytest.importorskip("transformers")
+    from tiny_llama import corpus_windows, tiny_llama
+
+    data, vocab = corpus_windows(16)
+    ids = torch.stack([data[i]["input_ids"] for i in range(8)])
+    model = tiny_llama(vocab, layers=2, hidden=32, heads=4, kv_heads=2, context=16, unscaled=True, init_std=0.1)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr)
+    clip = QKClip(model, tau) if tau else None
+    maxes = []
+    try:
+        for _ in range(steps):
+            maxes.append(measure_heads(model, {"input_ids": ids}).get("max_score").max().item())
+            model(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad()
+            if clip:
+                clip.step()
+    finally:
+        if clip:
+            clip.close()  # its wrapper of the attention function goes, as after any probe
+    return maxes
+
+
+@pytest.mark.hf
+def test_a_grouped_llama_stays_at_tau_while_the_same_run_without_passes_it():
+    """The clip acts on the S_max of the weights before the step (as Kimi K2's): the next forward may pass
+    tau by one step's growth. Stated tolerance here: 5% (at lr 3e-3 a step moves S_max by about 2%)."""
+    tau = 3.9
+    free = _llama_run(None)
+    clipped = _llama_run(tau)
+    assert max(free) > tau * 1.05 and free[0] < tau  # it starts under tau and grows past it
+    assert max(clipped) <= tau * 1.05
+    assert clipped[0] == free[0]
+
+
+def test_the_watch_logs_gamma_per_head_for_attnscale_models(tmp_path):
+    """attnscale's own model (q_proj/k_proj, read through its hook points), unscaled with unit-variance q
+    and k: every head passes tau at once, and the record says by how much each was clipped."""
+    from attnscale.lm.model import ModelConfig, build_model
+
+    model = build_model(ModelConfig(vocab_size=40, context=8, d_model=16, n_layers=2, n_heads=2, head_dim=64,
+                                    scale="none", init="unit"), seed=0)
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    ids = torch.randint(0, 40, (4, 8), generator=torch.Generator().manual_seed(0))
+    with Watch(model, every=2, probe=ids, alerts=(), sinks=[JsonlSink(tmp_path / "w.jsonl")], qk_clip=10.0) as watch:
+        for step in range(1, 5):
+            model(ids).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            numbers = watch.step(step)
+    records = read_log(tmp_path / "w.jsonl")
+    first, last = records[0].qk_clip, records[-1].qk_clip
+    assert first["tau"] == 10.0 and first["layers"] == ["blocks.0.attn", "blocks.1.attn"]
+    assert all(g < 1 for layer in first["gamma"] for g in layer) and all(s > 10 for layer in first["s_max"] for s in layer)
+    assert all(1 <= n <= 2 for layer in first["clipped_steps"] for n in layer)  # steps 1 and 2: the first clips
+    assert numbers["qk_clip/layer_1/head_0/gamma"] == last["gamma"][1][0]
+    assert numbers["qk_clip/clipped_heads"] == sum(n > 0 for layer in last["clipped_steps"] for n in layer)
+    assert records[-1].summary["attn/max_score"] <= 10.0 * 1.05  # the probe, on a batch it trained on
+    assert "qk_clip/min_gamma" in scalars(records[-1])
+    assert not any(k.startswith("qk_clip/") for k in scalars(dataclasses.replace(records[-1], qk_clip={})))
+
+
+def test_a_model_that_normalises_q_and_k_is_refused():
+    class Normed(Grouped):
+        def __init__(self):
+            super().__init__()
+            self.q_norm = nn.LayerNorm(8)
+
+    model = Net(Normed())
+    clip = QKClip(model, 10.0)
+    model(torch.randn(1, 4, 16))
+    with pytest.raises(ConfigError, match="q_norm"):
+        clip.step()
+    clip.close()
+
+
+@pytest.mark.parametrize("tau", [0, -1, float("nan"), "100", True])
+def test_a_bad_tau_is_refused_by_name(tau):
+    with pytest.raises(ValueError, match="qk_clip"):
+        Watch(Net(Grouped()), qk_clip=tau)
+
+
+def test_attnscale_qk_norm_scale_is_refused():
+    from attnscale.lm.model import ModelConfig, build_model
+
+    model = build_model(ModelConfig(vocab_size=40, context=8, d_model=16, n_layers=1, n_heads=2, scale="qk_norm"), seed=0)
+    clip = QKClip(model, 10.0)
+    model(torch.randint(0, 40, (1, 8)))
+    with pytest.raises(ConfigError, match="qk-norm"):
+        clip.step()
+    clip.close()
