@@ -37,8 +37,8 @@ def test_the_table_prints_each_runs_shares_and_the_seeds_mean(tmp_path, corpus):
         runs.append(TrainRun.load(path))
     runs.append(TrainRun.load(_run_dir_scaled(tmp_path, corpus)))  # scaled: not this table's
     (para, table) = frozen_section.blocks(SimpleNamespace(dynamics=runs))
-    assert "first 32 held-out sequences of 32 tokens" in para[1]
-    _, head, rows = table
+    assert "first 32 held-out sequences of 32 tokens" in para.text
+    head, rows = table.head, table.rows
     assert head[3:7] == [f"max weight > {x:g}" for x in THRESHOLDS]
     ids = held_out.sequences(corpus, 32, 32)
     want = [frozen_by_threshold(t.path, ids) for t in runs[:2]]
