@@ -7,6 +7,7 @@ per head to 1e-5 relative, and nothing may stay installed after a probe."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 
@@ -400,3 +401,37 @@ def test_hf_probes_in_two_threads_share_the_wrapper_and_the_last_puts_it_back():
     t.join(30)
     assert len(seen["a"]) == len(seen["b"]) == 3
     assert hf_state(a) == before
+
+
+def test_hf_auto_leaves_sdpa_alone_once_the_interface_delivered_and_probes_again_if_it_stops(monkeypatch):
+    import importlib
+
+    measure_module = importlib.import_module("attnscale.watch.measure")  # the package exports a function by that name
+    model, batch = llama(), padded_batch()
+    before = hf_state(model)
+    entered = []
+    real_sdpa = measure_module.capture_sdpa
+
+    def counting_sdpa(*a, **kw):
+        entered.append(1)
+        return real_sdpa(*a, **kw)
+
+    monkeypatch.setattr(measure_module, "capture_sdpa", counting_sdpa)
+    first = watch.measure_heads(model, batch)
+    assert len(entered) == 1  # the first probe listens to both
+    second = watch.measure_heads(model, batch)
+    assert len(entered) == 1  # the interface delivered: SDPA is left alone
+    torch.testing.assert_close(second.values_LMH, first.values_LMH, rtol=0, atol=0)
+
+    @contextlib.contextmanager
+    def deaf(model_, on_call):  # as if the model's attention no longer went through the interface
+        yield
+
+    monkeypatch.setattr(measure_module, "capture_hf", deaf, raising=False)
+    import attnscale.watch.hf_capture as hf_capture
+
+    monkeypatch.setattr(hf_capture, "capture_hf", deaf)
+    third = watch.measure_heads(model, batch)
+    assert len(entered) == 2  # it probed once more, with SDPA, and read the same heads there
+    torch.testing.assert_close(third.values_LMH, first.values_LMH, rtol=1e-5, atol=1e-6)
+    assert no_function_mode() and hf_state(model) == before

@@ -26,6 +26,7 @@ the same weights), a (Distributed)DataParallel one through its ``module``.
 from __future__ import annotations
 
 import contextlib
+import weakref
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -127,11 +128,19 @@ def choose(model: nn.Module, capture: str = "auto", adapter: Adapter | None = No
     return "hf" if _is_hf(model) else "sdpa"
 
 
+# Hugging Face models whose attention went through the AttentionInterface at an "auto" probe: their
+# next probes leave SDPA alone, since the TorchFunctionMode sees every torch call of the forward
+# (about a third of a probe's time on a small Llama). measure_heads probes once more with both if
+# the interface alone then sees nothing.
+_THROUGH_INTERFACE: "weakref.WeakSet[nn.Module]" = weakref.WeakSet()
+
+
 @contextlib.contextmanager
 def capturing(model: nn.Module, on_call, capture: str = "auto", adapter: Adapter | None = None) -> Iterator[str]:
     """Hand every attention call of ``model`` made inside to ``on_call``; yields the capture used.
     "auto" on a Hugging Face model also intercepts SDPA in the same forward and hands those
-    calls over at the end only if none went through the AttentionInterface."""
+    calls over at the end only if none went through the AttentionInterface; once calls have gone
+    through the interface, later "auto" probes of that model use the interface alone."""
     kind = choose(model, capture, adapter)
     if kind == "hooks":
         with capture_hooks(model, on_call):
@@ -145,7 +154,7 @@ def capturing(model: nn.Module, on_call, capture: str = "auto", adapter: Adapter
     else:
         from attnscale.watch.hf_capture import capture_hf
 
-        if capture == "hf":
+        if capture == "hf" or model in _THROUGH_INTERFACE:
             with capture_hf(model, on_call):
                 yield kind
             return
@@ -153,6 +162,8 @@ def capturing(model: nn.Module, on_call, capture: str = "auto", adapter: Adapter
         through_sdpa: list[AttentionCall] = []
         with capture_hf(model, through_hf.append), capture_sdpa(model, through_sdpa.append):
             yield kind
+        if through_hf:
+            _THROUGH_INTERFACE.add(model)
         for call in through_hf or through_sdpa:
             on_call(call)
 
@@ -231,10 +242,15 @@ def measure_heads(model: nn.Module, batch: Any, *, threshold: float = FROZEN_THR
     process group, every rank calls this on its own batch and gets the numbers of all the ranks' batches
     concatenated, in one collective (``distributed.py``)."""
     model = unwrap(model)
-    pools = LayerPools(threshold)
     padding = padding_of(batch)
-    with probing(model), capturing(model, lambda call: pools.add(call, padding), capture, adapter) as kind:
-        forward(model, batch)
+    while True:
+        pools = LayerPools(threshold)
+        remembered = capture == "auto" and model in _THROUGH_INTERFACE
+        with probing(model), capturing(model, lambda call: pools.add(call, padding), capture, adapter) as kind:
+            forward(model, batch)
+        if pools or not remembered:
+            break
+        _THROUGH_INTERFACE.discard(model)  # the interface saw nothing this time: once more with SDPA too
     if not pools:
         raise ConfigError(
             f"no attention call of {type(model).__name__} was seen (capture {kind!r}); the model must use attnscale's "
