@@ -7,25 +7,28 @@ WatchCallback act in every other block (with, without; without, with; ...: ABBA,
 steady drift of the machine falls on both alike). The Trainer logs every ``--every``
 steps throughout, as a run would; in a "with" block the callback probes at its last step.
 
-Why one run and not two: separate runs of identical work differ by up to ±10% on a
-shared machine (the allocator, where the pages fall, the neighbours), ten times the 1%
-to be resolved. Within one run, adjacent blocks share all of that. The gate costs one
-Python call per callback event in every block alike.
+Why one run and not two, and why not whole blocks: runs of identical work differ by up
+to ±10% on a shared machine, and within one run a block's median step drifts by ±20%
+over minutes with the machine (lag-1 correlation 0.74 between 100-step blocks in an
+A/A run), ten times the 1% to be resolved. So the cost is read where it falls, against
+the steps right before it. A probe step, its log and the step after (where caches
+refill) are the window; its excess is the sum of those three steps' times minus three
+times the median of the ``--local`` steps before it. A "without" block's last step
+logs too, so its window holds the same log and no probe. A pair's probe cost is the
+"with" window's excess minus the "without" one's, over ``every`` steps at their local
+median: the share of the run a probe every ``every`` steps costs. The printed figure
+is the mean over pairs with a 95% interval from the t distribution with pairs − 1
+degrees of freedom, computed on wall time (what the run pays) and on this process's
+CPU time (what it pays where neighbours share the cores; ``--threads 1`` keeps idle
+worker threads from spinning into it).
 
-Each block's cost is estimated robustly from the times between successive step starts:
-``every`` × the median step of the block (a neighbour's burst moves a median little),
-plus the excess over that median of the three steps from the block's last step on (the
-probe, the log that follows it, and the step after, where caches refill). A pair's
-overhead is its "with" cost over its "without" cost, minus 1; the printed figure is the
-mean over pairs with a 95% interval from the t distribution with pairs − 1 degrees of
-freedom. It is computed twice: on wall time (what the run pays) and on this process's CPU
-time (what it pays where neighbours share the cores: their load moves wall time far more
-than this process's own CPU time; ``--threads 1`` keeps idle worker threads from spinning
-into it). The sums of the raw step times and the watch's own timer (``watch/seconds``) are
-printed beside them. ``--aa`` never opens the gate: both halves are the same work, so its
-interval should hold 0, which checks the method on this machine.
+What the callback costs on every other step (its ``on_step_end`` finding nothing to
+do) is too small to see in a step's time, so it is timed directly, 20,000 calls, and
+added over the median step. The watch's own timer (``watch/seconds``) is printed
+beside. ``--aa`` never opens the gate: both windows hold the same work, so its interval
+should hold 0, which checks the method on this machine.
 
-    python benchmarks/watch_overhead.py                  # 20 pairs of 100-step blocks at the default cadence
+    python benchmarks/watch_overhead.py                  # 40 pairs of 100-step blocks at the default cadence
     python benchmarks/watch_overhead.py --aa             # the same with the watch never acting: should read 0
     python benchmarks/watch_overhead.py --report-to tensorboard   # with the integration writing too
 """
@@ -54,6 +57,8 @@ import torch  # noqa: E402
 from attnscale.watch.loop import EVERY  # noqa: E402
 
 WINDOW = 3  # steps from a block's last step on that carry the probe, its log and the refill after
+LOCAL = 20  # steps before a window whose median is its baseline: close enough that the machine has not drifted
+IDLE_CALLS = 20_000
 
 
 def cpu_line() -> str:
@@ -99,21 +104,37 @@ def gate_on(block: int) -> bool:
     return (block % 2 == 0) == ((block // 2) % 2 == 0)
 
 
-def block_cost(intervals: dict[int, float], first: int, every: int) -> float:
-    """Robust seconds of the block of steps first..first+every-1 (see the module docstring)."""
+def window_excess(intervals: dict[int, float], first: int, every: int, local: int = LOCAL) -> tuple[float, float]:
+    """(seconds of the window from the block's last step on, over its baseline; the baseline step): the
+    baseline is the median of up to ``local`` steps before the last, none of them in the previous window."""
     last = first + every - 1
-    body = [intervals[s] for s in range(first + WINDOW - 1, last)]  # not the previous window, nor the last step
-    median = statistics.median(body)
-    return every * median + sum(intervals[s] - median for s in range(last, last + WINDOW))
+    median = statistics.median(intervals[s] for s in range(max(first + WINDOW - 1, last - local), last))
+    return sum(intervals[s] - median for s in range(last, last + WINDOW)), median
 
 
-def pair_overheads(intervals: dict[int, float], warmup: int, every: int, pairs: int) -> list[float]:
-    """Per ABBA pair: robust cost of its "with" block over its "without" block, minus 1."""
+def pair_overheads(intervals: dict[int, float], warmup: int, every: int, pairs: int,
+                   local: int = LOCAL) -> list[float]:
+    """Per ABBA pair: the "with" window's excess minus the "without" one's, over ``every`` baseline steps."""
     out = []
     for k in range(pairs):
-        costs = {gate_on(b): block_cost(intervals, warmup + b * every + 1, every) for b in (2 * k, 2 * k + 1)}
-        out.append(costs[True] / costs[False] - 1)
+        got = {gate_on(b): window_excess(intervals, warmup + b * every + 1, every, local) for b in (2 * k, 2 * k + 1)}
+        (with_excess, with_step), (without_excess, without_step) = got[True], got[False]
+        out.append((with_excess - without_excess) / (every * (with_step + without_step) / 2))
     return out
+
+
+def idle_call_seconds(callback, training_args, every: int, calls: int = IDLE_CALLS) -> float:
+    """Seconds of one ``on_step_end`` of ``callback`` at a step where it does not probe (median of 5 timings)."""
+    from transformers import TrainerControl, TrainerState
+
+    state, control = TrainerState(global_step=every + 1), TrainerControl()
+    times = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(calls):
+            callback.on_step_end(training_args, state, control)
+        times.append((time.perf_counter() - start) / calls)
+    return statistics.median(times)
 
 
 def summarize(overheads: list[float]) -> dict[str, float]:
@@ -133,9 +154,10 @@ def verdict(s: dict[str, float], limit: float = 0.01) -> str:
     return f"inconclusive at {100 * limit:g}%: the interval holds values on both sides"
 
 
-def train(args, out: Path) -> tuple[dict[str, dict[int, float]], float]:
+def train(args, out: Path) -> tuple[dict[str, dict[int, float]], float, float]:
     """One gated training run: ({"wall": seconds of each step from its start to the next step's start,
-    "cpu": the same in CPU seconds of this process}, the watch's own seconds)."""
+    "cpu": the same in CPU seconds of this process}, the watch's own seconds, the seconds of one of its
+    calls at a step where it does not probe)."""
     from tiny_llama import corpus_windows, tiny_llama
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
@@ -182,23 +204,15 @@ def train(args, out: Path) -> tuple[dict[str, dict[int, float]], float]:
     Trainer(model=model, args=training, train_dataset=data, callbacks=[Gate(watch), clock]).train()
     intervals = {clock_name: {s: starts[s + 1] - starts[s] for s in starts if s + 1 in starts}
                  for clock_name, starts in clock.starts.items()}
-    return intervals, watch.watch.seconds
-
-
-def raw_sums(intervals: dict[int, float], warmup: int, every: int, pairs: int) -> dict[bool, float]:
-    """Plain sums of the step seconds of the "with" (True) and "without" (False) blocks."""
-    sums = {True: 0.0, False: 0.0}
-    for b in range(2 * pairs):
-        first = warmup + b * every + 1
-        sums[gate_on(b)] += sum(intervals[s] for s in range(first, first + every))
-    return sums
+    return intervals, watch.watch.seconds, idle_call_seconds(watch, training, args.every)
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--every", type=int, default=EVERY, help=f"probe (and log) every this many steps; the block length (default {EVERY})")
-    p.add_argument("--pairs", type=int, default=20, help="pairs of blocks, one with the watch and one without (default 20)")
+    p.add_argument("--pairs", type=int, default=40, help="pairs of blocks, one with the watch and one without (default 40)")
     p.add_argument("--warmup", type=int, default=None, help="steps before the first block (default: one block)")
+    p.add_argument("--local", type=int, default=LOCAL, help=f"steps before a window whose median is its baseline (default {LOCAL})")
     p.add_argument("--aa", action="store_true", help="never let the watch act: an A/A check of the method")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--context", type=int, default=64)
@@ -223,21 +237,23 @@ def main(argv=None) -> int:
           f"{args.warmup} warm-up steps; probe every {args.every}; report_to {args.report_to}"
           + ("; A/A: the watch never acts" if args.aa else ""))
     with tempfile.TemporaryDirectory() as tmp:
-        intervals, own = train(args, Path(tmp))
+        intervals, own, idle = train(args, Path(tmp))
     if args.save:
         args.save.write_text(json.dumps({"every": args.every, "warmup": args.warmup, "pairs": args.pairs, "aa": args.aa,
-                                         "watch_seconds": own, **intervals}))
+                                         "local": args.local, "watch_seconds": own, "idle_call_seconds": idle,
+                                         **intervals}))
+    step = statistics.median(intervals["wall"].values())
+    per_step = 0.0 if args.aa else idle / step * (args.every - 1) / args.every
     for clock_name, times in intervals.items():
-        overheads = pair_overheads(times, args.warmup, args.every, args.pairs)
-        s = summarize(overheads)
-        sums = raw_sums(times, args.warmup, args.every, args.pairs)
-        print(f"{clock_name} pairs: " + " ".join(f"{100 * o:+.2f}%" for o in overheads))
+        overheads = pair_overheads(times, args.warmup, args.every, args.pairs, args.local)
+        s = summarize([o + per_step for o in overheads])
+        print(f"{clock_name} pairs (probe windows): " + " ".join(f"{100 * o:+.2f}%" for o in overheads))
         print(f"{clock_name} overhead: {100 * s['mean']:+.2f}% [95% t interval {100 * s['low']:+.2f}%, "
-              f"{100 * s['high']:+.2f}%] over {s['pairs']} pairs; raw sums: with {sums[True]:.3f} s, without "
-              f"{sums[False]:.3f} s ({100 * (sums[True] / sums[False] - 1):+.2f}%)")
+              f"{100 * s['high']:+.2f}%] over {s['pairs']} pairs, the calls between probes "
+              f"({100 * per_step:.4f}%) included")
         print(f"{clock_name} verdict: {verdict(s)}")
-    print(f"watch's own timer: {own:.3f} s, {100 * own / sum(intervals['wall'].values()):.2f}% of the run's wall time "
-          f"(every block, the warm-up included)")
+    print(f"a call between probes: {1e6 * idle:.2f} µs, against a median step of {1e3 * step:.2f} ms; watch's own "
+          f"timer: {own:.3f} s, {100 * own / sum(intervals['wall'].values()):.2f}% of the run's wall time")
     return 0
 
 
