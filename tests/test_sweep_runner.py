@@ -239,9 +239,10 @@ def test_sigkill_mid_sweep_then_rerun_loses_and_redoes_nothing(tmp_path):
 
 
 def test_ctrl_c_with_workers_keeps_finished_runs_and_leaves_no_worker(tmp_path):
-    # kept short (40 steps) so it runs by default: once the first run is done, three are left to be interrupted
+    # kept short (40 steps) so it runs by default; six runs on two workers, so that once the first is done at
+    # least four are left to be interrupted, even where the longest start first and the shortest end together
     out = tmp_path / "sweep"
-    cmd = [sys.executable, "-m", "attnscale.cli", "sweep", "--widths", "8", "16", "--scale", "none", "inv_sqrt_d",
+    cmd = [sys.executable, "-m", "attnscale.cli", "sweep", "--widths", "8", "16", "32", "--scale", "none", "inv_sqrt_d",
            "--quick", "--steps", "40", "--batch", "2", "--context", "16", "--out", str(out), "-j", "2"]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
@@ -261,5 +262,5 @@ def test_ctrl_c_with_workers_keeps_finished_runs_and_leaves_no_worker(tmp_path):
     finished = {r for r, s in stopped.items() if s == "done"}
     kept = {r: (out / r / "record.json").read_bytes() for r in finished}
     subprocess.run(cmd, check=True, capture_output=True, timeout=300)
-    assert set(_state(out).values()) == {"done"} and len(_state(out)) == 4
+    assert set(_state(out).values()) == {"done"} and len(_state(out)) == 6
     assert kept == {r: (out / r / "record.json").read_bytes() for r in finished}
