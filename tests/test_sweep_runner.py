@@ -244,7 +244,10 @@ def test_ctrl_c_with_workers_keeps_finished_runs_and_leaves_no_worker(tmp_path):
     out = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "attnscale.cli", "sweep", "--widths", "8", "16", "32", "--scale", "none", "inv_sqrt_d",
            "--quick", "--steps", "40", "--batch", "2", "--context", "16", "--out", str(out), "-j", "2"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    # a shell that starts the tests in the background (`cmd &`) leaves SIGINT ignored, and a child inherits that:
+    # the sweep gets Ctrl-C's default, as it would from a terminal
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         deadline = time.monotonic() + 180
         while "done" not in _state(out).values():
