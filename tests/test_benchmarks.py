@@ -171,7 +171,8 @@ def test_reproduce_stages_adds_each_stage_up_from_its_rows():
     for line in out.splitlines():
         if m := row.match(line):
             runs, steps, old, new, ratio = int(m[1]), int(m[2]), float(m[3]), float(m[4]), float(m[5])
-            assert ratio == pytest.approx(old / new, abs=0.01)
+            # ms print to 0.05 and the ratio to 0.005: at smoke size that rounding alone moves old / new
+            assert ratio == pytest.approx(old / new, abs=(old / new) * (0.05 / old + 0.05 / new) + 0.005)
             shapes.append((runs, steps, old, new))
         elif m := total.match(line):  # the stage's seconds: each shape's steps × its ms a step, added up
             stages += 1
