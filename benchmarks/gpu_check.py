@@ -4,8 +4,8 @@
 
 For the day a GPU is lent (sized to finish within 8 minutes on one GPU):
 
-1. the device tests with nothing patched: ``tests/test_device.py`` (the CUDA and
-   MPS tests there skip without one) and ``tests/test_attention.py``;
+1. the device tests with nothing patched: ``tests/core/test_device.py`` (the CUDA and
+   MPS tests there skip without one) and ``tests/core/test_attention.py``;
 2. a short training run per precision the device has (fp32 with TF32, bf16 where
    native, fp16 with its gradient scaler, and "auto"), the default preset's model,
    on the embedded corpus: status, held-out perplexity, tokens/s, steps the fp16
@@ -63,7 +63,7 @@ def _run(cmd: list[str], timeout: int) -> subprocess.CompletedProcess:
 def device_tests(args, device, work: Path) -> str:
     if not (ROOT / "tests").is_dir():
         raise Skip("no tests/ folder beside benchmarks/")
-    proc = _run([sys.executable, "-m", "pytest", "tests/test_device.py", "tests/test_attention.py", "-q", "-rs",
+    proc = _run([sys.executable, "-m", "pytest", "tests/core/test_device.py", "tests/core/test_attention.py", "-q", "-rs",
                  "-p", "no:cacheprovider"], timeout=400)
     tail = [line for line in proc.stdout.splitlines() if line.strip()][-1:]
     if proc.returncode:

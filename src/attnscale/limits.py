@@ -29,7 +29,7 @@ OPS_PER_S = 1e12  # optimistic on purpose: a refusal must never be a run that wo
 # What one training process with one thread did on a reference laptop CPU in fp32: measured on a
 # 2-core AMD EPYC (no native bf16) over the default preset's sweep, 33-38 x 10^9 operations/s of
 # ``training_cost`` at every head width from 32 to 1,024 (the lowest, 33, at width 32). The presets'
-# budgets are held to it (tests/test_full_preset.py); ETAs are not: they use the rate measured on
+# budgets are held to it (tests/lm/test_full_preset.py); ETAs are not: they use the rate measured on
 # the machine that trains (``runs.pace``).
 CPU_OPS_PER_S = 3.3e10
 FLOAT_BYTES = 4

@@ -18,7 +18,7 @@ from attnscale.watch.qk_clip import QKClip, clip_factors
 from attnscale.watch.sinks import JsonlSink, scalars
 from attnscale.watch.record import read_log
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
 
 class Fused(nn.Module):

@@ -10,7 +10,7 @@ import pytest
 pytest.importorskip("lightning")
 pytest.importorskip("tensorboard")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
 from lightning_trainer import Shifted, language_model  # noqa: E402
 from watch_readers import tensorboard_scalars, wandb_history  # noqa: E402

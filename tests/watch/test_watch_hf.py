@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("tensorboard")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
 from tiny_llama import corpus_windows, tiny_llama  # noqa: E402
 from watch_readers import tensorboard_scalars, wandb_history  # noqa: E402

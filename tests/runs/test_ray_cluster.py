@@ -8,7 +8,7 @@ The default run keeps the cluster, the two-node sweep, the CUDA refusal and "aut
 Ray Client sweep (a driver process of its own), the GPU workers (four fresh workers on a
 third node) and the node loss (400 steps a run, a retry) are marked slow: on this 2-core
 machine under a load average of 20 they took 37, 46 and 59 s (``pytest -m slow
-tests/test_ray_cluster.py``). The Ray Client test is also at the mercy of the load: in two
+tests/runs/test_ray_cluster.py``). The Ray Client test is also at the mercy of the load: in two
 of four runs here, the server process the head starts for each client did not come
 up in time, and the sweep failed to connect."""
 

@@ -1,5 +1,5 @@
 """`--executor ray` on every command that takes it (dynamics, schemes, study, reproduce), on
-the local Ray instance that tests/test_ray_executor.py starts (127.0.0.1, no dashboard, no
+the local Ray instance that tests/runs/test_ray_executor.py starts (127.0.0.1, no dashboard, no
 usage statistics), each on a tiny corpus and a few steps: the records land in --out as
 with local workers."""
 

@@ -16,8 +16,7 @@ from attnscale.lm.model import ModelConfig, build_model
 from attnscale.watch.loop import Watch
 from attnscale.watch.measure import measure_heads
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
 from test_watch_qk_clip import Fused  # noqa: E402  nanoGPT's attention: c_attn and SDPA
 

@@ -2,8 +2,6 @@
 
 import math
 import statistics
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -14,8 +12,7 @@ from attnscale.report.analysis import plus_minus
 from attnscale.runs.record import TrainRun
 from attnscale.runs.runner import CorpusSpec
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_inspect_runs import _cfg, _run_dir  # noqa: E402
+from run_folders import _cfg, _run_dir
 
 
 @pytest.fixture(scope="module")

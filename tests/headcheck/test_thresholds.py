@@ -1,15 +1,12 @@
 """headcheck.thresholds: the frozen share at several thresholds from a run's final weights, checked by hand."""
 
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from attnscale.headcheck.thresholds import THRESHOLDS, frozen_by_threshold
 
-sys.path.insert(0, str(Path(__file__).parent))
-from test_inspect_runs import _cfg, _run_dir  # noqa: E402  (the run folder a finished run leaves)
+from run_folders import _cfg, _run_dir  # the run folder a finished run leaves
 
 
 def test_shares_by_threshold_match_the_weights_recomputed_by_hand(tmp_path):

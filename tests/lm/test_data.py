@@ -21,7 +21,7 @@ WIKITEXT2_TRAIN_SHA = "9e9fa1ad55b1c2c95b08e37dd8e653f638fac2c6de904b79e813611ee
 
 
 # small files in the corpora's formats, written for the tests (tests/fixtures/README.md)
-FIXTURES = Path(__file__).resolve().parent / "fixtures"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def _closed_port() -> int:
