@@ -311,7 +311,7 @@ def test_sdpa_mode_is_popped_after_an_error():
     def explode(call):
         raise KeyError("boom")
 
-    with pytest.raises(KeyError):
+    with pytest.raises(KeyError, match="boom"):
         with capture_sdpa(None, explode):
             F.scaled_dot_product_attention(*[torch.randn(1, 1, 3, 4)] * 3)
     assert no_function_mode()
