@@ -1,20 +1,15 @@
 """benchmarks/qk_clip_overhead.py at smoke size: it runs both models, and its ratios are those of its medians."""
 
-import importlib.util
 import re
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "qk_clip_overhead.py"
+from benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("qk_clip_overhead", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("qk_clip_overhead.py")
 
 
 def test_summary_is_medians_and_their_ratio(bench):

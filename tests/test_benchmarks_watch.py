@@ -1,23 +1,18 @@
 """benchmarks/watch_overhead.py: its estimator against hand calculations, and a smoke run whose printed
 figure is the mean of the pairs it prints."""
 
-import importlib.util
 import json
 import re
 import statistics
-from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "watch_overhead.py"
+from benchmark_scripts import load_benchmark
 
 
 @pytest.fixture(scope="module")
 def bench():
-    spec = importlib.util.spec_from_file_location("watch_overhead", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_benchmark("watch_overhead.py")
 
 
 @pytest.mark.parametrize("p, df, table", [(0.975, 1, 12.706), (0.975, 2, 4.303), (0.975, 4, 2.776),
