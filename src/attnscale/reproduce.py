@@ -72,9 +72,11 @@ def _finished(run_dir: Path) -> bool:
 
 
 def stages(*, seed: int = 0, preset: str = "default", corpus: str = "default", jobs: int = 1,
-           executor: str = "local", ray_address: str | None = None, device: str | None = None) -> list[Stage]:
+           executor: str = "local", ray_address: str | None = None, device: str | None = None,
+           dtype: str | None = None) -> list[Stage]:
     """The stages in order; ``preset``: "quick", "default" or "full" (``lm.presets``);
-    ``device`` is where the training runs go (spread and fresh stay on the CPU).
+    ``device`` is where the training runs go (spread and fresh stay on the CPU); ``dtype``,
+    when given, the precision they train in instead of the preset's "auto".
 
     "full" trains the dynamics pair once per seed of the sweep (so the dynamics claims read
     a mean over seeds); runs that two stages share (the sweep's widest pairs) are trained
@@ -91,11 +93,14 @@ def stages(*, seed: int = 0, preset: str = "default", corpus: str = "default", j
     pairs, sequences = (5000, 50) if quick else (20000, 200)
     vocab = load_corpus(corpus).vocab_size  # once: the budgets depend on it
     seeds = range(seed, seed + budget(preset, vocab).seeds)
-    dyns = [replace(dynamics.preset(quick=quick, full=full, corpus=corpus, seed=s, vocab_size=vocab), device=device)
-            for s in seeds]
-    swp = replace(sweep.preset(quick=quick, full=full, corpus=corpus, seed=seed, vocab_size=vocab), device=device)
-    sch = replace(schemes.preset("smoke" if quick else "quick", corpus=corpus, seed=seed, vocab_size=vocab),
-                  device=device)
+
+    def on(cfg):
+        """``cfg`` where the runs train: ``device``, and ``dtype`` where one is asked for."""
+        return replace(cfg, device=device, **({} if dtype is None else {"train": replace(cfg.train, dtype=dtype)}))
+
+    dyns = [on(dynamics.preset(quick=quick, full=full, corpus=corpus, seed=s, vocab_size=vocab)) for s in seeds]
+    swp = on(sweep.preset(quick=quick, full=full, corpus=corpus, seed=seed, vocab_size=vocab))
+    sch = on(schemes.preset("smoke" if quick else "quick", corpus=corpus, seed=seed, vocab_size=vocab))
     counted: set[str] = set()
     workers = min(jobs, cores())
 
@@ -193,7 +198,8 @@ def _say(msg: str) -> None:
 
 
 def run(out: Path, *, seed: int = 0, preset: str = "default", corpus: str = "default", jobs: int = 1,
-        executor: str = "local", ray_address: str | None = None, device: str | None = None) -> Path:
+        executor: str = "local", ray_address: str | None = None, device: str | None = None,
+        dtype: str | None = None) -> Path:
     """Run every stage not yet on disk, then build the report; returns the report's HTML path.
 
     Before the first stage it times a few training steps here (``measure_pace``) and
@@ -205,7 +211,7 @@ def run(out: Path, *, seed: int = 0, preset: str = "default", corpus: str = "def
     (a local instance, or the cluster at ``ray_address``) opened for the first of them."""
     out = Path(out)
     todo = stages(seed=seed, preset=preset, corpus=corpus, jobs=jobs, executor=executor, ray_address=ray_address,
-                  device=device)
+                  device=device, dtype=dtype)
     started = time.time()
     pace, timed = measure_pace(todo, out, corpus, jobs)
     left = sum(_left_s(s, out / s.folder, pace) for s in todo)

@@ -58,6 +58,28 @@ def test_another_config_in_out_is_refused_and_nothing_is_lost(tmp_path, capsys):
     assert record.read_bytes() == content
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_dtype_is_the_precision_the_run_trains_and_is_known_by(tmp_path, capsys, dtype):
+    out = tmp_path / "train"
+    assert main(["train", "--width", "8", *TINY, "--out", str(out), "--dtype", dtype]) == 0
+    record = json.loads((out / "d8-inv_sqrt_d-s0" / "record.json").read_text())
+    assert record["config"]["train"]["dtype"] == dtype and record["results"]["dtype"] == dtype
+    # another precision in the same folder is another run: refused there, never resumed as this one
+    other = {"fp32": "bf16", "bf16": "fp32"}[dtype]
+    capsys.readouterr()
+    assert main(["train", "--width", "8", *TINY, "--out", str(out), "--dtype", other]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "dtype" in err[0]
+
+
+def test_a_precision_this_machine_cannot_train_in_is_refused_before_anything_is_written(tmp_path, capsys):
+    out = tmp_path / "out"
+    assert main(["train", "--width", "8", *TINY, "--out", str(out), "--dtype", "fp16", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("attnscale: error: dtype 'fp16' needs a GPU") and "--dtype bf16" in err[0]
+    assert not out.exists()
+
+
 def _bad_corpora(tmp_path):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
@@ -90,6 +112,8 @@ def test_bad_corpus_is_one_line_exit_2(tmp_path, capsys, kind):
     (["dynamics", "--steps", "ten"], "--steps"),
     (["dynamics", "--tokenizer", "sentencepiece"], "--tokenizer"),
     (["sweep", "--lrs", "0"], "--lrs"),
+    (["sweep", "--dtype", "fp8"], "--dtype"),
+    (["reproduce", "--dtype", "half"], "--dtype"),
 ])
 def test_bad_options_are_one_line_exit_2(capsys, args, needle):
     assert main(args) == 2

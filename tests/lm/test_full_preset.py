@@ -109,3 +109,12 @@ def test_the_eta_leaves_out_runs_already_finished(tmp_path):
     assert reproduce._left_s(stage, folder, REFERENCE) == pytest.approx(full * ops[last] / sum(ops.values()))
     rec.write(folder / last, rec.new("train", {}, {"status": "running", "steps_done": 0}, status="running"))
     assert reproduce._left_s(stage, folder, REFERENCE) == pytest.approx(full * ops[last] / sum(ops.values()))
+
+
+def test_dtype_reaches_every_training_stage_and_only_them():
+    for dtype in ("fp32", "bf16"):
+        todo = reproduce.stages(preset="quick", jobs=1, dtype=dtype)
+        trained = [s for s in todo if s.group]
+        assert {s.folder for s in trained} == {"dynamics", "sweep", "schemes"}
+        assert {r.train.dtype for s in trained for r in s.runs} == {dtype}
+    assert {r.train.dtype for s in reproduce.stages(preset="quick", jobs=1) if s.group for r in s.runs} == {"auto"}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from attnscale.cli.options import (UsageError, at_least_two, default_of, device_option, executor_kwargs,
+from attnscale.cli.options import (UsageError, at_least_two, default_of, device_option, dtype_option, executor_kwargs,
                                    executor_options, nonneg_int, positive_int, probability, scale_name, scale_or_all,
                                    words, writable_dir)
 from attnscale.cli.sequence import Command, table_of
@@ -144,7 +144,7 @@ def _reproduce(preset, out, args):
 
     # reproduce prints its own scoreboard and paths as it ends: nothing is left to show
     reproduce.run(out, seed=args.seed, preset=preset, corpus=args.corpus, jobs=args.jobs, **executor_kwargs(args),
-                  device=args.device)
+                  device=args.device, dtype=args.dtype)
 
 
 def _preset(args) -> str:
@@ -163,8 +163,8 @@ def add_reproduce(sub) -> None:
                    help="a small preset that finishes in about two minutes; its report says so and is not "
                         "the course's comparison")
     p.add_argument("--full", action="store_true",
-                   help="the full-length preset (1,200 steps a run, 2 seeds): the course's end of training, about "
-                        "an hour on a 2-core laptop CPU; prints its estimate first, checkpoints every run; the setup "
+                   help=f"the full-length preset ({_full_budget()}): the course's end of training, over an hour "
+                        "on a 2-core laptop CPU without native bf16; prints its estimate first, checkpoints every run; the setup "
                         "study is its own command (attnscale study), which it names at the end")
     p.add_argument("--corpus", default="default",
                    help="'default' (embedded), 'wikitext-2', 'tinyshakespeare', a text file or a folder")
@@ -174,7 +174,15 @@ def add_reproduce(sub) -> None:
                         "on one GPU, runs at once share it")
     executor_options(p)
     device_option(p)
+    dtype_option(p)
     p.set_defaults(run=Command(_preset, _reproduce, show=lambda _: None))
+
+
+def _full_budget() -> str:
+    from attnscale.lm.presets import budget
+
+    b = budget("full")
+    return f"{b.train.steps:,} steps a run, {b.seeds} seeds"
 
 
 def _runs_dir(args) -> Path:

@@ -140,13 +140,16 @@ def study_axis(text: str) -> tuple[str, tuple]:
 # ---- checks made before anything is written ------------------------------------
 
 
-def usable_device(spec: str, executor: str = "local") -> str:
-    """``spec`` when this machine has the device; else a one-line error (ConfigError), before anything is written.
-    With ``executor`` "ray" the runs train elsewhere: the Ray executor checks the cluster instead."""
-    from attnscale.core.device import resolve_device
+def usable_device(spec: str, executor: str = "local", dtype: str | None = None) -> str:
+    """``spec`` when this machine has the device, and can train in ``dtype`` there where one is given; else a
+    one-line error (ConfigError), before anything is written. With ``executor`` "ray" the runs train elsewhere:
+    the Ray executor checks the cluster instead."""
+    from attnscale.core.device import resolve_device, resolve_precision
 
     if executor != "ray":
-        resolve_device(spec)
+        device = resolve_device(spec)
+        if dtype is not None:
+            resolve_precision(dtype, device)
     return spec
 
 
@@ -181,6 +184,21 @@ def device_option(p) -> None:
                    help="auto (CUDA, else MPS, else CPU), cpu, cuda, cuda:N or mps")
 
 
+def dtype_name(text: str) -> str:
+    from attnscale.core.device import DTYPES
+
+    if text not in DTYPES:
+        raise argparse.ArgumentTypeError(f"takes one of {', '.join(DTYPES)}, got {text!r}")
+    return text
+
+
+def dtype_option(p) -> None:
+    p.add_argument("--dtype", type=dtype_name,
+                   help="precision the runs train in: auto (the preset's: bf16 where the CPU or GPU computes in it "
+                        "natively, fp16 on Volta and Turing GPUs, else fp32), fp32, bf16 or fp16 (GPUs only); "
+                        "a run trained in another precision is another run, never resumed as this one")
+
+
 def training_options(p, out: str, quick: str | None = None) -> None:
     """Options every training command shares: corpus, budget overrides, output, workers."""
     p.add_argument("--corpus", default="default",
@@ -195,6 +213,7 @@ def training_options(p, out: str, quick: str | None = None) -> None:
     p.add_argument("--out", type=Path, default=Path(out), help=f"runs go to OUT/<run_id> (default {out})")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     device_option(p)
+    dtype_option(p)
 
 
 def _quick_budget() -> str:
@@ -233,9 +252,11 @@ def executor_kwargs(args) -> dict:
 
 
 def overrides(model: dict, train, args) -> tuple[dict, object]:
-    """(model settings, TrainConfig) with the command line's --steps, --batch, --lr and --context."""
+    """(model settings, TrainConfig) with the command line's --steps, --batch, --lr, --context and --dtype."""
     from attnscale.lm.presets import with_steps
 
+    if args.dtype is not None:
+        train = dataclasses.replace(train, dtype=args.dtype)
     if args.steps is not None:
         train = with_steps(train, args.steps)
     if args.batch is not None:

@@ -1,6 +1,6 @@
 """The one sequence every command follows, written once.
 
-check the device → build the config → make the out folder → run → print.
+check the device (and the precision asked for on it) → build the config → make the out folder → run → print.
 
 The first two refuse a request before anything is written: a device this
 machine lacks, an option that contradicts another, a config the library
@@ -55,7 +55,7 @@ class Command:
         if getattr(args, "ray_address", None) and executor != "ray":
             raise UsageError("--ray-address joins a Ray cluster; add --executor ray")
         if getattr(args, "device", None) is not None:
-            usable_device(args.device, executor)  # runs that train on Ray nodes are checked there
+            usable_device(args.device, executor, getattr(args, "dtype", None))  # Ray nodes' are checked there
         cfg = self.config(args)
         out = writable_dir(args.out) if getattr(args, "out", None) is not None else None
         result = self.run(cfg, out, args)
