@@ -79,42 +79,44 @@ class Alert:
         raise NotImplementedError
 
 
-def _above(values_H: torch.Tensor, limit: float, below: bool = False):
-    hit = values_H < limit if below else values_H > limit
-    return [(int(h), float(values_H[h])) for h in torch.nonzero(hit).flatten()]
+@dataclass(frozen=True)
+class _Threshold(Alert):
+    """An alert where one measure of a head passes a fixed limit, strictly: a subclass names the
+    ``measure``, the field that holds its limit (``limit_field``), and whether under it fires (``below``)."""
+
+    measure = ""
+    limit_field = ""
+    below = False
+
+    def hits(self, layer, values_MH, rows_H, measures):
+        values_H, limit = values_MH[measures.index(self.measure)], getattr(self, self.limit_field)
+        hit = values_H < limit if self.below else values_H > limit
+        return [(int(h), float(values_H[h])) for h in torch.nonzero(hit).flatten()]
 
 
 @dataclass(frozen=True)
-class MaxScore(Alert):
+class MaxScore(_Threshold):
     tau: float = 100.0
-    name = "max_score"
-
-    def hits(self, layer, values_MH, rows_H, measures):
-        return _above(values_MH[measures.index("max_score")], self.tau)
+    name = measure = "max_score"
+    limit_field = "tau"
 
     def describe(self, value):
         return f"max |score| {value:.4g} above tau = {self.tau:g}"
 
 
 @dataclass(frozen=True)
-class Collapsed(Alert):
+class Collapsed(_Threshold):
     words: float = 2.0
-    name = "collapsed"
-
-    def hits(self, layer, values_MH, rows_H, measures):
-        return _above(values_MH[measures.index("effective_words")], self.words, below=True)
+    name, measure, limit_field, below = "collapsed", "effective_words", "words", True
 
     def describe(self, value):
         return f"collapsed onto {value:.3g} effective words (fewer than {self.words:g})"
 
 
 @dataclass(frozen=True)
-class Frozen(Alert):
+class Frozen(_Threshold):
     limit: float = 0.5
-    name = "frozen"
-
-    def hits(self, layer, values_MH, rows_H, measures):
-        return _above(values_MH[measures.index("frozen_fraction")], self.limit)
+    name, measure, limit_field = "frozen", "frozen_fraction", "limit"
 
     def describe(self, value):
         return f"{100 * value:.1f}% of rows frozen (above {100 * self.limit:g}%)"
