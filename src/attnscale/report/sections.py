@@ -168,14 +168,51 @@ def _header(runs, verdicts: list[course.Verdict], experiments: dict[str, str]) -
 
 # ---- one section per experiment ------------------------------------------------
 
+# each experiment's section opens with its heading and a paragraph: what was run, how it is measured and read
+_OPENINGS = {
+    "spread": ("1. Wider means louder: the spread of q·k",
+               "Random pairs of vectors with independent N(0, 1) entries (`attnscale spread`). The "
+               "spread is the standard deviation of q·k; SE is the standard error of our estimate "
+               "(sample std over the pairs)."),
+    "fresh": ("3. A fresh head, before any training",
+              "Verdicts use the footnote's assumption (q and k entries with unit variance, 'unit' "
+              "init: `attnscale fresh --init unit`); the tiny model's own initialisation is shown beside "
+              "them (`--init model`). Effective words of a "
+              "row = exp(entropy); a row is frozen when its largest weight exceeds the threshold. The "
+              "course quotes one row for 'roughly 35 words', not an average, so we ask whether 35 "
+              "lies inside our p10–p90 range of single rows."),
+    "dynamics": ("4. What happens during training",
+                 "The tiny model trained with and without the scale (`attnscale dynamics`). "
+                 "The course's figures are one head's, its first layer's, so every claim below, at the start "
+                 "and at the end, reads layer 0 (the mean over its heads, then over seeds, with the 95% "
+                 "t interval over seeds), the mean over all layers beside it. A head's spread is the "
+                 "standard deviation of all its scaled, unmasked scores, pooled over rows: softmax "
+                 "ignores a shift common to a row, so the pooled figure also counts differences "
+                 "between rows' mean scores and sits at or above the rows' RMS within-row spread (pooled "
+                 "variance = mean within-row variance + variance of the row means); it is the course's "
+                 "measure, so it is the one judged. "
+                 "Plots show the mean over layers (thick) and each layer where layers differ by over "
+                 "10% (thin, a lighter shade per layer). A short CPU run may not reach the course's end "
+                 "state; then the verdict says 'partly', 'inconclusive' or 'differs' and both numbers "
+                 "are shown."),
+    "sweep": ("5. Where 'large' starts: held-out perplexity by width",
+              "The tiny model trained at each width with and without the scale (`attnscale sweep`). "
+              "Gap = perplexity without the scale − with it (positive: the scale helps), means over "
+              "seeds; SE from the seeds where each cell has two or more. The gap in points depends on "
+              "the corpus and tokenizer, and the course's corpus is not the one here, so compare "
+              "shapes first."),
+}
+
+
+def _opening(section: str) -> list[Block]:
+    title, text = _OPENINGS[section]
+    return [Heading(2, title), Para(text)]
+
 
 def _spread(runs, verdicts, out: Path, pngs: dict) -> list[Block]:
     from attnscale.report import plots
 
-    b: list[Block] = [Heading(2, "1. Wider means louder: the spread of q·k"),
-                      Para(("Random pairs of vectors with independent N(0, 1) entries (`attnscale spread`). The "
-                             "spread is the standard deviation of q·k; SE is the standard error of our estimate "
-                             "(sample std over the pairs)."))]
+    b = _opening("spread")
     if not runs.spread_rows:
         return b + [Para("Not run.")]
     b.append(_verdict_table(verdicts))
@@ -206,13 +243,7 @@ def _illustration(runs, out: Path, pngs: dict) -> list[Block]:
 def _fresh(runs, verdicts, out: Path, pngs: dict) -> list[Block]:
     from attnscale.report import plots
 
-    b: list[Block] = [Heading(2, "3. A fresh head, before any training"),
-                      Para(("Verdicts use the footnote's assumption (q and k entries with unit variance, 'unit' "
-                             "init: `attnscale fresh --init unit`); the tiny model's own initialisation is shown beside "
-                             "them (`--init model`). Effective words of a "
-                             "row = exp(entropy); a row is frozen when its largest weight exceeds the threshold. The "
-                             "course quotes one row for 'roughly 35 words', not an average, so we ask whether 35 "
-                             "lies inside our p10–p90 range of single rows."))]
+    b = _opening("fresh")
     if not runs.fresh_rows:
         return b + [Para("Not run.")]
     b.append(_verdict_table(verdicts, beside="model's own init"))
@@ -248,21 +279,7 @@ def _targets() -> dict[str, list[tuple[float, str, str]]]:
 def _dynamics(runs, verdicts, out: Path, pngs: dict) -> list[Block]:
     from attnscale.report import plots
 
-    b: list[Block] = [Heading(2, "4. What happens during training"),
-                      Para(("The tiny model trained with and without the scale (`attnscale dynamics`). "
-                             "The course's figures are one head's, its first layer's, so every claim below, at the start "
-                             "and at the end, reads layer 0 (the mean over its heads, then over seeds, with the 95% "
-                             "t interval over seeds), the mean over all layers beside it. A head's spread is the "
-                             "standard deviation of all its scaled, unmasked scores, pooled over rows: softmax "
-                             "ignores a shift common to a row, so the pooled figure also counts differences "
-                             "between rows' mean scores and sits at or above the rows' RMS within-row spread (pooled "
-                             "variance = mean within-row variance + variance of the row means); it is the course's "
-                             "measure, so it is the one judged. "
-                             "Plots show the mean over layers (thick) and each layer where layers differ by over "
-                             "10% (thin, a lighter shade per layer). A short CPU run may not reach the course's end "
-                             "state; then the verdict says 'partly', 'inconclusive' or 'differs' and both numbers "
-                             "are shown.")),
-                      _verdict_table(verdicts)]
+    b = _opening("dynamics") + [_verdict_table(verdicts)]
     for w in sorted({t.width for t in runs.dynamics}):
         series = [(f"{display_name(t.scale)}, seed {t.seed}", t.scale, t.recorded) for t in runs.dynamics
                   if t.width == w and t.recorded]
@@ -281,13 +298,7 @@ def _dynamics(runs, verdicts, out: Path, pngs: dict) -> list[Block]:
 def _sweep(runs, verdicts, out: Path, pngs: dict) -> list[Block]:
     from attnscale.report import analysis, plots
 
-    b: list[Block] = [Heading(2, "5. Where 'large' starts: held-out perplexity by width"),
-                      Para(("The tiny model trained at each width with and without the scale (`attnscale sweep`). "
-                             "Gap = perplexity without the scale − with it (positive: the scale helps), means over "
-                             "seeds; SE from the seeds where each cell has two or more. The gap in points depends on "
-                             "the corpus and tokenizer, and the course's corpus is not the one here, so compare "
-                             "shapes first.")),
-                      _verdict_table(verdicts)]
+    b = _opening("sweep") + [_verdict_table(verdicts)]
     if not runs.sweep:
         return b
     cells: dict[tuple[int, str], list[float]] = {}
