@@ -1,20 +1,23 @@
-"""Does QK-Clip stand in for the 1/sqrt(d) scale? A Llama-shaped model trained from scratch three ways.
+"""Does QK-Clip stand in for the 1/sqrt(d) scale, and at what tau? A Llama-shaped model trained from scratch.
 
-    python examples/qk_clip_study.py                    # 3 ways × 2 seeds, 150 steps each: ~20 min on 2 busy cores
-    python examples/qk_clip_study.py --tau 20 --seeds 3 --out runs/qk-clip-20
+    python examples/qk_clip_study.py                          # 4 ways × 2 seeds, 150 steps each
+    python examples/qk_clip_study.py --taus 20 50 --seeds 3 --out runs/qk-clip-20-50
 
 The model is ``tiny_llama`` (``LlamaForCausalLM`` from its config: RoPE, RMSNorm, SwiGLU,
 4 query heads on 2 key/value heads), trained with the Hugging Face Trainer on the
 embedded corpus, the same seeds and batches for each way:
 1. ``scaled``: the model's own 1/sqrt(head_dim);
 2. ``unscaled``: its scale set to 1, as the course warns against;
-3. ``unscaled+qk-clip``: the same, with QK-Clip at ``--tau`` after every step.
-The watch probes every ``--every`` steps, with a max-score alert at tau (a warning).
-Per run: held-out perplexity (exp of the mean next-token cross-entropy on the
-corpus's held-out split), the step of the first alert, and the watch log. Per way:
-the mean perplexity ± its standard error over seeds, with a 95% interval from
-Student's t. Everything goes to the run folder ``--out``: ``results.json``,
-``summary.md`` and each run's ``watch.jsonl`` (``attnscale watch-report`` draws one).
+3. ``unscaled+qk-clip τ=T``, one way per ``--taus`` value: the same, with QK-Clip at T after every step.
+The watch probes every ``--every`` steps, with a max-score alert at ``--alert-tau``
+(a warning; 100 by default, the tau Kimi K2 trained with). Per run: held-out
+perplexity (exp of the mean next-token cross-entropy on the corpus's held-out
+split), the step of the first alert, every layer's largest max score and mean
+effective words at each probe, and the watch log. Per way: the mean perplexity ±
+its standard error over seeds, with a 95% interval from Student's t. Everything
+goes to the run folder ``--out``: ``results.json``, ``summary.md``, ``by-layer.png``
+(max score and effective words by layer over steps, every way) and each run's
+``watch.jsonl`` (``attnscale watch-report`` draws one).
 """
 
 from __future__ import annotations
@@ -36,13 +39,30 @@ from tiny_llama import Windows, corpus_windows, tiny_llama  # noqa: E402
 
 from attnscale.lm.data import load_corpus  # noqa: E402
 from attnscale.report.analysis import mean_se  # noqa: E402
+from attnscale.report.intervals import interval  # noqa: E402
 from attnscale.watch.alerts import MaxScore  # noqa: E402
 from attnscale.watch.record import read_log  # noqa: E402
 from attnscale.watch.sinks import JsonlSink  # noqa: E402
 
-WAYS = ("scaled", "unscaled", "unscaled+qk-clip")
-# Student's t, 97.5% quantile, by degrees of freedom (a 95% two-sided interval from n seeds: df = n - 1)
-T_975 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
+CLIPPED = "unscaled+qk-clip τ="
+
+
+def ways(taus) -> list[str]:
+    """The ways to train, in order: the model as made, unscaled, then unscaled with QK-Clip at each tau."""
+    return ["scaled", "unscaled", *(f"{CLIPPED}{tau:g}" for tau in taus)]
+
+
+def clip_tau(way: str) -> float | None:
+    return float(way[len(CLIPPED):]) if way.startswith(CLIPPED) else None
+
+
+def by_layer(records) -> dict[str, list[list[float]]]:
+    """Per probe and layer: the largest max score over the layer's heads, and its heads' mean effective words."""
+    def per_layer(r, measure, reduce):
+        return [reduce([v for v in heads if v is not None]) for heads in r.grid(measure)]
+
+    return {"max_score": [per_layer(r, "max_score", max) for r in records],
+            "effective_words": [per_layer(r, "effective_words", lambda v: sum(v) / len(v)) for r in records]}
 
 
 def held_out_perplexity(model, ids: torch.Tensor, context: int, windows: int) -> float:
@@ -63,10 +83,9 @@ def one_run(way: str, seed: int, args, out: Path) -> dict:
     data, vocab = corpus_windows(args.context)
     model = tiny_llama(vocab, layers=args.layers, hidden=args.hidden, heads=4, kv_heads=2, context=args.context,
                        seed=seed, unscaled=way != "scaled")
-    folder = out / way / f"seed-{seed}"
-    callback = WatchCallback(every=args.every, alerts=[MaxScore(tau=args.tau, action="warn")],
-                             sinks=[JsonlSink(folder / "watch.jsonl")], report=False,
-                             qk_clip=args.tau if way.endswith("qk-clip") else None)
+    folder = out / way.replace(" ", "").replace("τ=", "-tau-") / f"seed-{seed}"
+    callback = WatchCallback(every=args.every, alerts=[MaxScore(tau=args.alert_tau, action="warn")],
+                             sinks=[JsonlSink(folder / "watch.jsonl")], report=False, qk_clip=clip_tau(way))
     training = TrainingArguments(output_dir=str(folder), max_steps=args.steps, per_device_train_batch_size=args.batch,
                                  learning_rate=args.lr, logging_steps=args.every, save_strategy="no", report_to="none",
                                  use_cpu=True, disable_tqdm=True, seed=seed, data_seed=seed)
@@ -78,18 +97,17 @@ def one_run(way: str, seed: int, args, out: Path) -> dict:
             "first_alert_step": alerted[0] if alerted else None,
             "max_score": [r.summary["attn/max_score"] for r in records],
             "min_effective_words": [r.summary["attn/min_effective_words"] for r in records],
-            "steps": [r.step for r in records]}
+            "steps": [r.step for r in records], "by_layer": by_layer(records)}
 
 
 def summarize(runs: list[dict]) -> dict[str, dict]:
     """Per way: mean perplexity, its standard error and 95% interval (Student's t), and the first alerts."""
     out = {}
-    for way in WAYS:
+    for way in dict.fromkeys(r["way"] for r in runs):
         rows = [r for r in runs if r["way"] == way]
-        if not rows:
-            continue
         mean, se = mean_se([r["perplexity"] for r in rows])
-        half = T_975[len(rows) - 1] * se if se is not None and len(rows) - 1 in T_975 else None
+        bounds = interval(mean, se, len(rows))
+        half = None if bounds is None else bounds[1] - mean
         out[way] = {"runs": len(rows), "perplexity": mean, "se": se, "ci95": half,
                     "first_alert_steps": [r["first_alert_step"] for r in rows],
                     "final_max_score": [r["max_score"][-1] for r in rows]}
@@ -110,12 +128,45 @@ def table(summary: dict[str, dict], title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def figure(runs: list[dict], path: Path) -> Path:
+    """Max score (log scale) and mean effective words by layer over steps: a column a layer, a colour a way,
+    seed 0 drawn solid and the other seeds thin."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    layers = len(runs[0]["by_layer"]["max_score"][0])
+    names = list(dict.fromkeys(r["way"] for r in runs))
+    colours = dict(zip(names, plt.get_cmap("tab10").colors))
+    fig, axes = plt.subplots(2, layers, figsize=(4.2 * layers, 6.4), squeeze=False, sharex=True)
+    for r in runs:
+        for row, measure in enumerate(("max_score", "effective_words")):
+            for layer in range(layers):
+                ax = axes[row][layer]
+                ax.plot(r["steps"], [probe[layer] for probe in r["by_layer"][measure]], color=colours[r["way"]],
+                        lw=2.0 if r["seed"] == 0 else 0.8, alpha=1.0 if r["seed"] == 0 else 0.6,
+                        label=r["way"] if r["seed"] == 0 else None)
+    for layer in range(layers):
+        axes[0][layer].set_yscale("log")
+        axes[0][layer].set_title(f"layer {layer}: largest max |score| of its heads", fontsize=10)
+        axes[1][layer].set_title(f"layer {layer}: its heads' mean effective words", fontsize=10)
+        axes[1][layer].set_xlabel("step")
+    axes[0][0].legend(fontsize=9, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", type=int, default=2)
     p.add_argument("--steps", type=int, default=150)
     p.add_argument("--every", type=int, default=25, help="probe every this many steps")
-    p.add_argument("--tau", type=float, default=10.0, help="QK-Clip's cap on each head's max score, and the alert's")
+    p.add_argument("--taus", type=float, nargs="+", default=[10.0],
+                   help="QK-Clip's cap on each head's max score: one clipped way per value")
+    p.add_argument("--alert-tau", type=float, default=100.0, help="the max-score alert's threshold, in every way")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--context", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)
@@ -124,15 +175,17 @@ def main(argv=None) -> int:
     p.add_argument("--eval-windows", type=int, default=64, help="held-out windows the perplexity is taken over")
     p.add_argument("--out", type=Path, default=Path("runs/qk-clip"))
     args = p.parse_args(argv)
-    if args.seeds < 1 or args.steps < args.every:
-        p.error("--seeds takes at least 1, and --steps at least --every (one probe per run)")
+    if args.seeds < 1 or args.steps < args.every or min(args.taus) <= 0:
+        p.error("--seeds takes at least 1, --steps at least --every (one probe per run), --taus positive numbers")
 
-    runs = [one_run(way, seed, args, args.out) for seed in range(args.seeds) for way in WAYS]
+    runs = [one_run(way, seed, args, args.out) for seed in range(args.seeds) for way in ways(args.taus)]
     summary = summarize(runs)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
                                                        "summary": summary, "runs": runs}, indent=1))
-    text = table(summary, f"tau {args.tau}, {args.seeds} seeds, {args.steps} steps of {args.batch} × {args.context} "
+    figure(runs, args.out / "by-layer.png")
+    text = table(summary, f"QK-Clip at tau {', '.join(f'{t:g}' for t in args.taus)}, alert at {args.alert_tau:g}, "
+                          f"{args.seeds} seeds, {args.steps} steps of {args.batch} × {args.context} "
                           f"tokens, {args.layers} layers, hidden {args.hidden}, lr {args.lr}")
     (args.out / "summary.md").write_text(text)
     print(text)

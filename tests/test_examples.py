@@ -99,19 +99,31 @@ def test_qk_clip_study_summary_is_mean_se_and_a_t_interval():
     s = study.summarize(runs)["scaled"]
     se = statistics.stdev([10.0, 12.0, 11.0]) / 3 ** 0.5
     assert s["perplexity"] == pytest.approx(11.0) and s["se"] == pytest.approx(se)
-    assert s["ci95"] == pytest.approx(4.303 * se)  # t(0.975, 2 degrees of freedom)
+    assert s["ci95"] == pytest.approx(4.302653 * se)  # t(0.975, 2 degrees of freedom), from the printed tables
     assert s["final_max_score"] == [3.0, 4.0, 5.0]
-    assert f"| scaled | 3 | 11.000 | {se:.3f} | ± {4.303 * se:.3f} | none, none, none | 3.0, 4.0, 5.0 |" in study.table(
+    assert f"| scaled | 3 | 11.000 | {se:.3f} | ± {4.302653 * se:.3f} | none, none, none | 3.0, 4.0, 5.0 |" in study.table(
         {"scaled": s}, "title")
 
 
 @pytest.mark.hf
 def test_qk_clip_study_writes_its_run_folder(tmp_path, run):
     pytest.importorskip("transformers")
-    out = run("qk_clip_study.py", "--seeds", "1", "--steps", "2", "--every", "2", "--batch", "2", "--context", "16",
-              "--hidden", "32", "--layers", "1", "--eval-windows", "2", "--out", "runs/q")
-    results = json.loads((tmp_path / "runs" / "q" / "results.json").read_text())
-    assert [r["way"] for r in results["runs"]] == ["scaled", "unscaled", "unscaled+qk-clip"]
-    assert all(r["perplexity"] > 1 and r["steps"] == [2] for r in results["runs"])
-    assert (tmp_path / "runs" / "q" / "unscaled+qk-clip" / "seed-0" / "watch.jsonl").is_file()
-    assert "| unscaled+qk-clip | 1 |" in out and (tmp_path / "runs" / "q" / "summary.md").read_text() in out
+    out = run("qk_clip_study.py", "--seeds", "1", "--steps", "4", "--every", "2", "--batch", "2", "--context", "16",
+              "--hidden", "32", "--layers", "2", "--eval-windows", "2", "--taus", "10", "100", "--out", "runs/q")
+    folder = tmp_path / "runs" / "q"
+    results = json.loads((folder / "results.json").read_text())
+    assert [r["way"] for r in results["runs"]] == ["scaled", "unscaled", "unscaled+qk-clip τ=10", "unscaled+qk-clip τ=100"]
+    assert all(r["perplexity"] > 1 and r["steps"] == [2, 4] for r in results["runs"])
+    for r in results["runs"]:  # every layer's numbers at every probe, read back from the run's own watch log
+        log = folder / r["way"].replace(" ", "").replace("τ=", "-tau-") / "seed-0" / "watch.jsonl"
+        records = read_log(log)
+        assert r["by_layer"]["max_score"] == [[max(heads) for heads in rec.grid("max_score")] for rec in records]
+        words = [[sum(heads) / len(heads) for heads in rec.grid("effective_words")] for rec in records]
+        assert [w for probe in r["by_layer"]["effective_words"] for w in probe] == pytest.approx(
+            [w for probe in words for w in probe])
+        assert len(r["by_layer"]["max_score"][0]) == 2  # two layers
+        assert max(r["by_layer"]["max_score"][-1]) == pytest.approx(records[-1].summary["attn/max_score"])
+    clipped = read_log(folder / "unscaled+qk-clip-tau-10" / "seed-0" / "watch.jsonl")
+    assert clipped[0].qk_clip["tau"] == 10 and not read_log(folder / "unscaled" / "seed-0" / "watch.jsonl")[0].qk_clip
+    assert (folder / "by-layer.png").stat().st_size > 10_000
+    assert "| unscaled+qk-clip τ=100 | 1 |" in out and (folder / "summary.md").read_text() in out
