@@ -236,7 +236,7 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=300, help="training steps of each precision's run")
     ap.add_argument("--quick", action="store_true", help="the quick preset's model, fewer steps for nanoGPT")
     ap.add_argument("--nanogpt", type=Path, help="a nanoGPT checkout, for the comparison")
-    ap.add_argument("--corpus", default="/work/shared/data/tinyshakespeare/input.txt",
+    ap.add_argument("--corpus", default=str(Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare/input.txt"),
                     help="Tiny Shakespeare's input.txt, for the comparison")
     ap.add_argument("--only", nargs="+", choices=[str(i + 1) for i in range(len(CHECKS))], help="run these checks only")
     args = ap.parse_args()

@@ -102,7 +102,7 @@ def measure(corpus, d: int, threads: int, rounds: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--corpus", type=Path, default=Path("/work/shared/data/tinyshakespeare/input.txt"))
+    ap.add_argument("--corpus", type=Path, default=Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare/input.txt")
     ap.add_argument("--widths", type=int, nargs="+", default=[128, 256])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
     ap.add_argument("--rounds", type=int, default=5)

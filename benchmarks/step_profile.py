@@ -106,7 +106,7 @@ def cpu_ms(step, n: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("nanogpt", type=Path)
-    ap.add_argument("--corpus", type=Path, default=Path("/work/shared/data/tinyshakespeare/input.txt"))
+    ap.add_argument("--corpus", type=Path, default=Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare/input.txt")
     ap.add_argument("--d-model", type=int, default=128)
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=5)

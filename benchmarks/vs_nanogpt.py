@@ -152,7 +152,7 @@ def _load() -> str:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("nanogpt", type=Path, nargs="?", help="a checkout of karpathy/nanoGPT")
-    ap.add_argument("--corpus", type=Path, default=Path("/work/shared/data/tinyshakespeare/input.txt"),
+    ap.add_argument("--corpus", type=Path, default=Path(__file__).resolve().parents[2] / "shared/data/tinyshakespeare/input.txt",
                     help="Tiny Shakespeare's input.txt")
     ap.add_argument("--widths", type=int, nargs="+", default=[128, 256])
     ap.add_argument("--threads", type=int, nargs="+", default=[1, 2])
