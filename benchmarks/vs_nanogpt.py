@@ -109,7 +109,7 @@ def attnscale_worker(spec: dict) -> None:
                 "n_heads": shape["heads"]}
     mcfg = ModelConfig(vocab_size=corpus.vocab_size, head_dim=None, scale="inv_sqrt_d", **model_kw)
     cfg = replace(preset.train, steps=spec["steps"], batch=shape["B"], warmup=5, record_every=10, eval_batches=1,
-                  checkpoint_every=0, device=spec["device"])
+                  checkpoint_every=0, device=spec["device"], dtype=spec.get("dtype", "auto"))
     stamps: dict[int, float] = {}
 
     def stamp(step: int, steps: int, info: dict) -> None:
@@ -125,10 +125,10 @@ def attnscale_worker(spec: dict) -> None:
 
 
 def run_attnscale(corpus: Path, work: Path, shape: dict, steps: int, skip: int, threads: int, gpu: bool,
-                  extra: list[str] = (), src: Path = SRC) -> float:
-    """Tokens/s of the preset path, with attnscale imported from ``src``."""
+                  extra: list[str] = (), src: Path = SRC, dtype: str = "auto") -> float:
+    """Tokens/s of the preset path, with attnscale imported from ``src``, training in ``dtype``."""
     spec = {"corpus": str(corpus), "work": str(work), "shape": shape, "steps": steps, "skip": skip,
-            "device": "cuda" if gpu else "cpu"}
+            "device": "cuda" if gpu else "cpu", "dtype": dtype}
     out = _run([sys.executable, __file__, "--worker", json.dumps(spec)], work, threads, src)
     return json.loads(out.strip().splitlines()[-1])["tokens_per_s"]
 
@@ -140,6 +140,18 @@ def _run(cmd: list[str], cwd: Path, threads: int, src: Path = SRC) -> str:
     if proc.returncode:
         raise RuntimeError(f"{' '.join(cmd[:3])} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     return proc.stdout
+
+
+def _precision_line(dtype: str) -> str:
+    """Which precision attnscale trains in here, and whether this CPU has native bf16 (nanoGPT: fp32)."""
+    sys.path.insert(0, str(SRC))
+    import torch
+
+    from attnscale.core.device import native_bf16, resolve_precision
+
+    name = resolve_precision(dtype, torch.device("cpu")).name
+    return (f"attnscale trains in {name} (--dtype {dtype}), nanoGPT in fp32; this CPU "
+            f"{'has' if native_bf16() else 'lacks'} native bf16 (avx512_bf16 or amx_bf16)")
 
 
 def _load() -> str:
@@ -164,6 +176,8 @@ def main() -> None:
                     help="more options for nanoGPT's train.py, e.g. --nanogpt-args=--dropout=0.2")
     ap.add_argument("--baseline", type=Path, metavar="SRC",
                     help="another attnscale source tree (its src/ folder) to run beside this one, e.g. the old code")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"],
+                    help="attnscale's precision (default: the preset's auto, bf16 where the CPU has it natively)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
@@ -187,13 +201,16 @@ def main() -> None:
         prepare_nanogpt(args.nanogpt.resolve(), args.corpus.resolve(), work)
         print(f"nanoGPT {args.nanogpt} {' '.join(args.nanogpt_args)}, {'GPU' if args.gpu else 'CPU'}; {args.steps} steps a measurement, first "
               f"{args.skip} not timed; {args.rounds} alternating rounds; load before: {_load()}")
+        if not args.gpu:
+            print(_precision_line(args.dtype))
         old = args.baseline is not None
         print(f"{'d_model':>7} {'threads':>7} {'nanoGPT tok/s':>14} {'attnscale tok/s':>16} {'ratio':>6}  "
               + (f"{'baseline tok/s':>14} {'ratio':>6} {'new/base':>8}  " if old else "") + "load (1/5/15 min)")
         contenders = {"nanogpt": lambda *a: run_nanogpt(args.nanogpt.resolve(), *a),
-                      "attnscale": lambda *a: run_attnscale(args.corpus.resolve(), *a)}
+                      "attnscale": lambda *a: run_attnscale(args.corpus.resolve(), *a, dtype=args.dtype)}
         if old:
-            contenders["baseline"] = lambda *a: run_attnscale(args.corpus.resolve(), *a, src=args.baseline.resolve())
+            contenders["baseline"] = lambda *a: run_attnscale(args.corpus.resolve(), *a, src=args.baseline.resolve(),
+                                                              dtype=args.dtype)
         for shape in shapes:
             for threads in threads_list:
                 rates = {who: [] for who in contenders}

@@ -117,6 +117,29 @@ def test_vs_nanogpt(which, stand_in_nanogpt, text_file):
         assert ng == round(32 * 64 / (STEP_MS / 1000))
 
 
+@pytest.mark.parametrize("dtype", ["fp32", "bf16"])
+def test_vs_nanogpt_says_and_trains_attnscale_in_the_precision_asked_for(dtype, stand_in_nanogpt, text_file, tmp_path):
+    from attnscale.core.device import native_bf16
+
+    out = run_bench("vs_nanogpt.py", str(stand_in_nanogpt), "--corpus", str(text_file), "--widths", "16", "--threads",
+                    "1", "--rounds", "1", "--steps", "6", "--skip", "2", "--dtype", dtype)
+    cpu = "has" if native_bf16() else "lacks"
+    assert f"attnscale trains in {dtype} (--dtype {dtype}), nanoGPT in fp32; this CPU {cpu} native bf16" in out
+    from benchmark_scripts import load_benchmark
+
+    bench = load_benchmark("vs_nanogpt.py")  # the worker itself: its run's results name the precision it trained in
+    spec = {"corpus": str(text_file), "work": str(tmp_path), "shape": dict(d=16, layers=1, heads=2, T=16, B=2),
+            "steps": 4, "skip": 2, "device": "cpu", "dtype": dtype}
+    import contextlib
+    import io
+    import json
+
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        bench.attnscale_worker(spec)
+    assert json.loads(printed.getvalue().splitlines()[-1])["dtype"] == dtype
+
+
 def test_vs_nanogpt_runs_a_baseline_tree_beside(stand_in_nanogpt, text_file):
     src = Path(__file__).resolve().parent.parent / "src"  # this tree as its own baseline: the plumbing, not a speed
     out = run_bench("vs_nanogpt.py", str(stand_in_nanogpt), "--corpus", str(text_file), "--widths", "16", "--threads",
