@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Union
 
-__all__ = ["Heading", "Para", "Banner", "Scoreboard", "Details", "Bullets", "Image", "Table", "Block"]
+__all__ = ["Heading", "Para", "Banner", "Scoreboard", "Details", "Bullets", "Image", "Table", "Block", "opening"]
 
 
 @dataclass(frozen=True)
@@ -64,3 +64,8 @@ class Table:
 
 
 Block = Union[Heading, Para, Banner, Scoreboard, Details, Bullets, Image, Table]
+
+
+def opening(title: str, text: str) -> list[Block]:
+    """How a report section starts: its heading, then the paragraph that says what it shows and how to read it."""
+    return [Heading(2, title), Para(text)]

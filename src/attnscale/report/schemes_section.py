@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscale.core.scales import display_name
-from attnscale.report.blocks import Block, Heading, Para, Bullets, Image, Table
+from attnscale.report.blocks import Block, Para, Bullets, Image, Table, opening
 from attnscale.report import schemes_analysis as sa
 from attnscale.report.analysis import budget, budget_text, plus_minus
 
@@ -123,16 +123,16 @@ def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[Block]:
     study = [t for t in runs.train if t.group == GROUP]
     if not study:  # not a claim of the course: a report without the study simply has no such section
         return []
-    b: list[Block] = [Heading(2, TITLE), Para((
+    b = opening(TITLE, (
         "Every registered score-scale scheme trained at several head widths and learning rates, several seeds "
         "each (`attnscale schemes`). Final loss is the held-out cross-entropy in nats. Learning-rate sensitivity "
         "(Wortsman et al. 2023): the mean, over the learning-rate grid, of min(final loss, loss at init) minus the "
         "best final loss, per seed, then mean ± standard error over seeds; a diverged run counts at its loss at "
         "init. Max |logit| is the largest scaled score any head produced at any recorded step (attention logit "
         "growth). A head has collapsed when its rows spread over fewer than "
-        f"{sa.COLLAPSE_WORDS:g} effective words at some recorded step (entropy collapse, Zhai et al. 2023).")),
-        # the study's own budget: not the preset's of the course's experiments above
-        Para(f"The study's runs, as their records say: {budget_text(budget(study))}.")]
+        f"{sa.COLLAPSE_WORDS:g} effective words at some recorded step (entropy collapse, Zhai et al. 2023)."))
+    # the study's own budget: not the preset's of the course's experiments above
+    b.append(Para(f"The study's runs, as their records say: {budget_text(budget(study))}."))
     rows = [sa.run_row(t) for t in study]
     finished = [r for r in rows if r["status"] in ("done", "diverged")]
     unfinished = [f"{r['run']}: {r['status']}" for r in rows if r["status"] not in ("done", "diverged")]

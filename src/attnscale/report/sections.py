@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscale.core.scales import display_name
-from attnscale.report.blocks import Block, Heading, Para, Banner, Scoreboard, Details, Bullets, Image, Table
+from attnscale.report.blocks import Block, Heading, Para, Banner, Scoreboard, Details, Bullets, Image, Table, opening
 from attnscale.report import course, frozen_section, schemes_section, setup_section
 
 __all__ = ["document", "preset_of"]
@@ -204,15 +204,10 @@ _OPENINGS = {
 }
 
 
-def _opening(section: str) -> list[Block]:
-    title, text = _OPENINGS[section]
-    return [Heading(2, title), Para(text)]
-
-
 def _spread(runs, verdicts, out: Path, pngs: dict) -> list[Block]:
     from attnscale.report import plots
 
-    b = _opening("spread")
+    b = opening(*_OPENINGS["spread"])
     if not runs.spread_rows:
         return b + [Para("Not run.")]
     b.append(_verdict_table(verdicts))
@@ -243,7 +238,7 @@ def _illustration(runs, out: Path, pngs: dict) -> list[Block]:
 def _fresh(runs, verdicts, out: Path, pngs: dict) -> list[Block]:
     from attnscale.report import plots
 
-    b = _opening("fresh")
+    b = opening(*_OPENINGS["fresh"])
     if not runs.fresh_rows:
         return b + [Para("Not run.")]
     b.append(_verdict_table(verdicts, beside="model's own init"))
@@ -279,7 +274,7 @@ def _targets() -> dict[str, list[tuple[float, str, str]]]:
 def _dynamics(runs, verdicts, out: Path, pngs: dict) -> list[Block]:
     from attnscale.report import plots
 
-    b = _opening("dynamics") + [_verdict_table(verdicts)]
+    b = opening(*_OPENINGS["dynamics"]) + [_verdict_table(verdicts)]
     for w in sorted({t.width for t in runs.dynamics}):
         series = [(f"{display_name(t.scale)}, seed {t.seed}", t.scale, t.recorded) for t in runs.dynamics
                   if t.width == w and t.recorded]
@@ -298,7 +293,7 @@ def _dynamics(runs, verdicts, out: Path, pngs: dict) -> list[Block]:
 def _sweep(runs, verdicts, out: Path, pngs: dict) -> list[Block]:
     from attnscale.report import analysis, plots
 
-    b = _opening("sweep") + [_verdict_table(verdicts)]
+    b = opening(*_OPENINGS["sweep"]) + [_verdict_table(verdicts)]
     if not runs.sweep:
         return b
     cells: dict[tuple[int, str], list[float]] = {}

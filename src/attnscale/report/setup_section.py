@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscale.report import course
-from attnscale.report.blocks import Block, Heading, Para, Bullets, Image, Table
+from attnscale.report.blocks import Block, Heading, Para, Bullets, Image, Table, opening
 from attnscale.report.analysis import plus_minus
 from attnscale.lm import study_axes as axes
 from attnscale.report import setup_analysis as sa
@@ -131,7 +131,7 @@ def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[Block]:
     found = studies(runs)
     if not found:
         return []
-    b: list[Block] = [Heading(2, TITLE), Para((
+    b = opening(TITLE, (
         "The course's end of training at width 1,024 (spread over 5,000 and 99.9% of rows frozen without the "
         "scale; around 3.4 with it; 17–18 points of perplexity) depends on how the model is trained. The setup "
         "study (`attnscale study`, run on its own; `reproduce --full` prints the command) trains a base setup and "
@@ -140,7 +140,7 @@ def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[Block]:
         "finished, ± SE over seeds; max layer: the largest layer's spread. A claim's direction holds where "
         "training moves the measure the course's way; its size, where the course's figure is reached (the "
         "tolerances of the claims above); each on the 95% t interval over seeds, and undecided where that "
-        "interval covers both answers."))]
+        "interval covers both answers."))
     for (folder, width), study in found.items():
         b += _one(folder, width, study, len(found) > 1, out, pngs)
     return b
