@@ -3,8 +3,11 @@ spread, fresh, inspect, reproduce, report, watch-report."""
 
 from __future__ import annotations
 
+import importlib
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from attnscale.cli.options import (UsageError, at_least_two, default_of, device_option, dtype_option, executor_kwargs,
                                    executor_options, nonneg_int, positive_int, probability, scale_name, scale_or_all,
@@ -20,19 +23,28 @@ def _spread_config(args):
     return SpreadConfig(widths=tuple(args.widths), pairs=args.pairs, scales=tuple(args.scales), seed=args.seed)
 
 
-def _draw(out: Path | None, *figures) -> None:
-    """With --out, the figures of what an experiment returned, drawn by report/ (experiments only return data):
-    each is (a ``report.plots`` function, its data, the file)."""
-    if out:
-        from attnscale.report import plots
+def _measured(experiment: str, figures: Callable[[Any], list]) -> Callable:
+    """The run of a measurement: ``experiments.<experiment>.run``, then, with --out, the figures of what it
+    returned, drawn by report/ (experiments only return data): ``figures(result)`` lists each as
+    (a ``report.plots`` function, its data, the file)."""
+    def run(cfg, out, args):
+        result = importlib.import_module(f"attnscale.experiments.{experiment}").run(cfg, out=out)
+        if out:
+            from attnscale.report import plots
 
-        for name, data, file in figures:
-            getattr(plots, name)(data, out / file)
+            for name, data, file in figures(result):
+                getattr(plots, name)(data, out / file)
+        return result
+    return run
 
 
-def _widths_option(p, config, what: str) -> None:
-    widths = default_of(config, "widths")
-    p.add_argument("--widths", type=positive_int, nargs="+", default=list(widths), help=f"{what} (default: {words(widths)})")
+def _measurement(sub, name: str, what: str, config, widths: str):
+    """The parser of a measurement without training, its --widths first (``widths`` says what they are);
+    its own options follow, then ``_seed_json_out``'s. Defaults are ``config``'s."""
+    p = sub.add_parser(name, help=what)
+    default = default_of(config, "widths")
+    p.add_argument("--widths", type=positive_int, nargs="+", default=list(default), help=f"{widths} (default: {words(default)})")
+    return p
 
 
 def _seed_json_out(p, config) -> None:
@@ -42,26 +54,18 @@ def _seed_json_out(p, config) -> None:
     p.add_argument("--out", type=Path, help="write record.json and plots here")
 
 
-def _spread(cfg, out, args):
-    from attnscale.experiments import spread
-
-    rows = spread.run(cfg, out=out)
-    _draw(out, ("spread_plot", rows, "spread.png"))
-    return rows
-
-
 def add_spread(sub) -> None:
     from attnscale.experiments.spread import SpreadConfig
 
     pairs, scales = default_of(SpreadConfig, "pairs"), default_of(SpreadConfig, "scales")
-    p = sub.add_parser("spread", help="spread of raw and scaled q·k over random pairs, per width")
-    _widths_option(p, SpreadConfig, "lengths d of q and k")
+    p = _measurement(sub, "spread", "spread of raw and scaled q·k over random pairs, per width", SpreadConfig, "lengths d of q and k")
     p.add_argument("--pairs", type=at_least_two, default=pairs,
                    help=f"random (q, k) pairs per width, entries N(0, 1) (default: {pairs:,})")
     p.add_argument("--scale", type=scale_name, nargs="+", default=list(scales), dest="scales",
                    help=f"score-scale schemes whose scaled spread is shown beside the raw one (default: {words(scales)})")
     _seed_json_out(p, SpreadConfig)
-    p.set_defaults(run=Command(_spread_config, _spread, table_of("spread")))
+    p.set_defaults(run=Command(_spread_config, _measured("spread", lambda rows: [("spread_plot", rows, "spread.png")]),
+                               table_of("spread")))
 
 
 def _fresh_config(args):
@@ -72,20 +76,11 @@ def _fresh_config(args):
                        scales=scales, threshold=args.threshold, seed=args.seed)
 
 
-def _fresh(cfg, out, args):
-    from attnscale.experiments import fresh
-
-    result = fresh.run(cfg, out=out)
-    _draw(out, ("fresh_plot", result["rows"], "fresh.png"), ("illustration", result["illustration"], "illustration.png"))
-    return result
-
-
 def add_fresh(sub) -> None:
     from attnscale.experiments.fresh import FreshConfig
 
     n_words, sequences = default_of(FreshConfig, "words"), default_of(FreshConfig, "sequences")
-    p = sub.add_parser("fresh", help="a freshly initialised head over a sequence of words, per width")
-    _widths_option(p, FreshConfig, "head widths d")
+    p = _measurement(sub, "fresh", "a freshly initialised head over a sequence of words, per width", FreshConfig, "head widths d")
     p.add_argument("--words", type=at_least_two, default=n_words,
                    help=f"words per sequence; each row weighs all of them (default: {n_words})")
     p.add_argument("--sequences", type=positive_int, default=sequences,
@@ -98,7 +93,10 @@ def add_fresh(sub) -> None:
     p.add_argument("--threshold", type=probability, default=default_of(FreshConfig, "threshold"),
                    help="max weight above which a row is frozen (default: %(default)s)")
     _seed_json_out(p, FreshConfig)
-    p.set_defaults(run=Command(_fresh_config, _fresh, table_of("fresh"), as_json=lambda result: result["rows"]))
+    figures = lambda result: [("fresh_plot", result["rows"], "fresh.png"),
+                              ("illustration", result["illustration"], "illustration.png")]
+    p.set_defaults(run=Command(_fresh_config, _measured("fresh", figures), table_of("fresh"),
+                               as_json=lambda result: result["rows"]))
 
 
 def _inspect_config(args):
