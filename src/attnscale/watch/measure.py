@@ -67,7 +67,7 @@ class HeadStats:
 
     @property
     def layers(self) -> int:
-        return self.values_LMH.shape[0]
+        return len(self.values_LMH)  # one row of the table per layer
 
     @property
     def heads(self) -> int:
