@@ -1,6 +1,6 @@
 """Does QK-Clip stand in for the 1/sqrt(d) scale, and at what tau? A Llama-shaped model trained from scratch.
 
-    python examples/qk_clip_study.py                          # 4 ways × 2 seeds, 150 steps each
+    python examples/qk_clip_study.py                          # 5 ways × 10 seeds, 600 steps each: runs/qk-clip
     python examples/qk_clip_study.py --taus 20 50 --seeds 3 --out runs/qk-clip-20-50
 
 The model is ``tiny_llama`` (``LlamaForCausalLM`` from its config: RoPE, RMSNorm, SwiGLU,
@@ -39,7 +39,7 @@ from tiny_llama import Windows, corpus_windows, tiny_llama  # noqa: E402
 
 from attnscale.lm.data import load_corpus  # noqa: E402
 from attnscale.report.analysis import mean_se  # noqa: E402
-from attnscale.report.intervals import interval  # noqa: E402
+from attnscale.report.intervals import LEVEL, holm, interval, paired  # noqa: E402
 from attnscale.watch.alerts import MaxScore  # noqa: E402
 from attnscale.watch.record import read_log  # noqa: E402
 from attnscale.watch.sinks import JsonlSink  # noqa: E402
@@ -128,6 +128,36 @@ def table(summary: dict[str, dict], title: str) -> str:
     return "\n".join(lines) + "\n"
 
 
+def versus(runs: list[dict], reference: str = "scaled") -> dict[str, dict]:
+    """Every other way against ``reference``, paired by seed (same seed, same init and batches): the mean
+    perplexity difference, its SE and 95% t interval, the paired t test's p, that p adjusted by Holm over
+    the ways compared, and a reading: "lower" or "higher" where the adjusted p is under 1 − LEVEL, else
+    "inconclusive"."""
+    by = {}
+    for r in runs:
+        by.setdefault(r["way"], {})[r["seed"]] = r["perplexity"]
+    others = [w for w in by if w != reference]
+    tests = [paired(by[w], by[reference]) for w in others]
+    adjusted = holm([t["p"] for t in tests])
+    out = {}
+    for way, t, p_holm in zip(others, tests, adjusted):
+        significant = p_holm is not None and p_holm < 1.0 - LEVEL
+        out[way] = {**t, "p_holm": p_holm,
+                    "reading": ("lower" if t["diff"] < 0 else "higher") if significant else "inconclusive"}
+    return out
+
+
+def versus_table(compared: dict[str, dict], reference: str = "scaled") -> str:
+    lines = [f"Against `{reference}`, paired by seed (Holm over the {len(compared)} ways):", "",
+             "| way | seeds | perplexity − scaled's | 95% (t) | p | p (Holm) | reading |", "|---|---|---|---|---|---|---|"]
+    for way, c in compared.items():
+        ci = "" if c["interval"] is None else f"[{c['interval'][0]:+.3f}, {c['interval'][1]:+.3f}]"
+        p = "" if c["p"] is None else f"{c['p']:.3f}"
+        ph = "" if c["p_holm"] is None else f"{c['p_holm']:.3f}"
+        lines.append(f"| {way} | {c['n']} | {c['diff']:+.3f} | {ci} | {p} | {ph} | {c['reading']} |")
+    return "\n".join(lines) + "\n"
+
+
 def figure(runs: list[dict], path: Path) -> Path:
     """Max score (log scale) and mean effective words by layer over steps: a column a layer, a colour a way,
     seed 0 drawn solid and the other seeds thin."""
@@ -161,10 +191,10 @@ def figure(runs: list[dict], path: Path) -> Path:
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--seeds", type=int, default=2)
-    p.add_argument("--steps", type=int, default=150)
-    p.add_argument("--every", type=int, default=25, help="probe every this many steps")
-    p.add_argument("--taus", type=float, nargs="+", default=[10.0],
+    p.add_argument("--seeds", type=int, default=10)
+    p.add_argument("--steps", type=int, default=600)
+    p.add_argument("--every", type=int, default=50, help="probe every this many steps")
+    p.add_argument("--taus", type=float, nargs="+", default=[10.0, 30.0, 100.0],
                    help="QK-Clip's cap on each head's max score: one clipped way per value")
     p.add_argument("--alert-tau", type=float, default=100.0, help="the max-score alert's threshold, in every way")
     p.add_argument("--batch", type=int, default=8)
@@ -179,14 +209,17 @@ def main(argv=None) -> int:
         p.error("--seeds takes at least 1, --steps at least --every (one probe per run), --taus positive numbers")
 
     runs = [one_run(way, seed, args, args.out) for seed in range(args.seeds) for way in ways(args.taus)]
-    summary = summarize(runs)
+    summary, compared = summarize(runs), versus(runs)
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "results.json").write_text(json.dumps({"args": {k: str(v) for k, v in vars(args).items()},
-                                                       "summary": summary, "runs": runs}, indent=1))
+                                                       "summary": summary, "versus_scaled": compared,
+                                                       "runs": runs}, indent=1))
     figure(runs, args.out / "by-layer.png")
     text = table(summary, f"QK-Clip at tau {', '.join(f'{t:g}' for t in args.taus)}, alert at {args.alert_tau:g}, "
                           f"{args.seeds} seeds, {args.steps} steps of {args.batch} × {args.context} "
                           f"tokens, {args.layers} layers, hidden {args.hidden}, lr {args.lr}")
+    if compared:
+        text += "\n" + versus_table(compared)
     (args.out / "summary.md").write_text(text)
     print(text)
     return 0

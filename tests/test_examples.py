@@ -105,6 +105,38 @@ def test_qk_clip_study_summary_is_mean_se_and_a_t_interval():
         {"scaled": s}, "title")
 
 
+def test_qk_clip_study_compares_each_way_with_the_scaled_one_paired_by_seed_with_holm():
+    pytest.importorskip("transformers")
+    import math
+    import statistics
+
+    study = _study()
+    ppl = {"scaled": [10.0, 11.0, 12.0], "a": [9.0, 9.9, 10.95], "b": [10.1, 11.2, 11.9], "c": [12.0, 11.0, 14.0]}
+    runs = [{"way": w, "seed": s, "perplexity": p} for w, values in ppl.items() for s, p in enumerate(values)]
+    got = study.versus(runs)
+    assert list(got) == ["a", "b", "c"]
+    # by hand: a − scaled = −1, −1.1, −1.05 (mean −1.05, SD 0.05); t with 2 degrees of freedom, two-sided p from its
+    # closed form at df 2, F(t) = 1/2 + t / (2 sqrt(2 + t²)); 4.302653 is t(0.975, 2) from the printed tables
+    def by_hand(d):
+        mean, se = statistics.fmean(d), statistics.stdev(d) / math.sqrt(3)
+        t = mean / se
+        return mean, se, 2 * (1 - (0.5 + abs(t) / (2 * math.sqrt(2 + t * t))))
+    hand = {w: by_hand([x - y for x, y in zip(ppl[w], ppl["scaled"])]) for w in ("a", "b", "c")}
+    for w, (mean, se, p) in hand.items():
+        assert got[w]["diff"] == pytest.approx(mean) and got[w]["se"] == pytest.approx(se)
+        assert got[w]["p"] == pytest.approx(p, rel=1e-6)
+        assert got[w]["interval"] == pytest.approx((mean - 4.302653 * se, mean + 4.302653 * se), rel=1e-5)
+    order = sorted(hand, key=lambda w: hand[w][2])  # Holm: the k-th smallest p times (3 − k), running max
+    running = 0.0
+    for k, w in enumerate(order):
+        running = max(running, min(1.0, (3 - k) * hand[w][2]))
+        assert got[w]["p_holm"] == pytest.approx(running, rel=1e-6)
+    assert hand["a"][2] * 3 < 0.05 and got["a"]["reading"] == "lower"  # −1.05 ± 0.03: lower even after Holm
+    assert got["b"]["reading"] == got["c"]["reading"] == "inconclusive"
+    text = study.versus_table(got)
+    assert f"| a | 3 | -1.050 | [{-1.05 - 4.302653 * hand['a'][1]:+.3f}, {-1.05 + 4.302653 * hand['a'][1]:+.3f}] |" in text
+
+
 @pytest.mark.hf
 def test_qk_clip_study_writes_its_run_folder(tmp_path, run):
     pytest.importorskip("transformers")
@@ -127,3 +159,4 @@ def test_qk_clip_study_writes_its_run_folder(tmp_path, run):
     assert clipped[0].qk_clip["tau"] == 10 and not read_log(folder / "unscaled" / "seed-0" / "watch.jsonl")[0].qk_clip
     assert (folder / "by-layer.png").stat().st_size > 10_000
     assert "| unscaled+qk-clip τ=100 | 1 |" in out and (folder / "summary.md").read_text() in out
+    assert set(results["versus_scaled"]) == {"unscaled", "unscaled+qk-clip τ=10", "unscaled+qk-clip τ=100"}
