@@ -3,7 +3,6 @@ spread, fresh, inspect, reproduce, report, watch-report."""
 
 from __future__ import annotations
 
-import importlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -28,7 +27,9 @@ def _measured(experiment: str, figures: Callable[[Any], list]) -> Callable:
     returned, drawn by report/ (experiments only return data): ``figures(result)`` lists each as
     (a ``report.plots`` function, its data, the file)."""
     def run(cfg, out, args):
-        result = importlib.import_module(f"attnscale.experiments.{experiment}").run(cfg, out=out)
+        from attnscale.experiments import fresh, spread  # here, not at the top: torch loads with them
+
+        result = {"fresh": fresh, "spread": spread}[experiment].run(cfg, out=out)
         if out:
             from attnscale.report import plots
 
