@@ -66,14 +66,15 @@ def test_readme_inspect_table_is_what_inspect_prints_on_the_shipped_text():
 
 def test_the_worked_example_of_a_new_experiment_runs_as_written(tmp_path, monkeypatch, capsys):
     """docs/adding-an-experiment.md: its experiment module and its command, run at a tiny size
-    through the CLI's one sequence, with no other edit to the CLI."""
+    through the CLI's one sequence, with no other edit to the CLI; then its report section on those runs."""
     import types
 
     import attnscale.cli as cli
     from attnscale.cli import training
+    from attnscale.report import assemble, render
 
     page = (ROOT / "docs" / "adding-an-experiment.md").read_text(encoding="utf-8")
-    experiment, command = re.findall(r"```python\n(.*?)```", page, re.S)
+    experiment, command, section_code = re.findall(r"```python\n(.*?)```", page, re.S)
     module = types.ModuleType("attnscale.experiments.warmup")
     monkeypatch.setitem(sys.modules, "attnscale.experiments.warmup", module)  # before: its dataclass looks itself up
     exec(compile(experiment, "warmup.py", "exec"), module.__dict__)
@@ -88,3 +89,8 @@ def test_the_worked_example_of_a_new_experiment_runs_as_written(tmp_path, monkey
     assert sorted(p.name for p in out.iterdir()) == ["d8-inv_sqrt_d-warmup0", "d8-inv_sqrt_d-warmup1"]
     assert cli.main([*argv, "--out", str(tmp_path / "bad"), "--warmups", "-1"]) == 2  # refused in one line
     assert not (tmp_path / "bad").exists()
+    section = types.ModuleType("attnscale.report.warmup_section")
+    exec(compile(section_code, "warmup_section.py", "exec"), section.__dict__)
+    md = render.to_markdown(section.blocks(assemble.load_runs(out), tmp_path, {}))
+    assert md.startswith(f"## {section.TITLE}\n")
+    assert len([line for line in md.splitlines() if line.startswith("|")]) == 2 + 2  # head, rule, one row a run
