@@ -160,3 +160,10 @@ def test_reduce_heads_skips_missing_values_and_weighs_by_rows():
     assert math.isnan(D.reduce_heads([[1.0]], weights_LH=[[0.0]]))
     with pytest.raises(ValueError, match="how"):
         D.reduce_heads(values, "median")
+
+
+def test_the_old_path_attnscale_diagnostics_gives_the_same_objects():
+    import attnscale.diagnostics as alias
+
+    assert alias.__all__ == D.__all__
+    assert all(getattr(alias, name) is getattr(D, name) for name in D.__all__)
