@@ -1,6 +1,6 @@
 """report.build: from run records on disk to HTML + Markdown, with any subset of experiments.
 
-Records are written by hand here, in the form runs.py documents (train.py's), so these
+Records are written by hand here, in the form runs/record.py documents (lm/train.py's), so these
 tests need no training; one test runs the real spread and fresh experiments
 at tiny sizes to hold the contract between them and the report."""
 
