@@ -152,15 +152,16 @@ def versus_table(compared: dict[str, dict], reference: str = "scaled") -> str:
              "| way | seeds | perplexity − scaled's | 95% (t) | p | p (Holm) | reading |", "|---|---|---|---|---|---|---|"]
     for way, c in compared.items():
         ci = "" if c["interval"] is None else f"[{c['interval'][0]:+.3f}, {c['interval'][1]:+.3f}]"
-        p = "" if c["p"] is None else f"{c['p']:.3f}"
-        ph = "" if c["p_holm"] is None else f"{c['p_holm']:.3f}"
+        p, ph = (("" if v is None else "< 0.001" if v < 0.001 else f"{v:.3f}") for v in (c["p"], c["p_holm"]))
         lines.append(f"| {way} | {c['n']} | {c['diff']:+.3f} | {ci} | {p} | {ph} | {c['reading']} |")
     return "\n".join(lines) + "\n"
 
 
 def figure(runs: list[dict], path: Path) -> Path:
     """Max score (log scale) and mean effective words by layer over steps: a column a layer, a colour a way,
-    seed 0 drawn solid and the other seeds thin."""
+    each seed thin and the median over seeds thick."""
+    import statistics
+
     import matplotlib
 
     matplotlib.use("Agg")
@@ -170,13 +171,16 @@ def figure(runs: list[dict], path: Path) -> Path:
     names = list(dict.fromkeys(r["way"] for r in runs))
     colours = dict(zip(names, plt.get_cmap("tab10").colors))
     fig, axes = plt.subplots(2, layers, figsize=(4.2 * layers, 6.4), squeeze=False, sharex=True)
-    for r in runs:
-        for row, measure in enumerate(("max_score", "effective_words")):
-            for layer in range(layers):
-                ax = axes[row][layer]
-                ax.plot(r["steps"], [probe[layer] for probe in r["by_layer"][measure]], color=colours[r["way"]],
-                        lw=2.0 if r["seed"] == 0 else 0.8, alpha=1.0 if r["seed"] == 0 else 0.6,
-                        label=r["way"] if r["seed"] == 0 else None)
+    for row, measure in enumerate(("max_score", "effective_words")):
+        for layer in range(layers):
+            ax = axes[row][layer]
+            for way in names:
+                mine = [r for r in runs if r["way"] == way]
+                traces = [[probe[layer] for probe in r["by_layer"][measure]] for r in mine]
+                for r, trace in zip(mine, traces):
+                    ax.plot(r["steps"], trace, color=colours[way], lw=0.6, alpha=0.35)
+                ax.plot(mine[0]["steps"], [statistics.median(at) for at in zip(*traces)], color=colours[way], lw=2.2,
+                        label=way)
     for layer in range(layers):
         axes[0][layer].set_yscale("log")
         axes[0][layer].set_title(f"layer {layer}: largest max |score| of its heads", fontsize=10)
