@@ -1,4 +1,4 @@
-"""The watch's examples run at smoke size and write what they say they write."""
+"""The examples run at smoke size and write what they say they write."""
 
 import importlib.util
 import json
@@ -160,3 +160,31 @@ def test_qk_clip_study_writes_its_run_folder(tmp_path, run):
     assert (folder / "by-layer.png").stat().st_size > 10_000
     assert "| unscaled+qk-clip τ=100 | 1 |" in out and (folder / "summary.md").read_text() in out
     assert set(results["versus_scaled"]) == {"unscaled", "unscaled+qk-clip τ=10", "unscaled+qk-clip τ=100"}
+
+
+def test_precision_effect_pairs_two_sweeps_by_seed_and_refuses_other_runs(tmp_path, run, capsys):
+    import statistics
+
+    from attnscale.cli import main as attnscale
+    from attnscale.runs.record import TrainRun, find
+
+    tiny = ["sweep", "--widths", "8", "--scale", "none", "inv_sqrt_d", "--seeds", "0", "1", "--quick", "--steps", "3",
+            "--batch", "2", "--context", "16"]
+    for dtype in ("bf16", "fp32"):
+        assert attnscale([*tiny, "--dtype", dtype, "--out", str(tmp_path / dtype)]) == 0
+    capsys.readouterr()
+    out = run("precision_effect.py", str(tmp_path / "bf16"), str(tmp_path / "fp32"))
+    assert "(trained in bf16)" in out and "(trained in fp32)" in out
+    ppl = {(d, r.scale, r.seed): r.perplexity for d in ("bf16", "fp32") for r in map(TrainRun.load, find(tmp_path / d))}
+    for scale in ("inv_sqrt_d", "none"):
+        diffs = [ppl[("bf16", scale, s)] - ppl[("fp32", scale, s)] for s in (0, 1)]
+        mean = statistics.fmean(diffs)
+        # two seeds: t(0.975, 1) = 12.706205 from the printed tables, times the SE of the paired mean
+        half = 12.706205 * statistics.stdev(diffs) / 2 ** 0.5
+        line = next(x for x in out.splitlines() if x.startswith(f"| 8 | {scale} |"))
+        assert f"| {mean:+.3f} (2 seeds) | [{mean - half:+.3f}, {mean + half:+.3f}] |" in line
+    # a third sweep of other runs (more steps) is not the same runs in another precision: refused by name
+    assert attnscale([*tiny[:-6], "--steps", "4", "--batch", "2", "--context", "16", "--out", str(tmp_path / "other")]) == 0
+    with pytest.raises(SystemExit):
+        run("precision_effect.py", str(tmp_path / "bf16"), str(tmp_path / "other"))
+    assert "differs in train.steps, not only in its precision" in capsys.readouterr().err
