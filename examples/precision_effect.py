@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from attnscale.lm.checkpoint import comparable_config
-from attnscale.report.intervals import LEVEL, holm, paired
+from attnscale.report.intervals import p_text, paired_holm, reading
 from attnscale.runs.record import TrainRun, find
 
 
@@ -56,20 +56,17 @@ def mismatch(a: dict, b: dict) -> str | None:
 
 def compare(a: dict, b: dict) -> list[dict]:
     """One row per (width, scale) both hold: means, the paired difference a − b, p, Holm's p, a reading."""
-    cells = sorted({(w, s) for (w, s, _) in a} & {(w, s) for (w, s, _) in b})
+    def ppl(runs, width, scale):
+        return {seed: r.perplexity for (w, s, seed), r in runs.items() if (w, s) == (width, scale)}
+
+    # a cell counts where both hold a run of one seed at least (the pairs are those seeds)
+    cells = sorted({(w, s) for (w, s, seed) in a if (w, s, seed) in b})
+    pairs = [(ppl(a, w, s), ppl(b, w, s)) for w, s in cells]
     rows = []
-    for width, scale in cells:
-        pa = {seed: r.perplexity for (w, s, seed), r in a.items() if (w, s) == (width, scale)}
-        pb = {seed: r.perplexity for (w, s, seed), r in b.items() if (w, s) == (width, scale)}
-        test = paired(pa, pb)
-        if not test["n"]:
-            continue
-        rows.append({"width": width, "scale": scale, "a": statistics.fmean(pa[k] for k in pa if k in pb),
-                     "b": statistics.fmean(pb[k] for k in pb if k in pa), **test})
-    for row, p_holm in zip(rows, holm([r["p"] for r in rows])):
-        significant = p_holm is not None and p_holm < 1.0 - LEVEL
-        row["p_holm"] = p_holm
-        row["reading"] = ("higher" if row["diff"] > 0 else "lower") if significant else "inconclusive"
+    for (width, scale), (pa, pb), test in zip(cells, pairs, paired_holm(pairs)):
+        both = pa.keys() & pb.keys()
+        rows.append({"width": width, "scale": scale, "a": statistics.fmean(pa[k] for k in both),
+                     "b": statistics.fmean(pb[k] for k in both), **test, "reading": reading(test)})
     return rows
 
 
@@ -78,9 +75,6 @@ def precisions(runs: dict) -> str:
 
 
 def table(rows: list[dict], name_a: str, name_b: str) -> str:
-    def p_text(v):
-        return "" if v is None else "< 0.001" if v < 0.001 else f"{v:.3f}"
-
     lines = [f"| width d | scale | ppl {name_a} | ppl {name_b} | {name_a} − {name_b} (paired by seed) | 95% (t) | "
              f"p | p (Holm over {len(rows)}) | reading |", "|---:|---|---:|---:|---:|---|---|---|---|"]
     for r in rows:

@@ -39,7 +39,7 @@ from tiny_llama import Windows, corpus_windows, tiny_llama  # noqa: E402
 
 from attnscale.lm.data import load_corpus  # noqa: E402
 from attnscale.report.analysis import mean_se  # noqa: E402
-from attnscale.report.intervals import LEVEL, holm, interval, paired  # noqa: E402
+from attnscale.report.intervals import interval, p_text, paired_holm, reading  # noqa: E402
 from attnscale.watch.alerts import MaxScore  # noqa: E402
 from attnscale.watch.record import read_log  # noqa: E402
 from attnscale.watch.sinks import JsonlSink  # noqa: E402
@@ -54,6 +54,11 @@ def ways(taus) -> list[str]:
 
 def clip_tau(way: str) -> float | None:
     return float(way[len(CLIPPED):]) if way.startswith(CLIPPED) else None
+
+
+def folder_of(way: str) -> str:
+    """The way's folder name in the run folder: "unscaled+qk-clip τ=10" is "unscaled+qk-clip-tau-10"."""
+    return way.replace(" ", "").replace("τ=", "-tau-")
 
 
 def by_layer(records) -> dict[str, list[list[float]]]:
@@ -83,7 +88,7 @@ def one_run(way: str, seed: int, args, out: Path) -> dict:
     data, vocab = corpus_windows(args.context)
     model = tiny_llama(vocab, layers=args.layers, hidden=args.hidden, heads=4, kv_heads=2, context=args.context,
                        seed=seed, unscaled=way != "scaled")
-    folder = out / way.replace(" ", "").replace("τ=", "-tau-") / f"seed-{seed}"
+    folder = out / folder_of(way) / f"seed-{seed}"
     callback = WatchCallback(every=args.every, alerts=[MaxScore(tau=args.alert_tau, action="warn")],
                              sinks=[JsonlSink(folder / "watch.jsonl")], report=False, qk_clip=clip_tau(way))
     training = TrainingArguments(output_dir=str(folder), max_steps=args.steps, per_device_train_batch_size=args.batch,
@@ -137,14 +142,8 @@ def versus(runs: list[dict], reference: str = "scaled") -> dict[str, dict]:
     for r in runs:
         by.setdefault(r["way"], {})[r["seed"]] = r["perplexity"]
     others = [w for w in by if w != reference]
-    tests = [paired(by[w], by[reference]) for w in others]
-    adjusted = holm([t["p"] for t in tests])
-    out = {}
-    for way, t, p_holm in zip(others, tests, adjusted):
-        significant = p_holm is not None and p_holm < 1.0 - LEVEL
-        out[way] = {**t, "p_holm": p_holm,
-                    "reading": ("lower" if t["diff"] < 0 else "higher") if significant else "inconclusive"}
-    return out
+    tests = paired_holm([(by[w], by[reference]) for w in others])
+    return {way: {**t, "reading": reading(t)} for way, t in zip(others, tests)}
 
 
 def versus_table(compared: dict[str, dict], reference: str = "scaled") -> str:
@@ -152,8 +151,8 @@ def versus_table(compared: dict[str, dict], reference: str = "scaled") -> str:
              "| way | seeds | perplexity − scaled's | 95% (t) | p | p (Holm) | reading |", "|---|---|---|---|---|---|---|"]
     for way, c in compared.items():
         ci = "" if c["interval"] is None else f"[{c['interval'][0]:+.3f}, {c['interval'][1]:+.3f}]"
-        p, ph = (("" if v is None else "< 0.001" if v < 0.001 else f"{v:.3f}") for v in (c["p"], c["p_holm"]))
-        lines.append(f"| {way} | {c['n']} | {c['diff']:+.3f} | {ci} | {p} | {ph} | {c['reading']} |")
+        lines.append(f"| {way} | {c['n']} | {c['diff']:+.3f} | {ci} | {p_text(c['p'])} | {p_text(c['p_holm'])} | "
+                     f"{c['reading']} |")
     return "\n".join(lines) + "\n"
 
 

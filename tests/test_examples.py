@@ -147,7 +147,7 @@ def test_qk_clip_study_writes_its_run_folder(tmp_path, run):
     assert [r["way"] for r in results["runs"]] == ["scaled", "unscaled", "unscaled+qk-clip τ=10", "unscaled+qk-clip τ=100"]
     assert all(r["perplexity"] > 1 and r["steps"] == [2, 4] for r in results["runs"])
     for r in results["runs"]:  # every layer's numbers at every probe, read back from the run's own watch log
-        log = folder / r["way"].replace(" ", "").replace("τ=", "-tau-") / "seed-0" / "watch.jsonl"
+        log = folder / _study().folder_of(r["way"]) / "seed-0" / "watch.jsonl"
         records = read_log(log)
         assert r["by_layer"]["max_score"] == [[max(heads) for heads in rec.grid("max_score")] for rec in records]
         words = [[sum(heads) / len(heads) for heads in rec.grid("effective_words")] for rec in records]

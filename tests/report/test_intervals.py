@@ -65,6 +65,29 @@ def test_holm_against_a_worked_example():
     assert iv.holm([]) == []
 
 
+def test_paired_holm_adjusts_over_every_pair_and_reads_the_sign():
+    # pair 0: differences 1, 2, 4 (p = 1 − sqrt(7/9) ≈ 0.118, as above); pair 1: differences −1.0, −1.1, −1.05
+    # (mean −1.05, SD 0.05, SE 0.05/sqrt 3, t = −21 sqrt 3, p from the closed form at 2 df)
+    pairs = [({0: 11.0, 1: 12.0, 2: 14.0}, {0: 10.0, 1: 10.0, 2: 10.0}),
+             ({0: 9.0, 1: 8.9, 2: 8.95}, {0: 10.0, 1: 10.0, 2: 10.0}),
+             ({0: 1.0}, {0: 0.5})]  # one seed: no test
+    got = iv.paired_holm(pairs)
+    p0 = 1 - math.sqrt(7 / 9)
+    t1 = 21 * math.sqrt(3)
+    p1 = 1 - t1 / math.sqrt(2 + t1 * t1)
+    assert [g["p"] for g in got[:2]] == pytest.approx([p0, p1], rel=1e-9) and got[2]["p"] is None
+    # Holm over the two tests: the smaller p times 2, the larger times 1, running max
+    assert got[1]["p_holm"] == pytest.approx(2 * p1, rel=1e-9) and got[0]["p_holm"] == pytest.approx(max(p0, 2 * p1))
+    assert got[2]["p_holm"] is None
+    assert [iv.reading(g) for g in got] == ["inconclusive", "lower", "inconclusive"]
+    assert iv.reading({"diff": 0.3, "p_holm": 0.049}) == "higher" and iv.reading({"diff": 0.3, "p_holm": 0.05}) == "inconclusive"
+
+
+def test_p_text_never_prints_zero():
+    assert iv.p_text(0.0004) == "< 0.001" and iv.p_text(0.001) == "0.001" and iv.p_text(0.9812) == "0.981"
+    assert iv.p_text(None) == ""
+
+
 def test_precision_follows_the_standard_error():
     assert iv.decimals_for(0.23) == 2 and iv.decimals_for(0.004) == 4 and iv.decimals_for(31.0) == 0
     text = iv.with_error(95.8, 0.004, 2)

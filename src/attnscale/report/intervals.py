@@ -21,7 +21,8 @@ import math
 import statistics
 from collections.abc import Sequence
 
-__all__ = ["LEVEL", "t_cdf", "t_quantile", "interval", "paired", "holm", "decimals_for", "with_error"]
+__all__ = ["LEVEL", "t_cdf", "t_quantile", "interval", "paired", "holm", "paired_holm", "reading", "p_text",
+           "decimals_for", "with_error"]
 
 LEVEL = 0.95  # two-sided coverage of every interval the report prints
 
@@ -117,6 +118,26 @@ def holm(p_values: Sequence[float | None]) -> list[float | None]:
         running = max(running, min(1.0, (m - k) * p))
         out[i] = running
     return out
+
+
+def paired_holm(pairs: Sequence[tuple[dict, dict]]) -> list[dict]:
+    """``paired(a, b)`` for every (a, b) in ``pairs``, each with "p_holm": its p adjusted by Holm over all of them."""
+    tests = [paired(a, b) for a, b in pairs]
+    return [{**t, "p_holm": p} for t, p in zip(tests, holm([t["p"] for t in tests]))]
+
+
+def reading(test: dict, level: float = LEVEL) -> str:
+    """What a ``paired_holm`` test says of a − b: "higher" or "lower" where its adjusted p is under 1 − level,
+    else "inconclusive"."""
+    alpha = round(1.0 - level, 12)  # 1 − 0.95 is 0.050000000000000044 in floating point
+    if test["p_holm"] is None or test["p_holm"] >= alpha:
+        return "inconclusive"
+    return "higher" if test["diff"] > 0 else "lower"
+
+
+def p_text(p: float | None) -> str:
+    """A p-value to three decimals, "< 0.001" below that (never "0.000"), "" where there is no test."""
+    return "" if p is None else "< 0.001" if p < 0.001 else f"{p:.3f}"
 
 
 def decimals_for(se: float, at_least: int = 0) -> int:

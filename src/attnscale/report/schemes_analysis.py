@@ -167,9 +167,8 @@ def pairwise(rows: Sequence[Mapping[str, Any]], width: int) -> list[dict[str, An
     Returns [{"a", "b", "diff", "se", "n", "p", "p_holm", "interval"}] in the rows' order."""
     mine = [r for r in rows if r["width"] == width and r.get("sensitivity_by_seed")]
     pairs = [(a, b) for i, a in enumerate(mine) for b in mine[i + 1:]]
-    tests = [intervals.paired(a["sensitivity_by_seed"], b["sensitivity_by_seed"]) for a, b in pairs]
-    adjusted = intervals.holm([t["p"] for t in tests])
-    return [{"a": a["scale"], "b": b["scale"], **t, "p_holm": p} for (a, b), t, p in zip(pairs, tests, adjusted)]
+    tests = intervals.paired_holm([(a["sensitivity_by_seed"], b["sensitivity_by_seed"]) for a, b in pairs])
+    return [{"a": a["scale"], "b": b["scale"], **t} for (a, b), t in zip(pairs, tests)]
 
 
 def _ranking(rows, width: int, wide, seeds: int, lrs, fmt) -> str:
