@@ -5,6 +5,7 @@ checkpoint, a killed driver resumed, a failing run reported while the others go 
 import ipaddress
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -288,6 +289,29 @@ def test_a_failing_run_is_reported_and_the_others_finish(cluster, tmp_path, corp
         SCALES.pop("driver_only"), DISPLAY_NAMES.pop("driver_only")
     assert rec.read(tmp_path / "d8-none-s0").status == "done"
     assert rec.read(tmp_path / "d8-driver_only-s0").status == "running"  # a rerun retries it
+
+
+def test_a_run_leaves_the_scratch_of_another_cluster_on_this_host_alone(cluster, tmp_path, corpus):
+    # every fresh cluster numbers its first job 01000000: two clusters on one host (two test workers
+    # in CI) ran d8-none-s0 at once, and one deleted the folder the other was training in
+    import ray
+
+    context = ray.get_runtime_context()
+    base = Path(context.get_temp_dir()) / "attnscale"
+    job = context.get_job_id()
+    run = spec(corpus, 8, "none")
+    others = [base / job / run.run_id, base / "session_of_another_cluster" / job / run.run_id]
+    for folder in others:
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "training.pt").write_text("another cluster's run")
+    try:
+        execute([run], CORPUS, tmp_path, jobs=1, progress=False, corpus=corpus, executor="ray")
+        assert rec.read(tmp_path / run.run_id).status == "done"
+        for folder in others:
+            assert (folder / "training.pt").read_text() == "another cluster's run"
+    finally:
+        for folder in others:
+            shutil.rmtree(folder, ignore_errors=True)
 
 
 def test_an_address_where_no_cluster_listens_is_one_line(capsys, tmp_path):

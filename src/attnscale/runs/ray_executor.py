@@ -150,6 +150,16 @@ def _hub_class():
     return Hub
 
 
+def scratch_dir(context, run_id: str) -> Path:
+    """Where one run trains on a Ray node: beside Ray's own files, one place to clean.
+
+    Named by the cluster's session as well as the job: every fresh cluster numbers its first
+    job 01000000, so two clusters on one host (two test workers, two users, a cluster and a
+    leftover folder) would otherwise share, and delete, one another's scratch."""
+    return (Path(context.get_temp_dir()) / "attnscale" / context.get_session_name()
+            / context.get_job_id() / run_id)
+
+
 def _train_task(spec, corpus, threads: int, hub) -> dict[str, bytes]:
     """One run on a Ray worker: train it in scratch space through ``train_run``; return its files.
 
@@ -165,8 +175,7 @@ def _train_task(spec, corpus, threads: int, hub) -> dict[str, bytes]:
     context = ray.get_runtime_context()
     device = task_device(spec.train.device, ray.get_gpu_ids(), os.environ.get("CUDA_VISIBLE_DEVICES"))
     train_cfg = replace(spec.train, device=device)  # the device does not make another config (runs.store)
-    # scratch beside Ray's own files on this node: one place to clean
-    scratch = Path(context.get_temp_dir()) / "attnscale" / context.get_job_id() / spec.run_id
+    scratch = scratch_dir(context, spec.run_id)
     shutil.rmtree(scratch, ignore_errors=True)  # what a killed attempt on this node left
     scratch.mkdir(parents=True)
     checkpoint = scratch / rec.CHECKPOINT
