@@ -9,7 +9,7 @@ from attnscale.errors import ConfigError
 from attnscale.experiments import setup_study, sweep
 from attnscale.lm.presets import FULL_STEPS, budget, with_steps
 from attnscale.lm.study_axes import AXES
-from attnscale.report import assemble, course, setup_section
+from attnscale.report import assemble, course, setup_analysis, setup_section
 from attnscale.runs import store
 from attnscale.runs.record import TrainRun
 
@@ -46,6 +46,47 @@ def test_the_base_moves_and_the_axes_follow_it():
 def test_bad_axes_are_refused_before_anything_runs(axes, words):
     with pytest.raises(ConfigError, match=words):
         setup_study.StudyConfig(axes=axes)
+
+
+def test_a_combination_changes_its_settings_together_and_names_each():
+    b = budget("default")
+    cfg = setup_study.StudyConfig(width=16, seeds=(0,), scales=("none",), model=b.model, train=b.train,
+                                  axes=(("lr", (9e-3,)), ("lr+schedule+steps", ((9e-3, "constant", 1200),))))
+    base, lr, both = setup_study.specs(cfg, 104)
+    assert both.run_id == "d16-none-s0-lr-9e-3-schedule-constant-steps-1200"
+    assert both.group == "study:lr+schedule+steps" and lr.group == "study:lr"
+    # each setting as its own axis sets it: the combination is the single axes applied in turn
+    alone = setup_study.apply(b.model, b.train, "steps", 1200)[1]
+    assert both.train == replace(alone, lr=9e-3, min_lr_ratio=1.0) and both.model == base.model
+    assert base.train.min_lr_ratio == 0.1 and base.train.steps == b.train.steps
+
+
+@pytest.mark.parametrize("axes, words", [
+    ((("schedule+weight_decay", (("constant", 0.1),)),), "keeps the base setup's own weight_decay"),
+    ((("schedule+weight_decay", (("constant",),)),), "takes one value per axis"),
+    ((("weight_decay+schedule", ((0.0, "constant"),)),), "two or more different axes"),
+    ((("lr+depth", ((9e-3, 3),)),), "two or more different axes"),
+])
+def test_bad_combinations_are_refused_before_anything_runs(axes, words):
+    b = budget("default")
+    with pytest.raises(ConfigError, match=words):
+        setup_study.StudyConfig(axes=axes, model=b.model, train=b.train)
+
+
+def test_combine_on_the_command_line_runs_the_base_and_its_combinations(tmp_path):
+    out = tmp_path / "out"
+    args = ["study", "--quick", "--width", "8", "--steps", "4", "--seeds", "0", "--scale", "none", "--out", str(out)]
+    assert main(args + ["--combine", "weight_decay=0,schedule=constant", "--combine", "schedule=constant,lr=9e-3"]) == 0
+    assert sorted(p.name for p in out.iterdir()) == [
+        "d8-none-s0", "d8-none-s0-lr-9e-3-schedule-constant", "d8-none-s0-schedule-constant-weight_decay-0"]
+    run = TrainRun.load(out / "d8-none-s0-schedule-constant-weight_decay-0")
+    assert run.group == "study:schedule+weight_decay"
+    assert run.train["min_lr_ratio"] == 1.0 and run.train["weight_decay"] == 0.0
+    rows = setup_analysis.summary_rows([setup_analysis.run_row(TrainRun.load(p)) for p in out.iterdir()])
+    assert [(r["axis"], r["value"]) for r in rows] == [
+        ("base", "base"), ("lr+schedule", "9e-3 + constant"), ("schedule+weight_decay", "constant + 0")]
+    md = assemble.build(out)["markdown"].read_text()
+    assert "| schedule constant + weight decay 0 |" in md
 
 
 def test_the_presets_vary_every_axis_around_their_budget():
@@ -109,6 +150,10 @@ def test_a_verdict_that_does_not_agree_names_the_study_measurement(monkeypatch):
     (["--axis", "norm=post"], "base setup's own value"),
     (["--reuse", "/nonexistent/dir"], "--reuse: /nonexistent/dir is not a folder"),
     (["--axis", "steps=200,200"], "repeat; give each value once"),
+    (["--combine", "lr=9e-3"], "combines two or more settings"),
+    (["--combine", "lr=9e-3,lr=3e-2"], "lr is given twice"),
+    (["--combine", "lr=9e-3,depth=3"], "AXIS=V,AXIS=V"),
+    (["--combine", "lr=9e-3,norm=pre", "--combine", "norm=pre,lr=9e-3"], "given twice; give each combination once"),
 ])
 def test_study_command_errors_are_one_line(args, words, tmp_path, capsys):
     out = tmp_path / "out"

@@ -27,3 +27,20 @@ def test_each_schedule_reads_back_as_itself():
 def test_a_study_run_is_one_whose_group_names_a_known_axis():
     assert [is_study(SimpleNamespace(group=g)) for g in ("study:base", "study:lr", "study:color", "sweep")] == \
         [True, True, False, False]
+
+
+def test_a_combination_reads_back_every_setting_it_changes_in_one_order():
+    from attnscale.lm.study_axes import combine, setting_text
+
+    axis, value = combine({"weight_decay": 0.0, "lr": 0.009, "schedule": "constant"})  # given out of order
+    assert (axis, value) == ("lr+schedule+weight_decay", (0.009, "constant", 0.0))
+    model, train = {}, {"lr": 0.009, "min_lr_ratio": 1.0, "weight_decay": 0.0}
+    assert value_of(axis, model, train) == value
+    assert label(axis, value) == "9e-3 + constant + 0"
+    assert setting_text(axis, label(axis, value)) == "learning rate 9e-3 + schedule constant + weight decay 0"
+    assert setting_text("norm", "pre") == "norm placement pre" and setting_text("base", "base") == "base"
+
+
+def test_a_combination_is_a_study_only_of_distinct_known_axes_in_order():
+    groups = ["study:schedule+weight_decay", "study:weight_decay+schedule", "study:lr+lr", "study:lr+color"]
+    assert [is_study(SimpleNamespace(group=g)) for g in groups] == [True, False, False, False]

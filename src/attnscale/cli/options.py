@@ -130,11 +130,33 @@ def study_axis(text: str) -> tuple[str, tuple]:
     axis, sep, values = text.partition("=")
     if not sep or axis not in AXES or not values:
         raise argparse.ArgumentTypeError(f"takes AXIS=V1,V2 with AXIS one of {', '.join(AXES)}, got {text!r}")
+    return axis, tuple(_axis_value(axis, v) for v in values.split(","))
+
+
+def study_combination(text: str) -> tuple[str, tuple]:
+    """AXIS=V,AXIS=V for --combine: settings changed together, as (combined axis, its value)."""
+    from attnscale.lm.study_axes import AXES, combine
+
+    settings = {}
+    for item in text.split(","):
+        axis, sep, value = item.partition("=")
+        if not sep or axis not in AXES or not value:
+            raise argparse.ArgumentTypeError(f"takes AXIS=V,AXIS=V with each AXIS one of {', '.join(AXES)}, "
+                                             f"got {text!r}")
+        if axis in settings:
+            raise argparse.ArgumentTypeError(f"{axis} is given twice in {text!r}; give each axis once")
+        settings[axis] = _axis_value(axis, value)
+    if len(settings) < 2:
+        raise argparse.ArgumentTypeError(f"combines two or more settings, got {text!r}; for one, use --axis")
+    return combine(settings)
+
+
+def _axis_value(axis: str, text: str):
     parse = {"lr": float, "weight_decay": float, "steps": int}.get(axis, str)
     try:
-        return axis, tuple(parse(v) for v in values.split(","))
+        return parse(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{axis} takes numbers, got {values!r}") from None
+        raise argparse.ArgumentTypeError(f"{axis} takes numbers, got {text!r}") from None
 
 
 # ---- checks made before anything is written ------------------------------------

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from attnscale.cli.options import (UsageError, default_of, executor_kwargs, executor_options, full_option, jobs_option,
                                    nonneg_int, overrides, positive_float, positive_int, scale_name, study_axis,
-                                   training_options, with_budget, words)
+                                   study_combination, training_options, with_budget, words)
 from attnscale.cli.sequence import Command, table_of
 
 __all__ = ["COMMANDS"]
@@ -166,11 +166,23 @@ def _study_config(args):
                              vocab_size=vocab, model=model, train=train)
     cfg = dataclasses.replace(cfg, device=args.device, width=args.width or cfg.width, scales=_once(args.scales or cfg.scales),
                               seeds=_once(args.seeds if args.seeds is not None else cfg.seeds),
-                              axes=tuple(args.axes) if args.axes else cfg.axes)
+                              axes=_axes(args, cfg.axes))
     missing = [str(d) for d in args.reuse if not d.is_dir()]
     if missing:
         raise UsageError(f"--reuse: {', '.join(missing)} is not a folder; give folders that hold finished runs")
     return cfg
+
+
+def _axes(args, preset_axes):
+    """--axis's axes (the preset's where neither --axis nor --combine is given), then --combine's,
+    one entry per combined axis with its values in the order given."""
+    combos: dict[str, tuple] = {}
+    for axis, value in args.combos or ():
+        if value in combos.get(axis, ()):
+            raise UsageError(f"--combine {axis} with {value} is given twice; give each combination once")
+        combos[axis] = combos.get(axis, ()) + (value,)
+    single = tuple(args.axes) if args.axes else () if combos else preset_axes
+    return single + tuple(combos.items())
 
 
 def _study(cfg, out, args):
@@ -191,6 +203,9 @@ def add_study(sub) -> None:
     p.add_argument("--axis", type=study_axis, action="append", dest="axes", metavar="AXIS=V1,V2",
                    help=f"one axis and the values tried instead of the base's (repeat for more; default: every "
                         f"axis, around the full budget, or the default one with --quick); AXIS: {', '.join(AXES)}")
+    p.add_argument("--combine", type=study_combination, action="append", dest="combos", metavar="AXIS=V,AXIS=V",
+                   help="settings changed together as one setup (repeat for more), e.g. "
+                        "schedule=constant,weight_decay=0; without --axis only these and the base run")
     p.add_argument("--reuse", type=Path, nargs="+", default=[], metavar="DIR",
                    help="folders of finished runs (e.g. reproduce --full's OUT/dynamics): a run of the very same "
                         "config found there is copied, not trained again")

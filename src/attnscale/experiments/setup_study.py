@@ -5,7 +5,9 @@ rows freeze; with it the spread settles around 3.4) depends on more than the
 scale. This study trains the tiny model at one head width, with and without the
 scale, at a base setup and at one change of one setting at a time (one axis at
 a time: learning rate, schedule, weight decay, init, norm placement, training
-length), with seeds, and records the end of training of each run. The analysis
+length), or at several changed together (a combined axis, ``study_axes.combine``:
+the settings the single axes point to, to see whether together they reach what
+none reaches alone), with seeds, and records the end of training of each run. The analysis
 (``attnscale.report.setup_analysis``) says in which setups each of the course's
 end-of-training claims holds in direction and in size.
 
@@ -28,7 +30,7 @@ from attnscale import limits
 from attnscale.experiments.dynamics import model_config
 from attnscale.experiments.training_config import TrainingConfig
 from attnscale.lm.presets import budget, with_steps
-from attnscale.lm.study_axes import AXES, GROUP_PREFIX, SCHEDULES, label, value_of
+from attnscale.lm.study_axes import AXES, GROUP_PREFIX, SCHEDULES, combined, known, label, parts, value_of
 from attnscale.lm.train import TrainConfig
 from attnscale.runs import store
 from attnscale.runs.record import TrainRun
@@ -41,7 +43,16 @@ GROUP = GROUP_PREFIX.rstrip(":")  # records: group "study:<axis>", "study:base" 
 SIZES = ("smoke", "quick", "full")
 
 def apply(model: dict[str, Any], train: TrainConfig, axis: str, value: Any) -> tuple[dict[str, Any], TrainConfig]:
-    """The base (``model``, ``train``) with one setting changed."""
+    """The base (``model``, ``train``) with one setting changed, or each of a combined axis's in turn."""
+    if combined(axis):
+        if not known(axis):
+            raise ConfigError(f"study combination {axis!r}: give two or more different axes of "
+                              f"{', '.join(AXES)}, each once")
+        if not isinstance(value, tuple) or len(value) != len(parts(axis)):
+            raise ConfigError(f"study combination {axis} takes one value per axis, got {value!r}")
+        for a, v in zip(parts(axis), value):
+            model, train = apply(model, train, a, v)
+        return model, train
     if axis not in AXES:
         raise ConfigError(f"unknown study axis {axis!r}; choose from: {', '.join(AXES)}")
     if axis == "steps":
@@ -62,7 +73,8 @@ def apply(model: dict[str, Any], train: TrainConfig, axis: str, value: Any) -> t
 class StudyConfig(TrainingConfig):
     """One head width; the base setup (``model``: ModelConfig fields other than
     vocab_size, head_dim and scale; ``train``) and, per axis, the values tried
-    instead of the base's; every run once per scale and seed."""
+    instead of the base's (per combined axis, tuples: one value per axis it
+    changes); every run once per scale and seed."""
 
     width: int = 1024
     scales: tuple[str, ...] = ("none", "inv_sqrt_d")
@@ -84,15 +96,17 @@ class StudyConfig(TrainingConfig):
             if axis in seen:
                 raise ConfigError(f"study axis {axis!r} is given twice; give each axis once with all its values")
             seen.add(axis)
-            labels = [label(axis, v) for v in values] if axis in AXES else []
+            for v in values:
+                apply(self.model, self.train, axis, v)  # raises for a bad axis or value
+            labels = [label(axis, v) for v in values]
             if len(set(labels)) != len(labels):
                 raise ConfigError(f"study axis {axis}: values {', '.join(labels)} repeat; give each value once")
-            base = value_of(axis, self.model, asdict(self.train)) if axis in AXES else None
             for v in values:
-                model, train = apply(self.model, self.train, axis, v)  # raises for a bad axis or value
-                if value_of(axis, model, asdict(train)) == base:
-                    raise ConfigError(f"study axis {axis}: {label(axis, v)} is the base setup's own value; "
-                                      "give values that differ from it")
+                model, train = apply(self.model, self.train, axis, v)
+                for a in parts(axis):  # a combination changes every one of its settings
+                    if value_of(a, model, asdict(train)) == value_of(a, self.model, asdict(self.train)):
+                        own = f"keeps the base setup's own {a}" if combined(axis) else "is the base setup's own value"
+                        raise ConfigError(f"study axis {axis}: {label(axis, v)} {own}; give values that differ from it")
         limits.check(estimate(self._specs(1)), "lower --steps, the steps axis or the seeds")
 
     def _specs(self, vocab_size: int) -> list[RunSpec]:
@@ -156,9 +170,13 @@ def preset(size: str = "full", corpus: str = "default", seed: int = 0, tokenizer
 
 
 def run_id(width: int, scale: str, seed: int, axis: str, value: Any) -> str:
-    """The base's runs are named as dynamics and sweep name theirs; the others add ``-<axis>-<value>``."""
+    """The base's runs are named as dynamics and sweep name theirs; the others add ``-<axis>-<value>``
+    per setting they change (``d1024-none-s0-schedule-constant-weight_decay-0``)."""
     base = store.run_id(width, scale, seed)
-    return base if axis == "base" else f"{base}-{axis}-{label(axis, value)}"
+    if axis == "base":
+        return base
+    values = value if combined(axis) else (value,)
+    return "-".join([base, *(f"{a}-{label(a, v)}" for a, v in zip(parts(axis), values))])
 
 
 def specs(cfg: StudyConfig, vocab_size: int) -> list[RunSpec]:

@@ -5,7 +5,7 @@ Pure functions of plain rows, shared by ``attnscale study`` and the report.
 attributes only); everything after it works on plain numbers.
 
 A setup is the base, or the base with one setting changed (an axis and its
-value, ``lm.study_axes``); a run's axis is its record group ``study:<axis>``, its value
+value, ``lm.study_axes``) or several together (a combined axis); a run's axis is its record group ``study:<axis>``, its value
 is read from its recorded config. Per setup and scale: the end of training as
 the dynamics claims read it (layer 0, ``course.COURSE_LAYER``, mean over its
 heads, at the last recorded step; the mean over all layers kept beside) of the
@@ -30,7 +30,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from attnscale.lm.study_axes import AXES, AXIS_NAMES, GROUP_PREFIX, label, value_of
+from attnscale.lm.study_axes import AXES, GROUP_PREFIX, combined, label, parts, setting_text, value_of
 from attnscale.report import analysis, course, intervals, judging
 
 __all__ = ["run_row", "summary_rows", "setups", "pair", "gap", "claims", "setup_name", "value_text", "explain", "format_text", "CLAIM_WORDS"]
@@ -70,13 +70,16 @@ def _key(row: Mapping[str, Any]) -> tuple[str, str]:
 
 
 def setups(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
-    """(axis, value label) of every setup in ``rows``, the base first, then the axes in ``AXES`` order by value."""
+    """(axis, value label) of every setup in ``rows``, the base first, then the axes in ``AXES`` order by
+    value, then the combinations by the axes they combine."""
     keys = {_key(r): r for r in rows}
     order = {a: i for i, a in enumerate(["base", *AXES])}
 
     def sort(k):
         v = keys[k]["value"]
-        return order.get(k[0], len(order)), (0, v, "") if isinstance(v, (int, float)) else (1, 0, str(v))
+        if combined(k[0]):
+            return len(order), tuple(order[a] for a in parts(k[0])), (1, 0, k[1])
+        return order[k[0]], (), (0, v, "") if isinstance(v, (int, float)) else (1, 0, str(v))
     return sorted(keys, key=sort)
 
 
@@ -202,7 +205,7 @@ def claims(summary: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
 
 
 def setup_name(setup: tuple[str, str]) -> str:
-    return "base" if setup[0] == "base" else f"{AXIS_NAMES.get(setup[0], setup[0])} {setup[1]}"
+    return setting_text(*setup)
 
 
 def value_text(summary, setup, key: str) -> str:
