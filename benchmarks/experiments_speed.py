@@ -30,7 +30,7 @@ def median_time(fn, repeats: int = 5) -> float:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--widths", type=int, nargs="+", default=list(spread.SpreadConfig().widths),
+    ap.add_argument("--widths", type=int, nargs="+", default=list(spread.SpreadConfig().head_dims),
                     help="the targets hold for the chapter's 7 widths only")
     ap.add_argument("--pairs", type=int, default=spread.SpreadConfig().pairs)
     ap.add_argument("--sequences", type=int, default=fresh.FreshConfig().sequences)
@@ -40,9 +40,9 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
     cases = [
         (f"spread {args.pairs:,} pairs x {n} widths", 1.0,
-         lambda: spread.run(spread.SpreadConfig(widths=widths, pairs=args.pairs))),
+         lambda: spread.run(spread.SpreadConfig(head_dims=widths, pairs=args.pairs))),
         *((f"fresh {init} init, {n} widths x 2 schemes x {args.sequences} seq", 2.0,
-           lambda init=init: fresh.run(fresh.FreshConfig(widths=widths, sequences=args.sequences, init=init)))
+           lambda init=init: fresh.run(fresh.FreshConfig(head_dims=widths, sequences=args.sequences, init=init)))
           for init in ("unit", "model")),
     ]
     for name, target, fn in cases:

@@ -27,12 +27,12 @@ from attnscale.runs.record import TrainRun, find
 
 
 def runs_of(folder: Path) -> dict[tuple[int, str, int], TrainRun]:
-    """The finished training runs under ``folder``, by (width, scale, seed)."""
+    """The finished training runs under ``folder``, by (head_dim, scale, seed)."""
     out = {}
     for path in find(folder):
         run = TrainRun.load(path)
         if run.status == "done":
-            out[(run.width, run.scale, run.seed)] = run
+            out[(run.head_dim, run.scale, run.seed)] = run
     return out
 
 

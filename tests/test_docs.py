@@ -82,7 +82,7 @@ def test_the_worked_example_of_a_new_experiment_runs_as_written(tmp_path, monkey
     exec(compile(command, "training.py", "exec"), namespace)
     monkeypatch.setattr(cli, "COMMANDS", [*cli.COMMANDS, namespace["add_warmup"]])
     out = tmp_path / "warmup"
-    argv = ["warmup", "--width", "8", "--warmups", "0", "1", "--steps", "3", "--batch", "2", "--context", "16"]
+    argv = ["warmup", "--head-dim", "8", "--warmups", "0", "1", "--steps", "3", "--batch", "2", "--context", "16"]
     assert cli.main([*argv, "--out", str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split() == ["warm-up", "steps", "valid", "ppl", "status"] and len(lines) == 3

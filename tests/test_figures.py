@@ -90,8 +90,8 @@ def test_a_trained_runs_perplexity_is_its_held_out_loss_through_exp():
 # ---- the gap, its SE, its share, where it starts ----------------------------------
 
 
-def _row(width, scale, seed, ppl, lr=None, status="done"):
-    return {"width": width, "scale": scale, "seed": seed, "lr": lr, "valid_ppl": ppl, "status": status}
+def _row(head_dim, scale, seed, ppl, lr=None, status="done"):
+    return {"head_dim": head_dim, "scale": scale, "seed": seed, "lr": lr, "valid_ppl": ppl, "status": status}
 
 
 def test_gap_share_is_over_the_scaled_models_perplexity():
@@ -100,7 +100,7 @@ def test_gap_share_is_over_the_scaled_models_perplexity():
     (r,) = table["rows"]
     assert (r["gap"], r["gap_se"], r["reference_ppl"], r["baseline_ppl"]) == (3.0, None, 12.0, 15.0)
     assert r["share"] == pytest.approx(0.25)  # 3 / 12 (÷ the baseline's 15 would be 0.20)
-    assert analysis.share_by_width(table) == {64: pytest.approx(0.25)}
+    assert analysis.share_by_head_dim(table) == {64: pytest.approx(0.25)}
 
 
 def test_gap_counts_where_its_t_interval_clears_zero():
@@ -138,8 +138,8 @@ def test_where_large_starts_by_hand():
     assert [r["counts"] for r in table["rows"]] == [False, True, True, True]
     assert table["gap_starts_at"] == analysis.first_start(table) == 64
     assert table["threshold_ppl"] == 1.0
-    assert analysis.gap_by_width(table) == {d: (pytest.approx(g), None, 1) for d, g in gaps.items()}
-    assert analysis.share_by_width(table) == {d: pytest.approx(g / 8.0) for d, g in gaps.items()}
+    assert analysis.gap_by_head_dim(table) == {d: (pytest.approx(g), None, 1) for d, g in gaps.items()}
+    assert analysis.share_by_head_dim(table) == {d: pytest.approx(g / 8.0) for d, g in gaps.items()}
     # the widest width not counting: nothing starts, whatever the narrower ones say
     rows[-1] = _row(256, "none", 0, 8.5)
     assert analysis.gap_table(rows)["gap_starts_at"] is None
@@ -274,7 +274,7 @@ def test_recording_measures_the_first_four_sequences_of_a_larger_batch():
 def test_a_corpus_is_known_by_its_hash_tokenizer_vocabulary_and_both_split_sizes():
     corpus = {"name": "wikitext-2", "path": "/a", "tokenizer": "word", "vocab_size": 100,
               "train_tokens": 1000, "valid_tokens": 100, "sha256": "ab" * 32}
-    cfg = {"model": {"d_k": 4}, "train": {"steps": 3, "threads": 1}, "corpus": corpus}
+    cfg = {"model": {"head_dim": 4}, "train": {"steps": 3, "threads": 1}, "corpus": corpus}
     same = {**cfg, "corpus": {**corpus, "name": "folder", "path": "/b"}, "train": {"steps": 3, "threads": 2}}
     assert comparable_config(cfg) == comparable_config(same)
     assert comparable_config(cfg)["corpus"] == {"sha256": "ab" * 32, "tokenizer": "word", "vocab_size": 100,

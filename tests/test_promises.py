@@ -68,7 +68,7 @@ def test_the_cache_lives_in_home_cache_unless_moved(tmp_path, monkeypatch):
     assert cache_root() == tmp_path / "moved"
 
 
-def _only_dynamics(reproduce, monkeypatch, width=8, steps=3):
+def _only_dynamics(reproduce, monkeypatch, head_dim=8, steps=3):
     """reproduce's real stages, cut to the dynamics pair at a tiny width and length."""
     from attnscale.lm.presets import with_steps
 
@@ -78,7 +78,7 @@ def _only_dynamics(reproduce, monkeypatch, width=8, steps=3):
         out = []
         for s in real(**kw):
             if s.folder == "dynamics":
-                cfg = replace(s.config, head_dim=width, model={**s.config.model, "context": 16},
+                cfg = replace(s.config, head_dim=head_dim, model={**s.config.model, "context": 16},
                               train=replace(with_steps(s.config.train, steps), batch=2))
                 out.append(replace(s, config=cfg))
         return out
@@ -111,7 +111,7 @@ def test_a_study_runs_from_the_command_line(tmp_path, capsys):
     # the base and one changed setting, with and without the scale, one seed
     assert len(runs) == 4 and all(r.status == "done" for r in runs)
     assert sorted({r.lr for r in runs}) == [3e-3, 9e-3]
-    assert {r.width for r in runs} == {8} and {r.scale for r in runs} == {"none", "inv_sqrt_d"}
+    assert {r.head_dim for r in runs} == {8} and {r.scale for r in runs} == {"none", "inv_sqrt_d"}
     assert printed  # the study's table as JSON
 
 

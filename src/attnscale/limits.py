@@ -97,22 +97,22 @@ def check(est: Estimate, fix: str) -> Estimate:
     return est
 
 
-def spread_cost(widths: tuple[int, ...], pairs: int, schemes: int, chunk: int) -> Estimate:
+def spread_cost(head_dims: tuple[int, ...], pairs: int, schemes: int, chunk: int) -> Estimate:
     """``experiments.spread``: q and k are drawn ``chunk`` numbers at a time (at least one pair),
     and every raw and scaled score is kept to take its spread (two float64 copies in the SE)."""
-    widest = max(widths)
+    widest = max(head_dims)
     per_chunk = 2 * max(chunk, widest) * FLOAT_BYTES
     kept = pairs * (1 + schemes) * FLOAT_BYTES + 2 * pairs * 8
-    ops = sum(2 * pairs * w * (2 + schemes) for w in widths)
+    ops = sum(2 * pairs * w * (2 + schemes) for w in head_dims)
     return Estimate(f"spread over {pairs:,} pairs at d={widest:,}", per_chunk + kept, ops)
 
 
-def fresh_cost(widths: tuple[int, ...], words: int, sequences: int, schemes: int) -> Estimate:
+def fresh_cost(head_dims: tuple[int, ...], words: int, sequences: int, schemes: int) -> Estimate:
     """``experiments.fresh``: q, k (sequences × words × d) and about three sequences × words × words
     tensors (scores, weights, the row statistics) for the widest width at once."""
-    widest = max(widths)
+    widest = max(head_dims)
     tensors = (2 * sequences * words * widest + 3 * sequences * words * words) * FLOAT_BYTES
-    ops = sum(schemes * sequences * words * (2 * words * w + 2 * w + 10 * words) for w in widths)
+    ops = sum(schemes * sequences * words * (2 * words * w + 2 * w + 10 * words) for w in head_dims)
     return Estimate(f"a fresh head over {sequences:,} sequences of {words:,} words at d={widest:,}", tensors, ops)
 
 
@@ -136,13 +136,13 @@ def training_cost(*, vocab: int, context: int, d_model: int, n_layers: int, n_he
     return Estimate(_training_words(runs, steps, batch, context, head_dim), (4 * params + acts) * FLOAT_BYTES, ops)
 
 
-def widths_cost(runs_per_width: dict[int, int], **shape: int) -> Estimate:
-    """``training_cost`` of ``runs_per_width`` (head width -> runs at it; ``shape``: the other
+def head_dims_cost(runs_per_head_dim: dict[int, int], **shape: int) -> Estimate:
+    """``training_cost`` of ``runs_per_head_dim`` (head width -> runs at it; ``shape``: the other
     arguments): the memory of the widest run (runs train one after another in a
     process), the operations of them all."""
-    costs = {w: training_cost(head_dim=w, runs=n, **shape) for w, n in runs_per_width.items()}
+    costs = {w: training_cost(head_dim=w, runs=n, **shape) for w, n in runs_per_head_dim.items()}
     widest = max(costs, key=lambda w: costs[w].bytes)
-    what = _training_words(sum(runs_per_width.values()), shape["steps"], shape["batch"], shape["context"], widest)
+    what = _training_words(sum(runs_per_head_dim.values()), shape["steps"], shape["batch"], shape["context"], widest)
     return Estimate(what, costs[widest].bytes, sum(c.ops for c in costs.values()))
 
 

@@ -17,8 +17,8 @@ def run_cli(*args):
 def test_spread_json_rows(capsys):
     assert main(["spread", "--widths", "4", "64", "--pairs", "2000", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)
-    assert [r["width"] for r in rows] == [4, 64]
-    assert {"width", "scale", "raw_spread", "scaled_spread", "sqrt_d"} <= set(rows[0])
+    assert [r["head_dim"] for r in rows] == [4, 64]
+    assert {"head_dim", "scale", "raw_spread", "scaled_spread", "sqrt_d"} <= set(rows[0])
 
 
 def test_fresh_table_and_record(tmp_path, capsys):
@@ -112,9 +112,9 @@ def test_defaults_are_the_librarys():
 
     cmds = _commands()
     defaults = {c: {a.dest: a.default for a in cmds[c]._actions} for c in ("spread", "fresh", "inspect")}
-    assert tuple(defaults["spread"]["widths"]) == SpreadConfig().widths
+    assert tuple(defaults["spread"]["head_dims"]) == SpreadConfig().head_dims
     assert defaults["spread"]["pairs"] == SpreadConfig().pairs
-    assert tuple(defaults["fresh"]["widths"]) == FreshConfig().widths
+    assert tuple(defaults["fresh"]["head_dims"]) == FreshConfig().head_dims
     assert defaults["fresh"]["threshold"] == defaults["inspect"]["threshold"] == FROZEN_THRESHOLD == 0.99
     assert defaults["spread"]["pairs"] == 20_000  # the README's default
 

@@ -17,7 +17,7 @@ def test_train_json_row_and_record(tmp_path, capsys):
     out = tmp_path / "train"
     assert main(["train", "--width", "8", "--scale", "none", *TINY, "--out", str(out), "--json"]) == 0
     [row] = json.loads(capsys.readouterr().out)
-    assert (row["width"], row["scale"], row["status"]) == (8, "none", "done")
+    assert (row["head_dim"], row["scale"], row["status"]) == (8, "none", "done")
     assert row["valid_ppl"] > 1 and row["start"]["spread"] > 0
     record = json.loads((out / "d8-none-s0" / "record.json").read_text())
     assert record["config"]["train"]["steps"] == 3 and record["config"]["model"]["context"] == 16
@@ -43,7 +43,7 @@ def test_sweep_table_then_resume_keeps_finished_runs(tmp_path, capsys):
     assert "4 of 4 runs already finished" in again.err
     assert [r.stat().st_mtime_ns for r in records] == before
     result = json.loads(again.out)
-    assert len(result["rows"]) == 4 and [g["width"] for g in result["gaps"]["rows"]] == [8, 16]
+    assert len(result["rows"]) == 4 and [g["head_dim"] for g in result["gaps"]["rows"]] == [8, 16]
 
 
 def test_another_config_in_out_is_refused_and_nothing_is_lost(tmp_path, capsys):
@@ -139,3 +139,20 @@ def test_entry_point_in_a_subprocess(tmp_path):
     assert ok.returncode == 0, ok.stderr
     assert json.loads(ok.stdout)[0]["status"] == "done"
     assert "d8-inv_sqrt_d-s0: done" in ok.stderr  # plain progress lines: stderr is not a terminal
+
+
+@pytest.mark.parametrize("command, one, many", [("train", "--head-dim", None), ("dynamics", "--head-dim", None),
+                                                ("study", "--head-dim", None), ("sweep", None, "--head-dims"),
+                                                ("schemes", None, "--head-dims"), ("spread", None, "--head-dims"),
+                                                ("fresh", None, "--head-dims")])
+def test_the_head_width_is_head_dim_and_the_courses_width_is_the_same_option(command, one, many):
+    from attnscale.cli import build_parser
+
+    parser = build_parser()
+    option = one or many
+    alias = "--width" if one else "--widths"
+    values = ["8"] if one else ["8", "16"]
+    given = parser.parse_args([command, option, *values])
+    assert parser.parse_args([command, alias, *values]) == given
+    dest = "head_dim" if one else "head_dims"
+    assert getattr(given, dest) in (8, [8, 16]) and not hasattr(given, "width") and not hasattr(given, "widths")

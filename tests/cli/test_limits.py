@@ -67,11 +67,11 @@ def test_python_callers_get_the_same_refusal():
     with pytest.raises(ConfigError, match="of memory"):
         spread.SpreadConfig(pairs=10**10)
     with pytest.raises(ConfigError, match="of memory"):
-        fresh.FreshConfig(words=10**6, widths=(65536,))
+        fresh.FreshConfig(words=10**6, head_dims=(65536,))
     with pytest.raises(ConfigError, match="would take at least"):
         sweep.SweepConfig(train=default_train().__class__(steps=10**9))
     with pytest.raises(ConfigError, match="d=100,000,000,000 needs at least"):
-        spread.SpreadConfig(widths=(10**11,), pairs=2)  # one pair's q and k alone
+        spread.SpreadConfig(head_dims=(10**11,), pairs=2)  # one pair's q and k alone
     base = sweep.SweepConfig()
     with pytest.raises(ConfigError, match="batch 100,000,000"):
         replace(base, train=replace(base.train, batch=10**8))

@@ -71,7 +71,7 @@ def test_the_registry_lists_the_schemes_in_order_under_their_names():
         register_scale("inv_d")(type("Again", (ScoreScale,), {}))
 
 
-def test_qk_norm_normalises_each_vector_over_its_own_width():
+def test_qk_norm_normalises_each_vector_over_its_own_head_dim():
     # q and k at any size along T and H, all parallel to the ones vector: each normalises to ones
     # (length sqrt(16) = 4), so every score is 16 × 1/sqrt(16) = 4, whatever the sizes
     d = 16
@@ -95,7 +95,7 @@ def test_qk_norm_adds_its_epsilon_to_the_mean_square():
     torch.testing.assert_close(q_n, torch.full((1, 4), 1 / math.sqrt(2)), rtol=1e-5, atol=0)
 
 
-def test_a_head_width_must_be_positive_and_one_is_enough():
+def test_a_head_dim_must_be_positive_and_one_is_enough():
     assert get_scale("none", 1).head_dim == 1 and get_scale("inv_sqrt_d", 1).factor() == 1.0
     with pytest.raises(ValueError, match="^head_dim must be a positive integer, got 0$"):
         get_scale("none", 0)

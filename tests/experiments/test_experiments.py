@@ -10,26 +10,26 @@ from attnscale.experiments import fresh, spread
 
 
 def test_spread_grows_like_sqrt_d_within_sampling_error():
-    rows = spread.run(spread.SpreadConfig(widths=(4, 64, 256), pairs=20000))
+    rows = spread.run(spread.SpreadConfig(head_dims=(4, 64, 256), pairs=20000))
     for r in rows:
         # 4 standard errors: fails by chance about once in 15,000 runs
-        assert abs(r["raw_spread"] - math.sqrt(r["width"])) < 4 * r["raw_spread_se"]
+        assert abs(r["raw_spread"] - math.sqrt(r["head_dim"])) < 4 * r["raw_spread_se"]
         assert r["scaled_spread"] == pytest.approx(1.0, rel=4 * r["raw_spread_se"] / r["raw_spread"])
         # the delta-method SE agrees with the theory: ½·sqrt((2 + 6/d)/n) relative
-        theory = 0.5 * math.sqrt((2 + 6 / r["width"]) / r["pairs"]) * math.sqrt(r["width"])
+        theory = 0.5 * math.sqrt((2 + 6 / r["head_dim"]) / r["pairs"]) * math.sqrt(r["head_dim"])
         assert r["raw_spread_se"] == pytest.approx(theory, rel=0.1)
 
 
-def test_same_seed_same_numbers_and_widths_independent():
-    a = spread.run(spread.SpreadConfig(widths=(8, 32), pairs=500, seed=3))
-    b = spread.run(spread.SpreadConfig(widths=(32,), pairs=500, seed=3))
+def test_same_seed_same_numbers_and_head_dims_independent():
+    a = spread.run(spread.SpreadConfig(head_dims=(8, 32), pairs=500, seed=3))
+    b = spread.run(spread.SpreadConfig(head_dims=(32,), pairs=500, seed=3))
     assert a[1] == b[0]
-    assert spread.run(spread.SpreadConfig(widths=(8,), pairs=500, seed=4))[0] != a[0]
+    assert spread.run(spread.SpreadConfig(head_dims=(8,), pairs=500, seed=4))[0] != a[0]
 
 
 def test_fresh_unit_init_reproduces_the_chapter():
-    res = fresh.run(fresh.FreshConfig(widths=(256, 1024), sequences=100))
-    by = {(r["width"], r["scale"]): r for r in res["rows"]}
+    res = fresh.run(fresh.FreshConfig(head_dims=(256, 1024), sequences=100))
+    by = {(r["head_dim"], r["scale"]): r for r in res["rows"]}
     # width 256, no scale: rows sit on one word; with the scale they spread over tens of words
     assert by[256, "none"]["effective_words_median"] < 1.5
     assert by[256, "inv_sqrt_d"]["effective_words_p10"] < 35 < by[256, "inv_sqrt_d"]["effective_words_p90"]
@@ -42,7 +42,7 @@ def test_fresh_unit_init_reproduces_the_chapter():
 
 
 def test_fresh_model_init_runs_and_records_its_init(tmp_path):
-    res = fresh.run(fresh.FreshConfig(widths=(32,), sequences=8, init="model"), out=tmp_path)
+    res = fresh.run(fresh.FreshConfig(head_dims=(32,), sequences=8, init="model"), out=tmp_path)
     assert res["model_init"]
     record = json.loads((tmp_path / "record.json").read_text())
     assert record["experiment"] == "fresh" and record["config"]["init"] == "model"
@@ -54,8 +54,8 @@ def test_illustration_goes_from_blend_to_one_word():
     assert ill["effective_words"][0] > 50 and ill["effective_words"][1] < 2
 
 
-@pytest.mark.parametrize("kwargs, words", [(dict(widths=(0,)), r"widths must be positive integers, got \(0,\)"),
-                                           (dict(widths=(-4,)), r"widths must be positive integers, got \(-4,\)"),
+@pytest.mark.parametrize("kwargs, words", [(dict(head_dims=(0,)), r"head_dims must be positive integers, got \(0,\)"),
+                                           (dict(head_dims=(-4,)), r"head_dims must be positive integers, got \(-4,\)"),
                                            (dict(pairs=1), "pairs must be at least 2 to measure a spread, got 1"),
                                            (dict(scales=("bogus",)), "unknown scale 'bogus'; choose one of: none, ")])
 def test_spread_bad_config_raises(kwargs, words):
@@ -66,7 +66,7 @@ def test_spread_bad_config_raises(kwargs, words):
 @pytest.mark.parametrize("kwargs, words", [(dict(words=0), r"words must be at least 2 \(a row needs a choice\), got 0"),
                                            (dict(init="xavier"), "init must be 'unit' or 'model', got 'xavier'"),
                                            (dict(threshold=1.5), "threshold must lie between 0 and 1, got 1.5"),
-                                           (dict(widths=()), r"widths must be positive integers, got \(\)")])
+                                           (dict(head_dims=()), r"head_dims must be positive integers, got \(\)")])
 def test_fresh_bad_config_raises(kwargs, words):
     with pytest.raises(ConfigError, match=words):
         fresh.FreshConfig(**kwargs)

@@ -12,8 +12,8 @@ TINY_MODEL = {"context": 16, "d_model": 16, "n_layers": 1, "n_heads": 2}
 TINY_TRAIN = TrainConfig(steps=6, batch=4, warmup=1, record_every=3, eval_batches=2)
 
 
-def row(width, scale, seed, ppl, status="done", lr=None):
-    return {"width": width, "scale": scale, "seed": seed, "lr": lr, "valid_ppl": ppl, "status": status}
+def row(head_dim, scale, seed, ppl, status="done", lr=None):
+    return {"head_dim": head_dim, "scale": scale, "seed": seed, "lr": lr, "valid_ppl": ppl, "status": status}
 
 
 # ---- the gap and where it starts ---------------------------------------------------
@@ -28,7 +28,7 @@ def test_gap_is_none_minus_scaled_mean_over_paired_seeds():
     assert g["baseline_ppl"] == pytest.approx(11.0) and g["reference_ppl"] == pytest.approx(11.0)
 
 
-def test_gap_starts_where_it_holds_at_every_wider_width():
+def test_gap_starts_where_it_holds_at_every_wider_head_dim():
     ppl_none = {32: 100.0, 64: 102.5, 128: 100.5, 256: 103.0, 512: 120.0}  # 64 is a blip, 128 is below 1 ppl
     rows = [r for w, p in ppl_none.items() for r in (row(w, "none", 0, p), row(w, "inv_sqrt_d", 0, 100.0))]
     table = sweep.gap_table(rows)
@@ -68,8 +68,8 @@ def test_gap_per_learning_rate():
     rows = [row(32, s, 0, p, lr=lr) for lr, (a, b) in ((1e-3, (10.0, 10.0)), (1e-2, (20.0, 10.0)))
             for s, p in (("none", a), ("inv_sqrt_d", b))]
     table = sweep.gap_table(rows)
-    assert table["starts"] == [{"lr": 1e-3, "width": None, "width_if_undecided": None},
-                               {"lr": 1e-2, "width": 32, "width_if_undecided": 32}]
+    assert table["starts"] == [{"lr": 1e-3, "head_dim": None, "head_dim_if_undecided": None},
+                               {"lr": 1e-2, "head_dim": 32, "head_dim_if_undecided": 32}]
     assert table["gap_starts_at"] is None  # one answer per lr
     assert "lr 0.01" in sweep.format_table(rows)
 
@@ -78,9 +78,9 @@ def test_gap_per_learning_rate():
 
 
 @pytest.mark.parametrize("bad, words", [
-    (dict(widths=()), r"widths must be a non-empty list without repeats, got \(\)"),
-    (dict(widths=(0,)), r"widths must be positive integers, got \(0,\)"),
-    (dict(widths=(8, 8)), r"widths must be a non-empty list without repeats, got \(8, 8\)"),
+    (dict(head_dims=()), r"head_dims must be a non-empty list without repeats, got \(\)"),
+    (dict(head_dims=(0,)), r"head_dims must be positive integers, got \(0,\)"),
+    (dict(head_dims=(8, 8)), r"head_dims must be a non-empty list without repeats, got \(8, 8\)"),
     (dict(scales=("loud",)), "model scale 'loud' is unknown"),
     (dict(seeds=(-1,)), r"seeds must be non-negative integers, got \(-1,\)"),
     (dict(lrs=(0.0,)), "train lr must be a positive number, got 0.0"),
@@ -103,7 +103,7 @@ def test_dynamics_config_rejects_bad_values(bad, words):
 def test_presets_make_the_dynamics_pair_the_sweeps_widest_pair(quick):
     dyn = dynamics.preset(quick=quick, seed=3)
     swp = sweep.preset(quick=quick, seed=3)
-    assert dyn.head_dim == max(swp.widths) == 1024 and swp.widths[0] == 32
+    assert dyn.head_dim == max(swp.head_dims) == 1024 and swp.head_dims[0] == 32
     assert set(dyn.scales) <= set(swp.scales) and swp.seeds == (3,)
     widest = {s.run_id: s for s in sweep.specs(swp, 104) if s.model.head_dim == 1024}
     for s in dynamics.specs(dyn, 104):
@@ -144,15 +144,15 @@ def test_dynamics_run_records_start_and_end(tmp_path):
 
 def test_sweep_runs_any_registered_scheme(tmp_path):
     scales = ("none", "inv_sqrt_d", "inv_d", "qk_norm", "softcap", "learned_temp")
-    cfg = sweep.SweepConfig(widths=(8,), scales=scales, model=TINY_MODEL, train=TINY_TRAIN)
+    cfg = sweep.SweepConfig(head_dims=(8,), scales=scales, model=TINY_MODEL, train=TINY_TRAIN)
     rows = sweep.run(cfg, tmp_path, progress=False)
     assert [r["scale"] for r in rows] == list(scales)
     assert all(r["status"] == "done" and r["valid_ppl"] > 1 for r in rows)
-    assert sweep.gap_table(rows)["rows"][0]["width"] == 8
+    assert sweep.gap_table(rows)["rows"][0]["head_dim"] == 8
 
 
 def test_sweep_with_learning_rates_names_runs_by_lr(tmp_path):
-    cfg = sweep.SweepConfig(widths=(8,), scales=("none",), lrs=(1e-3, 3e-3), model=TINY_MODEL,
+    cfg = sweep.SweepConfig(head_dims=(8,), scales=("none",), lrs=(1e-3, 3e-3), model=TINY_MODEL,
                             train=replace(TINY_TRAIN, steps=3))
     rows = sweep.run(cfg, tmp_path, progress=False)
     assert [(r["run_id"], r["lr"]) for r in rows] == [("d8-none-s0-lr1e-3", 1e-3), ("d8-none-s0-lr3e-3", 3e-3)]

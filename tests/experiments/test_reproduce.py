@@ -20,7 +20,7 @@ def test_quick_writes_every_stage_and_the_report(quick_out, capsys):
     groups = {p.relative_to(quick_out).parts[0] for p in find_records(quick_out)}
     assert groups == {"spread", "fresh-unit", "fresh-model", "dynamics", "sweep", "schemes"}
     sweep = [TrainRun.load(p) for p in find_records(quick_out / "sweep")]
-    assert {(r.width, r.scale) for r in sweep} == {(w, s) for w in (32, 128, 1024) for s in ("none", "inv_sqrt_d")}
+    assert {(r.head_dim, r.scale) for r in sweep} == {(w, s) for w in (32, 128, 1024) for s in ("none", "inv_sqrt_d")}
     assert all(r.status in ("done", "diverged") for r in sweep)
     md = (quick_out / "report" / "report.md").read_text()
     for section in ("spread of q·k", "A fresh head", "during training", "held-out perplexity by width",

@@ -24,16 +24,16 @@ def test_lr_grid_spans_ten_times_either_side():
 
 def test_defaults_are_the_study():
     cfg = schemes.SchemesConfig()
-    assert cfg.scales == tuple(scale_names()) and cfg.widths == (64, 256, 1024) and cfg.seeds == (0, 1, 2)
+    assert cfg.scales == tuple(scale_names()) and cfg.head_dims == (64, 256, 1024) and cfg.seeds == (0, 1, 2)
     assert len(cfg.lrs) >= 5 and cfg.lrs[0] == pytest.approx(cfg.train.lr / 10) and cfg.lrs[-1] == pytest.approx(cfg.train.lr * 10)
     quick = schemes.preset("quick")
-    assert quick.scales == cfg.scales and quick.widths == (64, 256) and quick.seeds == (0, 1) and quick.train.steps == 60
+    assert quick.scales == cfg.scales and quick.head_dims == (64, 256) and quick.seeds == (0, 1) and quick.train.steps == 60
     with pytest.raises(ConfigError, match="unknown schemes preset"):
         schemes.preset("huge")
     for bad, words in (({"lrs": ()}, r"lrs must be a non-empty list without repeats, got \(\)"),
                        ({"lrs": (1e-3, -1.0)}, "train lr must be a positive number, got -1.0"),
                        ({"scales": ("nope",)}, "model scale 'nope' is unknown"),
-                       ({"widths": (0,)}, r"widths must be positive integers, got \(0,\)"),
+                       ({"head_dims": (0,)}, r"head_dims must be positive integers, got \(0,\)"),
                        ({"seeds": (1, 1)}, r"seeds must be a non-empty list without repeats, got \(1, 1\)")):
         with pytest.raises(ConfigError, match=words):
             schemes.SchemesConfig(**bad)
@@ -63,7 +63,7 @@ def test_tiny_study_end_to_end_then_resume(study, capsys):
     assert [r.stat().st_mtime_ns for r in records] == before
     result = json.loads(again.out)
     assert len(result["runs"]) == 16
-    rows = {(r["width"], r["scale"]): r for r in result["summary"]}
+    rows = {(r["head_dim"], r["scale"]): r for r in result["summary"]}
     assert set(rows) == {(w, s) for w in (8, 16) for s in ("none", "qk_norm")}
     for r in rows.values():
         assert r["seeds"] == 2 and r["sensitivity"] >= 0 and r["sensitivity_se"] is not None

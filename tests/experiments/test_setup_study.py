@@ -50,7 +50,7 @@ def test_bad_axes_are_refused_before_anything_runs(axes, words):
 
 def test_a_combination_changes_its_settings_together_and_names_each():
     b = budget("default")
-    cfg = setup_study.StudyConfig(width=16, seeds=(0,), scales=("none",), model=b.model, train=b.train,
+    cfg = setup_study.StudyConfig(head_dim=16, seeds=(0,), scales=("none",), model=b.model, train=b.train,
                                   axes=(("lr", (9e-3,)), ("lr+schedule+steps", ((9e-3, "constant", 1200),))))
     base, lr, both = setup_study.specs(cfg, 104)
     assert both.run_id == "d16-none-s0-lr-9e-3-schedule-constant-steps-1200"
@@ -96,7 +96,7 @@ def test_the_presets_vary_every_axis_around_their_budget():
     assert dict(quick.axes)["steps"] == (200, FULL_STEPS)  # its longest rows are reproduce --full's runs
     assert dict(full.axes)["lr"] == (1e-3, 9e-3, 3e-2) and dict(quick.axes)["lr"] == (9e-3, 3e-2)
     assert dict(full.axes)["init"] == ("gpt2", "unit")
-    assert quick.seeds == full.seeds == (0, 1) and quick.width == 1024
+    assert quick.seeds == full.seeds == (0, 1) and quick.head_dim == 1024
     specs = setup_study.specs(quick, 104)
     assert len(specs) == (1 + 8) * 2 * 2
     assert [s.run_id for s in specs[:2]] == [store.run_id(1024, "none", 0), store.run_id(1024, "inv_sqrt_d", 0)]
@@ -108,10 +108,10 @@ def test_study_end_to_end_reuses_by_config_and_reports(tmp_path):
     b = budget("quick")
     train = with_steps(b.train, 10)
     # a finished run of the base setup under another name: the study copies it instead of training it
-    earlier = sweep.SweepConfig(widths=(16,), scales=("none",), model=b.model, train=train)
+    earlier = sweep.SweepConfig(head_dims=(16,), scales=("none",), model=b.model, train=train)
     sweep.run_records(earlier, tmp_path / "earlier", progress=False, group="dynamics")
     (tmp_path / "earlier" / "d16-none-s0").rename(tmp_path / "earlier" / "renamed")
-    cfg = setup_study.StudyConfig(width=16, seeds=(0,), axes=(("norm", ("pre",)),), model=b.model, train=train)
+    cfg = setup_study.StudyConfig(head_dim=16, seeds=(0,), axes=(("norm", ("pre",)),), model=b.model, train=train)
     result = setup_study.run(cfg, tmp_path / "out", progress=False, reuse=[tmp_path / "earlier"])
     runs = {p.name: TrainRun.load(p) for p in (tmp_path / "out").iterdir()}
     assert sorted(runs) == ["d16-inv_sqrt_d-s0", "d16-inv_sqrt_d-s0-norm-pre", "d16-none-s0", "d16-none-s0-norm-pre"]

@@ -104,7 +104,7 @@ def _damage(run, how):
     elif how == "bad record":
         (run / "record.json").write_text("{not json")
     elif how == "record without model":
-        record.write(run, record.new("spread", {"widths": [32]}, []))
+        record.write(run, record.new("spread", {"head_dims": [32]}, []))
     elif how == "record with a bad model":
         record.write(run, record.new("train", {"model": {"vocab_size": 50, "n_heads": 0}}, None))
     elif how == "no record":

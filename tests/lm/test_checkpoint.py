@@ -9,7 +9,7 @@ from attnscale.lm.checkpoint import Checkpoint, comparable_config
 
 
 def test_execution_settings_are_dropped_wherever_they_are_present():
-    assert comparable_config({"model": {"d_k": 8}}) == {"model": {"d_k": 8}}  # no train section at all
+    assert comparable_config({"model": {"head_dim": 8}}) == {"model": {"head_dim": 8}}  # no train section at all
     assert comparable_config({"train": {"threads": 2, "steps": 5}}) == {"train": {"steps": 5}}  # only some present
     every = {"threads": 1, "checkpoint_every": 10, "device": "cuda", "attention": "fused", "lr": 0.1}
     assert comparable_config({"train": every}) == {"train": {"lr": 0.1}}
@@ -50,3 +50,12 @@ def test_a_checkpoint_of_another_config_is_not_used(tmp_path):
     saved.remove()
     assert not saved.path.exists()
     saved.remove()  # removing what is gone is fine
+
+
+def test_a_coupled_config_written_with_head_dim_none_matches_its_number():
+    # before a built ModelConfig always held the number, a coupled one recorded head_dim None:
+    # its checkpoint still resumes a run of the same model
+    old = {"model": {"d_model": 32, "n_heads": 4, "head_dim": None}, "train": {"steps": 3}}
+    new = {"model": {"d_model": 32, "n_heads": 4, "head_dim": 8}, "train": {"steps": 3}}
+    assert comparable_config(old) == comparable_config(new)
+    assert comparable_config(old) != comparable_config({**new, "model": {**new["model"], "head_dim": 16}})

@@ -72,9 +72,9 @@ def test_recording_shapes_and_cleanup():
 
 def test_head_dim_is_set_apart_from_d_model():
     cfg = tiny(d_model=16, n_heads=2, head_dim=64)
-    assert cfg.d_k == 64 and cfg.d_attn == 128
+    assert cfg.head_dim == 64 and cfg.d_attn == 128
     assert TinyLM(cfg).blocks[0].attn.q_proj.weight.shape == (128, 16)
-    assert ModelConfig(vocab_size=5, d_model=32, n_heads=4).d_k == 8  # coupled mode
+    assert ModelConfig(vocab_size=5, d_model=32, n_heads=4).head_dim == 8  # coupled mode
 
 
 @pytest.mark.parametrize(

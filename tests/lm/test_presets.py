@@ -11,7 +11,7 @@ from attnscale.lm.train import TrainConfig
 @pytest.mark.parametrize("name", PRESETS)
 def test_presets_build(name):
     b = budget(name)
-    assert ModelConfig(vocab_size=100, head_dim=1024, scale="none", **b.model).d_k == 1024
+    assert ModelConfig(vocab_size=100, head_dim=1024, scale="none", **b.model).head_dim == 1024
     assert isinstance(b.train, TrainConfig) and b.name == name
     with pytest.raises(ConfigError, match="quick"):
         budget("huge")

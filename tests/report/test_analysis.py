@@ -9,8 +9,8 @@ import pytest
 from attnscale.report import analysis
 
 
-def _row(width, scale, seed, ppl, status="done", lr=None):
-    return {"width": width, "scale": scale, "seed": seed, "lr": lr, "valid_ppl": ppl, "status": status}
+def _row(head_dim, scale, seed, ppl, status="done", lr=None):
+    return {"head_dim": head_dim, "scale": scale, "seed": seed, "lr": lr, "valid_ppl": ppl, "status": status}
 
 
 def test_mean_and_se_of_the_mean():
@@ -42,7 +42,7 @@ def test_gap_table_pairs_seeds_and_takes_the_se_of_the_differences():
     assert r["baseline_ppl"] == 13.0 and r["reference_ppl"] == 11.0
     # 2 > 1 point, but its 95% interval with 1 degree of freedom is 2 ± 12.706: undecided, not a gap
     assert r["counts"] is None
-    assert analysis.gap_by_width(table) == {64: (2.0, r["gap_se"], 2)}
+    assert analysis.gap_by_head_dim(table) == {64: (2.0, r["gap_se"], 2)}
 
 
 def test_a_gap_counts_when_its_t_interval_clears_zero():
@@ -58,7 +58,7 @@ def test_a_gap_counts_when_its_t_interval_clears_zero():
     assert table([0.5, 0.9, 0.7])["counts"] is False  # under 1 point: never a gap
 
 
-def test_an_undecided_width_gives_the_start_both_ways():
+def test_an_undecided_head_dim_gives_the_start_both_ways():
     rows = []
     for d, diffs in ((64, [0.5, 3.0, 5.5]), (128, [2.0, 3.0, 4.0]), (256, [17.0, 17.5, 18.0])):
         for s, g in enumerate(diffs):
@@ -68,7 +68,7 @@ def test_an_undecided_width_gives_the_start_both_ways():
     assert analysis.first_start(table) == 128 and analysis.first_start(table, undecided_counts=True) == 64
 
 
-def test_gap_starts_where_every_wider_width_has_a_gap():
+def test_gap_starts_where_every_wider_head_dim_has_a_gap():
     gaps = {32: 1.5, 64: 0.5, 128: 2.0, 256: 17.0}  # 32 has a gap, 64 breaks the run: start at 128
     rows = [x for d, g in gaps.items() for x in (_row(d, "inv_sqrt_d", 0, 40.0), _row(d, "none", 0, 40.0 + g))]
     table = analysis.gap_table(rows)
@@ -82,8 +82,8 @@ def test_diverged_baseline_counts_as_a_gap_and_unfinished_runs_are_left_out():
             _row(1024, "inv_sqrt_d", 0, 40.0), _row(1024, "none", 0, None, status="running")]
     table = analysis.gap_table(rows)
     (r,) = table["rows"]
-    assert r["width"] == 512 and r["diverged"] == "baseline" and r["gap"] is None and r["counts"]
-    assert analysis.gap_by_width(table) == {}  # no number to show
+    assert r["head_dim"] == 512 and r["diverged"] == "baseline" and r["gap"] is None and r["counts"]
+    assert analysis.gap_by_head_dim(table) == {}  # no number to show
 
 
 def test_learning_rates_get_their_own_start():
@@ -92,10 +92,10 @@ def test_learning_rates_get_their_own_start():
         for d in (64, 256):
             rows += [_row(d, "inv_sqrt_d", 0, 40.0, lr=lr), _row(d, "none", 0, 40.0 + gap, lr=lr)]
     table = analysis.gap_table(rows)
-    assert table["starts"] == [{"lr": 1e-3, "width": 64, "width_if_undecided": 64},
-                               {"lr": 1e-2, "width": None, "width_if_undecided": None}]
+    assert table["starts"] == [{"lr": 1e-3, "head_dim": 64, "head_dim_if_undecided": 64},
+                               {"lr": 1e-2, "head_dim": None, "head_dim_if_undecided": None}]
     assert table["gap_starts_at"] is None  # two learning rates: no single answer
-    assert analysis.gap_by_width(table) == {64: (3.0, None, 1), 256: (3.0, None, 1)}  # the first lr's
+    assert analysis.gap_by_head_dim(table) == {64: (3.0, None, 1), 256: (3.0, None, 1)}  # the first lr's
 
 
 def test_plus_minus_writes_a_mean_and_its_se():
@@ -127,11 +127,11 @@ def test_run_rows_keep_the_learning_rate_only_where_runs_vary_it():
     from types import SimpleNamespace as NS
 
     def run(lr, seed=0):
-        return NS(run_id=f"d8-none-s{seed}", width=8, scale="none", seed=seed, lr=lr, perplexity=5.0, status="done",
+        return NS(run_id=f"d8-none-s{seed}", head_dim=8, scale="none", seed=seed, lr=lr, perplexity=5.0, status="done",
                   diverged_at=None, results=NS(train_seconds=1.5))
 
     (row,) = analysis.run_rows([run(3e-3)])
-    assert row == {"run_id": "d8-none-s0", "width": 8, "scale": "none", "seed": 0, "lr": None, "valid_ppl": 5.0,
+    assert row == {"run_id": "d8-none-s0", "head_dim": 8, "scale": "none", "seed": 0, "lr": None, "valid_ppl": 5.0,
                    "status": "done", "diverged_at": None, "train_seconds": 1.5}
     assert [r["lr"] for r in analysis.run_rows([run(3e-3), run(1e-2, 1)])] == [3e-3, 1e-2]
     assert [r["lr"] for r in analysis.run_rows([run(3e-3), run(3e-3, 1)])] == [None, None]
@@ -139,21 +139,21 @@ def test_run_rows_keep_the_learning_rate_only_where_runs_vary_it():
     assert [r["lr"] for r in analysis.run_rows([run(3e-3), run(1e-2, 1)], varied_lr=False)] == [None, None]
 
 
-def test_gap_table_orders_by_learning_rate_then_width_and_skips_unpaired_widths():
+def test_gap_table_orders_by_learning_rate_then_head_dim_and_skips_unpaired_head_dims():
     rows = []
     for lr in (1e-2, 1e-3):
         for d in (256, 64):
             rows += [_row(d, "inv_sqrt_d", 0, 10.0, lr=lr), _row(d, "none", 0, 12.0, lr=lr)]
     rows.insert(0, _row(32, "none", 0, 12.0, lr=1e-3))  # no reference at width 32: left out, the rest kept
     table = analysis.gap_table(rows)
-    assert [(r["lr"], r["width"]) for r in table["rows"]] == [(1e-3, 64), (1e-3, 256), (1e-2, 64), (1e-2, 256)]
+    assert [(r["lr"], r["head_dim"]) for r in table["rows"]] == [(1e-3, 64), (1e-3, 256), (1e-2, 64), (1e-2, 256)]
     assert set(table) == {"baseline", "reference", "threshold_ppl", "rule", "rows", "starts", "gap_starts_at"}
     assert (table["baseline"], table["reference"]) == ("none", "inv_sqrt_d")
-    assert set(table["rows"][0]) == {"lr", "width", "seeds", "baseline_ppl", "reference_ppl", "gap", "gap_se",
+    assert set(table["rows"][0]) == {"lr", "head_dim", "seeds", "baseline_ppl", "reference_ppl", "gap", "gap_se",
                                      "diverged", "counts", "share"}
-    assert analysis.share_by_width(table) == {64: pytest.approx(0.2), 256: pytest.approx(0.2)}  # the first lr's
+    assert analysis.share_by_head_dim(table) == {64: pytest.approx(0.2), 256: pytest.approx(0.2)}  # the first lr's
     rows += [_row(512, "inv_sqrt_d", 0, 10.0, lr=1e-2), _row(512, "none", 0, 20.0, lr=1e-2)]
-    assert 512 not in analysis.share_by_width(analysis.gap_table(rows))  # another lr's width is not the first's
+    assert 512 not in analysis.share_by_head_dim(analysis.gap_table(rows))  # another lr's width is not the first's
 
 
 def test_which_side_diverged_and_what_it_leaves():
@@ -178,7 +178,7 @@ def test_which_side_diverged_and_what_it_leaves():
 def test_no_rows_no_start():
     table = analysis.gap_table([])
     assert table["rows"] == [] and analysis.first_start(table) is None and table["gap_starts_at"] is None
-    assert analysis.share_by_width(table) == {} and analysis.gap_by_width(table) == {}
+    assert analysis.share_by_head_dim(table) == {} and analysis.gap_by_head_dim(table) == {}
 
 
 def test_a_diverged_side_leaves_no_se_and_infinity_is_written_in_lower_case():

@@ -99,8 +99,8 @@ def built(tmp_path_factory):
         rec = json.loads(path.read_text())
         rec["results"]["perplexity"] = 40.7 + 0.1 * seed
         path.write_text(json.dumps(rec))
-    spread.run(spread.SpreadConfig(widths=(4, 64, 256, 1024), pairs=2000), out=root / "spread")
-    fresh.run(fresh.FreshConfig(widths=(4, 64, 256, 1024), sequences=8, init="unit"), out=root / "fresh-unit")
+    spread.run(spread.SpreadConfig(head_dims=(4, 64, 256, 1024), pairs=2000), out=root / "spread")
+    fresh.run(fresh.FreshConfig(head_dims=(4, 64, 256, 1024), sequences=8, init="unit"), out=root / "fresh-unit")
     return report.build(root)
 
 

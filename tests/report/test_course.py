@@ -30,7 +30,7 @@ def test_missing_experiments_are_not_run_and_say_so(tmp_path):
 
 def test_spread_se_formula_matches_the_footnote_variance():
     # relative SE of the sample std of q·k: ½·sqrt((2 + 6/d)/n), about 0.5% at n = 20,000
-    row = {"width": 1024, "pairs": 20000}
+    row = {"head_dim": 1024, "pairs": 20000}
     assert math.isclose(course.spread_se(row) / 32, 0.5 * math.sqrt((2 + 6 / 1024) / 20000))
     assert 0.004 < course.spread_se(row) / 32 < 0.006
     assert course.spread_se({**row, "raw_spread_se": 0.1}) == 0.1
@@ -40,7 +40,7 @@ def test_spread_outside_three_se_differs(tmp_path):
     root = write_runs(tmp_path, training=False)
     rec = json.loads((root / "spread" / "record.json").read_text())
     for r in rec["results"]:
-        if r["width"] == 256:
+        if r["head_dim"] == 256:
             r["raw_spread"] = 16 + 4 * r["raw_spread_se"]
     (root / "spread" / "record.json").write_text(json.dumps(rec))
     v = _verdicts(root)
@@ -60,7 +60,7 @@ def test_seven_in_ten_uses_the_rounding_interval_and_binomial_se(tmp_path):
         assert v.beside.startswith("model init:")
 
 
-def test_dynamics_at_another_width_is_not_judged_at_1024(tmp_path):
+def test_dynamics_at_another_head_dim_is_not_judged_at_1024(tmp_path):
     from test_report import _train
 
     root = write_runs(tmp_path, training=False)
@@ -69,7 +69,7 @@ def test_dynamics_at_another_width_is_not_judged_at_1024(tmp_path):
     assert v.verdict == course.NOT_RUN and "d=256" in v.note
 
 
-def test_gap_se_needs_two_seeds_and_start_is_where_every_wider_width_agrees(tmp_path):
+def test_gap_se_needs_two_seeds_and_start_is_where_every_wider_head_dim_agrees(tmp_path):
     from test_report import _train
 
     root = tmp_path
@@ -77,7 +77,7 @@ def test_gap_se_needs_two_seeds_and_start_is_where_every_wider_width_agrees(tmp_
         _train(root, "sweep", d, "inv_sqrt_d", 0, ppl=40.0, corpus="c")
         _train(root, "sweep", d, "none", 0, ppl=40.0 + gap, corpus="c")
     runs = load_runs(root)
-    gaps = course.gap_by_width(runs)
+    gaps = course.gap_by_head_dim(runs)
     assert gaps[128][1] is None and gaps[128][2] == 1 and math.isclose(gaps[256][0], 18.0)
     assert course.gap_start(runs) == 128
     v = _verdicts(root)

@@ -42,7 +42,7 @@ def test_one_sided_sizes_and_growth():
     assert j.verdict(over(3000, 7000), j.HOLDS) == j.INCONCLUSIVE
 
 
-def test_worst_of_several_widths():
+def test_worst_of_several_head_dims():
     assert j.worst([j.AGREES, j.PARTLY]) == j.PARTLY
     assert j.worst([j.PARTLY, j.INCONCLUSIVE]) == j.INCONCLUSIVE
     assert j.worst([j.INCONCLUSIVE, j.DIFFERS, j.AGREES]) == j.DIFFERS

@@ -26,7 +26,7 @@ def test_every_figure_is_a_png(tmp_path):
         plots.fresh_plot(fresh, tmp_path / "fresh.png"),
         plots.illustration(_illustration(), tmp_path / "ill.png"),
         plots.training([("none s0", "none", steps), ("inv_sqrt_d s0", "inv_sqrt_d", steps)], tmp_path / "t.png", "t"),
-        plots.perplexity_vs_width(cells, {32: (0.05, None, 1), 256: (17.0, None, 1)}, 256, tmp_path / "ppl.png"),
+        plots.perplexity_vs_head_dim(cells, {32: (0.05, None, 1), 256: (17.0, None, 1)}, 256, tmp_path / "ppl.png"),
     ]
     assert all(_is_png(p) for p in made)
 
@@ -74,12 +74,12 @@ def test_training_layers_differ_in_colour_and_share_one_legend(monkeypatch, tmp_
 def test_sweep_plot_promises_bars_only_where_there_are_seeds(monkeypatch, tmp_path):
     figs = _capture(monkeypatch)
     one = {(32, "none"): [40.2], (32, "inv_sqrt_d"): [40.1], (256, "none"): [57.0], (256, "inv_sqrt_d"): [40.0]}
-    plots.perplexity_vs_width(one, {32: (0.1, None, 1), 256: (17.0, None, 1)}, 256, tmp_path / "a.png")
+    plots.perplexity_vs_head_dim(one, {32: (0.1, None, 1), 256: (17.0, None, 1)}, 256, tmp_path / "a.png")
     ax1, ax2 = figs[-1].axes
     assert "no bars" in ax1.get_ylabel() and "min–max" not in ax1.get_ylabel()
     assert not any("SE" in t.get_text() for t in ax2.get_legend().get_texts())
     two = {k: [v[0], v[0] + 0.4] for k, v in one.items()}
-    plots.perplexity_vs_width(two, {32: (0.1, 0.2, 2), 256: (17.0, 0.3, 2)}, 256, tmp_path / "b.png")
+    plots.perplexity_vs_head_dim(two, {32: (0.1, 0.2, 2), 256: (17.0, 0.3, 2)}, 256, tmp_path / "b.png")
     ax1, ax2 = figs[-1].axes
     assert "min–max" in ax1.get_ylabel() and any("3 SE" in t.get_text() for t in ax2.get_legend().get_texts())
 
@@ -114,15 +114,15 @@ def _every_figure(tmp_path) -> None:
                         "effective_words": [50.0, 30.0, 2.0, 1.0, 1.0]}, tmp_path / "ill.png")
     plots.training([("none, seed 0", "none", steps), ("1/√d, seed 0", "inv_sqrt_d", steps)], tmp_path / "t.png", "t",
                    {"spread": [(5000.0, "course: over 5,000", "none")], "frozen_fraction": [(0.999, "99.9%", "none")]})
-    plots.perplexity_vs_width(cells, {32: (0.05, 0.1, 2), 256: (17.0, 0.3, 2)}, 256, tmp_path / "ppl.png")
+    plots.perplexity_vs_head_dim(cells, {32: (0.05, 0.1, 2), 256: (17.0, 0.3, 2)}, 256, tmp_path / "ppl.png")
     plots.loss_vs_lr({w: {s: curve for s in schemes} for w in (64, 256)}, tmp_path / "lr.png")
-    plots.sensitivity_vs_width({s: [(64, 0.2, 0.01), (256, 0.15, 0.02)] for s in schemes}, tmp_path / "sens.png")
+    plots.sensitivity_vs_head_dim({s: [(64, 0.2, 0.01), (256, 0.15, 0.02)] for s in schemes}, tmp_path / "sens.png")
     plots.max_logit_over_steps({f"lr {lr}": {s: [(0, 1.0), (10, 50.0)] for s in schemes} for lr in ("3e-3", "3e-2")},
                                tmp_path / "logit.png", "t")
     plots.random_score_overlay({"fresh": [("none", 8.0, 1.2, 64), ("inv_sqrt_d", 1.0, 40.0, 64)],
                                 "trained": {s: [(1.0, 10.0, 0), (2.0, 5.0, 10)] for s in schemes},
                                 "steps": {s: [(0, 1.0, 10.0, 11.0), (10, 2.0, 5.0, 6.0)] for s in schemes},
-                                "width": 64, "lr": 3e-3, "context": 32}, tmp_path / "theory.png")
+                                "head_dim": 64, "lr": 3e-3, "context": 32}, tmp_path / "theory.png")
     plots.end_spread_by_setup({"learning rate": [("1e-3 (base)", {"none": (300.0, 10.0), "inv_sqrt_d": (4.0, 0.2)}),
                                                  ("3e-3", {"none": (900.0, 50.0), "inv_sqrt_d": (5.0, 0.3)})]},
                               {"5,000": (5000.0, "none"), "3.4": (3.4, "inv_sqrt_d")}, tmp_path / "setup.png", "t")

@@ -36,7 +36,7 @@ def _spread_rows(pairs=20000):
     for d in WIDTHS:
         se = 0.5 * math.sqrt((2 + 6 / d) / pairs) * math.sqrt(d)
         raw = math.sqrt(d) + 0.5 * se  # half an SE off: inside the tolerance
-        rows.append({"width": d, "scale": "inv_sqrt_d", "factor": d ** -0.5, "pairs": pairs, "raw_spread": raw,
+        rows.append({"head_dim": d, "scale": "inv_sqrt_d", "factor": d ** -0.5, "pairs": pairs, "raw_spread": raw,
                      "scaled_spread": raw * d ** -0.5, "sqrt_d": math.sqrt(d), "raw_spread_se": se})
     return rows
 
@@ -45,7 +45,7 @@ def _fresh_row(init, d, scale, *, frozen=None):
     loud = scale == "none" and d >= 256
     ff = frozen if frozen is not None else (0.70 if (scale == "none" and d == 1024) else 0.4 if loud else 0.0)
     eff = (1.02, 1.0, 1.3) if loud else (38.0, 30.0, 45.0)
-    return {"width": d, "scale": scale, "init": init, "words": 64, "sequences": 200,
+    return {"head_dim": d, "scale": scale, "init": init, "words": 64, "sequences": 200,
             "effective_words_median": eff[0], "effective_words_p10": eff[1], "effective_words_p90": eff[2],
             "effective_words_mean": eff[0], "max_weight_mean": 0.99 if loud else 0.1, "frozen_fraction": ff,
             "frozen_threshold": 0.99, "push_median": 0.01, "push_mean": 0.02,
@@ -96,7 +96,7 @@ def _train(root: Path, group: str, d: int, scale: str, seed: int, *, ppl: float,
 def write_runs(root: Path, *, training: bool = True, corpus: str = "wikitext-2") -> Path:
     """A folder of hand-written records in the layout of ``attnscale reproduce``, where every
     claim of the chapter agrees (layer 0's spread is the course's; layer 1's is 30% above)."""
-    _record(root / "spread", "spread", {"widths": list(WIDTHS), "pairs": 20000, "seed": 0}, _spread_rows())
+    _record(root / "spread", "spread", {"head_dims": list(WIDTHS), "pairs": 20000, "seed": 0}, _spread_rows())
     for init in ("unit", "model"):
         rows = [_fresh_row(init, d, s) for d in WIDTHS for s in ("none", "inv_sqrt_d")]
         _record(root / f"fresh-{init}", "fresh", {"init": init, "words": 64, "sequences": 200, "note": XSS},
@@ -182,8 +182,8 @@ def test_bad_and_partial_records_are_noted_not_fatal(tmp_path):
 def test_real_spread_and_fresh_records(tmp_path):
     from attnscale.experiments import fresh, spread
 
-    spread.run(spread.SpreadConfig(widths=(4, 256), pairs=400), out=tmp_path / "spread")
-    fresh.run(fresh.FreshConfig(widths=(4, 256), sequences=4, init="unit"), out=tmp_path / "fresh-unit")
+    spread.run(spread.SpreadConfig(head_dims=(4, 256), pairs=400), out=tmp_path / "spread")
+    fresh.run(fresh.FreshConfig(head_dims=(4, 256), sequences=4, init="unit"), out=tmp_path / "fresh-unit")
     paths = report.build(tmp_path)
     html_text = paths["html"].read_text()
     assert "d=256, no scale" in html_text and html_text.count("data:image/png;base64,") == 3

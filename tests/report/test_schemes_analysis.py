@@ -61,22 +61,22 @@ def test_run_measures_logit_growth_and_collapse():
     assert sa.run_measures([])["max_logit"] is None
 
 
-def _run(scale, width, lr, seed, final, logit, words=20.0):
-    return {"scale": scale, "width": width, "lr": lr, "seed": seed, "final_loss": final, "init_loss": 5.0,
+def _run(scale, head_dim, lr, seed, final, logit, words=20.0):
+    return {"scale": scale, "head_dim": head_dim, "lr": lr, "seed": seed, "final_loss": final, "init_loss": 5.0,
             "diverged_at": None if final is not None else 7, "max_logit": logit, "min_effective_words": words,
             "collapsed_heads": int(words < 2), "heads": 8}
 
 
 def test_summary_rows_and_a_reading_generated_from_them():
     runs = []
-    for width in (64, 256):
+    for head_dim in (64, 256):
         for seed in (0, 1):
             for lr, base in ((1e-3, 3.0), (1e-2, 2.0), (1e-1, 2.5)):
-                runs.append(_run("steady", width, lr, seed, base + 0.01 * seed, 5.0))
-                wild = None if (width == 256 and lr == 1e-1) else base + 0.02 * seed
-                runs.append(_run("wild", width, lr, seed, wild, 50.0 * lr * width, words=1.5 if lr == 1e-1 else 20.0))
+                runs.append(_run("steady", head_dim, lr, seed, base + 0.01 * seed, 5.0))
+                wild = None if (head_dim == 256 and lr == 1e-1) else base + 0.02 * seed
+                runs.append(_run("wild", head_dim, lr, seed, wild, 50.0 * lr * head_dim, words=1.5 if lr == 1e-1 else 20.0))
     rows = sa.summary_rows(runs)
-    assert [(r["width"], r["scale"]) for r in rows] == [(64, "steady"), (64, "wild"), (256, "steady"), (256, "wild")]
+    assert [(r["head_dim"], r["scale"]) for r in rows] == [(64, "steady"), (64, "wild"), (256, "steady"), (256, "wild")]
     wild = rows[3]
     assert wild["diverged"] == 2 and wild["diverged_at"] == [7, 7]
     assert wild["sensitivity"] == pytest.approx(((1.0 + 0.0 + 3.0) / 3 + (1.0 + 0.0 + 2.98) / 3) / 2)

@@ -13,7 +13,7 @@ def row(axis, value, scale, seed, end_spread, end_frozen, ppl, start_spread=21.0
     if axis != "base":
         settings[axis] = value
     return {"run": f"{axis}-{value}-{scale}-{seed}", "axis": axis, "value": None if axis == "base" else value,
-            "scale": scale, "seed": seed, "width": 1024, "status": status, "steps_done": settings["steps"],
+            "scale": scale, "seed": seed, "head_dim": 1024, "status": status, "steps_done": settings["steps"],
             "perplexity": ppl, "settings": settings,
             "start_spread": start_spread if scale == "none" else 0.7, "end_spread": end_spread,
             "start_frozen_fraction": start_frozen, "end_frozen_fraction": end_frozen,
@@ -94,7 +94,7 @@ def test_a_diverged_run_is_not_an_end_of_training():
 def test_one_study_at_a_time():
     with pytest.raises(ValueError, match="several widths"):
         sa.summary_rows([row("base", None, "none", 0, 300.0, 0.9, 15.0),
-                         {**row("base", None, "none", 1, 40.0, 0.5, 5.0), "width": 64}])
+                         {**row("base", None, "none", 1, 40.0, 0.5, 5.0), "head_dim": 64}])
     with pytest.raises(ValueError, match="one study at a time"):
         sa.summary_rows([row("base", None, "none", 0, 300.0, 0.9, 15.0), row("base", None, "none", 0, 40.0, 0.5, 5.0)])
 

@@ -16,9 +16,9 @@ def corpus():
     return CorpusSpec("default").load()
 
 
-def spec(corpus, width=8, steps=20):
-    model = ModelConfig(vocab_size=corpus.vocab_size, context=16, d_model=16, n_layers=1, n_heads=2, head_dim=width)
-    return RunSpec(store.run_id(width, "none", 0), model, TrainConfig(steps=steps, batch=4, warmup=1, eval_batches=1))
+def spec(corpus, head_dim=8, steps=20):
+    model = ModelConfig(vocab_size=corpus.vocab_size, context=16, d_model=16, n_layers=1, n_heads=2, head_dim=head_dim)
+    return RunSpec(store.run_id(head_dim, "none", 0), model, TrainConfig(steps=steps, batch=4, warmup=1, eval_batches=1))
 
 
 def test_work_is_counted_in_operations_so_a_wide_step_weighs_more(corpus):

@@ -121,10 +121,10 @@ def corpus():
     return CORPUS.load()
 
 
-def spec(corpus, width=8, scale="none", **train):
+def spec(corpus, head_dim=8, scale="none", **train):
     model = ModelConfig(vocab_size=corpus.vocab_size, context=16, d_model=16, n_layers=1, n_heads=2,
-                        head_dim=width, scale=scale)
-    return RunSpec(store.run_id(width, scale, 0), model, replace(TINY, **train), "test")
+                        head_dim=head_dim, scale=scale)
+    return RunSpec(store.run_id(head_dim, scale, 0), model, replace(TINY, **train), "test")
 
 
 def steps_logged(run_dir: Path) -> list[int]:

@@ -33,7 +33,7 @@ def _write(run_dir, experiment, config, results, status="done", group=None):
     record.write(run_dir, record.new(experiment, config, results, status=status, group=group))
 
 
-def test_run_id_names_width_scale_seed_and_lr():
+def test_run_id_names_head_dim_scale_seed_and_lr():
     assert store.run_id(64, "inv_sqrt_d", 1) == "d64-inv_sqrt_d-s1"
     assert store.run_id(64, "none", 0, 3e-3) == "d64-none-s0-lr3e-3"
     assert store.run_id(64, "none", 0, 1e-2) == "d64-none-s0-lr1e-2"
@@ -63,7 +63,7 @@ def test_another_config_in_the_folder_is_refused(tmp_path):
 
 
 def test_another_experiment_in_the_folder_is_refused(tmp_path):
-    _write(tmp_path, "spread", {"widths": [4]}, [], status="done")
+    _write(tmp_path, "spread", {"head_dims": [4]}, [], status="done")
     with pytest.raises(ConfigError, match="spread"):
         store.run_state(tmp_path, _config())
 
@@ -91,7 +91,7 @@ def test_a_record_round_trips_through_its_schema(tmp_path):
     back = record.read(tmp_path)
     assert back == written and back.schema == record.SCHEMA_VERSION
     on_disk = json.loads((tmp_path / "record.json").read_text())
-    assert on_disk["schema"] == 1 and on_disk["duration_s"] == pytest.approx(written.duration_s)
+    assert on_disk["schema"] == 2 and on_disk["duration_s"] == pytest.approx(written.duration_s)
     assert on_disk["environment"]["torch"] and on_disk["notes"] == list(written.notes)
     assert record.find(tmp_path) == [tmp_path]
 
@@ -114,10 +114,39 @@ def test_a_record_without_a_version_reads_as_the_old_form(tmp_path):
     assert run.record.notes == () and run.results.notes == ()
 
 
+def test_a_version_1_record_calls_the_head_width_head_dim_as_version_2_does(tmp_path):
+    # version 1 named the head width three ways: head_dim (None when coupled), d_k, width/widths
+    coupled = {**_config(), "model": {"vocab_size": 5, "d_model": 32, "n_heads": 4, "head_dim": None, "scale": "none"}}
+    files.atomic_write_json(tmp_path / "train" / "record.json", {
+        "schema": 1, "experiment": "train", "status": "done", "config": coupled,
+        "results": {"status": "done", "steps_done": 5, "perplexity": 9.0, "d_k": 8, "history": []}})
+    run = record.TrainRun.load(tmp_path / "train")
+    assert run.results.head_dim == 8 and run.head_dim == 8 and run.model["head_dim"] == 8  # 32 // 4
+    assert run.record.schema == record.SCHEMA_VERSION == 2
+    files.atomic_write_json(tmp_path / "spread" / "record.json", {
+        "schema": 1, "experiment": "spread", "status": "done", "config": {"widths": [4, 64], "pairs": 10},
+        "results": [{"width": 4, "scale": "none", "raw_spread": 2.1}, {"width": 64, "scale": "none", "raw_spread": 8.0}]})
+    spread = record.read(tmp_path / "spread")
+    assert spread.config == {"head_dims": [4, 64], "pairs": 10}
+    assert [(r["head_dim"], r["raw_spread"]) for r in spread.results] == [(4, 2.1), (64, 8.0)]
+    assert all("width" not in r for r in spread.results)
+    files.atomic_write_json(tmp_path / "fresh" / "record.json", {
+        "schema": 1, "experiment": "fresh", "status": "done", "config": {"widths": [1024], "init": "unit"},
+        "results": {"rows": [{"width": 1024, "scale": "none", "frozen_fraction": 0.7}], "illustration": {}}})
+    fresh = record.read(tmp_path / "fresh")
+    assert fresh.config["head_dims"] == [1024] and fresh.results["rows"] == [
+        {"head_dim": 1024, "scale": "none", "frozen_fraction": 0.7}]
+    assert fresh.results["illustration"] == {}
+    # a record of version 2 is read as written: a key called width there is left alone
+    files.atomic_write_json(tmp_path / "v2" / "record.json", {
+        "schema": 2, "experiment": "spread", "status": "done", "config": {"widths": [4]}, "results": [{"width": 4}]})
+    assert record.read(tmp_path / "v2").results == [{"width": 4}]
+
+
 def test_a_newer_record_is_refused_with_both_versions(tmp_path):
     files.atomic_write_json(tmp_path / "record.json", {"schema": 7, "experiment": "train", "status": "done",
                                                         "config": _config(), "results": None})
-    with pytest.raises(record.RecordError, match="schema version 7.*0 to 1: upgrade attnscale"):
+    with pytest.raises(record.RecordError, match="schema version 7.*0 to 2: upgrade attnscale"):
         record.read(tmp_path)
     with pytest.raises(record.RecordError, match="schema version 7"):
         store.run_state(tmp_path, _config())  # never overwritten by an older attnscale

@@ -28,12 +28,12 @@ def corpus():
     return CORPUS.load()
 
 
-def spec(corpus, width=8, scale="none", seed=0, **train):
+def spec(corpus, head_dim=8, scale="none", seed=0, **train):
     model = ModelConfig(vocab_size=corpus.vocab_size, context=16, d_model=16, n_layers=1, n_heads=2,
-                        head_dim=width, scale=scale)
+                        head_dim=head_dim, scale=scale)
     from dataclasses import replace
 
-    return RunSpec(store.run_id(width, scale, seed), model, replace(TINY, seed=seed, **train), "test")
+    return RunSpec(store.run_id(head_dim, scale, seed), model, replace(TINY, seed=seed, **train), "test")
 
 
 def steps_logged(run_dir: Path) -> list[int]:
@@ -53,7 +53,7 @@ def test_trains_every_run_then_keeps_them(tmp_path, corpus):
     records = execute(specs, CORPUS, tmp_path, progress=False, corpus=corpus)
     assert [r.status for r in records] == ["done", "done"]
     assert [r.run_id for r in records] == ["d8-none-s0", "d8-inv_sqrt_d-s0"]
-    assert records[0].group == "test" and records[0].width == 8
+    assert records[0].group == "test" and records[0].head_dim == 8
     for s in specs:
         assert_clean(tmp_path / s.run_id)
         assert steps_logged(tmp_path / s.run_id) == [0, 4, 8]
@@ -182,7 +182,7 @@ SWEEP_SCRIPT = textwrap.dedent("""
     torch.set_num_threads(1)
     from attnscale.experiments import sweep
     from attnscale.lm.train import TrainConfig
-    cfg = sweep.SweepConfig(widths=(8, 16), scales=("none", "inv_sqrt_d"),
+    cfg = sweep.SweepConfig(head_dims=(8, 16), scales=("none", "inv_sqrt_d"),
                             model={"context": 16, "d_model": 16, "n_layers": 1, "n_heads": 2},
                             train=TrainConfig(steps=150, batch=4, warmup=5, record_every=5, eval_batches=2))
     sweep.run(cfg, sys.argv[1], jobs=1, progress=False)

@@ -19,7 +19,7 @@ __all__ = ["add_spread", "add_fresh", "add_inspect", "add_reproduce", "add_repor
 def _spread_config(args):
     from attnscale.experiments.spread import SpreadConfig
 
-    return SpreadConfig(widths=tuple(args.widths), pairs=args.pairs, scales=tuple(args.scales), seed=args.seed)
+    return SpreadConfig(head_dims=tuple(args.head_dims), pairs=args.pairs, scales=tuple(args.scales), seed=args.seed)
 
 
 def _measured(experiment: str, figures: Callable[[Any], list]) -> Callable:
@@ -39,12 +39,12 @@ def _measured(experiment: str, figures: Callable[[Any], list]) -> Callable:
     return run
 
 
-def _measurement(sub, name: str, what: str, config, widths: str):
-    """The parser of a measurement without training, its --widths first (``widths`` says what they are);
+def _measurement(sub, name: str, what: str, config, head_dims_are: str):
+    """The parser of a measurement without training, its --head-dims first (``head_dims_are`` says what they are);
     its own options follow, then ``_seed_json_out``'s. Defaults are ``config``'s."""
     p = sub.add_parser(name, help=what)
-    default = default_of(config, "widths")
-    p.add_argument("--widths", type=positive_int, nargs="+", default=list(default), help=f"{widths} (default: {words(default)})")
+    default = default_of(config, "head_dims")
+    p.add_argument("--head-dims", "--widths", type=positive_int, nargs="+", default=list(default), help=f"{head_dims_are} (default: {words(default)})")
     return p
 
 
@@ -73,7 +73,7 @@ def _fresh_config(args):
     from attnscale.experiments.fresh import FreshConfig
 
     scales = ("none", "inv_sqrt_d") if "all" in args.scales else tuple(dict.fromkeys(args.scales))
-    return FreshConfig(widths=tuple(args.widths), words=args.words, sequences=args.sequences, init=args.init,
+    return FreshConfig(head_dims=tuple(args.head_dims), words=args.words, sequences=args.sequences, init=args.init,
                        scales=scales, threshold=args.threshold, seed=args.seed)
 
 

@@ -26,7 +26,7 @@ def _train_config(args):
     from attnscale.experiments import sweep
 
     base = sweep.preset(quick=args.quick, full=args.full, corpus=args.corpus, seed=args.seed, tokenizer=args.tokenizer)
-    return with_budget(sweep.SweepConfig(corpus=args.corpus, widths=(args.width,), scales=(args.scale,),
+    return with_budget(sweep.SweepConfig(corpus=args.corpus, head_dims=(args.head_dim,), scales=(args.scale,),
                                          seeds=(args.seed,), model=base.model, train=base.train), args)
 
 
@@ -45,7 +45,7 @@ def _train_table(result) -> str:
 
 def add_train(sub) -> None:
     p = sub.add_parser("train", help="train the tiny LM once, at one head width and scale")
-    p.add_argument("--width", type=positive_int, default=64, help="head width d (length of q and k; default: %(default)s)")
+    p.add_argument("--head-dim", "--width", type=positive_int, default=64, help="head width d (length of q and k; default: %(default)s)")
     p.add_argument("--scale", type=scale_name, default="inv_sqrt_d",
                    help="score-scale scheme (default: %(default)s, the course's 1/sqrt(d))")
     p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the weights and batches (default: %(default)s)")
@@ -58,7 +58,7 @@ def _dynamics_config(args):
     from attnscale.experiments import dynamics
 
     cfg = dynamics.preset(quick=args.quick, full=args.full, corpus=args.corpus, seed=args.seed, tokenizer=args.tokenizer)
-    return with_budget(dataclasses.replace(cfg, head_dim=args.width, scales=_once(args.scales)), args)
+    return with_budget(dataclasses.replace(cfg, head_dim=args.head_dim, scales=_once(args.scales)), args)
 
 
 def _dynamics(cfg, out, args):
@@ -72,7 +72,7 @@ def add_dynamics(sub) -> None:
 
     scales = default_of(DynamicsConfig, "scales")
     p = sub.add_parser("dynamics", help="train at one width with and without the scale; diagnostics over training")
-    p.add_argument("--width", type=positive_int, default=default_of(DynamicsConfig, "head_dim"),
+    p.add_argument("--head-dim", "--width", type=positive_int, default=default_of(DynamicsConfig, "head_dim"),
                    help="head width d (length of q and k; default: %(default)s)")
     p.add_argument("--scale", type=scale_name, nargs="+", default=list(scales), dest="scales",
                    help=f"score-scale schemes, one run each (default: {words(scales)})")
@@ -89,7 +89,7 @@ def _sweep_config(args):
     from attnscale.experiments import sweep
 
     cfg = sweep.preset(quick=args.quick, full=args.full, corpus=args.corpus, tokenizer=args.tokenizer)
-    cfg = dataclasses.replace(cfg, widths=_once(args.widths or cfg.widths), scales=_once(args.scales),
+    cfg = dataclasses.replace(cfg, head_dims=_once(args.head_dims or cfg.head_dims), scales=_once(args.scales),
                               seeds=_once(args.seeds or cfg.seeds), lrs=_once(args.lrs) if args.lrs else None)
     return with_budget(cfg, args)
 
@@ -109,10 +109,10 @@ def _sweep_json(rows) -> dict:
 def add_sweep(sub) -> None:
     from attnscale.experiments.sweep import SweepConfig
 
-    widths, scales, seeds = (default_of(SweepConfig, k) for k in ("widths", "scales", "seeds"))
+    head_dims, scales, seeds = (default_of(SweepConfig, k) for k in ("head_dims", "scales", "seeds"))
     p = sub.add_parser("sweep", help="held-out perplexity across head widths and scales; where the gap starts")
-    p.add_argument("--widths", type=positive_int, nargs="+",
-                   help=f"head widths (default: {words(widths)}; fewer with --quick)")
+    p.add_argument("--head-dims", "--widths", type=positive_int, nargs="+",
+                   help=f"head widths (default: {words(head_dims)}; fewer with --quick)")
     p.add_argument("--scale", type=scale_name, nargs="+", default=list(scales), dest="scales",
                    help=f"score-scale schemes; the gap is none − inv_sqrt_d (default: {words(scales)})")
     p.add_argument("--seeds", type=nonneg_int, nargs="+",
@@ -131,7 +131,7 @@ def _schemes_config(args):
 
     cfg = with_budget(schemes.preset("quick" if args.quick else "full", corpus=args.corpus, tokenizer=args.tokenizer), args)
     lrs = args.lrs or (schemes.lr_grid(args.lr) if args.lr is not None else cfg.lrs)
-    return dataclasses.replace(cfg, widths=_once(args.widths or cfg.widths), scales=_once(args.scales or cfg.scales),
+    return dataclasses.replace(cfg, head_dims=_once(args.head_dims or cfg.head_dims), scales=_once(args.scales or cfg.scales),
                                seeds=_once(args.seeds if args.seeds is not None else cfg.seeds), lrs=_once(lrs))
 
 
@@ -144,7 +144,7 @@ def _schemes(cfg, out, args):
 def add_schemes(sub) -> None:
     p = sub.add_parser("schemes", help="which scale? every scheme × head width × learning rate × seed: "
                                        "LR sensitivity, logit growth, entropy collapse")
-    p.add_argument("--widths", type=positive_int, nargs="+", help="head widths (default 64 256 1024; --quick: 64 256)")
+    p.add_argument("--head-dims", "--widths", type=positive_int, nargs="+", help="head widths (default 64 256 1024; --quick: 64 256)")
     p.add_argument("--scale", type=scale_name, nargs="+", dest="scales", help="schemes (default: every registered one)")
     p.add_argument("--lrs", type=positive_float, nargs="+",
                    help="learning rates (default: 5 from 10× below to 10× above the preset's, or --lr's)")
@@ -164,7 +164,7 @@ def _study_config(args):
     model, train = overrides(base.model, base.train, args)  # the axes are then taken around this base
     cfg = setup_study.preset("quick" if args.quick else "full", corpus=args.corpus, tokenizer=args.tokenizer,
                              vocab_size=vocab, model=model, train=train)
-    cfg = dataclasses.replace(cfg, device=args.device, width=args.width or cfg.width, scales=_once(args.scales or cfg.scales),
+    cfg = dataclasses.replace(cfg, device=args.device, head_dim=args.head_dim or cfg.head_dim, scales=_once(args.scales or cfg.scales),
                               seeds=_once(args.seeds if args.seeds is not None else cfg.seeds),
                               axes=_axes(args, cfg.axes))
     missing = [str(d) for d in args.reuse if not d.is_dir()]
@@ -196,7 +196,7 @@ def add_study(sub) -> None:
 
     p = sub.add_parser("study", help="the setup study: how the end of training at d=1,024 (spread, frozen rows, "
                                      "perplexity) depends on lr, schedule, weight decay, init, norm and length")
-    p.add_argument("--width", type=positive_int, help="head width d (default: 1024)")
+    p.add_argument("--head-dim", "--width", type=positive_int, help="head width d (default: 1024)")
     p.add_argument("--scale", type=scale_name, nargs="+", dest="scales",
                    help="schemes, one run each per setup (default: none inv_sqrt_d)")
     p.add_argument("--seeds", type=nonneg_int, nargs="+", help="seeds (default 0 1)")

@@ -70,11 +70,11 @@ def model_config(model: dict[str, Any], vocab_size: int, head_dim: int, scale: s
         raise ConfigError(f"model settings {sorted(model)}: {e}") from None
 
 
-def check_budget(model: dict[str, Any], train: TrainConfig, runs_per_width: dict[int, int], vocab_size: int = 1) -> None:
+def check_budget(model: dict[str, Any], train: TrainConfig, runs_per_head_dim: dict[int, int], vocab_size: int = 1) -> None:
     """Refuse, before anything is built, training that cannot fit this machine's memory or
-    time limit (``attnscale.limits``); ``runs_per_width``: head width -> runs at that width."""
+    time limit (``attnscale.limits``); ``runs_per_head_dim``: head width -> runs at that width."""
     cfg = model_config(model, vocab_size, 1, "none")
-    limits.check(limits.widths_cost(runs_per_width, vocab=vocab_size, context=cfg.context, d_model=cfg.d_model,
+    limits.check(limits.head_dims_cost(runs_per_head_dim, vocab=vocab_size, context=cfg.context, d_model=cfg.d_model,
                                     n_layers=cfg.n_layers, n_heads=cfg.n_heads, mlp_ratio=cfg.mlp_ratio,
                                     batch=train.batch, steps=train.steps),
                  "lower --steps, --batch, --context or the widths")
@@ -120,7 +120,7 @@ def rows_from_records(runs: list[TrainRun]) -> list[dict[str, Any]]:
     layers and heads, with ``spread_by_layer`` and ``frozen_by_layer``."""
     return [{
         "run_id": t.run_id,
-        "width": t.width,
+        "head_dim": t.head_dim,
         "scale": t.scale,
         "seed": t.seed,
         "status": t.status,
@@ -144,7 +144,7 @@ def format_table(rows: list[dict[str, Any]]) -> str:
     def line(r):
         ppl = "-" if r["valid_ppl"] is None else f"{r['valid_ppl']:.2f}"
         status = r["status"] + (f" at step {r['diverged_at']}" if r.get("diverged_at") is not None else "")
-        return [r["width"], display_name(r["scale"]), _pair(r, "spread", ".2f"), _pair(r, "frozen_fraction", ".3f"),
+        return [r["head_dim"], display_name(r["scale"]), _pair(r, "spread", ".2f"), _pair(r, "frozen_fraction", ".3f"),
                 _pair(r, "effective_words", ".1f"), _pair(r, "push", ".3f"), ppl, status]
 
     lines = table(("width", "scale", "spread", "frozen", "eff. words", "push", "valid ppl", "status"),

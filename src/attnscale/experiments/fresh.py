@@ -26,7 +26,7 @@ from attnscale import limits
 from attnscale.core.attention import masked_softmax
 from attnscale.core.diagnostics import FROZEN_THRESHOLD, describe_row, effective_words, row_summary
 from attnscale.errors import ConfigError
-from attnscale.experiments import check_widths_and_scales, width_seed
+from attnscale.experiments import check_head_dims_and_scales, head_dim_seed
 from attnscale.core.hooks import record
 from attnscale.core.scales import display_name, get_scale
 from attnscale.terminal import table
@@ -38,7 +38,7 @@ _MODEL_VOCAB = 256  # random tokens for the model-init head; the vocabulary size
 
 @dataclass(frozen=True)
 class FreshConfig:
-    widths: tuple[int, ...] = (4, 32, 64, 128, 256, 512, 1024)
+    head_dims: tuple[int, ...] = (4, 32, 64, 128, 256, 512, 1024)
     words: int = 64
     sequences: int = 200
     init: str = "unit"
@@ -48,7 +48,7 @@ class FreshConfig:
     example_row: int = 12
 
     def __post_init__(self):
-        check_widths_and_scales(self.widths, self.scales)
+        check_head_dims_and_scales(self.head_dims, self.scales)
         if self.words < 2:
             raise ConfigError(f"words must be at least 2 (a row needs a choice), got {self.words}")
         if self.sequences < 1:
@@ -57,27 +57,27 @@ class FreshConfig:
             raise ConfigError(f"init must be 'unit' or 'model', got {self.init!r}")
         if not 0 < self.threshold < 1:
             raise ConfigError(f"threshold must lie between 0 and 1, got {self.threshold}")
-        limits.check(limits.fresh_cost(self.widths, self.words, self.sequences, len(self.scales)),
+        limits.check(limits.fresh_cost(self.head_dims, self.words, self.sequences, len(self.scales)),
                      "use fewer words or sequences, or narrower widths")
 
 
-def _unit_pattern(width: int, scale: str, cfg: FreshConfig) -> torch.Tensor:
-    gen = torch.Generator().manual_seed(width_seed(cfg.seed, width))
-    q_S1TD = torch.randn(cfg.sequences, 1, cfg.words, width, generator=gen)
-    k_S1TD = torch.randn(cfg.sequences, 1, cfg.words, width, generator=gen)
-    scores = get_scale(scale, width).scores(q_S1TD, k_S1TD)
+def _unit_pattern(head_dim: int, scale: str, cfg: FreshConfig) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(head_dim_seed(cfg.seed, head_dim))
+    q_S1TD = torch.randn(cfg.sequences, 1, cfg.words, head_dim, generator=gen)
+    k_S1TD = torch.randn(cfg.sequences, 1, cfg.words, head_dim, generator=gen)
+    scores = get_scale(scale, head_dim).scores(q_S1TD, k_S1TD)
     return masked_softmax(scores, None)[:, 0]
 
 
-def _model_pattern(width: int, scale: str, cfg: FreshConfig) -> torch.Tensor:
+def _model_pattern(head_dim: int, scale: str, cfg: FreshConfig) -> torch.Tensor:
     from attnscale.lm.model import ModelConfig, build_model
 
-    mcfg = ModelConfig(**{**_trained_model(), "vocab_size": _MODEL_VOCAB, "context": cfg.words, "head_dim": width,
+    mcfg = ModelConfig(**{**_trained_model(), "vocab_size": _MODEL_VOCAB, "context": cfg.words, "head_dim": head_dim,
                           "scale": scale, "n_layers": 1, "impl": "explicit"})
-    model = build_model(mcfg, seed=width_seed(cfg.seed, width))
+    model = build_model(mcfg, seed=head_dim_seed(cfg.seed, head_dim))
     block = model.blocks[0]
     block.attn.causal = False  # a throwaway head: every row weighs all the words, as in the chapter
-    gen = torch.Generator().manual_seed(width_seed(cfg.seed, width))
+    gen = torch.Generator().manual_seed(head_dim_seed(cfg.seed, head_dim))
     # every head of the layer is a sample of a fresh head: draw just enough
     # sequences for ``cfg.sequences`` head-sequences, as many rows as ``unit`` has
     n_seq = -(-cfg.sequences // mcfg.n_heads)
@@ -101,14 +101,14 @@ def model_init_name() -> str:
     return f"{m['init']} init, {m['norm']}-LN, d_model {m['d_model']}"
 
 
-def measure(width: int, scale: str, cfg: FreshConfig) -> dict:
+def measure(head_dim: int, scale: str, cfg: FreshConfig) -> dict:
     """Row statistics of one fresh head at one width under one scheme."""
     with torch.no_grad():
-        p_STT = (_unit_pattern if cfg.init == "unit" else _model_pattern)(width, scale, cfg)
+        p_STT = (_unit_pattern if cfg.init == "unit" else _model_pattern)(head_dim, scale, cfg)
     row = min(cfg.example_row, cfg.words - 1)
     example = p_STT[0, row]
     return {
-        "width": width,
+        "head_dim": head_dim,
         "scale": scale,
         "init": cfg.init,
         "words": cfg.words,
@@ -136,7 +136,7 @@ def run(cfg: FreshConfig, out: Path | None = None) -> dict:
     """Every width × scheme; with ``out``, the record (``report`` draws the figures from it).
     Returns {"rows", "illustration"}."""
     started = time.time()
-    rows = [measure(w, s, cfg) for w in cfg.widths for s in cfg.scales]
+    rows = [measure(w, s, cfg) for w in cfg.head_dims for s in cfg.scales]
     result = {"rows": rows, "illustration": illustration(cfg.words, seed=cfg.seed)}
     if cfg.init == "model":
         result["model_init"] = model_init_name()
@@ -151,7 +151,7 @@ def format_table(result: dict) -> str:
     """Per width and scheme: effective words (median, p10, p90), max weight, frozen share, push; one example row."""
     return "\n".join(table(
         ("width", "scale", "eff. words med", "p10", "p90", "max w", "frozen", "push med", "example"),
-        ([r["width"], display_name(r["scale"]), f"{r['effective_words_median']:.2f}", f"{r['effective_words_p10']:.2f}",
+        ([r["head_dim"], display_name(r["scale"]), f"{r['effective_words_median']:.2f}", f"{r['effective_words_p10']:.2f}",
           f"{r['effective_words_p90']:.2f}", f"{r['max_weight_mean']:.3f}", f"{r['frozen_fraction']:.1%}",
           f"{r['push_median']:.4f}", r["example"]] for r in result["rows"]),
         "><>>>>>><"))

@@ -54,7 +54,7 @@ class SchemesConfig(TrainingConfig):
     ``train.lr`` are set per run. ``device``, when given, is where every run trains."""
 
     scales: tuple[str, ...] = field(default_factory=lambda: tuple(scale_names()))
-    widths: tuple[int, ...] = (64, 256, 1024)
+    head_dims: tuple[int, ...] = (64, 256, 1024)
     lrs: tuple[float, ...] = field(default_factory=_default_lrs)
     seeds: tuple[int, ...] = (0, 1, 2)
 
@@ -65,7 +65,7 @@ class SchemesConfig(TrainingConfig):
     @property
     def as_sweep(self) -> sweep.SweepConfig:
         """The same runs as a sweep (the sweep already crosses schemes, widths, seeds and lrs)."""
-        return sweep.SweepConfig(corpus=self.corpus, tokenizer=self.tokenizer, widths=self.widths, scales=self.scales,
+        return sweep.SweepConfig(corpus=self.corpus, tokenizer=self.tokenizer, head_dims=self.head_dims, scales=self.scales,
                                  seeds=self.seeds, lrs=self.lrs, model=self.model, train=self.train,
                                  device=self.device)
 
@@ -94,9 +94,9 @@ def preset(size: str = "full", corpus: str = "default", seed: int = 0, tokenizer
     base = SchemesConfig(corpus=corpus, tokenizer=tokenizer, model=model, train=train_cfg,
                          seeds=(seed, seed + 1, seed + 2))
     if size == "quick":
-        return replace(base, widths=(64, 256), seeds=(seed, seed + 1))
+        return replace(base, head_dims=(64, 256), seeds=(seed, seed + 1))
     if size == "smoke":
-        return replace(base, widths=(64,), seeds=(seed,), lrs=lr_grid(train_cfg.lr, 3),
+        return replace(base, head_dims=(64,), seeds=(seed,), lrs=lr_grid(train_cfg.lr, 3),
                        train=replace(train_cfg, steps=15, warmup=2))
     return base
 
@@ -144,7 +144,7 @@ def format_table(result: dict[str, Any]) -> str:
     lines = table(
         ("width", "scale", "LR sensitivity", "best loss", "best lr", "diverged", "max|logit| top lr", "min eff.w",
          "collapsed"),
-        ([r["width"], display_name(r["scale"]), _pm(r["sensitivity"], r["sensitivity_se"]),
+        ([r["head_dim"], display_name(r["scale"]), _pm(r["sensitivity"], r["sensitivity_se"]),
           _pm(r["best_loss"], r["best_loss_se"]), "-" if r["best_lr"] is None else format(r["best_lr"], "g"),
           f"{r['diverged']}/{r['runs']}", _pm(*r["max_logit_high_lr"], fmt="{:.1f}"),
           "-" if r["min_effective_words"] is None else format(r["min_effective_words"], ".2f"),

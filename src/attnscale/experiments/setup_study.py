@@ -76,15 +76,15 @@ class StudyConfig(TrainingConfig):
     instead of the base's (per combined axis, tuples: one value per axis it
     changes); every run once per scale and seed."""
 
-    width: int = 1024
+    head_dim: int = 1024
     scales: tuple[str, ...] = ("none", "inv_sqrt_d")
     seeds: tuple[int, ...] = (0, 1)
     axes: tuple[tuple[str, tuple[Any, ...]], ...] = ()
 
     def __post_init__(self):
         super().__post_init__()
-        if not isinstance(self.width, int) or isinstance(self.width, bool) or self.width < 1:
-            raise ConfigError(f"width must be a positive integer, got {self.width!r}")
+        if not isinstance(self.head_dim, int) or isinstance(self.head_dim, bool) or self.head_dim < 1:
+            raise ConfigError(f"head_dim must be a positive integer, got {self.head_dim!r}")
         for name in ("scales", "seeds"):
             values = getattr(self, name)
             if not values or len(set(values)) != len(values):
@@ -115,8 +115,8 @@ class StudyConfig(TrainingConfig):
             for seed in self.seeds:
                 for scale in self.scales:
                     t = replace(train, seed=seed, **({} if self.device is None else {"device": self.device}))
-                    out.append(RunSpec(run_id(self.width, scale, seed, axis, value),
-                                       model_config(model, vocab_size, self.width, scale), t, f"{GROUP_PREFIX}{axis}"))
+                    out.append(RunSpec(run_id(self.head_dim, scale, seed, axis, value),
+                                       model_config(model, vocab_size, self.head_dim, scale), t, f"{GROUP_PREFIX}{axis}"))
         return out
 
     def settings(self) -> list[tuple[str, Any, dict[str, Any], TrainConfig]]:
@@ -148,7 +148,7 @@ def preset(size: str = "full", corpus: str = "default", seed: int = 0, tokenizer
     vocab = vocab_size if vocab_size is not None else CorpusSpec(corpus, tokenizer).load().vocab_size
     if size == "smoke":
         b = budget("quick", vocab)
-        return StudyConfig(corpus=corpus, tokenizer=tokenizer, width=64, seeds=(seed, seed + 1),
+        return StudyConfig(corpus=corpus, tokenizer=tokenizer, head_dim=64, seeds=(seed, seed + 1),
                            axes=(("lr", (b.train.lr * 3,)), ("norm", ("pre",))),
                            model=b.model, train=with_steps(b.train, 20))
     b = budget("full" if size == "full" else "default", vocab)
@@ -169,10 +169,10 @@ def preset(size: str = "full", corpus: str = "default", seed: int = 0, tokenizer
                        axes=tuple((a, v) for a, v in axes if v), model=model, train=train)
 
 
-def run_id(width: int, scale: str, seed: int, axis: str, value: Any) -> str:
+def run_id(head_dim: int, scale: str, seed: int, axis: str, value: Any) -> str:
     """The base's runs are named as dynamics and sweep name theirs; the others add ``-<axis>-<value>``
     per setting they change (``d1024-none-s0-schedule-constant-weight_decay-0``)."""
-    base = store.run_id(width, scale, seed)
+    base = store.run_id(head_dim, scale, seed)
     if axis == "base":
         return base
     values = value if combined(axis) else (value,)

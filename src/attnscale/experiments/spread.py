@@ -17,7 +17,7 @@ import torch
 from attnscale import limits
 from attnscale.core.diagnostics import spread
 from attnscale.errors import ConfigError
-from attnscale.experiments import check_widths_and_scales, width_seed
+from attnscale.experiments import check_head_dims_and_scales, head_dim_seed
 from attnscale.core.scales import ScoreScale, display_name, get_scale
 from attnscale.terminal import table
 
@@ -28,16 +28,16 @@ _CHUNK = 1 << 22  # numbers drawn at once: bounds memory at ~32 MB whatever the 
 
 @dataclass(frozen=True)
 class SpreadConfig:
-    widths: tuple[int, ...] = (4, 32, 64, 128, 256, 512, 1024)
+    head_dims: tuple[int, ...] = (4, 32, 64, 128, 256, 512, 1024)
     pairs: int = 20000
     scales: tuple[str, ...] = ("inv_sqrt_d",)
     seed: int = 0
 
     def __post_init__(self):
-        check_widths_and_scales(self.widths, self.scales)
+        check_head_dims_and_scales(self.head_dims, self.scales)
         if self.pairs < 2:
             raise ConfigError(f"pairs must be at least 2 to measure a spread, got {self.pairs}")
-        limits.check(limits.spread_cost(self.widths, self.pairs, len(self.scales), _CHUNK),
+        limits.check(limits.spread_cost(self.head_dims, self.pairs, len(self.scales), _CHUNK),
                      "use fewer pairs or narrower widths")
 
 
@@ -50,16 +50,16 @@ def _std_error(x: torch.Tensor) -> float:
 
 
 @torch.no_grad()  # a measurement: a learned scheme's factor is read, never trained
-def measure(width: int, pairs: int, scales: tuple[str, ...], seed: int) -> list[dict]:
+def measure(head_dim: int, pairs: int, scales: tuple[str, ...], seed: int) -> list[dict]:
     """Rows for one width: raw spread, scaled spread per scheme, sqrt(d) beside them."""
-    gen = torch.Generator().manual_seed(width_seed(seed, width))
-    modules = [get_scale(s, width) for s in scales]
+    gen = torch.Generator().manual_seed(head_dim_seed(seed, head_dim))
+    modules = [get_scale(s, head_dim) for s in scales]
     raw, scaled = [], [[] for _ in modules]
-    step = max(1, _CHUNK // width)
+    step = max(1, _CHUNK // head_dim)
     for start in range(0, pairs, step):
         n = min(step, pairs - start)
-        q_ND = torch.randn(n, width, generator=gen)
-        k_ND = torch.randn(n, width, generator=gen)
+        q_ND = torch.randn(n, head_dim, generator=gen)
+        k_ND = torch.randn(n, head_dim, generator=gen)
         raw_N = torch.linalg.vecdot(q_ND, k_ND)
         raw.append(raw_N)
         for out, m in zip(scaled, modules):
@@ -73,14 +73,14 @@ def measure(width: int, pairs: int, scales: tuple[str, ...], seed: int) -> list[
     for name, m, chunks in zip(scales, modules, scaled):
         factor = m.factor()
         rows.append({
-            "width": width,
+            "head_dim": head_dim,
             "scale": name,
             "factor": float(factor),
             "pairs": pairs,
             "raw_spread": raw_spread,
             "raw_spread_se": se,
             "scaled_spread": float(spread(torch.cat(chunks))),
-            "sqrt_d": math.sqrt(width),
+            "sqrt_d": math.sqrt(head_dim),
         })
     return rows
 
@@ -88,7 +88,7 @@ def measure(width: int, pairs: int, scales: tuple[str, ...], seed: int) -> list[
 def run(cfg: SpreadConfig, out: Path | None = None) -> list[dict]:
     """Measure every width; with ``out``, write the record there (``report`` draws the figure from it)."""
     started = time.time()
-    rows = [row for w in cfg.widths for row in measure(w, cfg.pairs, cfg.scales, cfg.seed)]
+    rows = [row for w in cfg.head_dims for row in measure(w, cfg.pairs, cfg.scales, cfg.seed)]
     if out is not None:
         from attnscale.runs import record as rec
 
@@ -100,6 +100,6 @@ def format_table(rows: list[dict]) -> str:
     """Per width and scheme (as readers know it): the raw spread ± SE beside sqrt(d), and the scaled one."""
     return "\n".join(table(
         ("width", "scale", "raw spread", "± se", "sqrt(d)", "scaled"),
-        ([r["width"], display_name(r["scale"]), f"{r['raw_spread']:.3f}", f"{r['raw_spread_se']:.3f}",
+        ([r["head_dim"], display_name(r["scale"]), f"{r['raw_spread']:.3f}", f"{r['raw_spread_se']:.3f}",
           f"{r['sqrt_d']:.3f}", f"{r['scaled_spread']:.3f}"] for r in rows),
         "><>>>>"))

@@ -42,29 +42,29 @@ class SweepConfig(TrainingConfig):
     vocab_size, head_dim and scale; ``train.seed`` and, with ``lrs``, ``train.lr`` are set per run.
     ``device``, when given, is where every run trains (it sets ``train.device``)."""
 
-    widths: tuple[int, ...] = (32, 64, 128, 256, 512, 1024)
+    head_dims: tuple[int, ...] = (32, 64, 128, 256, 512, 1024)
     scales: tuple[str, ...] = ("none", "inv_sqrt_d")
     seeds: tuple[int, ...] = (0,)
     lrs: tuple[float, ...] | None = None
 
     def __post_init__(self):
         super().__post_init__()
-        for name in ("widths", "scales", "seeds") + (("lrs",) if self.lrs is not None else ()):
+        for name in ("head_dims", "scales", "seeds") + (("lrs",) if self.lrs is not None else ()):
             values = getattr(self, name)
             if not values or len(set(values)) != len(values):
                 raise ConfigError(f"{name} must be a non-empty list without repeats, got {values}")
-        if any(not isinstance(w, int) or isinstance(w, bool) or w < 1 for w in self.widths):
-            raise ConfigError(f"widths must be positive integers, got {self.widths}")
+        if any(not isinstance(w, int) or isinstance(w, bool) or w < 1 for w in self.head_dims):
+            raise ConfigError(f"head_dims must be positive integers, got {self.head_dims}")
         if any(not isinstance(s, int) or isinstance(s, bool) or s < 0 for s in self.seeds):
             raise ConfigError(f"seeds must be non-negative integers, got {self.seeds}")
         for lr in self.lrs or ():
             replace(self.train, lr=lr)  # TrainConfig says what a bad lr is
         for scale in self.scales:
-            model_config(self.model, 1, self.widths[0], scale)
-        check_budget(self.model, self.train, self.runs_per_width())
+            model_config(self.model, 1, self.head_dims[0], scale)
+        check_budget(self.model, self.train, self.runs_per_head_dim())
 
-    def runs_per_width(self) -> dict[int, int]:
-        return {w: len(self.scales) * len(self.seeds) * len(self.lrs or (None,)) for w in self.widths}
+    def runs_per_head_dim(self) -> dict[int, int]:
+        return {w: len(self.scales) * len(self.seeds) * len(self.lrs or (None,)) for w in self.head_dims}
 
     @property
     def corpus_spec(self) -> CorpusSpec:
@@ -79,22 +79,22 @@ def preset(quick: bool = False, corpus: str = "default", seed: int = 0, tokenize
     middle (32, 128, 1,024) on the "quick" budget: about a minute in all."""
     vocab = vocab_size if vocab_size is not None else CorpusSpec(corpus, tokenizer).load().vocab_size
     b = budget(preset_name(quick, full), vocab)
-    widths = (32, 128, 1024) if quick else (32, 64, 128, 256, 512, 1024)
-    return SweepConfig(corpus=corpus, tokenizer=tokenizer, widths=widths, seeds=tuple(range(seed, seed + b.seeds)),
+    head_dims = (32, 128, 1024) if quick else (32, 64, 128, 256, 512, 1024)
+    return SweepConfig(corpus=corpus, tokenizer=tokenizer, head_dims=head_dims, seeds=tuple(range(seed, seed + b.seeds)),
                        model=b.model, train=b.train)
 
 
 def specs(cfg: SweepConfig, vocab_size: int, group: str = "sweep") -> list[RunSpec]:
     """One run per width × scheme × seed (× lr), narrow widths first."""
-    check_budget(cfg.model, cfg.train, cfg.runs_per_width(), vocab_size)
+    check_budget(cfg.model, cfg.train, cfg.runs_per_head_dim(), vocab_size)
     out = []
     for lr in cfg.lrs or (None,):
-        for width in cfg.widths:
+        for head_dim in cfg.head_dims:
             for seed in cfg.seeds:
                 for scale in cfg.scales:
                     train_cfg = replace(cfg.train, seed=seed, **({} if lr is None else {"lr": lr}),
                                         **({} if cfg.device is None else {"device": cfg.device}))
-                    out.append(RunSpec(store.run_id(width, scale, seed, lr), model_config(cfg.model, vocab_size, width, scale),
+                    out.append(RunSpec(store.run_id(head_dim, scale, seed, lr), model_config(cfg.model, vocab_size, head_dim, scale),
                                        train_cfg, group))
     return out
 
@@ -123,7 +123,7 @@ def run(cfg: SweepConfig, out: Path, jobs: int = 1, progress: bool = True,
 
 
 def rows_from_records(runs: list[TrainRun], varied_lr: bool = False) -> list[dict[str, Any]]:
-    """Rows {run_id, width, scale, seed, lr, valid_ppl, status, diverged_at, train_seconds}
+    """Rows {run_id, head_dim, scale, seed, lr, valid_ppl, status, diverged_at, train_seconds}
     (``report.analysis.run_rows``). ``lr`` is the run's learning rate when the sweep varied it, else None."""
     return run_rows(runs, varied_lr)
 
@@ -139,20 +139,20 @@ def format_table(rows: list[dict[str, Any]], baseline: str = "none", reference: 
     """Held-out perplexity per width (columns: schemes, mean ± SE over seeds), the gap, where it starts."""
     scales = list(dict.fromkeys(r["scale"] for r in rows))
     gaps = gap_table(rows, baseline, reference)
-    by_cell = {(g["lr"], g["width"]): g for g in gaps["rows"]}
+    by_cell = {(g["lr"], g["head_dim"]): g for g in gaps["rows"]}
     lrs = list(dict.fromkeys(r["lr"] for r in rows))
     lines = []
     for lr in lrs:
         if lr is not None:
             lines.append(f"lr {lr:g}")
-        cells_by_width = []
-        for width in sorted({r["width"] for r in rows if r["lr"] == lr}):
+        cells_by_head_dim = []
+        for head_dim in sorted({r["head_dim"] for r in rows if r["lr"] == lr}):
             cells = []
             for s in scales:
-                mine = [r for r in rows if r["lr"] == lr and r["width"] == width and r["scale"] == s]
+                mine = [r for r in rows if r["lr"] == lr and r["head_dim"] == head_dim and r["scale"] == s]
                 ppls = [r["valid_ppl"] for r in mine if r["valid_ppl"] is not None]
                 cells.append(_fmt_ppl(*mean_se(ppls), sum(r["status"] == "diverged" for r in mine)))
-            g = by_cell.get((lr, width))
+            g = by_cell.get((lr, head_dim))
             if g is None:
                 gap = "-"
             elif g["diverged"]:
@@ -160,10 +160,10 @@ def format_table(rows: list[dict[str, Any]], baseline: str = "none", reference: 
             else:
                 gap = (plus_minus(g["gap"], g["gap_se"], "{:+.2f}", terminal=True)
                        + (f" ({g['share']:.0%})" if g["share"] is not None else ""))
-            cells_by_width.append([width, *cells, gap])
-        lines += table(("width", *map(display_name, scales), "gap (% of ref.)"), cells_by_width, ">" * (len(scales) + 2))
+            cells_by_head_dim.append([head_dim, *cells, gap])
+        lines += table(("width", *map(display_name, scales), "gap (% of ref.)"), cells_by_head_dim, ">" * (len(scales) + 2))
         here = next((s for s in gaps["starts"] if s["lr"] == lr), {})
-        start, maybe = here.get("width"), here.get("width_if_undecided")
+        start, maybe = here.get("head_dim"), here.get("head_dim_if_undecided")
         said = f"it starts at width {start}" if start is not None else "no width shows a gap"
         if maybe != start:  # some gap above the threshold is not beyond its noise
             said += f" (at width {maybe} if the gaps not yet beyond their noise are real)"

@@ -34,6 +34,9 @@ def comparable_config(config: Any) -> dict[str, Any]:
     """The part of a training run's config ({"model", "train", "corpus"}) that decides its results:
     what a rerun must match to keep a finished run or resume a checkpoint."""
     cfg = json.loads(json.dumps(to_jsonable(config)))
+    model = cfg.get("model")
+    if isinstance(model, dict) and model.get("head_dim", 0) is None and model.get("n_heads"):
+        model["head_dim"] = model["d_model"] // model["n_heads"]  # written before a config held the number
     for section, keys in _EXECUTION_ONLY.items():
         for key in keys:
             cfg.get(section, {}).pop(key, None)

@@ -1,4 +1,4 @@
-"""A tiny decoder-only language model whose head width d_k is set apart from d_model.
+"""A tiny decoder-only language model whose head width head_dim is set apart from d_model.
 
 Token + learned position embeddings, ``n_layers`` blocks of attention and a 4×
 MLP, a linear read-out (tied to the token embedding with ``tie_embeddings=True``;
@@ -6,15 +6,15 @@ untied by default). Attention is
 ``attnscale.core.attention.Attention`` at ``blocks.{i}.attn``, so its hook points are
 ``blocks.{i}.attn.hook_scores`` and friends.
 
-Why d_k apart from d_model: the course varies the length of q and k (its
-"width" d) up to 1,024. Coupling it to the residual stream (d_model = H·d_k)
+Why head_dim apart from d_model: the course varies the length of q and k (its
+"width" d) up to 1,024. Coupling it to the residual stream (d_model = H·head_dim)
 would make the widest model ~100× dearer than the narrowest on a laptop CPU;
 projecting a small residual stream up to wide heads keeps the variable under
 study (the spread of q·k) and the cost flat. ``head_dim=None`` couples them
-(d_k = d_model // n_heads) for fidelity.
+(head_dim = d_model // n_heads) for fidelity.
 
 Initialisation is a named, recorded choice (``INITS``), because the spread of
-the scores at step 0 depends on it as much as on d_k:
+the scores at step 0 depends on it as much as on head_dim:
 
 - ``torch``: PyTorch's defaults, nn.Embedding N(0, 1), nn.Linear kaiming-uniform
   (weight variance 1/(3·fan_in)). q and k entries have variance var(x)/3.
@@ -52,7 +52,9 @@ IMPLS = ("fused", "explicit")
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shape and named choices of the tiny LM. ``head_dim=None`` means d_model // n_heads."""
+    """Shape and named choices of the tiny LM. ``head_dim``, the head width (the course's width d,
+    the length of each q and k), is set apart from d_model; given as None it is d_model // n_heads,
+    and a built config always holds the number."""
 
     vocab_size: int
     context: int = 64
@@ -79,6 +81,8 @@ class ModelConfig:
                 f"model d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "
                 "change one, or set head_dim to decouple the head width"
             )
+        if self.head_dim is None:
+            object.__setattr__(self, "head_dim", self.d_model // self.n_heads)
         if self.scale not in SCALES:
             raise ConfigError(f"model scale {self.scale!r} is unknown; choose one of: {', '.join(SCALES)}")
         for name, allowed in (("init", INIT_NAMES), ("norm", NORMS), ("impl", IMPLS)):
@@ -86,14 +90,9 @@ class ModelConfig:
                 raise ConfigError(f"model {name} {getattr(self, name)!r} is unknown; choose one of: {', '.join(allowed)}")
 
     @property
-    def d_k(self) -> int:
-        """The course's width d: the length of each q and k."""
-        return self.head_dim if self.head_dim is not None else self.d_model // self.n_heads
-
-    @property
     def d_attn(self) -> int:
         """Width of the concatenated heads (the q/k/v projections' output)."""
-        return self.n_heads * self.d_k
+        return self.n_heads * self.head_dim
 
 
 class MLP(nn.Module):
@@ -113,7 +112,7 @@ class Block(nn.Module):
         super().__init__()
         self.pre = cfg.norm == "pre"
         self.ln1 = nn.LayerNorm(cfg.d_model)
-        self.attn = Attention(cfg.d_model, cfg.n_heads, cfg.d_k, scale=cfg.scale, causal=True, impl=cfg.impl)
+        self.attn = Attention(cfg.d_model, cfg.n_heads, cfg.head_dim, scale=cfg.scale, causal=True, impl=cfg.impl)
         self.ln2 = nn.LayerNorm(cfg.d_model)
         self.mlp = MLP(cfg)
 

@@ -149,7 +149,7 @@ def _precision(precision: "dev.Precision", forward: bool = True):
 def _attention_impl(choice: str, model_cfg: ModelConfig, device: torch.device, precision: "dev.Precision") -> str:
     """The path non-recording steps take. "auto": fused SDPA on GPUs (flash and memory-efficient
     kernels) and on the CPU in fp32; the model config's own ``impl`` on the CPU under bf16 autocast."""
-    if not get_scale(model_cfg.scale, model_cfg.d_k).fusable:
+    if not get_scale(model_cfg.scale, model_cfg.head_dim).fusable:
         return "explicit"  # SDPA cannot express this scheme; Attention would write it out anyway
     if choice != "auto":
         return choice
@@ -425,7 +425,7 @@ def _results(run: _Run, status, diverged_at, start, steps_done, train_seconds, e
         "diverged_at": diverged_at,
         "final_train_loss": sum(tail) / len(tail) if tail else None,
         **evaluation,
-        "d_k": model_cfg.d_k,
+        "head_dim": model_cfg.head_dim,
         "scale": model_cfg.scale,
         "init": model_cfg.init,
         "params": run.model.num_params(),

@@ -25,7 +25,7 @@ from typing import Any
 from attnscale.report.intervals import decimals_for, interval
 from attnscale.runs.record import FINISHED  # run statuses whose perplexity (or its absence) is final
 
-__all__ = ["run_rows", "budget", "budget_text", "span_text", "mean", "mean_se", "plus_minus", "spread_se", "binomial_se", "within", "gap_table", "gap_by_width", "share_by_width", "first_start",
+__all__ = ["run_rows", "budget", "budget_text", "span_text", "mean", "mean_se", "plus_minus", "spread_se", "binomial_se", "within", "gap_table", "gap_by_head_dim", "share_by_head_dim", "first_start",
            "GAP_THRESHOLD_PPL", "GAP_RULE"]
 
 # Where "large" starts: the first width from which every wider width shows a gap
@@ -59,9 +59,9 @@ def mean_se(values: Sequence[float]) -> tuple[float | None, float | None]:
     return m, se
 
 
-def spread_se(width: int, pairs: int) -> float:
-    """SE of the sample spread of q·k over ``pairs`` pairs of width ``width`` with unit entries."""
-    return 0.5 * math.sqrt((2 + 6 / width) / pairs) * math.sqrt(width)
+def spread_se(head_dim: int, pairs: int) -> float:
+    """SE of the sample spread of q·k over ``pairs`` pairs of width ``head_dim`` with unit entries."""
+    return 0.5 * math.sqrt((2 + 6 / head_dim) / pairs) * math.sqrt(head_dim)
 
 
 def binomial_se(share: float, n: int) -> float:
@@ -93,7 +93,7 @@ def within(value: float, target: float, relative: float) -> bool:
 
 
 def run_rows(runs: Sequence[Any], varied_lr: bool | None = None) -> list[dict[str, Any]]:
-    """One row per training run (``runs.record.TrainRun``): {run_id, width, scale, seed, lr,
+    """One row per training run (``runs.record.TrainRun``): {run_id, head_dim, scale, seed, lr,
     valid_ppl, status, diverged_at, train_seconds}, the rows ``gap_table`` reads.
 
     ``lr`` is the run's learning rate where the runs vary it (``varied_lr``; None:
@@ -101,7 +101,7 @@ def run_rows(runs: Sequence[Any], varied_lr: bool | None = None) -> list[dict[st
     runs = list(runs)
     if varied_lr is None:
         varied_lr = len({t.lr for t in runs}) > 1
-    return [{"run_id": t.run_id, "width": t.width, "scale": t.scale, "seed": t.seed,
+    return [{"run_id": t.run_id, "head_dim": t.head_dim, "scale": t.scale, "seed": t.seed,
              "lr": t.lr if varied_lr else None, "valid_ppl": t.perplexity, "status": t.status,
              "diverged_at": t.diverged_at, "train_seconds": t.results.train_seconds} for t in runs]
 
@@ -118,10 +118,10 @@ def gap_table(rows: Sequence[dict[str, Any]], baseline: str = "none", reference:
     cells: dict[tuple, dict[str, dict[int, float | None]]] = {}
     for r in rows:
         if r["scale"] in (baseline, reference) and r["status"] in FINISHED:
-            cells.setdefault((r["lr"], r["width"]), {baseline: {}, reference: {}})[r["scale"]][r["seed"]] = r["valid_ppl"]
+            cells.setdefault((r["lr"], r["head_dim"]), {baseline: {}, reference: {}})[r["scale"]][r["seed"]] = r["valid_ppl"]
     out_rows = []
-    for (lr, width) in sorted(cells, key=lambda k: (k[0] is not None, k[0] or 0, k[1])):
-        b, ref = cells[(lr, width)][baseline], cells[(lr, width)][reference]
+    for (lr, head_dim) in sorted(cells, key=lambda k: (k[0] is not None, k[0] or 0, k[1])):
+        b, ref = cells[(lr, head_dim)][baseline], cells[(lr, head_dim)][reference]
         paired = sorted(set(b) & set(ref))
         if not paired:
             continue
@@ -140,7 +140,7 @@ def gap_table(rows: Sequence[dict[str, Any]], baseline: str = "none", reference:
             ci = interval(gap, se, len(both))
             counts = True if ci is None or ci[0] > 0 else None
         out_rows.append({
-            "lr": lr, "width": width, "seeds": len(paired),
+            "lr": lr, "head_dim": head_dim, "seeds": len(paired),
             "baseline_ppl": mean_se([b[s] for s in paired if b[s] is not None])[0],
             "reference_ppl": mean_se([ref[s] for s in paired if ref[s] is not None])[0],
             "gap": None if diverged else gap, "gap_se": None if diverged else se,
@@ -154,12 +154,12 @@ def gap_table(rows: Sequence[dict[str, Any]], baseline: str = "none", reference:
     starts = []
     for lr in dict.fromkeys(r["lr"] for r in out_rows):
         group = [r for r in out_rows if r["lr"] == lr]
-        starts.append({"lr": lr, "width": _start(group, undecided_counts=False),
-                       "width_if_undecided": _start(group, undecided_counts=True)})
+        starts.append({"lr": lr, "head_dim": _start(group, undecided_counts=False),
+                       "head_dim_if_undecided": _start(group, undecided_counts=True)})
     return {
         "baseline": baseline, "reference": reference, "threshold_ppl": threshold, "rule": GAP_RULE,
         "rows": out_rows, "starts": starts,
-        "gap_starts_at": starts[0]["width"] if len(starts) == 1 else None,
+        "gap_starts_at": starts[0]["head_dim"] if len(starts) == 1 else None,
     }
 
 
@@ -170,22 +170,22 @@ def _start(group: Sequence[dict[str, Any]], undecided_counts: bool) -> int | Non
     for r in reversed(group):
         if not (r["counts"] or (undecided_counts and r["counts"] is None)):
             break
-        start = r["width"]
+        start = r["head_dim"]
     return start
 
 
-def share_by_width(table: dict[str, Any]) -> dict[int, float]:
+def share_by_head_dim(table: dict[str, Any]) -> dict[int, float]:
     """width -> the gap as a share of the reference's perplexity, at the table's first learning rate."""
     rows = table["rows"]
     first_lr = rows[0]["lr"] if rows else None
-    return {r["width"]: r["share"] for r in rows if r["lr"] == first_lr and r["share"] is not None}
+    return {r["head_dim"]: r["share"] for r in rows if r["lr"] == first_lr and r["share"] is not None}
 
 
-def gap_by_width(table: dict[str, Any]) -> dict[int, tuple[float, float | None, int]]:
+def gap_by_head_dim(table: dict[str, Any]) -> dict[int, tuple[float, float | None, int]]:
     """width -> (gap, SE or None, seeds) at the table's first learning rate, widths with a gap only."""
     rows = table["rows"]
     first_lr = rows[0]["lr"] if rows else None
-    return {r["width"]: (r["gap"], r["gap_se"], r["seeds"]) for r in rows
+    return {r["head_dim"]: (r["gap"], r["gap_se"], r["seeds"]) for r in rows
             if r["lr"] == first_lr and r["gap"] is not None}
 
 
@@ -193,7 +193,7 @@ def first_start(table: dict[str, Any], undecided_counts: bool = False) -> int | 
     """Where the gap starts at the table's first learning rate (None: no width qualifies);
     ``undecided_counts``: where it would start if every undecided gap were a gap."""
     starts = table["starts"]
-    return starts[0]["width_if_undecided" if undecided_counts else "width"] if starts else None
+    return starts[0]["head_dim_if_undecided" if undecided_counts else "head_dim"] if starts else None
 
 
 def budget(runs: Sequence[Any]) -> dict[str, Any]:
@@ -205,7 +205,7 @@ def budget(runs: Sequence[Any]) -> dict[str, Any]:
 
     return {"runs": len(runs), "steps": values(lambda t: t.train.get("steps")),
             "context": values(lambda t: t.model.get("context")), "batch": values(lambda t: t.train.get("batch")),
-            "seeds": values(lambda t: t.seed), "widths": values(lambda t: t.width), "lrs": values(lambda t: t.lr)}
+            "seeds": values(lambda t: t.seed), "head_dims": values(lambda t: t.head_dim), "lrs": values(lambda t: t.lr)}
 
 
 def span_text(values: Sequence[Any], fmt: str = "{:,}") -> str:
@@ -224,8 +224,8 @@ def budget_text(b: dict[str, Any]) -> str:
 
     seeds = len(b["seeds"])
     text = (f"{span_text(b['steps'])} steps a run, context {span_text(b['context'])}, "
-            f"{seeds} seed{'s' if seeds != 1 else ''}, width{'s' if len(b['widths']) != 1 else ''} "
-            f"{span_text(b['widths'])}")
+            f"{seeds} seed{'s' if seeds != 1 else ''}, width{'s' if len(b['head_dims']) != 1 else ''} "
+            f"{span_text(b['head_dims'])}")
     if len(b["lrs"]) > 2:
         text += f", {len(b['lrs'])} learning rates from {lr_text(b['lrs'][0])} to {lr_text(b['lrs'][-1])}"
     elif len(b["lrs"]) == 2:

@@ -101,7 +101,7 @@ def load_runs(runs_dir: Path) -> Runs:
             continue
         for r in rec.results["rows"]:
             init = r.get("init", rec.config.get("init", "unit"))
-            runs.fresh_rows[(init, int(r["width"]), r["scale"])] = r
+            runs.fresh_rows[(init, int(r["head_dim"]), r["scale"])] = r
         if rec.results.get("illustration") and (runs.illustration is None or key == "fresh/unit"):
             runs.illustration = rec.results["illustration"]
     if not runs.records:
@@ -111,7 +111,7 @@ def load_runs(runs_dir: Path) -> Runs:
     rank = {k: i for i, k in enumerate(order)}
     runs.records.sort(key=lambda x: (rank.get(x[1].group or x[1].experiment, len(order)),
                                      _natural(x[0].relative_to(runs_dir).as_posix())))
-    runs.train.sort(key=lambda t: (t.group, t.width, t.scale, _natural(str(t.seed))))
+    runs.train.sort(key=lambda t: (t.group, t.head_dim, t.scale, _natural(str(t.seed))))
     return runs
 
 

@@ -46,7 +46,7 @@ from attnscale.report import analysis, intervals, judging
 from attnscale.report.judging import AGREES, DIFFERS, INCONCLUSIVE, NOT_RUN, PARTLY, VERDICTS
 
 __all__ = ["AGREES", "PARTLY", "DIFFERS", "INCONCLUSIVE", "NOT_RUN", "VERDICTS", "Claim", "Verdict", "CLAIMS", "RunsView",
-           "TrainView", "evaluate", "reasons", "scoreboard", "spread_se", "sweep_rows", "gap_by_width", "gap_start", "fmt_gap"]
+           "TrainView", "evaluate", "reasons", "scoreboard", "spread_se", "sweep_rows", "gap_by_head_dim", "gap_start", "fmt_gap"]
 
 SCALED = "inv_sqrt_d"
 COURSE_WIDTH = 1024  # the width of the course's end-of-training claims
@@ -57,7 +57,7 @@ class TrainView(Protocol):
     """What the claims read from one training run (the report's ``TrainRun``)."""
 
     run_id: str
-    width: int
+    head_dim: int
     scale: str
     seed: Any
     lr: float | None
@@ -140,20 +140,20 @@ def spread_se(row: dict) -> float:
     """SE of a row's raw spread: the record's, else ``analysis.spread_se`` of its width and pairs."""
     if row.get("raw_spread_se") is not None:
         return float(row["raw_spread_se"])
-    return analysis.spread_se(row["width"], row["pairs"])
+    return analysis.spread_se(row["head_dim"], row["pairs"])
 
 
 def _raw_rows(runs: RunsView) -> dict[int, dict]:
-    return {int(r["width"]): r for r in runs.spread_rows}
+    return {int(r["head_dim"]): r for r in runs.spread_rows}
 
 
-def _raw_at(width: int):
+def _raw_at(head_dim: int):
     def judge(runs):
-        row = _raw_rows(runs).get(width)
+        row = _raw_rows(runs).get(head_dim)
         if row is None:
-            return _not_run(f"no spread row at width {width}")
+            return _not_run(f"no spread row at width {head_dim}")
         raw, se = float(row["raw_spread"]), spread_se(row)
-        return f"{raw:.3f} ± {se:.3f}", _ok(abs(raw - math.sqrt(width)) <= 3 * se), "", f"{row['pairs']:,} pairs"
+        return f"{raw:.3f} ± {se:.3f}", _ok(abs(raw - math.sqrt(head_dim)) <= 3 * se), "", f"{row['pairs']:,} pairs"
     return judge
 
 
@@ -161,18 +161,18 @@ def _raw_elsewhere(runs):
     rows = [r for w, r in sorted(_raw_rows(runs).items()) if w not in COURSE_WIDTHS]
     if not rows:
         return _not_run("no other widths measured")
-    off = [r for r in rows if abs(float(r["raw_spread"]) - math.sqrt(r["width"])) > 3 * spread_se(r)]
-    ours = "; ".join(f"d={r['width']}: {float(r['raw_spread']):.2f} (√d={math.sqrt(r['width']):.2f})" for r in rows)
-    return ours, _ok(not off), "", ("outside: " + ", ".join(f"d={r['width']}" for r in off)) if off else ""
+    off = [r for r in rows if abs(float(r["raw_spread"]) - math.sqrt(r["head_dim"])) > 3 * spread_se(r)]
+    ours = "; ".join(f"d={r['head_dim']}: {float(r['raw_spread']):.2f} (√d={math.sqrt(r['head_dim']):.2f})" for r in rows)
+    return ours, _ok(not off), "", ("outside: " + ", ".join(f"d={r['head_dim']}" for r in off)) if off else ""
 
 
 def _scaled_one(runs):
-    rows = sorted((r for r in runs.spread_rows if r.get("scale") == SCALED), key=lambda r: r["width"])
+    rows = sorted((r for r in runs.spread_rows if r.get("scale") == SCALED), key=lambda r: r["head_dim"])
     if not rows:
         return _not_run(f"no spread rows with scale {SCALED}")
     se = [spread_se(r) * float(r["factor"]) for r in rows]
     vals = [float(r["scaled_spread"]) for r in rows]
-    off = [r["width"] for r, v, s in zip(rows, vals, se) if abs(v - 1) > 3 * s]
+    off = [r["head_dim"] for r, v, s in zip(rows, vals, se) if abs(v - 1) > 3 * s]
     ours = f"{min(vals):.3f} – {max(vals):.3f} over {len(rows)} widths (SE ≈ {max(se):.3f})"
     return ours, _ok(not off), "", ("outside: d=" + ", ".join(map(str, off))) if off else ""
 
@@ -180,17 +180,17 @@ def _scaled_one(runs):
 # ---- fresh head --------------------------------------------------------------
 
 
-def _fresh(runs, init: str, width: int, scale: str) -> dict | None:
-    return runs.fresh_rows.get((init, width, scale))
+def _fresh(runs, init: str, head_dim: int, scale: str) -> dict | None:
+    return runs.fresh_rows.get((init, head_dim, scale))
 
 
-def _fresh_claim(width: int, scale: str, fmt: Callable[[dict], str], test: Callable[[dict], bool], note: str = ""):
+def _fresh_claim(head_dim: int, scale: str, fmt: Callable[[dict], str], test: Callable[[dict], bool], note: str = ""):
     def judge(runs):
-        row = _fresh(runs, "unit", width, scale)
-        model = _fresh(runs, "model", width, scale)
+        row = _fresh(runs, "unit", head_dim, scale)
+        model = _fresh(runs, "model", head_dim, scale)
         beside = f"model init: {fmt(model)}" if model else "model init: not run"
         if row is None:
-            return "—", NOT_RUN, beside, f"no fresh row (init unit, d={width}, scale {scale})"
+            return "—", NOT_RUN, beside, f"no fresh row (init unit, d={head_dim}, scale {scale})"
         extra = note
         if row.get("words") not in (None, 64):
             extra = f"{note} Our rows are over {row['words']} words, the course's over 64.".strip()
@@ -234,14 +234,14 @@ def _seven_in_ten(r):
 COURSE_LAYER = 0  # the course's figures are one head's, its first layer's: every dynamics claim reads that layer
 
 
-def _dyn(runs, scale: str, width: int = 1024):
-    return [t for t in runs.dynamics if t.width == width and t.scale == scale and t.line("first")]
+def _dyn(runs, scale: str, head_dim: int = 1024):
+    return [t for t in runs.dynamics if t.head_dim == head_dim and t.scale == scale and t.line("first")]
 
 
 def _dyn_missing(runs, scale: str):
-    widths = sorted({t.width for t in runs.dynamics})
+    head_dims = sorted({t.head_dim for t in runs.dynamics})
     return _not_run(f"no dynamics run at width 1024 with scale {scale}"
-                    + (f" (dynamics ran at d={', '.join(map(str, widths))})" if widths else ""))
+                    + (f" (dynamics ran at d={', '.join(map(str, head_dims))})" if head_dims else ""))
 
 
 def _dyn_note(got) -> str:
@@ -352,14 +352,14 @@ def _gap_table(runs: RunsView) -> dict:
     return analysis.gap_table(sweep_rows(runs), reference=SCALED)
 
 
-def gap_by_width(runs: RunsView) -> dict[int, tuple[float, float | None, int]]:
+def gap_by_head_dim(runs: RunsView) -> dict[int, tuple[float, float | None, int]]:
     """width -> (ppl without scale − ppl with it, SE of that gap or None, seeds).
 
     Means over paired seeds, SE of the per-seed differences (needs ≥ 2 seeds).
     Where a sweep varied the learning rate, the claims read the first learning
     rate's rows. Diverged runs have no perplexity and are left out here; the run
     table says which."""
-    return analysis.gap_by_width(_gap_table(runs))
+    return analysis.gap_by_head_dim(_gap_table(runs))
 
 
 def fmt_gap(gap, se, n) -> str:
@@ -376,8 +376,8 @@ def _gap_claim(select: Callable[[int], bool], lo: float, hi: float, sign: int, w
     level, gap ≤ 0), the sign established by the whole interval (``judging``). With one seed the gap
     alone decides, and a gap of the wrong sign differs however small it is."""
     def judge(runs):
-        gaps = {w: g for w, g in gap_by_width(runs).items() if select(w)}
-        shares = analysis.share_by_width(_gap_table(runs))
+        gaps = {w: g for w, g in gap_by_head_dim(runs).items() if select(w)}
+        shares = analysis.share_by_head_dim(_gap_table(runs))
         if not gaps:
             return _not_run(f"no sweep pair (with and without the scale) at {what}")
         parts, verdicts, directions = [], [], []
@@ -407,7 +407,7 @@ def gap_start(runs: RunsView, undecided_counts: bool = False) -> int | None:
 
 
 def _starts(runs):
-    gaps = gap_by_width(runs)
+    gaps = gap_by_head_dim(runs)
     if len(gaps) < 2:
         return _not_run("fewer than two widths with both schemes in the sweep")
     sure, maybe = gap_start(runs), gap_start(runs, undecided_counts=True)

@@ -27,7 +27,7 @@ def blocks(runs) -> list[Block]:
     from attnscale.headcheck.thresholds import THRESHOLDS, frozen_by_threshold
     from attnscale.report.held_out import corpus_of, sequences
 
-    got = [t for t in runs.dynamics if t.width == course.COURSE_WIDTH and t.scale == "none"
+    got = [t for t in runs.dynamics if t.head_dim == course.COURSE_WIDTH and t.scale == "none"
            and (t.path / "model.safetensors").is_file()]
     if not got:
         return []

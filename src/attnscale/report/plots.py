@@ -75,10 +75,10 @@ def _save(fig, path: Path, rect=(0, 0, 1, 1)) -> Path:
     return path
 
 
-def _log2_widths(ax, widths: Sequence[int]) -> None:
+def _log2_head_dims(ax, head_dims: Sequence[int]) -> None:
     ax.set_xscale("log", base=2)
-    ax.set_xticks(list(widths))
-    ax.set_xticklabels([str(w) for w in widths])
+    ax.set_xticks(list(head_dims))
+    ax.set_xticklabels([str(w) for w in head_dims])
     ax.minorticks_off()
 
 
@@ -96,17 +96,17 @@ def spread_plot(rows: list[dict], path: Path) -> Path:
     """Raw and scaled spread of q·k against width, log–log, with the √d line."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    raw = sorted({int(r["width"]): float(r["raw_spread"]) for r in rows}.items())
-    widths = [w for w, _ in raw]
-    fine = [2 ** (k / 8) for k in range(int(8 * math.log2(min(widths))) - 4, int(8 * math.log2(max(widths))) + 5)]
+    raw = sorted({int(r["head_dim"]): float(r["raw_spread"]) for r in rows}.items())
+    head_dims = [w for w, _ in raw]
+    fine = [2 ** (k / 8) for k in range(int(8 * math.log2(min(head_dims))) - 4, int(8 * math.log2(max(head_dims))) + 5)]
     ax.plot(fine, [math.sqrt(w) for w in fine], color="#888888", lw=1, ls="--", label="√d")
     ax.axhline(1.0, color="#888888", lw=0.8, ls=":")
-    ax.plot(widths, [v for _, v in raw], "o-", color=scheme_colour("none"), label="raw q·k (no scale)")
+    ax.plot(head_dims, [v for _, v in raw], "o-", color=scheme_colour("none"), label="raw q·k (no scale)")
     for scale in sorted({r["scale"] for r in rows if r.get("scale") != "none"}):
-        pts = sorted((int(r["width"]), float(r["scaled_spread"])) for r in rows if r.get("scale") == scale)
+        pts = sorted((int(r["head_dim"]), float(r["scaled_spread"])) for r in rows if r.get("scale") == scale)
         ax.plot([w for w, _ in pts], [v for _, v in pts], "s-", color=scheme_colour(scale), label=f"scaled ({_name(scale)})")
     _plain_log_y(ax, [0.5, 1, 2, 4, 8, 16, 32, 64, 128, 256])
-    _log2_widths(ax, widths)
+    _log2_head_dims(ax, head_dims)
     ax.set_xlabel("width d (entries of q and k)")
     ax.set_ylabel("spread (std of scores)")
     ax.set_title(f"Spread of scores over {rows[0].get('pairs', 0):,} random pairs")
@@ -118,9 +118,9 @@ def spread_plot(rows: list[dict], path: Path) -> Path:
 def fresh_plot(rows_list: list[dict], path: Path) -> Path:
     """Effective words (median, p10–p90 band) and frozen fraction against width, per init and scale."""
     plt = _plt()
-    rows = {(r.get("init", "unit"), int(r["width"]), r["scale"]): r for r in rows_list}
+    rows = {(r.get("init", "unit"), int(r["head_dim"]), r["scale"]): r for r in rows_list}
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.3))
-    widths = sorted({w for _, w, _ in rows})
+    head_dims = sorted({w for _, w, _ in rows})
     styles = {"unit": ("-", "o"), "model": (":", "^")}
     for init in sorted({i for i, _, _ in rows}, key=lambda i: (i != "unit", i)):
         ls, mk = styles.get(init, ("--", "x"))
@@ -140,7 +140,7 @@ def fresh_plot(rows_list: list[dict], path: Path) -> Path:
     ax2.set_ylabel(f"frozen rows, % (max weight > {threshold})")
     ax2.set_ylim(-3, 103)
     for ax in (ax1, ax2):
-        _log2_widths(ax, widths)
+        _log2_head_dims(ax, head_dims)
         ax.set_xlabel("width d")
         ax.grid(alpha=0.3)
     ax1.set_title("A fresh head: how many words a row spreads over")
@@ -259,12 +259,12 @@ def training(runs: list[tuple[str, str, list[dict]]], path: Path, title: str,
     return _save(fig, path, rect=(0, 0.035 * rows + 0.01, 1, 1))
 
 
-def perplexity_vs_width(cells: dict[tuple[int, str], list[float]], gaps: dict[int, tuple[float, float | None, int]],
+def perplexity_vs_head_dim(cells: dict[tuple[int, str], list[float]], gaps: dict[int, tuple[float, float | None, int]],
                         start: int | None, path: Path) -> Path:
     """Held-out perplexity against width per scheme (mean, min–max of seeds), and the gap."""
     plt = _plt()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.3))
-    widths = sorted({w for w, _ in cells})
+    head_dims = sorted({w for w, _ in cells})
     seeds = max((len(v) for v in cells.values()), default=0)
     for scale in sorted({s for _, s in cells}):
         pts = sorted((w, v) for (w, s), v in cells.items() if s == scale and v)
@@ -291,8 +291,8 @@ def perplexity_vs_width(cells: dict[tuple[int, str], list[float]], gaps: dict[in
     ax2.set_ylabel("perplexity gap (points)")
     ax2.set_title("What the scale is worth")
     for ax in (ax1, ax2):
-        if widths:
-            _log2_widths(ax, widths)
+        if head_dims:
+            _log2_head_dims(ax, head_dims)
         ax.set_xlabel("width d")
         ax.grid(alpha=0.3)
     return _save(fig, path)
@@ -343,22 +343,22 @@ def loss_vs_lr(curves: dict[int, dict[str, list[dict]]], path: Path) -> Path:
     a band of ± 1 SE over seeds; a cross marks a learning rate where some seed diverged.
     ``curves[width][scheme]`` = [{"lr", "mean", "se", "diverged"}] (``schemes_analysis.loss_curve``)."""
     plt = _plt()
-    widths = sorted(curves)
-    most = max(len(curves[w]) for w in widths)
+    head_dims = sorted(curves)
+    most = max(len(curves[w]) for w in head_dims)
     cols = min(3, most)
-    per_width = math.ceil(most / cols)
-    fig, axes = plt.subplots(per_width * len(widths), cols, figsize=(3.7 * cols + 0.6, 2.9 * per_width * len(widths) + 0.7),
+    per_head_dim = math.ceil(most / cols)
+    fig, axes = plt.subplots(per_head_dim * len(head_dims), cols, figsize=(3.7 * cols + 0.6, 2.9 * per_head_dim * len(head_dims) + 0.7),
                              sharey=True, squeeze=False)
 
     def points(pts):
         ok = [p for p in pts if p["mean"] is not None]
         return [p["lr"] for p in ok], [p["mean"] for p in ok], [p["se"] or 0.0 for p in ok]
 
-    for k, width in enumerate(widths):
-        lrs = sorted({c["lr"] for pts in curves[width].values() for c in pts})
-        cells = [ax for row in axes[k * per_width:(k + 1) * per_width] for ax in row]
-        for ax, (scale, pts) in zip(cells, curves[width].items()):
-            for other, their in curves[width].items():  # the others, faint: where this one sits among them
+    for k, head_dim in enumerate(head_dims):
+        lrs = sorted({c["lr"] for pts in curves[head_dim].values() for c in pts})
+        cells = [ax for row in axes[k * per_head_dim:(k + 1) * per_head_dim] for ax in row]
+        for ax, (scale, pts) in zip(cells, curves[head_dim].items()):
+            for other, their in curves[head_dim].items():  # the others, faint: where this one sits among them
                 if other != scale:
                     xs, ys, _ = points(their)
                     ax.plot(xs, ys, "-", color="#bbbbbb", lw=1)
@@ -371,9 +371,9 @@ def loss_vs_lr(curves: dict[int, dict[str, list[dict]]], path: Path) -> Path:
                 top = max(ys) if ys else 0.0
                 ax.plot(bad, [top] * len(bad), "x", color=c, ms=9, mew=2)
             _log_lrs(ax, lrs)
-            ax.set_title(f"{_name(scale)}, d = {width}", color=c, fontsize=10)
+            ax.set_title(f"{_name(scale)}, d = {head_dim}", color=c, fontsize=10)
             ax.grid(alpha=0.3)
-        for ax in cells[len(curves[width]):]:
+        for ax in cells[len(curves[head_dim]):]:
             ax.set_visible(False)
     for ax in axes[-1]:
         ax.set_xlabel("peak learning rate")
@@ -384,18 +384,18 @@ def loss_vs_lr(curves: dict[int, dict[str, list[dict]]], path: Path) -> Path:
     return _save(fig, path)
 
 
-def sensitivity_vs_width(points: dict[str, list[tuple[int, float, float | None]]], path: Path) -> Path:
+def sensitivity_vs_head_dim(points: dict[str, list[tuple[int, float, float | None]]], path: Path) -> Path:
     """Learning-rate sensitivity against head width, per scheme: ``points[scheme]`` = [(width, mean, SE or None)]."""
     plt = _plt()
     fig, ax = plt.subplots(figsize=(8.6, 4.3))
-    widths = sorted({w for pts in points.values() for w, _, _ in pts})
+    head_dims = sorted({w for pts in points.values() for w, _, _ in pts})
     n = max(1, len(points))
     for k, (scale, pts) in enumerate(points.items()):
         pts = sorted(pts)
         nudge = 2 ** (0.04 * (k - (n - 1) / 2))  # side by side, so error bars do not hide each other
         ax.errorbar([w * nudge for w, _, _ in pts], [m for _, m, _ in pts], yerr=[e or 0.0 for _, _, e in pts],
                     marker="o", capsize=3, color=scheme_colour(scale), label=_name(scale))
-    _log2_widths(ax, widths)
+    _log2_head_dims(ax, head_dims)
     ax.set_xlabel("head width d")
     ax.set_ylabel("LR sensitivity (nats); bars ± 1 SE")
     ax.set_title("How much a bad learning rate costs, by width")
@@ -465,7 +465,7 @@ def random_score_overlay(theory: dict[str, Any], path: Path) -> Path:
         for scale, pts in theory["trained"].items():
             schemes[scale] = None
             ax2.scatter([p[0] for p in pts], [p[1] for p in pts], s=6, alpha=0.35, color=scheme_colour(scale))
-        ax2.set_title(f"Trained heads, every recorded step (d = {theory['width']}, lr {theory['lr']:g},\ncausal, "
+        ax2.set_title(f"Trained heads, every recorded step (d = {theory['head_dim']}, lr {theory['lr']:g},\ncausal, "
                       f"{context} keys), mean row, at the head's pooled spread", fontsize=10)
         for scale, pts in theory["steps"].items():
             schemes[scale] = None

@@ -136,9 +136,9 @@ def summary_rows(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     ``run_measures``}: the sensitivity and, at the grid's lowest, middle and highest LR,
     the max |logit| (mean over seeds); the lowest effective words and collapsed heads over all its runs."""
     rows = []
-    keys = sorted({(r["scale"], r["width"]) for r in runs}, key=lambda k: (k[1], k[0]))
-    for scale, width in keys:
-        mine = [r for r in runs if r["scale"] == scale and r["width"] == width]
+    keys = sorted({(r["scale"], r["head_dim"]) for r in runs}, key=lambda k: (k[1], k[0]))
+    for scale, head_dim in keys:
+        mine = [r for r in runs if r["scale"] == scale and r["head_dim"] == head_dim]
         sens = sensitivity({(r["lr"], r["seed"]): (r["final_loss"], r["init_loss"]) for r in mine})
         lrs = sens["lrs"]
 
@@ -148,7 +148,7 @@ def summary_rows(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
 
         lows = [r["min_effective_words"] for r in mine if r.get("min_effective_words") is not None]
         rows.append({
-            "scale": scale, "width": width, **{k: v for k, v in sens.items() if k != "per_seed"},
+            "scale": scale, "head_dim": head_dim, **{k: v for k, v in sens.items() if k != "per_seed"},
             "sensitivity_by_seed": {p["seed"]: p["sensitivity"] for p in sens["per_seed"]},
             "max_logit_low_lr": logit_at(lrs[0]), "max_logit_mid_lr": logit_at(lrs[len(lrs) // 2]),
             "max_logit_high_lr": logit_at(lrs[-1]),
@@ -160,28 +160,28 @@ def summary_rows(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def pairwise(rows: Sequence[Mapping[str, Any]], width: int) -> list[dict[str, Any]]:
-    """Every pair of schemes at ``width`` compared on sensitivity, paired by seed (``intervals.paired``:
+def pairwise(rows: Sequence[Mapping[str, Any]], head_dim: int) -> list[dict[str, Any]]:
+    """Every pair of schemes at ``head_dim`` compared on sensitivity, paired by seed (``intervals.paired``:
     the mean of the per-seed differences a − b, its SE, two-sided t test with n − 1 degrees of freedom),
     with Holm's adjusted p-value over all the pairs of the width (``intervals.holm``).
     Returns [{"a", "b", "diff", "se", "n", "p", "p_holm", "interval"}] in the rows' order."""
-    mine = [r for r in rows if r["width"] == width and r.get("sensitivity_by_seed")]
+    mine = [r for r in rows if r["head_dim"] == head_dim and r.get("sensitivity_by_seed")]
     pairs = [(a, b) for i, a in enumerate(mine) for b in mine[i + 1:]]
     tests = intervals.paired_holm([(a["sensitivity_by_seed"], b["sensitivity_by_seed"]) for a, b in pairs])
     return [{"a": a["scale"], "b": b["scale"], **t} for (a, b), t in zip(pairs, tests)]
 
 
-def _ranking(rows, width: int, wide, seeds: int, lrs, fmt) -> str:
-    """The sentence on who is least sensitive at ``width``: a ranking only where paired-by-seed
+def _ranking(rows, head_dim: int, wide, seeds: int, lrs, fmt) -> str:
+    """The sentence on who is least sensitive at ``head_dim``: a ranking only where paired-by-seed
     differences survive Holm's correction with enough seeds; each scheme's best loss beside its
     sensitivity (a scheme that never learns well looks insensitive)."""
     each = "; ".join(f"{r['scale']} {fmt(r)} (best loss {fmt(r, 'best_loss')})" for r in wide)
-    head = (f"At head width {width}, across learning rates {lrs[0]:g} to {lrs[-1]:g}, the sensitivity "
+    head = (f"At head width {head_dim}, across learning rates {lrs[0]:g} to {lrs[-1]:g}, the sensitivity "
             f"(nats above the best loss on average) and best loss of each scheme: {each}.")
     if seeds < MIN_SEEDS:
         return (head + f" With {seeds} seed{'s' if seeds != 1 else ''} no ranking is read from these (a ranking "
                 f"needs {MIN_SEEDS} or more seeds: paired differences over 2 seeds have 1 degree of freedom).")
-    tests = pairwise(rows, width)
+    tests = pairwise(rows, head_dim)
     held = [t for t in tests if t["p_holm"] is not None and t["p_holm"] < ALPHA]
     lo = wide[0]
     beats_all = [t for t in held if lo["scale"] in (t["a"], t["b"])]
@@ -212,12 +212,12 @@ def plateau_ends(rows: Sequence[Mapping[str, Any]], curves: Mapping[tuple[str, i
     ``loss_curve``'s output."""
     out = []
     for r in rows:
-        curve = [c for c in curves.get((r["scale"], r["width"]), []) if c["mean"] is not None]
+        curve = [c for c in curves.get((r["scale"], r["head_dim"]), []) if c["mean"] is not None]
         if not curve:
             continue
         for end, c in (("lowest", curve[0]), ("highest", curve[-1])):
             if c["mean"] >= unigram - margin:
-                out.append((r["scale"], r["width"], end, c["mean"]))
+                out.append((r["scale"], r["head_dim"], end, c["mean"]))
     return out
 
 
@@ -231,8 +231,8 @@ def reading(rows: Sequence[Mapping[str, Any]], collapse_words: float = COLLAPSE_
     if not rows:
         return ["No scheme has a complete learning-rate grid yet, so no sensitivity can be read."]
     out = []
-    widths = sorted({r["width"] for r in rows})
-    wide = sorted((r for r in rows if r["width"] == widths[-1]), key=lambda r: r["sensitivity"])
+    head_dims = sorted({r["head_dim"] for r in rows})
+    wide = sorted((r for r in rows if r["head_dim"] == head_dims[-1]), key=lambda r: r["sensitivity"])
     seeds = min(r["seeds"] for r in rows)
 
     def fmt(r, key="sensitivity"):
@@ -243,7 +243,7 @@ def reading(rows: Sequence[Mapping[str, Any]], collapse_words: float = COLLAPSE_
     if unigram is not None:
         best = min(r["best_loss"] for r in wide)
         out.append(f"A unigram model (token frequencies alone) scores {unigram:.3f} nats on the held-out split; "
-                   f"the best final loss at width {widths[-1]} is {unigram - best:.3f} nats below it.")
+                   f"the best final loss at width {head_dims[-1]} is {unigram - best:.3f} nats below it.")
     if plateau:
         out.append(f"At the unigram plateau (final loss within {PLATEAU_NATS:g} nats of the unigram model's, or "
                    "above): " + "; ".join(f"{s} at width {w}, {end} learning rate ({loss:.3f})"
@@ -251,21 +251,21 @@ def reading(rows: Sequence[Mapping[str, Any]], collapse_words: float = COLLAPSE_
                    + ". There the loss measures under-training or a run knocked back to token frequencies, not "
                      "a scheme's stability, so the sensitivities below are not read as a ranking.")
         each = "; ".join(f"{r['scale']} {fmt(r)} (best loss {fmt(r, 'best_loss')})" for r in wide)
-        out.append(f"At head width {widths[-1]}, across learning rates {lrs[0]:g} to {lrs[-1]:g}, the sensitivity "
+        out.append(f"At head width {head_dims[-1]}, across learning rates {lrs[0]:g} to {lrs[-1]:g}, the sensitivity "
                    f"and best loss of each scheme: {each}.")
     else:
-        out.append(_ranking(rows, widths[-1], wide, seeds, lrs, fmt))
-    if len(widths) > 1:
+        out.append(_ranking(rows, head_dims[-1], wide, seeds, lrs, fmt))
+    if len(head_dims) > 1:
         moves = []
         for scale in sorted({r["scale"] for r in rows}):
-            by_w = {r["width"]: r for r in rows if r["scale"] == scale}
-            if widths[0] in by_w and widths[-1] in by_w:
-                a, b = by_w[widths[0]], by_w[widths[-1]]
+            by_w = {r["head_dim"]: r for r in rows if r["scale"] == scale}
+            if head_dims[0] in by_w and head_dims[-1] in by_w:
+                a, b = by_w[head_dims[0]], by_w[head_dims[-1]]
                 moves.append((b["sensitivity"] - a["sensitivity"], scale, a, b))
         moves.sort(key=lambda m: m[0])
         if moves:
             (d_lo, s_lo, a_lo, b_lo), (d_hi, s_hi, a_hi, b_hi) = moves[0][:4], moves[-1][:4]
-            span = f"From width {widths[0]} to {widths[-1]}, the sensitivity"
+            span = f"From width {head_dims[0]} to {head_dims[-1]}, the sensitivity"
             if d_lo >= 0:
                 out.append(f"{span} rises for every scheme: most for {s_hi} ({fmt(a_hi)} to {fmt(b_hi)}), "
                            f"least for {s_lo} ({d_lo:+.3f}).")
@@ -275,25 +275,25 @@ def reading(rows: Sequence[Mapping[str, Any]], collapse_words: float = COLLAPSE_
             else:
                 out.append(f"{span} rises most for {s_hi} ({fmt(a_hi)} to {fmt(b_hi)}) and falls most for "
                            f"{s_lo} ({fmt(a_lo)} to {fmt(b_lo)}).")
-    best = min(rows, key=lambda r: r["best_loss"] if r["width"] == widths[-1] else math.inf)
-    out.append(f"The best final loss at width {widths[-1]} is {best['scale']}'s, {fmt(best, 'best_loss')} nats "
+    best = min(rows, key=lambda r: r["best_loss"] if r["head_dim"] == head_dims[-1] else math.inf)
+    out.append(f"The best final loss at width {head_dims[-1]} is {best['scale']}'s, {fmt(best, 'best_loss')} nats "
                f"(at learning rate {best['best_lr']:g}).")
     div = [r for r in rows if r["diverged"]]
     if div:
         out.append("Runs diverged (counted at their loss at init): " + "; ".join(
-            f"{r['scale']} at width {r['width']}: {r['diverged']} of {r['runs']}" for r in div) + ".")
+            f"{r['scale']} at width {r['head_dim']}: {r['diverged']} of {r['runs']}" for r in div) + ".")
     else:
         out.append(f"No run diverged in {sum(r['runs'] for r in rows)}.")
-    logit = [r for r in rows if r["width"] == widths[-1] and r["max_logit_high_lr"][0] is not None]
+    logit = [r for r in rows if r["head_dim"] == head_dims[-1] and r["max_logit_high_lr"][0] is not None]
     if logit:
         big, small = max(logit, key=lambda r: r["max_logit_high_lr"][0]), min(logit, key=lambda r: r["max_logit_high_lr"][0])
         out.append(f"Attention logits grow most under {big['scale']}: at learning rate {lrs[-1]:g} and width "
-                   f"{widths[-1]} the largest |scaled score| reached {big['max_logit_high_lr'][0]:,.1f}, against "
+                   f"{head_dims[-1]} the largest |scaled score| reached {big['max_logit_high_lr'][0]:,.1f}, against "
                    f"{small['max_logit_high_lr'][0]:,.1f} under {small['scale']}.")
     col = [r for r in rows if r["collapsed_heads"]]
     if col:
         out.append(f"Heads collapsed (fewer than {collapse_words:g} effective words at some recorded step): " + "; ".join(
-            f"{r['scale']} at width {r['width']}: {r['collapsed_heads']} of {r['heads']} head-runs" for r in col) + ".")
+            f"{r['scale']} at width {r['head_dim']}: {r['collapsed_heads']} of {r['heads']} head-runs" for r in col) + ".")
     else:
         out.append(f"No head fell below {collapse_words:g} effective words in any run.")
     return out
@@ -311,7 +311,7 @@ def run_row(t: Any) -> dict[str, Any]:
     init = measures["init_loss"] if measures["init_loss"] is not None else (math.log(vocab) if vocab else None)
     final = t.results.valid_loss if t.status == "done" else None
     return {
-        "run": t.run_id, "scale": t.scale, "width": t.width, "seed": t.seed, "lr": t.lr,
+        "run": t.run_id, "scale": t.scale, "head_dim": t.head_dim, "seed": t.seed, "lr": t.lr,
         "status": t.status, "final_loss": final, "diverged_at": t.diverged_at,
         "context": t.model.get("context"), **measures, "init_loss": init,
     }

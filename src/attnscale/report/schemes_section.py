@@ -25,7 +25,7 @@ TITLE = "Beyond the course: which scale?"
 def _table(summary: list[dict[str, Any]]) -> Table:
     head = ["width d", "scheme", "LR sensitivity ± SE", "best loss ± SE", "best lr", "diverged",
             "max |logit|, lowest lr", "max |logit|, highest lr", "lowest eff. words", "collapsed head-runs", "seeds"]
-    rows = [[r["width"], display_name(r["scale"]), plus_minus(r["sensitivity"], r["sensitivity_se"]),
+    rows = [[r["head_dim"], display_name(r["scale"]), plus_minus(r["sensitivity"], r["sensitivity_se"]),
              plus_minus(r["best_loss"], r["best_loss_se"]),
              "—" if r["best_lr"] is None else f"{r['best_lr']:g}",
              f"{r['diverged']} of {r['runs']}" + (f" (steps {', '.join(map(str, r['diverged_at']))})" if r["diverged_at"] else ""),
@@ -46,21 +46,21 @@ def _in_registry_order(scales) -> list[str]:
 
 def _curves(rows: list[dict[str, Any]]) -> dict[int, dict[str, list[dict[str, Any]]]]:
     out: dict[int, dict[str, list[dict[str, Any]]]] = {}
-    for width in sorted({r["width"] for r in rows}):
-        for scale in _in_registry_order(r["scale"] for r in rows if r["width"] == width):
-            mine = [r for r in rows if r["width"] == width and r["scale"] == scale]
-            out.setdefault(width, {})[scale] = sa.loss_curve({(r["lr"], r["seed"]): (r["final_loss"], r["init_loss"])
+    for head_dim in sorted({r["head_dim"] for r in rows}):
+        for scale in _in_registry_order(r["scale"] for r in rows if r["head_dim"] == head_dim):
+            mine = [r for r in rows if r["head_dim"] == head_dim and r["scale"] == scale]
+            out.setdefault(head_dim, {})[scale] = sa.loss_curve({(r["lr"], r["seed"]): (r["final_loss"], r["init_loss"])
                                                               for r in mine})
     return out
 
 
-def _logit_series(rows: list[dict[str, Any]], width: int, lr: float) -> dict[str, list[tuple[int, float]]]:
-    """Per scheme at ``width`` and ``lr``: (step, max over layers and heads of |logit|), the seeds' mean per step."""
+def _logit_series(rows: list[dict[str, Any]], head_dim: int, lr: float) -> dict[str, list[tuple[int, float]]]:
+    """Per scheme at ``head_dim`` and ``lr``: (step, max over layers and heads of |logit|), the seeds' mean per step."""
     out = {}
     for scale in _in_registry_order(r["scale"] for r in rows):
         by_step: dict[int, list[float]] = {}
         for r in rows:
-            if r["scale"] == scale and r["width"] == width and r["lr"] == lr:
+            if r["scale"] == scale and r["head_dim"] == head_dim and r["lr"] == lr:
                 for step, v in r["max_logit_steps"]:
                     by_step.setdefault(step, []).append(v)
         if by_step:
@@ -82,14 +82,14 @@ def _theory_points(runs, study, rows) -> dict[str, Any]:
     factor = {"none": lambda d: 1.0, "inv_sqrt_d": lambda d: d ** -0.5, "inv_d": lambda d: 1.0 / d}
     fresh_pts = [(s, math.sqrt(w) * factor[s](w), r["effective_words_median"], r.get("words", 64))
                  for (init, w, s), r in runs.fresh_rows.items() if init == "unit" and s in factor]
-    widths = sorted({r["width"] for r in rows})
+    head_dims = sorted({r["head_dim"] for r in rows})
     lrs = sorted({r["lr"] for r in rows})
     mid = lrs[len(lrs) // 2]
     trained: dict[str, list[tuple[float, float, int]]] = {}
     steps: dict[str, list[tuple[int, float, float, float]]] = {}
     context = next((r["context"] for r in rows if r.get("context")), None)
     for t in study:
-        if t.width != widths[-1] or t.lr != mid:
+        if t.head_dim != head_dims[-1] or t.lr != mid:
             continue
         for line in t.recorded:
             pairs = [(sp, ew) for layer in line["layers"] for sp, ew in zip(layer["spread"], layer["effective_words"])
@@ -101,7 +101,7 @@ def _theory_points(runs, study, rows) -> dict[str, Any]:
                 predicted = np.atleast_1d(expected_effective_words([p[0] for p in pairs], context, causal=True))
                 steps.setdefault(t.scale, []).append((line["step"], sum(p[0] for p in pairs) / len(pairs),
                                                       sum(p[1] for p in pairs) / len(pairs), float(predicted.mean())))
-    return {"fresh": fresh_pts, "trained": trained, "steps": steps, "width": widths[-1], "lr": mid, "context": context}
+    return {"fresh": fresh_pts, "trained": trained, "steps": steps, "head_dim": head_dims[-1], "lr": mid, "context": context}
 
 
 def unigram(study) -> float | None:
@@ -154,12 +154,12 @@ def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[Block]:
     sens: dict[str, list] = {s: [] for s in _in_registry_order(r["scale"] for r in summary)}
     for r in summary:
         if r["sensitivity"] is not None:
-            sens.setdefault(r["scale"], []).append((r["width"], r["sensitivity"], r["sensitivity_se"]))
+            sens.setdefault(r["scale"], []).append((r["head_dim"], r["sensitivity"], r["sensitivity_se"]))
     sens = {s: pts for s, pts in sens.items() if pts}
     if sens:
-        pngs["schemes-sensitivity"] = plots.sensitivity_vs_width(sens, out / "schemes-sensitivity.png")
+        pngs["schemes-sensitivity"] = plots.sensitivity_vs_head_dim(sens, out / "schemes-sensitivity.png")
         b.append(Image("schemes-sensitivity.png", "Learning-rate sensitivity against head width, per scheme, ± 1 SE"))
-    widest = max(r["width"] for r in finished)
+    widest = max(r["head_dim"] for r in finished)
     lrs = sorted({r["lr"] for r in finished})
     panels = {f"lr {lr:g}": _logit_series(finished, widest, lr) for lr in dict.fromkeys((lrs[len(lrs) // 2], lrs[-1]))}
     if any(panels.values()):

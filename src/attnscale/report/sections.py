@@ -127,7 +127,7 @@ def _budgets(runs) -> Table:
     for name in sorted(stages, key=lambda s: (order.index(s) if s in order else len(order), s)):
         b = budget(stages[name])
         rows.append([name, b["runs"], span_text(b["steps"]), span_text(b["context"]), span_text(b["batch"]),
-                     len(b["seeds"]), span_text(b["widths"]), span_text([lr_text(x) for x in b["lrs"]], "{}")])
+                     len(b["seeds"]), span_text(b["head_dims"]), span_text([lr_text(x) for x in b["lrs"]], "{}")])
     return Table(["stage", "runs", "steps a run", "context", "batch", "seeds", "widths", "learning rate"], rows)
 
 
@@ -214,9 +214,9 @@ def _spread(runs, verdicts, out: Path, pngs: dict) -> list[Block]:
     pngs["spread"] = plots.spread_plot(runs.spread_rows, out / "spread.png")
     b.append(Image("spread.png", "Spread of raw and scaled scores against width, log–log, with the √d line"))
     b.append(Table(["width d", "scale", "raw spread", "SE", "√d", "factor", "scaled spread"],
-              [[r["width"], display_name(r["scale"]), _f(r["raw_spread"], "{:.3f}"), _f(course.spread_se(r), "{:.3f}"),
+              [[r["head_dim"], display_name(r["scale"]), _f(r["raw_spread"], "{:.3f}"), _f(course.spread_se(r), "{:.3f}"),
                 _f(r["sqrt_d"], "{:.3f}"), _f(r["factor"], "{:.5f}"), _f(r["scaled_spread"], "{:.3f}")]
-               for r in sorted(runs.spread_rows, key=lambda r: (r["width"], r["scale"]))]))
+               for r in sorted(runs.spread_rows, key=lambda r: (r["head_dim"], r["scale"]))]))
     return b
 
 
@@ -258,7 +258,7 @@ def _dyn_row(runs, t) -> list:
         if t.line("first") is None:
             return "—"
         return f"{fmt.format(t.diag_mean('first', key))} → {fmt.format(t.diag_mean('last', key))}"
-    return [t.path.relative_to(runs.root).as_posix(), t.width, display_name(t.scale), t.seed, t.status, t.steps_done,
+    return [t.path.relative_to(runs.root).as_posix(), t.head_dim, display_name(t.scale), t.seed, t.status, t.steps_done,
             fl("spread", "{:,.1f}"), fl("frozen_fraction", "{:.1%}"), fl("effective_words", "{:.1f}"),
             _f(t.perplexity, "{:.2f}")]
 
@@ -275,9 +275,9 @@ def _dynamics(runs, verdicts, out: Path, pngs: dict) -> list[Block]:
     from attnscale.report import plots
 
     b = opening(*_OPENINGS["dynamics"]) + [_verdict_table(verdicts)]
-    for w in sorted({t.width for t in runs.dynamics}):
+    for w in sorted({t.head_dim for t in runs.dynamics}):
         series = [(f"{display_name(t.scale)}, seed {t.seed}", t.scale, t.recorded) for t in runs.dynamics
-                  if t.width == w and t.recorded]
+                  if t.head_dim == w and t.recorded]
         if series:
             name = f"dynamics-d{w}.png"
             pngs[f"dynamics-d{w}"] = plots.training(series, out / name, f"Training at head width d={w}",
@@ -299,13 +299,13 @@ def _sweep(runs, verdicts, out: Path, pngs: dict) -> list[Block]:
     cells: dict[tuple[int, str], list[float]] = {}
     for t in runs.sweep:
         if t.perplexity is not None:
-            cells.setdefault((t.width, t.scale), []).append(float(t.perplexity))
-    gaps, start = course.gap_by_width(runs), course.gap_start(runs)
+            cells.setdefault((t.head_dim, t.scale), []).append(float(t.perplexity))
+    gaps, start = course.gap_by_head_dim(runs), course.gap_start(runs)
     if cells:
-        pngs["sweep"] = plots.perplexity_vs_width(cells, gaps, start, out / "sweep.png")
+        pngs["sweep"] = plots.perplexity_vs_head_dim(cells, gaps, start, out / "sweep.png")
         b.append(Image("sweep.png", "Held-out perplexity and the gap against width"))
     scales = sorted({s for _, s in cells})
-    shares = analysis.share_by_width(analysis.gap_table(course.sweep_rows(runs), reference=course.SCALED))
+    shares = analysis.share_by_head_dim(analysis.gap_table(course.sweep_rows(runs), reference=course.SCALED))
     rows = []
     for w in sorted({w for w, _ in cells}):
         ppl = [analysis.mean_se(cells.get((w, s), [])) for s in scales]

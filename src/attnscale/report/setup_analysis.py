@@ -54,7 +54,7 @@ def run_row(t: Any) -> dict[str, Any]:
     layers beside it (their mean, and per layer at the end)."""
     axis = t.group[len(GROUP_PREFIX):]
     row = {"run": t.run_id, "axis": axis, "value": None if axis == "base" else value_of(axis, t.model, t.train),
-           "scale": t.scale, "seed": t.seed, "width": t.width, "status": t.status, "steps_done": t.steps_done,
+           "scale": t.scale, "seed": t.seed, "head_dim": t.head_dim, "status": t.status, "steps_done": t.steps_done,
            "perplexity": t.perplexity, "settings": {a: value_of(a, t.model, t.train) for a in AXES}}  # every axis
     has = t.line("first") is not None
     for key in ("spread", "frozen_fraction", "effective_words"):
@@ -87,8 +87,8 @@ def summary_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """One row per setup and scale: seeds, runs done and diverged, and mean ± SE over the finished
     seeds of the end of training. ``rows`` are one study's: a ValueError where they mix widths or
     two runs claim one setup, scale and seed (two studies in one list)."""
-    if len({r["width"] for r in rows}) > 1:
-        raise ValueError(f"setup-study rows of several widths ({sorted({r['width'] for r in rows})}); "
+    if len({r["head_dim"] for r in rows}) > 1:
+        raise ValueError(f"setup-study rows of several widths ({sorted({r['head_dim'] for r in rows})}); "
                          "summarise one study at a time")
     seen = [(_key(r), r["scale"], r["seed"]) for r in rows]
     if len(set(seen)) != len(seen):
@@ -101,7 +101,7 @@ def summary_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
                 continue
             done = [r for r in mine if r["status"] == "done"]
             s: dict[str, Any] = {"axis": setup[0], "value": setup[1], "scale": scale, "seeds": len(mine),
-                                 "done": len(done), "width": mine[0]["width"],
+                                 "done": len(done), "head_dim": mine[0]["head_dim"],
                                  "diverged": [(r["seed"], r["steps_done"]) for r in mine if r["status"] == "diverged"],
                                  "steps": max((r["steps_done"] or 0) for r in mine),
                                  "settings": mine[0]["settings"]}
@@ -232,10 +232,10 @@ def explain(key: str, summary: Sequence[Mapping[str, Any]], judged: Mapping[str,
     where = [f"{setup_name(s)}: {value_text(summary, s, key)}" for s in c["size"]]
     base = next((s for s in c["setups"] if s[0] == "base"), None)
     seeds = max((r["seeds"] for r in summary), default=0)
-    width = summary[0]["width"] if summary else "?"
+    head_dim = summary[0]["head_dim"] if summary else "?"
     undecided = [f", {len(c[f'{part}_undecided'])} undecided" if c.get(f"{part}_undecided") else ""
                  for part in ("size", "direction")]
-    text = (f"setup study (d={width:,}, {n} setups, {seeds} seed{'s' if seeds != 1 else ''}): the size "
+    text = (f"setup study (d={head_dim:,}, {n} setups, {seeds} seed{'s' if seeds != 1 else ''}): the size "
             f"({CLAIM_WORDS[key][1]}) holds in {len(c['size'])} of {n}" + (f" ({'; '.join(where)})" if where else "")
             + undecided[0] + f", the direction ({CLAIM_WORDS[key][0]}) in {len(c['direction'])} of "
             f"{len(c['direction_setups'])}" + undecided[1])

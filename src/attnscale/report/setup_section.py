@@ -33,7 +33,7 @@ def studies(runs) -> dict[tuple[str, int], list]:
     """The study runs by (folder, width): one study each."""
     out: dict[tuple[str, int], list] = {}
     for t in study_runs(runs):
-        out.setdefault((t.path.parent.relative_to(runs.root).as_posix() or ".", t.width), []).append(t)
+        out.setdefault((t.path.parent.relative_to(runs.root).as_posix() or ".", t.head_dim), []).append(t)
     return out
 
 
@@ -135,31 +135,32 @@ def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[Block]:
         "The course's end of training at width 1,024 (spread over 5,000 and 99.9% of rows frozen without the "
         "scale; around 3.4 with it; 17–18 points of perplexity) depends on how the model is trained. The setup "
         "study (`attnscale study`, run on its own; `reproduce --full` prints the command) trains a base setup and "
-        "the same with one setting changed at a time, with and without the scale, over seeds. End of training: "
+        "the same with one setting changed at a time (or several together, `--combine`), with and without the scale, "
+        "over seeds. End of training: "
         "layer 0 (mean over its heads) at the last recorded step, as the claims above read it, of the runs that "
         "finished, ± SE over seeds; max layer: the largest layer's spread. A claim's direction holds where "
         "training moves the measure the course's way; its size, where the course's figure is reached (the "
         "tolerances of the claims above); each on the 95% t interval over seeds, and undecided where that "
         "interval covers both answers."))
-    for (folder, width), study in found.items():
-        b += _one(folder, width, study, len(found) > 1, out, pngs)
+    for (folder, head_dim), study in found.items():
+        b += _one(folder, head_dim, study, len(found) > 1, out, pngs)
     return b
 
 
-def _one(folder: str, width: int, study: list, several: bool, out: Path, pngs: dict[str, Path]) -> list[Block]:
+def _one(folder: str, head_dim: int, study: list, several: bool, out: Path, pngs: dict[str, Path]) -> list[Block]:
     from attnscale.report import plots
 
     b: list[Block] = []
     base = next((t for t in study if t.group == axes.GROUP_PREFIX + "base"), None)
     if several:
-        b.append(Heading(3, f"The study in {folder}, d={width:,}"))
+        b.append(Heading(3, f"The study in {folder}, d={head_dim:,}"))
     if base is None:
         b.append(Para(f"Its base runs are not in the records, so the setups below have nothing to compare with "
                        f"({folder})."))
     else:
         settings = ", ".join(f"{axes.AXIS_NAMES[a]} {axes.label(a, axes.value_of(a, base.model, base.train))}"
                              for a in axes.AXES)
-        b.append(Para(f"Width {width:,}; base setup: {settings}" + ("" if folder == "." else f" ({folder}/)") + "."))
+        b.append(Para(f"Width {head_dim:,}; base setup: {settings}" + ("" if folder == "." else f" ({folder}/)") + "."))
     unfinished = [f"{t.run_id}: {t.status}" for t in study if t.status not in ("done", "diverged")]
     if unfinished:
         b.append(Bullets("Study runs not finished (not counted):", unfinished))
@@ -175,7 +176,7 @@ def _one(folder: str, width: int, study: list, several: bool, out: Path, pngs: d
         name = f"study-end-spread-{len(pngs)}" if several else "study-end-spread"
         lines = {"5,000": (course.END_SPREAD, "none"), "3.4": (course.SCALED_SPREAD, course.SCALED)}
         pngs[name] = plots.end_spread_by_setup(panels, lines, out / f"{name}.png",
-                                               f"Spread at the end of training, d={width:,}, by setup")
+                                               f"Spread at the end of training, d={head_dim:,}, by setup")
         b.append(Image(f"{name}.png", "End-of-training spread against each setting, one panel per axis "
                                         "(base marked), without and with the scale, ± 1 SE over seeds"))
     b.append(_table(table))

@@ -7,13 +7,18 @@ A run directory holds
     checkpoint.pt      a training run cut short: what a rerun resumes from
     *.png              optional plots
 
-Schema version 1 (``SCHEMA_VERSION``). Records written before versions existed
-(no "schema" key) have the same fields and read as version 0; a record of a
-newer version than this attnscale knows is refused with a ``RecordError`` that
-names both versions. ``Record.results`` per experiment:
+Schema version 2 (``SCHEMA_VERSION``); a record of a newer version than this
+attnscale knows is refused with a ``RecordError`` that names both versions.
+Older records read as version 2 (``_upgrade``): version 1 named the head width
+three ways, ``head_dim`` in a model config (None for d_model // n_heads), ``d_k``
+in training results and ``width``/``widths`` in the spread and fresh records;
+version 2 calls it ``head_dim`` (``head_dims`` for a list) everywhere, and a
+model config always holds the number. Records written before versions existed
+(no "schema" key) read as version 0, the fields of version 1.
+``Record.results`` per experiment:
 
-- spread: a list of rows {width, scale, factor, pairs, raw_spread, scaled_spread, sqrt_d, raw_spread_se}.
-- fresh: {"rows": [{width, scale, init, words, sequences, effective_words_median, _p10,
+- spread: a list of rows {head_dim, scale, factor, pairs, raw_spread, scaled_spread, sqrt_d, raw_spread_se}.
+- fresh: {"rows": [{head_dim, scale, init, words, sequences, effective_words_median, _p10,
   _p90, _mean, max_weight_mean, frozen_fraction, frozen_threshold, push_median, push_mean,
   example, example_row}], "illustration": {scores, multipliers, weights, effective_words}}.
 - train: a ``TrainResults`` (``lm.train.train`` returns its fields). A metrics line
@@ -47,7 +52,7 @@ __all__ = [
     "new", "write", "read", "find", "read_metrics", "environment",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 RECORD = "record.json"
 METRICS = "metrics.jsonl"
 WEIGHTS = "model.safetensors"
@@ -118,6 +123,8 @@ class Record:
             raise RecordError(f"{where} lacks {', '.join(missing)}: not a run record")
         if not isinstance(data["config"], dict):
             raise RecordError(f"{where}: config is not an object")
+        if version < 2:
+            data = _upgrade(data)
         return cls(
             experiment=str(data["experiment"]),
             status=str(data["status"]),
@@ -131,6 +138,33 @@ class Record:
             notes=tuple(data.get("notes") or ()),
             schema=SCHEMA_VERSION,  # read once, it is a record of this version
         )
+
+
+def _renamed(d: Any, old: str, new: str) -> Any:
+    """``d`` with key ``old`` called ``new`` (``d`` itself where it is not a dict or has no ``old``)."""
+    if not isinstance(d, dict) or old not in d:
+        return d
+    return {(new if k == old else k): v for k, v in d.items()}
+
+
+def _upgrade(data: dict[str, Any]) -> dict[str, Any]:
+    """A record of version 0 or 1 as version 2 reads it: the head width called ``head_dim``
+    (``head_dims`` for a list) where it was ``d_k`` or ``width``/``widths``, a model config's
+    None head_dim resolved to d_model // n_heads. Nothing else changes."""
+    config, results = dict(data["config"]), data.get("results")
+    model = config.get("model")
+    if isinstance(model, dict) and model.get("head_dim", 0) is None and model.get("n_heads"):
+        config["model"] = {**model, "head_dim": int(model["d_model"]) // int(model["n_heads"])}
+    experiment = data.get("experiment")
+    if experiment == "train":
+        results = _renamed(results, "d_k", "head_dim")
+    elif experiment in ("spread", "fresh"):
+        config = _renamed(config, "widths", "head_dims")
+        if experiment == "spread" and isinstance(results, list):
+            results = [_renamed(r, "width", "head_dim") for r in results]
+        elif isinstance(results, dict) and isinstance(results.get("rows"), list):
+            results = {**results, "rows": [_renamed(r, "width", "head_dim") for r in results["rows"]]}
+    return {**data, "config": config, "results": results}
 
 
 # ---- environment, write, read -------------------------------------------------------
@@ -249,7 +283,7 @@ class TrainResults:
     valid_loss: float | None = None
     perplexity: float | None = None
     eval_tokens: int = 0
-    d_k: int | None = None
+    head_dim: int | None = None
     scale: str | None = None
     init: str | None = None
     params: int | None = None
@@ -337,7 +371,7 @@ class TrainRun:
     status = property(lambda self: self.record.status)
 
     @property
-    def width(self) -> int:
+    def head_dim(self) -> int:
         m = self.model
         return int(m.get("head_dim") or m["d_model"] // m["n_heads"])
 
