@@ -182,10 +182,10 @@ class Alerts:
         (``say=False``: neither, but a stop still stops; a rank other than 0 checks so)."""
         values_LMH, rows_LH, measures = stats.values_LMH, stats.rows_LH, tuple(stats.measures)
         # where layers differ in heads the table is as wide as the widest: a head a layer lacks is no alarm
-        widths = getattr(stats, "layer_heads", ()) or (values_LMH.shape[2],) * values_LMH.shape[0]
+        heads = getattr(stats, "layer_heads", ()) or (values_LMH.shape[2],) * values_LMH.shape[0]
         fired = []
         for i, alert in enumerate(self.alerts):
-            for layer, n in enumerate(widths):
+            for layer, n in enumerate(heads):
                 if isinstance(alert, Spike):
                     hits = self._spikes(i, alert, layer, values_LMH[layer, measures.index(alert.measure), :n])
                 else:
