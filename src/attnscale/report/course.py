@@ -40,6 +40,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 from attnscale.report import analysis, intervals, judging
@@ -147,14 +148,12 @@ def _raw_rows(runs: RunsView) -> dict[int, dict]:
     return {int(r["head_dim"]): r for r in runs.spread_rows}
 
 
-def _raw_at(head_dim: int):
-    def judge(runs):
-        row = _raw_rows(runs).get(head_dim)
-        if row is None:
-            return _not_run(f"no spread row at width {head_dim}")
-        raw, se = float(row["raw_spread"]), spread_se(row)
-        return f"{raw:.3f} ± {se:.3f}", _ok(abs(raw - math.sqrt(head_dim)) <= 3 * se), "", f"{row['pairs']:,} pairs"
-    return judge
+def _raw_at(head_dim: int, runs):
+    row = _raw_rows(runs).get(head_dim)
+    if row is None:
+        return _not_run(f"no spread row at width {head_dim}")
+    raw, se = float(row["raw_spread"]), spread_se(row)
+    return f"{raw:.3f} ± {se:.3f}", _ok(abs(raw - math.sqrt(head_dim)) <= 3 * se), "", f"{row['pairs']:,} pairs"
 
 
 def _raw_elsewhere(runs):
@@ -184,18 +183,17 @@ def _fresh(runs, init: str, head_dim: int, scale: str) -> dict | None:
     return runs.fresh_rows.get((init, head_dim, scale))
 
 
-def _fresh_claim(head_dim: int, scale: str, fmt: Callable[[dict], str], test: Callable[[dict], bool], note: str = ""):
-    def judge(runs):
-        row = _fresh(runs, "unit", head_dim, scale)
-        model = _fresh(runs, "model", head_dim, scale)
-        beside = f"model init: {fmt(model)}" if model else "model init: not run"
-        if row is None:
-            return "—", NOT_RUN, beside, f"no fresh row (init unit, d={head_dim}, scale {scale})"
-        extra = note
-        if row.get("words") not in (None, 64):
-            extra = f"{note} Our rows are over {row['words']} words, the course's over 64.".strip()
-        return fmt(row), _ok(test(row)), beside, extra
-    return judge
+def _fresh_claim(head_dim: int, scale: str, fmt: Callable[[dict], str], test: Callable[[dict], bool], runs,
+                 note: str = ""):
+    row = _fresh(runs, "unit", head_dim, scale)
+    model = _fresh(runs, "model", head_dim, scale)
+    beside = f"model init: {fmt(model)}" if model else "model init: not run"
+    if row is None:
+        return "—", NOT_RUN, beside, f"no fresh row (init unit, d={head_dim}, scale {scale})"
+    extra = note
+    if row.get("words") not in (None, 64):
+        extra = f"{note} Our rows are over {row['words']} words, the course's over 64.".strip()
+    return fmt(row), _ok(test(row)), beside, extra
 
 
 def _one_word(r):
@@ -285,30 +283,28 @@ def _dyn_ours(got, which: str, key: str, fmt: str) -> tuple[tuple, str]:
                  f"mean over all {layers} layers: {fmt.format(overall)})")
 
 
-def _dyn_claim(scale: str, which: str, key: str, fmt: str, *, above: float | None = None,
+def _dyn_claim(scale: str, which: str, key: str, fmt: str, runs, *, above: float | None = None,
                band: tuple[float, float] | None = None, grows: bool = False):
     """A claim on ``key`` in the course's layer (mean over its heads, then over seeds) at the first or
     last step: one-sided (``above``: the value is at least that) or about a figure (``band``).
 
     ``grows``: the claim also says training moves ``key`` up (its direction); where the rise is
     established (the interval of last − first per seed above 0) and the figure is not reached, "partly"."""
-    def judge(runs):
-        got = _dyn(runs, scale)
-        if not got:
-            return _dyn_missing(runs, scale)
-        (_, _, _, lo, hi), ours = _dyn_ours(got, which, key, fmt)
-        size = judging.side(lo, hi, lambda v: v >= above) if above is not None else judging.overlaps(lo, hi, band)
-        direction, note = None, _dyn_note(got)
-        if grows and size != judging.HOLDS:  # the figure reached is the claim whole, however it got there
-            rise = _estimate([_layer(t, "last", key) - _layer(t, "first", key) for t in got])
-            direction = judging.side(rise[3], rise[4], lambda v: v > 0)
-            first = fmt.format(analysis.mean(_layer(t, "first", key) for t in got))
-            moved = {judging.HOLDS: f"up from {first} at the start, but short of the course's figure",
-                     judging.UNDECIDED: f"from {first} at the start; the rise is not beyond its noise",
-                     judging.FAILS: f"not up from {first} at the start"}[direction]
-            note = "; ".join(x for x in (note, moved) if x)
-        return ours, judging.verdict(size, direction), "", note
-    return judge
+    got = _dyn(runs, scale)
+    if not got:
+        return _dyn_missing(runs, scale)
+    (_, _, _, lo, hi), ours = _dyn_ours(got, which, key, fmt)
+    size = judging.side(lo, hi, lambda v: v >= above) if above is not None else judging.overlaps(lo, hi, band)
+    direction, note = None, _dyn_note(got)
+    if grows and size != judging.HOLDS:  # the figure reached is the claim whole, however it got there
+        rise = _estimate([_layer(t, "last", key) - _layer(t, "first", key) for t in got])
+        direction = judging.side(rise[3], rise[4], lambda v: v > 0)
+        first = fmt.format(analysis.mean(_layer(t, "first", key) for t in got))
+        moved = {judging.HOLDS: f"up from {first} at the start, but short of the course's figure",
+                 judging.UNDECIDED: f"from {first} at the start; the rise is not beyond its noise",
+                 judging.FAILS: f"not up from {first} at the start"}[direction]
+        note = "; ".join(x for x in (note, moved) if x)
+    return ours, judging.verdict(size, direction), "", note
 
 
 START_SPREAD, START_TOLERANCE = 21.0, 0.10
@@ -370,34 +366,32 @@ def fmt_gap(gap, se, n) -> str:
     return f"{analysis.plus_minus(gap, se, '{:+.2f}')} ({n} seeds, {intervals.LEVEL:.0%} interval {lo:+.2f} – {hi:+.2f})"
 
 
-def _gap_claim(select: Callable[[int], bool], lo: float, hi: float, sign: int, what: str):
+def _gap_claim(select: Callable[[int], bool], lo: float, hi: float, sign: int, what: str, runs):
     """Every selected width's gap consistent with [lo, hi] (its 95% t interval over seeds meets the band)
     and of the course's sign (``sign``: +1, the scale helps, gap > 0; −1, the unscaled run is ahead or
     level, gap ≤ 0), the sign established by the whole interval (``judging``). With one seed the gap
     alone decides, and a gap of the wrong sign differs however small it is."""
-    def judge(runs):
-        gaps = {w: g for w, g in gap_by_head_dim(runs).items() if select(w)}
-        shares = analysis.share_by_head_dim(_gap_table(runs))
-        if not gaps:
-            return _not_run(f"no sweep pair (with and without the scale) at {what}")
-        parts, verdicts, directions = [], [], []
-        for w, (gap, se, n) in gaps.items():
-            a, b = intervals.interval(gap, se, n) or (gap, gap)
-            direction = judging.side(a, b, (lambda x: x > 0) if sign > 0 else (lambda x: x <= 0))
-            verdicts.append(judging.verdict(judging.overlaps(a, b, (lo, hi)), direction))
-            directions.append(direction)
-            share = f", {shares[w]:.0%} of the scaled ppl" if w in shares else ""
-            parts.append(f"d={w}: {fmt_gap(gap, se, n)}{share}")
-        verdict = judging.worst(verdicts)
-        lead = "the scale helps" if sign > 0 else "the unscaled run is ahead or level"
-        note = {judging.PARTLY: f"the direction holds ({lead}), the size does not",
-                judging.INCONCLUSIVE: f"the interval covers both signs: whether {lead} is not settled by these seeds",
-                judging.DIFFERS: ("the direction does not hold: " + ("the scaled run is ahead" if sign < 0 else
-                                                                      "the unscaled run is ahead or level")
-                                  if judging.FAILS in directions
-                                  else "the size does not hold, and the direction is not settled")}.get(verdict, "")
-        return "; ".join(parts), verdict, "", note
-    return judge
+    gaps = {w: g for w, g in gap_by_head_dim(runs).items() if select(w)}
+    shares = analysis.share_by_head_dim(_gap_table(runs))
+    if not gaps:
+        return _not_run(f"no sweep pair (with and without the scale) at {what}")
+    parts, verdicts, directions = [], [], []
+    for w, (gap, se, n) in gaps.items():
+        a, b = intervals.interval(gap, se, n) or (gap, gap)
+        direction = judging.side(a, b, (lambda x: x > 0) if sign > 0 else (lambda x: x <= 0))
+        verdicts.append(judging.verdict(judging.overlaps(a, b, (lo, hi)), direction))
+        directions.append(direction)
+        share = f", {shares[w]:.0%} of the scaled ppl" if w in shares else ""
+        parts.append(f"d={w}: {fmt_gap(gap, se, n)}{share}")
+    verdict = judging.worst(verdicts)
+    lead = "the scale helps" if sign > 0 else "the unscaled run is ahead or level"
+    note = {judging.PARTLY: f"the direction holds ({lead}), the size does not",
+            judging.INCONCLUSIVE: f"the interval covers both signs: whether {lead} is not settled by these seeds",
+            judging.DIFFERS: ("the direction does not hold: " + ("the scaled run is ahead" if sign < 0 else
+                                                                  "the unscaled run is ahead or level")
+                              if judging.FAILS in directions
+                              else "the size does not hold, and the direction is not settled")}.get(verdict, "")
+    return "; ".join(parts), verdict, "", note
 
 
 def gap_start(runs: RunsView, undecided_counts: bool = False) -> int | None:
@@ -424,47 +418,47 @@ def _starts(runs):
 
 _TOL_SE = "|ours − √d| ≤ 3 SE of our estimate"
 CLAIMS: list[Claim] = [
-    *(Claim("spread", f"raw score spread at d={d} is √d", f"{fig} (√{d} = {math.sqrt(d):g})", _TOL_SE, _raw_at(d))
+    *(Claim("spread", f"raw score spread at d={d} is √d", f"{fig} (√{d} = {math.sqrt(d):g})", _TOL_SE, partial(_raw_at, d))
       for d, fig in COURSE_WIDTHS.items()),
     Claim("spread", "… and √d at every other width", "√d", _TOL_SE, _raw_elsewhere,
           name="raw score spread is √d at every other width"),
     Claim("spread", "divided by √d, the spread is about 1 at every width", "about 1",
           "|ours − 1| ≤ 3 SE at each width", _scaled_one),
     Claim("fresh", "d=256, no scale: a row puts all its weight on one word out of 64", "1 word",
-          "median row < 1.5 effective words", _fresh_claim(256, "none", _one_word, lambda r: r["effective_words_median"] < 1.5)),
+          "median row < 1.5 effective words", partial(_fresh_claim, 256, "none", _one_word, lambda r: r["effective_words_median"] < 1.5)),
     Claim("fresh", "d=256, with the scale: that row spreads across roughly 35 words", "≈ 35 words",
-          "35 inside our p10–p90 of single rows", _fresh_claim(
-              256, SCALED, _spread_rows_words, lambda r: r["effective_words_p10"] <= 35 <= r["effective_words_p90"],
-              "The course quotes one row, so we ask whether 35 is a typical single row.")),
+          "35 inside our p10–p90 of single rows", partial(
+              _fresh_claim, 256, SCALED, _spread_rows_words, lambda r: r["effective_words_p10"] <= 35 <= r["effective_words_p90"],
+              note="The course quotes one row, so we ask whether 35 is a typical single row.")),
     Claim("fresh", "d=1024, no scale: seven rows in ten frozen before training", "70%",
-          "65–75% (rounding of 'seven in ten') ± 3 binomial SE", _fresh_claim(1024, "none", _frozen, _seven_in_ten)),
+          "65–75% (rounding of 'seven in ten') ± 3 binomial SE", partial(_fresh_claim, 1024, "none", _frozen, _seven_in_ten)),
     Claim("fresh", "d=1024, with the scale: none frozen", "0%", "< 0.5% of rows",
-          _fresh_claim(1024, SCALED, _frozen, lambda r: r["frozen_fraction"] < 0.005)),
+          partial(_fresh_claim, 1024, SCALED, _frozen, lambda r: r["frozen_fraction"] < 0.005)),
     Claim("dynamics", "d=1024, no scale: spread about 21 at the start", "≈ 21 (its first layer's head)",
           f"layer 0's interval meets ±{START_TOLERANCE:.0%} of 21",
-          _dyn_claim("none", "first", "spread", "{:.1f}", band=_band(START_SPREAD, START_TOLERANCE))),
+          partial(_dyn_claim, "none", "first", "spread", "{:.1f}", band=_band(START_SPREAD, START_TOLERANCE))),
     Claim("dynamics", f"… grows to over {END_SPREAD:,.0f} by the end", f"> {END_SPREAD:,.0f}",
           f"layer 0's 95% interval over {END_SPREAD:,.0f}",
-          _dyn_claim("none", "last", "spread", "{:,.0f}", above=END_SPREAD, grows=True), "end_spread",
+          partial(_dyn_claim, "none", "last", "spread", "{:,.0f}", above=END_SPREAD, grows=True), "end_spread",
           f"d=1024, no scale: the spread grows to over {END_SPREAD:,.0f} by the end"),
     Claim("dynamics", f"… and {COURSE_END_FROZEN:.1%} of rows end frozen", f"{COURSE_END_FROZEN:.1%}",
           f"layer 0's 95% interval at or over {END_FROZEN:.0%}",
-          _dyn_claim("none", "last", "frozen_fraction", "{:.1%}", above=END_FROZEN, grows=True), "end_frozen",
+          partial(_dyn_claim, "none", "last", "frozen_fraction", "{:.1%}", above=END_FROZEN, grows=True), "end_frozen",
           f"d=1024, no scale: {COURSE_END_FROZEN:.1%} of rows end frozen"),
     Claim("dynamics", "frozen heads do not recover; they get worse", "worse",
           "layer 0's frozen share at the end ≥ at the start (95% interval of the change per seed)",
           _not_recovering, "not_recovering", "d=1024, no scale: frozen heads do not recover; they get worse"),
     Claim("dynamics", f"d=1024, with the scale: the spread settles around {SCALED_SPREAD:g}", f"≈ {SCALED_SPREAD:g}",
           f"layer 0's 95% interval meets ±{SCALED_TOLERANCE:.0%} of {SCALED_SPREAD:g}",
-          _dyn_claim(SCALED, "last", "spread", "{:.2f}", band=_band(SCALED_SPREAD, SCALED_TOLERANCE)),
+          partial(_dyn_claim, SCALED, "last", "spread", "{:.2f}", band=_band(SCALED_SPREAD, SCALED_TOLERANCE)),
           "scaled_spread"),
     Claim("sweep", "d=32: no difference (unscaled very slightly ahead)", "≈ 0, gap ≤ 0",
           "95% interval meets −1 to 0 points, and lies at or below 0 (the sign is part of the claim)",
-          _gap_claim(lambda w: w == 32, -1.0, 0.0, -1, "d=32")),
+          partial(_gap_claim, lambda w: w == 32, -1.0, 0.0, -1, "d=32")),
     Claim("sweep", "d=128: the scale helps by about 2 points", "≈ 2", "95% interval meets 1.5–2.5 points and lies above 0",
-          _gap_claim(lambda w: w == 128, 1.5, 2.5, +1, "d=128")),
+          partial(_gap_claim, lambda w: w == 128, 1.5, 2.5, +1, "d=128")),
     Claim("sweep", "d ≥ 256: worth 17 to 18 points", "17–18", "95% interval meets 16.5–18.5 points and lies above 0, at each width",
-          _gap_claim(lambda w: w >= 256, *BIG_GAP, +1, "d ≥ 256"), "big_gap"),
+          partial(_gap_claim, lambda w: w >= 256, *BIG_GAP, +1, "d ≥ 256"), "big_gap"),
     Claim("sweep", "where 'large' starts: after 32, by 128", "32 < d ≤ 128", "narrowest width from which every wider one has a gap > 1 point", _starts),
 ]
 
