@@ -10,8 +10,10 @@ at d = 1,024, the course's figure); ``dtype="auto"``: bf16 autocast with the
 explicit path (softmax in fp32) trains ~1.7× faster than fp32 on an AVX512-BF16
 CPU; at the default budget its held-out perplexity is fp32's at every width and
 scale (3 seeds paired, every 95% interval covering 0, the widest ±1.05 points at
-d = 1,024 unscaled; README, "By precision"), at 1,200 steps not yet compared on
-one machine; on CPUs without native bf16 it is fp32. Every preset records every 10 steps, so the
+d = 1,024 unscaled; README, "By precision"); at 1,200 steps the same, except
+that at d = 1,024 unscaled bf16 may cost up to 4 points (+1.99 [−0.31, +4.28],
+3 seeds, not settled), and a full run gives the same verdict on every claim in
+either precision; on CPUs without native bf16 it is fp32. Every preset records every 10 steps, so the
 sweep's width-1,024 pair doubles as the dynamics pair.
 """
 
