@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from attnscale.errors import ConfigError
 
-__all__ = ["Estimate", "memory_limit", "hours_limit", "check", "spread_cost", "fresh_cost", "training_cost", "widths_cost",
+__all__ = ["Estimate", "memory_limit", "hours_limit", "check", "spread_cost", "fresh_cost", "training_cost", "head_dims_cost",
            "OPS_PER_S", "CPU_OPS_PER_S", "FLOAT_BYTES"]
 
 OPS_PER_S = 1e12  # optimistic on purpose: a refusal must never be a run that would have finished

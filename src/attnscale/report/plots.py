@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["spread_plot", "fresh_plot", "illustration", "training", "perplexity_vs_width", "head_heatmaps",
+__all__ = ["spread_plot", "fresh_plot", "illustration", "training", "perplexity_vs_head_dim", "head_heatmaps",
            "end_spread_by_setup",
            "scheme_colour"]
 
@@ -327,7 +327,7 @@ def head_heatmaps(rows: list[dict], titles: dict[str, str], layers: int, heads: 
 
 # ---- the scale-scheme study ("Beyond the course: which scale?") ----------------------
 
-__all__ += ["loss_vs_lr", "sensitivity_vs_width", "max_logit_over_steps", "random_score_overlay"]
+__all__ += ["loss_vs_lr", "sensitivity_vs_head_dim", "max_logit_over_steps", "random_score_overlay"]
 
 
 def _log_lrs(ax, lrs: Sequence[float]) -> None:

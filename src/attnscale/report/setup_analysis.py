@@ -79,7 +79,7 @@ def setups(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, str]]:
         v = keys[k]["value"]
         if combined(k[0]):
             return len(order), tuple(order[a] for a in parts(k[0])), (1, 0, k[1])
-        return order[k[0]], (), (0, v, "") if isinstance(v, (int, float)) else (1, 0, str(v))
+        return order.get(k[0], len(order)), (), (0, v, "") if isinstance(v, (int, float)) else (1, 0, str(v))
     return sorted(keys, key=sort)
 
 
