@@ -143,6 +143,7 @@ def test_the_scale_helps_claim_reads_its_sign_strictly_and_says_why(tmp_path, ga
 @pytest.mark.parametrize("gap, verdict, note", [
     (0.0, course.AGREES, ""),  # level is the course's "no difference": ≤ 0 holds at 0
     (0.5, course.DIFFERS, "the direction does not hold: the scaled run is ahead"),
+    (-3.0, course.PARTLY, "the direction holds (the unscaled run is ahead or level), the size does not"),
 ])
 def test_the_unscaled_ahead_claim_holds_at_level_and_names_the_scaled_run_when_not(tmp_path, gap, verdict, note):
     v = _gaps(tmp_path, {32: [gap]})[D32]
