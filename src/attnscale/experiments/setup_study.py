@@ -96,13 +96,11 @@ class StudyConfig(TrainingConfig):
             if axis in seen:
                 raise ConfigError(f"study axis {axis!r} is given twice; give each axis once with all its values")
             seen.add(axis)
-            for v in values:
-                apply(self.model, self.train, axis, v)  # raises for a bad axis or value
+            applied = [apply(self.model, self.train, axis, v) for v in values]  # raises for a bad axis or value
             labels = [label(axis, v) for v in values]
             if len(set(labels)) != len(labels):
                 raise ConfigError(f"study axis {axis}: values {', '.join(labels)} repeat; give each value once")
-            for v in values:
-                model, train = apply(self.model, self.train, axis, v)
+            for v, (model, train) in zip(values, applied):
                 for a in parts(axis):  # a combination changes every one of its settings
                     if value_of(a, model, asdict(train)) == value_of(a, self.model, asdict(self.train)):
                         own = f"keeps the base setup's own {a}" if combined(axis) else "is the base setup's own value"
