@@ -96,3 +96,17 @@ def test_measures_is_result_as_one_tensor_on_the_pools_device():
     m = pool.measures()
     assert m.shape == (len(D.HEAD_MEASURES), 4) and m.dtype == torch.float64 and m.device == pool.rows.device
     assert dict(zip(D.HEAD_MEASURES, m.tolist())) == pool.result()
+
+
+def test_an_mps_pool_keeps_its_float64_sums_on_the_cpu_whatever_the_default_device():
+    # MPS has no float64: its scores are pooled on the CPU. Under another default device (here meta,
+    # as a Mac user's set_default_device("mps") would be) the sums still go to the CPU, by name.
+    with torch.device("meta"):
+        assert torch.zeros(1).device.type == "meta"  # the default device has moved
+        pool = D.HeadPool(4, device="mps")
+    sums = [pool.entries, pool.rows, pool.sum, pool.sum_sq, pool.max_abs, *pool.row_sums.values()]
+    assert {(t.device.type, t.dtype) for t in sums} == {("cpu", torch.float64)}
+    cpu = D.HeadPool(4, device="cpu")
+    for p in (pool, cpu):
+        p.add(*_batch(5))
+    assert pool.result() == cpu.result()

@@ -49,6 +49,7 @@ def test_a_new_scheme_is_one_small_class():
     try:
         assert get_scale("test_half", 3).scores(torch.ones(1, 1, 1, 3), torch.ones(1, 1, 1, 3)).item() == 1.5
         assert display_name("test_half") == "test_half"  # no display name given: its own
+        assert Half.name == "test_half" and get_scale("test_half", 3).name == "test_half"  # it knows its name
     finally:
         del SCALES["test_half"], DISPLAY_NAMES["test_half"]
 

@@ -118,6 +118,31 @@ def test_plus_minus_never_prints_a_zero_se():
     assert analysis.plus_minus(3.0, 0.004, "{:+.2f}", terminal=True) == "+3.0000 ±0.0040"
 
 
+def test_plus_minus_says_when_seeds_agree_exactly_in_both_forms():
+    assert analysis.plus_minus(3.2, 0.0, "{:.2f}", terminal=True) == "3.20 (identical)"
+    assert analysis.plus_minus(3.2, 0.0, "{:.2f}", terminal=False) == "3.20 (seeds identical)"
+
+
+def test_a_percent_se_just_under_a_power_of_ten_keeps_two_significant_digits():
+    # SE 0.0000992 is 0.00992 percentage points: two significant digits are 0.0099, 4 decimals
+    # (were it 0.0100 or more, 3 decimals would do); "{:.1%}" alone would print it as 0.0%
+    assert analysis.plus_minus(0.5, 0.0000992, "{:.1%}") == "50.0000% ± 0.0099%"
+    # 0.000101 is 0.0101 points: 0.010, 3 decimals
+    assert analysis.plus_minus(0.5, 0.000101, "{:.1%}") == "50.000% ± 0.010%"
+
+
+def test_span_text_writes_sorted_values_in_words():
+    assert analysis.span_text([]) == "?"
+    assert analysis.span_text([64]) == "64"
+    assert analysis.span_text([64, 256]) == "64 and 256"  # two values: both named
+    # three or more: the ends only, with thousands separators by default
+    assert analysis.span_text([32, 64, 1024]) == "32 to 1,024"
+    assert analysis.span_text([32, 64, 128, 2048]) == "32 to 2,048"
+    assert analysis.span_text([1000, 2000]) == "1,000 and 2,000"
+    assert analysis.span_text(["3e-4", "1e-3", "3e-2"], "{}") == "3e-4 to 3e-2"
+    assert analysis.span_text([0.5], "{:.2f}") == "0.50"
+
+
 def test_within_includes_its_edge():
     assert analysis.within(3.0, 2.0, 0.5) and analysis.within(1.0, 2.0, 0.5)  # |1| <= 0.5 · 2 exactly
     assert not analysis.within(3.25, 2.0, 0.5)

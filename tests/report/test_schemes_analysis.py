@@ -155,3 +155,65 @@ def test_grid_ends_at_the_unigram_plateau_are_flagged_and_stop_the_ranking():
     assert "not read as a ranking" in text and "less sensitive than every other" not in text
     # the same rows without a plateau: the ranking of the paired test stands
     assert "a is less sensitive than every other scheme" in " ".join(sa.reading(rows, unigram=3.24, plateau=[]))
+
+
+_EMPTY_MEASURES = {"init_loss": None, "max_logit_by_layer": [], "max_logit": None, "max_logit_steps": [],
+                   "min_effective_words": None, "collapsed_heads": 0, "heads": 0}
+
+
+def test_run_measures_of_no_step_with_diagnostics_is_empty_and_has_every_key():
+    assert sa.run_measures([]) == _EMPTY_MEASURES
+    # a step whose layers are an empty list, or that has none, carries no diagnostics: left out
+    assert sa.run_measures([{"step": 0, "loss": 5.0, "layers": []}, {"step": 10, "loss": 4.0}]) == _EMPTY_MEASURES
+
+
+def test_run_measures_on_finite_numbers_gives_every_measure_and_no_other_key():
+    steps = [
+        _step(0, 5.0, [[2.0, 3.0], [1.0]], [[30.0, 1.5], [2.0]]),
+        _step(10, 4.0, [[4.0, 1.0], [6.0]], [[2.5, 3.0], [1.99]]),
+    ]
+    # layer 0: max(2, 3, 4, 1) = 4; layer 1: max(1, 6) = 6; per step: max(2, 3, 1) = 3, max(4, 1, 6) = 6
+    # below 2 words: (layer 0, head 1) at step 0 (1.5), (layer 1, head 0) at step 10 (1.99); 2.0 is not
+    assert sa.run_measures(steps) == {"init_loss": 5.0, "max_logit_by_layer": [4.0, 6.0], "max_logit": 6.0,
+                                      "max_logit_steps": [(0, 3.0), (10, 6.0)], "min_effective_words": 1.5,
+                                      "collapsed_heads": 2, "heads": 3}
+
+
+def _words_only(loss, **step):
+    """A recorded step with effective words but no logits (so its step number is never read)."""
+    return {**step, "loss": loss, "layers": [{"effective_words": [3.0]}]}
+
+
+def test_the_loss_at_init_is_read_only_from_a_finite_loss_at_step_0():
+    assert sa.run_measures([_step(0, 5.0, [[1.0]], [[3.0]])])["init_loss"] == 5.0
+    # the first recorded step is not step 0 (a resumed or late-recorded run): no loss at init
+    assert sa.run_measures([_step(10, 4.0, [[1.0]], [[3.0]])])["init_loss"] is None
+    assert sa.run_measures([_step(1, 4.0, [[1.0]], [[3.0]])])["init_loss"] is None
+    # a loss that blew up or is missing at step 0 is no loss at init
+    for bad in (float("nan"), math.inf, None):
+        assert sa.run_measures([_step(0, bad, [[1.0]], [[3.0]])])["init_loss"] is None
+    # a step with no step number is read as step 0
+    assert sa.run_measures([_words_only(4.5)])["init_loss"] == 4.5
+    assert sa.run_measures([_words_only(4.5, step=3)])["init_loss"] is None
+
+
+def test_layers_that_recorded_no_logits_or_no_effective_words_count_for_nothing():
+    # an older record kept only the spread: no logit, no effective words, no head counted
+    spread_only = [{"step": 0, "loss": 5.0, "layers": [{"spread": [1.0, 2.0]}]},
+                   {"step": 10, "loss": 4.0, "layers": [{"spread": [1.5, 2.5]}]}]
+    assert sa.run_measures(spread_only) == {**_EMPTY_MEASURES, "init_loss": 5.0, "max_logit_by_layer": [None]}
+    # layer 1 never records logits, and step 10 records none at all: it has no entry in max_logit_steps
+    steps = [{"step": 0, "loss": 5.0, "layers": [{"max_score": [2.0], "effective_words": [3.0]},
+                                                  {"effective_words": [4.0, 2.0]}]},
+             {"step": 10, "loss": 4.0, "layers": [{"effective_words": [1.0]}, {"effective_words": [5.0, 6.0]}]}]
+    # heads: 1 + 2 = 3 at the first step; only layer 0's head falls below 2 words (1.0 at step 10)
+    assert sa.run_measures(steps) == {"init_loss": 5.0, "max_logit_by_layer": [2.0, None], "max_logit": 2.0,
+                                      "max_logit_steps": [(0, 2.0)], "min_effective_words": 1.0,
+                                      "collapsed_heads": 1, "heads": 3}
+
+
+def test_a_scheme_whose_every_run_diverged_has_no_best_learning_rate():
+    # every run counted at its loss at init (5): capped losses 5, 5, best 5, sensitivity 0
+    out = sa.sensitivity({(1.0, 0): (None, 5.0), (2.0, 0): (None, 5.0)})
+    assert out["best_lr"] is None and out["sensitivity"] == 0.0 and out["best_loss"] == 5.0
+    assert out["diverged"] == 2 and out["runs"] == 2 and out["seeds"] == 1
