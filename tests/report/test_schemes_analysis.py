@@ -1,6 +1,7 @@
 """schemes_analysis: LR sensitivity, logit growth and collapse on hand-built numbers with known answers."""
 
 import math
+import statistics
 
 import pytest
 
@@ -217,3 +218,178 @@ def test_a_scheme_whose_every_run_diverged_has_no_best_learning_rate():
     out = sa.sensitivity({(1.0, 0): (None, 5.0), (2.0, 0): (None, 5.0)})
     assert out["best_lr"] is None and out["sensitivity"] == 0.0 and out["best_loss"] == 5.0
     assert out["diverged"] == 2 and out["runs"] == 2 and out["seeds"] == 1
+
+
+def test_summary_rows_read_logits_at_the_grid_ends_and_middle_and_pool_words_and_heads():
+    lrs = (1e-3, 3e-3, 1e-2, 3e-2)
+    # one seed, four LRs; max logit 1, 2, 3, 4 by LR; min effective words 5, (none), 1.5, 3.5
+    runs = [_run("s", 64, lr, 0, final, logit, words)
+            for lr, final, logit, words in zip(lrs, (3.0, 2.5, 2.0, 4.0), (1.0, 2.0, 3.0, 4.0), (5.0, 20.0, 1.5, 3.5))]
+    runs[1]["min_effective_words"] = None
+    del runs[3]["collapsed_heads"], runs[3]["heads"]  # a run that gives no head counts counts none
+    runs += [{**_run("t", 64, lr, 0, 2.0, None), "min_effective_words": None} for lr in lrs]
+    s, t = sa.summary_rows(runs)
+    # the middle of 4 LRs is the upper one of the two middle (index 4 // 2 = 2): 1e-2
+    assert (s["max_logit_low_lr"], s["max_logit_mid_lr"], s["max_logit_high_lr"]) == ((1.0, None), (3.0, None), (4.0, None))
+    assert s["min_effective_words"] == 1.5 and s["collapsed_heads"] == 1 and s["heads"] == 8 * 3
+    assert t["min_effective_words"] is None and t["max_logit_mid_lr"] == (None, None)
+    assert "per_seed" not in s and s["sensitivity_by_seed"] == {0: pytest.approx((1.0 + 0.5 + 0.0 + 2.0) / 4)}
+
+
+def test_pairwise_compares_only_the_schemes_at_the_given_width_that_have_seeds():
+    def row(scale, head_dim, by_seed):
+        return {"scale": scale, "head_dim": head_dim, "sensitivity_by_seed": by_seed}
+
+    rows = [row("a", 64, {0: 0.1, 1: 0.3}), row("b", 256, {0: 0.2, 1: 0.2}), row("c", 64, {}),
+            row("d", 64, {0: 0.2, 1: 0.2})]
+    tests = sa.pairwise(rows, 64)
+    # a − d per seed: −0.1, +0.1: mean 0
+    assert [(t["a"], t["b"]) for t in tests] == [("a", "d")] and tests[0]["diff"] == pytest.approx(0.0)
+
+
+def test_a_grid_end_exactly_at_the_plateau_margin_is_on_it_and_a_scheme_without_a_curve_is_skipped():
+    rows = [{"scale": s, "head_dim": 64} for s in ("no_curve", "none_finished", "edge", "under")]
+    curves = {("none_finished", 64): [{"mean": None}, {"mean": None}],
+              ("edge", 64): [{"mean": 3.25}, {"mean": 2.0}],  # 3.5 − 0.25 = 3.25: at the margin
+              ("under", 64): [{"mean": 3.2499}, {"mean": 3.0}]}  # just below it
+    assert sa.plateau_ends(rows, curves, 3.5, margin=0.25) == [("edge", 64, "lowest", 3.25)]
+
+
+_LRS = (1e-3, 3e-3, 1e-2, 3e-2)
+
+
+def _srow(scale, head_dim, sens, best, *, seeds=1, by_seed=None, sens_se=None, best_se=None, runs=4, diverged=0,
+          logit=(None, None), collapsed=0, heads=8):
+    """A ``summary_rows`` row built by hand."""
+    return {"scale": scale, "head_dim": head_dim, "sensitivity": sens, "sensitivity_se": sens_se, "best_loss": best,
+            "best_loss_se": best_se, "best_lr": 1e-2, "seeds": seeds, "lrs": list(_LRS), "runs": runs,
+            "diverged": diverged, "sensitivity_by_seed": by_seed or {}, "max_logit_high_lr": logit,
+            "collapsed_heads": collapsed, "heads": heads}
+
+
+def _three_widths():
+    # sensitivity from width 32 to 256: a 0.25 → 1.25 (+1.0, absent at 64), b 0.5 → 0.2 (−0.3), c 0.1 → 0.6 (+0.5);
+    # d only at 256. Scale order (a, b, c) is not the order of the moves (b, c, a).
+    return [
+        _srow("a", 32, 0.25, 2.0, diverged=2, logit=(5000.0, 1.0), collapsed=3),
+        _srow("b", 32, 0.5, 2.9), _srow("c", 32, 0.1, 2.9), _srow("b", 64, 0.9, 2.9), _srow("c", 64, 0.3, 2.9),
+        _srow("a", 256, 1.25, 3.0, logit=(50.0, 5.0)), _srow("b", 256, 0.2, 2.5, diverged=1, logit=(1234.5, 10.0)),
+        _srow("c", 256, 0.6, 2.75, collapsed=1), _srow("d", 256, 0.35, 2.6, logit=(7.0, None)),
+    ]
+
+
+_EACH = "b 0.200 (best loss 2.500); d 0.350 (best loss 2.600); c 0.600 (best loss 2.750); a 1.250 (best loss 3.000)"
+_AFTER_THE_RANKING = [
+    "From width 32 to 256, the sensitivity rises most for a (0.250 to 1.250) and falls most for b (0.500 to 0.200).",
+    # width 32 holds a lower best loss (2.0), but the best is read at the widest width only
+    "The best final loss at width 256 is b's, 2.500 nats (at learning rate 0.01).",
+    "Runs diverged (counted at their loss at init): a at width 32: 2 of 4; b at width 256: 1 of 4.",
+    # a at width 32 reached 5,000, but logits are compared at the widest width; c recorded none there
+    "Attention logits grow most under b: at learning rate 0.03 and width 256 the largest |scaled score| reached "
+    "1,234.5, against 7.0 under d.",
+    "Heads collapsed (fewer than 2 effective words at some recorded step): a at width 32: 3 of 8 head-runs; "
+    "c at width 256: 1 of 8 head-runs.",
+]
+
+
+def test_reading_over_three_widths_with_one_seed_word_for_word():
+    assert sa.reading(_three_widths()) == [
+        f"At head width 256, across learning rates 0.001 to 0.03, the sensitivity (nats above the best loss on "
+        f"average) and best loss of each scheme: {_EACH}. With 1 seed no ranking is read from these (a ranking "
+        "needs 3 or more seeds: paired differences over 2 seeds have 1 degree of freedom).",
+        *_AFTER_THE_RANKING]
+
+
+def test_reading_at_the_unigram_plateau_word_for_word():
+    plateau = [("a", 256, "highest", 3.0), ("c", 256, "lowest", 2.9)]
+    # best final loss at 256: b's 2.5; 2.875 − 2.5 = 0.375
+    assert sa.reading(_three_widths(), unigram=2.875, plateau=plateau) == [
+        "A unigram model (token frequencies alone) scores 2.875 nats on the held-out split; the best final loss "
+        "at width 256 is 0.375 nats below it.",
+        "At the unigram plateau (final loss within 0.1 nats of the unigram model's, or above): a at width 256, "
+        "highest learning rate (3.000); c at width 256, lowest learning rate (2.900). There the loss measures "
+        "under-training or a run knocked back to token frequencies, not a scheme's stability, so the "
+        "sensitivities below are not read as a ranking.",
+        f"At head width 256, across learning rates 0.001 to 0.03, the sensitivity and best loss of each scheme: {_EACH}.",
+        *_AFTER_THE_RANKING]
+
+
+def test_sensitivity_that_falls_for_one_scheme_and_stays_for_another_falls_for_every_scheme():
+    # x: 0.5 → 0.25 (−0.25); y: 0.3 → 0.3 (a change of exactly 0 is no rise)
+    rows = [_srow("x", 64, 0.5, 2.0, sens_se=0.05), _srow("y", 64, 0.3, 2.0),
+            _srow("x", 256, 0.25, 2.0, sens_se=0.025), _srow("y", 256, 0.3, 2.0)]
+    assert sa.reading(rows)[1] == ("From width 64 to 256, the sensitivity falls for every scheme: most for x "
+                                   "(0.500 ± 0.050 to 0.250 ± 0.025), least for y (+0.000).")
+
+
+def test_reading_of_one_scheme_at_one_width_word_for_word():
+    head = ("At head width 64, across learning rates 0.001 to 0.03, the sensitivity (nats above the best loss on "
+            "average) and best loss of each scheme: solo 0.400 (best loss 2.200).")
+    assert sa.reading([_srow("solo", 64, 0.4, 2.2)]) == [
+        head + " With 1 seed no ranking is read from these (a ranking needs 3 or more seeds: paired differences "
+               "over 2 seeds have 1 degree of freedom).",
+        "The best final loss at width 64 is solo's, 2.200 nats (at learning rate 0.01).",
+        "No run diverged in 4.",
+        "No head fell below 2 effective words in any run."]
+    # three seeds, but nothing to compare with: no scheme is shown less sensitive than the others
+    three = _srow("solo", 64, 0.4, 2.2, seeds=3, by_seed={0: 0.3, 1: 0.4, 2: 0.5})
+    assert sa.reading([three])[0] == head + (" Of the 0 paired comparisons (by seed, Holm-corrected at 5%), "
+                                             "0 show a difference. No scheme is shown less sensitive than all the others.")
+
+
+def test_reading_with_no_complete_grid_says_so():
+    want = ["No scheme has a complete learning-rate grid yet, so no sensitivity can be read."]
+    assert sa.reading([]) == want and sa.reading([_srow("x", 64, None, None)]) == want
+
+
+def _two_schemes(a, b):
+    return [_srow("a", 64, statistics.fmean(a.values()), 2.0, seeds=3, by_seed=a),
+            _srow("b", 64, statistics.fmean(b.values()), 2.0, seeds=3, by_seed=b)]
+
+
+_HEAD_AB = ("At head width 64, across learning rates 0.001 to 0.03, the sensitivity (nats above the best loss on "
+            "average) and best loss of each scheme: a {} (best loss 2.000); b {} (best loss 2.000).")
+
+
+def test_the_ranking_of_two_schemes_word_for_word():
+    # a − b per seed: −0.10, −0.13, −0.13: mean −0.12, SE 0.01, t = −12 on 2 df; p = 1 − 12/√146 = 0.0069
+    # (one comparison: Holm leaves it as it is)
+    rows = _two_schemes({0: 0.10, 1: 0.12, 2: 0.11}, {0: 0.20, 1: 0.25, 2: 0.24})
+    assert sa.reading(rows)[0] == _HEAD_AB.format("0.110", "0.230") + (
+        " Of the 1 paired comparisons (by seed, Holm-corrected at 5%), 1 show a difference: a − b = -0.120 "
+        "(adjusted p 0.0069). a is less sensitive than every other scheme.")
+    # a − b per seed: −0.2, +0.1, −0.2: mean −0.1, SE 0.1, t = −1, p = 1 − 1/√3 = 0.42: no difference shown
+    rows = _two_schemes({0: 0.1, 1: 0.3, 2: 0.2}, {0: 0.3, 1: 0.2, 2: 0.4})
+    assert sa.reading(rows)[0] == _HEAD_AB.format("0.200", "0.300") + (
+        " Of the 1 paired comparisons (by seed, Holm-corrected at 5%), 0 show a difference. "
+        "No scheme is shown less sensitive than all the others.")
+
+
+def test_every_difference_that_holds_is_listed():
+    rows = _three_schemes({"a": [0.10, 0.12, 0.11], "b": [0.20, 0.25, 0.24], "c": [0.30, 0.28, 0.33]})
+    # Holm-adjusted p 0.0206 for a − b and a − c (worked out in the pairwise test above); a − c = −0.193
+    assert (" Of the 3 paired comparisons (by seed, Holm-corrected at 5%), 2 show a difference: a − b = -0.120 "
+            "(adjusted p 0.021); a − c = -0.193 (adjusted p 0.021). a is less sensitive than every other scheme.") in \
+        sa.reading(rows)[0]
+
+
+def test_run_row_gives_a_runs_settings_final_loss_loss_at_init_and_measures():
+    from types import SimpleNamespace
+
+    def run(recorded, model, status, diverged_at=None):
+        return SimpleNamespace(recorded=recorded, model=model, results=SimpleNamespace(valid_loss=3.25),
+                               status=status, run_id="r1", scale="inv_sqrt_d", head_dim=64, seed=1, lr=0.01,
+                               diverged_at=diverged_at)
+
+    done = run([_step(0, 4.5, [[2.0]], [[3.0]])], {"vocab_size": 50, "context": 32}, "done")
+    assert sa.run_row(done) == {
+        "run": "r1", "scale": "inv_sqrt_d", "head_dim": 64, "seed": 1, "lr": 0.01, "status": "done",
+        "final_loss": 3.25, "diverged_at": None, "context": 32, "init_loss": 4.5, "max_logit_by_layer": [2.0],
+        "max_logit": 2.0, "max_logit_steps": [(0, 2.0)], "min_effective_words": 3.0, "collapsed_heads": 0, "heads": 1}
+    # no recorded step: the loss at init is ln(50) = 3.912023005428146, a uniform guess over the vocabulary;
+    # a run that is not done has no final loss
+    diverged = sa.run_row(run([], {"vocab_size": 50}, "diverged", diverged_at=7))
+    assert diverged == {"run": "r1", "scale": "inv_sqrt_d", "head_dim": 64, "seed": 1, "lr": 0.01,
+                        "status": "diverged", "final_loss": None, "diverged_at": 7, "context": None,
+                        **_EMPTY_MEASURES, "init_loss": pytest.approx(3.912023005428146)}
+    assert sa.run_row(run([], {}, "done"))["init_loss"] is None  # no vocabulary size: no loss at init
