@@ -1,7 +1,9 @@
 """experiments/schemes and `attnscale schemes`: the grid, the presets, a tiny study end to end, resume,
 bad input, and the report section with its figures."""
 
+import collections
 import json
+import math
 import re
 
 import pytest
@@ -12,6 +14,7 @@ from attnscale.core.scales import scale_names
 from attnscale.errors import ConfigError
 from attnscale.experiments import schemes
 from attnscale.report.schemes_section import TITLE
+from attnscale.runs.runner import CorpusSpec
 
 TINY = ["--quick", "--steps", "3", "--batch", "2", "--context", "16"]
 
@@ -68,6 +71,26 @@ def test_tiny_study_end_to_end_then_resume(study, capsys):
     for r in rows.values():
         assert r["seeds"] == 2 and r["sensitivity"] >= 0 and r["sensitivity_se"] is not None
         assert r["best_loss"] > 0 and r["max_logit_high_lr"][0] > 0 and r["heads"] == 4 * 4 * 2
+
+
+def test_the_printed_reading_flags_the_unigram_plateau_as_the_report_does(study, capsys):
+    # a unigram model on the embedded corpus by hand: add-one counts over the training split, mean -log p on held-out
+    out, args = study
+    corpus = CorpusSpec("default").load()
+    counts, n = collections.Counter(corpus.train.tolist()), len(corpus.train)
+    floor = math.fsum(-math.log((counts[t] + 1) / (n + corpus.vocab_size)) for t in corpus.valid.tolist()) / len(corpus.valid)
+    assert main(args + ["--json"]) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert result["unigram"] == pytest.approx(floor, rel=1e-12)
+    # 3 steps from a uniform start (ln 104 ≈ 4.64 nats) end above the unigram model's loss: every end of every grid
+    assert sorted((s, w, end) for s, w, end, loss in result["plateau"]) == sorted(
+        (s, w, end) for s in ("none", "qk_norm") for w in (8, 16) for end in ("lowest", "highest"))
+    assert all(loss >= floor - 0.1 for *_, loss in result["plateau"])
+    assert main(args) == 0
+    printed = capsys.readouterr().out
+    assert f"A unigram model (token frequencies alone) scores {floor:.3f} nats on the held-out split" in printed
+    assert "so the sensitivities below are not read as a ranking" in printed
+    assert "paired comparisons" not in printed
 
 
 def test_report_has_the_section_and_its_images(study, tmp_path):

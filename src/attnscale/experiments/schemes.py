@@ -124,12 +124,19 @@ def rows_from_records(runs: list[TrainRun]) -> list[dict[str, Any]]:
 
 def run(cfg: SchemesConfig, out: Path, jobs: int = 1, progress: bool = True, executor: str = "local",
         ray_address: str | None = None, pace=None) -> dict[str, Any]:
-    """Train what is missing; return {"runs": per-run rows, "summary": per scheme and width}."""
-    from attnscale.report import schemes_analysis
+    """Train what is missing; return {"runs": per-run rows, "summary": per scheme and width, "unigram": a
+    unigram model's held-out loss on the corpus, "plateau": the grid ends within
+    ``schemes_analysis.PLATEAU_NATS`` of it or above}, what the report's section reads from the same records."""
+    from attnscale.report import schemes_analysis as sa
 
     runs = rows_from_records(run_records(cfg, out, jobs, progress, executor=executor, ray_address=ray_address,
                                          pace=pace))
-    return {"runs": runs, "summary": schemes_analysis.summary_rows(runs)}
+    summary = sa.summary_rows(runs)
+    corpus = cfg.corpus_spec.load()
+    unigram = sa.unigram_loss(corpus.train.tolist(), corpus.valid.tolist(), corpus.vocab_size)
+    finished = [r for r in runs if r["status"] in ("done", "diverged")]
+    plateau = sa.plateau_ends(summary, sa.loss_curves(finished), unigram)
+    return {"runs": runs, "summary": summary, "unigram": unigram, "plateau": plateau}
 
 
 def format_table(result: dict[str, Any]) -> str:
@@ -153,5 +160,5 @@ def format_table(result: dict[str, Any]) -> str:
     lines.append("LR sensitivity: mean over the LR grid of min(final loss, loss at init) − best final loss (nats; "
                  "Wortsman et al. 2023), ± SE over seeds; a diverged run counts at its loss at init. "
                  f"Collapsed: head-runs below {COLLAPSE_WORDS:g} effective words at some recorded step.")
-    lines += reading(rows)
+    lines += reading(rows, unigram=result.get("unigram"), plateau=result.get("plateau", ()))
     return "\n".join(lines)

@@ -30,7 +30,7 @@ from attnscale.report import intervals
 from attnscale.report.analysis import mean_se
 
 __all__ = ["COLLAPSE_WORDS", "MIN_SEEDS", "ALPHA", "PLATEAU_NATS", "run_measures", "run_row", "sensitivity", "loss_curve",
-           "summary_rows", "pairwise", "unigram_loss", "plateau_ends", "reading"]
+           "loss_curves", "summary_rows", "pairwise", "unigram_loss", "plateau_ends", "reading"]
 
 # A ranking of schemes by sensitivity is read only from paired-by-seed differences whose Holm-adjusted
 # p-value (over every pair of schemes at the width) is below ALPHA, and only with MIN_SEEDS seeds or
@@ -128,6 +128,14 @@ def loss_curve(cells: Mapping[tuple[float, int], tuple[float | None, float]]) ->
         mean, se = mean_se([f for f in finals if f is not None])
         out.append({"lr": lr, "mean": mean, "se": se, "runs": len(finals), "diverged": sum(f is None for f in finals)})
     return out
+
+
+def loss_curves(runs: Sequence[Mapping[str, Any]]) -> dict[tuple[str, int], list[dict[str, Any]]]:
+    """``loss_curve`` per (scheme, width), over the (lr, seed) cells of the per-run dicts ``runs``."""
+    cells: dict[tuple[str, int], dict[tuple[float, int], tuple[float | None, float]]] = {}
+    for r in runs:
+        cells.setdefault((r["scale"], r["head_dim"]), {})[(r["lr"], r["seed"])] = (r["final_loss"], r["init_loss"])
+    return {key: loss_curve(c) for key, c in cells.items()}
 
 
 def summary_rows(runs: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:

@@ -45,12 +45,11 @@ def _in_registry_order(scales) -> list[str]:
 
 
 def _curves(rows: list[dict[str, Any]]) -> dict[int, dict[str, list[dict[str, Any]]]]:
+    by_key = sa.loss_curves(rows)
     out: dict[int, dict[str, list[dict[str, Any]]]] = {}
-    for head_dim in sorted({r["head_dim"] for r in rows}):
-        for scale in _in_registry_order(r["scale"] for r in rows if r["head_dim"] == head_dim):
-            mine = [r for r in rows if r["head_dim"] == head_dim and r["scale"] == scale]
-            out.setdefault(head_dim, {})[scale] = sa.loss_curve({(r["lr"], r["seed"]): (r["final_loss"], r["init_loss"])
-                                                              for r in mine})
+    for head_dim in sorted({w for _, w in by_key}):
+        for scale in _in_registry_order(s for s, w in by_key if w == head_dim):
+            out.setdefault(head_dim, {})[scale] = by_key[(scale, head_dim)]
     return out
 
 
