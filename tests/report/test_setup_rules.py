@@ -197,3 +197,136 @@ def test_the_terminal_table_to_the_letter():
         "without the scale the spread grows — size over 5,000: in 1 of 2 setups; direction: in 1 of 1",
         "the scale helps perplexity — size by 16.5–18.5 points: in 0 of 1 setups; direction: in 1 of 1",
     ]
+
+
+# --- setups: the order a reader sees them in ---
+
+def test_setups_put_the_base_first_then_the_axes_in_their_order_by_value_then_the_combinations():
+    def r(axis, value):
+        return {"axis": axis, "value": value}
+    rows = [r("init+norm", ("small", "pre")), r("steps", 1200), r("norm", "pre"), r("weight_decay", None),
+            r("lr", 1e-2), r("schedule+steps", ("constant", 400)), r("base", None), r("dropout", 0.1),
+            r("weight_decay", 1e16), r("norm", "post"), r("steps", 400), r("init+norm", ("normal", "post")),
+            r("weight_decay", 0.1), r("lr", 3e-3)]
+    assert sa.setups(rows) == [
+        ("base", "base"),
+        ("lr", "3e-3"), ("lr", "1e-2"),  # by value: 0.003 < 0.01 (as text "1e-2" would come first)
+        # numbers before other values; 1e16 reads "1e+16", a plus sign that is no combination
+        ("weight_decay", "0.1"), ("weight_decay", "1e+16"), ("weight_decay", "None"),
+        ("norm", "post"), ("norm", "pre"),  # text by text
+        ("steps", "400"), ("steps", "1200"),  # 400 < 1200 (as text "1200" would come first)
+        ("dropout", "0.1"),  # an axis the study does not know: after the known ones
+        ("schedule+steps", "constant + 400"),  # combines axes 2 and 6 of base, lr, schedule, ...: before 4 and 5
+        ("init+norm", "normal + post"), ("init+norm", "small + pre"),
+    ]
+
+
+# --- summary_rows: what a row carries, and the refusals ---
+
+def test_summary_rows_refuse_two_widths_in_these_words():
+    rows = [run("base", None, "none", 0), dict(run("base", None, "none", 1), head_dim=256)]
+    with pytest.raises(ValueError) as got:
+        sa.summary_rows(rows)
+    assert str(got.value) == "setup-study rows of several widths ([256, 1024]); summarise one study at a time"
+
+
+def test_summary_rows_refuse_one_seed_twice_in_these_words():
+    with pytest.raises(ValueError) as got:
+        sa.summary_rows([run("base", None, "none", 0), run("base", None, "none", 0)])
+    assert str(got.value) == ("two setup-study runs of the same setup, scale and seed; "
+                              "summarise one study at a time")
+
+
+def test_summary_rows_carry_steps_settings_and_the_all_layer_spread():
+    rows = [dict(run("base", None, "none", 0, end_spread=300.0), steps_done=350, end_spread_all_layers=100.0,
+                 settings={"lr": 1e-2}),
+            dict(run("base", None, "none", 1, end_spread=340.0), steps_done=None, end_spread_all_layers=140.0),
+            dict(run("lr", 9e-3, "none", 0, status="running"), steps_done=None)]
+    base, lr = sa.summary_rows(rows)
+    assert base["steps"] == 350 and lr["steps"] == 0  # the most steps done; none recorded counts as 0
+    assert base["settings"] == {"lr": 1e-2}  # the first run's
+    # all-layer spread 100 and 140 → mean 120, SE |140 − 100| / 2 = 20, over 2 seeds
+    assert (base["end_spread_all_layers"], base["end_spread_all_layers_se"], base["end_spread_all_layers_n"]) == (
+        pytest.approx(120.0), pytest.approx(20.0), 2)
+
+
+# --- explain: the verdict's sentence, to the letter ---
+
+def explain_claims(**c):
+    return {"end_spread": {"setups": [], "size": [], "size_undecided": [], "direction_setups": [], "direction": [],
+                           "direction_undecided": [], **c}}
+
+
+def test_explain_with_one_seed_and_nothing_undecided():
+    rows = [run("base", None, "none", 0, end_spread=6000.0), run("lr", 9e-3, "none", 0, end_spread=7000.0)]
+    table = sa.summary_rows(rows)
+    c = explain_claims(setups=[BASE, LR], size=[BASE, LR], direction_setups=[BASE, LR], direction=[BASE])
+    assert sa.explain("end_spread", table, c) == (
+        "setup study (d=1,024, 2 setups, 1 seed): the size (over 5,000) holds in 2 of 2 "
+        "(base: 6,000; learning rate 9e-3: 7,000), the direction (without the scale the spread grows) in 1 of 2; "
+        "base setup 6,000")
+
+
+def test_explain_counts_the_undecided_of_size_and_direction_apart():
+    rows = [run("lr", 9e-3, "none", 0, end_spread=6000.0)]  # one row: its width is the first row's
+    c = explain_claims(setups=[LR], size_undecided=[LR], direction_setups=[LR])
+    assert sa.explain("end_spread", sa.summary_rows(rows), c) == (
+        "setup study (d=1,024, 1 setups, 1 seed): the size (over 5,000) holds in 0 of 1, 1 undecided, "
+        "the direction (without the scale the spread grows) in 0 of 1")  # no base setup judged: no base part
+
+
+def test_explain_takes_a_setting_named_base_for_no_base_setup():
+    pseudo = ("init", "base")  # an init called "base" is a setting, not the base setup
+    rows = [run("init", "base", "none", 0, end_spread=6000.0)]
+    c = explain_claims(setups=[pseudo], direction_setups=[pseudo], direction=[pseudo])
+    assert sa.explain("end_spread", sa.summary_rows(rows), c) == (
+        "setup study (d=1,024, 1 setups, 1 seed): the size (over 5,000) holds in 0 of 1, "
+        "the direction (without the scale the spread grows) in 1 of 1")
+
+
+# --- run_row: one recorded run as plain numbers ---
+
+class Recorded:
+    """A stand-in for runs.record.TrainRun with the attributes run_row reads; unknown steps or keys raise."""
+
+    def __init__(self, group, model, train, diagnostics):
+        self.group, self.model, self.train, self.diagnostics = group, model, train, diagnostics
+        self.run_id, self.scale, self.seed, self.head_dim = "r1", "none", 2, 64
+        self.status, self.steps_done, self.perplexity = "done", 400, 15.5
+
+    def line(self, which):
+        assert which in ("first", "last")
+        return {"step": which} if self.diagnostics else None
+
+    def layer_means(self, which, key):
+        return list(self.diagnostics[which][key])  # a KeyError for anything else
+
+    def diag_mean(self, which, key):
+        ls = self.diagnostics[which][key]
+        return sum(ls) / len(ls)
+
+
+MODEL, TRAIN = {"init": "small", "norm": "pre"}, {"lr": 3e-3, "min_lr_ratio": 1.0, "weight_decay": 0.1, "steps": 400}
+SETTINGS = {"lr": 3e-3, "schedule": "constant", "weight_decay": 0.1, "init": "small", "norm": "pre", "steps": 400}
+DIAGNOSTICS = {  # two layers, every figure distinct: layer 0 is the course's
+    "first": {"spread": [2.0, 3.0], "frozen_fraction": [0.1, 0.2], "effective_words": [9.0, 8.0]},
+    "last": {"spread": [40.0, 60.0], "frozen_fraction": [0.7, 0.8], "effective_words": [1.5, 2.5]},
+}
+
+
+def test_run_row_reads_a_combined_axis_and_layer_zero_at_the_first_and_last_step():
+    row = sa.run_row(Recorded("study:lr+norm", MODEL, TRAIN, DIAGNOSTICS))
+    assert row == {"run": "r1", "axis": "lr+norm", "value": (3e-3, "pre"), "scale": "none", "seed": 2,
+                   "head_dim": 64, "status": "done", "steps_done": 400, "perplexity": 15.5, "settings": SETTINGS,
+                   "start_spread": 2.0, "end_spread": 40.0, "start_frozen_fraction": 0.1, "end_frozen_fraction": 0.7,
+                   "start_effective_words": 9.0, "end_effective_words": 1.5,
+                   "end_spread_all_layers": 50.0,  # (40 + 60) / 2
+                   "end_spread_by_layer": [40.0, 60.0]}
+
+
+def test_run_row_of_the_base_has_no_value_and_without_diagnostics_no_figures():
+    row = sa.run_row(Recorded("study:base", MODEL, TRAIN, {}))
+    assert row["axis"] == "base" and row["value"] is None and row["settings"] == SETTINGS
+    assert [row[f"{end}_{key}"] for end in ("start", "end") for key in ("spread", "frozen_fraction",
+                                                                          "effective_words")] == [None] * 6
+    assert row["end_spread_all_layers"] is None and row["end_spread_by_layer"] == []
