@@ -167,3 +167,54 @@ def test_the_old_path_attnscale_diagnostics_gives_the_same_objects():
 
     assert alias.__all__ == D.__all__
     assert all(getattr(alias, name) is getattr(D, name) for name in D.__all__)
+
+
+def test_spread_over_one_int_dim():
+    # rows (1, 3) and (2, 2, masked): spreads 1 and 0
+    s = torch.tensor([[1.0, 3.0, 5.0], [2.0, 2.0, float("-inf")]])
+    mask = torch.tensor([[True, True, False], [True, True, True]])
+    assert D.spread(s, mask, dim=1).tolist() == [1.0, 0.0]
+    assert D.spread(s, mask, dim=-1).tolist() == [1.0, 0.0]
+
+
+class _OnMps:
+    """A stand-in for an MPS tensor: it can only say where it is and come to the CPU."""
+    def __init__(self, cpu):
+        self._cpu = cpu
+        self.device = type("Dev", (), {"type": "mps"})()
+
+    def cpu(self):
+        return self._cpu
+
+
+def test_mps_tensors_are_measured_on_the_cpu():
+    # scores 1, 3 (and 2, 2 masked off by the mask): population std 1
+    scores = torch.tensor([1.0, 3.0, 2.0, 2.0])
+    keep = torch.tensor([True, True, False, False])
+    assert D.spread(_OnMps(scores), _OnMps(keep)).item() == 1.0
+    assert D.entropy(_OnMps(torch.tensor([0.5, 0.5]))).item() == pytest.approx(math.log(2))
+    cpu = torch.tensor([1.0])
+    assert D._measurable(cpu) is cpu and D._measurable(None) is None
+
+
+def test_a_row_counts_only_when_its_weights_sum_to_more_than_a_half():
+    p = torch.tensor([[0.25, 0.25], [0.5, 0.5], [0.0, 0.0], [0.3, 0.25]])
+    assert D.valid_rows(p).tolist() == [False, True, False, True]
+
+
+def test_head_measures_with_one_counted_row_and_masked_scores():
+    # one batch, two heads, T = 2, causal: row 0 sees one key (not counted), row 1 sees two
+    inf = float("-inf")
+    scores = torch.tensor([[[[0.5, inf], [0.25, -0.75]], [[0.1, inf], [0.2, 0.3]]]])
+    pattern = torch.tensor([[[[1.0, 0.0], [0.25, 0.75]], [[1.0, 0.0], [0.5, 0.5]]]])
+    m = dict(zip(D.HEAD_MEASURES, D.head_measures(scores, pattern).tolist()))
+    assert m["max_score"] == [0.75, pytest.approx(0.3)]  # masked entries never count, even as 0 < 1
+    assert m["max_weight"] == [0.75, 0.5]  # the one counted row's, divided by 1 row
+    assert m["effective_words"] == [pytest.approx(math.exp(-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)))),
+                                    pytest.approx(2.0)]
+
+
+def test_reduce_heads_per_layer_weighs_by_rows():
+    # layer 0: (1·3 + 2·1) / 4 = 1.25; layer 1: (4·1 + 8·3) / 4 = 7
+    values, weights = [[1.0, 2.0], [4.0, 8.0]], [[3.0, 1.0], [1.0, 3.0]]
+    assert D.reduce_heads(values, per_layer=True, weights_LH=weights) == [1.25, 7.0]

@@ -213,3 +213,43 @@ def test_a_diverged_side_leaves_no_se_and_infinity_is_written_in_lower_case():
     (r,) = analysis.gap_table(rows)["rows"]
     assert (r["diverged"], r["gap"], r["gap_se"]) == ("baseline", None, None)
     assert analysis.plus_minus(math.inf, None) == "inf"
+
+
+def _train_run(seed, head_dim, lr, steps=60, context=32, batch=8):
+    from types import SimpleNamespace
+    return SimpleNamespace(seed=seed, head_dim=head_dim, lr=lr, train={"steps": steps, "batch": batch},
+                           model={"context": context})
+
+
+def test_budget_reads_the_distinct_settings_sorted_and_skips_missing_ones():
+    runs = [_train_run(1, 256, 3e-2, steps=120), _train_run(0, 64, 3e-4), _train_run(1, 64, None, batch=None),
+            _train_run(0, 256, 1e-3, context=64)]
+    assert analysis.budget(runs) == {"runs": 4, "steps": [60, 120], "context": [32, 64], "batch": [8],
+                                     "seeds": [0, 1], "head_dims": [64, 256], "lrs": [3e-4, 1e-3, 3e-2]}
+    assert analysis.budget([]) == {"runs": 0, "steps": [], "context": [], "batch": [], "seeds": [],
+                                   "head_dims": [], "lrs": []}
+
+
+def test_budget_text_names_each_setting_in_words():
+    b = {"steps": [60], "context": [32], "seeds": [0, 1], "head_dims": [64, 256], "lrs": [3e-4, 1e-3, 3e-3, 3e-2]}
+    assert analysis.budget_text(b) == ("60 steps a run, context 32, 2 seeds, widths 64 and 256, "
+                                       "4 learning rates from 3e-4 to 3e-2")
+    b3 = dict(b, lrs=[3e-4, 1e-3, 3e-2])  # three rates: the count and the ends
+    assert analysis.budget_text(b3) == ("60 steps a run, context 32, 2 seeds, widths 64 and 256, "
+                                        "3 learning rates from 3e-4 to 3e-2")
+    one = {"steps": [60, 120], "context": [32, 64, 128], "seeds": [7], "head_dims": [64], "lrs": [1e-3, 3e-3]}
+    assert analysis.budget_text(one) == ("60 and 120 steps a run, context 32 to 128, 1 seed, width 64, "
+                                         "learning rates 1e-3 and 3e-3")
+    assert analysis.budget_text(dict(one, lrs=[9.5e-4])) == ("60 and 120 steps a run, context 32 to 128, 1 seed, "
+                                                              "width 64, learning rate 9.5e-4")
+    many = {"steps": [400], "context": [64], "seeds": [0, 1, 2], "head_dims": [32, 64, 1024], "lrs": []}
+    assert analysis.budget_text(many) == "400 steps a run, context 64, 3 seeds, widths 32 to 1,024"
+
+
+def test_an_interval_that_only_touches_zero_leaves_the_gap_undecided(monkeypatch):
+    # "wholly above 0": a lower end of exactly 0 does not clear it
+    monkeypatch.setattr(analysis, "interval", lambda gap, se, n: (0.0, 2 * gap))
+    rows = [x for s, g in enumerate([2.0, 4.0]) for x in (_row(64, "inv_sqrt_d", s, 10.0), _row(64, "none", s, 10.0 + g))]
+    assert analysis.gap_table(rows)["rows"][0]["counts"] is None
+    monkeypatch.setattr(analysis, "interval", lambda gap, se, n: (1e-9, 2 * gap))
+    assert analysis.gap_table(rows)["rows"][0]["counts"] is True
