@@ -1,11 +1,12 @@
 """lm.checkpoint: what a run is known by (comparable_config) and what an unusable checkpoint says."""
 
 from __future__ import annotations
+import json
 
 import pytest
 import torch
 
-from attnscale.lm.checkpoint import Checkpoint, comparable_config
+from attnscale.lm.checkpoint import Checkpoint, comparable_config, run_config, save_weights
 
 
 def test_execution_settings_are_dropped_wherever_they_are_present():
@@ -59,3 +60,54 @@ def test_a_coupled_config_written_with_head_dim_none_matches_its_number():
     new = {"model": {"d_model": 32, "n_heads": 4, "head_dim": 8}, "train": {"steps": 3}}
     assert comparable_config(old) == comparable_config(new)
     assert comparable_config(old) != comparable_config({**new, "model": {**new["model"], "head_dim": 16}})
+
+
+def test_a_model_config_without_a_head_dim_key_gets_none_filled_in():
+    # only an explicit head_dim None is an old coupled config; a missing key is left missing
+    cfg = {"model": {"d_model": 32, "n_heads": 4}, "train": {"steps": 3}}
+    assert "head_dim" not in comparable_config(cfg)["model"]
+
+
+def test_a_filled_head_dim_is_the_integer_quotient():
+    old = {"model": {"d_model": 32, "n_heads": 4, "head_dim": None}}
+    filled = comparable_config(old)["model"]["head_dim"]
+    assert filled == 8 and type(filled) is int
+    assert json.dumps(comparable_config(old)) == json.dumps({"model": {"d_model": 32, "n_heads": 4, "head_dim": 8}})
+
+
+def test_run_config_holds_model_train_and_the_corpus_description():
+    from attnscale.lm.data import Corpus
+    from attnscale.lm.model import ModelConfig
+    from attnscale.lm.train import TrainConfig
+
+    corpus = Corpus(name="tiny", tokenizer="char", vocab_size=5, train=torch.arange(20) % 5,
+                    valid=torch.arange(10) % 5, sha256="a" * 64)
+    cfg = run_config(ModelConfig(vocab_size=5, context=4, d_model=8, n_layers=1, n_heads=2, head_dim=4),
+                     TrainConfig(steps=3), corpus)
+    assert set(cfg) == {"model", "train", "corpus"}
+    assert cfg["corpus"] == {"name": "tiny", "tokenizer": "char", "vocab_size": 5, "train_tokens": 20,
+                             "valid_tokens": 10, "sha256": "a" * 64}
+    assert cfg["model"]["d_model"] == 8 and cfg["train"]["steps"] == 3
+
+
+def test_a_checkpoint_written_on_a_gpu_loads_onto_the_cpu(tmp_path, monkeypatch):
+    # torch.save tags each storage with its device; tag them "cuda:0" as a GPU run's file would be
+    import torch.serialization as ser
+
+    saved = Checkpoint(tmp_path / "ckpt.pt", {"model": {"d_model": 8}})
+    with monkeypatch.context() as m:
+        m.setattr(ser, "location_tag", lambda storage: "cuda:0")
+        saved.save(step=2, w=torch.tensor([1.0, 2.0]))
+    state, why = Checkpoint(tmp_path / "ckpt.pt", {"model": {"d_model": 8}}).load()
+    assert why is None
+    assert state["w"].device.type == "cpu" and state["w"].tolist() == [1.0, 2.0]
+
+
+def test_saved_weights_say_they_are_pytorch_tensors(tmp_path):
+    from safetensors import safe_open
+
+    model = torch.nn.Linear(3, 2)
+    save_weights(model, tmp_path / "w.safetensors")
+    with safe_open(str(tmp_path / "w.safetensors"), framework="pt") as f:
+        assert f.metadata() == {"format": "pt"}
+        assert torch.equal(f.get_tensor("weight"), model.weight.detach())
