@@ -107,10 +107,10 @@ def specs(cfg: SchemesConfig, vocab_size: int):
 
 def run_records(cfg: SchemesConfig, out: Path, jobs: int = 1, progress: bool = True,
                 reuse: Sequence[Path] = (), executor: str = "local", ray_address: str | None = None,
-                pace=None) -> list[TrainRun]:
+                pace=None, corpus=None) -> list[TrainRun]:
     """Train every run not yet finished under ``out/<run_id>`` (on ``executor``: "local" or "ray");
-    return every run as read back."""
-    corpus = cfg.corpus_spec.load()
+    return every run as read back. ``corpus``: the config's corpus, where the caller has loaded it already."""
+    corpus = corpus if corpus is not None else cfg.corpus_spec.load()
     return execute(specs(cfg, corpus.vocab_size), cfg.corpus_spec, Path(out), jobs=jobs, progress=progress,
                    corpus=corpus, reuse=reuse, executor=executor, ray_address=ray_address, pace=pace)
 
@@ -129,10 +129,10 @@ def run(cfg: SchemesConfig, out: Path, jobs: int = 1, progress: bool = True, exe
     ``schemes_analysis.PLATEAU_NATS`` of it or above}, what the report's section reads from the same records."""
     from attnscale.report import schemes_analysis as sa
 
-    runs = rows_from_records(run_records(cfg, out, jobs, progress, executor=executor, ray_address=ray_address,
-                                         pace=pace))
-    summary = sa.summary_rows(runs)
     corpus = cfg.corpus_spec.load()
+    runs = rows_from_records(run_records(cfg, out, jobs, progress, executor=executor, ray_address=ray_address,
+                                         pace=pace, corpus=corpus))
+    summary = sa.summary_rows(runs)
     unigram = sa.unigram_loss(corpus.train.tolist(), corpus.valid.tolist(), corpus.vocab_size)
     finished = [r for r in runs if r["status"] in ("done", "diverged")]
     plateau = sa.plateau_ends(summary, sa.loss_curves(finished), unigram)
