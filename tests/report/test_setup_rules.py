@@ -271,7 +271,7 @@ def test_explain_counts_the_undecided_of_size_and_direction_apart():
     rows = [run("lr", 9e-3, "none", 0, end_spread=6000.0)]  # one row: its width is the first row's
     c = explain_claims(setups=[LR], size_undecided=[LR], direction_setups=[LR])
     assert sa.explain("end_spread", sa.summary_rows(rows), c) == (
-        "setup study (d=1,024, 1 setups, 1 seed): the size (over 5,000) holds in 0 of 1, 1 undecided, "
+        "setup study (d=1,024, 1 setup, 1 seed): the size (over 5,000) holds in 0 of 1, 1 undecided, "
         "the direction (without the scale the spread grows) in 0 of 1")  # no base setup judged: no base part
 
 
@@ -280,8 +280,17 @@ def test_explain_takes_a_setting_named_base_for_no_base_setup():
     rows = [run("init", "base", "none", 0, end_spread=6000.0)]
     c = explain_claims(setups=[pseudo], direction_setups=[pseudo], direction=[pseudo])
     assert sa.explain("end_spread", sa.summary_rows(rows), c) == (
-        "setup study (d=1,024, 1 setups, 1 seed): the size (over 5,000) holds in 0 of 1, "
+        "setup study (d=1,024, 1 setup, 1 seed): the size (over 5,000) holds in 0 of 1, "
         "the direction (without the scale the spread grows) in 1 of 1")
+
+
+def test_explain_of_judged_claims_over_an_empty_summary_names_no_width():
+    # the summary carries the width; with no rows there is none to name, and no value to quote
+    c = explain_claims(setups=[BASE, LR], size=[LR], direction_setups=[BASE, LR], direction=[BASE, LR],
+                       direction_undecided=[BASE])
+    assert sa.explain("end_spread", [], c) == (
+        "setup study (d=?, 2 setups, 0 seeds): the size (over 5,000) holds in 1 of 2 (learning rate 9e-3: —), "
+        "the direction (without the scale the spread grows) in 2 of 2, 1 undecided; base setup —")
 
 
 # --- run_row: one recorded run as plain numbers ---

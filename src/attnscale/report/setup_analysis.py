@@ -232,10 +232,10 @@ def explain(key: str, summary: Sequence[Mapping[str, Any]], judged: Mapping[str,
     where = [f"{setup_name(s)}: {value_text(summary, s, key)}" for s in c["size"]]
     base = next((s for s in c["setups"] if s[0] == "base"), None)
     seeds = max((r["seeds"] for r in summary), default=0)
-    head_dim = summary[0]["head_dim"] if summary else "?"
+    head_dim = f"{summary[0]['head_dim']:,}" if summary else "?"  # no rows, no width to name
     undecided = [f", {len(c[f'{part}_undecided'])} undecided" if c.get(f"{part}_undecided") else ""
                  for part in ("size", "direction")]
-    text = (f"setup study (d={head_dim:,}, {n} setups, {seeds} seed{'s' if seeds != 1 else ''}): the size "
+    text = (f"setup study (d={head_dim}, {n} setup{'s' if n != 1 else ''}, {seeds} seed{'s' if seeds != 1 else ''}): the size "
             f"({CLAIM_WORDS[key][1]}) holds in {len(c['size'])} of {n}" + (f" ({'; '.join(where)})" if where else "")
             + undecided[0] + f", the direction ({CLAIM_WORDS[key][0]}) in {len(c['direction'])} of "
             f"{len(c['direction_setups'])}" + undecided[1])
