@@ -54,7 +54,7 @@ test-all: setup-dev
 # Mutation testing (mutmut, the extra attnscale[mutation]) of the rules that make the reported numbers:
 # each mutant runs only the tests that reach the function it changes. MUTANTS narrows it, e.g.
 # make mutation MUTANTS='attnscale.report.analysis.*'; survivors and why: docs/mutation.md.
-MUTANTS ?= 'attnscale.core.diagnostics.*' 'attnscale.core.scales.*' 'attnscale.lm.train.x_evaluate__mutmut_*' \
+MUTANTS ?= 'attnscale.core.diagnostics.*' 'attnscale.core.scales.*' 'attnscale.lm.train.x_evaluate__mutmut_*' 'attnscale.lm.train.x_sum_dtype__mutmut_*' \
 	'attnscale.lm.model.x*TinyLM*loss__mutmut_*' 'attnscale.lm.checkpoint.*' 'attnscale.runs.store.*' \
 	'attnscale.report.analysis.*' 'attnscale.report.course.*' 'attnscale.report.schemes_analysis.*' \
 	'attnscale.report.setup_analysis.*'

@@ -156,6 +156,13 @@ def test_held_out_loss_is_the_float64_token_weighted_mean_over_all_batches(corpu
     assert res["perplexity"] == pytest.approx(math.exp(expected), rel=1e-12)
 
 
+@pytest.mark.parametrize("device, dtype", [("cpu", torch.float64), ("cuda:0", torch.float64), ("mps", torch.float32)])
+def test_the_held_out_sum_is_float64_but_float32_on_mps(device, dtype):
+    from attnscale.lm.train import sum_dtype
+
+    assert sum_dtype(torch.device(device)) is dtype  # a device object needs no such device present
+
+
 class _FixedLogits(torch.nn.Module):
     """A stand-in model: token 1's logit 0, token 0's at ``gap``, the rest far below, so every
     target 1 has cross-entropy ``gap`` exactly in float32."""

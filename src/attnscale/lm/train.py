@@ -50,7 +50,7 @@ from attnscale.lm.checkpoint import Checkpoint, comparable_config, run_config, s
 from attnscale.lm.model import ModelConfig, TinyLM
 from attnscale.lm.recording import DIAGNOSTICS, read_back, recording, summarize
 
-__all__ = ["TrainConfig", "train", "run_config", "comparable_config", "save_weights", "lr_at", "evaluate", "DIAGNOSTICS", "summarize"]
+__all__ = ["TrainConfig", "train", "run_config", "comparable_config", "save_weights", "lr_at", "evaluate", "sum_dtype", "DIAGNOSTICS", "summarize"]
 
 ATTENTION = ("auto", "fused", "explicit")
 # fp16 steps the scaler may skip in a row before the run counts as diverged: each skip halves the
@@ -169,6 +169,11 @@ def _threads(n: int | None):
         torch.set_num_threads(before)
 
 
+def sum_dtype(device: torch.device) -> torch.dtype:
+    """The dtype of the held-out loss's running sum: float64, but float32 on MPS, which has no float64."""
+    return torch.float32 if device.type == "mps" else torch.float64
+
+
 def evaluate(model: TinyLM, ids: torch.Tensor, batch: int, max_batches: int | None,
              dtype: "str | dev.Precision" = "fp32") -> dict[str, float]:
     """Held-out mean cross-entropy (nats, token-weighted) and perplexity = exp of it.
@@ -181,7 +186,7 @@ def evaluate(model: TinyLM, ids: torch.Tensor, batch: int, max_batches: int | No
     model.eval()
     device = next(model.parameters()).device
     precision = dtype if isinstance(dtype, dev.Precision) else dev.resolve_precision(dtype, device)
-    total, tokens = torch.zeros((), dtype=torch.float64 if device.type != "mps" else torch.float32, device=device), 0
+    total, tokens = next(model.parameters()).new_zeros((), dtype=sum_dtype(device)), 0  # on the model's device
     try:
         for i, (x_BT, y_BT) in enumerate(eval_batches(ids, batch, model.cfg.context)):
             if max_batches is not None and i >= max_batches:
