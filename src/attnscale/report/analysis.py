@@ -149,7 +149,7 @@ def gap_table(rows: Sequence[dict[str, Any]], baseline: str = "none", reference:
         })
         ref_ppl = out_rows[-1]["reference_ppl"]
         out_rows[-1].update({
-            "share": None if diverged or gap is None or not ref_ppl else gap / ref_ppl,
+            "share": None if diverged else gap / ref_ppl,  # not diverged: every paired seed has both, ppl ≥ 1
         })
     starts = []
     for lr in dict.fromkeys(r["lr"] for r in out_rows):

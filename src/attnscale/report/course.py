@@ -381,8 +381,8 @@ def _gap_claim(select: Callable[[int], bool], lo: float, hi: float, sign: int, w
         direction = judging.side(a, b, (lambda x: x > 0) if sign > 0 else (lambda x: x <= 0))
         verdicts.append(judging.verdict(judging.overlaps(a, b, (lo, hi)), direction))
         directions.append(direction)
-        share = f", {shares[w]:.0%} of the scaled ppl" if w in shares else ""
-        parts.append(f"d={w}: {fmt_gap(gap, se, n)}{share}")
+        # a width with a gap has a share: gap_table gives both, or neither where a side diverged
+        parts.append(f"d={w}: {fmt_gap(gap, se, n)}, {shares[w]:.0%} of the scaled ppl")
     verdict = judging.worst(verdicts)
     lead = "the scale helps" if sign > 0 else "the unscaled run is ahead or level"
     note = {judging.PARTLY: f"the direction holds ({lead}), the size does not",

@@ -139,7 +139,7 @@ def gap(none: Mapping | None, scaled: Mapping | None) -> tuple[float | None, flo
 def _ends(row: Mapping[str, Any], key: str) -> tuple[float, float]:
     """The 95% t interval over seeds of ``row[key]`` (the value itself where there is none)."""
     m = row[key]
-    return intervals.interval(m, row[f"{key}_se"], row.get(f"{key}_n", 0)) or (m, m)
+    return intervals.interval(m, row[f"{key}_se"], row[f"{key}_n"]) or (m, m)
 
 
 def _paired_side(a: Mapping[str, float], b: Mapping[str, float], holds) -> str | None:
@@ -211,9 +211,10 @@ def setup_name(setup: tuple[str, str]) -> str:
 def value_text(summary, setup, key: str) -> str:
     none, scaled = pair(summary, setup)
     if key == "big_gap":
-        g, se, n, ref = gap(none, scaled)
-        share = f", {100 * g / ref:.0f}% of the scaled model's {ref:.2f}" if g is not None and ref else ""
-        return "—" if g is None else analysis.plus_minus(g, se, "{:+.2f}") + share
+        g, se, n, ref = gap(none, scaled)  # ref, a mean perplexity (≥ 1), exists wherever g does
+        if g is None:
+            return "—"
+        return analysis.plus_minus(g, se, "{:+.2f}") + f", {100 * g / ref:.0f}% of the scaled model's {ref:.2f}"
     row, measure, fmt = ((scaled, "end_spread", "{:,.2f}") if key == "scaled_spread" else
                          (none, "end_spread", "{:,.0f}") if key == "end_spread" else
                          (none, "end_frozen_fraction", "{:.1%}"))
