@@ -181,6 +181,15 @@ def test_gap_table_orders_by_learning_rate_then_head_dim_and_skips_unpaired_head
     assert 512 not in analysis.share_by_head_dim(analysis.gap_table(rows))  # another lr's width is not the first's
 
 
+def test_a_table_mixing_runs_without_and_with_a_learning_rate_lists_those_without_first():
+    # None and a float do not compare: the order puts "no learning rate" first, then lrs ascending
+    rows = [_row(d, scale, 0, ppl, lr=lr) for lr, d in ((3e-3, 32), (1e-3, 256), (None, 512), (None, 64))
+            for scale, ppl in (("inv_sqrt_d", 10.0), ("none", 11.0))]
+    table = analysis.gap_table(rows)
+    assert [(r["lr"], r["head_dim"]) for r in table["rows"]] == [(None, 64), (None, 512), (1e-3, 256), (3e-3, 32)]
+    assert [s["lr"] for s in table["starts"]] == [None, 1e-3, 3e-3]
+
+
 def test_which_side_diverged_and_what_it_leaves():
     ref_only = [_row(64, "inv_sqrt_d", 0, None, status="diverged"), _row(64, "none", 0, 12.0)]
     (r,) = analysis.gap_table(ref_only)["rows"]

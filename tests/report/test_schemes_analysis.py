@@ -365,6 +365,35 @@ def test_the_ranking_of_two_schemes_word_for_word():
         "No scheme is shown less sensitive than all the others.")
 
 
+def test_an_adjusted_p_of_exactly_alpha_shows_no_difference(monkeypatch):
+    # p_holm < 0.05 holds, as paired_holm's "inconclusive" at exactly 0.05 reads it
+    rows = _two_schemes({0: 0.10, 1: 0.12, 2: 0.11}, {0: 0.20, 1: 0.25, 2: 0.24})
+    test = {"a": "a", "b": "b", "diff": -0.12, "se": 0.01, "n": 3, "p": 0.05, "p_holm": 0.05, "interval": (-0.16, -0.08)}
+    monkeypatch.setattr(sa, "pairwise", lambda rows, head_dim: [test])
+    assert sa.reading(rows)[0].endswith(
+        "(by seed, Holm-corrected at 5%), 0 show a difference. No scheme is shown less sensitive than all the others.")
+    monkeypatch.setattr(sa, "pairwise", lambda rows, head_dim: [dict(test, p_holm=0.0499)])
+    assert sa.reading(rows)[0].endswith(
+        "1 show a difference: a − b = -0.120 (adjusted p 0.05). a is less sensitive than every other scheme.")
+
+
+def test_loss_curves_group_the_runs_by_scheme_and_width_by_hand():
+    def r(scale, head_dim, lr, seed, final):
+        return {"scale": scale, "head_dim": head_dim, "lr": lr, "seed": seed, "final_loss": final, "init_loss": 5.0}
+
+    runs = [r("none", 64, 1e-2, 0, None), r("none", 64, 1e-3, 0, 2.0), r("none", 64, 1e-3, 1, 2.4),
+            r("none", 64, 1e-2, 1, 3.0), r("inv_sqrt_d", 64, 1e-3, 0, 1.5), r("none", 256, 1e-3, 0, 1.0)]
+    curves = sa.loss_curves(runs)
+    assert list(curves) == [("none", 64), ("inv_sqrt_d", 64), ("none", 256)]  # in the order first seen
+    (low, high) = curves[("none", 64)]
+    # lr 1e-3: finals 2.0 and 2.4, mean 2.2, SE |2.4 − 2.0| / 2 = 0.2; lr 1e-2: seed 0 diverged, seed 1 at 3.0
+    assert (low["lr"], low["mean"], low["se"], low["runs"], low["diverged"]) == (1e-3, pytest.approx(2.2), pytest.approx(0.2), 2, 0)
+    assert (high["lr"], high["mean"], high["se"], high["runs"], high["diverged"]) == (1e-2, 3.0, None, 2, 1)
+    assert curves[("inv_sqrt_d", 64)] == [{"lr": 1e-3, "mean": 1.5, "se": None, "runs": 1, "diverged": 0}]
+    assert curves[("none", 256)] == [{"lr": 1e-3, "mean": 1.0, "se": None, "runs": 1, "diverged": 0}]
+    assert sa.loss_curves([]) == {}
+
+
 def test_every_difference_that_holds_is_listed():
     rows = _three_schemes({"a": [0.10, 0.12, 0.11], "b": [0.20, 0.25, 0.24], "c": [0.30, 0.28, 0.33]})
     # Holm-adjusted p 0.0206 for a − b and a − c (worked out in the pairwise test above); a − c = −0.193

@@ -199,6 +199,14 @@ def test_the_terminal_table_to_the_letter():
     ]
 
 
+def test_a_measure_that_is_not_finite_counts_as_missing():
+    # no inf or nan reaches a table: the largest finite layer is the max layer, a nan word count shows as missing
+    rows = [run("base", None, "none", 0, words=float("nan"), layers=[100.0, float("inf"), float("nan")])]
+    (row,) = sa.summary_rows(rows)
+    assert row["end_spread_max_layer"] == 100.0 and row["end_effective_words"] is None
+    assert sa.format_text([row], {}).splitlines()[1] == "base  none       300.0       100  90.0%          -     15.00 1/1"
+
+
 # --- setups: the order a reader sees them in ---
 
 def test_setups_put_the_base_first_then_the_axes_in_their_order_by_value_then_the_combinations():
