@@ -184,9 +184,10 @@ def evaluate(model: TinyLM, ids: torch.Tensor, batch: int, max_batches: int | No
     ``torch.no_grad`` below (not as a decorator, which mutation testing would skip)."""
     was_training = model.training
     model.eval()
-    device = next(model.parameters()).device
+    param = next(model.parameters())
+    device = param.device
     precision = dtype if isinstance(dtype, dev.Precision) else dev.resolve_precision(dtype, device)
-    total, tokens = next(model.parameters()).new_zeros((), dtype=sum_dtype(device)), 0  # on the model's device
+    total, tokens = param.new_zeros((), dtype=sum_dtype(device)), 0  # on the model's device
     try:
         for i, (x_BT, y_BT) in enumerate(eval_batches(ids, batch, model.cfg.context)):
             if max_batches is not None and i >= max_batches:
