@@ -161,7 +161,7 @@ def train(args, out: Path) -> tuple[dict[str, dict[int, float]], float, float]:
     from tiny_llama import corpus_windows, tiny_llama
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
-    from attnscale.watch.hf import WatchCallback
+    from attnscale.watch.callbacks.hf import WatchCallback
 
     class StepClock(TrainerCallback):
         def __init__(self):

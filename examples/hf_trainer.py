@@ -26,8 +26,8 @@ from options import run_options  # noqa: E402
 from tiny_llama import corpus_windows, tiny_llama  # noqa: E402
 
 from attnscale.watch.alerts import Collapsed, MaxScore  # noqa: E402
-from attnscale.watch.hf import WatchCallback  # noqa: E402
-from attnscale.watch.sinks import JsonlSink  # noqa: E402
+from attnscale.watch.callbacks.hf import WatchCallback  # noqa: E402
+from attnscale.watch.logs.sinks import JsonlSink  # noqa: E402
 
 
 def main(argv=None) -> int:

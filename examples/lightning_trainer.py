@@ -27,7 +27,7 @@ from options import run_options, tiny_lm_options  # noqa: E402
 from attnscale.lm.data import load_corpus  # noqa: E402
 from attnscale.lm.model import ModelConfig, build_model  # noqa: E402
 from attnscale.watch.alerts import Collapsed, MaxScore  # noqa: E402
-from attnscale.watch.sinks import JsonlSink  # noqa: E402
+from attnscale.watch.logs.sinks import JsonlSink  # noqa: E402
 
 
 class Shifted(torch.utils.data.Dataset):
@@ -73,7 +73,7 @@ def main(argv=None) -> int:
     import lightning.pytorch as pl
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
-    from attnscale.watch.lightning import WatchCallback
+    from attnscale.watch.callbacks.lightning import WatchCallback
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     run_options(p, "watch-out/lightning")

@@ -28,7 +28,7 @@ from attnscale.lm.data import batches, load_corpus  # noqa: E402
 from attnscale.lm.model import ModelConfig, build_model  # noqa: E402
 from attnscale.watch.alerts import Collapsed, MaxScore, Spike  # noqa: E402
 from attnscale.watch.loop import Watch  # noqa: E402
-from attnscale.watch.sinks import JsonlSink, TensorBoardSink  # noqa: E402
+from attnscale.watch.logs.sinks import JsonlSink, TensorBoardSink  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -650,11 +650,11 @@ def test_inspect_on_a_device_equals_inspect_where_the_model_is(corpus):
 # ---- the public diagnostics on MPS (no float64 there) ----------------------------------
 
 
-def test_head_pool_for_mps_scores_sums_on_the_cpu():
-    from attnscale.core.diagnostics import HeadPool
+def test_head_sums_for_mps_scores_sum_on_the_cpu():
+    from attnscale.capture.reduce import HeadSums
 
-    pool = HeadPool(2, device="mps")  # MPS has no float64: torch.zeros(..., float64, device="mps") raises there
-    assert {t.device.type for t in (pool.sum, pool.sum_sq, pool.entries, pool.rows)} == {"cpu"}
+    sums = HeadSums(2, device="mps")  # MPS has no float64: torch.zeros(..., float64, device="mps") raises there
+    assert sums.data.device.type == "cpu"
 
 
 @pytest.mark.skipif(not dev._mps_available(), reason="needs Apple's MPS (a CPU cannot show what MPS refuses)")
@@ -670,10 +670,9 @@ def test_public_diagnostics_take_mps_tensors_and_agree_with_the_cpu():
         torch.testing.assert_close(fn(on_mps[1]), fn(pattern))
     assert D.frozen_fraction(on_mps[1]) == D.frozen_fraction(pattern)
     assert D.row_summary(on_mps[1]) == pytest.approx(D.row_summary(pattern))
-    torch.testing.assert_close(D.head_measures(*on_mps), D.head_measures(scores, pattern))
-    pool = D.HeadPool(3, device="mps")
-    pool.add(*on_mps)
-    assert pool.result() == pytest.approx(D.head_summary(scores, pattern))
+    from attnscale.capture.reduce import reduce_scores
+
+    torch.testing.assert_close(reduce_scores(on_mps[0]).measures(), reduce_scores(scores).measures())
 
 
 # ---- on a real GPU, nothing patched (skipped without one; benchmarks/gpu_check.py runs them) ----------

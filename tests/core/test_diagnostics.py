@@ -72,24 +72,6 @@ def test_threshold_is_configurable_and_recorded():
     assert s["frozen_fraction"] == 1.0 and s["frozen_threshold"] == 0.9
 
 
-def test_head_summary_per_head_and_single_key_rows_skipped():
-    from attnscale.core.attention import build_mask, masked_softmax
-
-    gen = torch.Generator().manual_seed(2)
-    scores = torch.randn(2, 3, 5, 5, generator=gen)
-    scores[:, 1] *= 100  # head 1 frozen
-    mask = build_mask(5, causal=True)
-    scores = scores.masked_fill(~mask, float("-inf"))
-    p = masked_softmax(scores, mask)
-    h = D.head_summary(scores, p)
-    assert all(len(v) == 3 for v in h.values())
-    assert h["frozen_fraction"][1] > 0.7 and h["frozen_fraction"][0] < 0.5
-    # row 0 sees one key: left out, so a soft head is not called partly frozen
-    soft = torch.zeros(1, 1, 5, 5).masked_fill(~mask, float("-inf"))
-    assert D.head_summary(soft, masked_softmax(soft, mask))["frozen_fraction"] == [0.0]
-    assert h["spread"][1] == pytest.approx(D.spread(scores[:, 1]).item(), rel=1e-5)
-
-
 def test_rows_that_see_no_key_are_left_out_of_the_frozen_share():
     p = torch.tensor([[1.0, 0.0], [0.0, 0.0], [0.6, 0.4]])  # the middle row sees nothing: not a row
     assert D.frozen_fraction(p) == 0.5
@@ -110,24 +92,6 @@ def test_row_summary_by_hand():
                  "effective_words_p90": pytest.approx(1.9), "effective_words_mean": pytest.approx(1.5),
                  "max_weight_mean": pytest.approx(0.75), "frozen_fraction": 0.5, "frozen_threshold": 0.99,
                  "push_median": 0.0, "push_mean": pytest.approx(0.25), "rows": 2}
-
-
-def test_a_pool_that_saw_one_score_and_one_row():
-    pool = D.HeadPool(1)
-    scores = torch.tensor([[[[3.0, -5.0]]]])
-    pool.add_scores(scores, torch.tensor([[[[True, False]]]]))  # one score counts: spread 0, max |score| 3
-    pool.add_rows(torch.tensor([[[0.25, 0.75]]]))  # one row
-    r = pool.result()
-    assert r["spread"] == [0.0] and r["max_score"] == [3.0]
-    assert r["max_weight"] == [0.75] and r["frozen_fraction"] == [0.0]
-    assert r["effective_words"] == [pytest.approx(math.exp(-(0.25 * math.log(0.25) + 0.75 * math.log(0.75))))]
-
-
-def test_a_pool_keeps_its_sums_on_the_device_it_is_given():
-    # "meta" stands in for a GPU: the sums must be made there, not on the default device
-    pool = D.HeadPool(2, device="meta")
-    assert {t.device.type for t in (pool.entries, pool.rows, pool.sum, pool.sum_sq, pool.max_abs,
-                                    *pool.row_sums.values())} == {"meta"}
 
 
 # ---- reduce_heads: the one reduction of per-layer/per-head numbers ---------------------------
@@ -160,13 +124,6 @@ def test_reduce_heads_skips_missing_values_and_weighs_by_rows():
     assert math.isnan(D.reduce_heads([[1.0]], weights_LH=[[0.0]]))
     with pytest.raises(ValueError, match="how"):
         D.reduce_heads(values, "median")
-
-
-def test_the_old_path_attnscale_diagnostics_gives_the_same_objects():
-    import attnscale.diagnostics as alias
-
-    assert alias.__all__ == D.__all__
-    assert all(getattr(alias, name) is getattr(D, name) for name in D.__all__)
 
 
 def test_spread_over_one_int_dim():
@@ -202,19 +159,28 @@ def test_a_row_counts_only_when_its_weights_sum_to_more_than_a_half():
     assert D.valid_rows(p).tolist() == [False, True, False, True]
 
 
-def test_head_measures_with_one_counted_row_and_masked_scores():
-    # one batch, two heads, T = 2, causal: row 0 sees one key (not counted), row 1 sees two
-    inf = float("-inf")
-    scores = torch.tensor([[[[0.5, inf], [0.25, -0.75]], [[0.1, inf], [0.2, 0.3]]]])
-    pattern = torch.tensor([[[[1.0, 0.0], [0.25, 0.75]], [[1.0, 0.0], [0.5, 0.5]]]])
-    m = dict(zip(D.HEAD_MEASURES, D.head_measures(scores, pattern).tolist()))
-    assert m["max_score"] == [0.75, pytest.approx(0.3)]  # masked entries never count, even as 0 < 1
-    assert m["max_weight"] == [0.75, 0.5]  # the one counted row's, divided by 1 row
-    assert m["effective_words"] == [pytest.approx(math.exp(-(0.25 * math.log(0.25) + 0.75 * math.log(0.75)))),
-                                    pytest.approx(2.0)]
-
-
 def test_reduce_heads_per_layer_weighs_by_rows():
     # layer 0: (1·3 + 2·1) / 4 = 1.25; layer 1: (4·1 + 8·3) / 4 = 7
     values, weights = [[1.0, 2.0], [4.0, 8.0]], [[3.0, 1.0], [1.0, 3.0]]
     assert D.reduce_heads(values, per_layer=True, weights_LH=weights) == [1.25, 7.0]
+
+
+def test_push_is_the_jacobians_frobenius_norm():
+    """Against the Jacobian itself, differentiated by autograd: d softmax(s) / d s = diag(p) - p pᵀ."""
+    gen = torch.Generator().manual_seed(5)
+    for s in (torch.randn(7, generator=gen, dtype=torch.float64), 4 * torch.randn(7, generator=gen, dtype=torch.float64)):
+        jac = torch.autograd.functional.jacobian(lambda x: torch.softmax(x, -1), s)
+        assert float(D.push(torch.softmax(s, -1))) == pytest.approx(float(torch.linalg.norm(jac)), rel=1e-6)
+
+
+def test_push_of_a_nearly_one_hot_row_keeps_its_digits():
+    """Exact arithmetic on the row's own float64 weights: Σp² - 2Σp³ + (Σp²)² in fractions."""
+    from fractions import Fraction
+
+    p = torch.softmax(torch.tensor([0.0, -25.0, -27.0, -40.0], dtype=torch.float64), -1)
+    f = [Fraction(float(x)) for x in p]
+    s2, s3 = sum(x * x for x in f), sum(x**3 for x in f)
+    exact = math.sqrt(s2 - 2 * s3 + s2 * s2)
+    assert exact < 1e-10  # the closed form would lose every digit here in float64
+    assert float(D.push(p)) == pytest.approx(exact, rel=1e-6)
+

@@ -17,7 +17,7 @@ os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 
 from attnscale.cli import main
-from attnscale.core.diagnostics import head_summary
+from reference import head_summary
 from attnscale.errors import ConfigError
 from attnscale.core.hooks import record
 from attnscale.headcheck.check import inspect_model

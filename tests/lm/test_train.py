@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from attnscale.lm.data import Corpus, batches
-from attnscale.core.diagnostics import head_summary
+from reference import head_summary
 from attnscale.errors import ConfigError
 from attnscale.core.hooks import record
 from attnscale.lm.model import ModelConfig, TinyLM

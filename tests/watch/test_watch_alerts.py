@@ -8,7 +8,7 @@ import torch
 
 from attnscale.core.diagnostics import HEAD_MEASURES
 from attnscale.watch.alerts import Alerts, Collapsed, Frozen, MaxScore, NonFinite, Spike, default_alerts
-from attnscale.watch.measure import HeadStats
+from attnscale.capture.stats import HeadStats
 
 M = {name: i for i, name in enumerate(HEAD_MEASURES)}
 

@@ -14,7 +14,7 @@ from torch import nn
 
 from attnscale.lm.model import ModelConfig, build_model
 from attnscale.watch.loop import Watch
-from attnscale.watch.measure import measure_heads
+from attnscale.capture.probe import measure_heads
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 

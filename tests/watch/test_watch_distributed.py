@@ -13,9 +13,9 @@ import torch.multiprocessing as mp
 from attnscale.core.diagnostics import HEAD_MEASURES
 from attnscale.lm.model import ModelConfig, build_model
 from attnscale.watch.loop import Watch
-from attnscale.watch.measure import measure_heads
-from attnscale.watch.record import read_log
-from attnscale.watch.sinks import JsonlSink
+from attnscale.capture.probe import measure_heads
+from attnscale.watch.logs.line import read_log
+from attnscale.watch.logs.sinks import JsonlSink
 
 WORLD = 2
 CONFIG = ModelConfig(vocab_size=40, context=12, d_model=16, n_layers=2, n_heads=2, head_dim=8)

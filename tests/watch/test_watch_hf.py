@@ -16,9 +16,9 @@ from watch_readers import tensorboard_scalars, wandb_history  # noqa: E402
 
 from attnscale.core.diagnostics import HEAD_MEASURES  # noqa: E402
 from attnscale.watch.alerts import MaxScore  # noqa: E402
-from attnscale.watch.hf import WatchCallback  # noqa: E402
-from attnscale.watch.record import read_log  # noqa: E402
-from attnscale.watch.sinks import JsonlSink  # noqa: E402
+from attnscale.watch.callbacks.hf import WatchCallback  # noqa: E402
+from attnscale.watch.logs.line import read_log  # noqa: E402
+from attnscale.watch.logs.sinks import JsonlSink  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

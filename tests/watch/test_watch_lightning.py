@@ -20,9 +20,9 @@ from attnscale.errors import ConfigError  # noqa: E402
 from attnscale.lm.data import load_corpus  # noqa: E402
 from attnscale.lm.model import ModelConfig  # noqa: E402
 from attnscale.watch.alerts import MaxScore  # noqa: E402
-from attnscale.watch.lightning import WatchCallback  # noqa: E402
-from attnscale.watch.record import read_log  # noqa: E402
-from attnscale.watch.sinks import JsonlSink  # noqa: E402
+from attnscale.watch.callbacks.lightning import WatchCallback  # noqa: E402
+from attnscale.watch.logs.line import read_log  # noqa: E402
+from attnscale.watch.logs.sinks import JsonlSink  # noqa: E402
 
 
 @pytest.fixture(autouse=True)

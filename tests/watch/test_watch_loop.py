@@ -3,13 +3,14 @@
 import torch
 
 from attnscale.core import hooks
-from attnscale.core.diagnostics import HEAD_MEASURES, head_summary
+from attnscale.core.diagnostics import HEAD_MEASURES
+from reference import head_summary
 from attnscale.lm.data import batches, load_corpus
 from attnscale.lm.model import ModelConfig, build_model
 from attnscale.watch.alerts import MaxScore
 from attnscale.watch.loop import Watch
-from attnscale.watch.record import read_log
-from attnscale.watch.sinks import JsonlSink, TensorBoardSink
+from attnscale.watch.logs.line import read_log
+from attnscale.watch.logs.sinks import JsonlSink, TensorBoardSink
 from watch_readers import tensorboard_scalars
 
 import pytest

@@ -13,10 +13,10 @@ from torch import nn
 
 from attnscale.errors import ConfigError
 from attnscale.watch.loop import Watch
-from attnscale.watch.measure import measure_heads
-from attnscale.watch.qk_clip import QKClip, clip_factors
-from attnscale.watch.sinks import JsonlSink, scalars
-from attnscale.watch.record import read_log
+from attnscale.capture.probe import measure_heads
+from attnscale.watch.clip.qk_clip import QKClip, clip_factors
+from attnscale.watch.logs.sinks import JsonlSink, scalars
+from attnscale.watch.logs.line import read_log
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 

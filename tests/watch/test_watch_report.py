@@ -8,13 +8,13 @@ import pytest
 from attnscale.cli import main
 from attnscale.core.gaussian_scores import expected_effective_words
 from attnscale.report import watch_page
-from attnscale.watch.record import WatchRecord
-from attnscale.watch.sinks import JsonlSink
+from attnscale.watch.logs.line import WatchLine
+from attnscale.watch.logs.sinks import JsonlSink
 
 MEASURES = ("spread", "max_score", "effective_words", "frozen_fraction", "push", "max_weight")
 
 
-def _record(step: int, alerts=()) -> WatchRecord:
+def _record(step: int, alerts=()) -> WatchLine:
     """2 layers × 3 heads; spread of head (l, h) = 0.5 + l + 0.25 h + step / 100, words 10 − h − step / 50."""
     values = []
     for layer in range(2):
@@ -24,7 +24,7 @@ def _record(step: int, alerts=()) -> WatchRecord:
                       "frozen_fraction": [0.1 * layer + step / 1000 for h in range(3)],
                       "push": [0.3] * 3, "max_weight": [0.2] * 3}
         values.append([by_measure[m] for m in MEASURES])
-    return WatchRecord(step=step, time=1.7e9 + step, measures=MEASURES, values=values, rows=[[30] * 3] * 2,
+    return WatchLine(step=step, time=1.7e9 + step, measures=MEASURES, values=values, rows=[[30] * 3] * 2,
                        summary={"attn/max_score": 8.0 + step, "attn/frozen_fraction": 0.05},
                        alerts=list(alerts), watch={"seconds": 0.01, "total_seconds": 0.1, "share": 0.004},
                        probe={"sequences": 4, "tokens": 32}, threshold=0.99)

@@ -7,17 +7,17 @@ import math
 import pytest
 
 from attnscale.errors import ConfigError
-from attnscale.watch.record import SCHEMA, VERSION, WatchRecord, read_log
-from attnscale.watch.sinks import CsvSink, JsonlSink, TensorBoardSink, WandbSink, scalars
+from attnscale.watch.logs.line import SCHEMA, VERSION, WatchLine, read_log
+from attnscale.watch.logs.sinks import CsvSink, JsonlSink, TensorBoardSink, WandbSink, scalars
 from watch_readers import tensorboard_scalars, wandb_history
 
 MEASURES = ("spread", "max_score", "effective_words", "frozen_fraction", "push", "max_weight")
 
 
-def record(step: int, bump: float = 0.0) -> WatchRecord:
+def record(step: int, bump: float = 0.0) -> WatchLine:
     """2 layers × 2 heads; value of (layer l, measure m, head h) = 100 l + 10 m + h + bump."""
     values = [[[100 * l + 10 * m + h + bump for h in range(2)] for m in range(len(MEASURES))] for l in range(2)]
-    return WatchRecord(step=step, time=1_700_000_000.0 + step, measures=MEASURES, values=values,
+    return WatchLine(step=step, time=1_700_000_000.0 + step, measures=MEASURES, values=values,
                        rows=[[60, 60], [60, 59]], summary={"attn/max_score": 111.0 + bump},
                        alerts=[{"alert": "max_score", "layer": 1, "head": 1, "step": step, "value": 111.0 + bump,
                                 "action": "warn", "message": "m"}],

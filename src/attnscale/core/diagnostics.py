@@ -10,7 +10,10 @@ Conventions, written once here:
   frozen nor free, and counting it would call every causal head partly frozen.
 - Entropy is in nats with 0·log 0 = 0, so a one-hot row has entropy 0.
 - Sums run in float64, which Apple's MPS lacks: tensors on MPS are measured on
-  the CPU (``_measurable``), and what comes back is on the CPU.
+  the CPU (``measuring_device``, the one home of that rule), and what comes back is on the CPU.
+
+The per-head reduction of a whole attention call (``HEAD_MEASURES``, in blocks
+of query rows) is ``capture.reduce``; the rules here are its definitions, row by row.
 """
 
 from __future__ import annotations
@@ -28,19 +31,17 @@ __all__ = [
     "valid_rows",
     "frozen_fraction",
     "row_summary",
-    "head_summary",
-    "head_measures",
     "describe_row",
     "MIN_KEYS",
     "FROZEN_HEAD_SHARE",
     "counted_rows",
-    "HeadPool",
     "COLLAPSED_WORDS",
+    "measuring_device",
     "reduce_heads",
 ]
 
 FROZEN_THRESHOLD = 0.99
-# What ``head_summary`` reports for each head, in its order: the names runs record.
+# What the per-head reduction (``capture.reduce``) reports for each head, in its order: the names runs record.
 HEAD_MEASURES = ("spread", "max_score", "effective_words", "frozen_fraction", "push", "max_weight")
 # A row that sees fewer keys than this is left out of row statistics: with one choice it is neither frozen nor free.
 MIN_KEYS = 2
@@ -50,9 +51,16 @@ FROZEN_HEAD_SHARE = 0.5
 COLLAPSED_WORDS = 2.0
 
 
+def measuring_device(device: torch.device | str | None) -> torch.device | str | None:
+    """Where float64 sums over tensors on ``device`` are computed: the device itself, the CPU for MPS
+    (which has no float64)."""
+    kind = getattr(device, "type", None) or (torch.device(device).type if device is not None else None)
+    return "cpu" if kind == "mps" else device
+
+
 def _measurable(x: torch.Tensor | None) -> torch.Tensor | None:
-    """``x`` where float64 can be computed: MPS tensors come to the CPU (MPS has no float64)."""
-    return x.cpu() if x is not None and x.device.type == "mps" else x
+    """``x`` where float64 can be computed (``measuring_device``): an MPS tensor comes to the CPU."""
+    return x.cpu() if x is not None and measuring_device(x.device) is not x.device else x
 
 
 def _counted(scores: torch.Tensor, mask: torch.Tensor | None) -> torch.Tensor:
@@ -100,11 +108,16 @@ def push(p: torch.Tensor) -> torch.Tensor:
     """Frobenius norm of the softmax Jacobian diag(p) - p pᵀ, in closed form:
 
     ||J||_F² = Σ_ij (δ_ij p_i - p_i p_j)² = Σp² - 2Σp³ + (Σp²)².
-    It measures how much nudging the scores can still move the weights: 0 for a one-hot row."""
+    It measures how much nudging the scores can still move the weights: 0 for a one-hot row.
+    Computed as p_t² R1² + 2 p_t² R2 + R2² + (R2 - 2 R3), with p_t the row's largest weight and R_n the sum
+    of the other weights' n-th powers (the same number, every term ≥ 0): near a one-hot row the first
+    form cancels to nothing in float64, this one keeps its digits."""
     p = _measurable(p).double()
-    s2 = p.pow(2).sum(-1)
-    s3 = p.pow(3).sum(-1)
-    return (s2 - 2 * s3 + s2.pow(2)).clamp_min(0).sqrt().float()
+    top, at = p.max(-1, keepdim=True)
+    rest = p.scatter(-1, at, 0.0)
+    r1, r2, r3 = rest.sum(-1), rest.pow(2).sum(-1), rest.pow(3).sum(-1)
+    t2 = top[..., 0].pow(2)
+    return (t2 * r1.pow(2) + 2 * t2 * r2 + r2.pow(2) + (r2 - 2 * r3).clamp_min(0)).sqrt().float()
 
 
 def valid_rows(p: torch.Tensor) -> torch.Tensor:
@@ -154,113 +167,11 @@ def counted_rows(keep: torch.Tensor) -> torch.Tensor:
     return keep.sum(-1) >= MIN_KEYS
 
 
-def head_summary(scores_BHTT: torch.Tensor, pattern_BHTT: torch.Tensor, threshold: float = FROZEN_THRESHOLD) -> dict[str, list[float]]:
-    """Per-head measurements of one attention layer, each a list of length H.
-
-    spread and max |score| over the scores that count; effective words, push
-    and max weight averaged over rows that see at least two keys; frozen
-    fraction of those rows."""
-    values = head_measures(scores_BHTT, pattern_BHTT, threshold).tolist()
-    return dict(zip(HEAD_MEASURES, values))
-
-
-def head_measures(scores_BHTT: torch.Tensor, pattern_BHTT: torch.Tensor, threshold: float = FROZEN_THRESHOLD) -> torch.Tensor:
-    """``head_summary`` as one fp32 tensor of shape (len(HEAD_MEASURES), H), on the
-    tensors' device (the CPU for MPS): a caller on a GPU reads many layers back in one transfer."""
-    scores_BHTT, pattern_BHTT = _measurable(scores_BHTT), _measurable(pattern_BHTT)
-    keep = torch.isfinite(scores_BHTT)
-    rows_BHT = valid_rows(pattern_BHTT) & counted_rows(keep)
-    n_rows = rows_BHT.sum((0, 2)).clamp_min(1).double()
-
-    def row_mean(x_BHT):
-        return (torch.where(rows_BHT, x_BHT.double(), 0.0).sum((0, 2)) / n_rows).float()
-
-    abs_scores = torch.where(keep, scores_BHTT.abs().float(), 0.0)
-    by_name = {
-        "spread": spread(scores_BHTT, dim=(0, 2, 3)),
-        "max_score": abs_scores.amax((0, 2, 3)),
-        **{k: row_mean(v_BHT) for k, v_BHT in _row_stats(pattern_BHTT, threshold).items()},
-    }
-    return torch.stack([by_name[k].float() for k in HEAD_MEASURES])
-
-
 def describe_row(p_row: torch.Tensor, row: int) -> str:
     """One row said in words: 'row 12 puts 99.98% of its weight on word 41 (1.0 effective words)'."""
     w, j = p_row.max(-1)
     eff = float(effective_words(p_row))
     return f"row {row} puts {100 * float(w):.2f}% of its weight on word {int(j)} ({eff:.1f} effective words)"
-
-
-def _row_stats(p: torch.Tensor, threshold: float) -> dict[str, torch.Tensor]:
-    """Per row of ``p``: what ``head_summary`` averages over rows, in its order."""
-    mw = max_weight(p)
-    return {"effective_words": effective_words(p), "frozen_fraction": (mw > threshold).float(),
-            "push": push(p), "max_weight": mw}
-
-
-class HeadPool:
-    """``head_summary``'s per-head numbers, pooled over batches, so a long text
-    never needs all its scores and weights at once.
-
-    Per head it keeps sums: of the scores that count, of their squares, the
-    largest |score|, the rows counted and each row measurement's total. The
-    spread is then sqrt(E[x²] - mean²), with the sums in float64 (in float32 the
-    difference loses its digits when the scores have a large mean). Pooling
-    ``add`` over batches gives ``head_summary`` on the batches concatenated."""
-
-    def __init__(self, heads: int, threshold: float = FROZEN_THRESHOLD, device: torch.device | str | None = None):
-        if device is not None and torch.device(device).type == "mps":
-            device = "cpu"  # float64 sums: MPS has none, so its scores are pooled on the CPU
-
-        def zeros():  # on the scores' device: the sums never leave it until ``result``
-            return torch.zeros(heads, dtype=torch.float64, device=device)
-
-        self.threshold = threshold
-        self.entries, self.rows = zeros(), zeros()
-        self.sum, self.sum_sq, self.max_abs = zeros(), zeros(), zeros()
-        self.row_sums = {k: zeros() for k in HEAD_MEASURES[2:]}
-
-    def add(self, scores_BHTT: torch.Tensor, pattern_BHTT: torch.Tensor) -> None:
-        """One batch as ``head_summary`` takes it: masked scores are -inf; rows
-        count where they see at least ``MIN_KEYS`` keys and their weights sum to 1."""
-        scores_BHTT, pattern_BHTT = _measurable(scores_BHTT), _measurable(pattern_BHTT)
-        keep_BHTT = torch.isfinite(scores_BHTT)
-        self.add_scores(scores_BHTT, keep_BHTT)
-        rows_BHT = valid_rows(pattern_BHTT) & counted_rows(keep_BHTT)
-        self.rows += rows_BHT.sum((0, 2)).double()
-        for k, v_BHT in _row_stats(pattern_BHTT, self.threshold).items():
-            self.row_sums[k] += torch.where(rows_BHT, v_BHT, 0.0).sum((0, 2)).double()
-
-    def add_scores(self, scores_BHTT: torch.Tensor, keep: torch.Tensor) -> None:
-        """Spread and max |score| sums over the entries where the boolean ``keep``
-        (broadcastable to B×H×T×T) is True; what it leaves out never counts."""
-        scores_BHTT, keep = _measurable(scores_BHTT), _measurable(keep)
-        x_BHTT = torch.where(keep, scores_BHTT, 0.0).double()
-        self.entries += keep.expand_as(scores_BHTT).sum((0, 2, 3)).double()
-        self.sum += x_BHTT.sum((0, 2, 3))
-        self.sum_sq += x_BHTT.pow(2).sum((0, 2, 3))
-        self.max_abs = torch.maximum(self.max_abs, x_BHTT.abs().amax((0, 2, 3)))
-
-    def add_rows(self, pattern_NHT: torch.Tensor) -> None:
-        """Row measurements of N rows × H heads that all count (gathered by the
-        caller with ``counted_rows``), e.g. only the real rows of a padded batch."""
-        pattern_NHT = _measurable(pattern_NHT)
-        self.rows += pattern_NHT.shape[0]
-        for k, v_NH in _row_stats(pattern_NHT, self.threshold).items():
-            self.row_sums[k] += v_NH.sum(0).double()
-
-    def measures(self) -> torch.Tensor:
-        """``result`` as one float64 tensor of shape (len(HEAD_MEASURES), H), left on
-        the sums' device, so a caller can read many pools back in one transfer."""
-        n, rows = self.entries.clamp_min(1.0), self.rows.clamp_min(1.0)
-        mean = self.sum / n
-        out = {"spread": (self.sum_sq / n - mean**2).clamp_min(0).sqrt(), "max_score": self.max_abs}
-        out.update({k: v / rows for k, v in self.row_sums.items()})
-        return torch.stack([out[k] for k in HEAD_MEASURES])
-
-    def result(self) -> dict[str, list[float]]:
-        """Per head, in ``HEAD_MEASURES`` order; zeros for a head that saw nothing."""
-        return dict(zip(HEAD_MEASURES, self.measures().tolist()))
 
 
 def reduce_heads(values_LH, how: str = "mean", *, per_layer: bool = False, weights_LH=None):

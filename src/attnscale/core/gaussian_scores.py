@@ -6,13 +6,13 @@ reports of its rows' effective words exp(H) (H the entropy of softmax(z) in
 nats), so that a curve and a measured point are the same statistic:
 
 - "mean": E[exp H], the mean over rows of exp(H), what a head's recorded
-  effective words are (``diagnostics.head_measures`` averages rows);
+  effective words are (``capture.reduce`` averages rows);
 - "median": the median row's exp(H), what the fresh-head experiment reports.
 
 (exp(E[H]) is neither, and lies below both: at 64 keys and spread 4, E[exp H]
 is about 20% above it.) For a row of n keys, or for the rows of a causal head
 (row i sees i + 1 keys; rows that see one key are left out, as in
-``diagnostics.head_summary``, and each row is drawn at its own key count).
+the per-head reduction, and each row is drawn at its own key count).
 A trained head whose effective words sit far from this curve at its own spread
 is doing something random scores do not.
 

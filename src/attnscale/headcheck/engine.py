@@ -6,13 +6,12 @@ and from the weights the effective words, the frozen fraction and the push
 two what-ifs from the same q and k: the scores unscaled (factor 1) and scaled by
 1/d (muP), everything else (mask, any soft-cap) kept as the model has it.
 
-An adapter reads a model's q and k (through ``attnscale.watch``'s captures)
+An adapter reads a model's q and k (through ``attnscale.capture``)
 and hands them to ``HeadCheck.add`` one layer at a time, with a ``Layer`` that
 says what the model does there (its factor, any soft-cap, its head counts).
 Scores are recomputed as ``q @ kᵀ × factor -> cap -> mask -> softmax`` and
-reduced to per-head sums at once (``watch.pool.Scores`` into
-``diagnostics.HeadPool``, on one device), so memory holds one layer's B×H×T×T,
-not all of them. Adapters: ``hf`` (Hugging Face models) and ``native``
+reduced to per-head sums at once by the capture floor's one reduction
+(``capture.reduce.reduce_call``, a block of query rows at a time, on one device). Adapters: ``hf`` (Hugging Face models) and ``native``
 (attnscale's own models, training checkpoints and run folders);
 ``check.inspect_model`` picks one.
 """
@@ -26,12 +25,13 @@ from typing import Any
 
 import torch
 
+from attnscale.capture.call import AttentionCall
+from attnscale.capture.reduce import HeadSums, dense, reduce_call
 from attnscale.core import diagnostics as D
-from attnscale.core.diagnostics import FROZEN_HEAD_SHARE, FROZEN_THRESHOLD
+from attnscale.core.diagnostics import FROZEN_HEAD_SHARE, FROZEN_THRESHOLD, HEAD_MEASURES, measuring_device
 from attnscale.core.scales import get_scale
 from attnscale.core.device import check_device_spec
 from attnscale.errors import ConfigError
-from attnscale.watch.pool import Scores
 
 __all__ = ["MODEL", "HeadCheck", "InspectConfig", "InspectResult", "Layer", "check_texts", "frozen_heads",
            "layer_means", "read_text", "take_sequences"]
@@ -134,22 +134,22 @@ class HeadCheck:
         self.cfg, self.on_layer = cfg, on_layer
         self.layers: dict[int, Layer] = {}
         self._device: torch.device | None = None
-        self._pools: dict[tuple[int, str], D.HeadPool] = {}
+        self._sums: dict[tuple[int, str], HeadSums] = {}
 
     def add(self, index: int, layer: Layer, q_BHTD: torch.Tensor, k_BKTD: torch.Tensor, mask_B1TT: torch.Tensor) -> None:
         """Scores and weights of layer ``index`` under the model's scale and each
         what-if, reduced to per-head sums at once."""
         self.layers[index] = layer
         if self._device is None:  # one device for every layer (a model spread over GPUs), the CPU for MPS (no float64)
-            self._device = torch.device("cpu") if q_BHTD.device.type == "mps" else q_BHTD.device
+            self._device = torch.device(measuring_device(q_BHTD.device))
         q_BHTD, k_BKTD, mask_B1TT = (t.to(self._device) for t in (q_BHTD, k_BKTD, mask_B1TT))
-        scores = Scores(q_BHTD, k_BKTD, mask_B1TT, layer.cap)  # GQA's groups repeated, as repeat_kv does
+        call = AttentionCall(q_BHTD, k_BKTD, mask=mask_B1TT, cap=layer.cap)  # GQA's groups read as repeat_kv does
         factors = {MODEL: layer.factor, **{w: get_scale(w, layer.head_dim).factor() for w in self.cfg.what_ifs}}
         for scheme, factor in factors.items():
-            pool = self._pools.setdefault((index, scheme), D.HeadPool(layer.heads, self.cfg.threshold, self._device))
-            scores.pool(pool, factor)
-            if self.on_layer is not None:  # the reference path, for callers who want the tensors themselves
-                self.on_layer(index, scheme, *scores.masked(factor))
+            sums = self._sums.setdefault((index, scheme), HeadSums(layer.heads, self.cfg.threshold, self._device))
+            reduce_call(call, sums, factor=factor)
+            if self.on_layer is not None:  # the whole tensors, for callers who want them
+                self.on_layer(index, scheme, *dense(call, factor))
 
     def result(self, model: str, architecture: str, sequences: list[list[int]], available: int,
                notes: list[str] | None = None) -> InspectResult:
@@ -163,7 +163,7 @@ class HeadCheck:
         schemes = (MODEL, *self.cfg.what_ifs)
         rows = []
         for i in sorted(layers):
-            per = {scheme: self._pools[(i, scheme)].result() for scheme in schemes}
+            per = {scheme: dict(zip(HEAD_MEASURES, self._sums[(i, scheme)].measures().tolist())) for scheme in schemes}
             for h in range(layers[i].heads):
                 row = {"layer": i, "head": h}
                 row.update({scheme: {k: v[h] for k, v in per[scheme].items()} for scheme in per})

@@ -4,7 +4,7 @@ Nothing here is imported by ``import attnscale``; transformers loads on first us
 and sits behind the extra ``attnscale[hf]``.
 
 How the scores are read: through ``attnscale.watch``'s capture of transformers'
-``AttentionInterface`` (``watch/hf_capture.py``), which wraps the model's own
+``AttentionInterface`` (``capture/hf.py``), which wraps the model's own
 attention function for the duration of the forward pass, so the model keeps its
 implementation (sdpa, eager, ...) and hands over the exact q (after RoPE), k
 (before GQA's ``repeat_kv``), mask, ``scaling`` and ``softcap`` it uses.
@@ -27,8 +27,8 @@ import torch
 from attnscale.core.attention import build_mask
 from attnscale.errors import ConfigError
 from attnscale.headcheck.engine import HeadCheck, InspectConfig, InspectResult, Layer, OnLayer, check_texts, take_sequences
-from attnscale.watch.capture import AttentionCall
-from attnscale.watch.measure import input_device
+from attnscale.capture.call import AttentionCall
+from attnscale.capture.probe import input_device
 
 __all__ = ["SHORTCUTS", "HFModel", "describe_scale", "inspect", "load", "locate"]
 
@@ -224,7 +224,7 @@ def inspect(model, tokenizer, texts, cfg: InspectConfig, on_layer: OnLayer | Non
             check.add(i, layer, q_BHTD, k_BKTD, mask)
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    from attnscale.watch.hf_capture import capture_hf  # needs transformers
+    from attnscale.capture.hf import capture_hf  # needs transformers
 
     training = model.training
     model.eval()  # dropout off: measure the weights the model attends with

@@ -21,7 +21,8 @@ from attnscale.core.scales import ScoreScale
 from attnscale.errors import ConfigError
 from attnscale.runs import record as run_record
 from attnscale.runs.record import Record
-from attnscale.watch.capture import AttentionCall, capture_hooks
+from attnscale.capture.call import AttentionCall
+from attnscale.capture.own import capture_hooks
 from attnscale.headcheck.engine import HeadCheck, InspectConfig, InspectResult, Layer, OnLayer, check_texts, take_sequences
 
 __all__ = ["CHECKPOINT", "WEIGHTS", "inspect", "is_run", "load", "load_checkpoint", "load_run"]

@@ -1,14 +1,14 @@
 """Recording the attention diagnostics on the training step's own forward pass.
 
-Every ``record_every`` steps the forward pass goes through the watch's
-``capture_weights``: each layer's scores and pattern, as the model computes
-them, are reduced on the spot by ``core.diagnostics.head_measures`` (over the
-first few sequences of the batch) and dropped, so recording costs one
+Every ``record_every`` steps the forward pass goes through the capture floor's
+``capture_weights``: each layer's scores, as the model computes them, are
+reduced on the spot by the one per-head reduction (``capture.reduce.reduce_scores``,
+over the first few sequences of the batch) and dropped, so recording costs one
 explicit-attention forward and a few reductions, not an extra pass or kept
 tensors. The reductions stay on the device until the step's one read-back
 (``read_back``). On MPS, which has no float64 for the reductions, the layers'
-scores and patterns wait on the device instead and travel to the CPU with the
-step's scalars in that one transfer."""
+scores wait on the device instead and travel to the CPU with the step's scalars
+in that one transfer."""
 
 from __future__ import annotations
 
@@ -17,48 +17,50 @@ from typing import Any
 
 import torch
 
-from attnscale.core.diagnostics import HEAD_MEASURES, head_measures, reduce_heads
+from attnscale.capture.own import capture_weights
+from attnscale.capture.reduce import reduce_scores
+from attnscale.core.diagnostics import HEAD_MEASURES, reduce_heads
 from attnscale.lm.model import TinyLM
-from attnscale.watch.capture import capture_weights
 
 __all__ = ["DIAGNOSTICS", "Recorder", "recording", "read_back", "summarize"]
 
-DIAGNOSTICS = HEAD_MEASURES  # recorded per layer and head, as diagnostics.head_summary names them
+DIAGNOSTICS = HEAD_MEASURES  # recorded per layer and head, in the reduction's order
 # Devices whose layers wait for the read-back to be reduced on the CPU (no float64 there).
 DEFERRED = ("mps",)
 
 
 class Recorder:
-    """Called with each layer's scores and pattern; reduces them at once, on the device.
+    """Called with each layer's scores (and pattern, which the reduction recomputes from them); reduces
+    them at once, on the device.
 
     The reductions stay tensors until ``row``, so a recording step reads the
     device back once (``read_back`` joins them with the step's loss). On a
-    ``DEFERRED`` device the (few sequences of) scores and patterns are kept
-    instead, and ``read_back`` reduces them after the one transfer."""
+    ``DEFERRED`` device the (few sequences of) scores are kept instead, and
+    ``read_back`` reduces them after the one transfer."""
 
     def __init__(self, n_layers: int, threshold: float, sequences: int):
         self.threshold, self.sequences = threshold, sequences
         self.layers: list[torch.Tensor | None] = [None] * n_layers
-        self.pending: list[tuple[int, torch.Tensor, torch.Tensor]] = []
+        self.pending: list[tuple[int, torch.Tensor]] = []
 
-    def __call__(self, layer: int, scores_BHTT: torch.Tensor, pattern_BHTT: torch.Tensor) -> None:
+    def __call__(self, layer: int, scores_BHTT: torch.Tensor, pattern_BHTT: torch.Tensor | None = None) -> None:
         # the reductions cost more than the forward; a few sequences suffice
-        scores_BHTT, pattern_BHTT = scores_BHTT[: self.sequences], pattern_BHTT[: self.sequences]
+        scores_BHTT = scores_BHTT[: self.sequences]
         if scores_BHTT.device.type in DEFERRED:  # no sync here: a copy waits on the device for the read-back
-            self.pending.append((layer, scores_BHTT.clone(), pattern_BHTT.clone()))
+            self.pending.append((layer, scores_BHTT.clone()))
         else:
-            self.layers[layer] = head_measures(scores_BHTT, pattern_BHTT, self.threshold)
+            self.layers[layer] = self._reduce(scores_BHTT)
+
+    def _reduce(self, scores_BHTT: torch.Tensor) -> torch.Tensor:
+        return reduce_scores(scores_BHTT, threshold=self.threshold).measures().float()
 
     def reduce(self, flat: torch.Tensor) -> None:
-        """Reduce the pending layers from ``flat``, their scores and patterns (as ``float()``, flattened,
-        in ``pending``'s order) already on the CPU."""
+        """Reduce the pending layers from ``flat``, their scores (as ``float()``, flattened, in ``pending``'s
+        order) already on the CPU."""
         start = 0
-        for layer, scores, pattern in self.pending:
-            parts = []
-            for t in (scores, pattern):
-                parts.append(flat[start : start + t.numel()].view(t.shape))
-                start += t.numel()
-            self.layers[layer] = head_measures(*parts, self.threshold)
+        for layer, scores in self.pending:
+            self.layers[layer] = self._reduce(flat[start : start + scores.numel()].view(scores.shape))
+            start += scores.numel()
         self.pending = []
 
     def tensor(self) -> torch.Tensor:
@@ -82,7 +84,7 @@ def read_back(rec: Recorder | None, *scalars: torch.Tensor) -> tuple[list[float]
     parts = [s.detach().float().reshape(1) for s in scalars]
     n = len(scalars)
     if rec is not None and rec.pending:  # the one transfer carries the layers too; reduced on the CPU
-        waiting = [t.float().flatten() for _, s, p in rec.pending for t in (s, p)]
+        waiting = [s.float().flatten() for _, s in rec.pending]
         flat = torch.cat(parts + waiting).cpu()
         rec.reduce(flat[n:])
         parts = [flat[:n]]

@@ -1,38 +1,38 @@
-"""attnscale.watch: attention health, per layer and head, from any model's own forward.
+"""attnscale.watch: attention health, per layer and head, inside a training run.
 
     from attnscale import watch
     numbers = watch.measure(model, batch)          # {"attn/layer_0/head_0/max_score": ..., "attn/max_score": ...}
     stats = watch.measure_heads(model, batch)      # HeadStats: values (layers, measures, heads), rows per head
 
-The package sits just above ``core`` (it imports only ``core``, ``errors`` and
-``files``); transformers is imported only when a Hugging Face model is captured.
-``capture.py``, ``hf_capture.py`` and ``sdpa_capture.py`` read q and k,
-``pool.py`` turns them into per-head numbers, ``measure.py`` runs one probe;
-``loop.py`` (``Watch``), ``hf.py`` and ``lightning.py`` (a ``WatchCallback`` each,
-sharing ``attach.py``), ``alerts.py``, ``sinks.py`` and ``record.py`` take the
-probes into a training run; ``qk_clip.py`` (with ``projections.py``) acts on
-the weights, ``distributed.py`` reduces across ranks. Those names load on first
-use, so ``import attnscale.watch`` stays light.
+What a run attaches, over the capture floor (``attnscale.capture``, which reads
+q and k and reduces them): ``loop`` (``Watch``, for a plain loop), ``callbacks/``
+(a Trainer or Lightning ``WatchCallback``), ``alerts``, ``logs/`` (the watch
+log's line and the sinks), ``clip/`` (QK-Clip). Those names load on first use,
+so ``import attnscale.watch`` stays light.
 """
 
-from attnscale.watch.capture import Adapter, AttentionCall, capture_adapter, capture_hooks, capture_weights
-from attnscale.watch.measure import HeadStats, capturing, measure, measure_heads
-from attnscale.watch.sdpa_capture import capture_sdpa
+from attnscale.capture.adapter import Adapter, capture_adapter
+from attnscale.capture.call import AttentionCall
+from attnscale.capture.own import capture_hooks, capture_weights
+from attnscale.capture.probe import Inputs, measure, measure_heads
+from attnscale.capture.route import capturing
+from attnscale.capture.sdpa import capture_sdpa
+from attnscale.capture.stats import HeadStats
 
 # name -> the module that defines it, imported when the name is first read
 _LAZY = {
-    "capture_hf": "attnscale.watch.hf_capture",
+    "capture_hf": "attnscale.capture.hf",
     "Watch": "attnscale.watch.loop",
-    "WatchCallback": "attnscale.watch.hf",
-    "QKClip": "attnscale.watch.qk_clip",
-    **{name: "attnscale.watch.sinks" for name in ("JsonlSink", "CsvSink", "TensorBoardSink", "WandbSink")},
+    "WatchCallback": "attnscale.watch.callbacks.hf",
+    "QKClip": "attnscale.watch.clip.qk_clip",
+    **{name: "attnscale.watch.logs.sinks" for name in ("JsonlSink", "CsvSink", "TensorBoardSink", "WandbSink")},
     **{name: "attnscale.watch.alerts" for name in ("Alert", "Alerts", "Firing", "default_alerts", "MaxScore", "Collapsed",
                                                    "Frozen", "NonFinite", "Spike")},
-    **{name: "attnscale.watch.record" for name in ("WatchRecord", "read_log")},
+    **{name: "attnscale.watch.logs.line" for name in ("WatchLine", "read_log")},
 }
 
-__all__ = ["Adapter", "AttentionCall", "HeadStats", "capture_adapter", "capture_hooks", "capture_sdpa", "capture_weights",
-           "capturing", "measure", "measure_heads", *_LAZY]
+__all__ = ["Adapter", "AttentionCall", "HeadStats", "Inputs", "capture_adapter", "capture_hooks", "capture_sdpa",
+           "capture_weights", "capturing", "measure", "measure_heads", *_LAZY]
 
 
 def __getattr__(name: str):

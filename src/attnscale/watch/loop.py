@@ -17,7 +17,7 @@ A fixed probe makes the steps comparable: what changes is the model, not the tex
 
 Under DDP (any ``torch.distributed`` process group) make a Watch on every rank:
 each probes its own batch, the numbers are those of all the ranks' probes together
-(one collective per probe step, ``distributed.py``), and only rank 0 writes to its
+(one collective per probe step, ``capture/ranks.py``), and only rank 0 writes to its
 sinks and says its alerts; a stop stops every rank at the same step.
 
 Why every 100 steps by default: one probe costs about one forward of
@@ -35,31 +35,20 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from attnscale.capture import ranks
+from attnscale.capture.probe import Inputs, first_sequences, measure_heads
+from attnscale.capture.reduce import DEFAULT_MEMORY
+from attnscale.capture.route import Route
 from attnscale.core.diagnostics import FROZEN_THRESHOLD
-from attnscale.watch import distributed
 from attnscale.watch.alerts import Alert, Alerts, default_alerts
-from attnscale.watch.measure import measure_heads
-from attnscale.watch.qk_clip import QKClip, check_tau
-from attnscale.watch.record import WatchRecord
-from attnscale.watch.sinks import Sink, scalars
+from attnscale.watch.clip.qk_clip import QKClip, check_tau
+from attnscale.watch.logs.line import WatchLine
+from attnscale.watch.logs.sinks import Sink, scalars
 
-__all__ = ["Watch", "EVERY", "PROBE_SEQUENCES", "first_sequences"]
+__all__ = ["Watch", "EVERY", "PROBE_SEQUENCES"]
 
 EVERY = 100
 PROBE_SEQUENCES = 4
-
-
-def first_sequences(batch: Any, n: int) -> Any:
-    """The first ``n`` sequences of a batch (a tensor, or a dict of tensors sharing the batch dim), detached
-    copies: the probe must not keep the training step's graph or see later in-place changes."""
-    if torch.is_tensor(batch):
-        return batch[:n].detach().clone()
-    if isinstance(batch, dict):
-        sizes = {v.shape[0] for v in batch.values() if torch.is_tensor(v) and v.ndim}
-        rows = min(sizes) if sizes else 0
-        return {k: v[:n].detach().clone() if torch.is_tensor(v) and v.ndim and v.shape[0] == rows else v
-                for k, v in batch.items()}
-    raise TypeError(f"a probe batch is a tensor of token ids or a dict of tensors, got {type(batch).__name__}")
 
 
 class Watch:
@@ -70,13 +59,18 @@ class Watch:
     frozen; ``capture`` and ``adapter``: how q and k are read (``measure_heads``).
     ``drop_keys``: keys of a caught dict batch that the probe leaves out (labels make an
     HF model compute a loss the probe does not need). ``qk_clip``: tau, to QK-Clip every head
-    after each step (``qk_clip.py``; off by default); ``step`` must then be called every step."""
+    after each step (``clip/qk_clip.py``; off by default); ``step`` must then be called every step.
+    ``memory``: the bytes a block of one call's scores may take, in a probe and in QK-Clip
+    (``capture.reduce``, default 256 MiB); ``sample_rows``: probe that many query rows of each sequence
+    (None: every row), for long contexts, with each row measure's standard error."""
 
     def __init__(self, model: torch.nn.Module, every: int = EVERY, probe: Any = None, sinks: Sequence[Sink] = (),
                  alerts: Sequence[Alert] | None = None, threshold: float = FROZEN_THRESHOLD, *,
                  probe_sequences: int = PROBE_SEQUENCES, capture: str = "auto", adapter: Callable | None = None,
-                 drop_keys: Sequence[str] = ("labels",), qk_clip: float | None = None):
-        self.check(every, threshold, probe_sequences, qk_clip)
+                 drop_keys: Sequence[str] = ("labels",), qk_clip: float | None = None, memory: int = DEFAULT_MEMORY,
+                 sample_rows: int | None = None):
+        self.check(every, threshold, probe_sequences, qk_clip, memory, sample_rows)
+        self.memory, self.sample_rows, self.route = memory, sample_rows, Route()
         self.model, self.every, self.threshold = model, every, threshold
         self.sinks = list(sinks)
         self.alerts = Alerts(default_alerts() if alerts is None else alerts)
@@ -86,17 +80,20 @@ class Watch:
         self.seconds = 0.0  # the watch's own time: probes, alerts and sinks
         self._started: float | None = None
         self._hook = None if self.probe is not None else model.register_forward_pre_hook(self._catch, with_kwargs=True)
-        self.clip = None if qk_clip is None else QKClip(model, qk_clip, capture, adapter)
+        self.clip = None if qk_clip is None else QKClip(model, qk_clip, capture, adapter, memory)
         self._closed = False
 
     @staticmethod
-    def check(every: int, threshold: float, probe_sequences: int, qk_clip: float | None = None) -> None:
+    def check(every: int, threshold: float, probe_sequences: int, qk_clip: float | None = None,
+              memory: int = DEFAULT_MEMORY, sample_rows: int | None = None) -> None:
         """Raise ValueError naming the option, for options no watch can run with."""
         if qk_clip is not None:
             check_tau(qk_clip)
-        for name, value in (("every", every), ("probe_sequences", probe_sequences)):
+        for name, value in (("every", every), ("probe_sequences", probe_sequences), ("memory", memory)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} takes a positive integer, got {value!r}")
+        if sample_rows is not None and (not isinstance(sample_rows, int) or isinstance(sample_rows, bool) or sample_rows < 2):
+            raise ValueError(f"sample_rows takes an integer of at least 2 (None: every row), got {sample_rows!r}")
         if not 0 < threshold < 1:
             raise ValueError(f"threshold takes a number between 0 and 1, got {threshold!r}")
 
@@ -107,9 +104,10 @@ class Watch:
 
     @torch.compiler.disable  # a compiled model's first call: the batch is kept outside the graph
     def _catch(self, module, args, kwargs):
-        """Forward pre-hook: keep the first batch as the probe, then remove the hook."""
-        batch = args[0] if args and torch.is_tensor(args[0]) else {k: v for k, v in kwargs.items()
-                                                                   if k not in self.drop_keys}
+        """Forward pre-hook: keep the first batch as the probe, as the model was given it (positional and
+        keyword arguments, so a padding mask stays with its ids), then remove the hook."""
+        kept = {k: v for k, v in kwargs.items() if k not in self.drop_keys}
+        batch = args[0] if len(args) == 1 and not kept and torch.is_tensor(args[0]) else Inputs(tuple(args), kept)
         self.probe = first_sequences(batch, self.probe_sequences)
         self._hook.remove()
         self._hook = None
@@ -127,28 +125,33 @@ class Watch:
             if self.clip is not None:
                 self.seconds += time.perf_counter() - now
             return None
-        writer = distributed.rank() == 0  # under DDP every rank probes, and rank 0 alone writes
+        writer = ranks.rank() == 0  # under DDP every rank probes, and rank 0 alone writes
         with self.clip.paused() if self.clip is not None else contextlib.nullcontext():  # a probe is no training step
             stats = measure_heads(self.model, self.probe, threshold=self.threshold, capture=self.capture,
-                                  adapter=self.adapter, across_ranks=True)
+                                  adapter=self.adapter, across_ranks=True, memory=self.memory,
+                                  sample_rows=self.sample_rows, route=self.route)
         fired = self.alerts.check(stats, step, say=writer)
         seconds = time.perf_counter() - now
         wall = time.perf_counter() - self._started
-        record = WatchRecord(
+        record = WatchLine(
             step=step, time=time.time(), measures=tuple(stats.measures), values=stats.values_LMH.tolist(),
             rows=stats.rows_LH.tolist(), summary=stats.summary(), alerts=[f.to_json() for f in fired],
             watch={"seconds": seconds, "total_seconds": self.seconds + seconds,
                    "share": (self.seconds + seconds) / wall if wall > 0 else 0.0},
-            probe=self._probe_shape(), threshold=self.threshold, qk_clip=self.clip.take() if self.clip else {})
+            probe=self._probe_shape(), threshold=self.threshold, qk_clip=self.clip.take() if self.clip else {},
+            bias=stats.bias_LH2.tolist() if stats.bias_LH2 is not None else [])
         for sink in self.sinks if writer else ():
             sink.write(record)
         self.seconds += time.perf_counter() - now  # sinks included: they are the watch's cost too
         return scalars(record)
 
     def _probe_shape(self) -> dict[str, int]:
-        ids = self.probe if torch.is_tensor(self.probe) else next(
-            (v for k, v in self.probe.items() if torch.is_tensor(v) and v.ndim >= 2), None)
-        return {} if ids is None else {"sequences": int(ids.shape[0]), "tokens": int(ids.shape[1])}
+        p = self.probe
+        values = ([p] if torch.is_tensor(p) else list(p.args) + list(p.kwargs.values()) if isinstance(p, Inputs)
+                  else list(p.values()) if isinstance(p, dict) else list(p))
+        ids = next((v for v in values if torch.is_tensor(v) and v.ndim >= 2), None)
+        shape = {} if ids is None else {"sequences": int(ids.shape[0]), "tokens": int(ids.shape[1])}
+        return shape if self.sample_rows is None else {**shape, "sampled_rows": self.sample_rows}
 
     def close(self) -> None:
         """Flush and close every sink and remove the probe hook; closing twice does nothing."""

@@ -48,9 +48,9 @@ from pathlib import Path
 try:
     from transformers import TrainerCallback
 except ImportError:  # pragma: no cover - the extra is missing
-    raise ImportError("attnscale.watch.hf needs transformers; install the extra from the clone: pip install -e '.[watch]'") from None
+    raise ImportError("attnscale.watch.callbacks.hf needs transformers; install the extra from the clone: pip install -e '.[watch]'") from None
 
-from attnscale.watch.attach import Attached
+from attnscale.watch.callbacks.attach import Attached
 
 __all__ = ["WatchCallback"]
 

@@ -1,4 +1,4 @@
-"""attnscale.watch.measure: one probe, per-head numbers, the conditions it runs under.
+"""attnscale.capture.probe: one probe, per-head numbers, the conditions it runs under.
 
 The captures themselves are checked against each model's own weights in
 test_watch_capture.py; here, what ``measure_heads`` promises around them."""
@@ -15,12 +15,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnscale import watch
-from attnscale.core.diagnostics import COLLAPSED_WORDS, HEAD_MEASURES, head_measures
+from attnscale.core.diagnostics import COLLAPSED_WORDS, HEAD_MEASURES
+from reference import head_measures
 from attnscale.core.hooks import record
 from attnscale.errors import ConfigError
 from attnscale.lm.model import ModelConfig, build_model
-from attnscale.watch.capture import AttentionCall
-from attnscale.watch.measure import choose
+from attnscale.capture.call import AttentionCall
+from attnscale.capture.route import choose
 
 IDS = torch.randint(0, 50, (3, 16), generator=torch.Generator().manual_seed(0))
 
@@ -205,7 +206,7 @@ def test_compiled_and_data_parallel_models_are_probed_through_their_own_module()
 
 def test_inputs_go_to_the_input_embedding_of_a_model_spread_over_devices():
     """A model placed with device_map starts where its input embedding is, not where its first parameter is."""
-    from attnscale.watch.measure import input_device
+    from attnscale.capture.probe import input_device
 
     class Spread(nn.Module):
         def __init__(self):

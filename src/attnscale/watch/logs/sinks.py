@@ -1,6 +1,6 @@
 """Where a watch's records go: a JSONL log, a CSV table, TensorBoard event files, W&B.
 
-Every sink takes a ``WatchRecord`` per probe step (``write``) and is closed once
+Every sink takes a ``WatchLine`` per probe step (``write``) and is closed once
 (``close``, which flushes). TensorBoard and W&B get the flat scalars a reader
 plots beside the loss: ``attn/layer_{l}/head_{h}/{measure}``, the model-wide
 ``attn/...`` summaries and the watch's own ``watch/seconds`` and ``watch/share``.
@@ -14,12 +14,12 @@ import math
 from pathlib import Path
 
 from attnscale.errors import ConfigError
-from attnscale.watch.record import WatchRecord
+from attnscale.watch.logs.line import WatchLine
 
 __all__ = ["Sink", "JsonlSink", "CsvSink", "TensorBoardSink", "WandbSink", "scalars"]
 
 
-def scalars(record: WatchRecord) -> dict[str, float]:
+def scalars(record: WatchLine) -> dict[str, float]:
     """The record as flat scalars: per head and measure, the summaries, the watch's own cost.
     Non-finite values stay as they are (TensorBoard and W&B both plot NaN as a gap)."""
     out = {}
@@ -27,6 +27,10 @@ def scalars(record: WatchRecord) -> dict[str, float]:
         for m, measure in enumerate(record.measures):
             for head, value in enumerate(table_MH[m]):
                 out[f"attn/layer_{layer}/head_{head}/{measure}"] = math.nan if value is None else float(value)
+    for layer, heads in enumerate(record.bias):  # only where a layer has a bias: its range, apart from the scores
+        for head, pair in enumerate(heads):
+            if pair is not None and pair[0] is not None and pair[0] == pair[0]:
+                out[f"attn/layer_{layer}/head_{head}/bias_min"], out[f"attn/layer_{layer}/head_{head}/bias_max"] = map(float, pair)
     out.update({k: float(v) for k, v in record.summary.items()})
     out["attn/alerts"] = float(len(record.alerts))
     clip = record.qk_clip
@@ -44,7 +48,7 @@ def scalars(record: WatchRecord) -> dict[str, float]:
 class Sink:
     """A place records go; subclasses write one record per probe step."""
 
-    def write(self, record: WatchRecord) -> None:
+    def write(self, record: WatchLine) -> None:
         raise NotImplementedError
 
     def close(self) -> None:
@@ -61,13 +65,13 @@ def _opened(path: Path | str, what: str):
 
 
 class JsonlSink(Sink):
-    """The watch log: one versioned ``WatchRecord`` a line, appended and flushed line by line, so a
+    """The watch log: one versioned ``WatchLine`` a line, appended and flushed line by line, so a
     run that dies keeps every probe before it. ``attnscale watch-report`` reads it."""
 
     def __init__(self, path: Path | str):
         self.path, self._file = _opened(path, "JsonlSink")
 
-    def write(self, record: WatchRecord) -> None:
+    def write(self, record: WatchLine) -> None:
         self._file.write(record.to_line())
         self._file.flush()
 
@@ -83,7 +87,7 @@ class CsvSink(Sink):
         self._writer = csv.writer(self._file)
         self._header = self.path.stat().st_size > 0  # appending to a table that has its header
 
-    def write(self, record: WatchRecord) -> None:
+    def write(self, record: WatchLine) -> None:
         if not self._header:
             self._writer.writerow(["step", "time", "layer", "head", "rows", *record.measures])
             self._header = True
@@ -108,7 +112,7 @@ class TensorBoardSink(Sink):
         self.log_dir = Path(log_dir)
         self._writer = SummaryWriter(log_dir=str(self.log_dir))
 
-    def write(self, record: WatchRecord) -> None:
+    def write(self, record: WatchLine) -> None:
         for key, value in scalars(record).items():
             self._writer.add_scalar(key, value, record.step, walltime=record.time)
         self._writer.flush()
@@ -132,7 +136,7 @@ class WandbSink(Sink):
         self.run = wandb.init(**init) if self._owned else wandb.run
         self._step = step
 
-    def write(self, record: WatchRecord) -> None:
+    def write(self, record: WatchLine) -> None:
         values = scalars(record)
         if self._step:
             self.run.log(values, step=record.step)

@@ -40,8 +40,8 @@ import torch
 from torch import nn
 
 from attnscale.errors import ConfigError
-from attnscale.watch.capture import AttentionCall, OnCall, as_visible, named
-from attnscale.watch.sdpa_capture import paused
+from attnscale.capture.call import AttentionCall, OnCall, named
+from attnscale.capture.sdpa import paused
 
 __all__ = ["capture_hf", "hf_call", "implementations"]
 
@@ -78,17 +78,6 @@ def implementations(model: nn.Module) -> set[str]:
     return {c._attn_implementation or "eager" for c in _configs(model)}
 
 
-def _window(T: int, S: int, window: int, device) -> torch.Tensor:
-    """Key j is seen from query i when i - j < window (aligned bottom-right, as flash aligns)."""
-    i = torch.arange(T, device=device)[:, None] + (S - T)
-    j = torch.arange(S, device=device)[None, :]
-    return (i - j < window)[None, None]
-
-
-def _bottom_right_causal(T: int, S: int, device) -> torch.Tensor:
-    return torch.ones(T, S, dtype=torch.bool, device=device).tril(S - T)[None, None]
-
-
 def hf_call(module: nn.Module, impl: str, query: torch.Tensor, key: torch.Tensor, attention_mask, kwargs: dict,
             name: str = "") -> AttentionCall:
     """One call to an ``AttentionInterface`` function, read as implementation ``impl`` reads it."""
@@ -96,36 +85,21 @@ def hf_call(module: nn.Module, impl: str, query: torch.Tensor, key: torch.Tensor
     scaling, softcap = kwargs.get("scaling"), kwargs.get("softcap")
     is_causal = kwargs.get("is_causal")
     is_causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
-    mask, causal = None, False
     bias = kwargs.get("position_bias")
-    if "flash" in impl:
-        if attention_mask is not None and attention_mask.ndim == 2:  # padding of the keys, B×S
-            mask = attention_mask.bool()[:, None, None, :]
-        elif attention_mask is not None:
-            mask = as_visible(attention_mask, keep_bias=False)[0]
-        if is_causal and T > 1:
-            mask = _bottom_right_causal(T, S, query.device) if mask is None else mask & _bottom_right_causal(T, S, query.device)
-        window = kwargs.get("sliding_window")
-        if window is not None and S > window:
-            mask = _window(T, S, window, query.device) if mask is None else mask & _window(T, S, window, query.device)
-    elif isinstance(attention_mask, torch.Tensor):
-        mask = as_visible(attention_mask, keep_bias=False)[0]
-    elif attention_mask is not None and hasattr(attention_mask, "mask_mod"):  # flex_attention's BlockMask
-        mask = _dense(attention_mask, query)
-    elif impl != "eager":  # sdpa and its kin: no mask means is_causal alone says it
-        causal = is_causal and T > 1
-    return AttentionCall(query, key, scale=scaling, mask=mask, is_causal=causal, softcap=softcap,
-                         bias=bias.float() if isinstance(bias, torch.Tensor) else None, name=name, module=module)
-
-
-def _dense(block_mask, query: torch.Tensor) -> torch.Tensor:
-    """A flex_attention BlockMask as a boolean B×H×T×S mask, from its mask_mod."""
-    B, H, T = query.shape[0], query.shape[1], query.shape[-2]
-    S = block_mask.seq_lengths[1] if hasattr(block_mask, "seq_lengths") else T
-    dev = query.device
-    b, h = torch.arange(B, device=dev)[:, None, None, None], torch.arange(H, device=dev)[None, :, None, None]
-    q_idx, kv_idx = torch.arange(T, device=dev)[None, None, :, None], torch.arange(S, device=dev)[None, None, None, :]
-    return block_mask.mask_mod(b, h, q_idx, kv_idx).expand(B, H, T, S).bool()
+    read = dict(scale=scaling, softcap=softcap, bias=bias.float() if isinstance(bias, torch.Tensor) else None, name=name,
+                module=module)
+    if "flash" in impl:  # a 2-D padding mask of the keys (B×S), causal aligned bottom-right, a sliding window
+        mask = attention_mask
+        if isinstance(mask, torch.Tensor) and mask.ndim == 2:
+            mask = mask.bool()[:, None, None, :]
+        return AttentionCall(query, key, mask=mask, is_causal=is_causal and T > 1, diagonal=S - T,
+                             window=kwargs.get("sliding_window"), **read)
+    if isinstance(attention_mask, torch.Tensor):
+        return AttentionCall(query, key, mask=attention_mask, **read)
+    if attention_mask is not None and hasattr(attention_mask, "mask_mod"):  # flex_attention's BlockMask
+        return AttentionCall(query, key, mask_mod=attention_mask.mask_mod, **read)
+    # sdpa and its kin: no mask means is_causal alone says it; eager: no mask, every key
+    return AttentionCall(query, key, is_causal=impl != "eager" and is_causal and T > 1, **read)
 
 
 def _wrap(original, impl: str):

@@ -1,6 +1,6 @@
 """The watch log's record: one typed, versioned line per probe step, and the only code that reads or writes it.
 
-A watch log (``JsonlSink``) is JSON Lines; each line is one ``WatchRecord``:
+A watch log (``JsonlSink``) is JSON Lines; each line is one ``WatchLine``:
 
     {"schema": "attnscale.watch", "version": 1, "step": 200, "time": 1764556800.0,
      "measures": ["spread", ...], "values": [[[...heads] ...measures] ...layers],
@@ -14,7 +14,9 @@ A watch log (``JsonlSink``) is JSON Lines; each line is one ``WatchRecord``:
 
 ``values`` is ``HeadStats.values_LMH`` as nested lists (layer, measure, head);
 ``watch`` is the watch's own cost: this probe's seconds, its seconds so far and
-their share of the wall time since it started. ``qk_clip``, only where QK-Clip
+their share of the wall time since it started. ``bias``, only where a layer adds
+a bias to its scores (ALiBi, a float mask's finite part): per layer and head the
+smallest and largest bias over the visible keys (null: none). ``qk_clip``, only where QK-Clip
 is on (``qk_clip.py``): per layer and query head since the probe before, the
 smallest factor the clip put on the head's scores, the largest S_max of its
 training forwards and the steps that clipped. Non-finite numbers are written as
@@ -33,7 +35,7 @@ from typing import Any
 
 from attnscale.errors import ConfigError
 
-__all__ = ["SCHEMA", "VERSION", "WatchRecord", "read_log"]
+__all__ = ["SCHEMA", "VERSION", "WatchLine", "read_log"]
 
 SCHEMA = "attnscale.watch"
 VERSION = 1
@@ -51,7 +53,7 @@ def _finite_or_none(x: Any) -> Any:
 
 
 @dataclass(frozen=True)
-class WatchRecord:
+class WatchLine:
     """One probe step: the per-head table, the model-wide summaries, alerts fired, the watch's own time."""
 
     step: int
@@ -65,6 +67,7 @@ class WatchRecord:
     probe: dict[str, int] = field(default_factory=dict)
     threshold: float | None = None
     qk_clip: dict = field(default_factory=dict)
+    bias: list = field(default_factory=list)  # [layer][head][min, max] over the visible keys, where a layer has a bias
 
     @property
     def layers(self) -> int:
@@ -81,6 +84,7 @@ class WatchRecord:
 
     def to_json(self) -> dict[str, Any]:
         clip = {"qk_clip": self.qk_clip} if self.qk_clip else {}  # a field of runs with QK-Clip only
+        clip.update({"bias": self.bias} if self.bias else {})  # of models with a score bias only
         return _finite_or_none({"schema": SCHEMA, "version": VERSION, "step": self.step, "time": self.time,
                                 "measures": list(self.measures), "values": self.values, "rows": self.rows,
                                 "summary": self.summary, "alerts": self.alerts, "watch": self.watch,
@@ -90,7 +94,7 @@ class WatchRecord:
         return json.dumps(self.to_json(), allow_nan=False) + "\n"
 
     @classmethod
-    def from_json(cls, data: Any, where: str = "watch log") -> "WatchRecord":
+    def from_json(cls, data: Any, where: str = "watch log") -> "WatchLine":
         if not isinstance(data, dict) or data.get("schema") != SCHEMA:
             raise ConfigError(f"{where} is not an attnscale watch record (no \"schema\": \"{SCHEMA}\"); "
                               "give the JSONL file a Watch's JsonlSink wrote")
@@ -103,7 +107,7 @@ class WatchRecord:
                          values=data["values"], rows=data["rows"], summary=dict(data["summary"]),
                          alerts=list(data.get("alerts", [])), watch=dict(data.get("watch", {})),
                          probe=dict(data.get("probe", {})), threshold=data.get("threshold"),
-                         qk_clip=dict(data.get("qk_clip") or {}))
+                         qk_clip=dict(data.get("qk_clip") or {}), bias=list(data.get("bias") or []))
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"{where} lacks a well-formed field ({e}); give an unedited watch log") from None
         if not record.values or any(len(layer) != len(record.measures) for layer in record.values):
@@ -111,7 +115,7 @@ class WatchRecord:
         return record
 
 
-def read_log(path: Path | str) -> list[WatchRecord]:
+def read_log(path: Path | str) -> list[WatchLine]:
     """Every record of a watch log, in file order; a bad file is one ``ConfigError`` naming the line."""
     path = Path(path)
     try:
@@ -127,7 +131,7 @@ def read_log(path: Path | str) -> list[WatchRecord]:
             data = json.loads(line)
         except json.JSONDecodeError:
             raise ConfigError(f"{path}:{n} is not JSON; give the JSONL file a Watch wrote") from None
-        records.append(WatchRecord.from_json(data, where=f"{path}:{n}"))
+        records.append(WatchLine.from_json(data, where=f"{path}:{n}"))
     if not records:
         raise ConfigError(f"watch log {str(path)!r} holds no record; train until the first probe step and retry")
     return records

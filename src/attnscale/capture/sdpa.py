@@ -21,7 +21,7 @@ from torch import nn
 from torch.overrides import TorchFunctionMode
 
 from attnscale.core.hooks import HookPoint
-from attnscale.watch.capture import AttentionCall, OnCall, as_visible
+from attnscale.capture.call import AttentionCall, OnCall
 
 __all__ = ["capture_sdpa", "paused", "sdpa_call"]
 
@@ -51,14 +51,12 @@ def sdpa_call(query, key, value=None, attn_mask=None, dropout_p=0.0, is_causal=F
               name: str = "") -> AttentionCall:
     """An SDPA call's arguments, read as SDPA reads them, as an ``AttentionCall``."""
     q, k = _heads_first(query), _heads_first(key)
-    mask, bias = as_visible(attn_mask)
+    mask = attn_mask
     if mask is not None and query.ndim != 4:  # the mask broadcasts against the call's own shape
-        full = (*query.shape[:-1], key.shape[-2])
-        mask = _heads_first(mask.expand(full))
-        bias = _heads_first(bias.expand(full)) if bias is not None else None
+        mask = _heads_first(mask.expand(*query.shape[:-1], key.shape[-2]))
     if not enable_gqa and k.shape[1] != q.shape[1]:  # SDPA broadcasts a single key head
         k = k.expand(k.shape[0], q.shape[1], *k.shape[2:])
-    return AttentionCall(q, k, scale=scale, mask=mask, is_causal=bool(is_causal), bias=bias, name=name)
+    return AttentionCall(q, k, scale=scale, mask=mask, is_causal=bool(is_causal), name=name)
 
 
 class _Intercept(TorchFunctionMode):

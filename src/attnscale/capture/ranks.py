@@ -3,9 +3,8 @@
 Every rank runs the probe's forward on its own probe batch (so a collective in
 the model's forward, FSDP's gathers, finds every rank there), and the per-head
 numbers are then reduced across ranks in ONE collective per probe step: each
-rank's per-head sums (``core.diagnostics.HeadPool``: entries, rows, the scores'
-sum and sum of squares, each row measurement's total) and largest |score| are
-gathered, then summed and maxed. That makes the spread the spread of all the
+rank's per-head sums (``capture.reduce.HeadSums``) are gathered, then merged as
+if every rank's blocks had been added in one place. That makes the spread the spread of all the
 ranks' entries and each row measurement a mean weighted by the rows each rank
 counted, and max_score the largest of any rank: exactly the numbers one process
 would measure on the ranks' probe batches concatenated.
@@ -22,11 +21,13 @@ torch.distributed is read only where it is initialised; one process does none of
 
 from __future__ import annotations
 
+import math
+
 import torch
 
-from attnscale.core import diagnostics as D
+from attnscale.capture.reduce import HeadSums
 
-__all__ = ["active", "rank", "reduce_pools", "reduce_max"]
+__all__ = ["active", "rank", "reduce_sums", "reduce_max"]
 
 
 def active() -> bool:
@@ -45,28 +46,25 @@ def _device(tensor: torch.Tensor) -> torch.device:
     return torch.device("cpu") if torch.distributed.get_backend() == "gloo" else tensor.device
 
 
-def reduce_pools(pools: list[D.HeadPool]) -> None:
-    """Sum (and max) every pool's sums over the ranks, in place, with one ``all_gather``."""
-    if not active() or not pools:
+def reduce_sums(layers: list[HeadSums]) -> None:
+    """Every layer's sums merged over the ranks, in place, with one ``all_gather``: each rank then holds the
+    sums of all the ranks' blocks."""
+    if not active() or not layers:
         return
-    heads = max(p.rows.shape[0] for p in pools)
-    names = sorted(pools[0].row_sums)
-    fields = 5 + len(names)  # entries, rows, sum, sum_sq, max_abs, then each row measurement's total
-    here = pools[0].rows.device
-    packed = torch.zeros(len(pools), fields, heads, dtype=torch.float64, device=here)
-    for i, p in enumerate(pools):
-        h = p.rows.shape[0]
-        packed[i, :, :h] = torch.stack([p.entries, p.rows, p.sum, p.sum_sq, p.max_abs, *(p.row_sums[k] for k in names)])
+    heads = max(s.heads for s in layers)
+    here = layers[0].device
+    packed = torch.full((len(layers), len(HeadSums.FIELDS), heads), math.nan, dtype=torch.float64, device=here)
+    for i, s in enumerate(layers):
+        packed[i, :, :s.heads] = s.data
     packed = packed.to(_device(packed))
     gathered = [torch.empty_like(packed) for _ in range(torch.distributed.get_world_size())]
     torch.distributed.all_gather(gathered, packed)
-    ranks = torch.stack(gathered).to(here)  # (ranks, layers, fields, heads)
-    total, largest = ranks.sum(0), ranks.amax(0)
-    for i, p in enumerate(pools):
-        h = p.rows.shape[0]
-        p.entries, p.rows, p.sum, p.sum_sq = (total[i, f, :h].clone() for f in range(4))
-        p.max_abs = largest[i, 4, :h].clone()
-        p.row_sums = {k: total[i, 5 + j, :h].clone() for j, k in enumerate(names)}
+    for i, s in enumerate(layers):
+        s.data.copy_(gathered[0][i, :, :s.heads].to(here))
+        for other in gathered[1:]:
+            part = HeadSums(s.heads, s.threshold, here)
+            part.data.copy_(other[i, :, :s.heads].to(here))
+            s.merge(part)
 
 
 def reduce_max(values: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -20,9 +20,9 @@ from torch.overrides import TorchFunctionMode
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from attnscale import watch
-from attnscale.core.diagnostics import head_measures
+from reference import head_measures
 from attnscale.errors import ConfigError
-from attnscale.watch.sdpa_capture import capture_sdpa
+from attnscale.capture.sdpa import capture_sdpa
 
 RTOL, ATOL = 1e-5, 1e-7
 
@@ -108,7 +108,7 @@ def padded_batch(B=3, T=14, vocab=120):
 
 def hf_state(model):
     """What a capture may touch: every config's implementation, the interface's entries, the eager functions."""
-    from attnscale.watch.hf_capture import _configs, _modeling_files
+    from attnscale.capture.hf import _configs, _modeling_files
 
     interface = transformers.modeling_utils.ALL_ATTENTION_FUNCTIONS
     return ([c._attn_implementation for c in _configs(model)], {k: interface[k] for k in interface},
@@ -149,8 +149,11 @@ def test_hf_keeps_its_own_implementation_and_outputs(impl):
         got = model(**batch).last_hidden_state
     assert torch.equal(got, want) and len(seen) == 3
     assert model.config._attn_implementation == impl
-    if impl == "eager":  # eager's additive float mask is read as a mask, no bias
-        assert seen[0].bias is None and seen[0].mask.dtype == torch.bool
+    if impl == "eager":  # eager's additive float mask is read as a mask, no bias: its fills hide, its zeros add nothing
+        assert seen[0].bias is None and seen[0].mask.is_floating_point() and not seen[0].has_bias()
+        assert seen[0].bias_rows() is None
+        causal = torch.ones(seen[0].q.shape[-2], seen[0].k.shape[-2], dtype=torch.bool).tril()
+        assert torch.equal(seen[0].visible()[:, 0] & causal, seen[0].visible()[:, 0])
 
 
 def test_hf_eager_model_measures_as_the_sdpa_one():
@@ -220,16 +223,17 @@ class CausalSelfAttention(nn.Module):
         else:
             if gqa:
                 k, v = (t.repeat_interleave(self.heads // self.kv_heads, dim=1) for t in (k, v))
-            att = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            score = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(k.size(-1)))
+            att = score
             if self.mask is None:
                 visible = self.bias[:, :, :T, :T] != 0
             elif self.mask.dtype == torch.bool:
                 visible = self.mask
-            else:
-                att, visible = att + self.mask, torch.isfinite(self.mask)
+            else:  # an additive mask: its finite part is a bias, in the weights and never in the scores
+                att, visible = score + self.mask, torch.isfinite(self.mask)
             att = att.masked_fill(~visible, float("-inf"))
             p = F.softmax(att, dim=-1)
-            self.kept = (att, p, visible)
+            self.kept = (score, p, visible)
             y = p @ v
         return self.proj(y.transpose(1, 2).contiguous().view(B, T, C))
 
@@ -368,7 +372,7 @@ def test_hf_model_whose_attention_skips_the_interface_falls_back_to_sdpa():
     with torch.random.fork_rng():
         torch.manual_seed(0)
         model = Own(transformers.PretrainedConfig()).eval()
-    from attnscale.watch.measure import choose
+    from attnscale.capture.route import choose
 
     assert choose(model) == "hf"
     stats = watch.measure_heads(model, {"input_ids": IDS})
@@ -406,7 +410,7 @@ def test_hf_probes_in_two_threads_share_the_wrapper_and_the_last_puts_it_back():
 def test_hf_auto_leaves_sdpa_alone_once_the_interface_delivered_and_probes_again_if_it_stops(monkeypatch):
     import importlib
 
-    measure_module = importlib.import_module("attnscale.watch.measure")  # the package exports a function by that name
+    measure_module = importlib.import_module("attnscale.capture.route")
     model, batch = llama(), padded_batch()
     before = hf_state(model)
     entered = []
@@ -417,9 +421,13 @@ def test_hf_auto_leaves_sdpa_alone_once_the_interface_delivered_and_probes_again
         return real_sdpa(*a, **kw)
 
     monkeypatch.setattr(measure_module, "capture_sdpa", counting_sdpa)
-    first = watch.measure_heads(model, batch)
+    route = measure_module.Route()  # what a Watch keeps between its probes
+    first = watch.measure_heads(model, batch, route=route)
     assert len(entered) == 1  # the first probe listens to both
-    second = watch.measure_heads(model, batch)
+    watch.measure_heads(model, batch)
+    assert len(entered) == 2  # a probe without the route learns nothing: both again
+    entered.pop()
+    second = watch.measure_heads(model, batch, route=route)
     assert len(entered) == 1  # the interface delivered: SDPA is left alone
     torch.testing.assert_close(second.values_LMH, first.values_LMH, rtol=0, atol=0)
 
@@ -428,10 +436,10 @@ def test_hf_auto_leaves_sdpa_alone_once_the_interface_delivered_and_probes_again
         yield
 
     monkeypatch.setattr(measure_module, "capture_hf", deaf, raising=False)
-    import attnscale.watch.hf_capture as hf_capture
+    import attnscale.capture.hf as hf_capture
 
     monkeypatch.setattr(hf_capture, "capture_hf", deaf)
-    third = watch.measure_heads(model, batch)
+    third = watch.measure_heads(model, batch, route=route)
     assert len(entered) == 2  # it probed once more, with SDPA, and read the same heads there
     torch.testing.assert_close(third.values_LMH, first.values_LMH, rtol=1e-5, atol=1e-6)
     assert no_function_mode() and hf_state(model) == before

@@ -16,10 +16,11 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from attnscale.capture.reduce import DEFAULT_MEMORY
 from attnscale.core.diagnostics import FROZEN_THRESHOLD
 from attnscale.watch.alerts import Alert
 from attnscale.watch.loop import EVERY, PROBE_SEQUENCES, Watch
-from attnscale.watch.sinks import Sink
+from attnscale.watch.logs.sinks import Sink
 
 __all__ = ["Attached"]
 
@@ -31,10 +32,11 @@ class Attached:
     def __init__(self, every: int = EVERY, probe: Any = None, sinks: Sequence[Sink] = (),
                  alerts: Sequence[Alert] | None = None, threshold: float = FROZEN_THRESHOLD, *,
                  probe_sequences: int = PROBE_SEQUENCES, capture: str = "auto", adapter: Callable | None = None,
-                 qk_clip: float | None = None):
+                 qk_clip: float | None = None, memory: int = DEFAULT_MEMORY, sample_rows: int | None = None):
         self.options = dict(every=every, probe=probe, sinks=sinks, alerts=alerts, threshold=threshold,
-                            probe_sequences=probe_sequences, capture=capture, adapter=adapter, qk_clip=qk_clip)
-        Watch.check(every, threshold, probe_sequences, qk_clip)  # a bad option fails here, not at train()
+                            probe_sequences=probe_sequences, capture=capture, adapter=adapter, qk_clip=qk_clip,
+                            memory=memory, sample_rows=sample_rows)
+        Watch.check(every, threshold, probe_sequences, qk_clip, memory, sample_rows)  # a bad option fails here, not at train()
         self.watch: Watch | None = None
         self.latest: tuple[int, dict[str, float]] | None = None
 

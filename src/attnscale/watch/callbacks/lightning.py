@@ -27,10 +27,10 @@ from __future__ import annotations
 try:
     from lightning.pytorch import Callback
 except ImportError:  # pragma: no cover - the extra is missing
-    raise ImportError("attnscale.watch.lightning needs lightning; install the extra from the clone: pip install -e '.[watch]'") from None
+    raise ImportError("attnscale.watch.callbacks.lightning needs lightning; install the extra from the clone: pip install -e '.[watch]'") from None
 
 from attnscale.errors import ConfigError
-from attnscale.watch.attach import Attached
+from attnscale.watch.callbacks.attach import Attached
 
 __all__ = ["WatchCallback"]
 

@@ -14,11 +14,13 @@ sqrt(gamma_q[h] gamma_k[group]) <= tau / S_max[h], and no head stays above tau.
 Biases are scaled with their rows; fused qkv projections are found
 (``projections.py``).
 
-S_max is the largest |scaled score| of the head (the watch's ``max_score``, over
-the entries the mask lets count) in the step's own training forward: the calls
-are captured while the model trains (the capture ``measure`` uses, left in place
-for the whole run) and each reduced at once to H numbers (``pool.head_max``).
-That is the clip's cost: one more q·kᵀ in float32 per attention call per step,
+S_max is the largest |q·kᵀ × scale| of the head (the watch's ``max_score``: over
+the keys the mask leaves visible, a finite fill such as -1e9 read as hidden, and
+without any bias, which no scaling of W_q and W_k can shrink) in the step's own
+training forward: the calls are captured while the model trains (the capture a
+probe uses, left in place for the whole run) and each reduced at once to H
+numbers, a block of query rows at a time (``capture.reduce.head_max``). That is
+the clip's cost: one more q·kᵀ in float32 per attention call per step,
 and, for attnscale's own models, its explicit attention path instead of SDPA
 (the hook points need the scores); ``benchmarks/qk_clip_overhead.py`` measures it.
 The clip acts on the S_max of the weights before the step, as Kimi's does: the
@@ -39,13 +41,14 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from attnscale.capture.adapter import Adapter
+from attnscale.capture.call import AttentionCall
+from attnscale.capture.probe import unwrap
+from attnscale.capture.ranks import reduce_max
+from attnscale.capture.reduce import DEFAULT_MEMORY, head_max
+from attnscale.capture.route import capturing, choose
 from attnscale.errors import ConfigError
-from attnscale.watch.capture import Adapter, AttentionCall, capture_adapter, capture_hooks
-from attnscale.watch.distributed import reduce_max
-from attnscale.watch.measure import choose, unwrap
-from attnscale.watch.pool import head_max
-from attnscale.watch.projections import QKProjections, qk_projections
-from attnscale.watch.sdpa_capture import capture_sdpa
+from attnscale.watch.clip.projections import QKProjections, qk_projections
 
 __all__ = ["QKClip", "clip_factors", "check_tau"]
 
@@ -72,9 +75,10 @@ class QKClip:
     """QK-Clip at ``tau`` on ``model`` (see the module's docstring). ``step()`` after each optimizer step;
     ``close()`` when training ends. ``capture``/``adapter``: as ``measure_heads`` takes them."""
 
-    def __init__(self, model: nn.Module, tau: float, capture: str = "auto", adapter: Adapter | None = None):
+    def __init__(self, model: nn.Module, tau: float, capture: str = "auto", adapter: Adapter | None = None,
+                 memory: int = DEFAULT_MEMORY):
         check_tau(tau)
-        self.model, self.tau = unwrap(model), float(tau)
+        self.model, self.tau, self.memory = unwrap(model), float(tau), memory
         self._modules = dict(self.model.named_modules())
         self._s_max: dict[str, torch.Tensor] = {}  # attention module name -> this step's S_max per query head
         self._calls: dict[str, tuple] = {}  # name -> (module or None, query heads, head width), this step
@@ -82,17 +86,8 @@ class QKClip:
         self._since: dict[str, list[torch.Tensor]] = {}  # name -> [smallest gamma, largest S_max, steps clipped]
         self._paused = False
         self._stack = contextlib.ExitStack()
-        kind = choose(self.model, capture, adapter)
-        if kind == "hooks":
-            self._stack.enter_context(capture_hooks(self.model, self._on_call))
-        elif kind == "adapter":
-            self._stack.enter_context(capture_adapter(self.model, self._on_call, adapter))
-        elif kind == "sdpa":
-            self._stack.enter_context(capture_sdpa(self.model, self._on_call))
-        else:  # a Hugging Face model: its AttentionInterface, the call its modeling file makes
-            from attnscale.watch.hf_capture import capture_hf
-
-            self._stack.enter_context(capture_hf(self.model, self._on_call))
+        # a Hugging Face model: its AttentionInterface alone, the call its modeling file makes
+        self._stack.enter_context(capturing(self.model, self._on_call, choose(self.model, capture, adapter), adapter))
 
     def _on_call(self, call: AttentionCall) -> None:
         # Under torch.compile this runs inside the compiled graph: it reads no state that changes from one
@@ -101,7 +96,7 @@ class QKClip:
             return
         name = call.name
         self._calls[name] = (call.module, call.heads, call.q.shape[-1])  # for step() to find the rows
-        s_max = head_max(call)
+        s_max = head_max(call, self.memory)
         self._s_max[name] = torch.maximum(self._s_max[name], s_max) if name in self._s_max else s_max
 
     def _rows(self, name: str) -> QKProjections:

@@ -1,0 +1,151 @@
+"""One attention call as the model made it, and the rule that tells a hidden key from a bias.
+
+Every capture hands over an ``AttentionCall``; the reduction (``reduce.py``)
+reads its mask and bias a block of query rows at a time, so no call ever needs
+a T×S mask in memory.
+
+The visible-key rule, written once (``HIDDEN_AT``): a key is hidden from a query
+where a boolean mask holds False, where a causal or sliding-window structure
+excludes it, or where an additive mask holds -inf or any value at or below
+-10,000 (the fills in use: -1e4 in older BERTs, -1e9 in hand-written models,
+``finfo.min`` in transformers). No softmax gives such a key any weight beside a
+visible one (e^-10,000 underflows even float64), so reading it as hidden loses
+nothing of the weights, and keeps the fill out of every score measure. Additive
+values above the line are a bias: they enter the weights, never the scores.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["HIDDEN_AT", "AttentionCall", "OnCall", "named", "split_mask"]
+
+HIDDEN_AT = -1e4
+
+
+def split_mask(mask: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """A mask as SDPA and transformers take it (boolean, True = may attend, or an additive float mask)
+    as (boolean visible mask, float bias over the visible keys or None where it is all zero)."""
+    if mask is None or mask.dtype == torch.bool:
+        return mask, None
+    visible = mask > HIDDEN_AT
+    bias = torch.where(visible, mask, 0).float()
+    return visible, bias if bool(bias.any()) else None
+
+
+def _rows(x: torch.Tensor | None, rows: slice, T: int) -> torch.Tensor | None:
+    """``x`` (broadcastable to B×H×T×S, fewer dims padded in front) cut to query rows ``rows``."""
+    if x is None:
+        return None
+    while x.ndim < 4:
+        x = x[None]
+    return x[:, :, rows] if x.shape[2] == T and T > 1 else x
+
+
+@dataclass(frozen=True, eq=False)  # tensors inside: compared by identity
+class AttentionCall:
+    """One attention call, as the model made it.
+
+    ``q``: B×H×T×D, after anything done to it before the product (RoPE, q-norm);
+    ``k``: B×K×S×D with K key/value heads (GQA: K divides H, and query head h
+    reads key head h // (H / K), as ``repeat_kv`` and SDPA's ``enable_gqa`` do).
+    ``scale``: the factor on q·kᵀ (None: 1/sqrt(D), SDPA's default).
+    ``mask``: broadcastable to B×H×T×S, boolean (True where a query may see a
+    key) or additive float (read by ``HIDDEN_AT``'s rule); None: every key.
+    ``is_causal``: key j is seen from query i only where j <= i + ``diagonal``
+    (0: aligned top-left, as SDPA; S - T: bottom-right, as flash-attn), and
+    within ``window`` keys of it where a window is given. ``mask_mod``: a
+    function (b, h, q_idx, kv_idx) -> bool as flex_attention takes it, read a
+    block at a time. ``softcap``: c·tanh(s/c) after the scale; ``cap``: any
+    other squash (it wins over ``softcap``). ``bias``: added to the scores after
+    the cap (a position bias). ``name``: where the call came from, for the
+    reader; ``module``: the module that made it, where the capture knows it."""
+
+    q: torch.Tensor
+    k: torch.Tensor
+    scale: float | torch.Tensor | None = None
+    mask: torch.Tensor | None = None
+    is_causal: bool = False
+    softcap: float | None = None
+    cap: Callable[[torch.Tensor], torch.Tensor] | None = None
+    bias: torch.Tensor | None = None
+    name: str = ""
+    module: Any = None
+    diagonal: int = 0
+    window: int | None = None
+    mask_mod: Callable | None = None
+
+    @property
+    def heads(self) -> int:
+        return self.q.shape[1]
+
+    @property
+    def kv_heads(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def factor(self) -> float | torch.Tensor:
+        return self.q.shape[-1] ** -0.5 if self.scale is None else self.scale
+
+    def squash(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """What the model does to the scaled scores before the mask, or None."""
+        if self.cap is not None:
+            return self.cap
+        if self.softcap:
+            return lambda s, c=float(self.softcap): c * torch.tanh(s / c)
+        return None
+
+    def visible(self, rows: slice = slice(None), device=None) -> torch.Tensor | None:
+        """Which keys the query rows ``rows`` see, boolean, broadcastable to B×H×R×S (None: every key)."""
+        T, S = self.q.shape[-2], self.k.shape[-2]
+        device = self.q.device if device is None else device
+        r = torch.arange(T, device=device)[rows]
+        out = None
+        if self.mask is not None:
+            out = _rows(self.mask, rows, T).to(device)
+            out = out if out.dtype == torch.bool else out > HIDDEN_AT
+        if self.is_causal or self.window is not None:
+            i, j = r[:, None] + self.diagonal, torch.arange(S, device=device)[None, :]
+            structure = j <= i if self.is_causal else torch.ones(len(r), S, dtype=torch.bool, device=device)
+            if self.window is not None:
+                structure = structure & (i - j < self.window)
+            out = structure[None, None] if out is None else out & structure
+        if self.mask_mod is not None:
+            B, H = self.q.shape[0], self.q.shape[1]
+            b = torch.arange(B, device=device)[:, None, None, None]
+            h = torch.arange(H, device=device)[None, :, None, None]
+            seen = self.mask_mod(b, h, r[None, None, :, None], torch.arange(S, device=device)[None, None, None, :]).bool()
+            out = seen if out is None else out & seen
+        return out
+
+    def bias_rows(self, rows: slice = slice(None), device=None) -> torch.Tensor | None:
+        """What is added to the scores of query rows ``rows`` over their visible keys, float32, broadcastable to
+        B×H×R×S: ``bias`` plus the part of an additive mask above ``HIDDEN_AT`` (None: nothing)."""
+        T = self.q.shape[-2]
+        device = self.q.device if device is None else device
+        out = None if self.bias is None else _rows(self.bias, rows, T).to(device).float()
+        if self.mask is not None and self.mask.dtype != torch.bool:
+            m = _rows(self.mask, rows, T).to(device)
+            part = torch.where(m > HIDDEN_AT, m, 0).float()
+            if bool(part.any()):
+                out = part if out is None else out + part
+        return out
+
+    def has_bias(self) -> bool:
+        """True where something beside q·kᵀ enters the scores: a bias, or an additive mask with values
+        other than 0 over the keys it leaves visible."""
+        return self.bias is not None or (self.mask is not None and self.mask.dtype != torch.bool
+                                         and bool(((self.mask > HIDDEN_AT) & (self.mask != 0)).any()))
+
+
+OnCall = Callable[[AttentionCall], None]
+
+
+def named(modules: Iterable[tuple[str, nn.Module]]) -> dict[int, str]:
+    """Module id → name, to name the calls of a capture that sees only modules."""
+    return {id(m): n for n, m in modules}

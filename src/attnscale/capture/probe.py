@@ -1,0 +1,216 @@
+"""A probe: per-head attention health of any model, from one forward pass.
+
+    stats = measure_heads(model, batch)     # HeadStats: (layers, measures, heads)
+    numbers = measure(model, batch)         # {"attn/layer_0/head_3/max_score": ..., "attn/max_score": ...}
+
+One forward on ``batch`` (a tensor the model takes as its first argument, a
+dict of keyword arguments, a tuple of positional ones, or ``Inputs`` holding
+both) under ``torch.no_grad()``, with autocast off and the model in eval mode
+(each module's mode restored after). Every attention call is captured
+(``route.py``) and reduced per head by ``reduce.py``, in blocks of at most
+``memory`` bytes, in float32 whatever the model runs in. Padding (an
+``attention_mask`` of shape B×T among the keyword arguments) is never a row nor
+a key that counts.
+
+A ``torch.compile``d model is probed through its original module (eagerly, on
+the same weights), a (Distributed)DataParallel one through its ``module``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnscale.capture.adapter import Adapter
+from attnscale.capture.ranks import reduce_sums
+from attnscale.capture.reduce import DEFAULT_MEMORY, HeadSums, reduce_call
+from attnscale.capture.route import Route, capturing
+from attnscale.capture.stats import HeadStats
+from attnscale.core.diagnostics import FROZEN_THRESHOLD, HEAD_MEASURES, measuring_device
+from attnscale.errors import ConfigError
+
+__all__ = ["Inputs", "first_sequences", "forward", "input_device", "measure", "measure_heads", "padding_of", "probing",
+           "unwrap"]
+
+
+@dataclass(frozen=True)
+class Inputs:
+    """A forward's arguments as the model was given them: ``model(*args, **kwargs)``."""
+
+    args: tuple = ()
+    kwargs: dict = field(default_factory=dict)
+
+
+def _cut(x: Any, n: int, rows: int | None) -> Any:
+    if torch.is_tensor(x) and x.ndim and (rows is None or x.shape[0] == rows):
+        return x[:n].detach().clone()
+    return x
+
+
+def first_sequences(batch: Any, n: int) -> Any:
+    """The first ``n`` sequences of a batch (a tensor; a dict, tuple or list of them; ``Inputs``): detached
+    copies of every tensor that shares the batch dim, the rest as it is. The probe must not keep the training
+    step's graph or see later in-place changes."""
+    if torch.is_tensor(batch):
+        return batch[:n].detach().clone()
+    tensors = (list(batch.args) + list(batch.kwargs.values()) if isinstance(batch, Inputs)
+               else list(batch.values()) if isinstance(batch, Mapping)
+               else list(batch) if isinstance(batch, (tuple, list)) else None)
+    if tensors is None:
+        raise TypeError(f"a probe batch is a tensor, a dict, tuple or list of tensors, or attnscale.watch.Inputs, "
+                        f"got {type(batch).__name__}")
+    sizes = [v.shape[0] for v in tensors if torch.is_tensor(v) and v.ndim]
+    rows = min(sizes) if sizes else None
+    if isinstance(batch, Inputs):
+        return Inputs(tuple(_cut(v, n, rows) for v in batch.args), {k: _cut(v, n, rows) for k, v in batch.kwargs.items()})
+    if isinstance(batch, Mapping):
+        return {k: _cut(v, n, rows) for k, v in batch.items()}
+    return type(batch)(_cut(v, n, rows) for v in batch)
+
+
+def _modes(model: nn.Module) -> list[tuple[nn.Module, bool]]:
+    return [(m, m.training) for m in model.modules()]
+
+
+def input_device(model: nn.Module) -> torch.device:
+    """Where the inputs go: the input embedding's device (a model spread over devices
+    starts there), else the first parameter's, else the CPU."""
+    get = getattr(model, "get_input_embeddings", None)
+    try:
+        emb = get() if callable(get) else None
+    except (NotImplementedError, AttributeError):
+        emb = None
+    for tensor in ([emb.weight] if isinstance(getattr(emb, "weight", None), torch.Tensor) else []) + list(model.parameters()):
+        return tensor.device
+    return torch.device("cpu")
+
+
+def _to(x: Any, device: torch.device) -> Any:
+    return x.to(device) if isinstance(x, torch.Tensor) else x
+
+
+@contextlib.contextmanager
+def probing(model: nn.Module) -> Iterator[None]:
+    """The probe's conditions: eval mode (each module's own mode restored after),
+    ``torch.no_grad()`` and autocast off on every device type the model uses."""
+    modes = _modes(model)
+    types = {"cpu"} | {p.device.type for p in model.parameters()}
+    model.eval()
+    try:
+        with torch.no_grad(), contextlib.ExitStack() as stack:
+            for t in sorted(types & {"cpu", "cuda", "mps", "xpu"}):
+                stack.enter_context(torch.autocast(t, enabled=False))
+            yield
+    finally:
+        for m, training in modes:
+            m.training = training
+
+
+def forward(model: nn.Module, batch: Any) -> Any:
+    """One forward on ``batch``: ``Inputs`` as the call they hold, a dict as keyword arguments, a tuple or
+    list as positional ones, anything else as the first argument; tensors go where the model starts."""
+    device = input_device(model)
+    if isinstance(batch, Inputs):
+        return model(*[_to(v, device) for v in batch.args], **{k: _to(v, device) for k, v in batch.kwargs.items()})
+    if isinstance(batch, Mapping):
+        return model(**{k: _to(v, device) for k, v in batch.items()})
+    if isinstance(batch, (tuple, list)):
+        return model(*[_to(v, device) for v in batch])
+    return model(_to(batch, device))
+
+
+def padding_of(batch: Any) -> torch.Tensor | None:
+    """The B×T padding mask of a dict batch or of ``Inputs`` (its ``attention_mask``, True = a real token), if any."""
+    kwargs = batch.kwargs if isinstance(batch, Inputs) else batch
+    mask = kwargs.get("attention_mask") if isinstance(kwargs, Mapping) else None
+    return mask.bool() if isinstance(mask, torch.Tensor) and mask.ndim == 2 else None
+
+
+def unwrap(model: nn.Module) -> nn.Module:
+    """The model a probe runs: a ``torch.compile``d module's original (the probe runs eagerly,
+    on the same weights) and a (Distributed)DataParallel's own module (its forward would sync
+    buffers with ranks that are not probing)."""
+    while True:
+        if isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+            model = model.module
+        elif isinstance(getattr(model, "_orig_mod", None), nn.Module):  # torch._dynamo's OptimizedModule
+            model = model._orig_mod
+        else:
+            return model
+
+
+class _Layers:
+    """The probe's calls as they come: each reduced at once into its own ``HeadSums``, on one device (the first
+    call's; the CPU for MPS)."""
+
+    def __init__(self, threshold: float, padding: torch.Tensor | None, memory: int, sample_rows: int | None):
+        self.threshold, self.padding, self.memory, self.sample_rows = threshold, padding, memory, sample_rows
+        self.sums: list[HeadSums] = []
+        self.names: list[str] = []
+
+    def __call__(self, call) -> None:
+        device = self.sums[0].device if self.sums else measuring_device(call.q.device)
+        sums = HeadSums(call.heads, self.threshold, device)
+        reduce_call(call, sums, padding_BT=self.padding, memory=self.memory, sample_rows=self.sample_rows,
+                    seed=len(self.sums))
+        self.sums.append(sums)
+        self.names.append(call.name or f"call {len(self.names)}")
+
+    def stats(self) -> HeadStats:
+        """Every layer's numbers, read back to the CPU in one transfer."""
+        heads = max(s.heads for s in self.sums)
+        L, M = len(self.sums), len(HEAD_MEASURES)
+        dev = self.sums[0].device
+        parts = torch.full((L, M + 1 + 2 + (M - 2), heads), float("nan"), dtype=torch.float64, device=dev)
+        for i, s in enumerate(self.sums):
+            parts[i, :, :s.heads] = torch.cat([s.measures(), s.rows[None], s.bias_range(), s.standard_errors()])
+        parts = parts.cpu()  # the probe's one read-back
+        rows = torch.nan_to_num(parts[:, M], nan=0.0)
+        bias = parts[:, M + 1:M + 3].transpose(1, 2)
+        has_bias = bool(torch.isfinite(bias).any())
+        return HeadStats(parts[:, :M].float(), rows, HEAD_MEASURES, tuple(self.names), tuple(s.heads for s in self.sums),
+                         bias_LH2=bias if has_bias else None,
+                         errors_LRH=parts[:, M + 3:] if self.sample_rows is not None else None)
+
+
+def measure_heads(model: nn.Module, batch: Any, *, threshold: float = FROZEN_THRESHOLD, capture: str = "auto",
+                  adapter: Adapter | None = None, across_ranks: bool = False, memory: int = DEFAULT_MEMORY,
+                  sample_rows: int | None = None, route: Route | None = None) -> HeadStats:
+    """Per-head measurements of ``model`` on ``batch`` (see the module's docstring). ``memory``: the bytes a
+    block of scores may take (``capture.reduce``); ``sample_rows``: measure that many query rows of each
+    sequence (drawn at random, the same each probe), with each row measure's standard error. ``across_ranks``:
+    in a process group, every rank calls this on its own batch and gets the numbers of all the ranks' batches
+    together, in one collective (``ranks.py``). ``route``: what earlier probes of this model learned."""
+    if not isinstance(memory, int) or isinstance(memory, bool) or memory < 1:
+        raise ConfigError(f"memory takes a positive number of bytes, got {memory!r}")
+    if sample_rows is not None and (not isinstance(sample_rows, int) or isinstance(sample_rows, bool) or sample_rows < 2):
+        raise ConfigError(f"sample_rows takes an integer of at least 2 (None: every row), got {sample_rows!r}")
+    model = unwrap(model)
+    route = Route() if route is None else route
+    while True:
+        layers = _Layers(threshold, padding_of(batch), memory, sample_rows)
+        remembered = capture == "auto" and route.through_interface
+        with probing(model), capturing(model, layers, capture, adapter, route) as kind:
+            forward(model, batch)
+        if layers.sums or not remembered:
+            break
+        route.through_interface = False  # the interface saw nothing this time: once more with SDPA too
+    if not layers.sums:
+        raise ConfigError(
+            f"no attention call of {type(model).__name__} was seen (capture {kind!r}); the model must use attnscale's "
+            "Attention, transformers' AttentionInterface or torch.nn.functional.scaled_dot_product_attention, "
+            "or be measured with adapter=attnscale.watch.Adapter(modules, read)")
+    if across_ranks:
+        reduce_sums(layers.sums)
+    return layers.stats()
+
+
+def measure(model: nn.Module, batch: Any, **kw) -> dict[str, float]:
+    """``measure_heads(model, batch, **kw).flat()``: one number per layer, head and
+    measure, keyed ``attn/layer_{l}/head_{h}/{measure}``, and the model-wide summary."""
+    return measure_heads(model, batch, **kw).flat()

@@ -1,0 +1,85 @@
+"""``HeadStats``: the per-head numbers of one probe, and what a logger takes from them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnscale.core.diagnostics import COLLAPSED_WORDS, HEAD_MEASURES, reduce_heads
+
+__all__ = ["HeadStats"]
+
+
+@dataclass(frozen=True, eq=False)  # tensors inside: compared by identity
+class HeadStats:
+    """Per-head measurements of one probe.
+
+    ``values_LMH``: float32 on the CPU, (layers, len(HEAD_MEASURES), heads); a
+    layer is one attention call, in the order the model made them. NaN where a
+    head measured nothing (a layer with fewer heads, a head whose every row saw
+    fewer than two keys). ``rows_LH``: the rows each head counted (float64), to
+    pool probes weighted by rows. ``layer_names``: where each layer's call came
+    from; ``layer_heads``: each layer's head count (where they differ, the
+    tensors are as wide as the widest). ``bias_LH2``: each head's smallest and
+    largest bias over its visible keys (NaN: no bias), or None where no layer
+    has one. ``errors_LRH``: where query rows were sampled, each row measure's
+    standard error (``capture.reduce.ROW_MEASURES`` order), else None."""
+
+    values_LMH: torch.Tensor
+    rows_LH: torch.Tensor
+    measures: tuple[str, ...] = HEAD_MEASURES
+    layer_names: tuple[str, ...] = ()
+    layer_heads: tuple[int, ...] = ()
+    bias_LH2: torch.Tensor | None = None
+    errors_LRH: torch.Tensor | None = None
+
+    @property
+    def layers(self) -> int:
+        return len(self.values_LMH)  # one row of the table per layer
+
+    @property
+    def heads(self) -> int:
+        return self.values_LMH.shape[2]
+
+    def get(self, measure: str) -> torch.Tensor:
+        """One measure, (layers, heads)."""
+        if measure not in self.measures:
+            raise KeyError(f"no measure {measure!r}; choose one of {', '.join(self.measures)}")
+        return self.values_LMH[:, self.measures.index(measure)]
+
+    def _lists(self, measure: str) -> list[list[float | None]]:
+        return [[None if v != v else v for v in layer] for layer in self.get(measure).tolist()]
+
+    def summary(self) -> dict[str, float]:
+        """The model in four numbers: the largest |score| of any head, the fewest
+        effective words of any head, the share of frozen rows over all heads
+        (weighted by rows) and how many heads are collapsed (fewer than
+        ``COLLAPSED_WORDS`` effective words)."""
+        words = self._lists("effective_words")
+        return {
+            "attn/max_score": reduce_heads(self._lists("max_score"), "max"),
+            "attn/min_effective_words": reduce_heads(words, "min"),
+            "attn/frozen_fraction": reduce_heads(self._lists("frozen_fraction"), weights_LH=self.rows_LH.tolist()),
+            "attn/collapsed_heads": float(sum(v is not None and v < COLLAPSED_WORDS for layer in words for v in layer)),
+        }
+
+    def _heads_of(self, layer: int) -> int:
+        return self.layer_heads[layer] if self.layer_heads else self.heads
+
+    def flat(self) -> dict[str, float]:
+        """``attn/layer_{l}/head_{h}/{measure}`` for every layer, head and measure (heads a layer lacks left
+        out), ``…/bias_min`` and ``…/bias_max`` where a layer has a bias, then ``summary()``."""
+        out: dict[str, float] = {}
+        values = self.values_LMH.tolist()
+        for l, layer in enumerate(values):
+            for h in range(self._heads_of(l)):
+                for m, name in enumerate(self.measures):
+                    out[f"attn/layer_{l}/head_{h}/{name}"] = layer[m][h]
+        if self.bias_LH2 is not None:
+            for l, layer in enumerate(self.bias_LH2.tolist()):
+                for h in range(self._heads_of(l)):
+                    if layer[h][0] == layer[h][0]:  # not NaN: the head has a bias
+                        out[f"attn/layer_{l}/head_{h}/bias_min"], out[f"attn/layer_{l}/head_{h}/bias_max"] = layer[h]
+        out.update(self.summary())
+        return out

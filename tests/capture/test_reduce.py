@@ -1,0 +1,254 @@
+"""capture.reduce: the one per-head reduction, streamed a block of query rows at a time.
+
+Every number is checked against the materialised reference (``tests/reference.py``: whole B×H×T×S
+tensors, head by head in float64, from the definitions) at 1e-6 relative, whatever the block size."""
+
+import math
+
+import pytest
+import torch
+
+from attnscale.capture.call import HIDDEN_AT, AttentionCall
+from attnscale.capture.reduce import BYTES_PER_ENTRY, HeadSums, _plan, dense, head_max, reduce_call, reduce_scores
+from attnscale.core import diagnostics as D
+from attnscale.core.attention import build_mask, masked_softmax
+from reference import call_measures, head_measures
+
+# the default budget (one block), a budget of a few rows, and one of a single row of a single head
+BUDGETS = (256 << 20, 3 * 4 * 40 * BYTES_PER_ENTRY, 1)
+
+
+def _close(got, want, rel=1e-6):
+    got, want = got.double(), want.double()
+    assert torch.isnan(got).tolist() == torch.isnan(want).tolist()
+    ok = ~torch.isnan(want)
+    err = ((got - want).abs() / want.abs().clamp_min(1e-12))[ok]
+    assert float(err.max()) < rel, (got, want)
+
+
+def _qk(seed, B=2, H=4, K=4, T=23, S=None, D_=16, sharp=1.0):
+    g = torch.Generator().manual_seed(seed)
+    S = T if S is None else S
+    return sharp * torch.randn(B, H, T, D_, generator=g), torch.randn(B, K, S, D_, generator=g)
+
+
+CAUSAL = torch.ones(23, 23, dtype=torch.bool).tril()[None, None]
+PAD_BT = torch.ones(2, 23, dtype=torch.bool)
+PAD_BT[1, 17:] = False
+PADDED = CAUSAL & PAD_BT[:, None, None, :] & PAD_BT[:, None, :, None]
+ALIBI = -(torch.arange(23)[:, None] - torch.arange(23)[None, :]).abs().float()[None, None] * torch.tensor(
+    [0.5, 0.25, 0.125, 0.0625])[None, :, None, None]
+
+CASES = {
+    "random": dict(),
+    "sharpened": dict(sharp=12.0),  # many frozen rows
+    "causal": dict(visible=CAUSAL),
+    "padded": dict(visible=PADDED),
+    "gqa": dict(K=2, visible=CAUSAL),
+    "softcapped": dict(sharp=6.0, cap=lambda s: 3.0 * torch.tanh(s / 3.0), visible=CAUSAL),
+    "bias": dict(visible=CAUSAL, bias=ALIBI),
+}
+
+
+@pytest.mark.parametrize("memory", BUDGETS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_streaming_equals_the_materialised_reference(case, memory):
+    kw = dict(CASES[case])
+    q, k = _qk(len(case), K=kw.pop("K", 4), sharp=kw.pop("sharp", 1.0))
+    visible, bias, cap = kw.get("visible"), kw.get("bias"), kw.get("cap")
+    call = AttentionCall(q, k, mask=visible, cap=cap, bias=bias)
+    got = reduce_call(call, memory=memory).measures()
+    _close(got, call_measures(q, k, 16 ** -0.5, visible, bias, cap))
+    if case == "sharpened":
+        assert 0.1 < float(got[3].mean()) < 0.9  # frozen rows, neither none nor all
+
+
+def test_the_plan_splits_sequences_then_rows_then_whole_groups_of_heads():
+    entry = BYTES_PER_ENTRY
+    assert _plan(4, 8, 2, 10, 10, 4 * 8 * 10 * 10 * entry) == (4, 8, 10)  # everything at once
+    assert _plan(4, 8, 2, 10, 10, 8 * 10 * 10 * entry) == (1, 8, 10)  # a sequence at a time
+    assert _plan(4, 8, 2, 10, 10, 8 * 10 * 3 * entry) == (1, 8, 3)  # three rows of every head
+    assert _plan(4, 8, 2, 10, 10, 5 * 10 * entry) == (1, 4, 1)  # one row of two whole GQA groups
+    assert _plan(4, 8, 2, 10, 10, 1) == (1, 2, 1)  # never less than one group's row
+
+
+@pytest.mark.parametrize("fill", [-math.inf, -1e4, -1e9, torch.finfo(torch.float32).min])
+def test_every_fill_in_use_hides_the_key_as_minus_inf_does(fill):
+    q, k = _qk(7)
+    want = reduce_call(AttentionCall(q, k, mask=CAUSAL)).measures()
+    got = reduce_call(AttentionCall(q, k, mask=torch.zeros(1, 1, 23, 23).masked_fill(~CAUSAL, fill))).measures()
+    _close(got, want)
+    assert float(got[1].max()) < 20  # the fill is no score
+
+
+def test_the_hidden_line_is_minus_ten_thousand():
+    assert HIDDEN_AT == -1e4
+    q, k = _qk(8, T=3)
+    mask = torch.tensor([[0.0, -1e4, -9999.0]] * 3)[None, None]
+    visible = AttentionCall(q, k, mask=mask).visible()
+    assert visible[0, 0, 0].tolist() == [True, False, True]  # -9,999 is a (large) bias, -10,000 a fill
+
+
+def test_a_bias_enters_the_weights_never_the_scores():
+    q, k = _qk(9)
+    plain = reduce_call(AttentionCall(q, k, mask=CAUSAL)).measures()
+    sums = reduce_call(AttentionCall(q, k, mask=torch.where(CAUSAL, ALIBI, -1e9)))
+    got = sums.measures()
+    _close(got[:2], plain[:2])  # spread and max_score: q·kᵀ × scale alone
+    assert float((got[2] - plain[2]).abs().min()) > 0.1  # the weights moved: fewer effective words
+    lo, hi = sums.bias_range()
+    # the bias range over the visible keys, by head: the farthest key of the last row, and the diagonal's 0
+    assert lo.tolist() == pytest.approx([-22 * s for s in (0.5, 0.25, 0.125, 0.0625)]) and hi.tolist() == [0.0] * 4
+
+
+def test_no_bias_no_range():
+    q, k = _qk(10)
+    assert torch.isnan(reduce_call(AttentionCall(q, k, mask=CAUSAL)).bias_range()).all()
+
+
+def test_padding_is_neither_a_row_nor_a_key():
+    q, k = _qk(11)
+    got = reduce_call(AttentionCall(q, k, is_causal=True), padding_BT=PAD_BT).measures()
+    _close(got, call_measures(q, k, 16 ** -0.5, PADDED))
+    # with an additive mask the padding becomes a fill too
+    additive = torch.zeros(1, 1, 23, 23).masked_fill(~CAUSAL, -1e9)
+    _close(reduce_call(AttentionCall(q, k, mask=additive), padding_BT=PAD_BT).measures(), got)
+
+
+def test_causal_bottom_right_and_a_window_are_read_a_block_at_a_time():
+    q, k = _qk(12, T=5, S=9)
+    i, j = torch.arange(5)[:, None] + 4, torch.arange(9)[None, :]
+    want = ((j <= i) & (i - j < 3))[None, None]
+    call = AttentionCall(q, k, is_causal=True, diagonal=4, window=3)
+    assert torch.equal(call.visible().expand(1, 1, 5, 9), want)
+    for memory in BUDGETS:
+        _close(reduce_call(call, memory=memory).measures(), call_measures(q, k, 16 ** -0.5, want))
+
+
+def test_a_mask_mod_is_read_as_flex_attention_reads_it():
+    q, k = _qk(13)
+    call = AttentionCall(q, k, mask_mod=lambda b, h, qi, ki: (qi >= ki) & (qi - ki < 4))
+    want = (torch.ones(23, 23).tril().bool() & ~torch.ones(23, 23).tril(-4).bool())[None, None]
+    _close(reduce_call(call, memory=1).measures(), call_measures(q, k, 16 ** -0.5, want))
+
+
+def test_a_what_if_factor_replaces_the_calls_own():
+    q, k = _qk(14)
+    call = AttentionCall(q, k, mask=CAUSAL)
+    _close(reduce_call(call, factor=1.0).measures(), call_measures(q, k, 1.0, CAUSAL))
+
+
+def test_blocks_added_in_any_order_and_split_give_the_whole():
+    """Chan's merge: sums over two halves of the batch merged equal the sums over all of it, at a large mean."""
+    q, k = _qk(15)
+    q = q + 30.0  # scores with a mean far from 0
+    whole = reduce_call(AttentionCall(q, k, mask=CAUSAL)).measures()
+    a = reduce_call(AttentionCall(q[:1], k[:1], mask=CAUSAL))
+    a.merge(reduce_call(AttentionCall(q[1:], k[1:], mask=CAUSAL)))
+    _close(a.measures(), whole)
+    _close(whole, call_measures(q, k, 16 ** -0.5, CAUSAL))
+
+
+def test_the_models_own_scores_give_the_reference():
+    """reduce_scores, training's path: scores with hidden keys -inf, their softmax the weights."""
+    g = torch.Generator().manual_seed(16)
+    for causal, std in ((True, 3.0), (False, 3.0), (True, 40.0)):
+        pad_BT = torch.ones(3, 9, dtype=torch.bool)
+        pad_BT[-1, 6:] = False
+        mask = build_mask(9, causal, pad_BT) & pad_BT[:, None, :, None]
+        scores = (std * torch.randn(3, 4, 9, 9, generator=g)).masked_fill(~mask, -math.inf)
+        want = head_measures(scores, torch.softmax(scores.double(), -1).nan_to_num(0.0))  # weights in float64
+        for memory in BUDGETS:
+            _close(reduce_scores(scores, memory=memory).measures(), want)
+
+
+@pytest.mark.parametrize("threshold", [0.5, 0.9])
+def test_the_threshold_is_the_sums_own(threshold):
+    scores = 10 * torch.randn(2, 3, 8, 8, generator=torch.Generator().manual_seed(17))
+    want = head_measures(scores, torch.softmax(scores, -1), threshold)
+    _close(reduce_scores(scores, threshold=threshold).measures(), want)
+
+
+def test_a_row_exactly_at_the_threshold_is_not_frozen():
+    # weights (0.5, 0.5) at threshold 0.5: not above it
+    scores = torch.zeros(1, 1, 2, 2)
+    assert reduce_scores(scores, threshold=0.5).measures()[3].tolist() == [0.0]
+
+
+def test_one_hot_rows_by_hand_and_empty_sums():
+    assert torch.isnan(HeadSums(1).measures()).all()  # nothing added: NaN, not 0
+    scores = torch.tensor([[[[0.0, -100.0], [-100.0, 0.0]]]])
+    m = dict(zip(D.HEAD_MEASURES, reduce_scores(scores).measures()[:, 0].tolist()))
+    assert m["frozen_fraction"] == 1.0 and m["effective_words"] == pytest.approx(1.0) and m["push"] == pytest.approx(0.0, abs=1e-20)
+    assert m["spread"] == pytest.approx(50.0) and m["max_score"] == 100.0 and m["max_weight"] == pytest.approx(1.0)
+
+
+def test_one_counted_row_by_hand():
+    # T = 2, causal: row 0 sees one key (not counted); row 1's weights are (1/4, 3/4)
+    scores = torch.tensor([[[[0.5, -math.inf], [math.log(0.25), math.log(0.75)]]]])  # float32, as a model's
+    m = dict(zip(D.HEAD_MEASURES, reduce_scores(scores).measures()[:, 0].tolist()))
+    entropy = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
+    assert m["effective_words"] == pytest.approx(math.exp(entropy), rel=1e-7)
+    assert m["max_weight"] == pytest.approx(0.75, rel=1e-7) and m["frozen_fraction"] == 0.0
+    s2, s3 = 0.25**2 + 0.75**2, 0.25**3 + 0.75**3
+    assert m["push"] == pytest.approx(math.sqrt(s2 - 2 * s3 + s2**2), rel=1e-7)
+    values = [0.5, math.log(0.25), math.log(0.75)]  # the three visible scores
+    mean = sum(values) / 3
+    assert m["spread"] == pytest.approx(math.sqrt(sum((v - mean) ** 2 for v in values) / 3), rel=1e-7)
+    assert m["max_score"] == pytest.approx(-math.log(0.25), rel=1e-7)
+
+
+def test_sampled_rows_carry_their_standard_errors():
+    q, k = _qk(18, B=1, T=200, sharp=3.0)
+    causal = torch.ones(200, 200, dtype=torch.bool).tril()[None, None]
+    full = reduce_call(AttentionCall(q, k, mask=causal)).measures()
+    sums = reduce_call(AttentionCall(q, k, mask=causal), sample_rows=60, seed=3)
+    picked = torch.randperm(200, generator=torch.Generator().manual_seed(3))[:60]
+    assert sums.rows.tolist() == [60.0 - bool((picked == 0).any())] * 4  # row 0 sees one key: never counted
+    se = sums.standard_errors()
+    got = sums.measures()[2:]
+    assert bool((se[0] > 0).all()) and bool((se >= 0).all())  # no frozen row sampled: that SE is 0
+    # each row measure within 4 standard errors of the full mean (a sample of 60 rows of 200); the frozen
+    # share, a rare event here, within 0.05 (a sample without a frozen row has a standard error of 0)
+    words, push, weight = (2, 0), (4, 2), (5, 3)
+    for m, r in (words, push, weight):
+        assert bool(((got[r] - full[m]).abs() <= 4 * se[r]).all()), D.HEAD_MEASURES[m]
+    assert bool(((got[1] - full[3]).abs() <= 0.05).all())
+
+
+def test_head_max_is_the_score_max_over_visible_keys_without_the_bias():
+    q, k = _qk(19, K=2)
+    call = AttentionCall(q, k, mask=torch.where(CAUSAL, ALIBI, -1e9))
+    want = call_measures(q, k, 16 ** -0.5, CAUSAL)[1]
+    for memory in BUDGETS:
+        torch.testing.assert_close(head_max(call, memory), want, rtol=1e-6, atol=0)
+
+
+def test_dense_gives_the_logits_and_weights():
+    q, k = _qk(20)
+    logits, weights = dense(AttentionCall(q, k, mask=torch.where(CAUSAL, ALIBI, -1e4)))
+    raw = (q @ k.transpose(-2, -1)) / 4 + ALIBI
+    torch.testing.assert_close(logits, raw.masked_fill(~CAUSAL, -math.inf))
+    torch.testing.assert_close(weights, torch.softmax(logits, -1))
+
+
+def test_sums_live_on_the_device_they_are_given_and_mps_sums_on_the_cpu():
+    assert HeadSums(2, device="meta").data.device.type == "meta"  # "meta" stands in for a GPU
+    with torch.device("meta"):  # a Mac user's set_default_device("mps") moves the default; the sums go by name
+        sums = HeadSums(4, device="mps")
+    assert (sums.data.device.type, sums.data.dtype) == ("cpu", torch.float64)
+
+
+def test_per_head_numbers_and_single_key_rows_left_out():
+    mask = build_mask(5, causal=True)
+    scores = torch.randn(2, 3, 5, 5, generator=torch.Generator().manual_seed(2))
+    scores[:, 1] *= 100  # head 1 frozen
+    scores = scores.masked_fill(~mask, -math.inf)
+    m = reduce_scores(scores).measures()
+    assert m.shape == (len(D.HEAD_MEASURES), 3)
+    assert float(m[3, 1]) > 0.7 and float(m[3, 0]) < 0.5
+    assert float(m[0, 1]) == pytest.approx(D.spread(scores[:, 1]).item(), rel=1e-6)
+    # row 0 sees one key: left out, so a soft head is not called partly frozen
+    soft = torch.zeros(1, 1, 5, 5).masked_fill(~mask, -math.inf)
+    assert reduce_scores(soft).measures()[3].tolist() == [0.0]
+
