@@ -443,3 +443,34 @@ def test_hf_auto_leaves_sdpa_alone_once_the_interface_delivered_and_probes_again
     assert len(entered) == 2  # it probed once more, with SDPA, and read the same heads there
     torch.testing.assert_close(third.values_LMH, first.values_LMH, rtol=1e-5, atol=1e-6)
     assert no_function_mode() and hf_state(model) == before
+
+
+# ---- finite fills and biases: scores kept apart from masks ------------------------------------
+
+
+def _filled_causal(fill):
+    return torch.zeros(16, 16).masked_fill(~torch.ones(16, 16, dtype=torch.bool).tril(), fill)
+
+
+@pytest.mark.parametrize("fill", [-1e4, -1e9, torch.finfo(torch.float32).min])
+def test_a_model_masked_with_a_finite_fill_measures_as_with_minus_inf(fill):
+    want = watch.measure_heads(gpt(mask=_filled_causal(float("-inf"))), IDS).values_LMH
+    got = watch.measure_heads(gpt(mask=_filled_causal(fill)), IDS).values_LMH
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=0)
+    assert float(got[:, 1].max()) < 20  # max_score is a score, never the fill
+
+
+def test_an_alibi_models_scores_are_its_q_k_alone_and_its_bias_is_reported_apart():
+    alibi = _alibi_mask().masked_fill(~torch.ones(16, 16, dtype=torch.bool).tril(), -1e9)
+    with_bias = watch.measure_heads(gpt(mask=alibi), IDS)
+    plain = watch.measure_heads(gpt(), IDS)  # the same weights, causal, no bias
+    score = [0, 1]  # spread and max_score of layer 0 (layer 1 sees what layer 0's other weights made)
+    torch.testing.assert_close(with_bias.values_LMH[0, score], plain.values_LMH[0, score], rtol=1e-6, atol=0)
+    assert not torch.allclose(with_bias.get("effective_words")[0], plain.get("effective_words")[0])  # weights moved
+    assert plain.bias_LH2 is None
+    # each head's range over its visible keys: the farthest key of the last row (15 away), and the diagonal's 0
+    slopes = [0.5, 0.25, 0.125, 0.0625]
+    assert with_bias.bias_LH2[0, :, 0].tolist() == pytest.approx([-15 * s for s in slopes])
+    assert with_bias.bias_LH2[0, :, 1].tolist() == [0.0] * 4
+    flat = with_bias.flat()
+    assert flat["attn/layer_0/head_1/bias_min"] == pytest.approx(-3.75) and "attn/layer_0/head_1/bias_min" not in plain.flat()

@@ -182,6 +182,64 @@ def test_padding_of_a_dict_batch_is_neither_row_nor_key():
     torch.testing.assert_close(a.values_LMH, b.values_LMH, rtol=0, atol=0)
 
 
+class PaddedSDPA(SDPAModel):
+    """Takes its ids positionally and its padding by keyword, as ``model(ids, attention_mask=m)``; ignores the mask
+    (the probe must take the padding out itself)."""
+
+    def forward(self, ids, attention_mask=None):
+        return super().forward(ids)
+
+
+def test_the_watch_keeps_a_caught_batch_as_the_model_was_given_it():
+    """Positional ids and a keyword padding mask stay together: the padding is neither row nor key."""
+    model = PaddedSDPA(dropout=0.0)
+    pad = torch.ones(3, 16, dtype=torch.long)
+    pad[1, 10:] = 0
+    w = watch.Watch(model, every=1)
+    model(IDS, attention_mask=pad)  # the first forward: caught as the probe
+    assert isinstance(w.probe, watch.Inputs) and torch.equal(w.probe.kwargs["attention_mask"], pad)
+    numbers = w.step(1)
+    w.close()
+    want = watch.measure_heads(model, {"ids": IDS, "attention_mask": pad}).flat()
+    # the real rows: 15 + 9 + 15 that see two keys or more
+    assert watch.measure_heads(model, watch.Inputs((IDS,), {"attention_mask": pad})).rows_LH.unique().tolist() == [39]
+    assert {k: numbers[k] for k in want} == pytest.approx(want)
+
+
+@pytest.mark.parametrize("probe", [(IDS,), [IDS], watch.Inputs((IDS,), {})], ids=["tuple", "list", "inputs"])
+def test_a_probe_may_be_a_tuple_a_list_or_inputs(probe):
+    model = SDPAModel(dropout=0.0)
+    w = watch.Watch(model, every=1, probe=probe, probe_sequences=2)
+    got = w.step(1)
+    w.close()
+    assert got["attn/max_score"] == pytest.approx(watch.measure(model, IDS[:2])["attn/max_score"])
+
+
+def test_a_probe_of_anything_else_is_refused_by_name():
+    with pytest.raises(TypeError, match="a probe batch is a tensor, a dict, tuple or list of tensors"):
+        watch.Watch(SDPAModel(), probe="text")
+
+
+def test_memory_and_sample_rows_are_checked_where_they_are_given():
+    with pytest.raises(ValueError, match="memory takes a positive integer"):
+        watch.Watch(SDPAModel(), memory=0)
+    with pytest.raises(ValueError, match="sample_rows takes an integer of at least 2"):
+        watch.Watch(SDPAModel(), sample_rows=1)
+    with pytest.raises(ConfigError, match="memory takes a positive number of bytes"):
+        watch.measure_heads(SDPAModel(), IDS, memory=-5)
+
+
+def test_a_small_budget_and_sampled_rows_in_a_probe():
+    model = SDPAModel(dropout=0.0)
+    whole = watch.measure_heads(model, IDS)
+    tight = watch.measure_heads(model, IDS, memory=1)  # a single row of a single head at a time
+    torch.testing.assert_close(tight.values_LMH, whole.values_LMH, rtol=1e-6, atol=1e-7)
+    sampled = watch.measure_heads(model, IDS, sample_rows=8)
+    assert sampled.errors_LRH is not None and sampled.errors_LRH.shape == (whole.layers, 4, whole.heads)
+    assert whole.errors_LRH is None
+    assert float(sampled.rows_LH.max()) <= 3 * 8
+
+
 def test_attention_call_reads_like_sdpa():
     q, k = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8)
     call = AttentionCall(q, k, is_causal=True, softcap=3.0)

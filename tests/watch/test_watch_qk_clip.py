@@ -208,3 +208,57 @@ def test_attnscale_qk_norm_scale_is_refused():
     with pytest.raises(ConfigError, match="qk-norm"):
         clip.step()
     clip.close()
+
+
+class Alibi(nn.Module):
+    """ALiBi attention masked with a finite fill: an additive mask holding each head's position bias over the
+    causal keys and -1e9 above the diagonal, through SDPA (what hand-written ALiBi models pass)."""
+
+    def __init__(self, C=16, heads=4, T=12, fill=-1e9):
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj = nn.Linear(C, C), nn.Linear(C, C), nn.Linear(C, C)
+        self.heads = heads
+        slopes = torch.tensor([2.0 ** -(h + 1) for h in range(heads)])[None, :, None, None]
+        dist = (torch.arange(T)[None, :] - torch.arange(T)[:, None]).float()
+        self.register_buffer("mask", (slopes * dist).masked_fill(torch.ones(T, T, dtype=torch.bool).triu(1), fill))
+
+    def qk(self, x):
+        B, T, C = x.shape
+        return tuple(p(x).view(B, T, self.heads, -1).transpose(1, 2) for p in (self.q_proj, self.k_proj))
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k = self.qk(x)
+        v = self.v_proj(x).view(B, T, self.heads, -1).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask).transpose(1, 2).reshape(B, T, C)
+
+
+def test_qk_clip_on_an_alibi_model_masked_with_minus_1e9_holds_tau_and_keeps_the_weights():
+    """The fill and the bias are no score: S_max is q·k·scale over the causal keys, so the clip brings the heads
+    to tau and stops, where reading the fill as a score shrank W_q and W_k towards 0 in a few steps."""
+    torch.manual_seed(0)
+    attn = Alibi()
+    with torch.no_grad():
+        for p in (attn.q_proj.weight, attn.k_proj.weight):
+            p.normal_(0, 1.0)  # heads well past tau at the start
+    model, x, target = Net(attn), torch.randn(4, 12, 16), torch.randn(4, 12, 16)
+    tau = 10.0
+    assert max(by_hand(attn, x)) > 2 * tau
+    norm = attn.q_proj.weight.norm().item()
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    clip = QKClip(model, tau)
+    seen, after = [], []  # the largest head in each training forward, and right after each clip
+    for _ in range(6):
+        seen.append(max(by_hand(attn, x)))
+        loss = F.mse_loss(model(x), target)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        clip.step()
+        after.append(max(by_hand(attn, x)))
+    clip.close()
+    # the clip acts on the S_max of the weights before the step (as Kimi K2's): the step itself may carry
+    # the heads a little past tau, never far, and never far under it
+    assert all(0.95 * tau <= s <= 1.05 * tau for s in after + seen[1:]), (seen, after)
+    assert 0.2 * norm < attn.q_proj.weight.norm().item() < norm  # W_q shrank as far as tau asks, no further
+    assert attn.k_proj.weight.norm().item() > 0.2 * norm
