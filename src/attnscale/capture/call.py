@@ -38,13 +38,14 @@ def split_mask(mask: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Te
     return visible, bias if bool(bias.any()) else None
 
 
-def _rows(x: torch.Tensor | None, rows: slice, T: int) -> torch.Tensor | None:
-    """``x`` (broadcastable to B×H×T×S, fewer dims padded in front) cut to query rows ``rows``."""
+def _rows(x: torch.Tensor | None, rows, T: int, keys: slice = slice(None), S: int = 0) -> torch.Tensor | None:
+    """``x`` (broadcastable to B×H×T×S, fewer dims padded in front) cut to query rows ``rows`` and keys ``keys``."""
     if x is None:
         return None
     while x.ndim < 4:
         x = x[None]
-    return x[:, :, rows] if x.shape[2] == T and T > 1 else x
+    x = x[:, :, rows] if x.shape[2] == T and T > 1 else x
+    return x[..., keys] if x.shape[3] == S and S > 1 else x
 
 
 @dataclass(frozen=True, eq=False)  # tensors inside: compared by identity
@@ -100,38 +101,48 @@ class AttentionCall:
             return lambda s, c=float(self.softcap): c * torch.tanh(s / c)
         return None
 
-    def visible(self, rows: slice = slice(None), device=None) -> torch.Tensor | None:
-        """Which keys the query rows ``rows`` see, boolean, broadcastable to B×H×R×S (None: every key)."""
+    def visible(self, rows=slice(None), device=None, keys: slice = slice(None)) -> torch.Tensor | None:
+        """Which of ``keys`` the query rows ``rows`` (a slice or index tensor) see: boolean, broadcastable to
+        B×H×R×K (None: every key)."""
         T, S = self.q.shape[-2], self.k.shape[-2]
         device = self.q.device if device is None else device
         r = torch.arange(T, device=device)[rows]
+        j = torch.arange(S, device=device)[keys]
         out = None
         if self.mask is not None:
-            out = _rows(self.mask, rows, T).to(device)
+            out = _rows(self.mask, rows, T, keys, S).to(device)
             out = out if out.dtype == torch.bool else out > HIDDEN_AT
         if self.is_causal or self.window is not None:
-            i, j = r[:, None] + self.diagonal, torch.arange(S, device=device)[None, :]
-            structure = j <= i if self.is_causal else torch.ones(len(r), S, dtype=torch.bool, device=device)
+            i = r[:, None] + self.diagonal
+            structure = j[None, :] <= i if self.is_causal else torch.ones(len(r), len(j), dtype=torch.bool, device=device)
             if self.window is not None:
-                structure = structure & (i - j < self.window)
+                structure = structure & (i - j[None, :] < self.window)
             out = structure[None, None] if out is None else out & structure
         if self.mask_mod is not None:
             B, H = self.q.shape[0], self.q.shape[1]
             b = torch.arange(B, device=device)[:, None, None, None]
             h = torch.arange(H, device=device)[None, :, None, None]
-            seen = self.mask_mod(b, h, r[None, None, :, None], torch.arange(S, device=device)[None, None, None, :]).bool()
+            seen = self.mask_mod(b, h, r[None, None, :, None], j[None, None, None, :]).bool()
             out = seen if out is None else out & seen
         return out
 
-    def bias_rows(self, rows: slice = slice(None), device=None) -> torch.Tensor | None:
-        """What is added to the scores of query rows ``rows`` over their visible keys, float32, broadcastable to
-        B×H×R×S: ``bias`` plus the part of an additive mask above ``HIDDEN_AT`` (None: nothing)."""
-        T = self.q.shape[-2]
+    def key_range(self, first_row: int, last_row: int) -> slice:
+        """The keys any of the query rows ``first_row`` … ``last_row`` can see at all: under a causal mask none
+        past the last row's diagonal, under a window none before the first row's window."""
+        S = self.k.shape[-2]
+        stop = min(S, last_row + self.diagonal + 1) if self.is_causal else S
+        start = max(0, first_row + self.diagonal - self.window + 1) if self.window is not None else 0
+        return slice(min(start, stop), stop)
+
+    def bias_rows(self, rows=slice(None), device=None, keys: slice = slice(None)) -> torch.Tensor | None:
+        """What is added to the scores of query rows ``rows`` at ``keys`` over their visible keys, float32,
+        broadcastable to B×H×R×K: ``bias`` plus the part of an additive mask above ``HIDDEN_AT`` (None: nothing)."""
+        T, S = self.q.shape[-2], self.k.shape[-2]
         device = self.q.device if device is None else device
-        out = None if self.bias is None else _rows(self.bias, rows, T).to(device).float()
+        out = None if self.bias is None else _rows(self.bias, rows, T, keys, S).to(device).float()
         if self.mask is not None and self.mask.dtype != torch.bool:
-            m = _rows(self.mask, rows, T).to(device)
-            part = torch.where(m > HIDDEN_AT, m, 0).float()
+            m = _rows(self.mask, rows, T, keys, S).to(device)
+            part = m.masked_fill(m <= HIDDEN_AT, 0).float()
             if bool(part.any()):
                 out = part if out is None else out + part
         return out

@@ -79,23 +79,34 @@ class HeadSums:
                   rows: bool = True) -> None:
         """Fold one block in: ``scores`` (float32; any value where ``keep`` is False), ``keep`` (boolean,
         broadcastable: True = the key is visible to the row), ``bias`` (float32 or None) added for the weights.
-        Every key of a row must be in the block (``rows=False``: score measures only, e.g. a block of keys)."""
+        Every visible key of a row must be in the block (``rows=False``: score measures only)."""
         B, H, R, S = scores_BHRS.shape
         keep = keep.expand(B, H, R, S)
-        self._merge_scores(scores_BHRS, keep)
+        hidden = ~keep
+        self._merge_scores(scores_BHRS, keep, hidden)
         if bias is not None:
             b = bias.expand(B, H, R, S)
-            self.bias_min.copy_(torch.fmin(self.bias_min, torch.where(keep, b, math.inf).amin((0, 2, 3)).double()))
-            self.bias_max.copy_(torch.fmax(self.bias_max, torch.where(keep, b, -math.inf).amax((0, 2, 3)).double()))
+            self.bias_min.copy_(torch.fmin(self.bias_min, b.masked_fill(hidden, math.inf).amin((0, 2, 3)).double()))
+            self.bias_max.copy_(torch.fmax(self.bias_max, b.masked_fill(hidden, -math.inf).amax((0, 2, 3)).double()))
         if rows:
-            self._add_rows(scores_BHRS if bias is None else scores_BHRS + bias, keep)
+            self._add_rows(scores_BHRS if bias is None else scores_BHRS + bias, keep, hidden)
 
-    def _merge_scores(self, scores: torch.Tensor, keep: torch.Tensor) -> None:
+    def _merge_scores(self, scores: torch.Tensor, keep: torch.Tensor, hidden: torch.Tensor) -> None:
+        """Count, mean and squared deviations of the block's visible scores, merged into the running ones.
+        Deviations are taken from a shift near the mean (the mean so far, or the block's first row's) in
+        float32, summed over each row in float32 and over rows in float64: no float64 copy of the block."""
         n = keep.sum((0, 2, 3)).double()
-        x = torch.where(keep, scores, 0.0).double()
-        mean = x.sum((0, 2, 3)) / n.clamp_min(1)
-        m2 = torch.where(keep, x - mean[None, :, None, None], 0.0).pow_(2).sum((0, 2, 3))
-        self.max_abs.copy_(torch.maximum(self.max_abs, x.abs_().amax((0, 2, 3))))
+        first = scores[:, :, :1].masked_fill(hidden[:, :, :1], 0.0).sum((0, 2, 3)).double()
+        first = first / keep[:, :, :1].sum((0, 2, 3)).clamp_min(1)
+        shift = torch.where(self.entries > 0, self.mean, first).float()[None, :, None, None]
+        d = (scores - shift).masked_fill_(hidden, 0.0)
+        # the shift lies within the visible scores seen so far, so the hidden zeros (|shift|) never raise the max
+        top = torch.maximum(d.amax((0, 2, 3)) + shift.flatten(), -(d.amin((0, 2, 3)) + shift.flatten()))
+        self.max_abs.copy_(torch.maximum(self.max_abs, top.double()))
+        s1 = d.sum(-1).double().sum((0, 2))
+        s2 = d.mul_(d).sum(-1).double().sum((0, 2))
+        mean = shift.flatten().double() + s1 / n.clamp_min(1)
+        m2 = (s2 - s1**2 / n.clamp_min(1)).clamp_min(0)
         self._chan(n, mean, m2)
 
     def _chan(self, n: torch.Tensor, mean: torch.Tensor, m2: torch.Tensor) -> None:
@@ -106,19 +117,20 @@ class HeadSums:
         self.mean.add_(delta * share)
         self.entries.copy_(total)
 
-    def _add_rows(self, logits: torch.Tensor, keep: torch.Tensor) -> None:
+    def _add_rows(self, logits: torch.Tensor, keep: torch.Tensor, hidden: torch.Tensor) -> None:
         counted = keep.sum(-1) >= MIN_KEYS  # B×H×R: a row with one choice is neither frozen nor free
-        y = logits.masked_fill(~keep, -math.inf).double()  # float64 before the top is taken off: no digit lost
-        top = y.amax(-1, keepdim=True)
-        y.sub_(torch.where(torch.isfinite(top), top, 0.0))  # ≤ 0; -inf where hidden
+        # hidden keys as a number no exp survives (e^-1e30 = 0, and 0 · -1e30 = 0, where -inf would give NaN)
+        filled = logits.masked_fill(hidden, -1e30)
+        top, top_key = filled.max(-1, keepdim=True)
+        y = filled.double().sub_(top.double())  # ≤ 0, in float64 before the top is taken off: no digit lost
+        del filled
         e = y.exp()
-        top_key = y.argmax(-1, keepdim=True)
-        y.masked_fill_(~keep, 0.0)
         e.scatter_(-1, top_key, 0.0)  # the other keys' e (the top's is exactly 1): sums without cancellation
-        e1 = e.sum(-1)
-        e_y = (e.unsqueeze(-2) @ y.unsqueeze(-1))[..., 0, 0]  # Σ e·y without a B×H×R×S product
+        ones = torch.ones(e.shape[-1], 1, dtype=e.dtype, device=e.device)
+        e1 = (e @ ones)[..., 0]  # row sums as matrix products: one pass each, no B×H×R×S temporaries
+        e_y = (e.unsqueeze(-2) @ y.unsqueeze(-1))[..., 0, 0]
         e2 = (e.unsqueeze(-2) @ e.unsqueeze(-1))[..., 0, 0]
-        e3 = (e.unsqueeze(-2) @ (e * e).unsqueeze(-1))[..., 0, 0]
+        e3 = (e.unsqueeze(-2) @ torch.mul(e, e, out=y).unsqueeze(-1))[..., 0, 0]  # y's memory holds e²
         del e, y
         total = 1 + e1  # Σ e over the visible keys
         entropy = torch.log1p(e1) - e_y / total  # -Σ p log p, p = e / total
@@ -218,14 +230,20 @@ def _blocks(call: AttentionCall, memory: int, device, sample_rows: int | None = 
             seqs = slice(b0, min(B, b0 + bs))
             for r0 in range(0, n_rows, rs):
                 rows = slice(r0, min(T, r0 + rs)) if picked is None else picked[r0:r0 + rs]
+                first, last = (rows.start, rows.stop - 1) if picked is None else (int(rows[0]), int(rows[-1]))
+                keys = call.key_range(first, last)  # a causal block's later keys are hidden from all its rows
+                if keys.stop <= keys.start:  # rows that see no key (a causal call with fewer keys than queries)
+                    continue
                 qb = q[seqs, heads][:, :, rows].float()
                 nb, nh, R = qb.shape[0], qb.shape[1], qb.shape[2]
+                kb = kv[seqs][:, :, keys]
                 # each kv head serves its G query heads: (b, kv, G·R, D) @ (b, kv, D, S), k never repeated
-                raw = (qb.reshape(nb, kv.shape[1], -1, qb.shape[-1]) @ kv[seqs].transpose(-2, -1)).view(nb, nh, R, S)
+                raw = (qb.reshape(nb, kv.shape[1], -1, qb.shape[-1]) @ kb.transpose(-2, -1)).view(nb, nh, R, kb.shape[-2])
                 scores = raw.mul_(factor)
                 if cap is not None:
                     scores = cap(scores)
-                yield heads, seqs, scores, _cut(call.visible(rows, device), seqs, heads), _cut(call.bias_rows(rows, device), seqs, heads)
+                yield (heads, seqs, scores, _cut(call.visible(rows, device, keys), seqs, heads),
+                       _cut(call.bias_rows(rows, device, keys), seqs, heads))
 
 
 def _cut(x: torch.Tensor | None, seqs: slice, heads: slice) -> torch.Tensor | None:
