@@ -7,6 +7,7 @@ import sys
 
 from test_report import _diag, _fresh_row, _illustration, _spread_rows
 
+from attnscale import drawing
 from attnscale.report import plots
 
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -32,7 +33,7 @@ def test_every_figure_is_a_png(tmp_path):
 
 
 def test_matplotlib_loads_only_when_drawing():
-    code = "import sys, attnscale.report.plots; print('matplotlib' in sys.modules)"
+    code = "import sys, attnscale.drawing, attnscale.report.plots; print('matplotlib' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
 
@@ -40,13 +41,13 @@ def test_matplotlib_loads_only_when_drawing():
 def _capture(monkeypatch):
     """The figures the plot functions draw, kept before they are closed."""
     figs = []
-    save = plots._save
+    save = drawing.save
 
     def keep(fig, path, rect=(0, 0, 1, 1)):
         figs.append(fig)
         return save(fig, path, rect)
 
-    monkeypatch.setattr(plots, "_save", keep)
+    monkeypatch.setattr(drawing, "save", keep)
     return figs
 
 

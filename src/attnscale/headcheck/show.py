@@ -69,9 +69,30 @@ def format_table(result: InspectResult, per_head: bool = True) -> str:
 
 
 def plot_heatmaps(result: InspectResult, path: Path) -> Path:
-    """Layers × heads heatmaps of effective words and frozen fraction, one column per scheme."""
-    from attnscale.report import plots
+    """Layers × heads heatmaps of effective words and frozen fraction, one column per scheme
+    (the model's own scale, then each what-if), on one colour scale per measure."""
+    import numpy as np
+    from matplotlib.ticker import MaxNLocator
 
+    from attnscale import drawing
+
+    plt = drawing.pyplot()
     titles = {s: f"model ({result.scale:.3g})" if s == MODEL else _title(s) for s in result.schemes}
-    return plots.head_heatmaps(result.rows, titles, result.layers, result.heads,
-                               f"{result.model}: {result.tokens} tokens", path)
+    schemes, rows, layers, heads = list(titles), result.rows, result.layers, result.heads
+    most = max(r[s]["effective_words"] for r in rows for s in schemes)  # one colour scale for all columns
+    fig, axes = plt.subplots(2, len(schemes), figsize=(3.2 * len(schemes) + 1, 0.25 * layers + 5), squeeze=False)
+    for col, scheme in enumerate(schemes):
+        for row, (key, label, cmap, vmin, vmax) in enumerate((("effective_words", "effective words", "viridis", 1.0, most),
+                                                              ("frozen_fraction", "frozen fraction", "magma", 0.0, 1.0))):
+            grid = np.full((layers, heads), np.nan)
+            for r in rows:
+                grid[r["layer"], r["head"]] = r[scheme][key]
+            ax = axes[row][col]
+            im = ax.imshow(grid, aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
+            ax.set_title(f"{label}\n{titles[scheme]}", fontsize=9)
+            ax.set(xlabel="head", ylabel="layer")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+            fig.colorbar(im, ax=ax, shrink=0.8)
+    fig.suptitle(f"{result.model}: {result.tokens} tokens", fontsize=10)
+    return drawing.save(fig, path)

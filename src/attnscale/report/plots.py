@@ -1,8 +1,8 @@
 """The report's figures, drawn from values read out of run records.
 
-matplotlib loads inside each function (with the Agg backend, so no display is
-needed): ``import attnscale`` must stay free of it, and it is an extra
-(``attnscale[report]``). Each function writes one PNG and returns its path.
+matplotlib loads inside each function (``attnscale.drawing``: the Agg backend,
+so no display is needed): ``import attnscale`` must stay free of it, and it is
+an extra (``attnscale[report]``). Each function writes one PNG and returns its path.
 Colours follow the scale scheme everywhere, so a reader learns them once, and
 schemes are named as readers see them (``core.scales.display_name``).
 
@@ -20,13 +20,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-__all__ = ["spread_plot", "fresh_plot", "illustration", "training", "perplexity_vs_head_dim", "head_heatmaps",
-           "end_spread_by_setup",
+from attnscale import drawing
+from attnscale.drawing import DPI
+
+__all__ = ["spread_plot", "fresh_plot", "illustration", "training", "perplexity_vs_head_dim", "end_spread_by_setup",
            "scheme_colour"]
 
 _COLOURS = {"none": "#c0392b", "inv_sqrt_d": "#2471a3", "inv_d": "#7d3c98", "qk_norm": "#1e8449",
             "softcap": "#b9770e", "learned_temp": "#566573"}
-DPI = 110
 MIN_FONT_PT = 9  # every text of every figure, ticks and legends included
 SCREEN_TEXT_PX = 9  # the least a reader should have to read on screen
 SMALLEST_SHOWN = SCREEN_TEXT_PX * 72 / (MIN_FONT_PT * DPI)  # ≈ 0.65: the narrowest a figure may be shown
@@ -43,36 +44,12 @@ def scheme_colour(scale: str) -> str:
     return _COLOURS.get(scale, "#333333")
 
 
-def _plt():
-    try:
-        import matplotlib
-    except ImportError:
-        from attnscale.errors import ConfigError
-
-        raise ConfigError("plots need matplotlib; install the extra: pip install -e '.[report]' in the clone") from None
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def _shade(colour: str, i: int, n: int) -> str:
     """The ``i``-th of ``n`` shades of ``colour``, from itself towards white: layers of one run
     differ in colour as well as in line style."""
     rgb = [int(colour[k:k + 2], 16) for k in (1, 3, 5)]
     mix = 0.55 * i / max(n - 1, 1)
     return "#" + "".join(f"{round(c + (255 - c) * mix):02x}" for c in rgb)
-
-
-def _save(fig, path: Path, rect=(0, 0, 1, 1)) -> Path:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout(rect=rect)
-    # metadata=None-equivalents keep the PNG bytes stable across rebuilds
-    fig.savefig(path, dpi=DPI, metadata={"Software": None})
-    _plt().close(fig)
-    return path
 
 
 def _log2_head_dims(ax, head_dims: Sequence[int]) -> None:
@@ -94,7 +71,7 @@ def _plain_log_y(ax, ticks: Sequence[float]) -> None:
 
 def spread_plot(rows: list[dict], path: Path) -> Path:
     """Raw and scaled spread of q·k against width, log–log, with the √d line."""
-    plt = _plt()
+    plt = drawing.pyplot()
     fig, ax = plt.subplots(figsize=(7, 4.5))
     raw = sorted({int(r["head_dim"]): float(r["raw_spread"]) for r in rows}.items())
     head_dims = [w for w, _ in raw]
@@ -112,12 +89,12 @@ def spread_plot(rows: list[dict], path: Path) -> Path:
     ax.set_title(f"Spread of scores over {rows[0].get('pairs', 0):,} random pairs")
     ax.legend()
     ax.grid(alpha=0.3, which="both")
-    return _save(fig, path)
+    return drawing.save(fig, path)
 
 
 def fresh_plot(rows_list: list[dict], path: Path) -> Path:
     """Effective words (median, p10–p90 band) and frozen fraction against width, per init and scale."""
-    plt = _plt()
+    plt = drawing.pyplot()
     rows = {(r.get("init", "unit"), int(r["head_dim"]), r["scale"]): r for r in rows_list}
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.3))
     head_dims = sorted({w for _, w, _ in rows})
@@ -147,12 +124,12 @@ def fresh_plot(rows_list: list[dict], path: Path) -> Path:
     ax2.set_title("A fresh head: rows frozen on one word")
     ax1.legend(fontsize=SMALL)
     ax2.legend(fontsize=SMALL)
-    return _save(fig, path)
+    return drawing.save(fig, path)
 
 
 def illustration(ill: dict[str, Any], path: Path) -> Path:
     """One row's weights at several score scales: from a soft blend to one word."""
-    plt = _plt()
+    plt = drawing.pyplot()
     mults, weights = ill["multipliers"], ill["weights"]
     eff = ill.get("effective_words") or [None] * len(mults)
     n = len(mults)
@@ -170,7 +147,7 @@ def illustration(ill: dict[str, Any], path: Path) -> Path:
     for ax in axes[:, 0]:
         ax.set_ylabel("weight")
     fig.suptitle("The same row of scores, made louder", fontsize=11)
-    return _save(fig, path)
+    return drawing.save(fig, path)
 
 
 def _layer_means(steps: list[dict], key: str) -> tuple[list[int], list[list[float]]]:
@@ -203,7 +180,7 @@ def training(runs: list[tuple[str, str, list[dict]]], path: Path, title: str,
     ``targets[measure]`` = [(value, label, scale)]: the course's figures, drawn as
     dashed lines in the scheme's colour and named where they end (frozen share as a
     fraction, drawn in %)."""
-    plt = _plt()
+    plt = drawing.pyplot()
     fig, axes = plt.subplots(2, 2, figsize=(11, 7.5))
     panels = [("spread", "spread of scaled scores"), ("frozen_fraction", "frozen rows, %"),
               ("effective_words", "effective words per row")]
@@ -256,13 +233,13 @@ def training(runs: list[tuple[str, str, list[dict]]], path: Path, title: str,
                    frameon=False)
     fig.suptitle(title, fontsize=11)
     rows = math.ceil(len(legend) / 4)
-    return _save(fig, path, rect=(0, 0.035 * rows + 0.01, 1, 1))
+    return drawing.save(fig, path, rect=(0, 0.035 * rows + 0.01, 1, 1))
 
 
 def perplexity_vs_head_dim(cells: dict[tuple[int, str], list[float]], gaps: dict[int, tuple[float, float | None, int]],
                         start: int | None, path: Path) -> Path:
     """Held-out perplexity against width per scheme (mean, min–max of seeds), and the gap."""
-    plt = _plt()
+    plt = drawing.pyplot()
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.3))
     head_dims = sorted({w for w, _ in cells})
     seeds = max((len(v) for v in cells.values()), default=0)
@@ -295,34 +272,7 @@ def perplexity_vs_head_dim(cells: dict[tuple[int, str], list[float]], gaps: dict
             _log2_head_dims(ax, head_dims)
         ax.set_xlabel("width d")
         ax.grid(alpha=0.3)
-    return _save(fig, path)
-
-
-def head_heatmaps(rows: list[dict], titles: dict[str, str], layers: int, heads: int, title: str, path: Path) -> Path:
-    """Layers × heads heatmaps of effective words and frozen fraction, one column per
-    scheme. ``rows``: one per (layer, head), each holding ``row[scheme][measure]``."""
-    import numpy as np
-    from matplotlib.ticker import MaxNLocator
-
-    plt = _plt()
-    schemes = list(titles)
-    most = max(r[s]["effective_words"] for r in rows for s in schemes)  # one colour scale for all columns
-    fig, axes = plt.subplots(2, len(schemes), figsize=(3.2 * len(schemes) + 1, 0.25 * layers + 5), squeeze=False)
-    for col, scheme in enumerate(schemes):
-        for row, (key, label, cmap, vmin, vmax) in enumerate((("effective_words", "effective words", "viridis", 1.0, most),
-                                                              ("frozen_fraction", "frozen fraction", "magma", 0.0, 1.0))):
-            grid = np.full((layers, heads), np.nan)
-            for r in rows:
-                grid[r["layer"], r["head"]] = r[scheme][key]
-            ax = axes[row][col]
-            im = ax.imshow(grid, aspect="auto", cmap=cmap, vmin=vmin, vmax=vmax, interpolation="nearest")
-            ax.set_title(f"{label}\n{titles[scheme]}", fontsize=9)
-            ax.set(xlabel="head", ylabel="layer")
-            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-            ax.yaxis.set_major_locator(MaxNLocator(integer=True))
-            fig.colorbar(im, ax=ax, shrink=0.8)
-    fig.suptitle(title, fontsize=10)
-    return _save(fig, path)
+    return drawing.save(fig, path)
 
 
 # ---- the scale-scheme study ("Beyond the course: which scale?") ----------------------
@@ -342,7 +292,7 @@ def loss_vs_lr(curves: dict[int, dict[str, list[dict]]], path: Path) -> Path:
     often lie on top of each other, so each gets its own panel, the others faint behind it),
     a band of ± 1 SE over seeds; a cross marks a learning rate where some seed diverged.
     ``curves[width][scheme]`` = [{"lr", "mean", "se", "diverged"}] (``schemes_analysis.loss_curve``)."""
-    plt = _plt()
+    plt = drawing.pyplot()
     head_dims = sorted(curves)
     most = max(len(curves[w]) for w in head_dims)
     cols = min(3, most)
@@ -381,12 +331,12 @@ def loss_vs_lr(curves: dict[int, dict[str, list[dict]]], path: Path) -> Path:
         row[0].set_ylabel("held-out loss (nats)")
     fig.suptitle("Final loss against learning rate (band ± 1 SE over seeds; grey: the other schemes; "
                  "× : a seed diverged)", fontsize=10)
-    return _save(fig, path)
+    return drawing.save(fig, path)
 
 
 def sensitivity_vs_head_dim(points: dict[str, list[tuple[int, float, float | None]]], path: Path) -> Path:
     """Learning-rate sensitivity against head width, per scheme: ``points[scheme]`` = [(width, mean, SE or None)]."""
-    plt = _plt()
+    plt = drawing.pyplot()
     fig, ax = plt.subplots(figsize=(8.6, 4.3))
     head_dims = sorted({w for pts in points.values() for w, _, _ in pts})
     n = max(1, len(points))
@@ -401,12 +351,12 @@ def sensitivity_vs_head_dim(points: dict[str, list[tuple[int, float, float | Non
     ax.set_title("How much a bad learning rate costs, by width")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=SMALL, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)  # outside: no curve hidden
-    return _save(fig, path)
+    return drawing.save(fig, path)
 
 
 def max_logit_over_steps(panels: dict[str, dict[str, list[tuple[int, float]]]], path: Path, title: str) -> Path:
     """Max |attention logit| per recorded step, per scheme: ``panels[panel title][scheme]`` = [(step, value)]."""
-    plt = _plt()
+    plt = drawing.pyplot()
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels) + 2.2, 4.3), squeeze=False)
     for ax, (name, series) in zip(axes[0], panels.items()):
         for scale, pts in series.items():
@@ -421,7 +371,7 @@ def max_logit_over_steps(panels: dict[str, dict[str, list[tuple[int, float]]]], 
     axes[0][0].set_ylabel("max |scaled score| over layers and heads")
     axes[0][-1].legend(fontsize=SMALL, loc="upper left", bbox_to_anchor=(1.01, 1), frameon=False)
     fig.suptitle(title, fontsize=11)
-    return _save(fig, path)
+    return drawing.save(fig, path)
 
 
 def random_score_overlay(theory: dict[str, Any], path: Path) -> Path:
@@ -442,7 +392,7 @@ def random_score_overlay(theory: dict[str, Any], path: Path) -> Path:
 
     from attnscale.core.gaussian_scores import expected_effective_words
 
-    plt = _plt()
+    plt = drawing.pyplot()
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(15, 5.2))
     grid = np.concatenate([np.linspace(0, 4, 81), np.geomspace(4.05, 400, 80)])
     schemes: dict[str, None] = {}
@@ -489,7 +439,7 @@ def random_score_overlay(theory: dict[str, Any], path: Path) -> Path:
                 Line2D([], [], color="#444444", lw=1, ls="--", label="random scores at each head's spread (right)")]
     cols = min(5, len(handles))
     fig.legend(handles=handles, loc="lower center", ncol=cols, fontsize=SMALL, frameon=False)
-    return _save(fig, path, rect=(0, 0.06 * math.ceil(len(handles) / cols) + 0.01, 1, 1))
+    return drawing.save(fig, path, rect=(0, 0.06 * math.ceil(len(handles) / cols) + 0.01, 1, 1))
 
 
 def end_spread_by_setup(panels: dict[str, list[tuple[str, dict[str, tuple[float | None, float | None]]]]],
@@ -498,7 +448,7 @@ def end_spread_by_setup(panels: dict[str, list[tuple[str, dict[str, tuple[float 
 
     ``panels[axis name]`` = [(value label, {scheme: (mean, SE or None)})] in the axis's order,
     the base's value among them; ``lines[label]`` = (y, scheme): the course's figures."""
-    plt = _plt()
+    plt = drawing.pyplot()
     cols = min(3, max(1, len(panels)))
     rows = math.ceil(len(panels) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4.2 * cols + 0.4, 3.4 * rows + 0.6), squeeze=False)
@@ -528,4 +478,4 @@ def end_spread_by_setup(panels: dict[str, list[tuple[str, dict[str, tuple[float 
     flat[0].set_ylabel("spread at the end (mean over heads)")
     flat[0].legend(fontsize=SMALL)
     fig.suptitle(title, fontsize=11)
-    return _save(fig, path)
+    return drawing.save(fig, path)

@@ -20,21 +20,22 @@ from pathlib import Path
 
 import numpy as np
 
-from attnscale.report import plots, render
+from attnscale import drawing
+from attnscale.report import render
 from attnscale.report.blocks import Heading, Para, Image, Table
-from attnscale.watch.record import WatchRecord, read_log
+from attnscale.watch.logs.line import WatchLine, read_log
 
 __all__ = ["build", "page", "reference_words", "first_firings", "grid_over_steps"]
 
 
-def grid_over_steps(records: list[WatchRecord], measure: str) -> np.ndarray:
+def grid_over_steps(records: list[WatchLine], measure: str) -> np.ndarray:
     """(layers·heads) × steps: row l·H + h is layer l, head h; null (non-finite) is NaN."""
     cols = [np.array([[np.nan if v is None else v for v in heads] for heads in r.grid(measure)], dtype=float).ravel()
             for r in records]
     return np.stack(cols, axis=1)
 
 
-def reference_words(record: WatchRecord, causal: bool = True) -> tuple[float, float]:
+def reference_words(record: WatchLine, causal: bool = True) -> tuple[float, float]:
     """(measured, random-score reference): mean over heads of effective words, and of what random
     Gaussian scores at each head's own spread give for rows of the probe's length."""
     from attnscale.core.gaussian_scores import expected_effective_words
@@ -47,7 +48,7 @@ def reference_words(record: WatchRecord, causal: bool = True) -> tuple[float, fl
     return float(np.nanmean(words)), float(np.nanmean(expected_effective_words(spread, keys, causal=causal)))
 
 
-def first_firings(records: list[WatchRecord]) -> list[dict]:
+def first_firings(records: list[WatchLine]) -> list[dict]:
     """The first firing of each (alert, layer, head), in step order."""
     seen, out = set(), []
     for r in records:
@@ -62,7 +63,7 @@ def first_firings(records: list[WatchRecord]) -> list[dict]:
 def _heatmaps(records, path: Path) -> Path:
     from matplotlib.colors import LogNorm
 
-    plt = plots._plt()
+    plt = drawing.pyplot()
     steps = [r.step for r in records]
     L, H = records[-1].layers, records[-1].heads
     fig, axes = plt.subplots(1, 2, figsize=(13, 1.2 + 0.22 * L * H + 2), squeeze=False)
@@ -79,11 +80,11 @@ def _heatmaps(records, path: Path) -> Path:
         ax.set_yticks(range(L * H), [f"{l}.{h}" for l in range(L) for h in range(H)], fontsize=7)
         ax.set(xlabel="step", ylabel="layer.head", title=f"{label}, every head over steps")
         fig.colorbar(im, ax=ax, shrink=0.8)
-    return plots._save(fig, path)
+    return drawing.save(fig, path)
 
 
 def _over_steps(records, causal: bool, path: Path) -> Path:
-    plt = plots._plt()
+    plt = drawing.pyplot()
     steps = [r.step for r in records]
     fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.3))
     frozen = grid_over_steps(records, "frozen_fraction")
@@ -108,14 +109,14 @@ def _over_steps(records, causal: bool, path: Path) -> Path:
     ax3.set(xlabel="step", title="Alerts (one mark per head and step)" if names else "No alert fired")
     for ax in (ax1, ax2, ax3):
         ax.grid(alpha=0.3)
-    return plots._save(fig, path)
+    return drawing.save(fig, path)
 
 
 def _number(x) -> str:
     return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:,.4g}"
 
 
-def page(records: list[WatchRecord], causal: bool = True, title: str = "Attention watch") -> tuple[list, dict[str, bytes]]:
+def page(records: list[WatchLine], causal: bool = True, title: str = "Attention watch") -> tuple[list, dict[str, bytes]]:
     """(blocks, images) of the page; ``render.to_html`` makes it one file."""
     import tempfile
 
