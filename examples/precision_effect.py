@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 from attnscale.lm.checkpoint import comparable_config
-from attnscale.report.intervals import p_text, paired_holm, reading
+from attnscale.analysis.intervals import p_text, paired_holm, reading
 from attnscale.runs.record import TrainRun, find
 
 

@@ -38,11 +38,11 @@ import torch  # noqa: E402
 from tiny_llama import Windows, corpus_windows, tiny_llama  # noqa: E402
 
 from attnscale.lm.data import load_corpus  # noqa: E402
-from attnscale.report.analysis import mean_se  # noqa: E402
-from attnscale.report.intervals import interval, p_text, paired_holm, reading  # noqa: E402
+from attnscale.analysis.estimates import mean_se  # noqa: E402
+from attnscale.analysis.intervals import interval, p_text, paired_holm, reading  # noqa: E402
 from attnscale.watch.alerts import MaxScore  # noqa: E402
-from attnscale.watch.record import read_log  # noqa: E402
-from attnscale.watch.sinks import JsonlSink  # noqa: E402
+from attnscale.watch.logs.line import read_log  # noqa: E402
+from attnscale.watch.logs.sinks import JsonlSink  # noqa: E402
 
 CLIPPED = "unscaled+qk-clip τ="
 
@@ -83,7 +83,7 @@ def held_out_perplexity(model, ids: torch.Tensor, context: int, windows: int) ->
 def one_run(way: str, seed: int, args, out: Path) -> dict:
     from transformers import Trainer, TrainingArguments
 
-    from attnscale.watch.hf import WatchCallback
+    from attnscale.watch.callbacks.hf import WatchCallback
 
     data, vocab = corpus_windows(args.context)
     model = tiny_llama(vocab, layers=args.layers, hidden=args.hidden, heads=4, kv_heads=2, context=args.context,

@@ -19,8 +19,8 @@ from attnscale.lm.data import Corpus
 from attnscale.lm.model import ModelConfig, TinyLM
 from attnscale.lm.recording import read_back, recording
 from attnscale.lm.train import TrainConfig, evaluate, train
-from attnscale.report import analysis
-from attnscale.report import schemes_analysis as sa
+from attnscale.analysis import gaps as gap_tables
+from attnscale.analysis import schemes as sa
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 V = 7
@@ -96,11 +96,11 @@ def _row(head_dim, scale, seed, ppl, lr=None, status="done"):
 
 def test_gap_share_is_over_the_scaled_models_perplexity():
     rows = [_row(64, "inv_sqrt_d", 0, 12.0), _row(64, "none", 0, 15.0)]
-    table = analysis.gap_table(rows)
+    table = gap_tables.gap_table(rows)
     (r,) = table["rows"]
     assert (r["gap"], r["gap_se"], r["reference_ppl"], r["baseline_ppl"]) == (3.0, None, 12.0, 15.0)
     assert r["share"] == pytest.approx(0.25)  # 3 / 12 (÷ the baseline's 15 would be 0.20)
-    assert analysis.share_by_head_dim(table) == {64: pytest.approx(0.25)}
+    assert gap_tables.share_by_head_dim(table) == {64: pytest.approx(0.25)}
 
 
 def test_gap_counts_where_its_t_interval_clears_zero():
@@ -108,12 +108,12 @@ def test_gap_counts_where_its_t_interval_clears_zero():
     # is 3 ± 12.706: it reaches 0, so the gap is undecided (it was "> 2 SE", a 30% false-positive rule)
     rows = [_row(128, "inv_sqrt_d", 0, 10.0), _row(128, "none", 0, 12.0),
             _row(128, "inv_sqrt_d", 1, 20.0), _row(128, "none", 1, 24.0)]
-    (r,) = analysis.gap_table(rows)["rows"]
+    (r,) = gap_tables.gap_table(rows)["rows"]
     assert (r["gap"], r["seeds"]) == (3.0, 2) and r["gap_se"] == pytest.approx(1.0)
     assert r["counts"] is None
     # three seeds, differences 2, 3, 4: gap 3, SE 1/sqrt(3) = 0.577; 4.303 · 0.577 = 2.484 < 3: a gap
     rows += [_row(128, "inv_sqrt_d", 2, 30.0), _row(128, "none", 2, 33.0)]
-    (r,) = analysis.gap_table(rows)["rows"]
+    (r,) = gap_tables.gap_table(rows)["rows"]
     assert r["gap_se"] == pytest.approx(1 / math.sqrt(3)) and r["counts"] is True
 
 
@@ -121,12 +121,12 @@ def test_a_gap_under_one_point_or_not_beyond_its_noise_does_not_count():
     # differences 1 and 3: gap 2 > 1 point, SE 1, interval 2 ± 12.7: undecided, not a gap
     at_2se = [_row(64, "inv_sqrt_d", 0, 10.0), _row(64, "none", 0, 11.0),
               _row(64, "inv_sqrt_d", 1, 10.0), _row(64, "none", 1, 13.0)]
-    (r,) = analysis.gap_table(at_2se)["rows"]
+    (r,) = gap_tables.gap_table(at_2se)["rows"]
     assert (r["gap"], r["gap_se"], r["counts"]) == (2.0, 1.0, None)
     # one seed, a gap of exactly 1 point: not above the threshold
-    (r,) = analysis.gap_table([_row(64, "inv_sqrt_d", 0, 10.0), _row(64, "none", 0, 11.0)])["rows"]
+    (r,) = gap_tables.gap_table([_row(64, "inv_sqrt_d", 0, 10.0), _row(64, "none", 0, 11.0)])["rows"]
     assert (r["gap"], r["counts"]) == (1.0, False)
-    (r,) = analysis.gap_table([_row(64, "inv_sqrt_d", 0, 10.0), _row(64, "none", 0, 11.25)])["rows"]
+    (r,) = gap_tables.gap_table([_row(64, "inv_sqrt_d", 0, 10.0), _row(64, "none", 0, 11.25)])["rows"]
     assert (r["gap"], r["counts"]) == (1.25, True)
 
 
@@ -134,20 +134,20 @@ def test_where_large_starts_by_hand():
     # gaps by width, one seed: 32: 0.5, 64: 1.5, 128: 4, 256: 17 -> counts F T T T: starts at 64
     gaps = {32: 0.5, 64: 1.5, 128: 4.0, 256: 17.0}
     rows = [x for d, g in gaps.items() for x in (_row(d, "inv_sqrt_d", 0, 8.0), _row(d, "none", 0, 8.0 + g))]
-    table = analysis.gap_table(rows)
+    table = gap_tables.gap_table(rows)
     assert [r["counts"] for r in table["rows"]] == [False, True, True, True]
-    assert table["gap_starts_at"] == analysis.first_start(table) == 64
+    assert table["gap_starts_at"] == gap_tables.first_start(table) == 64
     assert table["threshold_ppl"] == 1.0
-    assert analysis.gap_by_head_dim(table) == {d: (pytest.approx(g), None, 1) for d, g in gaps.items()}
-    assert analysis.share_by_head_dim(table) == {d: pytest.approx(g / 8.0) for d, g in gaps.items()}
+    assert gap_tables.gap_by_head_dim(table) == {d: (pytest.approx(g), None, 1) for d, g in gaps.items()}
+    assert gap_tables.share_by_head_dim(table) == {d: pytest.approx(g / 8.0) for d, g in gaps.items()}
     # the widest width not counting: nothing starts, whatever the narrower ones say
     rows[-1] = _row(256, "none", 0, 8.5)
-    assert analysis.gap_table(rows)["gap_starts_at"] is None
+    assert gap_tables.gap_table(rows)["gap_starts_at"] is None
 
 
 def test_gap_table_rule_names_the_numbers_it_applies():
-    assert analysis.GAP_THRESHOLD_PPL == 1.0
-    assert "1 ppl" in analysis.GAP_RULE and "95% t interval above 0" in analysis.GAP_RULE
+    assert gap_tables.GAP_THRESHOLD_PPL == 1.0
+    assert "1 ppl" in gap_tables.GAP_RULE and "95% t interval above 0" in gap_tables.GAP_RULE
 
 
 # ---- learning-rate sensitivity on a hand-built grid -------------------------------

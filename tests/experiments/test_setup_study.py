@@ -4,12 +4,13 @@ from dataclasses import replace
 
 import pytest
 
+from attnscale.analysis import setups
 from attnscale.cli import main
 from attnscale.errors import ConfigError
 from attnscale.experiments import setup_study, sweep
 from attnscale.lm.presets import FULL_STEPS, budget, with_steps
 from attnscale.lm.study_axes import AXES
-from attnscale.report import assemble, course, setup_analysis, setup_section
+from attnscale.report import assemble, course, setup_section
 from attnscale.runs import store
 from attnscale.runs.record import TrainRun
 
@@ -82,7 +83,7 @@ def test_combine_on_the_command_line_runs_the_base_and_its_combinations(tmp_path
     run = TrainRun.load(out / "d8-none-s0-schedule-constant-weight_decay-0")
     assert run.group == "study:schedule+weight_decay"
     assert run.train["min_lr_ratio"] == 1.0 and run.train["weight_decay"] == 0.0
-    rows = setup_analysis.summary_rows([setup_analysis.run_row(TrainRun.load(p)) for p in out.iterdir()])
+    rows = setups.summary_rows([setups.run_row(TrainRun.load(p)) for p in out.iterdir()])
     assert [(r["axis"], r["value"]) for r in rows] == [
         ("base", "base"), ("lr+schedule", "9e-3 + constant"), ("schedule+weight_decay", "constant + 0")]
     md = assemble.build(out)["markdown"].read_text()

@@ -196,7 +196,7 @@ def test_course_and_analysis_load_no_experiment_and_no_matplotlib():
     import subprocess
     import sys
 
-    code = ("import sys, attnscale.report.analysis, attnscale.report.course; "
+    code = ("import sys, attnscale.analysis.gaps, attnscale.report.course; "
             "print(sorted(m for m in sys.modules if m.startswith(('attnscale.experiments', 'matplotlib'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -8,7 +8,7 @@ import pytest
 
 from attnscale.headcheck.thresholds import THRESHOLDS, frozen_by_threshold
 from attnscale.report import frozen_section, held_out
-from attnscale.report.analysis import plus_minus
+from attnscale.analysis.estimates import plus_minus
 from attnscale.runs.record import TrainRun
 from attnscale.runs.runner import CorpusSpec
 

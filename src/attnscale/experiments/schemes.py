@@ -5,7 +5,7 @@ same budget, and measures per run the final held-out loss, divergence, the
 largest attention logit over training (logit growth, Wortsman et al. 2023) and
 the lowest effective words of any head (entropy collapse, Zhai et al. 2023);
 per scheme and width, the learning-rate sensitivity with a standard error over
-seeds. The numbers are computed by ``attnscale.report.schemes_analysis``.
+seeds. The numbers are computed by ``attnscale.analysis.schemes``.
 
 Runs go to ``out/<run_id>`` with record group "schemes" through the
 same resumable runner as the sweep: an interrupted study, rerun, trains only what is missing.
@@ -116,8 +116,8 @@ def run_records(cfg: SchemesConfig, out: Path, jobs: int = 1, progress: bool = T
 
 
 def rows_from_records(runs: list[TrainRun]) -> list[dict[str, Any]]:
-    """The plain per-run dicts ``schemes_analysis.summary_rows`` takes, read from the runs' records."""
-    from attnscale.report.schemes_analysis import run_row
+    """The plain per-run dicts ``analysis.schemes.summary_rows`` takes, read from the runs' records."""
+    from attnscale.analysis.schemes import run_row
 
     return [run_row(t) for t in runs]
 
@@ -126,8 +126,8 @@ def run(cfg: SchemesConfig, out: Path, jobs: int = 1, progress: bool = True, exe
         ray_address: str | None = None, pace=None) -> dict[str, Any]:
     """Train what is missing; return {"runs": per-run rows, "summary": per scheme and width, "unigram": a
     unigram model's held-out loss on the corpus, "plateau": the grid ends within
-    ``schemes_analysis.PLATEAU_NATS`` of it or above}, what the report's section reads from the same records."""
-    from attnscale.report import schemes_analysis as sa
+    ``analysis.schemes.PLATEAU_NATS`` of it or above}, what the report's section reads from the same records."""
+    from attnscale.analysis import schemes as sa
 
     corpus = cfg.corpus_spec.load()
     runs = rows_from_records(run_records(cfg, out, jobs, progress, executor=executor, ray_address=ray_address,
@@ -141,8 +141,8 @@ def run(cfg: SchemesConfig, out: Path, jobs: int = 1, progress: bool = True, exe
 
 def format_table(result: dict[str, Any]) -> str:
     """Per scheme and width: LR sensitivity ± SE, best loss ± SE and its LR, divergences, max |logit|, collapse."""
-    from attnscale.report.analysis import plus_minus
-    from attnscale.report.schemes_analysis import COLLAPSE_WORDS, reading
+    from attnscale.analysis.estimates import plus_minus
+    from attnscale.analysis.schemes import COLLAPSE_WORDS, reading
 
     def _pm(mean, se, fmt="{:.3f}"):
         return plus_minus(mean, se, fmt, terminal=True)

@@ -8,7 +8,7 @@ a time: learning rate, schedule, weight decay, init, norm placement, training
 length), or at several changed together (a combined axis, ``study_axes.combine``:
 the settings the single axes point to, to see whether together they reach what
 none reaches alone), with seeds, and records the end of training of each run. The analysis
-(``attnscale.report.setup_analysis``) says in which setups each of the course's
+(``attnscale.analysis.setups``) says in which setups each of the course's
 end-of-training claims holds in direction and in size.
 
 A run's axis is its record group, ``study:<axis>`` (``study:base`` for the base
@@ -195,15 +195,15 @@ def run_records(cfg: StudyConfig, out: Path, jobs: int = 1, progress: bool = Tru
 def run(cfg: StudyConfig, out: Path, jobs: int = 1, progress: bool = True, reuse: Sequence[Path] = (),
         executor: str = "local", ray_address: str | None = None) -> dict[str, Any]:
     """Train what is missing; return {"rows": per setup and scale, "claims": across setups}."""
-    from attnscale.report import setup_analysis
+    from attnscale.analysis import setups
 
     runs = run_records(cfg, out, jobs, progress, reuse=reuse, executor=executor, ray_address=ray_address)
-    rows = setup_analysis.summary_rows([setup_analysis.run_row(t) for t in runs])
-    return {"rows": rows, "claims": setup_analysis.claims(rows)}
+    rows = setups.summary_rows([setups.run_row(t) for t in runs])
+    return {"rows": rows, "claims": setups.claims(rows)}
 
 
 def format_table(result: dict[str, Any]) -> str:
     """Per setup: end spread, frozen share, effective words and perplexity without and with the scale."""
-    from attnscale.report import setup_analysis
+    from attnscale.analysis import setups
 
-    return setup_analysis.format_text(result["rows"], result["claims"])
+    return setups.format_text(result["rows"], result["claims"])

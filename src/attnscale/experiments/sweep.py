@@ -7,7 +7,7 @@ about 2 points of perplexity at 128, 17 to 18 from 256 upwards.
 
 The gap at a width is ppl(none) − ppl(inv_sqrt_d), averaged over seeds; seeds
 are paired (the same seed gives both schemes the same batches), so its standard
-error is that of the per-seed differences (``report.analysis.gap_table``, which
+error is that of the per-seed differences (``analysis.gaps.gap_table``, which
 the report reads too, with the rule for where the gap starts). Any registered scheme can join the
 sweep; the gap table compares two of them (``baseline``, ``reference``).
 
@@ -30,7 +30,8 @@ from attnscale.experiments.dynamics import check_budget, model_config
 from attnscale.experiments.training_config import TrainingConfig
 from attnscale.lm.presets import budget, preset_name
 from attnscale.runs.runner import CorpusSpec, RunSpec, execute
-from attnscale.report.analysis import GAP_RULE, GAP_THRESHOLD_PPL, gap_table, mean_se, plus_minus, run_rows
+from attnscale.analysis.estimates import mean_se, plus_minus
+from attnscale.analysis.gaps import GAP_RULE, GAP_THRESHOLD_PPL, gap_table, run_rows
 
 __all__ = ["SweepConfig", "preset", "run", "run_records", "specs", "rows_from_records", "gap_table", "format_table",
            "GAP_THRESHOLD_PPL", "GAP_RULE"]
@@ -124,7 +125,7 @@ def run(cfg: SweepConfig, out: Path, jobs: int = 1, progress: bool = True,
 
 def rows_from_records(runs: list[TrainRun], varied_lr: bool = False) -> list[dict[str, Any]]:
     """Rows {run_id, head_dim, scale, seed, lr, valid_ppl, status, diverged_at, train_seconds}
-    (``report.analysis.run_rows``). ``lr`` is the run's learning rate when the sweep varied it, else None."""
+    (``analysis.gaps.run_rows``). ``lr`` is the run's learning rate when the sweep varied it, else None."""
     return run_rows(runs, varied_lr)
 
 

@@ -8,7 +8,7 @@ and its size does not (spread grows, but not to the course's figure; the scale
 helps, but by fewer points); "inconclusive" where the seeds' interval covers
 both answers; "differs"; or "not run" when the records needed are absent. Nothing here runs an experiment or reads a file: ``runs`` is
 anything shaped like ``RunsView`` (the report's ``Runs``), and the numbers
-(means, SEs, the gap table) come from ``analysis``.
+(means, SEs, the gap table) come from ``analysis`` (``estimates``, ``gaps``).
 
 Tolerances, and why:
 - spread: the estimate's own noise, 3 standard errors. For q·k with unit
@@ -43,14 +43,15 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, Protocol
 
-from attnscale.report import analysis, intervals, judging
-from attnscale.report.judging import AGREES, DIFFERS, INCONCLUSIVE, NOT_RUN, PARTLY, VERDICTS
+from attnscale.analysis import estimates, intervals, judging
+from attnscale.analysis import gaps as gap_tables
+from attnscale.analysis.course_figures import (BIG_GAP, COURSE_END_FROZEN, COURSE_LAYER, COURSE_WIDTH, END_FROZEN,
+                                               END_SPREAD, SCALED, SCALED_SPREAD, SCALED_TOLERANCE)
+from attnscale.analysis.judging import AGREES, DIFFERS, INCONCLUSIVE, NOT_RUN, PARTLY, VERDICTS
 
 __all__ = ["AGREES", "PARTLY", "DIFFERS", "INCONCLUSIVE", "NOT_RUN", "VERDICTS", "Claim", "Verdict", "CLAIMS", "RunsView",
            "TrainView", "evaluate", "reasons", "scoreboard", "spread_se", "sweep_rows", "gap_by_head_dim", "gap_start", "fmt_gap"]
 
-SCALED = "inv_sqrt_d"
-COURSE_WIDTH = 1024  # the width of the course's end-of-training claims
 COURSE_WIDTHS = {4: "about 2", 64: "8", 256: "16", 1024: "32"}
 
 
@@ -138,10 +139,10 @@ def _ok(cond: bool) -> str:
 
 
 def spread_se(row: dict) -> float:
-    """SE of a row's raw spread: the record's, else ``analysis.spread_se`` of its width and pairs."""
+    """SE of a row's raw spread: the record's, else ``analysis.estimates.spread_se`` of its width and pairs."""
     if row.get("raw_spread_se") is not None:
         return float(row["raw_spread_se"])
-    return analysis.spread_se(row["head_dim"], row["pairs"])
+    return estimates.spread_se(row["head_dim"], row["pairs"])
 
 
 def _raw_rows(runs: RunsView) -> dict[int, dict]:
@@ -215,21 +216,18 @@ def _frozen(r):
     if p in (0.0, 1.0):  # a binomial SE of 0 says nothing: the rule of three gives the 95% bound instead
         bound = f"under {300 / n:.2g}%" if p == 0 else f"over {100 - 300 / n:.4g}%"
         return f"{100 * p:.0f}% of {n:,} rows frozen (95% bound: {bound})"
-    se = 100 * analysis.binomial_se(p, n)
+    se = 100 * estimates.binomial_se(p, n)
     d = max(1, -math.floor(math.log10(se)))  # the SE's first digit shows: 0.04 points, not 0.0
     return f"{100 * p:.{d}f}% of {n:,} rows frozen (SE {se:.{d}f} pts)"
 
 
 def _seven_in_ten(r):
     p, n = float(r["frozen_fraction"]), _rows_counted(r)
-    se = analysis.binomial_se(p, n)
+    se = estimates.binomial_se(p, n)
     return 0.65 - 3 * se <= p <= 0.75 + 3 * se
 
 
 # ---- dynamics ----------------------------------------------------------------
-
-
-COURSE_LAYER = 0  # the course's figures are one head's, its first layer's: every dynamics claim reads that layer
 
 
 def _dyn(runs, scale: str, head_dim: int = 1024):
@@ -251,7 +249,7 @@ def _dyn_note(got) -> str:
 def _estimate(values: Sequence[float], share: bool = False) -> tuple[float, float | None, int, float, float]:
     """(mean, SE or None, n, and the 95% t interval's ends: the mean itself where there is none) over seeds;
     ``share``: the interval is kept inside [0, 1]."""
-    m, se = analysis.mean_se(list(values))
+    m, se = estimates.mean_se(list(values))
     ci = intervals.interval(m, se, len(values)) or (m, m)
     if share:
         ci = (max(0.0, ci[0]), min(1.0, ci[1]))
@@ -264,7 +262,7 @@ def with_interval(est: tuple[float, float | None, int, float, float], fmt: str) 
     m, se, n, lo, hi = est
     if se is None:
         return fmt.format(m), f"n={n}, no interval"
-    return analysis.plus_minus(m, se, fmt), f"{n} seeds, {intervals.LEVEL:.0%} interval {fmt.format(lo)} – {fmt.format(hi)}"
+    return estimates.plus_minus(m, se, fmt), f"{n} seeds, {intervals.LEVEL:.0%} interval {fmt.format(lo)} – {fmt.format(hi)}"
 
 
 def _layer(t, which: str, key: str) -> float:
@@ -275,7 +273,7 @@ def _dyn_ours(got, which: str, key: str, fmt: str) -> tuple[tuple, str]:
     """The estimate over seeds of ``key`` in the course's layer, and it in words with the mean over all
     layers beside it (the other convention, so a reader sees how much the choice of layer moves it)."""
     est = _estimate([_layer(t, which, key) for t in got], share=key == "frozen_fraction")
-    overall = analysis.mean(t.diag_mean(which, key) for t in got)
+    overall = estimates.mean(t.diag_mean(which, key) for t in got)
     steps = sorted({t.line(which)["step"] for t in got})
     layers = len(got[0].layer_means(which, key))
     figure, noise = with_interval(est, fmt)
@@ -299,7 +297,7 @@ def _dyn_claim(scale: str, which: str, key: str, fmt: str, runs, *, above: float
     if grows and size != judging.HOLDS:  # the figure reached is the claim whole, however it got there
         rise = _estimate([_layer(t, "last", key) - _layer(t, "first", key) for t in got])
         direction = judging.side(rise[3], rise[4], lambda v: v > 0)
-        first = fmt.format(analysis.mean(_layer(t, "first", key) for t in got))
+        first = fmt.format(estimates.mean(_layer(t, "first", key) for t in got))
         moved = {judging.HOLDS: f"up from {first} at the start, but short of the course's figure",
                  judging.UNDECIDED: f"from {first} at the start; the rise is not beyond its noise",
                  judging.FAILS: f"not up from {first} at the start"}[direction]
@@ -308,12 +306,7 @@ def _dyn_claim(scale: str, which: str, key: str, fmt: str, runs, *, above: float
 
 
 START_SPREAD, START_TOLERANCE = 21.0, 0.10
-# the course's end of training at d = 1,024, as the claims below judge it (the setup study reads the same)
-END_SPREAD = 5000.0  # without the scale: "over 5,000"
-COURSE_END_FROZEN = 0.999  # the course's figure, "99.9% of rows" (what a plot marks)
-END_FROZEN = 0.99  # and what agrees with it: at least 99%
-SCALED_SPREAD, SCALED_TOLERANCE = 3.4, 0.30  # with the scale: "settled around 3.4", ±30%
-BIG_GAP = (16.5, 18.5)  # "17 to 18 points" and its rounding
+# the end of training at d = 1,024 (END_SPREAD, END_FROZEN, SCALED_SPREAD, BIG_GAP): ``analysis.course_figures``
 
 
 def _band(figure: float, relative: float) -> tuple[float, float]:
@@ -326,8 +319,8 @@ def _not_recovering(runs):
     got = _dyn(runs, "none")
     if not got:
         return _not_run("no dynamics run at width 1024 without the scale")
-    first = analysis.mean(_layer(t, "first", "frozen_fraction") for t in got)
-    last = analysis.mean(_layer(t, "last", "frozen_fraction") for t in got)
+    first = estimates.mean(_layer(t, "first", "frozen_fraction") for t in got)
+    last = estimates.mean(_layer(t, "last", "frozen_fraction") for t in got)
     rise = _estimate([_layer(t, "last", "frozen_fraction") - _layer(t, "first", "frozen_fraction") for t in got])
     m, se, n, lo, hi = rise  # in points of percentage
     figure, noise = with_interval((100 * m, None if se is None else 100 * se, n, 100 * lo, 100 * hi), "{:+.1f}")
@@ -339,13 +332,13 @@ def _not_recovering(runs):
 
 
 def sweep_rows(runs: RunsView) -> list[dict[str, Any]]:
-    """The sweep's runs as ``analysis.gap_table`` rows (``analysis.run_rows``)."""
-    return analysis.run_rows(runs.sweep)
+    """The sweep's runs as ``analysis.gaps.gap_table`` rows (``analysis.gaps.run_rows``)."""
+    return gap_tables.run_rows(runs.sweep)
 
 
 def _gap_table(runs: RunsView) -> dict:
     """The same paired-seed gaps and "where the gap starts" rule that ``attnscale sweep`` prints."""
-    return analysis.gap_table(sweep_rows(runs), reference=SCALED)
+    return gap_tables.gap_table(sweep_rows(runs), reference=SCALED)
 
 
 def gap_by_head_dim(runs: RunsView) -> dict[int, tuple[float, float | None, int]]:
@@ -355,7 +348,7 @@ def gap_by_head_dim(runs: RunsView) -> dict[int, tuple[float, float | None, int]
     Where a sweep varied the learning rate, the claims read the first learning
     rate's rows. Diverged runs have no perplexity and are left out here; the run
     table says which."""
-    return analysis.gap_by_head_dim(_gap_table(runs))
+    return gap_tables.gap_by_head_dim(_gap_table(runs))
 
 
 def fmt_gap(gap, se, n) -> str:
@@ -363,7 +356,7 @@ def fmt_gap(gap, se, n) -> str:
     if se is None:
         return f"{gap:+.2f} (1 seed, no noise estimate)"
     lo, hi = intervals.interval(gap, se, n)
-    return f"{analysis.plus_minus(gap, se, '{:+.2f}')} ({n} seeds, {intervals.LEVEL:.0%} interval {lo:+.2f} – {hi:+.2f})"
+    return f"{estimates.plus_minus(gap, se, '{:+.2f}')} ({n} seeds, {intervals.LEVEL:.0%} interval {lo:+.2f} – {hi:+.2f})"
 
 
 def _gap_claim(select: Callable[[int], bool], lo: float, hi: float, sign: int, what: str, runs):
@@ -372,7 +365,7 @@ def _gap_claim(select: Callable[[int], bool], lo: float, hi: float, sign: int, w
     level, gap ≤ 0), the sign established by the whole interval (``judging``). With one seed the gap
     alone decides, and a gap of the wrong sign differs however small it is."""
     gaps = {w: g for w, g in gap_by_head_dim(runs).items() if select(w)}
-    shares = analysis.share_by_head_dim(_gap_table(runs))
+    shares = gap_tables.share_by_head_dim(_gap_table(runs))
     if not gaps:
         return _not_run(f"no sweep pair (with and without the scale) at {what}")
     parts, verdicts, directions = [], [], []
@@ -395,9 +388,9 @@ def _gap_claim(select: Callable[[int], bool], lo: float, hi: float, sign: int, w
 
 
 def gap_start(runs: RunsView, undecided_counts: bool = False) -> int | None:
-    """Where the gap starts, by ``analysis.GAP_RULE``; ``undecided_counts``: if every gap above
+    """Where the gap starts, by ``analysis.gaps.GAP_RULE``; ``undecided_counts``: if every gap above
     1 point whose interval still reaches 0 were real."""
-    return analysis.first_start(_gap_table(runs), undecided_counts)
+    return gap_tables.first_start(_gap_table(runs), undecided_counts)
 
 
 def _starts(runs):
@@ -407,7 +400,7 @@ def _starts(runs):
     sure, maybe = gap_start(runs), gap_start(runs, undecided_counts=True)
     ok = [w is not None and 32 < w <= 128 for w in (sure, maybe)]
     ours = f"from d={sure}" if sure is not None else f"no gap beyond its noise up to d={max(gaps)}"
-    note = "the rule attnscale sweep uses: " + analysis.GAP_RULE
+    note = "the rule attnscale sweep uses: " + gap_tables.GAP_RULE
     if maybe != sure:
         ours += f" (from d={maybe} if the gaps not yet beyond their noise are real)"
     verdict = (judging.AGREES if all(ok) else judging.DIFFERS if not any(ok) else judging.INCONCLUSIVE)

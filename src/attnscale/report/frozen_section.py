@@ -15,7 +15,7 @@ from typing import Any
 
 from attnscale.report import course
 from attnscale.report.blocks import Block, Para, Table
-from attnscale.report.analysis import mean_se, plus_minus
+from attnscale.analysis.estimates import mean_se, plus_minus
 
 __all__ = ["SEQUENCES", "blocks"]
 

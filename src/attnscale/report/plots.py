@@ -291,7 +291,7 @@ def loss_vs_lr(curves: dict[int, dict[str, list[dict]]], path: Path) -> Path:
     """Final held-out loss against learning rate: a panel per scheme and width (schemes' curves
     often lie on top of each other, so each gets its own panel, the others faint behind it),
     a band of ± 1 SE over seeds; a cross marks a learning rate where some seed diverged.
-    ``curves[width][scheme]`` = [{"lr", "mean", "se", "diverged"}] (``schemes_analysis.loss_curve``)."""
+    ``curves[width][scheme]`` = [{"lr", "mean", "se", "diverged"}] (``analysis.schemes.loss_curve``)."""
     plt = drawing.pyplot()
     head_dims = sorted(curves)
     most = max(len(curves[w]) for w in head_dims)

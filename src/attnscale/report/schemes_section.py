@@ -2,7 +2,7 @@
 
 ``blocks(runs, out, pngs)`` returns the same block tuples as ``assemble._sections``
 and draws its figures into ``out`` (adding them to ``pngs``). The runs are read
-as plain numbers by ``schemes_analysis.run_row``; everything after it works on those.
+as plain numbers by ``analysis.schemes.run_row``; everything after it works on those.
 """
 
 from __future__ import annotations
@@ -13,8 +13,9 @@ from typing import Any
 
 from attnscale.core.scales import display_name
 from attnscale.report.blocks import Block, Para, Bullets, Image, Table, opening
-from attnscale.report import schemes_analysis as sa
-from attnscale.report.analysis import budget, budget_text, plus_minus
+from attnscale.analysis import schemes as sa
+from attnscale.analysis.budget import budget, budget_text
+from attnscale.analysis.estimates import plus_minus
 
 __all__ = ["GROUP", "TITLE", "unigram", "blocks"]
 
@@ -104,7 +105,7 @@ def _theory_points(runs, study, rows) -> dict[str, Any]:
 
 
 def unigram(study) -> float | None:
-    """A unigram model's held-out loss on the study's corpus (``schemes_analysis.unigram_loss``), or None
+    """A unigram model's held-out loss on the study's corpus (``analysis.schemes.unigram_loss``), or None
     where it cannot be loaded here as the records name it (``held_out.corpus_of``)."""
     from attnscale.report.held_out import corpus_of
 

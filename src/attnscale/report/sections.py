@@ -116,7 +116,7 @@ def _stage(t) -> str:
 
 def _budgets(runs) -> Table:
     """Each stage's own budget, read from its runs' records (the scheme study's is not the preset's)."""
-    from attnscale.report.analysis import budget, span_text
+    from attnscale.analysis.budget import budget, span_text
     from attnscale.lm.study_axes import lr_text
 
     stages: dict[str, list] = {}
@@ -291,7 +291,9 @@ def _dynamics(runs, verdicts, out: Path, pngs: dict) -> list[Block]:
 
 
 def _sweep(runs, verdicts, out: Path, pngs: dict) -> list[Block]:
-    from attnscale.report import analysis, plots
+    from attnscale.analysis.estimates import mean_se
+    from attnscale.analysis.gaps import gap_table, share_by_head_dim
+    from attnscale.report import plots
 
     b = opening(*_OPENINGS["sweep"]) + [_verdict_table(verdicts)]
     if not runs.sweep:
@@ -305,10 +307,10 @@ def _sweep(runs, verdicts, out: Path, pngs: dict) -> list[Block]:
         pngs["sweep"] = plots.perplexity_vs_head_dim(cells, gaps, start, out / "sweep.png")
         b.append(Image("sweep.png", "Held-out perplexity and the gap against width"))
     scales = sorted({s for _, s in cells})
-    shares = analysis.share_by_head_dim(analysis.gap_table(course.sweep_rows(runs), reference=course.SCALED))
+    shares = share_by_head_dim(gap_table(course.sweep_rows(runs), reference=course.SCALED))
     rows = []
     for w in sorted({w for w, _ in cells}):
-        ppl = [analysis.mean_se(cells.get((w, s), [])) for s in scales]
+        ppl = [mean_se(cells.get((w, s), [])) for s in scales]
         gap = gaps.get(w)
         rows.append([w, *[_f(m, "{:.2f}") + ("" if e is None else f" ± {e:.2f}") for m, e in ppl],
                      "—" if gap is None else f"{gap[0]:+.2f}", _f(gap[1] if gap else None, "{:.2f}"),

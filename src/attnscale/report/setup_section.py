@@ -5,7 +5,7 @@ studies' run records (groups ``study:<axis>``), one part per study (a folder of
 them, at one width: two studies are never pooled), and draws their figures into
 ``out``; ``notes(runs)`` gives, per end-of-training claim key
 (``course.Claim.key``), the sentence a verdict that does not agree carries, from
-the studies at the course's width, 1,024. The numbers come from ``setup_analysis``.
+the studies at the course's width, 1,024. The numbers come from ``analysis.setups``.
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from typing import Any
 
 from attnscale.report import course
 from attnscale.report.blocks import Block, Heading, Para, Bullets, Image, Table, opening
-from attnscale.report.analysis import plus_minus
+from attnscale.analysis.estimates import plus_minus
 from attnscale.lm import study_axes as axes
-from attnscale.report import setup_analysis as sa
+from attnscale.analysis import setups as sa
 
 __all__ = ["TITLE", "COURSE_WIDTH", "study_runs", "studies", "summary", "notes", "blocks"]
 

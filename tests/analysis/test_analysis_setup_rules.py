@@ -1,4 +1,4 @@
-"""report.setup_analysis: the claims' rules at their thresholds, and the texts a reader sees, to the letter.
+"""analysis.setups: the claims' rules at their thresholds, and the texts a reader sees, to the letter.
 
 Most cases use one seed per setup and scale: with one seed there is no interval, so the value itself
 decides, and a threshold can be met exactly. Every expected figure is worked out by hand beside it.
@@ -6,7 +6,7 @@ decides, and a threshold can be met exactly. Every expected figure is worked out
 
 import pytest
 
-from attnscale.report import setup_analysis as sa
+from attnscale.analysis import setups as sa
 
 BASE, LR = ("base", "base"), ("lr", "9e-3")
 

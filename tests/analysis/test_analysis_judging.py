@@ -1,7 +1,7 @@
-"""The verdict rule on an interval, with hand-computed intervals (``report.judging``)."""
+"""The verdict rule on an interval, with hand-computed intervals (``analysis.judging``)."""
 
-from attnscale.report import intervals
-from attnscale.report import judging as j
+from attnscale.analysis import intervals
+from attnscale.analysis import judging as j
 
 
 def helps(lo, hi, band=(1.5, 2.5)):

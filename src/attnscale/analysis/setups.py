@@ -7,14 +7,14 @@ attributes only); everything after it works on plain numbers.
 A setup is the base, or the base with one setting changed (an axis and its
 value, ``lm.study_axes``) or several together (a combined axis); a run's axis is its record group ``study:<axis>``, its value
 is read from its recorded config. Per setup and scale: the end of training as
-the dynamics claims read it (layer 0, ``course.COURSE_LAYER``, mean over its
+the dynamics claims read it (layer 0, ``course_figures.COURSE_LAYER``, mean over its
 heads, at the last recorded step; the mean over all layers kept beside) of the
 runs that finished ("done"; a diverged run's last recorded step is not an end
 of training, so it is counted apart), averaged over seeds with the SE of that
-mean (``analysis.mean_se``). One study is one base setup at one width: rows of
+mean (``estimates.mean_se``). One study is one base setup at one width: rows of
 several are refused (the report keeps each study folder apart). Per setup, four
 of the course's claims, each judged twice with the report's own thresholds and
-rule (``course``, ``judging``: on the 95% t interval over seeds, so each part
+rule (``course_figures``, ``judging``: on the 95% t interval over seeds, so each part
 is established, contradicted or undecided): its direction (training moves the
 measure the way the course says) and its size (the course's figure is reached):
 
@@ -30,12 +30,12 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from attnscale.analysis import course_figures as figures, estimates, intervals, judging
 from attnscale.lm.study_axes import AXES, GROUP_PREFIX, combined, label, parts, setting_text, value_of
-from attnscale.report import analysis, course, intervals, judging
 
 __all__ = ["run_row", "summary_rows", "setups", "pair", "gap", "claims", "setup_name", "value_text", "explain", "format_text", "CLAIM_WORDS"]
 
-SCALED = course.SCALED
+SCALED = figures.SCALED
 CLAIM_WORDS = {
     "end_spread": ("without the scale the spread grows", "over 5,000"),
     "end_frozen": ("without the scale rows stay frozen or freeze more", "≥ 99% of rows frozen"),
@@ -58,8 +58,8 @@ def run_row(t: Any) -> dict[str, Any]:
            "perplexity": t.perplexity, "settings": {a: value_of(a, t.model, t.train) for a in AXES}}  # every axis
     has = t.line("first") is not None
     for key in ("spread", "frozen_fraction", "effective_words"):
-        row[f"start_{key}"] = t.layer_means("first", key)[course.COURSE_LAYER] if has else None
-        row[f"end_{key}"] = t.layer_means("last", key)[course.COURSE_LAYER] if has else None
+        row[f"start_{key}"] = t.layer_means("first", key)[figures.COURSE_LAYER] if has else None
+        row[f"end_{key}"] = t.layer_means("last", key)[figures.COURSE_LAYER] if has else None
     row["end_spread_all_layers"] = t.diag_mean("last", "spread") if has else None
     row["end_spread_by_layer"] = t.layer_means("last", "spread") if has else []
     return row
@@ -108,7 +108,7 @@ def summary_rows(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
             for key in ("start_spread", "end_spread", "start_frozen_fraction", "end_frozen_fraction",
                         "end_effective_words", "perplexity", "end_spread_all_layers"):
                 values = _finite(r.get(key) for r in done)
-                s[key], s[f"{key}_se"] = analysis.mean_se(values)
+                s[key], s[f"{key}_se"] = estimates.mean_se(values)
                 s[f"{key}_n"] = len(values)
             s["_by_seed"] = {key: {r["seed"]: r[key] for r in done if r[key] is not None}
                              for key in ("start_spread", "end_spread", "start_frozen_fraction", "end_frozen_fraction")}
@@ -131,8 +131,8 @@ def gap(none: Mapping | None, scaled: Mapping | None) -> tuple[float | None, flo
         return None, None, 0, None
     seeds = sorted(set(none["_ppl_by_seed"]) & set(scaled["_ppl_by_seed"]), key=str)
     diffs = [none["_ppl_by_seed"][s] - scaled["_ppl_by_seed"][s] for s in seeds]
-    m, se = analysis.mean_se(diffs)
-    ref = analysis.mean_se([scaled["_ppl_by_seed"][s] for s in seeds])[0]
+    m, se = estimates.mean_se(diffs)
+    ref = estimates.mean_se([scaled["_ppl_by_seed"][s] for s in seeds])[0]
     return m, se, len(diffs), ref
 
 
@@ -160,8 +160,8 @@ def _judge(key: str, none: Mapping | None, scaled: Mapping | None) -> tuple[str 
         if none is None or none[f"end_{measure}"] is None:
             return None, None
         lo, hi = _ends(none, f"end_{measure}")
-        size = judging.side(lo, hi, (lambda v: v > course.END_SPREAD) if key == "end_spread"
-                            else (lambda v: v >= course.END_FROZEN))
+        size = judging.side(lo, hi, (lambda v: v > figures.END_SPREAD) if key == "end_spread"
+                            else (lambda v: v >= figures.END_FROZEN))
         grew = None if none[f"start_{measure}"] is None else _paired_side(
             none["_by_seed"][f"end_{measure}"], none["_by_seed"][f"start_{measure}"],
             (lambda v: v > 0) if key == "end_spread" else (lambda v: v >= 0))
@@ -172,13 +172,13 @@ def _judge(key: str, none: Mapping | None, scaled: Mapping | None) -> tuple[str 
         lo, hi = _ends(scaled, "end_spread")
         below = None if none is None or none["end_spread"] is None else _paired_side(
             none["_by_seed"]["end_spread"], scaled["_by_seed"]["end_spread"], lambda v: v > 0)
-        band = (course.SCALED_SPREAD * (1 - course.SCALED_TOLERANCE), course.SCALED_SPREAD * (1 + course.SCALED_TOLERANCE))
+        band = (figures.SCALED_SPREAD * (1 - figures.SCALED_TOLERANCE), figures.SCALED_SPREAD * (1 + figures.SCALED_TOLERANCE))
         return below, judging.overlaps(lo, hi, band)
     g, se, n, _ = gap(none, scaled)
     if g is None:
         return None, None
     lo, hi = intervals.interval(g, se, n) or (g, g)
-    return judging.side(lo, hi, lambda v: v > 0), judging.overlaps(lo, hi, course.BIG_GAP)
+    return judging.side(lo, hi, lambda v: v > 0), judging.overlaps(lo, hi, figures.BIG_GAP)
 
 
 def claims(summary: Sequence[Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
@@ -214,14 +214,14 @@ def value_text(summary, setup, key: str) -> str:
         g, se, n, ref = gap(none, scaled)  # ref, a mean perplexity (≥ 1), exists wherever g does
         if g is None:
             return "—"
-        return analysis.plus_minus(g, se, "{:+.2f}") + f", {100 * g / ref:.0f}% of the scaled model's {ref:.2f}"
+        return estimates.plus_minus(g, se, "{:+.2f}") + f", {100 * g / ref:.0f}% of the scaled model's {ref:.2f}"
     row, measure, fmt = ((scaled, "end_spread", "{:,.2f}") if key == "scaled_spread" else
                          (none, "end_spread", "{:,.0f}") if key == "end_spread" else
                          (none, "end_frozen_fraction", "{:.1%}"))
     if row is None or row[measure] is None:
         return "—"
     se = row[f"{measure}_se"]
-    return analysis.plus_minus(row[measure], se, fmt)
+    return estimates.plus_minus(row[measure], se, fmt)
 
 
 def explain(key: str, summary: Sequence[Mapping[str, Any]], judged: Mapping[str, Mapping[str, Any]]) -> str:
@@ -253,7 +253,7 @@ def format_text(summary: Sequence[Mapping[str, Any]], judged: Mapping[str, Mappi
     from attnscale.terminal import table
 
     def pm(mean, se, fmt):
-        return analysis.plus_minus(mean, se, fmt, terminal=True)
+        return estimates.plus_minus(mean, se, fmt, terminal=True)
 
     lines = table(
         ("setup", "scale", "end spread", "max layer", "frozen", "eff. words", "valid ppl", "seeds"),

@@ -1,11 +1,11 @@
-"""schemes_analysis: LR sensitivity, logit growth and collapse on hand-built numbers with known answers."""
+"""analysis.schemes: LR sensitivity, logit growth and collapse on hand-built numbers with known answers."""
 
 import math
 import statistics
 
 import pytest
 
-from attnscale.report import schemes_analysis as sa
+from attnscale.analysis import schemes as sa
 
 
 def test_sensitivity_one_seed_by_hand():

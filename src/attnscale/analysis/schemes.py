@@ -16,7 +16,7 @@ et al. define it, E over the LR grid of [min(final loss, loss at init) − best
 final loss], per seed, then mean and standard error over seeds. A diverged run
 has no final loss; it counts as the loss at init (the worst a run is charged).
 
-A recorded step, as ``report.assemble.TrainRun`` gives it:
+A recorded step, as ``runs.record.TrainRun`` gives it:
 {"step": int, "loss": float | None, "layers": [{"max_score": [per head], "effective_words": [...], ...}]}.
 """
 
@@ -26,8 +26,8 @@ import math
 import statistics
 from typing import Any, Iterable, Mapping, Sequence
 
-from attnscale.report import intervals
-from attnscale.report.analysis import mean_se
+from attnscale.analysis import intervals
+from attnscale.analysis.estimates import mean_se
 
 __all__ = ["COLLAPSE_WORDS", "MIN_SEEDS", "ALPHA", "PLATEAU_NATS", "run_measures", "run_row", "sensitivity", "loss_curve",
            "loss_curves", "summary_rows", "pairwise", "unigram_loss", "plateau_ends", "reading"]

@@ -1,10 +1,10 @@
-"""report.setup_analysis: the setup study's numbers, on hand-built rows."""
+"""analysis.setups: the setup study's numbers, on hand-built rows."""
 
 import math
 
 import pytest
 
-from attnscale.report import setup_analysis as sa
+from attnscale.analysis import setups as sa
 
 
 def row(axis, value, scale, seed, end_spread, end_frozen, ppl, start_spread=21.0, start_frozen=0.6, words=1.1,

@@ -1,32 +1,22 @@
-"""The analysis of run results: means, standard errors, the gap table, where the gap starts.
+"""The perplexity gap between two scales at each width, and where "large" starts.
 
-Pure functions of plain numbers and rows (no I/O, no plotting), shared by the
-report (``course.py``) and the sweep's own table (``experiments/sweep.py``), so
-that ``attnscale sweep`` and the report name the same gaps and the same start.
-
-Standard errors:
-- a mean over n values: sample std / sqrt(n), only for n ≥ 2 (one value has no
-  noise estimate, and we never pretend it does);
-- the gap at a width: seeds are paired (one seed gives both schemes the same
-  batches), so it is the SE of the per-seed differences;
-- the spread of q·k with unit entries: by the delta method the sample std of n
-  values has relative SE ½·sqrt((2 + 6/d)/n) (Var(q·k) = d, kurtosis 3 + 6/d);
-- a share of n rows: the binomial sqrt(p(1 − p)/n).
+One table (``gap_table``) that ``attnscale sweep`` prints and the report's
+claims read, so both name the same gaps and the same start. Seeds are paired
+(one seed gives both schemes the same batches), so a gap's SE is that of the
+per-seed differences.
 """
 
 from __future__ import annotations
 
-import math
-import re
-import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from attnscale.report.intervals import decimals_for, interval
+from attnscale.analysis.estimates import mean_se
+from attnscale.analysis.intervals import interval
 from attnscale.runs.record import FINISHED  # run statuses whose perplexity (or its absence) is final
 
-__all__ = ["run_rows", "budget", "budget_text", "span_text", "mean", "mean_se", "plus_minus", "spread_se", "binomial_se", "within", "gap_table", "gap_by_head_dim", "share_by_head_dim", "first_start",
-           "GAP_THRESHOLD_PPL", "GAP_RULE"]
+__all__ = ["run_rows", "gap_table", "gap_by_head_dim", "share_by_head_dim", "first_start", "GAP_THRESHOLD_PPL",
+           "GAP_RULE"]
 
 # Where "large" starts: the first width from which every wider width shows a gap
 # above 1 point of perplexity and, with two or more seeds, a 95% t interval of
@@ -40,56 +30,6 @@ __all__ = ["run_rows", "budget", "budget_text", "span_text", "mean", "mean_se", 
 GAP_THRESHOLD_PPL = 1.0
 GAP_RULE = ("gap > 1 ppl (and, with 2 or more seeds, its 95% t interval above 0) at this width and every "
             "wider one")
-
-
-def mean(values: Iterable[float]) -> float:
-    """The arithmetic mean; a ValueError for no values (a caller must say what is missing)."""
-    vals = list(values)
-    if not vals:
-        raise ValueError("mean of no values")
-    return math.fsum(vals) / len(vals)
-
-
-def mean_se(values: Sequence[float]) -> tuple[float | None, float | None]:
-    """(mean, standard error of the mean); (None, None) for no values, SE None for one."""
-    if not values:
-        return None, None
-    m = statistics.fmean(values)
-    se = statistics.stdev(values) / math.sqrt(len(values)) if len(values) >= 2 else None
-    return m, se
-
-
-def spread_se(head_dim: int, pairs: int) -> float:
-    """SE of the sample spread of q·k over ``pairs`` pairs of width ``head_dim`` with unit entries."""
-    return 0.5 * math.sqrt((2 + 6 / head_dim) / pairs) * math.sqrt(head_dim)
-
-
-def binomial_se(share: float, n: int) -> float:
-    """SE of a share of ``n`` independent rows; kept above 0 so a 0% or 100% share still has a width."""
-    return math.sqrt(max(share * (1 - share), 1e-12) / n)
-
-
-def plus_minus(mean: float | None, se: float | None, fmt: str = "{:.3f}", terminal: bool = False) -> str:
-    """``mean ± se`` in ``fmt`` ("—" for no mean, the mean alone for no SE); ``terminal``: the
-    command-line tables' narrower form, "-" and "x ±y". An SE that ``fmt`` would round to zero is
-    printed to two significant digits instead (never "± 0.00"), and an SE of exactly 0 says so."""
-    if mean is None:
-        return "-" if terminal else "—"
-    if se is None:
-        return fmt.format(mean)
-    if se == 0:  # seeds that agree exactly: an SE of 0 is no width to print
-        return fmt.format(mean) + (" (identical)" if terminal else " (seeds identical)")
-    if not re.search(r"[1-9]", fmt.format(se)):  # "± 0.00": show the SE to its own precision, the mean to match
-        spec = re.search(r"\{:([^}]*?)(?:\.\d+)?([f%])\}", fmt)
-        if spec:
-            shown = se * 100 if spec.group(2) == "%" else se
-            fmt = fmt.replace(spec.group(0), "{:" + spec.group(1) + f".{decimals_for(shown)}{spec.group(2)}}}")
-    return fmt.format(mean) + (" ±" if terminal else " ± ") + fmt.replace("{:+", "{:").format(se)  # an SE has no sign
-
-
-def within(value: float, target: float, relative: float) -> bool:
-    """|value − target| ≤ relative · |target|."""
-    return abs(value - target) <= relative * abs(target)
 
 
 def run_rows(runs: Sequence[Any], varied_lr: bool | None = None) -> list[dict[str, Any]]:
@@ -194,42 +134,3 @@ def first_start(table: dict[str, Any], undecided_counts: bool = False) -> int | 
     ``undecided_counts``: where it would start if every undecided gap were a gap."""
     starts = table["starts"]
     return starts[0]["head_dim_if_undecided" if undecided_counts else "head_dim"] if starts else None
-
-
-def budget(runs: Sequence[Any]) -> dict[str, Any]:
-    """What a group of training runs (``runs.record.TrainRun``) was given, as their records say:
-    {"runs", and the distinct "steps", "context", "batch", "seeds", "widths", "lrs", sorted}.
-    Read per stage, so a study with its own budget never borrows a preset's."""
-    def values(get) -> list:
-        return sorted({v for v in (get(t) for t in runs) if v is not None})
-
-    return {"runs": len(runs), "steps": values(lambda t: t.train.get("steps")),
-            "context": values(lambda t: t.model.get("context")), "batch": values(lambda t: t.train.get("batch")),
-            "seeds": values(lambda t: t.seed), "head_dims": values(lambda t: t.head_dim), "lrs": values(lambda t: t.lr)}
-
-
-def span_text(values: Sequence[Any], fmt: str = "{:,}") -> str:
-    """Sorted values in words: "64", "64 and 256", "32 to 1,024" ("?" for none)."""
-    if not values:
-        return "?"
-    if len(values) <= 2:
-        return " and ".join(fmt.format(v) for v in values)
-    return f"{fmt.format(values[0])} to {fmt.format(values[-1])}"
-
-
-def budget_text(b: dict[str, Any]) -> str:
-    """A ``budget`` in words: "60 steps a run, context 32, 2 seeds, widths 64 and 256, 5 learning rates
-    from 3e-4 to 3e-2"; a setting that differs between runs shows both ends."""
-    from attnscale.lm.study_axes import lr_text
-
-    seeds = len(b["seeds"])
-    text = (f"{span_text(b['steps'])} steps a run, context {span_text(b['context'])}, "
-            f"{seeds} seed{'s' if seeds != 1 else ''}, width{'s' if len(b['head_dims']) != 1 else ''} "
-            f"{span_text(b['head_dims'])}")
-    if len(b["lrs"]) > 2:
-        text += f", {len(b['lrs'])} learning rates from {lr_text(b['lrs'][0])} to {lr_text(b['lrs'][-1])}"
-    elif len(b["lrs"]) == 2:
-        text += ", learning rates " + " and ".join(lr_text(x) for x in b["lrs"])
-    elif b["lrs"]:
-        text += f", learning rate {lr_text(b['lrs'][0])}"
-    return text

@@ -1,10 +1,10 @@
-"""t quantiles, paired differences and Holm's correction, against printed tables and hand calculations."""
+"""analysis.intervals: t quantiles, paired differences and Holm's correction, against printed tables and hand calculations."""
 
 import math
 
 import pytest
 
-from attnscale.report import intervals as iv
+from attnscale.analysis import intervals as iv
 
 # Student's t, two-sided 95% and 99% (upper 0.975 and 0.995 quantiles), as printed in Fisher & Yates' tables
 TABLE = {1: (12.706, 63.657), 2: (4.303, 9.925), 3: (3.182, 5.841), 4: (2.776, 4.604), 9: (2.262, 3.250),
