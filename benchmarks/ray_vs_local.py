@@ -6,7 +6,7 @@ Each sweep is `attnscale sweep --quick` on the embedded corpus (widths 32, 128,
 1,024 × none, inv_sqrt_d: 6 runs a seed, ``--seeds`` seeds) in a fresh process into a fresh folder, as a
 user runs it; the Ray one starts its local Ray instance and shuts it down inside
 that time. With ``--kept`` a third column joins one Ray cluster kept across the
-sweeps (``python -m attnscale.runs.ray_local_cluster --nodes 1``, started once:
+sweeps (``python tools/ray_local_cluster.py --nodes 1``, started once:
 what ``ray start --head`` then ``--ray-address auto`` gives), so Ray's start-up is
 paid once, outside the sweeps; its start-up and the cost of joining it are printed.
 The columns alternate, so a change in the machine's load touches each; medians are
@@ -29,6 +29,8 @@ import tempfile
 import time
 from pathlib import Path
 
+TOOLS = Path(__file__).resolve().parents[1] / "tools"
+
 
 def sweep_seconds(jobs: int, executor: str, address: str | None = None, seeds: int = 1) -> float:
     with tempfile.TemporaryDirectory(prefix="attnscale-bench-") as out:
@@ -44,8 +46,8 @@ def sweep_seconds(jobs: int, executor: str, address: str | None = None, seeds: i
 def kept_cluster(cpus: int):
     """One local Ray cluster for every sweep of the ``kept`` column; yields its address."""
     t = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, "-m", "attnscale.runs.ray_local_cluster", "--nodes", "1", "--cpus",
-                             str(cpus), "--client-port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+    proc = subprocess.Popen([sys.executable, str(TOOLS / "ray_local_cluster.py"), "--nodes", "1", "--cpus", str(cpus),
+                             "--client-port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                             text=True)
     try:
         first = proc.stdout.readline()

@@ -118,11 +118,3 @@ def test_one_rule_names_a_scheme_before_any_is_built():
         check_scale("inv_sqrtd")
     with pytest.raises(ConfigError, match="unknown scale 'inv_sqrtd'"):
         get_scale("inv_sqrtd", 64)
-
-
-def test_the_old_path_attnscale_scales_gives_the_same_objects():
-    import attnscale.core.scales as core_scales
-    import attnscale.scales as alias
-
-    assert alias.__all__ == core_scales.__all__
-    assert all(getattr(alias, name) is getattr(core_scales, name) for name in core_scales.__all__)

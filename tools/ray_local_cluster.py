@@ -1,7 +1,8 @@
 """A Ray cluster of several nodes on this machine, to try what a cluster does (runs spread
-over nodes, a node lost mid-sweep) without a second machine:
+over nodes, a node lost mid-sweep) without a second machine; a development harness, not
+part of the package (it needs the clone and the extra ``attnscale[ray]``):
 
-    python -m attnscale.runs.ray_local_cluster --nodes 2 --cpus 1
+    python tools/ray_local_cluster.py --nodes 2 --cpus 1
 
 Ray's own CLI cannot do it safely: ``ray start --address`` refuses a second node in
 single-host mode, and outside that mode it rewrites 127.0.0.1 into the host's outward
@@ -31,7 +32,7 @@ def _pids(node) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m attnscale.runs.ray_local_cluster",
+    parser = argparse.ArgumentParser(prog="python tools/ray_local_cluster.py",
                                      description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=2, help="nodes, the head included (default: %(default)s)")
     parser.add_argument("--cpus", type=int, default=1, help="CPUs each node lends to runs (default: %(default)s)")

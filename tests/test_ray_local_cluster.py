@@ -1,14 +1,24 @@
-"""python -m attnscale.runs.ray_local_cluster: several Ray nodes on 127.0.0.1, their process
-ids written for killing one by hand, everything stopped on SIGTERM."""
+"""tools/ray_local_cluster.py: several Ray nodes on 127.0.0.1, their process ids written for
+killing one by hand, everything stopped on SIGTERM."""
 
+import importlib.util
 import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from attnscale.runs.ray_local_cluster import main
+SCRIPT = Path(__file__).resolve().parents[1] / "tools" / "ray_local_cluster.py"
+
+
+def main(argv):
+    """The script's ``main``, loaded from its file (tools/ is no package)."""
+    spec = importlib.util.spec_from_file_location("ray_local_cluster", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.main(argv)
 
 
 def test_a_node_count_below_one_is_one_line(capsys):
@@ -23,8 +33,8 @@ def test_two_nodes_start_write_their_process_ids_and_stop_on_sigterm(tmp_path):
     import psutil
 
     pytest.importorskip("ray", reason="Ray cannot be imported here: pip install 'attnscale[ray]'")
-    proc = subprocess.Popen([sys.executable, "-m", "attnscale.runs.ray_local_cluster", "--nodes", "2", "--client-port",
-                             "0", "--pids", str(tmp_path)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    proc = subprocess.Popen([sys.executable, str(SCRIPT), "--nodes", "2", "--client-port", "0", "--pids", str(tmp_path)],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         lines = []
         while not lines or "Ctrl-C" not in lines[-1]:
