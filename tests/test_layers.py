@@ -1,5 +1,5 @@
-"""The package's floors (README, "Where things live"): no module imports from a floor above its own, and no
-import of any kind (at the top, inside a function, or for types only) closes a circle.
+"""The package's floors (docs/architecture.md draws them; README, "Where things live"): no module imports from
+a floor above its own, and no import of any kind (at the top, inside a function, or for types only) closes a circle.
 
 Modules of one floor may import each other, one way only."""
 
@@ -9,6 +9,7 @@ from pathlib import Path
 import attnscale
 
 SRC = Path(attnscale.__file__).parent
+DRAWING = Path(__file__).resolve().parents[1] / "docs" / "architecture.md"
 # lowest first; a module may import from its own floor or any lower one, lazily or not
 RANK = {"__init__": 1, "errors": 0, "files": 0, "limits": 0, "terminal": 0, "drawing": 0, "core": 1, "capture": 2,
         "watch": 3, "lm": 4, "runs": 5, "analysis": 6, "headcheck": 7, "experiments": 8, "report": 9, "reproduce": 10,
@@ -130,3 +131,21 @@ def test_experiments_return_data_and_only_the_report_draws():
                for t in targets if t.startswith("attnscale.report")]
     assert not drawing, drawing
 
+
+def _drawn_floors(text: str) -> dict[str, int]:
+    """Room -> floor, as the drawing shows them: each table row ``│ floor │ rooms │ what it holds │ imports │``."""
+    floors = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split("│")]
+        if len(cells) > 3 and cells[1].isdigit():
+            floors.update(dict.fromkeys(cells[2].split(), int(cells[1])))
+    return floors
+
+
+def test_the_drawing_of_the_house_shows_the_floors_the_test_holds():
+    assert _drawn_floors(DRAWING.read_text(encoding="utf-8")) == RANK
+
+
+def test_a_drawn_row_names_its_rooms_and_their_floor():
+    row = "│     0 │ errors files        │ a user's mistake, atomic files │ 0       │"
+    assert _drawn_floors("╱ attnscale ╲\n│ floor │ rooms │ what it holds │ imports │\n" + row) == {"errors": 0, "files": 0}
