@@ -13,21 +13,11 @@ visible key gets all-zero weights rather than NaN.
 
 The fused path, ``F.scaled_dot_product_attention``, serves when nothing is
 recorded and the scheme allows it; ``test_attention.py`` checks that both give
-the same outputs and gradients.
-
-Which path serves by default (``benchmarks/attention_paths.py``, causal,
-batch 16 × 4 heads, 1 thread, explicit time / fused time): in fp32 the fused
-forward is 1.0–9.7× faster (T = 64) and 1.2–3.6× (T = 256), and forward +
-backward 1.4–2.5× faster up to d_k = 64 but 0.66–0.84× (slower) from d_k = 512;
-in bf16 the fused forward + backward is slower at every d_k at T = 64
-(ratios 0.43–0.65). So ``Attention`` defaults to "fused" (fp32 inference, what
-a library user calls), and the tiny model's training presets pick "explicit"
-with bf16 autocast, which ``benchmarks/train_throughput.py`` measures at
-1.6–2× a plain fused-fp32 GPT on a CPU with native bf16. Those fp32 figures time
-the products alone, on q, k and v already head-major; inside the module, where
-q, k and v are views of the projections' output, the explicit products copy them
-first (and again in the backward) and SDPA does not, so in fp32 training takes
-the fused path on the steps that do not record at every d_k (``lm.train``).
+the same outputs and gradients. ``Attention`` defaults to it (fp32 inference,
+what a library user calls); the tiny model's training presets pick the explicit
+path under bf16 autocast, and fp32 training takes the fused one on the steps
+that do not record (``lm.train``). The timings behind both choices:
+docs/design-notes.md.
 """
 
 from __future__ import annotations

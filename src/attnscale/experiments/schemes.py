@@ -78,12 +78,10 @@ def preset(size: str = "full", corpus: str = "default", seed: int = 0, tokenizer
            vocab_size: int | None = None) -> SchemesConfig:
     """Every registered scheme over an LR grid from 10× below to 10× above the preset's rate.
 
-    - "full": widths 64, 256, 1,024, seeds 0–2, on the sweep's budget (400 steps;
-      270 runs, hours on a 2-core CPU);
+    - "full": widths 64, 256, 1,024, seeds 0–2, on the sweep's budget (400 steps; 270 runs);
     - "quick": widths 64 and 256, seeds ``seed`` and ``seed + 1`` (two, for error
-      bars), on the quick budget (60 steps; 120 runs, about 2.5 minutes with -j 2
-      on an idle 2-core machine: the named study spent 252 s of CPU on 60 such
-      runs of 120 steps): ``reproduce``'s stage, which keeps it within 8 minutes;
+      bars), on the quick budget (60 steps; 120 runs): ``reproduce``'s stage, small
+      enough to keep it within 8 minutes (what each took: docs/schemes-study.md);
     - "smoke": width 64, three learning rates, one seed, 15 steps: ``reproduce --quick``'s stage, a
       check that the stage and its report section work (18 short runs), not a measurement."""
     if size not in SIZES:

@@ -132,10 +132,10 @@ def preset(size: str = "full", corpus: str = "default", seed: int = 0, tokenizer
 
     - "quick": around the default budget (400 steps): learning rate ×3 and ×10, a constant schedule,
       weight decay off, unit init (larger q and k), pre-LN, half and the full budget's length;
-      with ``--reuse`` the full-length rows are the runs ``reproduce --full`` trained (then
-      about 50 minutes with -j 2 on a 2-core laptop CPU);
+      with ``--reuse`` the full-length rows are the runs ``reproduce --full`` trained;
     - "full": around the full budget (``reproduce --full``'s 1,200 steps), both directions where
-      an axis has them (learning rate ÷3, ×3 and ×10, both other inits, half and twice the length): hours;
+      an axis has them (learning rate ÷3, ×3 and ×10, both other inits, half and twice the length),
+      several times the quick one's runs and steps (what a study took: docs/setup-study.md);
     - "smoke": width 64, around the quick budget, two axes of one value each, 20 steps:
       a check that the study and its report section work, not a measurement.
 

@@ -26,7 +26,7 @@ Tolerances, and why:
   level; "over 5,000") must be established by the whole interval, and is
   "inconclusive" where the interval covers both answers. With one seed there is
   no interval and the figure alone decides: a gap of the wrong sign differs
-  however small it is. (Before, a band widened by 3 SE let a gap of the wrong
+  however small it is. (A band widened by 3 SE would let a gap of the wrong
   sign agree, and with 2 seeds 3 SE covers about 80%, not 99.7%.)
 - one convention for the dynamics: the course's figures are one head's, its
   first layer's, so every dynamics claim, at the start and at the end, reads
