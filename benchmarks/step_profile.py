@@ -28,7 +28,7 @@ import torch
 from attnscale.lm.data import batches, load_corpus
 from attnscale.lm.model import ModelConfig, TinyLM
 from attnscale.lm.presets import budget
-from attnscale.lm.recording import read_back, recording
+from attnscale.lm.step_measures import read_back, recording
 from attnscale.lm.train import _attention_impl
 from attnscale.core.device import resolve_precision
 

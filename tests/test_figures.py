@@ -12,12 +12,13 @@ import pytest
 import torch
 
 from attnscale.core import diagnostics as D
-from attnscale.core.hooks import record
+from attnscale.core.hooks import hooked
 from attnscale.core.scales import get_scale
 from attnscale.lm.checkpoint import comparable_config
 from attnscale.lm.data import Corpus
 from attnscale.lm.model import ModelConfig, TinyLM
-from attnscale.lm.recording import read_back, recording
+from attnscale.lm.step_measures import read_back, recording
+from reference import head_summary
 from attnscale.lm.train import TrainConfig, evaluate, train
 from attnscale.analysis import gaps as gap_tables
 from attnscale.analysis import schemes as sa
@@ -227,17 +228,13 @@ def test_a_row_whose_max_is_exactly_the_threshold_is_not_frozen():
     assert D.row_summary(p)["frozen_fraction"] == pytest.approx(1 / 3)
 
 
-def test_head_summary_and_pool_apply_the_same_strict_threshold():
-    p = _rows_at_threshold()  # as 3 rows of one head, each seeing 2 keys
-    pattern_BHTT = p[None, None]
-    scores_BHTT = torch.zeros_like(pattern_BHTT)
-    assert D.head_summary(scores_BHTT, pattern_BHTT)["frozen_fraction"] == [pytest.approx(1 / 3)]
-    pool = D.HeadPool(1)
-    pool.add(scores_BHTT, pattern_BHTT)
-    assert pool.result()["frozen_fraction"] == [pytest.approx(1 / 3)]
-    pool = D.HeadPool(1)
-    pool.add_rows(p[:, None, :])
-    assert pool.result()["frozen_fraction"] == [pytest.approx(1 / 3)]
+def test_the_reduction_applies_the_same_strict_threshold():
+    """A row's max weight exactly at the threshold is not frozen in the per-head reduction either: scores (0, 0)
+    give weights of exactly 1/2, (ln 3, 0) give 3/4; at threshold 1/2, one row of the two is frozen."""
+    from attnscale.capture.reduce import reduce_scores
+
+    scores_BHTT = torch.tensor([[[[0.0, 0.0], [math.log(3.0), 0.0]]]])
+    assert reduce_scores(scores_BHTT, threshold=0.5).measures()[3].tolist() == [0.5]
 
 
 def test_min_keys_and_frozen_head_share_by_value():
@@ -253,7 +250,7 @@ def test_min_keys_and_frozen_head_share_by_value():
 def test_recording_measures_the_first_four_sequences_of_a_larger_batch():
     model = _model()
     x_BT = _ids(6 * 8, seed=3).view(6, 8)
-    with record(model, ["*hook_scores", "*hook_pattern"]) as cache:
+    with hooked(model, ["*hook_scores", "*hook_pattern"]) as cache:
         model(x_BT)
     with recording(model, True, 0.99, TrainConfig().record_sequences) as rec:
         model(x_BT)
@@ -261,8 +258,8 @@ def test_recording_measures_the_first_four_sequences_of_a_larger_batch():
     assert TrainConfig().record_sequences == 4
     for layer in range(2):
         s, p = cache[f"blocks.{layer}.attn.hook_scores"], cache[f"blocks.{layer}.attn.hook_pattern"]
-        four = D.head_summary(s[:4], p[:4])
-        six = D.head_summary(s, p)
+        four = head_summary(s[:4], p[:4])
+        six = head_summary(s, p)
         assert row["spread"][layer] == pytest.approx(four["spread"], rel=1e-5)
         assert row["effective_words"][layer] == pytest.approx(four["effective_words"], rel=1e-5)
         assert row["spread"][layer] != pytest.approx(six["spread"], rel=1e-5)

@@ -17,7 +17,7 @@ from torch import nn
 from attnscale import watch
 from attnscale.core.diagnostics import COLLAPSED_WORDS, HEAD_MEASURES
 from reference import head_measures
-from attnscale.core.hooks import record
+from attnscale.core.hooks import hooked
 from attnscale.errors import ConfigError
 from attnscale.lm.model import ModelConfig, build_model
 from attnscale.capture.call import AttentionCall
@@ -51,7 +51,7 @@ class SDPAModel(nn.Module):
 
 def own_measures(model, ids):
     """head_measures on the scores and weights an attnscale model computes itself."""
-    with record(model, ["*hook_scores", "*hook_pattern"]) as cache, torch.no_grad():
+    with hooked(model, ["*hook_scores", "*hook_pattern"]) as cache, torch.no_grad():
         model(ids)
     n = model.cfg.n_layers
     return torch.stack([head_measures(cache[f"blocks.{i}.attn.hook_scores"], cache[f"blocks.{i}.attn.hook_pattern"])

@@ -3,7 +3,7 @@ import copy
 import pytest
 import torch
 
-from attnscale import Attention, record
+from attnscale import Attention, hooked
 from attnscale.core.attention import attend, build_mask, masked_softmax
 from attnscale.core.scales import SCALES
 
@@ -38,7 +38,7 @@ def test_padding_mask_same_in_both_paths_and_fully_masked_rows_are_zero():
     y1, y2 = explicit(x, keep), fused(x, keep)
     assert torch.isfinite(y1).all() and torch.isfinite(y2).all()
     torch.testing.assert_close(y1, y2, rtol=1e-5, atol=1e-5)
-    with record(explicit, ["hook_scores", "hook_pattern"]) as cache:
+    with hooked(explicit, ["hook_scores", "hook_pattern"]) as cache:
         explicit(x, keep)
     p = cache["hook_pattern"]
     assert (p[0, :, :, 4:] == 0).all() and (p[1] == 0).all()
@@ -57,7 +57,7 @@ def test_recording_forces_the_explicit_path_and_scores_are_scaled():
     torch.manual_seed(2)
     attn = Attention(16, 1, 64, scale="inv_sqrt_d", causal=False, impl="fused")
     x = torch.randn(1, 5, 16)
-    with record(attn, ["hook_q", "hook_k", "hook_scores"]) as c:
+    with hooked(attn, ["hook_q", "hook_k", "hook_scores"]) as c:
         attn(x)
     expected = c["hook_q"] @ c["hook_k"].transpose(-2, -1) / 8
     torch.testing.assert_close(c["hook_scores"], expected)
@@ -101,7 +101,7 @@ def _big_qk_attention():
 
 def test_fp16_autocast_scores_are_fp32_and_do_not_overflow():
     attn, x = _big_qk_attention()
-    with record(attn, ["hook_scores", "hook_pattern"]) as c, torch.autocast("cpu", dtype=torch.float16):
+    with hooked(attn, ["hook_scores", "hook_pattern"]) as c, torch.autocast("cpu", dtype=torch.float16):
         y = attn(x)
     scores = c["hook_scores"]
     assert scores.dtype == torch.float32 and y.dtype == torch.float16

@@ -761,13 +761,13 @@ def test_gpu_checkpoint_resumes_on_the_cpu(corpus, tmp_path):
 
 @cuda_only
 def test_gpu_fp16_scores_stay_finite():
-    from attnscale import Attention, record
+    from attnscale import Attention, hooked
 
     attn = Attention(4, 1, 4, scale="none", impl="explicit").cuda()
     with torch.no_grad():
         attn.q_proj.weight.fill_(50.0)
         attn.k_proj.weight.fill_(50.0)
-    with record(attn, ["hook_scores"]) as c, torch.autocast("cuda", dtype=torch.float16):
+    with hooked(attn, ["hook_scores"]) as c, torch.autocast("cuda", dtype=torch.float16):
         attn(torch.ones(1, 3, 4, device="cuda"))
     visible = torch.ones(3, 3, dtype=torch.bool, device="cuda").tril()
     assert (c["hook_scores"][0, 0][visible] == 160_000.0).all()

@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from attnscale import Attention, hook_names, record
+from attnscale import Attention, hook_names, hooked
 
 
 def test_hook_names_are_pinned():
@@ -11,14 +11,14 @@ def test_hook_names_are_pinned():
 def test_record_caches_and_always_removes_hooks():
     attn = Attention(16, 2, 8)
     x = torch.randn(3, 5, 16)
-    with record(attn, ["hook_scores", "hook_pattern"]) as cache:
+    with hooked(attn, ["hook_scores", "hook_pattern"]) as cache:
         attn(x)
         assert attn.recording
     assert set(cache) == {"hook_scores", "hook_pattern"}
     assert cache["hook_pattern"].shape == (3, 2, 5, 5)
     assert not attn.recording
     with pytest.raises(RuntimeError, match="boom"):
-        with record(attn, "hook_*"):
+        with hooked(attn, "hook_*"):
             raise RuntimeError("boom")
     assert not attn.recording and all(not m._forward_hooks for m in attn.modules())
 
@@ -26,12 +26,12 @@ def test_record_caches_and_always_removes_hooks():
 def test_record_with_fn_keeps_nothing():
     attn = Attention(16, 2, 8)
     seen = []
-    with record(attn, "hook_pattern", fn=lambda name, t: seen.append((name, t.shape))) as cache:
+    with hooked(attn, "hook_pattern", fn=lambda name, t: seen.append((name, t.shape))) as cache:
         attn(torch.randn(1, 4, 16))
     assert cache == {} and seen == [("hook_pattern", torch.Size([1, 2, 4, 4]))]
 
 
 def test_unknown_hook_pattern_is_an_error():
     with pytest.raises(ValueError, match="no hook point matches"):
-        with record(Attention(16, 2, 8), "blocks.*"):
+        with hooked(Attention(16, 2, 8), "blocks.*"):
             pass

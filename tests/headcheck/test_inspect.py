@@ -19,7 +19,7 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 from attnscale.cli import main
 from reference import head_summary
 from attnscale.errors import ConfigError
-from attnscale.core.hooks import record
+from attnscale.core.hooks import hooked
 from attnscale.headcheck.check import inspect_model
 from attnscale.headcheck.engine import InspectConfig
 from attnscale.headcheck.show import format_table, plot_heatmaps
@@ -54,7 +54,7 @@ def collect(store):
 def test_attnscale_model_matches_its_own_hooks_and_head_summary():
     model = tiny_lm()
     x = ids()
-    with record(model, ["*hook_scores", "*hook_pattern"]) as cache:
+    with hooked(model, ["*hook_scores", "*hook_pattern"]) as cache:
         model(x)
     seen = {}
     result = inspect_model(model, x, max_tokens=32, on_layer=collect(seen))

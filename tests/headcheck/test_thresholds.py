@@ -16,9 +16,9 @@ def test_shares_by_threshold_match_the_weights_recomputed_by_hand(tmp_path):
     got = frozen_by_threshold(tmp_path / "run", ids)
     assert got["thresholds"] == list(THRESHOLDS) and got["sequences"] == 6
     # by hand: the model's own attention weights through its hooks, rows that see 2 keys or more (rows 1 … 31)
-    from attnscale.core.hooks import record
+    from attnscale.core.hooks import hooked
 
-    with record(model) as cache, torch.no_grad():
+    with hooked(model) as cache, torch.no_grad():
         model(ids)
     patterns = [v for k, v in sorted(cache.items()) if k.endswith("hook_pattern")]
     assert len(patterns) == len(got["by_layer"]) == 2

@@ -5,7 +5,7 @@ import torch
 
 from attnscale.core.diagnostics import spread
 from attnscale.errors import ConfigError
-from attnscale.core.hooks import hook_names, record
+from attnscale.core.hooks import hook_names, hooked
 from attnscale.lm.model import ModelConfig, TinyLM, build_model
 
 
@@ -63,7 +63,7 @@ def test_hook_names_are_pinned():
 
 def test_recording_shapes_and_cleanup():
     model = TinyLM(tiny(n_heads=3, head_dim=5))
-    with record(model, ["*hook_scores", "*hook_pattern"]) as cache:
+    with hooked(model, ["*hook_scores", "*hook_pattern"]) as cache:
         model(torch.randint(0, 11, (2, 6)))
     assert cache["blocks.1.attn.hook_scores"].shape == (2, 3, 6, 6)
     assert cache["blocks.0.attn.hook_pattern"].sum(-1).allclose(torch.ones(2, 3, 6))
@@ -120,7 +120,7 @@ def test_tied_embeddings_share_one_tensor():
 
 def _first_spread(cfg: ModelConfig, seed=0) -> float:
     model = build_model(cfg, seed=seed)
-    with record(model, "blocks.0.attn.hook_scores") as cache:
+    with hooked(model, "blocks.0.attn.hook_scores") as cache:
         model(torch.randint(0, cfg.vocab_size, (8, cfg.context), generator=torch.Generator().manual_seed(0)))
     return float(spread(cache["blocks.0.attn.hook_scores"]))
 

@@ -7,7 +7,7 @@ import torch
 from attnscale.lm.data import Corpus, batches
 from reference import head_summary
 from attnscale.errors import ConfigError
-from attnscale.core.hooks import record
+from attnscale.core.hooks import hooked
 from attnscale.lm.model import ModelConfig, TinyLM
 from attnscale.lm.train import DIAGNOSTICS, TrainConfig, lr_at, train
 
@@ -58,7 +58,7 @@ def test_step0_record_is_the_fresh_model_on_the_first_batch(corpus):
     torch.manual_seed(0)
     model = TinyLM(mcfg())
     x_BT, _ = batches(corpus.train, 4, 8, torch.Generator().manual_seed(0))
-    with record(model, "blocks.1.attn.hook_*") as cache:
+    with hooked(model, "blocks.1.attn.hook_*") as cache:
         model(x_BT)
     want = head_summary(cache["blocks.1.attn.hook_scores"], cache["blocks.1.attn.hook_pattern"])
     assert res["history"][0]["spread"][1] == pytest.approx(want["spread"])
@@ -114,7 +114,7 @@ def test_deferred_recording_reads_the_device_once_per_step_and_gives_the_same_nu
     """On MPS (no float64) each layer's scores and weights wait on the device and travel to the
     CPU with the step's scalars in one transfer, instead of two per layer. Simulated here by
     deferring the CPU itself: the numbers are the same, and ``.cpu()`` runs once per recorded step."""
-    from attnscale.lm import recording
+    from attnscale.lm import step_measures
 
     cfg, model_cfg = tcfg(record_every=2, dtype=dtype), mcfg(impl="explicit")
     want = train(model_cfg, cfg, corpus)
@@ -126,7 +126,7 @@ def test_deferred_recording_reads_the_device_once_per_step_and_gives_the_same_nu
         return original(self, *a, **k)
 
     with monkeypatch.context() as m:
-        m.setattr(recording, "DEFERRED", ("cpu",))
+        m.setattr(step_measures, "DEFERRED", ("cpu",))
         m.setattr(torch.Tensor, "cpu", counted)
         got = train(model_cfg, cfg, corpus)
     assert _without_time(got) == _without_time(want)

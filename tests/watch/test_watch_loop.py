@@ -70,7 +70,7 @@ def test_the_last_record_equals_the_heads_measured_from_the_models_own_hook_poin
         probe = watch.probe
     last = read_log(tmp_path / "w.jsonl")[-1]
     model.eval()
-    with torch.no_grad(), hooks.record(model, ["blocks.*.attn.hook_scores", "blocks.*.attn.hook_pattern"]) as cache:
+    with torch.no_grad(), hooks.hooked(model, ["blocks.*.attn.hook_scores", "blocks.*.attn.hook_pattern"]) as cache:
         model(probe)
     for layer in range(2):
         want = head_summary(cache[f"blocks.{layer}.attn.hook_scores"], cache[f"blocks.{layer}.attn.hook_pattern"])

@@ -16,7 +16,7 @@ from torch import nn
 
 from attnscale.capture.call import AttentionCall, OnCall
 from attnscale.core.attention import Attention
-from attnscale.core.hooks import record
+from attnscale.core.hooks import hooked
 from attnscale.core.scales import ScoreScale
 from attnscale.errors import ConfigError
 
@@ -55,7 +55,7 @@ def capture_hooks(model: nn.Module, on_call: OnCall) -> Iterator[None]:
                               softcap=getattr(m.scale, "cap_value", None), cap=m.scale.cap if custom else None, name=name,
                               module=m))
 
-    with record(model, list(module_of), fn=fn):
+    with hooked(model, list(module_of), fn=fn):
         yield
 
 
@@ -77,5 +77,5 @@ def capture_weights(model: nn.Module, on_weights: Callable[[int, torch.Tensor, t
         else:
             on_weights(layer, scores.pop(layer), tensor)
 
-    with record(model, list(index), fn=fn):
+    with hooked(model, list(index), fn=fn):
         yield

@@ -1,8 +1,8 @@
-"""Named hook points and opt-in recording.
+"""Named hook points, and ``hooked``: opt-in hooks on them.
 
 Every tensor worth looking at passes through a ``HookPoint`` (an identity
 module), so its name mirrors the module tree: ``blocks.0.attn.hook_pattern``.
-Recording is a context manager that always removes its hooks, even on error
+``hooked`` is a context manager that always removes its hooks, even on error
 (after TransformerLens' ``hook_points.py``).
 """
 
@@ -15,7 +15,7 @@ from typing import Callable, Iterable, Iterator
 import torch
 from torch import nn
 
-__all__ = ["HookPoint", "hook_names", "record"]
+__all__ = ["HookPoint", "hook_names", "hooked"]
 
 
 class HookPoint(nn.Module):
@@ -36,12 +36,12 @@ def hook_names(model: nn.Module) -> list[str]:
 
 
 @contextlib.contextmanager
-def record(
+def hooked(
     model: nn.Module,
     names: str | Iterable[str] = "*",
     fn: Callable[[str, torch.Tensor], None] | None = None,
 ) -> Iterator[dict[str, torch.Tensor]]:
-    """Record the tensors at the hook points matching ``names`` (glob patterns).
+    """Hook the tensors at the hook points matching ``names`` (glob patterns).
 
     Without ``fn`` the detached tensors are stored in the yielded dict by hook
     name (the last forward pass wins). With ``fn`` each tensor is handed to

@@ -27,7 +27,7 @@ from attnscale.core.attention import masked_softmax
 from attnscale.core.diagnostics import FROZEN_THRESHOLD, describe_row, effective_words, row_summary
 from attnscale.errors import ConfigError
 from attnscale.experiments import check_head_dims_and_scales, head_dim_seed
-from attnscale.core.hooks import record
+from attnscale.core.hooks import hooked
 from attnscale.core.scales import display_name, get_scale
 from attnscale.terminal import table
 
@@ -82,7 +82,7 @@ def _model_pattern(head_dim: int, scale: str, cfg: FreshConfig) -> torch.Tensor:
     # sequences for ``cfg.sequences`` head-sequences, as many rows as ``unit`` has
     n_seq = -(-cfg.sequences // mcfg.n_heads)
     idx_ST = torch.randint(0, _MODEL_VOCAB, (n_seq, cfg.words), generator=gen)
-    with torch.no_grad(), record(block.attn, "hook_pattern") as cache:
+    with torch.no_grad(), hooked(block.attn, "hook_pattern") as cache:
         x_STC = model.tok_emb(idx_ST) + model.pos_emb(torch.arange(cfg.words))
         block.attn(block.ln1(x_STC) if mcfg.norm == "pre" else x_STC)
     return cache["hook_pattern"].flatten(0, 1)[: cfg.sequences]

@@ -3,7 +3,7 @@
 ``train(model_cfg, train_cfg, corpus)`` trains ``TinyLM`` with AdamW, a linear
 warm-up then cosine decay, and gradient clipping, and returns a plain dict.
 Every ``record_every`` steps (and at step 0, before any update) the forward
-pass of the training step itself is recorded (``lm.recording``); the step-0
+pass of the training step itself is recorded (``lm.step_measures``); the step-0
 figures are therefore those of the freshly initialised model on a training
 batch. The loop is a few named steps: ``_build`` (device, precision, model,
 optimiser), ``_resume`` (from a ``lm.checkpoint.Checkpoint``), ``_step`` (one
@@ -43,12 +43,12 @@ import torch
 
 from attnscale.lm.data import batches, check_length, eval_batches
 from attnscale.core import device as dev
-from attnscale.core.diagnostics import FROZEN_THRESHOLD
+from attnscale.core.diagnostics import FROZEN_THRESHOLD, measuring_device
 from attnscale.errors import ConfigError
 from attnscale.core.scales import get_scale
 from attnscale.lm.checkpoint import Checkpoint, comparable_config, run_config, save_weights
 from attnscale.lm.model import ModelConfig, TinyLM
-from attnscale.lm.recording import DIAGNOSTICS, read_back, recording, summarize
+from attnscale.lm.step_measures import DIAGNOSTICS, read_back, recording, summarize
 
 __all__ = ["TrainConfig", "train", "run_config", "comparable_config", "save_weights", "lr_at", "evaluate", "sum_dtype", "DIAGNOSTICS", "summarize"]
 
@@ -170,8 +170,9 @@ def _threads(n: int | None):
 
 
 def sum_dtype(device: torch.device) -> torch.dtype:
-    """The dtype of the held-out loss's running sum: float64, but float32 on MPS, which has no float64."""
-    return torch.float32 if device.type == "mps" else torch.float64
+    """The dtype of the held-out loss's running sum: float64 where the device has it (``measuring_device``),
+    float32 on MPS."""
+    return torch.float64 if measuring_device(device) is device else torch.float32
 
 
 def evaluate(model: TinyLM, ids: torch.Tensor, batch: int, max_batches: int | None,

@@ -25,7 +25,7 @@ from attnscale.lm.model import TinyLM
 __all__ = ["DIAGNOSTICS", "Recorder", "recording", "read_back", "summarize"]
 
 DIAGNOSTICS = HEAD_MEASURES  # recorded per layer and head, in the reduction's order
-# Devices whose layers wait for the read-back to be reduced on the CPU (no float64 there).
+# Devices whose layers wait for the read-back to be reduced on the CPU (``measuring_device``: no float64 there).
 DEFERRED = ("mps",)
 
 
