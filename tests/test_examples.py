@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from attnscale.watch.record import read_log
+from attnscale.watch.logs.line import read_log
 from watch_readers import tensorboard_scalars
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"

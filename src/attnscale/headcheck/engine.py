@@ -136,14 +136,17 @@ class HeadCheck:
         self._device: torch.device | None = None
         self._sums: dict[tuple[int, str], HeadSums] = {}
 
-    def add(self, index: int, layer: Layer, q_BHTD: torch.Tensor, k_BKTD: torch.Tensor, mask_B1TT: torch.Tensor) -> None:
+    def add(self, index: int, layer: Layer, q_BHTD: torch.Tensor, k_BKTD: torch.Tensor, mask_B1TT: torch.Tensor,
+            bias: torch.Tensor | None = None) -> None:
         """Scores and weights of layer ``index`` under the model's scale and each
-        what-if, reduced to per-head sums at once."""
+        what-if, reduced to per-head sums at once. ``bias`` (a position bias, e.g. T5's or ALiBi's) enters
+        the weights under every scheme, never the scores."""
         self.layers[index] = layer
         if self._device is None:  # one device for every layer (a model spread over GPUs), the CPU for MPS (no float64)
             self._device = torch.device(measuring_device(q_BHTD.device))
         q_BHTD, k_BKTD, mask_B1TT = (t.to(self._device) for t in (q_BHTD, k_BKTD, mask_B1TT))
-        call = AttentionCall(q_BHTD, k_BKTD, mask=mask_B1TT, cap=layer.cap)  # GQA's groups read as repeat_kv does
+        bias = None if bias is None else bias.to(self._device)
+        call = AttentionCall(q_BHTD, k_BKTD, mask=mask_B1TT, cap=layer.cap, bias=bias)  # GQA read as repeat_kv does
         factors = {MODEL: layer.factor, **{w: get_scale(w, layer.head_dim).factor() for w in self.cfg.what_ifs}}
         for scheme, factor in factors.items():
             sums = self._sums.setdefault((index, scheme), HeadSums(layer.heads, self.cfg.threshold, self._device))

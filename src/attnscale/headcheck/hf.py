@@ -221,7 +221,7 @@ def inspect(model, tokenizer, texts, cfg: InspectConfig, on_layer: OnLayer | Non
             describe_scale(module, factor, q_BHTD.shape[-1]), float(cap) if cap else None, type(module).__name__,
         )
         with torch.no_grad():
-            check.add(i, layer, q_BHTD, k_BKTD, mask)
+            check.add(i, layer, q_BHTD, k_BKTD, mask, call.bias_rows())
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     from attnscale.capture.hf import capture_hf  # needs transformers

@@ -5,7 +5,7 @@ or with several changed together: a combined axis, its axes joined by ``+`` in
 ``AXES`` order ("schedule+weight_decay"), whose value is the tuple of theirs.
 These names sit beside the presets, below every reader: the study that trains
 the setups (``experiments.setup_study``), the command line that takes ``--axis``,
-and the report that reads the runs back (``report.setup_analysis``). A run's
+and the report that reads the runs back (``analysis.setups``). A run's
 axis is its record group, ``study:<axis>`` (``study:base`` for the base setup);
 its value is read from its recorded config (``value_of``)."""
 
