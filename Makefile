@@ -9,8 +9,9 @@ BIN := $(VENV)/bin
 OUT ?= attnscale-out
 TORCH ?= torch==2.13.0
 TORCH_INDEX ?=
-# two pytest workers, each taking whole test files (a file's fixtures, e.g. its Ray instance, stay in one process)
-TEST_WORKERS ?= -n 2 --dist loadfile
+# two pytest workers, each taking whole test files (a file's fixtures, e.g. its Ray instance, stay in one process),
+# in the order tests/conftest.py gives them (the longest files first), not by their number of tests
+TEST_WORKERS ?= -n 2 --dist loadfile --no-loadscope-reorder
 
 .PHONY: setup setup-dev reproduce test test-all mutation bench clean
 

@@ -1,6 +1,9 @@
 """The benchmark scripts under benchmarks/, loaded as modules so that tests can call their functions."""
 
 import importlib.util
+import os
+import subprocess
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -13,3 +16,11 @@ def load_benchmark(name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def run_bench(name: str, *args: str, timeout: int = 300) -> str:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run([sys.executable, str(BENCH / name), *args], capture_output=True, text=True,
+                          timeout=timeout, env=env)
+    assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    return proc.stdout

@@ -16,3 +16,21 @@ def test_a_missing_chromium_is_told_how_to_get(tmp_path, reason, told):
                          capture_output=True, text=True, timeout=120, cwd=tmp_path).stdout
     assert "1 skipped" in out
     assert ("sudo apt-get install -y chromium" in out) is told
+
+
+def test_the_longest_files_come_first_and_every_one_named_exists():
+    import conftest
+
+    here = Path(conftest.__file__).parent
+    assert [name for name in conftest.LONGEST_FIRST if not (here / name).is_file()] == []
+
+    class Item:
+        def __init__(self, rel):
+            self.fspath = here / rel
+
+    items = [Item("core/test_hooks.py"), Item("report/test_report.py"), Item("core/test_scales.py"),
+             Item("runs/test_ray_executor.py"), Item("report/test_report.py")]
+    conftest.pytest_collection_modifyitems(None, items)
+    assert [Path(i.fspath).relative_to(here).as_posix() for i in items] == [
+        "runs/test_ray_executor.py", "report/test_report.py", "report/test_report.py", "core/test_hooks.py",
+        "core/test_scales.py"]

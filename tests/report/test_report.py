@@ -141,6 +141,7 @@ def test_all_experiments(tmp_path):
     assert "seeds" in md and "wikitext-2" in md and "torch=2.13.0" in md
 
 
+@pytest.mark.usefixtures("words_only")  # reads the words; figures are rendered elsewhere
 def test_strings_from_records_are_escaped(tmp_path):
     paths = report.build(write_runs(tmp_path / "runs", corpus=XSS), tmp_path / "out")
     html_text, md = paths["html"].read_text(), paths["markdown"].read_text()
@@ -164,6 +165,7 @@ def test_no_records_is_a_one_line_config_error(tmp_path):
     assert not (tmp_path / "report").exists()
 
 
+@pytest.mark.usefixtures("words_only")  # reads the words; figures are rendered elsewhere
 def test_bad_and_partial_records_are_noted_not_fatal(tmp_path):
     runs = write_runs(tmp_path / "runs", training=False)
     (runs / "broken").mkdir()
@@ -231,6 +233,7 @@ def _top(md: str) -> tuple[str, str, str]:
     return lines[0], lines[board], lines[banner]
 
 
+@pytest.mark.usefixtures("words_only")  # reads the words; figures are rendered elsewhere
 def test_the_first_lines_are_the_scoreboard_then_the_preset(tmp_path):
     runs = write_runs(tmp_path / "runs")
     title, board, banner = _top(report.build(runs, tmp_path / "custom")["markdown"].read_text())
@@ -270,6 +273,7 @@ def test_the_first_lines_are_the_scoreboard_then_the_preset(tmp_path):
     assert "the scaled run is ahead" in head
 
 
+@pytest.mark.usefixtures("words_only")  # reads the words; figures are rendered elsewhere
 def test_each_stage_shows_its_own_budget_from_its_records(tmp_path):
     runs = write_runs(tmp_path / "runs")
     _as_preset(runs, "default")
@@ -284,6 +288,7 @@ def test_each_stage_shows_its_own_budget_from_its_records(tmp_path):
     assert table[3] == "| 5. width sweep | 16 | 60 | 32 | 16 | 2 | 32 to 1,024 | 3e-3 |", table[3]
 
 
+@pytest.mark.usefixtures("words_only")  # reads the words; figures are rendered elsewhere
 def test_runs_shared_by_two_stages_are_counted_once(tmp_path):
     runs = write_runs(tmp_path / "runs")
     n = sum(1 for _ in runs.rglob("record.json")) - 2  # two of the sweep's become copies
@@ -300,6 +305,7 @@ def test_runs_shared_by_two_stages_are_counted_once(tmp_path):
     assert md.count("; a copy of dynamics/d1024-") == 2 and md.count("(not retrained)") == 2
 
 
+@pytest.mark.usefixtures("words_only")  # reads the words; figures are rendered elsewhere
 def test_environments_that_differ_only_in_threads_are_one_line(tmp_path):
     runs = write_runs(tmp_path / "runs")
     for i, path in enumerate(sorted(runs.rglob("record.json"))):
@@ -311,6 +317,7 @@ def test_environments_that_differ_only_in_threads_are_one_line(tmp_path):
     assert len(envs) == 1 and "torch_threads=1 or 2 (threads per process" in envs[0]
 
 
+@pytest.mark.usefixtures("words_only")  # reads the words; figures are rendered elsewhere
 def test_numbers_are_right_aligned_with_one_precision_per_column(tmp_path):
     md = report.build(write_runs(tmp_path / "runs"), tmp_path / "out")["markdown"].read_text()
     lines = md.splitlines()
@@ -321,6 +328,7 @@ def test_numbers_are_right_aligned_with_one_precision_per_column(tmp_path):
     assert not re.search(r"&[#\w]+;", md)
 
 
+@pytest.mark.usefixtures("words_only")  # reads the words; figures are rendered elsewhere
 def test_precision_and_native_bf16_are_said_for_the_machine_and_every_run(tmp_path):
     runs = write_runs(tmp_path / "runs")
     for path in runs.rglob("record.json"):
@@ -347,6 +355,7 @@ def test_precision_and_native_bf16_are_said_for_the_machine_and_every_run(tmp_pa
     assert "<details><summary>Every run (" in page and "<details open" not in page
 
 
+@pytest.mark.usefixtures("words_only")  # reads the words; figures are rendered elsewhere
 def test_schemes_read_as_readers_name_them(tmp_path):
     md = report.build(write_runs(tmp_path / "runs"), tmp_path / "out")["markdown"].read_text()
     assert "| width d | ppl 1/√d | ppl none | gap |" in md
@@ -354,6 +363,7 @@ def test_schemes_read_as_readers_name_them(tmp_path):
     assert "| inv_sqrt_d |" not in md
 
 
+@pytest.mark.usefixtures("words_only")  # reads the words; figures are rendered elsewhere
 def test_no_absolute_path_of_this_machine_reaches_the_report(tmp_path):
     runs = write_runs(tmp_path / "runs")
     src = runs / "dynamics" / "d1024-none-s0"
