@@ -141,11 +141,11 @@ def test_choice_of_capture():
         def forward(self, x):
             return x
 
-    assert choose(tiny()) == "hooks" and choose(SDPAModel()) == "sdpa"
+    assert choose(tiny()) == "hooks" and choose(SDPAModel()) == "functions"  # SDPA, flex_attention, flash-attn
     assert choose(tiny(), adapter=watch.Adapter("x", lambda *a: None)) == "adapter"
     assert choose(tiny(), "sdpa") == "sdpa"
     with pytest.raises(ConfigError, match="capture must be one of"):
-        choose(tiny(), "flash")
+        choose(tiny(), "xformers")
     with pytest.raises(ConfigError, match="needs an adapter"):
         choose(tiny(), "adapter")
     with pytest.raises(ConfigError, match="no attention call") as e:
@@ -250,7 +250,8 @@ def test_attention_call_reads_like_sdpa():
 
 
 def test_import_watch_does_not_import_transformers():
-    code = "import sys, attnscale.watch as w; w.measure, w.Watch; assert 'transformers' not in sys.modules"
+    code = ("import sys, attnscale.watch as w; w.measure, w.Watch; assert 'transformers' not in sys.modules; "
+            "assert 'torch.nn.attention.flex_attention' not in sys.modules and 'flash_attn' not in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
 
 

@@ -6,8 +6,9 @@ The floor below the watch, training's step measures and inspect, above ``core``:
 - ``call``: ``AttentionCall`` and the visible-key rule (``HIDDEN_AT``);
 - the captures, each a context manager that hands every call of a forward to ``on_call``:
   ``own`` (attnscale's models), ``hf`` (transformers' AttentionInterface; imports transformers
-  when entered), ``sdpa`` (``scaled_dot_product_attention``), ``adapter`` (anything else);
-  ``route`` picks one;
+  when entered), ``sdpa`` (``scaled_dot_product_attention``), ``flex`` (flex_attention, with its
+  score_mod and block mask), ``flash`` (flash-attn's functions, varlen included), ``adapter``
+  (anything else); ``intercept`` is what the captures of functions share; ``route`` picks one;
 - ``reduce``: ``HeadSums`` and ``reduce_call``, the only code that computes the head measures;
 - ``probe``: one forward, every call reduced (``measure_heads``), ``stats``: its ``HeadStats``;
 - ``ranks``: the same numbers across ``torch.distributed`` ranks, in one collective.

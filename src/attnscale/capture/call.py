@@ -12,6 +12,13 @@ excludes it, or where an additive mask holds -inf or any value at or below
 visible one (e^-10,000 underflows even float64), so reading it as hidden loses
 nothing of the weights, and keeps the fill out of every score measure. Additive
 values above the line are a bias: they enter the weights, never the scores.
+
+A flex_attention ``score_mod`` mixes the two (ALiBi, a soft-cap, a mask written
+as -inf): its output is what the weights read, and the score measures read the
+score before it. Where it takes a key's logit to -inf, or 10,000 or more below
+the score, that key is hidden, by the same line. An attention ``sink`` (a learned
+logit per head in the softmax's denominator, as gpt-oss has) is no key and no
+score: it takes weight from every row and nothing else.
 """
 
 from __future__ import annotations
@@ -38,14 +45,17 @@ def split_mask(mask: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Te
     return visible, bias if bool(bias.any()) else None
 
 
-def _rows(x: torch.Tensor | None, rows, T: int, keys: slice = slice(None), S: int = 0) -> torch.Tensor | None:
-    """``x`` (broadcastable to B×H×T×S, fewer dims padded in front) cut to query rows ``rows`` and keys ``keys``."""
+def _rows(x: torch.Tensor | None, rows, T: int, keys: slice = slice(None), S: int = 0, seqs: slice = slice(None),
+          heads: slice = slice(None)) -> torch.Tensor | None:
+    """``x`` (broadcastable to B×H×T×S, fewer dims padded in front) cut to query rows ``rows``, keys ``keys``,
+    sequences ``seqs`` and query heads ``heads`` (a dim of 1 broadcasts and stays)."""
     if x is None:
         return None
     while x.ndim < 4:
         x = x[None]
     x = x[:, :, rows] if x.shape[2] == T and T > 1 else x
-    return x[..., keys] if x.shape[3] == S and S > 1 else x
+    x = x[..., keys] if x.shape[3] == S and S > 1 else x
+    return x[seqs if x.shape[0] > 1 else slice(None), heads if x.shape[1] > 1 else slice(None)]
 
 
 @dataclass(frozen=True, eq=False)  # tensors inside: compared by identity
@@ -64,7 +74,14 @@ class AttentionCall:
     function (b, h, q_idx, kv_idx) -> bool as flex_attention takes it, read a
     block at a time. ``softcap``: c·tanh(s/c) after the scale; ``cap``: any
     other squash (it wins over ``softcap``). ``bias``: added to the scores after
-    the cap (a position bias). ``name``: where the call came from, for the
+    the cap (a position bias); ``bias_mod``: the same as a function
+    (b, h, q_idx, kv_idx) -> float, read a block at a time (flash-attn's ALiBi,
+    never a T×S tensor). ``score_mod``: a function (score, b, h, q_idx, kv_idx)
+    -> logit as flex_attention takes it, applied to the score (after the cap),
+    before the bias: it enters the weights, never the score measures.
+    ``sink``: a logit per query head (H,) added to every row's softmax
+    denominator as one more entry that is no key (``HeadSums`` says what the
+    row measures make of it). ``name``: where the call came from, for the
     reader; ``module``: the module that made it, where the capture knows it."""
 
     q: torch.Tensor
@@ -80,6 +97,9 @@ class AttentionCall:
     diagonal: int = 0
     window: int | None = None
     mask_mod: Callable | None = None
+    score_mod: Callable | None = None
+    sink: torch.Tensor | None = None
+    bias_mod: Callable | None = None
 
     @property
     def heads(self) -> int:
@@ -101,16 +121,28 @@ class AttentionCall:
             return lambda s, c=float(self.softcap): c * torch.tanh(s / c)
         return None
 
-    def visible(self, rows=slice(None), device=None, keys: slice = slice(None)) -> torch.Tensor | None:
-        """Which of ``keys`` the query rows ``rows`` (a slice or index tensor) see: boolean, broadcastable to
-        B×H×R×K (None: every key)."""
+    def indices(self, rows=slice(None), device=None, keys: slice = slice(None), seqs: slice = slice(None),
+                heads: slice = slice(None)) -> tuple[torch.Tensor, ...]:
+        """(b, h, q_idx, kv_idx) of sequences ``seqs``, query heads ``heads``, rows ``rows`` (a slice or index
+        tensor) and ``keys``, shaped to broadcast to B×H×R×K: what a mask_mod, bias_mod or score_mod reads."""
+        device = self.q.device if device is None else device
+        B, H, T, S = self.q.shape[0], self.q.shape[1], self.q.shape[-2], self.k.shape[-2]
+        b = torch.arange(B, device=device)[seqs][:, None, None, None]
+        h = torch.arange(H, device=device)[heads][None, :, None, None]
+        r = torch.arange(T, device=device)[rows][None, None, :, None]
+        return b, h, r, torch.arange(S, device=device)[keys][None, None, None, :]
+
+    def visible(self, rows=slice(None), device=None, keys: slice = slice(None), seqs: slice = slice(None),
+                heads: slice = slice(None)) -> torch.Tensor | None:
+        """Which of ``keys`` the query rows ``rows`` (a slice or index tensor) of sequences ``seqs`` and query
+        heads ``heads`` see: boolean, broadcastable to B×H×R×K over those (None: every key)."""
         T, S = self.q.shape[-2], self.k.shape[-2]
         device = self.q.device if device is None else device
-        r = torch.arange(T, device=device)[rows]
-        j = torch.arange(S, device=device)[keys]
+        b, h, q_idx, kv_idx = self.indices(rows, device, keys, seqs, heads)
+        r, j = q_idx[0, 0, :, 0], kv_idx[0, 0, 0]
         out = None
         if self.mask is not None:
-            out = _rows(self.mask, rows, T, keys, S).to(device)
+            out = _rows(self.mask, rows, T, keys, S, seqs, heads).to(device)
             out = out if out.dtype == torch.bool else out > HIDDEN_AT
         if self.is_causal or self.window is not None:
             i = r[:, None] + self.diagonal
@@ -119,10 +151,7 @@ class AttentionCall:
                 structure = structure & (i - j[None, :] < self.window)
             out = structure[None, None] if out is None else out & structure
         if self.mask_mod is not None:
-            B, H = self.q.shape[0], self.q.shape[1]
-            b = torch.arange(B, device=device)[:, None, None, None]
-            h = torch.arange(H, device=device)[None, :, None, None]
-            seen = self.mask_mod(b, h, r[None, None, :, None], j[None, None, None, :]).bool()
+            seen = self.mask_mod(b, h, q_idx, kv_idx).bool()
             out = seen if out is None else out & seen
         return out
 
@@ -134,14 +163,19 @@ class AttentionCall:
         start = max(0, first_row + self.diagonal - self.window + 1) if self.window is not None else 0
         return slice(min(start, stop), stop)
 
-    def bias_rows(self, rows=slice(None), device=None, keys: slice = slice(None)) -> torch.Tensor | None:
+    def bias_rows(self, rows=slice(None), device=None, keys: slice = slice(None), seqs: slice = slice(None),
+                  heads: slice = slice(None)) -> torch.Tensor | None:
         """What is added to the scores of query rows ``rows`` at ``keys`` over their visible keys, float32,
-        broadcastable to B×H×R×K: ``bias`` plus the part of an additive mask above ``HIDDEN_AT`` (None: nothing)."""
+        broadcastable to B×H×R×K (of ``seqs`` and ``heads``): ``bias``, ``bias_mod``'s, and the part of an
+        additive mask above ``HIDDEN_AT`` (None: nothing)."""
         T, S = self.q.shape[-2], self.k.shape[-2]
         device = self.q.device if device is None else device
-        out = None if self.bias is None else _rows(self.bias, rows, T, keys, S).to(device).float()
+        out = None if self.bias is None else _rows(self.bias, rows, T, keys, S, seqs, heads).to(device).float()
+        if self.bias_mod is not None:
+            part = torch.as_tensor(self.bias_mod(*self.indices(rows, device, keys, seqs, heads)), device=device).float()
+            out = part if out is None else out + part
         if self.mask is not None and self.mask.dtype != torch.bool:
-            m = _rows(self.mask, rows, T, keys, S).to(device)
+            m = _rows(self.mask, rows, T, keys, S, seqs, heads).to(device)
             part = m.masked_fill(m <= HIDDEN_AT, 0).float()
             if bool(part.any()):
                 out = part if out is None else out + part
@@ -149,8 +183,8 @@ class AttentionCall:
 
     def has_bias(self) -> bool:
         """True where something beside q·kᵀ enters the scores: a bias, or an additive mask with values
-        other than 0 over the keys it leaves visible."""
-        return self.bias is not None or (self.mask is not None and self.mask.dtype != torch.bool
+        other than 0 over the keys it leaves visible (a ``score_mod`` is told apart: it may be anything)."""
+        return self.bias is not None or self.bias_mod is not None or (self.mask is not None and self.mask.dtype != torch.bool
                                          and bool(((self.mask > HIDDEN_AT) & (self.mask != 0)).any()))
 
 

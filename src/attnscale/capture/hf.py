@@ -21,18 +21,28 @@ The mask is read in the format the implementation gets: sdpa's boolean mask
 (None when ``is_causal`` alone says it: then causal), eager's additive float
 mask (None: no mask), flash's 2-D padding mask with the module's ``is_causal``
 and ``sliding_window`` (flash is read as transformers documents it; it is not
-installed where the tests run), flex_attention's BlockMask through its
-``mask_mod``. A ``position_bias`` is added to the scores. Not read: learned
-attention sinks (``s_aux``), which take weight from every row.
+installed where the tests run), flex_attention's BlockMask as its kernels read
+it (``flex.block_mask_mod``). A ``position_bias`` is added to the scores; a
+learned attention sink (``s_aux``, gpt-oss) is read as the call's ``sink``.
+
+Packed sequences (several documents in one row, as ``DataCollatorWithFlattening``
+makes them): transformers builds the block-diagonal mask itself for sdpa, eager
+and flex from ``position_ids`` that restart, and the mask is read as above. The
+flash implementations get no mask: they run flash-attn's varlen function over
+the flattened tokens, cut at ``cu_seq_lens_q``/``cu_seq_lens_k`` where the
+caller gave them (with ``max_length_q``/``max_length_k``), else where
+``position_ids`` restart in a batch of one row; the call is read the same way
+(``flash.packed``: a document never sees another, and each one's rows count
+once).
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import os
 import sys
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -41,14 +51,15 @@ from torch import nn
 
 from attnscale.errors import ConfigError
 from attnscale.capture.call import AttentionCall, OnCall, named
-from attnscale.capture.sdpa import paused
+from attnscale.capture.flash import cu_from_positions, packed
+from attnscale.capture.flex import block_mask_mod
+from attnscale.capture.intercept import install, installed, paused
 
 __all__ = ["capture_hf", "hf_call", "implementations"]
 
 # (on_call, {id(module): name}) of the capture in progress in this context, or None.
 _ACTIVE: contextvars.ContextVar[tuple[OnCall, dict[int, str]] | None] = contextvars.ContextVar(
     "attnscale_watch_hf", default=None)
-_WRAPPED = "__attnscale_watch_wraps__"
 
 
 def _transformers():
@@ -85,21 +96,41 @@ def hf_call(module: nn.Module, impl: str, query: torch.Tensor, key: torch.Tensor
     scaling, softcap = kwargs.get("scaling"), kwargs.get("softcap")
     is_causal = kwargs.get("is_causal")
     is_causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
-    bias = kwargs.get("position_bias")
+    bias, sink = kwargs.get("position_bias"), kwargs.get("s_aux")
     read = dict(scale=scaling, softcap=softcap, bias=bias.float() if isinstance(bias, torch.Tensor) else None, name=name,
-                module=module)
-    if "flash" in impl:  # a 2-D padding mask of the keys (B×S), causal aligned bottom-right, a sliding window
-        mask = attention_mask
+                module=module, sink=sink.detach().float() if isinstance(sink, torch.Tensor) else None)
+    if "flash" in impl:
+        window = kwargs.get("sliding_window")
+        cu = _documents(query.shape[0], attention_mask, kwargs)
+        if cu is not None:  # varlen over the flattened tokens, causal bottom-right within each document
+            reach = -1 if window is None else window - 1  # transformers' window of w: (w - 1, w - 1) to flash-attn
+            mask_mod, _ = packed(*cu, causal=is_causal, window_size=(reach, reach))
+            flat = [x.transpose(0, 1).reshape(x.shape[1], -1, x.shape[-1])[None] for x in (query, key)]
+            return AttentionCall(*flat, mask_mod=mask_mod, **read)
+        mask = attention_mask  # a 2-D padding mask of the keys (B×S), causal aligned bottom-right, a sliding window
         if isinstance(mask, torch.Tensor) and mask.ndim == 2:
             mask = mask.bool()[:, None, None, :]
-        return AttentionCall(query, key, mask=mask, is_causal=is_causal and T > 1, diagonal=S - T,
-                             window=kwargs.get("sliding_window"), **read)
+        return AttentionCall(query, key, mask=mask, is_causal=is_causal and T > 1, diagonal=S - T, window=window,
+                             **read)
     if isinstance(attention_mask, torch.Tensor):
         return AttentionCall(query, key, mask=attention_mask, **read)
     if attention_mask is not None and hasattr(attention_mask, "mask_mod"):  # flex_attention's BlockMask
-        return AttentionCall(query, key, mask_mod=attention_mask.mask_mod, **read)
+        return AttentionCall(query, key, mask_mod=block_mask_mod(attention_mask), **read)
     # sdpa and its kin: no mask means is_causal alone says it; eager: no mask, every key
     return AttentionCall(query, key, is_causal=impl != "eager" and is_causal and T > 1, **read)
+
+
+def _documents(batch: int, attention_mask, kwargs: dict) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Where transformers' flash path cuts the flattened tokens into documents: (cu_seq_lens_q, cu_seq_lens_k),
+    or None where it runs the plain function (or unpads a 2-D mask, which is read as a mask)."""
+    if attention_mask is not None:
+        return None
+    given = [kwargs.get(n) for n in ("cu_seq_lens_q", "cu_seq_lens_k", "max_length_q", "max_length_k")]
+    if all(x is not None for x in given):
+        return given[0], given[1]
+    position_ids = kwargs.get("position_ids")
+    cu = cu_from_positions(position_ids) if isinstance(position_ids, torch.Tensor) and batch == 1 else None
+    return None if cu is None else (cu, cu)
 
 
 def _wrap(original, impl: str):
@@ -111,7 +142,6 @@ def _wrap(original, impl: str):
         with paused():  # an SDPA interception in the same probe does not read this call twice
             return original(module, query, key, value, attention_mask, *args, **kwargs)
 
-    setattr(attention, _WRAPPED, original)
     attention.__name__ = getattr(original, "__name__", "attention")
     attention.__doc__ = getattr(original, "__doc__", None)
     return attention
@@ -132,57 +162,27 @@ def _modeling_files(model: nn.Module) -> list[Any]:
     return [sys.modules[n] for n in sorted(names) if n in sys.modules]
 
 
-# The wrappers in place: (where, name) -> [probes using it, how to put the original back]. Probes
-# in several threads (or nested) share one wrapper; the last one out puts the original back.
-_INSTALLED: dict[tuple[int, str], list] = {}
-_LOCK = threading.Lock()
-
-
-def _install(where: Any, name: str, impl: str, get, put, drop) -> tuple[int, str] | None:
-    """Wrap the function of implementation ``impl`` that ``get()`` reads at ``name`` in ``where``
-    (``put`` sets a function there, ``drop`` puts the original back), or join the wrapper there."""
-    key = (id(where), name)
-    with _LOCK:
-        if key in _INSTALLED:
-            _INSTALLED[key][0] += 1
-            return key
-        original = get()
-        if not callable(original) or hasattr(original, _WRAPPED):
-            return None
-        put(_wrap(original, impl))
-        _INSTALLED[key] = [1, lambda: drop(original)]
-        return key
-
-
-def _release(key: tuple[int, str]) -> None:
-    with _LOCK:
-        entry = _INSTALLED[key]
-        entry[0] -= 1
-        if entry[0] == 0:
-            del _INSTALLED[key]
-            entry[1]()
-
-
 @contextlib.contextmanager
 def capture_hf(model: nn.Module, on_call: OnCall) -> Iterator[None]:
     """Every AttentionInterface call of ``model`` made inside, handed to ``on_call``
     before the model's own function runs (see the module's docstring)."""
     transformers = _transformers()
-    keys = []
-    try:
+    keys: list = []
+    with installed(keys):
         for impl in sorted(implementations(model)):
+            wrap = functools.partial(_wrap, impl=impl)
             if impl == "eager":  # not in the interface: each modeling file's own function
                 for module in _modeling_files(model):
                     if callable(getattr(module, "eager_attention_forward", None)):
-                        keys.append(_install(
-                            module, "eager_attention_forward", impl, lambda m=module: m.eager_attention_forward,
+                        keys.append(install(
+                            module, "eager_attention_forward", wrap, lambda m=module: m.eager_attention_forward,
                             lambda f, m=module: setattr(m, "eager_attention_forward", f),
                             lambda f, m=module: setattr(m, "eager_attention_forward", f)))
                 continue
             for interface in _interfaces(model, transformers):
                 if impl in interface:  # the instance's own entry, over the class-wide one
-                    keys.append(_install(
-                        interface, impl, impl, lambda i=interface, n=impl: i[n],
+                    keys.append(install(
+                        interface, impl, wrap, lambda i=interface, n=impl: i[n],
                         lambda f, i=interface, n=impl: i.__setitem__(n, f),
                         lambda f, i=interface, n=impl: _put_back(i, n, f)))
         token = _ACTIVE.set((on_call, named(model.named_modules())))
@@ -190,10 +190,6 @@ def capture_hf(model: nn.Module, on_call: OnCall) -> Iterator[None]:
             yield
         finally:
             _ACTIVE.reset(token)
-    finally:
-        for key in reversed(keys):
-            if key is not None:
-                _release(key)
 
 
 def _put_back(interface, impl: str, original) -> None:

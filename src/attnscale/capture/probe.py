@@ -203,8 +203,8 @@ def measure_heads(model: nn.Module, batch: Any, *, threshold: float = FROZEN_THR
     if not layers.sums:
         raise ConfigError(
             f"no attention call of {type(model).__name__} was seen (capture {kind!r}); the model must use attnscale's "
-            "Attention, transformers' AttentionInterface or torch.nn.functional.scaled_dot_product_attention, "
-            "or be measured with adapter=attnscale.watch.Adapter(modules, read)")
+            "Attention, transformers' AttentionInterface, torch.nn.functional.scaled_dot_product_attention, "
+            "flex_attention or flash-attn's flash_attn_func, or be measured with adapter=attnscale.watch.Adapter(modules, read)")
     if across_ranks:
         reduce_sums(layers.sums)
     return layers.stats()

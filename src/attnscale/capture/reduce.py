@@ -21,6 +21,19 @@ measures of ``core.diagnostics.HEAD_MEASURES``):
 - the bias range over the visible keys, reported apart: a bias enters the
   weights, never the scores.
 
+A ``score_mod`` (flex_attention's) is applied to each block's scores for the
+weights: the score measures read the score before it, and the bias range is
+what it added (its output less the score), with any bias. A key it takes to
+-inf, or ``HIDDEN_AT`` or further below its score, is hidden. An attention
+``sink`` z (per head) is one more entry of every row's softmax that is no key:
+over a row's visible keys the weights are p_j = e^(z_j) / (Σ_k e^(z_k) + e^z),
+summing to 1 - p_sink, and the row measures are those of these weights, the
+weights the model puts on its values: effective words exp(-Σ_j p_j log p_j),
+the max weight max_j p_j (frozen where it passes the threshold), push the
+Frobenius norm of the keys' Jacobian diag(p) - p pᵀ (∂p_j/∂z_i, the sink held
+still). The sink is not a score, not in the bias range, and not one of the
+``MIN_KEYS`` keys a counted row sees.
+
 The block is sized by ``memory`` (bytes, ``DEFAULT_MEMORY``), at
 ``BYTES_PER_ENTRY`` per (row, key, head) entry; ``benchmarks/probe_cost.py``
 measures the peak. ``sample_rows`` measures a random subset of each sequence's
@@ -33,7 +46,7 @@ import math
 
 import torch
 
-from attnscale.capture.call import AttentionCall
+from attnscale.capture.call import HIDDEN_AT, AttentionCall
 from attnscale.core.diagnostics import FROZEN_THRESHOLD, HEAD_MEASURES, MIN_KEYS, measuring_device
 
 __all__ = ["BYTES_PER_ENTRY", "DEFAULT_MEMORY", "ROW_MEASURES", "HeadSums", "dense", "head_max", "reduce_call", "reduce_scores",
@@ -76,9 +89,11 @@ class HeadSums:
         return self.data.device
 
     def add_block(self, scores_BHRS: torch.Tensor, keep: torch.Tensor, bias: torch.Tensor | None = None,
-                  rows: bool = True) -> None:
+                  rows: bool = True, logits: torch.Tensor | None = None, sink: torch.Tensor | None = None) -> None:
         """Fold one block in: ``scores`` (float32; any value where ``keep`` is False), ``keep`` (boolean,
         broadcastable: True = the key is visible to the row), ``bias`` (float32 or None) added for the weights.
+        ``logits``: what the weights read where it is not scores + bias (a score_mod's output; ``bias`` then
+        says what was added, for the range). ``sink``: the block's heads' sink logits (h,), or None.
         Every visible key of a row must be in the block (``rows=False``: score measures only)."""
         B, H, R, S = scores_BHRS.shape
         keep = keep.expand(B, H, R, S)
@@ -89,7 +104,9 @@ class HeadSums:
             self.bias_min.copy_(torch.fmin(self.bias_min, b.masked_fill(hidden, math.inf).amin((0, 2, 3)).double()))
             self.bias_max.copy_(torch.fmax(self.bias_max, b.masked_fill(hidden, -math.inf).amax((0, 2, 3)).double()))
         if rows:
-            self._add_rows(scores_BHRS if bias is None else scores_BHRS + bias, keep, hidden)
+            if logits is None:
+                logits = scores_BHRS if bias is None else scores_BHRS + bias
+            self._add_rows(logits, keep, hidden, sink)
 
     def _merge_scores(self, scores: torch.Tensor, keep: torch.Tensor, hidden: torch.Tensor) -> None:
         """Count, mean and squared deviations of the block's visible scores, merged into the running ones.
@@ -117,7 +134,8 @@ class HeadSums:
         self.mean.add_(delta * share)
         self.entries.copy_(total)
 
-    def _add_rows(self, logits: torch.Tensor, keep: torch.Tensor, hidden: torch.Tensor) -> None:
+    def _add_rows(self, logits: torch.Tensor, keep: torch.Tensor, hidden: torch.Tensor,
+                  sink: torch.Tensor | None = None) -> None:
         counted = keep.sum(-1) >= MIN_KEYS  # B×H×R: a row with one choice is neither frozen nor free
         # hidden keys as a number no exp survives (e^-1e30 = 0, and 0 · -1e30 = 0, where -inf would give NaN)
         filled = logits.masked_fill(hidden, -1e30)
@@ -132,12 +150,17 @@ class HeadSums:
         e2 = (e.unsqueeze(-2) @ e.unsqueeze(-1))[..., 0, 0]
         e3 = (e.unsqueeze(-2) @ torch.mul(e, e, out=y).unsqueeze(-1))[..., 0, 0]  # y's memory holds e²
         del e, y
-        total = 1 + e1  # Σ e over the visible keys
-        entropy = torch.log1p(e1) - e_y / total  # -Σ p log p, p = e / total
+        others = e1  # Σ e over the row's entries but the top key: the other keys, and the sink
+        if sink is not None:  # its e, from at most 600 nats above the top (the keys' weights are then < e^-600)
+            others = e1 + (sink.double()[None, :, None] - top[..., 0].double()).clamp_max(600).exp()
+        total = 1 + others  # the softmax's denominator over the top's e
+        share = 1.0 if sink is None else (1 + e1) / total  # the keys' weight, 1 - p_sink
+        entropy = share * torch.log1p(others) - e_y / total  # -Σ p log p over the keys, p = e / total
         max_weight = 1 / total
-        # push² = p_t² R1² + 2 p_t² R2 + R2² + (R2 - 2 R3), R_n = Σ over the other keys of pⁿ: every term ≥ 0,
-        # so a frozen row's push keeps its digits (s2 - 2 s3 + s2² cancels to nothing there)
-        push_sq = (e1**2 + 2 * e2 + e2**2) / total**4 + (e2 * total - 2 * e3).clamp_min(0) / total**3
+        # push² = p_t² (1 - p_t)² + 2 p_t² R2 + R2² + (R2 - 2 R3), R_n = Σ over the other keys of pⁿ: every
+        # term ≥ 0, so a frozen row's push keeps its digits (s2 - 2 s3 + s2² cancels to nothing there)
+        push_sq = ((others / total) ** 2 / total**2 + (2 * e2 + e2**2) / total**4
+                   + (e2 * total - 2 * e3).clamp_min(0) / total**3)
         per_row = {
             "effective_words": entropy.exp(),
             "frozen_fraction": (max_weight > self.threshold).double(),
@@ -209,7 +232,8 @@ def _pick_rows(T: int, sample_rows: int | None, device, seed: int) -> torch.Tens
 
 
 def _blocks(call: AttentionCall, memory: int, device, sample_rows: int | None = None, seed: int = 0):
-    """(head slice, query heads' scores B×h×R×S float32 before the bias, visible, bias) per block of ``call``."""
+    """(head slice, sequence slice, query heads' scores B×h×R×S float32 before the bias, visible, bias, logits
+    or None where they are scores + bias) per block of ``call``."""
     q, k = call.q.detach().to(device), call.k.detach().to(device)
     factor = call.factor.detach().to(device) if isinstance(call.factor, torch.Tensor) else call.factor
     cap = call.squash()
@@ -242,14 +266,25 @@ def _blocks(call: AttentionCall, memory: int, device, sample_rows: int | None = 
                 scores = raw.mul_(factor)
                 if cap is not None:
                     scores = cap(scores)
-                yield (heads, seqs, scores, _cut(call.visible(rows, device, keys), seqs, heads),
-                       _cut(call.bias_rows(rows, device, keys), seqs, heads))
+                visible = call.visible(rows, device, keys, seqs, heads)
+                bias = call.bias_rows(rows, device, keys, seqs, heads)
+                logits = None
+                if call.score_mod is not None:
+                    visible, bias, logits = _modded(call, scores, visible, bias, call.indices(rows, device, keys, seqs, heads))
+                yield heads, seqs, scores, visible, bias, logits
 
 
-def _cut(x: torch.Tensor | None, seqs: slice, heads: slice) -> torch.Tensor | None:
-    if x is None:
-        return None
-    return x[seqs if x.shape[0] > 1 else slice(None), heads if x.shape[1] > 1 else slice(None)]
+def _modded(call: AttentionCall, scores: torch.Tensor, visible, bias, index):
+    """A block under the call's score_mod: (visible, what was added to the scores, logits). A key the score_mod
+    takes to -inf, or ``HIDDEN_AT`` or further below its score, is hidden (and NaN is no logit)."""
+    logits = torch.as_tensor(call.score_mod(scores.clone(), *index), dtype=torch.float32, device=scores.device)
+    logits = logits.expand_as(scores)
+    if bias is not None:
+        logits = logits + bias
+    added = logits - scores
+    shown = added > HIDDEN_AT
+    visible = shown if visible is None else visible & shown
+    return visible, added, logits
 
 
 def reduce_call(call: AttentionCall, sums: HeadSums | None = None, *, factor=None, threshold: float = FROZEN_THRESHOLD,
@@ -267,13 +302,15 @@ def reduce_call(call: AttentionCall, sums: HeadSums | None = None, *, factor=Non
     if sums is None:
         sums = HeadSums(call.heads, threshold, call.q.device)
     with torch.no_grad():
-        for heads, _, scores, visible, bias in _blocks(call, memory, sums.device, sample_rows, seed):
+        sink = None if call.sink is None else call.sink.detach().to(sums.device).float().flatten()
+        for heads, _, scores, visible, bias, logits in _blocks(call, memory, sums.device, sample_rows, seed):
+            block = (scores, _keep(visible, scores), bias, True, logits, None if sink is None else sink[heads])
             if heads == slice(0, sums.heads):
-                sums.add_block(scores, _keep(visible, scores), bias)
+                sums.add_block(*block)
             else:  # a group of heads: their own sums, written back into theirs
                 part = HeadSums(heads.stop - heads.start, sums.threshold, sums.device)
                 part.data.copy_(sums.data[:, heads])
-                part.add_block(scores, _keep(visible, scores), bias)
+                part.add_block(*block)
                 sums.data[:, heads] = part.data
     return sums
 
@@ -330,7 +367,7 @@ def head_max(call: AttentionCall, memory: int = DEFAULT_MEMORY) -> torch.Tensor:
     call's device, in blocks of at most ``memory`` bytes. QK-Clip's S_max, from every training step."""
     out = torch.zeros(call.heads, device=call.q.device)
     with torch.no_grad():
-        for heads, _, scores, visible, _ in _blocks(call, memory, call.q.device):
+        for heads, _, scores, visible, _, _ in _blocks(call, memory, call.q.device):
             kept = scores.abs_() if visible is None else scores.abs_().masked_fill_(~visible, 0.0)
             out[heads] = torch.maximum(out[heads], kept.amax((0, 2, 3)))
     return out
@@ -338,7 +375,8 @@ def head_max(call: AttentionCall, memory: int = DEFAULT_MEMORY) -> torch.Tensor:
 
 def dense(call: AttentionCall, factor=None) -> tuple[torch.Tensor, torch.Tensor]:
     """The whole call at once, for callers who want the tensors themselves (O(T·S) memory): the logits
-    (score plus bias, hidden keys -inf) and the weights, B×H×T×S float32."""
+    (score plus bias, or the score_mod's output, hidden keys -inf) and the weights, B×H×T×S float32 (under a
+    sink, a row's weights sum to 1 less the sink's)."""
     from attnscale.core.attention import masked_softmax
 
     H, K = call.heads, call.kv_heads
@@ -348,8 +386,14 @@ def dense(call: AttentionCall, factor=None) -> tuple[torch.Tensor, torch.Tensor]
     cap = call.squash()
     scores = cap(scores) if cap is not None else scores
     bias = call.bias_rows(device=scores.device)
-    scores = scores if bias is None else scores + bias
     visible = call.visible(device=scores.device)
+    if call.score_mod is not None:
+        visible, _, scores = _modded(call, scores, visible, bias, call.indices(device=scores.device))
+    elif bias is not None:
+        scores = scores + bias
     visible = torch.ones_like(scores, dtype=torch.bool) if visible is None else visible.expand_as(scores)
     scores = scores.masked_fill(~visible, float("-inf"))
-    return scores, masked_softmax(scores, visible)
+    if call.sink is None:
+        return scores, masked_softmax(scores, visible)
+    sink = call.sink.detach().float().to(scores.device).view(1, H, 1, 1).expand(*scores.shape[:-1], 1)
+    return scores, (scores - torch.cat([scores, sink], -1).logsumexp(-1, keepdim=True)).exp()

@@ -12,7 +12,6 @@ exit, even on error, and it is local to the thread that pushed it.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 from collections.abc import Iterator
 
 import torch
@@ -20,24 +19,10 @@ import torch.nn.functional as F
 from torch import nn
 from torch.overrides import TorchFunctionMode
 
-from attnscale.core.hooks import HookPoint
 from attnscale.capture.call import AttentionCall, OnCall
+from attnscale.capture.intercept import Namer, is_paused, paused, running_modules
 
 __all__ = ["capture_sdpa", "paused", "sdpa_call"]
-
-# True while a capture above this one (transformers' AttentionInterface) already reads the call.
-_PAUSED: contextvars.ContextVar[bool] = contextvars.ContextVar("attnscale_watch_sdpa_paused", default=False)
-
-
-@contextlib.contextmanager
-def paused() -> Iterator[None]:
-    """SDPA calls made inside are not captured (a capture that reads the same call
-    one level up, with more to say, uses this)."""
-    token = _PAUSED.set(True)
-    try:
-        yield
-    finally:
-        _PAUSED.reset(token)
 
 
 def _heads_first(x: torch.Tensor) -> torch.Tensor:
@@ -62,48 +47,22 @@ def sdpa_call(query, key, value=None, attn_mask=None, dropout_p=0.0, is_causal=F
 class _Intercept(TorchFunctionMode):
     def __init__(self, on_call: OnCall, where: list[str]):
         super().__init__()
-        self.on_call, self.where, self.calls = on_call, where, 0
+        self.on_call, self.name = on_call, Namer(where, "sdpa")
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if func is F.scaled_dot_product_attention and not _PAUSED.get():
+        if func is F.scaled_dot_product_attention and not is_paused():
             # the mode is off while this runs: the measuring below is not intercepted
-            # only calls made outside every module are numbered: under torch.compile a counter read on every
-            # call would be a guard that fails on the next step, and the graph would recompile each time
-            if self.where:
-                name = self.where[-1]
-            else:
-                name, self.calls = f"sdpa call {self.calls}", self.calls + 1
-            self.on_call(sdpa_call(*args, **kwargs, name=name))
+            self.on_call(sdpa_call(*args, **kwargs, name=self.name()))
         return func(*args, **kwargs)
 
 
 @contextlib.contextmanager
-def capture_sdpa(model: nn.Module | None, on_call: OnCall) -> Iterator[None]:
+def capture_sdpa(model: nn.Module | None, on_call: OnCall, where: list[str] | None = None) -> Iterator[None]:
     """Every ``scaled_dot_product_attention`` call made inside, in the order they
     come, handed to ``on_call`` before it runs. With a ``model``, each call is
     named after the innermost of its modules running at the time (pre- and
-    post-forward hooks keep track, removed on exit); without, by its number."""
-    where: list[str] = []
-
-    def enter(name: str):
-        def hook(module, args) -> None:
-            where.append(name)
-
-        return hook
-
-    def leave(module, args, output) -> None:  # returns None: the output stays the module's
-        if where:
-            where.pop()
-
-    handles = []
-    try:
-        for name, module in (model.named_modules() if model is not None else []):
-            if name and not isinstance(module, HookPoint):  # a hooked HookPoint would switch attnscale off SDPA
-                handles.append(module.register_forward_pre_hook(enter(name)))
-                handles.append(module.register_forward_hook(leave, always_call=True))
-        with _Intercept(on_call, where):
-            yield
-    finally:
-        for h in handles:
-            h.remove()
+    post-forward hooks keep track, removed on exit, or ``where`` where a capture
+    around this one keeps them); without, by its number."""
+    with running_modules(model, where) as where, _Intercept(on_call, where):
+        yield

@@ -95,6 +95,10 @@ class QKClip:
         if self._paused:
             return
         name = call.name
+        if call.score_mod is not None:
+            raise ConfigError(f"QK-Clip cannot clip {name!r}: its flex_attention score_mod mixes any bias into the "
+                              "scores, and the clip cannot tell a bias from a score there; train it without qk_clip, or "
+                              "give the bias to SDPA as an additive mask")
         self._calls[name] = (call.module, call.heads, call.q.shape[-1])  # for step() to find the rows
         s_max = head_max(call, self.memory)
         self._s_max[name] = torch.maximum(self._s_max[name], s_max) if name in self._s_max else s_max

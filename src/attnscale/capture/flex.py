@@ -1,0 +1,101 @@
+"""Capture of direct ``torch.nn.attention.flex_attention.flex_attention`` calls (torchtitan, the nanoGPT
+speedruns): the model's own ``score_mod`` and ``block_mask``, read as flex reads them.
+
+flex_attention is a higher-order op called from a Python function, so no TorchFunctionMode sees it. For the
+probe's duration the function is wrapped wherever it is held (``intercept.holders``): in
+``torch.nn.attention.flex_attention`` itself, in the globals of each file that defines one of the model's
+modules (``from torch.nn.attention.flex_attention import flex_attention``), and on those modules' classes
+(torchtitan keeps ``torch.compile(flex_attention)`` as a class attribute), a compiled copy wrapped as it is.
+The wrapper hands the call over and makes it unchanged; every one is put back on exit, even on error. Only a
+process that has imported flex_attention is touched (a model that calls it has).
+
+The call, as an ``AttentionCall`` (``flex_call``): q·k × scale (None: 1/sqrt(D)); the score_mod as given,
+for the weights (the score measures read the score before it: ``call.py``); the block mask as the compiled
+kernels read it, a key visible where its block is a full block, or a partial block whose ``mask_mod`` holds
+(``block_mask_mod``; a mask made by ``create_block_mask`` reads the same as its mask_mod; flex's unfused eager
+path reads the mask_mod alone); GQA with ``enable_gqa``; a key batch of 1 serves every query.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnscale.capture.call import AttentionCall, OnCall
+from attnscale.capture.intercept import Namer, original_of, wrapper, wrapping
+
+__all__ = ["block_mask_mod", "capture_flex", "flex_call"]
+
+FLEX_MODULE = "torch.nn.attention.flex_attention"
+
+# (on_call, namer) of the capture in progress in this context, or None.
+_ACTIVE: contextvars.ContextVar[tuple[OnCall, Namer] | None] = contextvars.ContextVar("attnscale_watch_flex", default=None)
+
+
+def _dense(num: torch.Tensor, indices: torch.Tensor, cols: int) -> torch.Tensor:
+    """A BlockMask's (…, rows) block counts and (…, rows, n) block indices as (…, rows, cols) booleans."""
+    taken = torch.arange(indices.shape[-1], device=indices.device) < num[..., None]
+    out = torch.zeros(*indices.shape[:-1], cols + 1, dtype=torch.bool, device=indices.device)
+    out.scatter_(-1, torch.where(taken, indices.long(), cols), True)
+    return out[..., :cols]
+
+
+def block_mask_mod(block_mask: Any) -> Callable:
+    """A BlockMask as one mask_mod (b, h, q_idx, kv_idx) -> bool: the blocks it computes, its ``mask_mod``
+    within its partial blocks (never within its full ones), every other block hidden."""
+    q_block, kv_block = block_mask.BLOCK_SIZE
+    cols = max(block_mask.kv_indices.shape[-1], -(-block_mask.seq_lengths[1] // kv_block))
+    partial = _dense(block_mask.kv_num_blocks, block_mask.kv_indices, cols)
+    full = None
+    if block_mask.full_kv_num_blocks is not None:
+        full = _dense(block_mask.full_kv_num_blocks, block_mask.full_kv_indices, cols)
+    inner = block_mask.mask_mod
+
+    def mask_mod(b, h, q_idx, kv_idx):
+        part = partial.to(q_idx.device)
+        bb = b if part.shape[0] > 1 else torch.zeros_like(b)
+        hh = h if part.shape[1] > 1 else torch.zeros_like(h)
+        qb, kb = q_idx // q_block, kv_idx // kv_block
+        seen = part[bb, hh, qb, kb] & torch.as_tensor(inner(b, h, q_idx, kv_idx), device=q_idx.device).bool()
+        return seen if full is None else seen | full.to(q_idx.device)[bb, hh, qb, kb]
+
+    return mask_mod
+
+
+def flex_call(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor | None = None, score_mod: Callable | None = None,
+              block_mask: Any = None, scale: float | None = None, enable_gqa: bool = False, *rest, name: str = "",
+              **kwargs) -> AttentionCall:
+    """A flex_attention call's arguments, read as flex reads them, as an ``AttentionCall``."""
+    if getattr(score_mod, "__name__", "") == "_identity" and getattr(score_mod, "__module__", "") == FLEX_MODULE:
+        score_mod = None
+    k = key.expand(query.shape[0], *key.shape[1:]) if key.shape[0] == 1 else key
+    mask_mod = None if block_mask is None else block_mask_mod(block_mask)
+    return AttentionCall(query, k, scale=scale, mask_mod=mask_mod, score_mod=score_mod, name=name)
+
+
+def _readable(query, key, value=None, score_mod=None, block_mask=None, scale=None, enable_gqa=False, *rest, **kw) -> bool:
+    """A call flex itself would run: query heads one per key head, or whole groups of them under enable_gqa."""
+    H, K = query.shape[-3], key.shape[-3]
+    return query.ndim == key.ndim == 4 and (H == K or (bool(enable_gqa) and H % K == 0))
+
+
+def _read(args: tuple, kwargs: dict, namer) -> AttentionCall | None:
+    return flex_call(*args, **kwargs, name=namer()) if _readable(*args, **kwargs) else None
+
+
+@contextlib.contextmanager
+def capture_flex(model: nn.Module | None, on_call: OnCall, where: list[str] | None = None) -> Iterator[None]:
+    """Every flex_attention call made inside, in the order they come, handed to ``on_call`` before it runs
+    (see the module's docstring); each named after the innermost of ``model``'s modules running, or by its
+    number (``where``: the names a capture around this one keeps)."""
+    library = sys.modules.get(FLEX_MODULE)
+    targets = [] if library is None else [
+        ((original_of(library.flex_attention),), [(library, "flex_attention")], lambda f: wrapper(f, _ACTIVE, _read))]
+    with wrapping(model, targets, _ACTIVE, on_call, "flex_attention", where):
+        yield
