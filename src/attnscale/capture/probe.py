@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from attnscale.capture.adapter import Adapter
-from attnscale.capture.ranks import reduce_sums
+from attnscale.capture.ranks import TensorParallel, reduce_sums
 from attnscale.capture.reduce import DEFAULT_MEMORY, HeadSums, reduce_call
 from attnscale.capture.route import Route, capturing
 from attnscale.capture.stats import HeadStats
@@ -180,12 +180,15 @@ class _Layers:
 
 def measure_heads(model: nn.Module, batch: Any, *, threshold: float = FROZEN_THRESHOLD, capture: str = "auto",
                   adapter: Adapter | None = None, across_ranks: bool = False, memory: int = DEFAULT_MEMORY,
-                  sample_rows: int | None = None, route: Route | None = None) -> HeadStats:
+                  sample_rows: int | None = None, route: Route | None = None,
+                  tensor_parallel: TensorParallel | None = None) -> HeadStats:
     """Per-head measurements of ``model`` on ``batch`` (see the module's docstring). ``memory``: the bytes a
     block of scores may take (``capture.reduce``); ``sample_rows``: measure that many query rows of each
     sequence (drawn at random, the same each probe), with each row measure's standard error. ``across_ranks``:
     in a process group, every rank calls this on its own batch and gets the numbers of all the ranks' batches
-    together, in one collective (``ranks.py``). ``route``: what earlier probes of this model learned."""
+    together, in one collective (``ranks.py``); with ``tensor_parallel`` (``ranks.TensorParallel``) each rank's
+    heads are read under their global index, so every rank gets every head of the group. ``route``: what
+    earlier probes of this model learned."""
     if not isinstance(memory, int) or isinstance(memory, bool) or memory < 1:
         raise ConfigError(f"memory takes a positive number of bytes, got {memory!r}")
     if sample_rows is not None and (not isinstance(sample_rows, int) or isinstance(sample_rows, bool) or sample_rows < 2):
@@ -206,7 +209,7 @@ def measure_heads(model: nn.Module, batch: Any, *, threshold: float = FROZEN_THR
             "Attention, transformers' AttentionInterface, torch.nn.functional.scaled_dot_product_attention, "
             "flex_attention or flash-attn's flash_attn_func, or be measured with adapter=attnscale.watch.Adapter(modules, read)")
     if across_ranks:
-        reduce_sums(layers.sums)
+        reduce_sums(layers.sums, layers.names, tensor_parallel)
     return layers.stats()
 
 

@@ -21,13 +21,15 @@ torch.distributed is read only where it is initialised; one process does none of
 
 from __future__ import annotations
 
-import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from attnscale.capture.reduce import HeadSums
+from attnscale.errors import ConfigError
 
-__all__ = ["active", "rank", "reduce_sums", "reduce_max"]
+__all__ = ["TensorParallel", "active", "merge_gathered", "rank", "reduce_sums", "reduce_max"]
 
 
 def active() -> bool:
@@ -46,36 +48,97 @@ def _device(tensor: torch.Tensor) -> torch.device:
     return torch.device("cpu") if torch.distributed.get_backend() == "gloo" else tensor.device
 
 
-def reduce_sums(layers: list[HeadSums]) -> None:
-    """Every layer's sums merged over the ranks, in place, with one ``all_gather``: each rank then holds the
-    sums of all the ranks' blocks."""
+@dataclass(frozen=True)
+class TensorParallel:
+    """Attention heads split over the ranks of ``group`` (Megatron, torchtitan, DTensor's tensor parallel): the
+    rank of the group at position t holds query heads t·H_local … (t + 1)·H_local - 1 of every layer, H_local
+    its own head count. ``heads``: instead, {layer name: the global index of each of this rank's heads}, for
+    a layout that differs. ``group``: a ``torch.distributed`` process group; None: every rank of the world (pure
+    tensor parallelism). Ranks outside ``group`` that hold the same global heads (data-parallel replicas)
+    are merged with them, as data parallelism's ranks are."""
+
+    group: Any = None
+    heads: dict[str, list[int]] | None = None
+
+    def global_heads(self, name: str, local: int) -> list[int]:
+        """The global index of each of this rank's ``local`` heads in layer ``name``."""
+        if self.heads is not None and name in self.heads:
+            given = list(self.heads[name])
+            if len(given) != local:
+                raise ConfigError(f"TensorParallel.heads gives {len(given)} heads for {name!r}, where this rank "
+                                  f"holds {local}; give one global index per local head")
+            return given
+        t = torch.distributed.get_rank(self.group) if active() else 0
+        return [t * local + h for h in range(local)]
+
+
+def _index(layers: list[HeadSums], names: list[str], tp: TensorParallel | None) -> list[list[int]]:
+    return [tp.global_heads(n, s.heads) if tp is not None else list(range(s.heads)) for s, n in zip(layers, names)]
+
+
+def reduce_sums(layers: list[HeadSums], names: list[str] | None = None, tp: TensorParallel | None = None) -> None:
+    """Every layer's sums merged over the ranks, in place, with one ``all_gather``: each rank then holds, per
+    global head, the sums of every rank's blocks of that head. Without ``tp`` a head's index is the same on
+    every rank (data parallelism); with it, each rank's heads go to their global index, so a layer ends with
+    all the heads of every rank of the tensor-parallel group."""
     if not active() or not layers:
         return
+    names = [str(i) for i in range(len(layers))] if names is None else names
+    index = _index(layers, names, tp)
     heads = max(s.heads for s in layers)
     here = layers[0].device
-    packed = torch.full((len(layers), len(HeadSums.FIELDS), heads), math.nan, dtype=torch.float64, device=here)
-    for i, s in enumerate(layers):
-        packed[i, :, :s.heads] = s.data
+    fields = len(HeadSums.FIELDS)
+    packed = torch.full((len(layers), fields + 1, heads), -1.0, dtype=torch.float64, device=here)
+    for i, s in enumerate(layers):  # the sums, then a row of each head's global index (-1: no head there)
+        packed[i, :fields, :s.heads] = s.data
+        packed[i, fields, :s.heads] = torch.tensor(index[i], dtype=torch.float64)
     packed = packed.to(_device(packed))
     gathered = [torch.empty_like(packed) for _ in range(torch.distributed.get_world_size())]
     torch.distributed.all_gather(gathered, packed)
+    merge_gathered(layers, [g.to(here) for g in gathered])
+
+
+def merge_gathered(layers: list[HeadSums], gathered: list[torch.Tensor]) -> None:
+    """``reduce_sums``' merge, from every rank's packed sums (layers, fields + 1, heads): each rank's head goes to
+    the global index its last row names, and the sums of one global head are merged over the ranks."""
+    fields = len(HeadSums.FIELDS)
     for i, s in enumerate(layers):
-        s.data.copy_(gathered[0][i, :, :s.heads].to(here))
-        for other in gathered[1:]:
-            part = HeadSums(s.heads, s.threshold, here)
-            part.data.copy_(other[i, :, :s.heads].to(here))
-            s.merge(part)
+        index = [g[i, fields].long() for g in gathered]
+        width = int(max(int(ix.max()) for ix in index)) + 1
+        total = HeadSums(width, s.threshold, s.device)
+        for g, ix in zip(gathered, index):
+            real = ix >= 0
+            part = HeadSums(width, s.threshold, s.device)
+            part.data[:, ix[real]] = g[i, :fields][:, real]
+            total.merge(part)
+        s.data = total.data
 
 
-def reduce_max(values: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Each tensor's elementwise max over the ranks, with one ``all_reduce``; a value that is not a finite
-    number counts as -1 (no rank's NaN decides for the others)."""
+def reduce_max(values: list[torch.Tensor], names: list[str] | None = None,
+               tp: TensorParallel | None = None) -> list[torch.Tensor]:
+    """Each tensor's elementwise max over the ranks that hold the same heads (every rank without ``tp``; with it,
+    the ranks whose heads of that layer have the same global index), in one collective; a value that is not a
+    finite number counts as -1 (no rank's NaN decides for the others)."""
     if not active() or not values:
         return values
     sizes = [v.numel() for v in values]
     flat = torch.cat([v.float().flatten() for v in values])
     flat = torch.where(torch.isfinite(flat), flat, -1.0)
     flat = flat.to(_device(flat))
-    torch.distributed.all_reduce(flat, op=torch.distributed.ReduceOp.MAX)
-    flat = flat.to(values[0].device)
-    return [part.view_as(v) for part, v in zip(flat.split(sizes), values)]
+    if tp is None:
+        torch.distributed.all_reduce(flat, op=torch.distributed.ReduceOp.MAX)
+        flat = flat.to(values[0].device)
+        return [part.view_as(v) for part, v in zip(flat.split(sizes), values)]
+    names = [str(i) for i in range(len(values))] if names is None else names
+    index = torch.tensor([g for v, n in zip(values, names) for g in tp.global_heads(n, v.numel())], dtype=torch.float32)
+    mine = torch.stack([flat, index.to(flat.device)])
+    gathered = [torch.empty_like(mine) for _ in range(torch.distributed.get_world_size())]
+    torch.distributed.all_gather(gathered, mine)  # ranks hold the same layers in the same order
+    layer = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes)).to(flat.device)
+    out = flat.clone()
+    for g in gathered:
+        same = g[1][None, :] == index.to(flat.device)[:, None]  # (mine, theirs): the same global head …
+        same &= layer[:, None] == layer[None, :]  # … of the same layer
+        out = torch.maximum(out, torch.where(same, g[0][None, :], -1.0).amax(1))
+    out = out.to(values[0].device)
+    return [part.view_as(v) for part, v in zip(out.split(sizes), values)]
