@@ -238,3 +238,54 @@ def test_the_scheme_study_section_renders(page, tmp_path):
     cell = lambda name: p.get_by_role("cell", name=name, exact=True).count()  # noqa: E731
     assert cell("qk-norm") >= 1 and cell("qk_norm") == 0  # run ids keep the registry's name; the scheme column does not
     assert page.errors() == []
+
+
+def test_a_followed_watch_page_shows_the_log_as_it_grows(page, tmp_path):
+    """attnscale watch-report --follow, as a user runs it beside a training job: the open page reloads itself and
+    shows each new probe step; Ctrl-C ends the command cleanly."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "watch"))
+    from test_watch_report import _record
+
+    from attnscale.watch.logs.sinks import JsonlSink
+
+    log = tmp_path / "watch.jsonl"
+    sink = JsonlSink(log)
+    sink.write(_record(10))
+    sink.close()
+    proc = subprocess.Popen([sys.executable, "-m", "attnscale.cli", "watch-report", str(log), "--follow", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    html = log.with_suffix(".html")
+
+    def body_shows(text: str) -> bool:
+        """Whether the open page shows ``text`` within 40 s, read between its own reloads."""
+        deadline = time.time() + 40
+        while time.time() < deadline:
+            try:
+                if text in page.page.evaluate("document.body ? document.body.innerText : ''"):
+                    return True
+            except Exception:  # the page reloaded itself while being read: read it again
+                pass
+            time.sleep(0.2)
+        return False
+
+    try:
+        deadline = time.time() + 60
+        while not html.exists() and time.time() < deadline:
+            time.sleep(0.1)
+        page.open(html)
+        assert body_shows("1 probe steps, 10 to 10")
+        with log.open("a", encoding="utf-8") as f:  # the job writes its next probe
+            f.write(_record(20).to_line())
+        assert body_shows("2 probe steps, 10 to 20")  # no one reopened the page: it reloaded itself
+        # a reload cuts the loads in flight short (net::ERR_ABORTED); nothing else may go wrong
+        assert [e for e in page.errors() if "ERR_ABORTED" not in e] == []
+    finally:
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0 and "Traceback" not in err, err
+    assert f"page: {html} (2 probe steps, the last at step 20)" in out and "stopped following" in out

@@ -211,6 +211,11 @@ def _watch_report(args) -> None:
 
     if args.out is not None:
         writable_dir(args.out.parent or Path("."), "--out")
+    if args.follow is not None:
+        if not args.follow > 0:
+            raise UsageError(f"--follow takes a positive number of seconds, got {args.follow:g}")
+        watch_page.follow(args.log, args.out, causal=not args.bidirectional, every=args.follow)
+        return
     print(f"page: {watch_page.build(args.log, args.out, causal=not args.bidirectional)}")
 
 
@@ -221,4 +226,7 @@ def add_watch_report(sub) -> None:
     p.add_argument("--out", type=Path, help="the page to write (default: WATCH_LOG with .html)")
     p.add_argument("--bidirectional", action="store_true",
                    help="the model's rows see every key (an encoder); the random-score reference is causal otherwise")
+    p.add_argument("--follow", type=float, nargs="?", const=5.0, metavar="SECONDS",
+                   help="keep the page of a running job: rebuild it whenever the log grows, checked every SECONDS "
+                        "(default 5), the open page reloading itself as often; Ctrl-C stops")
     p.set_defaults(run=_watch_report)

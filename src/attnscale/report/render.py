@@ -82,10 +82,11 @@ def png_width(png: bytes) -> int:
     return int.from_bytes(png[16:20], "big")
 
 
-def to_html(blocks: list[Block], images: dict[str, bytes], min_scale: float = 0.0) -> str:
+def to_html(blocks: list[Block], images: dict[str, bytes], min_scale: float = 0.0, refresh: float | None = None) -> str:
     """One self-contained page; ``images`` maps each Image block's file name to its PNG bytes.
-    No figure is shown narrower than ``min_scale`` × its own width (its box scrolls instead)."""
-    return _page(_html_blocks(blocks, images, min_scale), blocks)
+    No figure is shown narrower than ``min_scale`` × its own width (its box scrolls instead).
+    ``refresh``: the browser reloads the page every that many seconds (a meta refresh, no script)."""
+    return _page(_html_blocks(blocks, images, min_scale), blocks, refresh)
 
 
 def _html_table(blk: Table) -> str:
@@ -132,11 +133,12 @@ def _html_blocks(blocks: list[Block], images: dict[str, bytes], min_scale: float
     return out
 
 
-def _page(out: list[str], blocks: list[Block]) -> str:
+def _page(out: list[str], blocks: list[Block], refresh: float | None = None) -> str:
     title = html.escape(_plain(next((str(b.text) for b in blocks if isinstance(b, Heading) and b.level == 1),
                                     "attnscale report")))
+    reload = "" if refresh is None else f"<meta http-equiv=\"refresh\" content=\"{refresh:g}\">"
     # the CSP forbids every script and every fetch: the page is data, and stays offline
-    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">" + reload +
             "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; img-src data:; style-src 'unsafe-inline'\">"
             f"<meta name=\"viewport\" content=\"width=device-width\"><title>{title}</title><style>{_CSS}</style></head>"
             "<body>\n" + "\n".join(out) + "\n</body></html>\n")

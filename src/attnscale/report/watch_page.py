@@ -16,11 +16,14 @@ What a reader sees, from the log's records alone (``watch.record.read_log``):
 from __future__ import annotations
 
 import math
+import time
 from pathlib import Path
 
 import numpy as np
 
 from attnscale import drawing
+from attnscale.errors import ConfigError
+from attnscale.files import atomic_write_bytes
 from attnscale.report import render
 from attnscale.report.blocks import Heading, Para, Image, Table
 from attnscale.watch.logs.line import WatchLine, read_log
@@ -153,12 +156,47 @@ def page(records: list[WatchLine], causal: bool = True, title: str = "Attention 
     return blocks, images
 
 
-def build(log: Path | str, out: Path | str | None = None, causal: bool = True) -> Path:
-    """Read the watch log ``log`` and write the page to ``out`` (default: beside it, .html); returns its path."""
+def build(log: Path | str, out: Path | str | None = None, causal: bool = True, refresh: float | None = None,
+          records: list[WatchLine] | None = None) -> Path:
+    """Read the watch log ``log`` (or take its ``records``) and write the page to ``out`` (default: beside it,
+    .html), in one atomic write; returns its path. ``refresh``: the page reloads itself every that many seconds."""
     log = Path(log)
-    records = read_log(log)
+    records = read_log(log) if records is None else records
     out = Path(out) if out is not None else log.with_suffix(".html")
     blocks, images = page(records, causal=causal, title=f"Attention watch: {log.name}")
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render.to_html(blocks, images), encoding="utf-8")
+    atomic_write_bytes(out, render.to_html(blocks, images, refresh=refresh).encode("utf-8"))
+    return out
+
+
+def follow(log: Path | str, out: Path | str | None = None, causal: bool = True, every: float = 5.0,
+           say=print, stop=lambda: False) -> Path:
+    """The page of a log that is still being written: built again whenever the log has grown, checked every
+    ``every`` seconds, the page reloading itself as often, until ``stop()`` or Ctrl-C. A log not there yet
+    is waited for; a last line caught half-written is read at the next check, the page kept as it was."""
+    log = Path(log)
+    out = Path(out) if out is not None else log.with_suffix(".html")
+    seen, told = None, False
+    try:
+        while not stop():
+            try:
+                stat = log.stat()
+                now = (stat.st_size, stat.st_mtime_ns)
+            except FileNotFoundError:
+                now = None
+                if not told:
+                    say(f"waiting for {log} to appear")
+                    told = True
+            if now is not None and now != seen:
+                try:
+                    records = read_log(log)
+                except ConfigError:
+                    records = None  # half a line, or no record yet: the next check reads it whole
+                if records:
+                    build(log, out, causal, refresh=every, records=records)
+                    say(f"page: {out} ({len(records)} probe steps, the last at step {records[-1].step})")
+                    seen = now
+            time.sleep(every)
+    except KeyboardInterrupt:
+        say(f"stopped following {log}; the page stays at {out}")
     return out
