@@ -15,6 +15,7 @@ from attnscale.capture.adapter import Adapter, capture_adapter
 from attnscale.capture.call import AttentionCall
 from attnscale.capture.own import capture_hooks, capture_weights
 from attnscale.capture.probe import Inputs, measure, measure_heads
+from attnscale.capture.ranks import TensorParallel
 from attnscale.capture.route import capturing
 from attnscale.capture.sdpa import capture_sdpa
 from attnscale.capture.stats import HeadStats
@@ -22,6 +23,8 @@ from attnscale.capture.stats import HeadStats
 # name -> the module that defines it, imported when the name is first read
 _LAZY = {
     "capture_hf": "attnscale.capture.hf",
+    "capture_flex": "attnscale.capture.flex",
+    "capture_flash": "attnscale.capture.flash",
     "Watch": "attnscale.watch.loop",
     "WatchCallback": "attnscale.watch.callbacks.hf",
     "QKClip": "attnscale.watch.clip.qk_clip",
@@ -31,7 +34,7 @@ _LAZY = {
     **{name: "attnscale.watch.logs.line" for name in ("WatchLine", "read_log")},
 }
 
-__all__ = ["Adapter", "AttentionCall", "HeadStats", "Inputs", "capture_adapter", "capture_hooks", "capture_sdpa",
+__all__ = ["Adapter", "AttentionCall", "HeadStats", "Inputs", "TensorParallel", "capture_adapter", "capture_hooks", "capture_sdpa",
            "capture_weights", "capturing", "measure", "measure_heads", *_LAZY]
 
 

@@ -44,7 +44,7 @@ from torch import nn
 from attnscale.capture.adapter import Adapter
 from attnscale.capture.call import AttentionCall
 from attnscale.capture.probe import unwrap
-from attnscale.capture.ranks import reduce_max
+from attnscale.capture.ranks import TensorParallel, reduce_max
 from attnscale.capture.reduce import DEFAULT_MEMORY, head_max
 from attnscale.capture.route import capturing, choose
 from attnscale.errors import ConfigError
@@ -73,12 +73,13 @@ def clip_factors(s_max_H: torch.Tensor, kv_heads: int, tau: float) -> tuple[torc
 
 class QKClip:
     """QK-Clip at ``tau`` on ``model`` (see the module's docstring). ``step()`` after each optimizer step;
-    ``close()`` when training ends. ``capture``/``adapter``: as ``measure_heads`` takes them."""
+    ``close()`` when training ends. ``capture``/``adapter``: as ``measure_heads`` takes them; ``tensor_parallel``
+    (``capture.ranks.TensorParallel``): each rank clips its own heads, S_max maxed over the ranks holding each."""
 
     def __init__(self, model: nn.Module, tau: float, capture: str = "auto", adapter: Adapter | None = None,
-                 memory: int = DEFAULT_MEMORY):
+                 memory: int = DEFAULT_MEMORY, tensor_parallel: TensorParallel | None = None):
         check_tau(tau)
-        self.model, self.tau, self.memory = unwrap(model), float(tau), memory
+        self.model, self.tau, self.memory, self.tensor_parallel = unwrap(model), float(tau), memory, tensor_parallel
         self._modules = dict(self.model.named_modules())
         self._s_max: dict[str, torch.Tensor] = {}  # attention module name -> this step's S_max per query head
         self._calls: dict[str, tuple] = {}  # name -> (module or None, query heads, head width), this step
@@ -126,7 +127,8 @@ class QKClip:
         sqrt(gamma_q gamma_k) per query head (1 = untouched), by module name. Nothing seen: nothing done."""
         scores_factor = {}
         names = list(self._s_max)
-        for name, s_max_H in zip(names, reduce_max([self._s_max[n] for n in names])):  # the same on every rank
+        # the same on every rank that holds the head
+        for name, s_max_H in zip(names, reduce_max([self._s_max[n] for n in names], names, self.tensor_parallel)):
             rows = self._rows(name)
             gamma_q, gamma_k = clip_factors(s_max_H, rows.k.heads, self.tau)
             rows.q.scale_(gamma_q.sqrt())
