@@ -105,3 +105,12 @@ def test_inductor_compiles_once_with_the_watch_and_qk_clip():
     model = build_model(ModelConfig(vocab_size=40, context=12, d_model=16, n_layers=2, n_heads=2, head_dim=8), seed=0)
     probed, first, graphs = _train(model, "inductor", qk_clip=0.5)
     assert probed == [3, 6] and first == graphs == 1
+
+
+def test_in_training_forward_refuses_a_compiled_model():
+    """Its graph was compiled without the capture, which would see no call: a clear error, not empty numbers."""
+    from attnscale.errors import ConfigError
+
+    model = build_model(ModelConfig(vocab_size=40, context=12, d_model=16, n_layers=1, n_heads=2, head_dim=8), seed=0)
+    with pytest.raises(ConfigError, match="in_training_forward cannot measure inside a torch.compile'd graph"):
+        Watch(torch.compile(model, backend="eager"), in_training_forward=True)

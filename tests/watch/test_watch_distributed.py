@@ -3,12 +3,10 @@ batch, log once, and their numbers are a single process's on the whole batch; QK
 equal, and scales FSDP's shards as DDP's whole weights."""
 
 import json
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from attnscale.core.diagnostics import HEAD_MEASURES
 from attnscale.lm.model import ModelConfig, build_model
@@ -16,6 +14,7 @@ from attnscale.watch.loop import Watch
 from attnscale.capture.probe import measure_heads
 from attnscale.watch.logs.line import read_log
 from attnscale.watch.logs.sinks import JsonlSink
+from gloo import spawned_into
 
 WORLD = 2
 CONFIG = ModelConfig(vocab_size=40, context=12, d_model=16, n_layers=2, n_heads=2, head_dim=8)
@@ -24,12 +23,6 @@ CONFIG = ModelConfig(vocab_size=40, context=12, d_model=16, n_layers=2, n_heads=
 def _batch() -> torch.Tensor:
     """4 sequences: rank r probes sequences 2r and 2r + 1."""
     return torch.randint(0, 40, (4, 12), generator=torch.Generator().manual_seed(1))
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _clipped(wrap, batch, rank):
@@ -55,37 +48,29 @@ def _fsdp(model):
     return fully_shard(model)
 
 
-def _worker(rank: int, port: int, out: str) -> None:
+def _worker(rank: int, out: str) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-    try:
-        batch = _batch()
-        numbers = {}
-        for name, wrap in (("ddp", DDP), ("fsdp", _fsdp)):
-            with Watch(wrap(build_model(CONFIG, seed=0)), every=1, probe=batch[2 * rank:2 * rank + 2], alerts=(),
-                       sinks=[JsonlSink(f"{out}/{name}.jsonl")]) as watch:
-                numbers[name] = watch.step(1)["attn/max_score"]
+    batch = _batch()
+    numbers = {}
+    for name, wrap in (("ddp", DDP), ("fsdp", _fsdp)):
+        with Watch(wrap(build_model(CONFIG, seed=0)), every=1, probe=batch[2 * rank:2 * rank + 2], alerts=(),
+                   sinks=[JsonlSink(f"{out}/{name}.jsonl")]) as watch:
+            numbers[name] = watch.step(1)["attn/max_score"]
 
-        # QK-Clip on different batches per rank: without the ranks agreeing on S_max, their weights would part
-        local, weights = _clipped(DDP, batch, rank)
-        gathered = [torch.empty_like(weights) for _ in range(WORLD)]
-        dist.all_gather(gathered, weights)
-        _, sharded = _clipped(_fsdp, batch, rank)
-        with open(f"{out}/rank{rank}.json", "w") as f:
-            json.dump({"max_score": numbers, "weights_equal": torch.equal(gathered[0], gathered[1]),
-                       "fsdp_gap": (sharded - weights).abs().max().item(), "local_s_max": local}, f)
-    finally:
-        dist.destroy_process_group()
+    # QK-Clip on different batches per rank: without the ranks agreeing on S_max, their weights would part
+    local, weights = _clipped(DDP, batch, rank)
+    gathered = [torch.empty_like(weights) for _ in range(WORLD)]
+    dist.all_gather(gathered, weights)
+    _, sharded = _clipped(_fsdp, batch, rank)
+    with open(f"{out}/rank{rank}.json", "w") as f:
+        json.dump({"max_score": numbers, "weights_equal": torch.equal(gathered[0], gathered[1]),
+                   "fsdp_gap": (sharded - weights).abs().max().item(), "local_s_max": local}, f)
 
 
 @pytest.fixture(scope="module")
 def ran(tmp_path_factory):
-    if not dist.is_available():
-        pytest.skip("this torch has no torch.distributed")
-    out = tmp_path_factory.mktemp("ddp")
-    mp.start_processes(_worker, args=(_free_port(), str(out)), nprocs=WORLD, join=True, start_method="spawn")
+    out = spawned_into(tmp_path_factory, "ddp", _worker, world=WORLD)
     return out, [json.loads((out / f"rank{r}.json").read_text()) for r in range(WORLD)]
 
 

@@ -37,7 +37,7 @@ def _offline(monkeypatch, tmp_path):
         sys.modules["wandb"].teardown()
 
 
-def _trainer(tmp_path, callback, report_to, steps=4, unscaled=False, init_std=0.02, head_dim=None):
+def _trainer(tmp_path, callback, report_to, steps=4, unscaled=False, init_std=0.02, head_dim=None, accumulate=1):
     from transformers import Trainer, TrainingArguments
 
     data, vocab = corpus_windows(16)
@@ -45,7 +45,8 @@ def _trainer(tmp_path, callback, report_to, steps=4, unscaled=False, init_std=0.
                        context=16, unscaled=unscaled, init_std=init_std)
     args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=steps, per_device_train_batch_size=4,
                              learning_rate=1e-3, logging_steps=1000, save_strategy="no", report_to=report_to,
-                             use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=0)
+                             use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=0,
+                             gradient_accumulation_steps=accumulate)
     return Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
 
 
@@ -109,3 +110,19 @@ def test_the_scaled_twin_runs_to_the_end(tmp_path):
 def test_bad_options_fail_when_the_callback_is_made():
     with pytest.raises(ValueError, match="every"):
         WatchCallback(every=0)
+
+
+def test_in_the_training_forward_per_layer_numbers_reach_tensorboard(tmp_path):
+    from attnscale.watch.logs.detail import layer_table
+
+    callback = WatchCallback(every=2, alerts=(), sinks=[JsonlSink(tmp_path / "w.jsonl")], in_training_forward=True,
+                             detail="layers")
+    _trainer(tmp_path, callback, ["tensorboard"], accumulate=2).train()
+    records = read_log(tmp_path / "w.jsonl")
+    assert [r.step for r in records] == [2, 4] and [r.probe["forwards"] for r in records] == [2, 2]
+    tb = tensorboard_scalars(tmp_path / "out" / "runs")
+    assert not any("/head_" in tag for tag in tb)
+    for m, measure in enumerate(HEAD_MEASURES):
+        for layer in range(2):
+            want = {r.step: layer_table(r)[layer][m] for r in records}
+            assert tb[f"train/attn/layer_{layer}/{measure}"] == pytest.approx(want, rel=1e-6)

@@ -127,3 +127,23 @@ def test_a_module_that_never_calls_its_forward_is_told_to_give_a_probe(tmp_path)
 def test_bad_options_fail_when_the_callback_is_made():
     with pytest.raises(ValueError, match="every"):
         WatchCallback(every=0)
+
+
+def test_in_the_training_forward_every_accumulated_batch_counts_and_no_forward_is_added(tmp_path):
+    callback = WatchCallback(every=2, alerts=(), sinks=[JsonlSink(tmp_path / "w.jsonl")], report=False,
+                             in_training_forward=True, detail="layers")
+    calls = []
+    real_start = callback.start
+
+    def start(model, step=0):  # count the module's forwards from the moment the watch is made
+        model.register_forward_pre_hook(lambda *_: calls.append(1))
+        return real_start(model, step)
+
+    callback.start = start
+    trainer = _fit(tmp_path, callback, False, steps=4, accumulate=2)
+    records = read_log(tmp_path / "w.jsonl")
+    assert trainer.global_step == 4 and [r.step for r in records] == [2, 4]
+    assert len(calls) == 4 * 2  # the training forwards alone
+    assert [r.probe["forwards"] for r in records] == [2, 2] and records[0].probe["sequences"] == 2 * 4
+    assert len(records[0].values[0][0]) == 4  # the log keeps every head whatever the detail
+    assert callback.latest[0] == 4 and "attn/layer_1/max_score" in callback.latest[1]

@@ -35,7 +35,7 @@ from attnscale.core.diagnostics import FROZEN_THRESHOLD, HEAD_MEASURES, measurin
 from attnscale.errors import ConfigError
 
 __all__ = ["Inputs", "first_sequences", "forward", "input_device", "measure", "measure_heads", "padding_of", "probing",
-           "unwrap"]
+           "stats_of", "unwrap"]
 
 
 @dataclass(frozen=True)
@@ -176,6 +176,14 @@ class _Layers:
         return HeadStats(parts[:, :M].float(), rows, HEAD_MEASURES, tuple(self.names), tuple(s.heads for s in self.sums),
                          bias_LH2=bias if has_bias else None,
                          errors_LRH=parts[:, M + 3:] if self.sample_rows is not None else None)
+
+
+def stats_of(sums: list[HeadSums], names: list[str], sample_rows: int | None = None) -> HeadStats:
+    """The ``HeadStats`` of layers reduced by the caller (one ``HeadSums`` per layer, with its name), read back
+    as a probe reads its own: for one that captures the forward itself (the watch in the training forward)."""
+    layers = _Layers(FROZEN_THRESHOLD, None, DEFAULT_MEMORY, sample_rows)
+    layers.sums, layers.names = list(sums), list(names)
+    return layers.stats()
 
 
 def measure_heads(model: nn.Module, batch: Any, *, threshold: float = FROZEN_THRESHOLD, capture: str = "auto",

@@ -3,7 +3,7 @@
 The Hugging Face callback (``hf.py``) and the Lightning callback (``lightning.py``)
 each translate their framework's events into these four calls, and only that:
 
-    start(model)      when training begins: the Watch is made on the model being trained
+    start(model, step) when training begins: the Watch is made on the model being trained
     after_step(step)  after each optimizer step: QK-Clip (if on), then a probe at its cadence
     should_stop       an alert whose action is "stop" has fired
     finish()          when training ends: the sinks are flushed and closed
@@ -32,18 +32,25 @@ class Attached:
     def __init__(self, every: int = EVERY, probe: Any = None, sinks: Sequence[Sink] = (),
                  alerts: Sequence[Alert] | None = None, threshold: float = FROZEN_THRESHOLD, *,
                  probe_sequences: int = PROBE_SEQUENCES, capture: str = "auto", adapter: Callable | None = None,
-                 qk_clip: float | None = None, memory: int = DEFAULT_MEMORY, sample_rows: int | None = None):
+                 qk_clip: float | None = None, memory: int = DEFAULT_MEMORY, sample_rows: int | None = None,
+                 detail: str = "heads", in_training_forward: bool = False, stage: int | None = None,
+                 layer_offset: int | None = None):
         self.options = dict(every=every, probe=probe, sinks=sinks, alerts=alerts, threshold=threshold,
                             probe_sequences=probe_sequences, capture=capture, adapter=adapter, qk_clip=qk_clip,
-                            memory=memory, sample_rows=sample_rows)
-        Watch.check(every, threshold, probe_sequences, qk_clip, memory, sample_rows)  # a bad option fails here, not at train()
+                            memory=memory, sample_rows=sample_rows, detail=detail,
+                            in_training_forward=in_training_forward, stage=stage, layer_offset=layer_offset)
+        Watch.check(every, threshold, probe_sequences, qk_clip, memory, sample_rows, detail=detail,
+                    in_training_forward=in_training_forward, stage=stage, layer_offset=layer_offset,
+                    probe=probe)  # a bad option fails here, not at train()
         self.watch: Watch | None = None
         self.latest: tuple[int, dict[str, float]] | None = None
 
-    def start(self, model) -> Watch:
-        """The run's Watch, made on ``model`` the first time (a second fit on the same callback goes on with it)."""
+    def start(self, model, step: int = 0) -> Watch:
+        """The run's Watch, made on ``model`` the first time (a second fit on the same callback goes on with it);
+        ``step``: the optimizer steps already taken (a resumed run's), so the next is ``step + 1``."""
         if self.watch is None:
             self.watch = Watch(model, **self.options)
+        self.watch.expect(step + 1)
         return self.watch
 
     def after_step(self, step: int) -> dict[str, float] | None:

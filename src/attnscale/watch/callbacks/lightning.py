@@ -15,7 +15,9 @@ write on rank 0 only, as Lightning's own logging does.
 The probe is the first batch the LightningModule's ``forward`` takes (``self(x)``
 in ``training_step``, Lightning's idiom), caught as ``Watch`` catches it; a module
 whose ``training_step`` never calls its own forward must be given ``probe=``, a
-batch its ``forward`` takes (it says so at the first step otherwise).
+batch its ``forward`` takes (it says so at the first step otherwise). With
+``in_training_forward=True`` the numbers come from that ``forward`` in the probe
+step's training batches (every accumulated batch of the step), with no extra one.
 
 An alert whose action is "stop" sets ``trainer.should_stop``: the fit ends after
 that batch. ``qk_clip=tau`` QK-Clips every head after each optimizer step
@@ -46,7 +48,7 @@ class WatchCallback(Attached, Callback):
         self._last_step: int | None = None
 
     def on_train_start(self, trainer, pl_module):
-        self.start(pl_module)
+        self.start(pl_module, trainer.global_step)
         self._last_step = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -54,7 +56,7 @@ class WatchCallback(Attached, Callback):
         if step == self._last_step:  # no optimizer step in this batch (gradient accumulation)
             return
         self._last_step = step
-        if self.watch.probe is None:
+        if self.watch.probe is None and self.watch.training is None:
             raise ConfigError(f"the watch saw no call of {type(pl_module).__name__}.forward in the first training step; "
                               "pass WatchCallback(probe=...) a batch that forward takes")
         numbers = self.after_step(step)

@@ -14,7 +14,9 @@ A watch log (``JsonlSink``) is JSON Lines; each line is one ``WatchLine``:
 
 ``values`` is ``HeadStats.values_LMH`` as nested lists (layer, measure, head);
 ``watch`` is the watch's own cost: this probe's seconds, its seconds so far and
-their share of the wall time since it started. ``bias``, only where a layer adds
+their share of the wall time since it started; ``probe``, what was measured: the
+probe batch's sequences and tokens, or, measured in the training forward
+(``in_training_forward``), the step's ``forwards`` and their sequences together. ``bias``, only where a layer adds
 a bias to its scores (ALiBi, a float mask's finite part): per layer and head the
 smallest and largest bias over the visible keys (null: none). ``qk_clip``, only where QK-Clip
 is on (``qk_clip.py``): per layer and query head since the probe before, the

@@ -4,6 +4,11 @@ Every sink takes a ``WatchLine`` per probe step (``write``) and is closed once
 (``close``, which flushes). TensorBoard and W&B get the flat scalars a reader
 plots beside the loss: ``attn/layer_{l}/head_{h}/{measure}``, the model-wide
 ``attn/...`` summaries and the watch's own ``watch/seconds`` and ``watch/share``.
+``detail`` ("heads", "layers" or "summary", ``detail.py``) says how much of that a
+TensorBoard, W&B or CSV sink writes; made without one, a sink takes the detail of the
+Watch it is given to. The JSONL log keeps every head whatever the detail.
+``images=True`` adds a layer × head heatmap per probe to TensorBoard and W&B
+(``heatmaps.py``; off by default).
 tensorboard and wandb load only when their sink is made (extra ``attnscale[watch]``).
 """
 
@@ -11,34 +16,52 @@ from __future__ import annotations
 
 import csv
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
 from attnscale.errors import ConfigError
+from attnscale.watch.logs.detail import check_detail, layer_table, per_layer
+from attnscale.watch.logs.heatmaps import heatmap, image_measures
 from attnscale.watch.logs.line import WatchLine
 
 __all__ = ["Sink", "JsonlSink", "CsvSink", "TensorBoardSink", "WandbSink", "scalars"]
 
 
-def scalars(record: WatchLine) -> dict[str, float]:
-    """The record as flat scalars: per head and measure, the summaries, the watch's own cost.
-    Non-finite values stay as they are (TensorBoard and W&B both plot NaN as a gap)."""
+def scalars(record: WatchLine, detail: str = "heads") -> dict[str, float]:
+    """The record as flat scalars: per head (``detail="heads"``) or per layer (``"layers"``) and measure, then
+    the summaries and the watch's own cost (``detail.py``). Non-finite values stay as they are (TensorBoard and
+    W&B both plot NaN as a gap)."""
+    check_detail(detail)
     out = {}
-    for layer, table_MH in enumerate(record.values):
-        for m, measure in enumerate(record.measures):
-            for head, value in enumerate(table_MH[m]):
-                out[f"attn/layer_{layer}/head_{head}/{measure}"] = math.nan if value is None else float(value)
-    for layer, heads in enumerate(record.bias):  # only where a layer has a bias: its range, apart from the scores
-        for head, pair in enumerate(heads):
-            if pair is not None and pair[0] is not None and pair[0] == pair[0]:
-                out[f"attn/layer_{layer}/head_{head}/bias_min"], out[f"attn/layer_{layer}/head_{head}/bias_max"] = map(float, pair)
+    if detail == "heads":
+        for layer, table_MH in enumerate(record.values):
+            for m, measure in enumerate(record.measures):
+                for head, value in enumerate(table_MH[m]):
+                    out[f"attn/layer_{layer}/head_{head}/{measure}"] = math.nan if value is None else float(value)
+        for layer, heads in enumerate(record.bias):  # only where a layer has a bias: its range, apart from the scores
+            for head, pair in enumerate(heads):
+                if pair is not None and pair[0] is not None and pair[0] == pair[0]:
+                    out[f"attn/layer_{layer}/head_{head}/bias_min"], out[f"attn/layer_{layer}/head_{head}/bias_max"] = map(float, pair)
+    elif detail == "layers":
+        for layer, row in enumerate(layer_table(record)):
+            out.update({f"attn/layer_{layer}/{measure}": value for measure, value in zip(record.measures, row)})
+        for b, name in enumerate(("bias_min", "bias_max")):
+            grid = [[None if pair is None else pair[b] for pair in heads] for heads in record.bias]
+            for layer, value in enumerate(per_layer(name, grid) if record.bias else ()):
+                if value == value:
+                    out[f"attn/layer_{layer}/{name}"] = value
     out.update({k: float(v) for k, v in record.summary.items()})
     out["attn/alerts"] = float(len(record.alerts))
     clip = record.qk_clip
     if clip:  # QK-Clip: per head the smallest factor on its scores and the largest S_max since the probe before
-        for layer, (gamma_H, s_max_H) in enumerate(zip(clip["gamma"], clip["s_max"])):
-            for head, (gamma, s_max) in enumerate(zip(gamma_H, s_max_H)):
-                out[f"qk_clip/layer_{layer}/head_{head}/gamma"] = float(gamma)
-                out[f"qk_clip/layer_{layer}/head_{head}/s_max"] = float(s_max)
+        if detail == "heads":
+            for layer, (gamma_H, s_max_H) in enumerate(zip(clip["gamma"], clip["s_max"])):
+                for head, (gamma, s_max) in enumerate(zip(gamma_H, s_max_H)):
+                    out[f"qk_clip/layer_{layer}/head_{head}/gamma"] = float(gamma)
+                    out[f"qk_clip/layer_{layer}/head_{head}/s_max"] = float(s_max)
+        elif detail == "layers":
+            for name in ("gamma", "s_max"):
+                out.update({f"qk_clip/layer_{l}/{name}": v for l, v in enumerate(per_layer(name, clip[name]))})
         out["qk_clip/min_gamma"] = float(min((g for layer in clip["gamma"] for g in layer), default=1.0))
         out["qk_clip/clipped_heads"] = float(sum(n > 0 for layer in clip["clipped_steps"] for n in layer))
     out.update({f"watch/{k}": float(v) for k, v in record.watch.items()})
@@ -46,7 +69,10 @@ def scalars(record: WatchLine) -> dict[str, float]:
 
 
 class Sink:
-    """A place records go; subclasses write one record per probe step."""
+    """A place records go; subclasses write one record per probe step. ``detail``: how much of each record a
+    sink of scalars writes (None: the detail of the Watch it is given to, which sets it)."""
+
+    detail: str | None = None
 
     def write(self, record: WatchLine) -> None:
         raise NotImplementedError
@@ -80,21 +106,41 @@ class JsonlSink(Sink):
 
 
 class CsvSink(Sink):
-    """One row per probe step and head: step, time, layer, head, rows counted, then each measure."""
+    """One row per probe step and head: step, time, layer, head, rows counted, then each measure. With
+    ``detail="layers"`` one row per step and layer (no head column, the layer's rows, each measure over its
+    heads); with ``"summary"`` one row per step: step, time, the model-wide summaries, the alerts."""
 
-    def __init__(self, path: Path | str):
+    def __init__(self, path: Path | str, detail: str | None = None):
+        if detail is not None:
+            check_detail(detail)
+        self.detail = detail
         self.path, self._file = _opened(path, "CsvSink")
         self._writer = csv.writer(self._file)
         self._header = self.path.stat().st_size > 0  # appending to a table that has its header
 
-    def write(self, record: WatchLine) -> None:
-        if not self._header:
-            self._writer.writerow(["step", "time", "layer", "head", "rows", *record.measures])
-            self._header = True
+    def _rows(self, record: WatchLine, detail: str) -> tuple[list, list[list]]:
+        """(the header, the rows) of one record."""
+        if detail == "summary":
+            keys = list(record.summary)
+            return ["step", "time", *keys, "alerts"], [[record.step, record.time, *(record.summary[k] for k in keys),
+                                                         len(record.alerts)]]
+        if detail == "layers":
+            rows = [[record.step, record.time, layer, sum(record.rows[layer]), *values]
+                    for layer, values in enumerate(layer_table(record))]
+            return ["step", "time", "layer", "rows", *record.measures], rows
+        rows = []
         for layer, table_MH in enumerate(record.values):
             for head in range(len(table_MH[0])):
                 cells = ["" if table_MH[m][head] is None else table_MH[m][head] for m in range(len(record.measures))]
-                self._writer.writerow([record.step, record.time, layer, head, record.rows[layer][head], *cells])
+                rows.append([record.step, record.time, layer, head, record.rows[layer][head], *cells])
+        return ["step", "time", "layer", "head", "rows", *record.measures], rows
+
+    def write(self, record: WatchLine) -> None:
+        header, rows = self._rows(record, self.detail or "heads")
+        if not self._header:
+            self._writer.writerow(header)
+            self._header = True
+        self._writer.writerows([["" if v != v else v for v in row] for row in rows])  # NaN: an empty cell
         self._file.flush()
 
     def close(self) -> None:
@@ -102,19 +148,28 @@ class CsvSink(Sink):
 
 
 class TensorBoardSink(Sink):
-    """TensorBoard event files in ``log_dir`` (torch.utils.tensorboard's writer), at the probe's step."""
+    """TensorBoard event files in ``log_dir`` (torch.utils.tensorboard's writer), at the probe's step.
+    ``images``: True (max_score, effective_words, frozen_fraction) or the measures to draw as layer × head
+    heatmaps (``add_image``, tag ``attn/heatmap/{measure}``); off by default."""
 
-    def __init__(self, log_dir: Path | str):
+    def __init__(self, log_dir: Path | str, detail: str | None = None, images: bool | Sequence[str] = False):
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             raise ConfigError("TensorBoardSink needs tensorboard; install the extra from the clone: pip install -e '.[watch]'") from None
+        if detail is not None:
+            check_detail(detail)
+        self.detail, self.images = detail, image_measures(images)
         self.log_dir = Path(log_dir)
         self._writer = SummaryWriter(log_dir=str(self.log_dir))
 
     def write(self, record: WatchLine) -> None:
-        for key, value in scalars(record).items():
+        for key, value in scalars(record, self.detail or "heads").items():
             self._writer.add_scalar(key, value, record.step, walltime=record.time)
+        for measure in self.images:
+            image, _, _ = heatmap(record.grid(measure), measure)
+            self._writer.add_image(f"attn/heatmap/{measure}", image, record.step, walltime=record.time,
+                                   dataformats="HWC")
         self._writer.flush()
 
     def close(self) -> None:
@@ -125,19 +180,28 @@ class WandbSink(Sink):
     """Weights & Biases: the scalars go to the active run (``wandb.run``), or to one this sink starts with
     ``wandb.init(**init)``; offline mode (``WANDB_MODE=offline``) writes the run's files locally.
     ``step=True`` logs at the probe's step (W&B's steps must then only grow, as the training loop's do);
-    ``step=False`` leaves W&B's own counter and adds ``watch/step``."""
+    ``step=False`` leaves W&B's own counter and adds ``watch/step``. ``images``: as ``TensorBoardSink``'s,
+    each a ``wandb.Image`` whose caption gives the values of its darkest and brightest colours."""
 
-    def __init__(self, step: bool = True, **init):
+    def __init__(self, step: bool = True, detail: str | None = None, images: bool | Sequence[str] = False, **init):
         try:
             import wandb
         except ImportError:
             raise ConfigError("WandbSink needs wandb; install the extra from the clone: pip install -e '.[watch]'") from None
+        if detail is not None:
+            check_detail(detail)
+        self.detail, self.images = detail, image_measures(images)
         self._owned = wandb.run is None
         self.run = wandb.init(**init) if self._owned else wandb.run
         self._step = step
+        self._image = wandb.Image
 
     def write(self, record: WatchLine) -> None:
-        values = scalars(record)
+        values: dict = scalars(record, self.detail or "heads")
+        for measure in self.images:
+            image, lo, hi = heatmap(record.grid(measure), measure)
+            values[f"attn/heatmap/{measure}"] = self._image(
+                image, caption=f"{measure} at step {record.step}: layers down, heads across; {lo:.4g} dark to {hi:.4g} bright")
         if self._step:
             self.run.log(values, step=record.step)
         else:

@@ -1,0 +1,142 @@
+"""The watch in the training forward: a probe step's numbers from the step's own forward, with no extra one.
+
+``Watch(model, in_training_forward=True)``. ``Watch.step(k)`` comes after step k's optimizer step, so the
+forward of step k runs between ``step(k - 1)`` and ``step(k)``: when k is a probe step, ``step(k - 1)`` arms
+this capture (the Watch itself, for step 1) and ``step(k)`` reads it and disarms it. Armed, the model has a
+forward pre-hook and a forward hook, and each forward of the model in train mode with gradients on (a training
+forward: an evaluation between two steps is none) runs inside ``capture.route.capturing``, each attention call
+reduced at once (``capture.reduce.reduce_call``: without gradients, in float32 with autocast off, from the q
+and k the model made in its own precision) into its layer's ``HeadSums``. So the numbers are those of the
+weights the step trained, in the training precision and mode; a model with dropout in its attention would be
+measured with it, where a probe turns it off.
+
+With gradient accumulation (or a pipeline's micro-batches) a step runs several forwards, and all count: the
+i-th attention call of each forward folds into layer i's sums, as one forward on their batches concatenated
+would give. A recomputation in the backward (activation checkpointing) is no forward of the model itself and
+does not count. Between probe steps nothing is hooked and nothing costs. A ``torch.compile``d model is
+refused: its graph was compiled without the capture, which would see no call (the default probe runs the
+original module eagerly instead).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from attnscale.capture.call import AttentionCall
+from attnscale.capture.probe import Inputs, padding_of, unwrap
+from attnscale.capture.reduce import HeadSums, reduce_call
+from attnscale.capture.route import Route, capturing
+from attnscale.errors import ConfigError
+
+__all__ = ["TrainingForward"]
+
+AUTOCAST_TYPES = ("cpu", "cuda", "mps", "xpu")
+
+
+def _batch_shape(args: tuple, kwargs: dict) -> tuple[int, int] | None:
+    """(sequences, tokens) of a forward's first tensor with two dims or more (ids, or a stage's activations)."""
+    for v in list(args) + list(kwargs.values()):
+        if torch.is_tensor(v) and v.ndim >= 2:
+            return int(v.shape[0]), int(v.shape[1])
+    return None
+
+
+def _compiled(model: nn.Module) -> bool:
+    """A ``torch.compile``d model, inside any (Distributed)DataParallel."""
+    while isinstance(model, (nn.DataParallel, nn.parallel.DistributedDataParallel)):
+        model = model.module
+    return isinstance(getattr(model, "_orig_mod", None), nn.Module)
+
+
+class TrainingForward:
+    """The capture of the training forwards between two ``Watch.step`` calls (see the module's docstring).
+    ``arm()``; the forwards run; ``take()`` gives (sums, names, what the forwards were) and disarms."""
+
+    def __init__(self, model: nn.Module, threshold: float, capture: str = "auto", adapter: Any = None,
+                 memory: int = 256 << 20, sample_rows: int | None = None, route: Route | None = None):
+        if _compiled(model):
+            raise ConfigError("in_training_forward cannot measure inside a torch.compile'd graph (it was compiled "
+                              "without the capture); watch the model with the default probe, which runs the original "
+                              "module eagerly")
+        self.model = unwrap(model)  # DDP's module: the forward that runs the layers
+        self.threshold, self.capture, self.adapter, self.route = threshold, capture, adapter, route
+        self.memory, self.sample_rows = memory, sample_rows
+        self.seconds = 0.0  # spent reducing calls inside the forwards: the watch's cost too
+        self._hooks: list = []
+        self._open: contextlib.ExitStack | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        self.sums: list[HeadSums] = []
+        self.names: list[str] = []
+        self._seen = {"forwards": 0, "sequences": 0}
+        self._padding: torch.Tensor | None = None
+        self._call = 0
+
+    @property
+    def armed(self) -> bool:
+        return bool(self._hooks)
+
+    def arm(self) -> None:
+        """Measure every training forward from now until ``take``."""
+        if not self._hooks:
+            self._hooks = [self.model.register_forward_pre_hook(self._enter, with_kwargs=True),
+                           self.model.register_forward_hook(self._leave, always_call=True)]
+
+    def _enter(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        if self._open is not None or not (module.training and torch.is_grad_enabled()):
+            return
+        self._padding = padding_of(Inputs(tuple(args), dict(kwargs)))
+        self._call = 0
+        shape = _batch_shape(args, kwargs)
+        if shape is not None:
+            self._seen["sequences"] += shape[0]
+            self._seen["tokens"] = shape[1]
+        self._seen["forwards"] += 1
+        stack = contextlib.ExitStack()
+        stack.enter_context(capturing(self.model, self._on_call, self.capture, self.adapter, self.route))
+        self._open = stack
+
+    def _leave(self, module: nn.Module, args: tuple, output: Any) -> None:
+        if self._open is not None:
+            stack, self._open = self._open, None
+            stack.close()  # "auto" on a Hugging Face model hands its calls over here
+
+    def _on_call(self, call: AttentionCall) -> None:
+        start = time.perf_counter()
+        i, self._call = self._call, self._call + 1
+        name = call.name or f"call {i}"
+        if i == len(self.sums):
+            self.sums.append(HeadSums(call.heads, self.threshold, self.sums[0].device if self.sums else call.q.device))
+            self.names.append(name)
+        elif (self.names[i], self.sums[i].heads) != (name, call.heads):
+            raise ConfigError(f"the training forwards of one step made different attention calls (call {i}: "
+                              f"{self.names[i]!r} with {self.sums[i].heads} heads, then {name!r} with {call.heads}); "
+                              "in_training_forward needs each forward of a step to call the same layers")
+        with contextlib.ExitStack() as stack:  # the reduction in float32, whatever autocast the forward runs under
+            for kind in sorted({"cpu", call.q.device.type} & set(AUTOCAST_TYPES)):
+                stack.enter_context(torch.autocast(kind, enabled=False))
+            reduce_call(call, self.sums[i], padding_BT=self._padding, memory=self.memory,
+                        sample_rows=self.sample_rows, seed=i)
+        self.seconds += time.perf_counter() - start
+
+    def take(self) -> tuple[list[HeadSums], list[str], dict[str, int]]:
+        """Disarm; the sums of every layer over the forwards since ``arm``, their names, and what the forwards
+        were ({"forwards": n, "sequences": their sequences together, "tokens": the last one's length})."""
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        if self._open is not None:  # a forward that never came back (an error inside it)
+            self._open.close()
+            self._open = None
+        out = (self.sums, self.names, dict(self._seen))
+        self._reset()
+        return out
+
+    def close(self) -> None:
+        self.take()
