@@ -81,7 +81,7 @@ class WatchCallback(Attached, TrainerCallback):
         self._pending: tuple[int, dict[str, float]] | None = None
 
     def on_train_begin(self, args, state, control, model=None, **kwargs):
-        self.start(model)
+        self.start(model, state.global_step)
         if self.report and state.is_world_process_zero:
             self._relay = self._integrations(args)
 
