@@ -128,3 +128,40 @@ def test_a_head_map_of_the_wrong_length_is_refused_by_name():
         TensorParallel(heads={"layers.0": [0, 1, 2]}).global_heads("layers.0", 2)
     assert TensorParallel(heads={"layers.0": [5, 7]}).global_heads("layers.0", 2) == [5, 7]
     assert TensorParallel().global_heads("layers.1", 3) == [0, 1, 2]  # one process: position 0 of the group
+
+
+def _watch_worker(rank: int, port: int, out: str) -> None:
+    """A Watch per rank over its half of the heads, QK-Clip on: rank 0's log is the whole model's."""
+    from attnscale.watch import TensorParallel as TP
+    from attnscale.watch.logs.sinks import JsonlSink
+    from attnscale.watch.loop import Watch
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
+    try:
+        with Watch(Model(rank), every=1, probe=IDS, alerts=(), tensor_parallel=TP(),
+                   sinks=[JsonlSink(f"{out}/watch.jsonl")] if rank == 0 else []) as watch:
+            numbers = watch.step(1)
+        with open(f"{out}/watch{rank}.json", "w") as f:
+            json.dump({"max_score": numbers["attn/max_score"], "keys": sorted(numbers)}, f)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_watch_on_each_tensor_parallel_rank_logs_the_whole_models_heads(tmp_path):
+    from attnscale.watch.logs.line import read_log
+
+    mp.start_processes(_watch_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, start_method="spawn")
+    (line,) = read_log(tmp_path / "watch.jsonl")
+    want = measure_heads(Model(), IDS)
+    torch.testing.assert_close(torch.tensor(line.values, dtype=torch.float32), want.values_LMH, rtol=1e-5, atol=1e-6)
+    got = [json.loads((tmp_path / f"watch{r}.json").read_text()) for r in range(WORLD)]
+    assert got[0]["max_score"] == got[1]["max_score"] == pytest.approx(float(want.get("max_score").max()))
+    assert "attn/layer_1/head_3/max_score" in got[1]["keys"]  # every rank has every head's number
+
+
+def test_a_watch_refuses_a_tensor_parallel_that_is_not_one():
+    from attnscale.watch.loop import Watch
+
+    with pytest.raises(ValueError, match="tensor_parallel takes an attnscale.watch.TensorParallel, got int"):
+        Watch(Model(), tensor_parallel=2)

@@ -44,6 +44,7 @@ import torch
 
 from attnscale.capture import ranks
 from attnscale.capture.probe import Inputs, first_sequences, measure_heads, stats_of
+from attnscale.capture.ranks import TensorParallel
 from attnscale.capture.reduce import DEFAULT_MEMORY
 from attnscale.capture.route import Route
 from attnscale.capture.stats import HeadStats
@@ -80,17 +81,21 @@ class Watch:
     ``in_training_forward``: measure in the probe step's own training forwards, not in an extra forward of
     a probe batch (``in_training.py``; ``probe`` and ``probe_sequences`` then have no use). ``stage``: this
     rank's pipeline stage (0 first), for pipeline parallelism, with ``in_training_forward``; ``layer_offset``:
-    the global index of the stage's first layer (None: stages in order of ``stage``; ``stages.py``)."""
+    the global index of the stage's first layer (None: stages in order of ``stage``; ``stages.py``).
+    ``tensor_parallel`` (``TensorParallel``): heads split over the ranks of a group, each read under its global
+    index, in the probe, in the training forward and in QK-Clip (``capture.ranks``)."""
 
     def __init__(self, model: torch.nn.Module, every: int = EVERY, probe: Any = None, sinks: Sequence[Sink] = (),
                  alerts: Sequence[Alert] | None = None, threshold: float = FROZEN_THRESHOLD, *,
                  probe_sequences: int = PROBE_SEQUENCES, capture: str = "auto", adapter: Callable | None = None,
                  drop_keys: Sequence[str] = ("labels",), qk_clip: float | None = None, memory: int = DEFAULT_MEMORY,
                  sample_rows: int | None = None, detail: str = "heads", in_training_forward: bool = False,
-                 stage: int | None = None, layer_offset: int | None = None):
+                 stage: int | None = None, layer_offset: int | None = None,
+                 tensor_parallel: TensorParallel | None = None):
         self.check(every, threshold, probe_sequences, qk_clip, memory, sample_rows, detail=detail,
-                   in_training_forward=in_training_forward, stage=stage, layer_offset=layer_offset, probe=probe)
-        self.memory, self.sample_rows, self.route = memory, sample_rows, Route()
+                   in_training_forward=in_training_forward, stage=stage, layer_offset=layer_offset, probe=probe,
+                   tensor_parallel=tensor_parallel)
+        self.memory, self.sample_rows, self.route, self.tensor_parallel = memory, sample_rows, Route(), tensor_parallel
         self.model, self.every, self.threshold, self.detail = model, every, threshold, detail
         self.sinks = list(sinks)
         for sink in self.sinks:  # a sink made without a detail writes the watch's
@@ -107,7 +112,7 @@ class Watch:
                          if in_training_forward else None)
         catch = self.probe is None and self.training is None
         self._hook = model.register_forward_pre_hook(self._catch, with_kwargs=True) if catch else None
-        self.clip = None if qk_clip is None else QKClip(model, qk_clip, capture, adapter, memory)
+        self.clip = None if qk_clip is None else QKClip(model, qk_clip, capture, adapter, memory, tensor_parallel)
         self._closed = False
         self.expect(1)
 
@@ -115,8 +120,10 @@ class Watch:
     def check(every: int, threshold: float, probe_sequences: int, qk_clip: float | None = None,
               memory: int = DEFAULT_MEMORY, sample_rows: int | None = None, *, detail: str = "heads",
               in_training_forward: bool = False, stage: int | None = None, layer_offset: int | None = None,
-              probe: Any = None) -> None:
+              probe: Any = None, tensor_parallel: Any = None) -> None:
         """Raise ValueError naming the option, for options no watch can run with."""
+        if tensor_parallel is not None and not isinstance(tensor_parallel, TensorParallel):
+            raise ValueError(f"tensor_parallel takes an attnscale.watch.TensorParallel, got {type(tensor_parallel).__name__}")
         if qk_clip is not None:
             check_tau(qk_clip)
         for name, value in (("every", every), ("probe_sequences", probe_sequences), ("memory", memory)):
@@ -203,7 +210,7 @@ class Watch:
         with self.clip.paused() if self.clip is not None else contextlib.nullcontext():  # a probe is no training step
             stats = measure_heads(self.model, self.probe, threshold=self.threshold, capture=self.capture,
                                   adapter=self.adapter, across_ranks=True, memory=self.memory,
-                                  sample_rows=self.sample_rows, route=self.route)
+                                  sample_rows=self.sample_rows, route=self.route, tensor_parallel=self.tensor_parallel)
         return stats, self._probe_shape(), 0.0
 
     def _in_training(self, step: int, sums: list, names: list[str], seen: dict[str, int]) -> tuple[HeadStats, dict]:
@@ -217,7 +224,7 @@ class Watch:
         if self.stage is not None:
             sums, names = union_of_stages(sums, names, self.stage, self.layer_offset, self.threshold)
         elif sums:
-            ranks.reduce_sums(sums, names)
+            ranks.reduce_sums(sums, names, self.tensor_parallel)
         if not sums:
             raise ConfigError(f"no attention call of {model} was seen in its training forward before step {step} "
                               f"(capture {self.capture!r}; a torch.compile'd submodule hides its calls); see "

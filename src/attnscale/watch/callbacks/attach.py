@@ -34,14 +34,15 @@ class Attached:
                  probe_sequences: int = PROBE_SEQUENCES, capture: str = "auto", adapter: Callable | None = None,
                  qk_clip: float | None = None, memory: int = DEFAULT_MEMORY, sample_rows: int | None = None,
                  detail: str = "heads", in_training_forward: bool = False, stage: int | None = None,
-                 layer_offset: int | None = None):
+                 layer_offset: int | None = None, tensor_parallel=None):
         self.options = dict(every=every, probe=probe, sinks=sinks, alerts=alerts, threshold=threshold,
                             probe_sequences=probe_sequences, capture=capture, adapter=adapter, qk_clip=qk_clip,
                             memory=memory, sample_rows=sample_rows, detail=detail,
-                            in_training_forward=in_training_forward, stage=stage, layer_offset=layer_offset)
+                            in_training_forward=in_training_forward, stage=stage, layer_offset=layer_offset,
+                            tensor_parallel=tensor_parallel)
         Watch.check(every, threshold, probe_sequences, qk_clip, memory, sample_rows, detail=detail,
                     in_training_forward=in_training_forward, stage=stage, layer_offset=layer_offset,
-                    probe=probe)  # a bad option fails here, not at train()
+                    probe=probe, tensor_parallel=tensor_parallel)  # a bad option fails here, not at train()
         self.watch: Watch | None = None
         self.latest: tuple[int, dict[str, float]] | None = None
 

@@ -2,42 +2,15 @@
 
     trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[WatchCallback()])
 
-Nothing more: every ``every`` optimizer steps (``on_step_end``) it measures every
-head on the first training batch (caught by a forward pre-hook as ``Watch`` does),
-and its numbers reach every ``report_to`` integration of the run (TensorBoard, W&B,
-MLflow, trackio, ...) at that step, beside the loss.
-
-How the numbers reach the integrations. The Trainer puts the integrations'
-callbacks before any callback passed to it, and hands one ``logs`` dict to each
-``on_log`` in that order, so a user callback that adds to ``logs`` is too late:
-the integrations have written their step already. A callback sees neither the
-Trainer nor its callback list (only args, state, control, model, optimizer,
-dataloaders), and the documentation says callbacks are read-only apart from the
-``TrainerControl`` they return. So the callback uses two public, documented parts:
-1. ``control.should_log = True`` at a probe step (the control a callback may set),
-   so the Trainer logs its loss at that very step;
-2. its own instances of the run's integration callbacks, built from
-   ``args.report_to`` with ``transformers.integrations.get_reporting_integration_callbacks``
-   (the function the Trainer builds its own with), whose ``on_log`` it calls with
-   the watch's numbers at the same ``state.global_step``, right after the Trainer's
-   log of that step. They write into the run the integration already opened: W&B,
-   MLflow and trackio reuse the active run, and the TensorBoard copy writes into the
-   folder the Trainer's TensorBoard callback writes (``TENSORBOARD_LOGGING_DIR``, else
-   the newest folder of event files under ``OUTPUT_DIR/runs`` when training starts),
-   where TensorBoard shows both event files as one run.
-Nothing of the Trainer is read or patched. Like every logged key, the names reach
-the integrations as ``train/attn/layer_{l}/head_{h}/{measure}`` (``rewrite_logs``).
-The copies are set up as the integration sets itself up (W&B updates its config
-again; with ``WANDB_LOG_MODEL`` set it would also log the model twice: leave that
-off, or pass ``report=False`` and a ``WandbSink``). Integrations that open a new
-run per instance (Neptune, DVCLive) would get a second run: ``report=False`` there.
-
-An alert whose action is "stop" sets ``control.should_training_stop`` at its step.
-``qk_clip=tau`` QK-Clips every head after each optimizer step (``on_step_end``,
-after the optimizer and scheduler steps; ``qk_clip.py``).
-Under DDP every rank's callback probes its own batch and the numbers are those of all
-ranks together (``distributed.py``); only rank 0 reports and writes.
-transformers loads with this module, never with ``attnscale.watch``.
+Every ``every`` optimizer steps (``on_step_end``) it probes the first training batch, as
+``Watch`` does, and hands the numbers to every ``report_to`` integration at that step,
+beside the loss. The Trainer calls its integrations' ``on_log`` before any user
+callback, so the callback sets ``control.should_log`` at a probe step and calls its
+own copies of the run's integration callbacks (``get_reporting_integration_callbacks``)
+with the watch's numbers at the same ``global_step``: nothing of the Trainer is read or
+patched. Why, and what that means for each integration: docs/watch.md. A "stop" alert
+sets ``control.should_training_stop``; ``qk_clip=tau`` clips after the optimizer and
+scheduler steps. transformers loads with this module, never with ``attnscale.watch``.
 """
 
 from __future__ import annotations
