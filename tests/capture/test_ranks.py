@@ -131,7 +131,7 @@ def test_a_head_map_of_the_wrong_length_is_refused_by_name():
 
 
 def _watch_worker(rank: int, port: int, out: str) -> None:
-    """A Watch per rank over its half of the heads, QK-Clip on: rank 0's log is the whole model's."""
+    """A Watch per rank over its half of the heads: rank 0's log is the whole model's."""
     from attnscale.watch import TensorParallel as TP
     from attnscale.watch.logs.sinks import JsonlSink
     from attnscale.watch.loop import Watch
