@@ -217,4 +217,45 @@ def add_study(sub) -> None:
     p.set_defaults(run=Command(_study_config, _study, table_of("setup_study")))
 
 
-COMMANDS = [add_train, add_dynamics, add_sweep, add_schemes, add_study]
+def _warn_config(args):
+    from attnscale.experiments import warn_study
+
+    cfg = warn_study.preset("smoke" if args.quick else "full", corpus=args.corpus, tokenizer=args.tokenizer)
+    model, train = overrides(cfg.model, cfg.train, args)
+    return dataclasses.replace(cfg, model=model, train=train, device=args.device,
+                               lrs=_once(args.lrs or cfg.lrs), seeds=_once(args.seeds if args.seeds is not None else cfg.seeds),
+                               scales=_once(args.scales or cfg.scales), norms=_once(args.norms or cfg.norms),
+                               warmups=_once(args.warmups if args.warmups is not None else cfg.warmups))
+
+
+def _warn(cfg, out, args):
+    from attnscale.experiments import warn_study
+
+    return warn_study.run(cfg, out, jobs=args.jobs, **executor_kwargs(args))
+
+
+def _warn_json(result) -> dict:
+    from attnscale.experiments import warn_study
+
+    return warn_study.as_json(result)
+
+
+def add_warn_study(sub) -> None:
+    from attnscale.experiments.warn_study import LRS
+
+    p = sub.add_parser("warn-study", help="does the watch warn before a run breaks? the tiny LM trained to the edge: "
+                                          "each alert's hits, false alarms and lead time over a learning-rate ladder")
+    p.add_argument("--lrs", type=positive_float, nargs="+", help=f"the learning-rate ladder (default: {words(LRS)})")
+    p.add_argument("--seeds", type=nonneg_int, nargs="+",
+                   help="seeds per cell; half choose the thresholds, half judge them (default 0 … 9)")
+    p.add_argument("--scale", type=scale_name, nargs="+", dest="scales", help="schemes (default: none inv_sqrt_d)")
+    p.add_argument("--norm", choices=["post", "pre"], nargs="+", dest="norms", help="norm placements (default: post pre)")
+    p.add_argument("--warmup", type=nonneg_int, nargs="+", dest="warmups", help="warm-up steps (default: 0 20)")
+    training_options(p, "attnscale-out/warn-study",
+                     quick="the smoke size: 4 runs of 40 steps, a check that the study works, not a measurement")
+    jobs_option(p)
+    executor_options(p)
+    p.set_defaults(run=Command(_warn_config, _warn, table_of("warn_study"), as_json=_warn_json))
+
+
+COMMANDS = [add_train, add_dynamics, add_sweep, add_schemes, add_study, add_warn_study]

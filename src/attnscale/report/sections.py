@@ -20,7 +20,7 @@ from typing import Any
 
 from attnscale.core.scales import display_name
 from attnscale.report.blocks import Block, Heading, Para, Banner, Scoreboard, Details, Bullets, Image, Table, opening
-from attnscale.report import course, frozen_section, schemes_section, setup_section
+from attnscale.report import course, frozen_section, schemes_section, setup_section, warn_section
 
 __all__ = ["document", "preset_of"]
 
@@ -423,5 +423,6 @@ def document(runs, verdicts: list[course.Verdict], out: Path,
               *_sweep(runs, by["sweep"], out, pngs),
               *schemes_section.blocks(runs, out, pngs),  # beyond the course: which scale?
               *setup_section.blocks(runs, out, pngs),  # beyond the course: which setup?
+              *warn_section.blocks(runs, out, pngs),  # does the watch warn before a run breaks?
               *_metadata(runs)]
     return blocks, pngs

@@ -1,0 +1,356 @@
+"""Does the watch warn before a run breaks? The divergence study behind the watch's default alerts.
+
+Trains the tiny LM (unscaled and 1/sqrt(d), post-LN and pre-LN, without warm-up and with) over a
+learning-rate ladder from the presets' comfortable 3e-3 to 100× it, past the edge, with ten seeds a
+cell, at a constant rate after the warm-up so that no decay rescues a run at the edge. Each run
+records the loss at every step and every head's measures at every step (``record_every=1``); the
+watch is read at every ``probe_every``-th step (5), as a probe at that cadence would see it.
+
+What a run is (broken at a step, or healthy), each alert's first alarm, and their judging are
+``analysis.detectors``; ``analyse`` applies them: thresholds chosen on half the seeds
+(``detectors.split_seeds``) at a false-alarm target, rates and lead times read on the other half,
+with Wilson intervals for the rates and percentile intervals from resampling seeds for the leads.
+The runs go through the runs/ layer like every
+sweep (``runs.runner.execute``: local workers or Ray, resume per run and from checkpoints), into
+``out/<run_id>`` with record group "warn".
+
+Measured on the training step's own forward (its first 4 sequences, in the run's precision), not on
+a fixed fp32 probe batch as ``Watch`` measures: the same measures (``core.diagnostics``), another batch.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Sequence
+
+from attnscale.analysis import detectors as det
+from attnscale.errors import ConfigError
+from attnscale.experiments.training_config import TrainingConfig
+from attnscale.lm.train import TrainConfig
+from attnscale.runs.record import TrainRun
+from attnscale.runs.runner import RunSpec, execute
+from attnscale.terminal import table
+
+__all__ = ["WarnConfig", "preset", "specs", "run_records", "series_of", "row", "analyse", "analyse_rows", "run", "as_json",
+           "breaks_by_cell", "rule_text", "cell_of", "format_table", "GROUP",
+           "FAMILY", "TARGET_FALSE_ALARMS", "STOP_FALSE_ALARMS", "SIZES"]
+
+GROUP = "warn"
+FAMILY = "tiny LM"
+SIZES = ("smoke", "full")
+TARGET_FALSE_ALARMS = 0.05  # a warning's threshold is chosen to fire on at most 5% of the choosing half's healthy runs
+STOP_FALSE_ALARMS = 0.01  # "stop" only for a rule below 1% on the held-out half
+LRS = (3e-3, 1e-2, 3e-2, 1e-1, 3e-1)  # half-decades from the presets' 3e-3; fixed before any result
+
+
+def _train() -> TrainConfig:
+    # the default preset's optimiser (AdamW, weight decay 0.1, clip 1.0), 200 steps at a constant rate
+    return TrainConfig(steps=200, batch=16, lr=3e-3, warmup=0, min_lr_ratio=1.0, record_every=1, eval_batches=None,
+                       dtype="auto", checkpoint_every=100)
+
+
+@dataclass(frozen=True)
+class WarnConfig(TrainingConfig):
+    """Scales × norms × warm-ups × learning rates × seeds of the tiny LM at head width ``head_dim``."""
+
+    head_dim: int = 64
+    scales: tuple[str, ...] = ("none", "inv_sqrt_d")
+    norms: tuple[str, ...] = ("post", "pre")
+    warmups: tuple[int, ...] = (0, 20)
+    lrs: tuple[float, ...] = LRS
+    seeds: tuple[int, ...] = tuple(range(10))
+    probe_every: int = 5
+    train: TrainConfig = _train()
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name in ("scales", "norms", "warmups", "lrs", "seeds"):
+            values = getattr(self, name)
+            if not values or len(set(values)) != len(values):
+                raise ConfigError(f"warn-study {name} must be a non-empty list without repeats, got {list(values)}")
+        if any(not (isinstance(w, int) and 0 <= w < self.train.steps) for w in self.warmups):
+            raise ConfigError(f"warn-study warm-ups must be whole steps below the run's {self.train.steps}")
+        if not isinstance(self.probe_every, int) or self.probe_every < 1:
+            raise ConfigError(f"warn-study probe_every must be a positive integer, got {self.probe_every!r}")
+
+
+def preset(size: str = "full", corpus: str = "default", tokenizer: str | None = None) -> WarnConfig:
+    """"full": the named run (400 runs of 200 steps); "smoke": a check that the study and its section work
+    (4 runs of 40 steps at two learning rates and two seeds), not a measurement."""
+    if size not in SIZES:
+        raise ConfigError(f"unknown warn-study preset {size!r}; choose one of: {', '.join(SIZES)}")
+    base = WarnConfig(corpus=corpus, tokenizer=tokenizer)
+    if size == "smoke":
+        return replace(base, head_dim=8, scales=("none",), norms=("post",), warmups=(0,), lrs=(3e-3, 3e-1),
+                       seeds=(0, 1), model={**base.model, "context": 16, "d_model": 16},
+                       train=replace(base.train, steps=40, batch=2, eval_batches=2, checkpoint_every=0,
+                                     record_sequences=1))
+    return base
+
+
+def _run_id(scale: str, norm: str, warmup: int, lr: float, seed: int) -> str:
+    return f"{scale}-{norm}-warmup{warmup}-lr{lr:g}-seed{seed}"
+
+
+def specs(cfg: WarnConfig, vocab_size: int) -> list[RunSpec]:
+    from attnscale.lm.model import ModelConfig
+
+    train = cfg.train if cfg.device is None else replace(cfg.train, device=cfg.device)
+    out = []
+    for scale in cfg.scales:
+        for norm in cfg.norms:
+            for warmup in cfg.warmups:
+                for lr in cfg.lrs:
+                    for seed in cfg.seeds:
+                        model = ModelConfig(vocab_size=vocab_size, head_dim=cfg.head_dim, scale=scale,
+                                            **{**cfg.model, "norm": norm})
+                        out.append(RunSpec(_run_id(scale, norm, warmup, lr, seed), model,
+                                           replace(train, lr=lr, warmup=warmup, seed=seed), GROUP))
+    return out
+
+
+def run_records(cfg: WarnConfig, out: Path, jobs: int = 1, progress: bool = True, executor: str = "local",
+                ray_address: str | None = None, corpus=None) -> list[TrainRun]:
+    """Train every run not yet finished under ``out/<run_id>``; return every run as read back."""
+    corpus = corpus if corpus is not None else cfg.corpus_spec.load()
+    return execute(specs(cfg, corpus.vocab_size), cfg.corpus_spec, Path(out), jobs=jobs, progress=progress,
+                   corpus=corpus, executor=executor, ray_address=ray_address)
+
+
+def _number(x) -> float:
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else math.nan
+
+
+def series_of(run: TrainRun, probe_every: int = 5) -> det.Series:
+    """A run's loss at every training step, every head's measures at every ``probe_every``-th step
+    (flattened over layers; NaN where not finite) and its held-out loss, as ``detectors.Series``."""
+    from attnscale.core.diagnostics import HEAD_MEASURES
+
+    steps = int(run.train.get("steps", 0))
+    lines = [x for x in run.history if isinstance(x.get("step"), int) and x["step"] < steps]
+    by_step = {x["step"]: x for x in lines}
+    losses = tuple(by_step[s].get("loss") if s in by_step else None for s in range(max(by_step, default=-1) + 1))
+    probes = tuple((s, {k: [_number(v) for layer in by_step[s].get(k) or () for v in layer] for k in HEAD_MEASURES})
+                   for s in sorted(by_step) if s % probe_every == 0 and by_step[s].get("max_score") is not None)
+    return det.Series(losses, probes, run.results.valid_loss)
+
+
+def cell_of(run: TrainRun) -> dict[str, Any]:
+    return {"scale": run.scale, "norm": run.model.get("norm"), "warmup": run.train.get("warmup"), "lr": run.lr,
+            "seed": run.seed}
+
+
+def row(cell: dict[str, Any], run_id: str, series: det.Series, floor: float | None,
+        rule: det.BreakRule = det.BreakRule()) -> dict[str, Any]:
+    """One run as ``analyse_rows`` takes it: its cell (scale, norm, warmup, lr, seed), break and every detector's signal."""
+    return {**cell, "run": run_id, "steps": series.steps, "break": det.break_point(series, floor, rule),
+            "signals": {d.name: det.signal(d.name, series) for d in det.DETECTORS}, "series": series}
+
+
+def analyse(runs: Sequence[TrainRun], floor: float | None, probe_every: int = 5,
+            rule: det.BreakRule = det.BreakRule()) -> dict[str, Any]:
+    """``analyse_rows`` of the finished runs of ``runs`` (``series_of`` each)."""
+    rows = [row(cell_of(t), t.run_id, series_of(t, probe_every), floor, rule)
+            for t in runs if t.status in ("done", "diverged")]
+    return analyse_rows(rows, floor, probe_every, rule)
+
+
+def analyse_rows(rows: list[dict[str, Any]], floor: float | None, probe_every: int = 5,
+                 rule: det.BreakRule = det.BreakRule()) -> dict[str, Any]:
+    """Per detector its curve, the threshold chosen on the choosing seeds at ``TARGET_FALSE_ALARMS`` and at
+    ``STOP_FALSE_ALARMS``, and what those read on the held-out seeds (``detectors.judge``, with seed-bootstrap
+    intervals); the best rule, single or a pair; each detector's lead against the loss's own."""
+    seeds = sorted({r["seed"] for r in rows})
+    choosing, held_out = det.split_seeds(seeds)
+    return {"family": FAMILY, "rule": rule, "floor": floor, "probe_every": probe_every, "rows": rows,
+            "choosing_seeds": choosing, "held_out_seeds": held_out,
+            **_judged(rows, choosing, held_out)}
+
+
+def _runs(rows, seeds) -> list[tuple]:
+    return [(r["seed"], r["steps"], r["break"], r["signals"]) for r in rows if r["seed"] in seeds]
+
+
+_BELOW = {d.name: d.below for d in det.DETECTORS}
+
+
+def _alarm(sig, name: str, threshold: float) -> int | None:
+    """The first alarm of ``name`` at ``threshold``, kept in the run's ``sig`` (the pair search asks often)."""
+    memo = sig.setdefault("_alarms", {})
+    if (name, threshold) not in memo:
+        memo[name, threshold] = det.first_alarm(sig[name], threshold, _BELOW[name])
+    return memo[name, threshold]
+
+
+def _rule_outcomes(runs, parts: Sequence[tuple[str, float]]) -> list[det.Outcome]:
+    return [det.Outcome(seed, steps, None if b is None else b.step,
+                        det.combine_alarms(*(_alarm(sig, n, th) for n, th in parts))) for seed, steps, b, sig in runs]
+
+
+def _held_out(runs, parts) -> dict[str, Any]:
+    out = _rule_outcomes(runs, parts)
+    j = det.judge(out)
+
+    def rate(key):
+        def f(sample):
+            return det.judge(sample)[key]
+        return f
+
+    return {"parts": list(parts), **j, "hit_rate_ci": det.wilson(j["hits"], j["broken"]),
+            "false_alarm_rate_ci": det.wilson(j["false_alarms"], j["healthy"]),
+            "lead_median_ci": det.bootstrap(out, rate("lead_median")),
+            "lead_share_median_ci": det.bootstrap(out, rate("lead_share_median")), "outcomes": out}
+
+
+def _best_pair(runs, chosen: dict[str, dict], target: float):
+    """The OR of two detectors, each at one of its thresholds, with the most hits on ``runs`` under ``target``."""
+    best = None
+    names = [d.name for d in det.DETECTORS]
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            for ta in next(d for d in det.DETECTORS if d.name == a).thresholds:
+                for tb in next(d for d in det.DETECTORS if d.name == b).thresholds:
+                    j = det.judge(_rule_outcomes(runs, ((a, ta), (b, tb))))
+                    if j["false_alarm_rate"] is None or j["false_alarm_rate"] > target:
+                        continue
+                    key = (j["hits"], j["lead_median"] if j["lead_median"] is not None else -math.inf)
+                    if best is None or key > best[0]:
+                        best = (key, ((a, ta), (b, tb)), j)
+    return best
+
+
+def _judged(rows, choosing, held_out) -> dict[str, Any]:
+    pick, judge_on = _runs(rows, choosing), _runs(rows, held_out)
+    detectors, chosen, stop = {}, {}, {}
+    for d in det.DETECTORS:
+        curve_choose, curve_held = det.sweep(pick, d.name), det.sweep(judge_on, d.name)
+        warn, halt = det.choose(curve_choose, TARGET_FALSE_ALARMS), det.choose(curve_choose, STOP_FALSE_ALARMS)
+        detectors[d.name] = {"curve_choosing": curve_choose, "curve_held_out": curve_held,
+                             "warn": None if warn is None else {"choosing": warn,
+                                                                **_held_out(judge_on, ((d.name, warn["threshold"]),))},
+                             "stop": None if halt is None else {"choosing": halt,
+                                                                **_held_out(judge_on, ((d.name, halt["threshold"]),))}}
+        if warn is not None:
+            chosen[d.name] = warn
+    singles = [(name, c) for name, c in chosen.items()]
+    singles = [(name, c) for name, c in singles if c["hits"] > 0]  # a rule that warns no broken run is no rule
+    best_single = max(singles, key=lambda nc: (nc[1]["hits"], nc[1]["lead_median"] if nc[1]["lead_median"] is not None
+                                               else -math.inf)) if singles else None
+    pair = _best_pair(pick, chosen, TARGET_FALSE_ALARMS)
+    combined = None
+    if pair is not None and pair[2]["hits"] > (best_single[1]["hits"] if best_single else 0):
+        combined = {"choosing": pair[2], **_held_out(judge_on, pair[1])}
+    best = combined if combined is not None else (detectors[best_single[0]]["warn"] if best_single else None)
+    baseline = detectors["loss_spike"]["warn"]
+    versus = {}
+    for name, d in detectors.items():
+        if d["warn"] is None or baseline is None or name == "loss_spike":
+            continue
+        versus[name] = _lead_difference(d["warn"]["outcomes"], baseline["outcomes"])
+    return {"detectors": detectors, "combined": combined, "best": best, "versus_loss": versus}
+
+
+def _lead_difference(a: Sequence[det.Outcome], b: Sequence[det.Outcome]) -> dict[str, Any]:
+    """Median lead of ``a`` minus that of ``b`` over the broken runs both judged (a miss counts lead 0:
+    no warning), with a seed-bootstrap interval; "earlier", "later" or "inconclusive" by that interval."""
+    pairs = [(x.seed, (x.lead or 0) - (y.lead or 0)) for x, y in zip(a, b) if x.broken_at is not None]
+
+    def stat(sample):
+        return det.quantile([d for _, d in sample], 0.5)
+
+    value = stat(pairs)
+    ci = det.bootstrap(pairs, stat, seed_of=lambda p: p[0])
+    verdict = "inconclusive" if ci is None or ci[0] <= 0 <= ci[1] else "earlier" if ci[0] > 0 else "later"
+    return {"median": value, "ci": ci, "verdict": verdict, "runs": len(pairs),
+            "mean": sum(d for _, d in pairs) / len(pairs) if pairs else None}
+
+
+def run(cfg: WarnConfig, out: Path, jobs: int = 1, progress: bool = True, executor: str = "local",
+        ray_address: str | None = None) -> dict[str, Any]:
+    """Train what is missing, then ``analyse`` every run against a unigram model's held-out loss on the corpus."""
+    from attnscale.analysis.schemes import unigram_loss
+
+    corpus = cfg.corpus_spec.load()
+    runs = run_records(cfg, out, jobs, progress, executor, ray_address, corpus)
+    floor = unigram_loss(corpus.train.tolist(), corpus.valid.tolist(), corpus.vocab_size)
+    return analyse(runs, floor, cfg.probe_every)
+
+
+# ---- the printout ------------------------------------------------------------------------------
+
+
+def _pct(x, ci=None) -> str:
+    if x is None:
+        return "—"
+    text = f"{100 * x:.0f}%"
+    return text + (f" [{100 * ci[0]:.0f}%, {100 * ci[1]:.0f}%]" if ci else "")
+
+
+def _steps(x, ci=None) -> str:
+    if x is None:
+        return "—"
+    return f"{x:g}" + (f" [{ci[0]:g}, {ci[1]:g}]" if ci else "")
+
+
+def rule_text(parts) -> str:
+    return " or ".join(f"{n} {'<' if next(d for d in det.DETECTORS if d.name == n).below else '>'} {th:g}"
+                       for n, th in parts)
+
+
+def breaks_by_cell(result) -> list[dict[str, Any]]:
+    """Per scale, norm, warm-up and learning rate: runs, broken runs and their reasons."""
+    cells: dict[tuple, dict] = {}
+    for r in result["rows"]:
+        key = (r["scale"], r["norm"], r["warmup"], r["lr"])
+        c = cells.setdefault(key, {"scale": key[0], "norm": key[1], "warmup": key[2], "lr": key[3], "runs": 0,
+                                   "broken": 0, "reasons": {}})
+        c["runs"] += 1
+        if r["break"] is not None:
+            c["broken"] += 1
+            c["reasons"][r["break"].reason] = c["reasons"].get(r["break"].reason, 0) + 1
+    return [cells[k] for k in sorted(cells, key=lambda k: (k[0], k[1], k[2], k[3]))]
+
+
+def format_table(result: dict[str, Any]) -> str:
+    """Per detector on the held-out seeds: its chosen threshold, hit rate, false-alarm rate and lead (intervals)."""
+    rows = []
+    for name, d in result["detectors"].items():
+        w = d["warn"]
+        if w is None:
+            rows.append([name, "none under the target", "—", "—", "—", "—"])
+            continue
+        rows.append([name, rule_text(w["parts"]), f"{w['hits']}/{w['broken']} {_pct(w['hit_rate'], w['hit_rate_ci'])}",
+                     f"{w['false_alarms']}/{w['healthy']} {_pct(w['false_alarm_rate'], w['false_alarm_rate_ci'])}",
+                     _steps(w["lead_median"], w["lead_median_ci"]),
+                     _steps(w["lead_q1"]) + "–" + _steps(w["lead_q3"])])
+    c = result["combined"]
+    if c is not None:
+        rows.append(["combined", rule_text(c["parts"]), f"{c['hits']}/{c['broken']} {_pct(c['hit_rate'], c['hit_rate_ci'])}",
+                     f"{c['false_alarms']}/{c['healthy']} {_pct(c['false_alarm_rate'], c['false_alarm_rate_ci'])}",
+                     _steps(c["lead_median"], c["lead_median_ci"]), _steps(c["lead_q1"]) + "–" + _steps(c["lead_q3"])])
+    lines = table(("detector", "rule (chosen on seeds " + " ".join(map(str, result["choosing_seeds"])) + ")",
+                   "hits", "false alarms", "median lead, steps [95%]", "lead quartiles"), rows, "<<>>>>")
+    lines.append(f"Held-out seeds {' '.join(map(str, result['held_out_seeds']))}; thresholds chosen for at most "
+                 f"{100 * TARGET_FALSE_ALARMS:g}% false alarms on the others; intervals: 95% percentile bootstrap "
+                 f"over seeds for leads, Wilson for rates. Break rule: {result['rule'].text()}"
+                 + (f" (unigram loss {result['floor']:.3f} nats)." if result["floor"] is not None else "."))
+    return "\n".join(lines)
+
+
+def _plain(judged: dict | None) -> dict | None:
+    return None if judged is None else {k: v for k, v in judged.items() if k != "outcomes"}
+
+
+def as_json(result: dict[str, Any]) -> dict[str, Any]:
+    """The study's numbers without the runs' series: what --json prints and docs/warn-study.json keeps."""
+    return {"family": result["family"], "break_rule": result["rule"].text(), "unigram_loss": result["floor"],
+            "probe_every": result["probe_every"], "choosing_seeds": list(result["choosing_seeds"]),
+            "held_out_seeds": list(result["held_out_seeds"]), "target_false_alarms": TARGET_FALSE_ALARMS,
+            "stop_false_alarms": STOP_FALSE_ALARMS, "cells": breaks_by_cell(result),
+            "detectors": {name: {"curve_held_out": d["curve_held_out"], "curve_choosing": d["curve_choosing"],
+                                 "warn": _plain(d["warn"]), "stop": _plain(d["stop"])}
+                          for name, d in result["detectors"].items()},
+            "combined": _plain(result["combined"]), "best": _plain(result["best"]),
+            "versus_loss": result["versus_loss"]}

@@ -1,0 +1,266 @@
+"""analysis.detectors on hand-made series: the break rule at its edges, each detector's number and first
+alarm, hits, false alarms and lead times, the threshold sweep and choice, quantiles, the seed bootstrap
+and the held-out split; every number worked out by hand in the comments."""
+
+import math
+
+import pytest
+
+from attnscale.analysis import detectors as det
+
+# 40 steps, ten of each level: median 1.15, MAD 0.1, robust SD 0.14826; 6 SDs above the median: 2.03956
+ALT = [1.0, 1.1, 1.2, 1.3] * 10
+
+
+def _series(losses, final=1.0, probes=()):
+    return det.Series(tuple(losses), tuple(probes), final)
+
+
+# ---- the break rule -----------------------------------------------------------------------------
+
+
+def test_a_non_finite_loss_breaks_the_run_at_its_step():
+    assert det.break_point(_series([1.0] * 30 + [None], final=None), floor=None) == det.Break(30, "non-finite")
+    assert det.break_point(_series([1.0] * 30 + [math.inf], final=None), floor=None) == det.Break(30, "non-finite")
+
+
+def test_a_spike_that_stays_up_breaks_the_run_where_it_starts():
+    # steps 40 … 69 at 3.0, above 2.03956; none of the next 20 comes back under the line
+    assert det.break_point(_series(ALT + [3.0] * 30), floor=None) == det.Break(40, "spike")
+
+
+def test_a_spike_back_under_the_line_at_the_twentieth_step_after_is_no_break():
+    # up at steps 40 … 59, back at 60: within steps 41 … 60, the 20 after step 40 (and within reach of
+    # every later step of the jump)
+    losses = ALT + [3.0] * 20 + ALT
+    assert det.break_point(_series(losses), floor=None) is None
+    # allowed 19 steps, the same jump is a break at 40
+    assert det.break_point(_series(losses), floor=None, rule=det.BreakRule(recover=19)) == det.Break(40, "spike")
+    # one step longer (back at 61) breaks under the default 20
+    assert det.break_point(_series(ALT + [3.0] * 21 + ALT), floor=None) == det.Break(40, "spike")
+
+
+def test_a_jump_under_the_line_is_no_spike():
+    # 2.03 < 2.03956 (6 robust SDs over the median 1.15)
+    assert det.break_point(_series(ALT + [2.03] * 40), floor=None) is None
+    # 2.05 > 2.03956
+    assert det.break_point(_series(ALT + [2.05] * 40), floor=None) == det.Break(40, "spike")
+    # a 5-SD rule draws the line at 1.15 + 5 × 0.14826 = 1.8913
+    assert det.break_point(_series(ALT + [1.95] * 40), floor=None, rule=det.BreakRule(sigmas=5)) == det.Break(40, "spike")
+    assert det.break_point(_series(ALT + [1.95] * 40), floor=None) is None
+
+
+def test_a_spike_in_the_last_recover_steps_is_not_judged():
+    # the jump at step 50 has 9 steps after it, fewer than the 20 its recovery needs
+    assert det.break_point(_series(ALT + ALT[:10] + [5.0] * 10), floor=None) is None
+
+
+def test_a_spike_before_min_history_is_not_judged():
+    losses = ALT[:10] + [3.0] * 60  # the jump at step 10; the first step judged is 20, seeing 10 values of 3
+    # at step 20: history 10 cycle values + 10 × 3.0 → median (1.3 + 3.0) / 2 = 2.15, and 3.0 is under its line
+    assert det.break_point(_series(losses), floor=None) is None
+
+
+def test_the_floor_breaks_a_run_from_the_last_window_under_it():
+    no_spikes = det.BreakRule(sigmas=1e9, plateau=0)
+    # 10 × 4.0, 30 × 2.0, 30 × 4.0: the 20-step mean ending at step i ≥ 40 holds i − 39 values of 4.0 and is
+    # under 3.0 while i − 39 < 10, last at i = 48; the break is the next window's end, step 49
+    losses = [4.0] * 10 + [2.0] * 30 + [4.0] * 30
+    assert det.break_point(_series(losses, final=3.5), floor=3.0, rule=no_spikes) == det.Break(49, "floor")
+    # held-out loss under the floor: healthy, whatever training did
+    assert det.break_point(_series(losses, final=2.9), floor=3.0, rule=no_spikes) is None
+    # exactly at the floor is not above it
+    assert det.break_point(_series(losses, final=3.0), floor=3.0, rule=no_spikes) is None
+    # without the spike switch off, the jump at step 40 (flat history: SD floored at 1e-3) comes first
+    assert det.break_point(_series(losses, final=3.5), floor=3.0, rule=det.BreakRule(plateau=0)) == det.Break(40, "spike")
+
+
+def test_the_plateau_margin_moves_the_line_under_the_unigram_loss():
+    # floor 3.1, plateau 0.1: the line is 3.0; a held-out 3.05 is on the plateau, 2.95 is not
+    rule = det.BreakRule(sigmas=1e9)
+    losses = [4.0] * 10 + [2.0] * 30 + [4.0] * 30
+    assert det.break_point(_series(losses, final=3.05), floor=3.1, rule=rule) == det.Break(49, "floor")
+    assert det.break_point(_series(losses, final=2.95), floor=3.1, rule=rule) is None
+    # the windows' means are held to the same line: the mean ending at i ≥ 40 is 2 + (i − 39) / 10, so a line
+    # at 2.5 (floor 2.6) is under the mean once i − 39 ≥ 5: the last window under it ends at 43, the break at 44
+    assert det.break_point(_series(losses, final=3.05), floor=2.6, rule=rule) == det.Break(44, "floor")
+
+
+def test_a_run_never_under_the_floor_is_broken_at_its_first_full_window():
+    assert det.break_point(_series([4.0] * 50, final=3.5), floor=3.0) == det.Break(19, "floor")
+    assert det.break_point(_series([4.0] * 50, final=2.95), floor=3.0) == det.Break(19, "floor")  # within 0.1
+
+
+def test_a_run_whose_training_loss_ends_under_the_floor_breaks_at_its_last_step():
+    assert det.break_point(_series([2.0] * 50, final=3.5), floor=3.0) == det.Break(49, "floor")
+    assert det.break_point(_series([2.0] * 50, final=2.85), floor=3.0) is None  # 0.15 under: off the plateau
+
+
+def test_no_floor_rule_without_a_floor_or_a_held_out_loss():
+    assert det.break_point(_series([4.0] * 50, final=3.5), floor=None) is None
+    assert det.break_point(_series([4.0] * 50, final=None), floor=3.0) is None
+
+
+# ---- signals and first alarms -------------------------------------------------------------------
+
+
+def _probe(step, **m):
+    return (step, {"max_score": [1.0], "effective_words": [4.0], "frozen_fraction": [0.0], **m})
+
+
+def test_max_score_fewest_words_and_frozen_read_the_worst_head():
+    s = _series([1.0] * 10, probes=[_probe(0, max_score=[1.0, 2.0], effective_words=[4.0, 2.0],
+                                           frozen_fraction=[0.1, 0.3]),
+                                    _probe(5, max_score=[3.0, 150.0], effective_words=[1.5, 3.0],
+                                           frozen_fraction=[0.6, 0.2])])
+    assert det.signal("max_score", s) == [(0, 2.0), (5, 150.0)]
+    assert det.signal("fewest_words", s) == [(0, 2.0), (5, 1.5)]
+    assert det.signal("frozen", s) == [(0, 0.3), (5, 0.6)]
+    assert det.first_alarm(det.signal("max_score", s), 100) == 5
+    assert det.first_alarm(det.signal("max_score", s), 150) is None  # strictly above
+    assert det.first_alarm(det.signal("max_score", s), 1.5) == 0
+    assert det.first_alarm(det.signal("fewest_words", s), 2.0, below=True) == 5  # 2.0 is not under 2.0
+    assert det.first_alarm(det.signal("fewest_words", s), 2.5, below=True) == 0
+
+
+def test_growth_is_a_heads_max_score_over_its_own_four_probes_before():
+    scores = [1.0, 2.0, 4.0, 8.0, 16.0, 20.0]
+    s = _series([1.0] * 30, probes=[_probe(5 * i, max_score=[v, 1.0]) for i, v in enumerate(scores)])
+    # probe 4 (step 20): 16 / 1; probe 5 (step 25): 20 / 2; the other head stays at 1
+    assert det.signal("growth", s) == [(20, 16.0), (25, 10.0)]
+    assert det.first_alarm(det.signal("growth", s), 12) == 20
+
+
+def test_head_spike_is_the_watch_spikes_z_on_the_heads_own_probes():
+    scores = [1.0, 3.0, 1.0, 3.0, 1.0, 6.0]
+    s = _series([1.0] * 30, probes=[_probe(5 * i, max_score=[v]) for i, v in enumerate(scores)])
+    # history 1, 3, 1, 3, 1: mean 1.8, population SD sqrt((3 × 0.64 + 2 × 1.44) / 5) = sqrt(0.96)
+    ((step, z),) = det.signal("head_spike", s)
+    assert step == 25 and z == pytest.approx((6.0 - 1.8) / math.sqrt(0.96))
+
+
+def test_head_spike_matches_watch_alerts_spike():
+    from attnscale.watch.alerts import Spike
+
+    history = [1.0, 3.0, 1.0, 3.0, 1.0]
+    assert det._spike_z(history, 6.0) == pytest.approx(Spike().z(history, 6.0))
+    assert det._spike_z([2.0] * 5, 2.5) == pytest.approx(Spike().z([2.0] * 5, 2.5))
+
+
+def test_non_finite_fires_on_any_nan_or_inf():
+    s = _series([1.0] * 10, probes=[_probe(0), _probe(5, effective_words=[math.nan]), _probe(10, max_score=[math.inf])])
+    assert det.signal("non_finite", s) == [(0, 0.0), (5, 1.0), (10, 1.0)]
+    assert det.first_alarm(det.signal("non_finite", s), 0.5) == 5
+    assert det.signal("max_score", s) == [(0, 1.0), (5, 1.0)]  # the inf is non_finite's, not max_score's
+
+
+def test_the_loss_spike_is_a_robust_z_against_the_last_steps():
+    s = _series([1.0, 1.2, 1.0, 1.2, 1.1, 2.0, None])
+    # step 5: history 1, 1.2, 1, 1.2, 1.1: median 1.1, MAD 0.1, SD 0.14826; (2.0 − 1.1) / 0.14826
+    sig = det.signal("loss_spike", s)
+    assert sig[0] == (5, pytest.approx(0.9 / 0.14826)) and sig[1] == (6, math.inf)
+    assert det.first_alarm(sig, 6.0) == 5 and det.first_alarm(sig, 6.1) == 6
+
+
+def test_combined_alarms_take_the_first():
+    assert det.combine_alarms(None, 5, 3) == 3
+    assert det.combine_alarms(None, None) is None
+
+
+# ---- judging ------------------------------------------------------------------------------------
+
+
+def _outcomes():
+    return [det.Outcome(0, 200, 100, 60),  # hit, lead 40 (share 0.2)
+            det.Outcome(0, 200, 50, 50),  # hit at its very step: lead 0
+            det.Outcome(1, 200, 50, 51),  # the alarm after the break: a miss
+            det.Outcome(1, 200, 80, None),  # no alarm: a miss
+            det.Outcome(2, 200, None, 10),  # healthy with an alarm: a false alarm
+            det.Outcome(2, 200, None, None)]
+
+
+def test_judge_counts_hits_false_alarms_and_leads():
+    j = det.judge(_outcomes())
+    assert (j["broken"], j["hits"], j["healthy"], j["false_alarms"]) == (4, 2, 2, 1)
+    assert j["hit_rate"] == 0.5 and j["false_alarm_rate"] == 0.5
+    # leads 0 and 40: median 20, quartiles 10 and 30; shares 0 and 0.2: median 0.1
+    assert (j["lead_median"], j["lead_q1"], j["lead_q3"]) == (20, 10, 30)
+    assert j["lead_share_median"] == pytest.approx(0.1)
+
+
+def test_judge_without_broken_or_healthy_runs_gives_no_rate():
+    j = det.judge([det.Outcome(0, 10, None, None)])
+    assert j["hit_rate"] is None and j["false_alarm_rate"] == 0.0 and j["lead_median"] is None
+
+
+def _runs():
+    # (seed, steps, break, signals): a max_score signal per run
+    b = det.Break
+    return [(0, 100, b(50, "spike"), {"max_score": [(0, 10.0), (30, 300.0)]}),  # passes 100 at 30: lead 20
+            (1, 100, b(40, "floor"), {"max_score": [(0, 10.0), (45, 300.0)]}),  # passes 100 at 45: too late
+            (2, 100, None, {"max_score": [(0, 10.0), (20, 150.0)]}),  # healthy, 150
+            (3, 100, None, {"max_score": [(0, 10.0), (20, 50.0)]})]  # healthy, 50
+
+
+def test_sweep_gives_the_curve_over_thresholds():
+    pts = det.sweep(_runs(), "max_score", (20, 100, 200, 400))
+    assert [(p["threshold"], p["hits"], p["false_alarms"]) for p in pts] == [(20, 1, 2), (100, 1, 1), (200, 1, 0),
+                                                                            (400, 0, 0)]
+    assert [p["hit_rate"] for p in pts] == [0.5, 0.5, 0.5, 0.0]
+    assert [p["false_alarm_rate"] for p in pts] == [1.0, 0.5, 0.0, 0.0]
+    assert pts[2]["lead_median"] == 20
+
+
+def test_choose_takes_the_most_hits_under_the_target():
+    pts = det.sweep(_runs(), "max_score", (20, 100, 200, 400))
+    assert det.choose(pts, 0.0)["threshold"] == 200  # 1 hit at no false alarm; 400 has none
+    assert det.choose(pts, 0.5)["threshold"] == 100  # 100 and 200 both 1 hit, lead 20: the earlier point
+    assert det.choose([p for p in pts if p["threshold"] == 20], 0.5) is None
+
+
+def test_choose_breaks_ties_by_lead():
+    pts = [{"threshold": 1, "hit_rate": 0.5, "false_alarm_rate": 0.0, "lead_median": 5},
+           {"threshold": 2, "hit_rate": 0.5, "false_alarm_rate": 0.0, "lead_median": 9}]
+    assert det.choose(pts, 0.01)["threshold"] == 2
+
+
+# ---- uncertainty --------------------------------------------------------------------------------
+
+
+def test_quantile_interpolates_like_numpy():
+    assert det.quantile([4, 1, 3, 2], 0.25) == 1.75
+    assert det.quantile([4, 1, 3, 2], 0.5) == 2.5
+    assert det.quantile([7], 0.9) == 7 and det.quantile([], 0.5) is None
+
+
+def test_split_seeds_alternates():
+    assert det.split_seeds([3, 1, 2, 0, 4]) == ((0, 2, 4), (1, 3))
+
+
+def test_bootstrap_resamples_seeds_with_their_runs():
+    out = _outcomes()
+
+    def rate(sample):
+        return det.judge(sample)["hit_rate"]
+
+    # seed 0: both broken runs hit; seed 1: both missed; seed 2 has none broken. Every resample's rate is
+    # a share of hits among broken runs, each seed bringing 2 broken runs or none: 0, 1/2, 1 and so on
+    lo, hi = det.bootstrap(out, rate, draws=400)
+    assert 0.0 <= lo <= 0.5 <= hi <= 1.0 and lo < hi
+    assert det.bootstrap(out, rate, draws=400) == (lo, hi)  # seeded: the same every time
+    assert det.bootstrap([o for o in out if o.seed == 0], rate) is None  # one seed: no interval
+    const = det.bootstrap(out, lambda s: 3.0, draws=50)
+    assert const == (3.0, 3.0)
+
+
+def test_wilson_by_hand():
+    # 0 of 15: [0, z² / (n + z²)] = [0, 3.8415 / 18.8415]
+    lo, hi_0 = det.wilson(0, 15)
+    assert lo == 0.0 and hi_0 == pytest.approx(1.959964 ** 2 / (15 + 1.959964 ** 2), rel=1e-5)
+    # 5 of 10: centre 0.5, half-width z·sqrt(0.025 + z²/400) / (1 + z²/10)
+    z = 1.959964
+    lo, hi = det.wilson(5, 10)
+    half = z * math.sqrt(0.025 + z * z / 400) / (1 + z * z / 10)
+    assert (lo, hi) == (pytest.approx(0.5 - half, rel=1e-5), pytest.approx(0.5 + half, rel=1e-5))
+    assert det.wilson(0, 0) is None
+    assert det.wilson(15, 15)[1] == pytest.approx(1.0) and det.wilson(15, 15)[0] == pytest.approx(1 - hi_0, rel=1e-6)

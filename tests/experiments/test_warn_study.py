@@ -1,0 +1,117 @@
+"""experiments/warn_study and `attnscale warn-study`: the grid and its checks, the smoke study end to end
+through the runs/ layer (records, resume, the report section), the analysis on hand-made runs (thresholds
+chosen on half the seeds, rates read on the other half), bad input, and the section's figures."""
+
+import json
+import math
+
+import pytest
+
+from attnscale import report
+from attnscale.analysis import detectors as det
+from attnscale.cli import main
+from attnscale.errors import ConfigError
+from attnscale.experiments import warn_study as ws
+from attnscale.report import warn_section
+
+
+def test_the_full_preset_is_the_named_run():
+    cfg = ws.preset()
+    assert cfg.scales == ("none", "inv_sqrt_d") and cfg.norms == ("post", "pre") and cfg.warmups == (0, 20)
+    assert cfg.lrs == (3e-3, 1e-2, 3e-2, 1e-1, 3e-1) and cfg.seeds == tuple(range(10)) and cfg.probe_every == 5
+    assert cfg.train.record_every == 1 and cfg.train.min_lr_ratio == 1.0 and cfg.train.checkpoint_every > 0
+    specs = ws.specs(cfg, 104)
+    assert len(specs) == 2 * 2 * 2 * 5 * 10 and len({s.run_id for s in specs}) == len(specs)
+    s = next(s for s in specs if s.run_id == "inv_sqrt_d-pre-warmup20-lr0.1-seed7")
+    assert (s.model.scale, s.model.norm, s.train.warmup, s.train.lr, s.train.seed, s.group) == (
+        "inv_sqrt_d", "pre", 20, 0.1, 7, "warn")
+
+
+def test_bad_configs_say_what_is_wrong():
+    with pytest.raises(ConfigError, match="unknown warn-study preset"):
+        ws.preset("huge")
+    with pytest.raises(ConfigError, match=r"seeds must be a non-empty list without repeats, got \[1, 1\]"):
+        ws.WarnConfig(seeds=(1, 1))
+    with pytest.raises(ConfigError, match="warm-ups must be whole steps below the run's 200"):
+        ws.WarnConfig(warmups=(0, 200))
+
+
+def test_the_smoke_study_runs_resumes_and_reports(tmp_path):
+    cfg = ws.preset("smoke")
+    result = ws.run(cfg, tmp_path, progress=False)
+    assert len(result["rows"]) == 4 and result["choosing_seeds"] == (0,) and result["held_out_seeds"] == (1,)
+    for r in result["rows"]:
+        s = r["series"]
+        assert s.steps == 40 and all(x is not None for x in s.losses)  # the loss at every step
+        assert [p for p, _ in s.probes] == list(range(0, 40, 5))  # the watch every 5 steps
+        assert len(s.probes[0][1]["max_score"]) == 2 * 4  # every head of every layer
+    records = {p: p.stat().st_mtime_ns for p in tmp_path.glob("*/record.json")}
+    again = ws.run(cfg, tmp_path, progress=False)  # everything finished: nothing trains again
+    assert {p: p.stat().st_mtime_ns for p in tmp_path.glob("*/record.json")} == records
+    assert [r["run"] for r in again["rows"]] == [r["run"] for r in result["rows"]]
+    paths = report.build(tmp_path)
+    assert f"## {warn_section.TITLE}" in paths["markdown"].read_text(encoding="utf-8")
+    json.dumps(ws.as_json(result))  # plain numbers
+
+
+# ---- the analysis on hand-made runs -------------------------------------------------------------
+
+
+def _made(seed: int, broken: bool, peak: float, lr: float = 0.1):
+    """200 steps; a broken run's loss leaves the unigram plateau never (held-out 3.3, floor 3.237: break at 19)
+    and its max score reaches ``peak`` at step 10; a healthy one learns (held-out 2.5) and stays at 50."""
+    losses = tuple([3.5] * 200) if broken else tuple(4.0 - 1.5 * i / 199 for i in range(200))
+    probes = tuple((s, {"max_score": [peak if (broken and s >= 10) else 50.0, 20.0], "effective_words": [3.0, 4.0],
+                        "frozen_fraction": [0.0, 0.1]}) for s in range(0, 200, 5))
+    series = det.Series(losses, probes, 3.3 if broken else 2.5)
+    cell = {"scale": "none", "norm": "post", "warmup": 0, "lr": lr, "seed": seed}
+    return ws.row(cell, f"run-{seed}-{broken}-{lr}", series, floor=3.237)
+
+
+def _study():
+    rows = []
+    for seed in range(4):
+        rows.append(_made(seed, True, 5000.0))
+        rows.append(_made(seed, False, 0.0, lr=0.01))
+    return ws.analyse_rows(rows, floor=3.237)
+
+
+def test_analysis_chooses_on_half_the_seeds_and_reads_the_other_half():
+    result = _study()
+    assert result["choosing_seeds"] == (0, 2) and result["held_out_seeds"] == (1, 3)
+    assert all(r["break"] == det.Break(19, "floor") for r in result["rows"] if r["run"].endswith("True-0.1"))
+    ms = result["detectors"]["max_score"]["warn"]
+    # healthy runs peak at 50: the most hits at no false alarm come first at 100, alarm at step 10, lead 9
+    assert ms["parts"] == [("max_score", 100)]
+    assert (ms["hits"], ms["broken"], ms["false_alarms"], ms["healthy"]) == (2, 2, 0, 2)
+    assert ms["lead_median"] == 9 and ms["lead_share_median"] == pytest.approx(9 / 200)
+    assert ms["hit_rate_ci"] == pytest.approx(det.wilson(2, 2)) and ms["false_alarm_rate_ci"] == pytest.approx(det.wilson(0, 2))
+    assert result["best"]["parts"] == [("max_score", 100)] and result["combined"] is None
+    # the loss never spikes: no warning; max score's lead over it is 9 in every run, an interval of one point
+    assert result["detectors"]["loss_spike"]["warn"]["hits"] == 0
+    assert result["versus_loss"]["max_score"]["median"] == 9 and result["versus_loss"]["max_score"]["verdict"] == "earlier"
+    lines = warn_section.reading(result)
+    assert lines[0].startswith("Best rule on the choosing seeds: max_score > 100;")
+    assert any("stop" in line and "max_score > 100" in line for line in lines)
+
+
+def test_the_section_draws_its_figures(tmp_path):
+    pytest.importorskip("matplotlib")
+    pngs = {}
+    blocks = warn_section.section(_study(), tmp_path, pngs)
+    assert set(pngs) == {"warn-curves", "warn-leads", "warn-example"} and all(p.stat().st_size > 0 for p in pngs.values())
+    assert blocks[0].text == warn_section.TITLE
+
+
+# ---- the command --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--lrs", "0"], "argument --lrs: takes a positive number, got '0'"),
+    (["--norm", "mid"], "argument --norm: invalid choice"),
+    (["--warmup", "500"], "warm-ups must be whole steps below the run's 200"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, words, tmp_path, capsys):
+    assert main(["warn-study", "--out", str(tmp_path / "w"), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and len(err.splitlines()) == 1
