@@ -55,7 +55,7 @@ test-all: setup-dev
 # Mutation testing (mutmut, the extra attnscale[mutation]) of the rules that make the reported numbers:
 # each mutant runs only the tests that reach the function it changes. MUTANTS narrows it, e.g.
 # make mutation MUTANTS='attnscale.analysis.gaps.*'; survivors and why: docs/mutation.md.
-MUTANTS ?= 'attnscale.core.diagnostics.*' 'attnscale.core.scales.*' 'attnscale.capture.reduce.*' 'attnscale.lm.train.x_evaluate__mutmut_*' 'attnscale.lm.train.x_sum_dtype__mutmut_*' \
+MUTANTS ?= 'attnscale.core.diagnostics.*' 'attnscale.core.scales.*' 'attnscale.capture.reduce.*' 'attnscale.capture.sums.*' 'attnscale.lm.train.x_evaluate__mutmut_*' 'attnscale.lm.train.x_sum_dtype__mutmut_*' \
 	'attnscale.lm.model.x*TinyLM*loss__mutmut_*' 'attnscale.lm.checkpoint.*' 'attnscale.runs.store.*' \
 	'attnscale.analysis.estimates.*' 'attnscale.analysis.gaps.*' 'attnscale.analysis.budget.*' \
 	'attnscale.report.course.*' 'attnscale.analysis.schemes.*' 'attnscale.analysis.setups.*'

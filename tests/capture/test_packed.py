@@ -19,7 +19,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 from attnscale import watch
 from attnscale.capture.call import AttentionCall
-from attnscale.capture.reduce import HeadSums, dense, reduce_call
+from attnscale.capture.reduce import dense, reduce_call
+from attnscale.capture.sums import HeadSums
 from attnscale.core import diagnostics as D
 from modded_reference import assert_close, per_document, pooled_measures, scores_of, weights_of
 

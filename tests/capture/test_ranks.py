@@ -16,7 +16,8 @@ from torch import nn
 from attnscale.capture.call import AttentionCall
 from attnscale.capture.probe import measure_heads
 from attnscale.capture.ranks import TensorParallel, merge_gathered, reduce_max
-from attnscale.capture.reduce import HeadSums, reduce_call
+from attnscale.capture.reduce import reduce_call
+from attnscale.capture.sums import HeadSums
 
 WORLD, HEADS, D, C = 2, 4, 8, 32
 

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from attnscale.capture.call import HIDDEN_AT, AttentionCall
-from attnscale.capture.reduce import BYTES_PER_ENTRY, HeadSums, _plan, dense, head_max, reduce_call, reduce_scores
+from attnscale.capture.reduce import BYTES_PER_ENTRY, _plan, dense, head_max, reduce_call, reduce_scores
+from attnscale.capture.sums import HeadSums
 from attnscale.core import diagnostics as D
 from attnscale.core.attention import build_mask, masked_softmax
 from reference import call_measures, head_measures

@@ -651,7 +651,7 @@ def test_inspect_on_a_device_equals_inspect_where_the_model_is(corpus):
 
 
 def test_head_sums_for_mps_scores_sum_on_the_cpu():
-    from attnscale.capture.reduce import HeadSums
+    from attnscale.capture.sums import HeadSums
 
     sums = HeadSums(2, device="mps")  # MPS has no float64: torch.zeros(..., float64, device="mps") raises there
     assert sums.data.device.type == "cpu"

@@ -9,7 +9,8 @@ The floor below the watch, training's step measures and inspect, above ``core``:
   when entered), ``sdpa`` (``scaled_dot_product_attention``), ``flex`` (flex_attention, with its
   score_mod and block mask), ``flash`` (flash-attn's functions, varlen included), ``adapter``
   (anything else); ``intercept`` is what the captures of functions share; ``route`` picks one;
-- ``reduce``: ``HeadSums`` and ``reduce_call``, the only code that computes the head measures;
+- ``reduce``: ``reduce_call``, a call in blocks of query rows, folded into ``sums``: ``HeadSums``, the only
+  code that computes the head measures;
 - ``probe``: one forward, every call reduced (``measure_heads``), ``stats``: its ``HeadStats``;
 - ``ranks``: the same numbers across ``torch.distributed`` ranks, in one collective.
 """

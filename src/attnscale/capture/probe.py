@@ -28,7 +28,8 @@ from torch import nn
 
 from attnscale.capture.adapter import Adapter
 from attnscale.capture.ranks import TensorParallel, reduce_sums
-from attnscale.capture.reduce import DEFAULT_MEMORY, HeadSums, reduce_call
+from attnscale.capture.reduce import DEFAULT_MEMORY, reduce_call
+from attnscale.capture.sums import HeadSums
 from attnscale.capture.route import Route, capturing
 from attnscale.capture.stats import HeadStats
 from attnscale.core.diagnostics import FROZEN_THRESHOLD, HEAD_MEASURES, measuring_device

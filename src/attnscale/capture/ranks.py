@@ -3,7 +3,7 @@
 Every rank runs the probe's forward on its own probe batch (so a collective in
 the model's forward, FSDP's gathers, finds every rank there), and the per-head
 numbers are then reduced across ranks in ONE collective per probe step: each
-rank's per-head sums (``capture.reduce.HeadSums``) are gathered, then merged as
+rank's per-head sums (``capture.sums.HeadSums``) are gathered, then merged as
 if every rank's blocks had been added in one place. That makes the spread the spread of all the
 ranks' entries and each row measurement a mean weighted by the rows each rank
 counted, and max_score the largest of any rank: exactly the numbers one process
@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from attnscale.capture.reduce import HeadSums
+from attnscale.capture.sums import HeadSums
 from attnscale.errors import ConfigError
 
 __all__ = ["TensorParallel", "active", "merge_gathered", "rank", "reduce_sums", "reduce_max"]

@@ -26,7 +26,8 @@ from typing import Any
 import torch
 
 from attnscale.capture.call import AttentionCall
-from attnscale.capture.reduce import HeadSums, dense, reduce_call
+from attnscale.capture.reduce import dense, reduce_call
+from attnscale.capture.sums import HeadSums
 from attnscale.core import diagnostics as D
 from attnscale.core.diagnostics import FROZEN_HEAD_SHARE, FROZEN_THRESHOLD, HEAD_MEASURES, measuring_device
 from attnscale.core.scales import get_scale

@@ -29,7 +29,8 @@ from torch import nn
 
 from attnscale.capture.call import AttentionCall
 from attnscale.capture.probe import Inputs, padding_of, unwrap
-from attnscale.capture.reduce import HeadSums, reduce_call
+from attnscale.capture.reduce import reduce_call
+from attnscale.capture.sums import HeadSums
 from attnscale.capture.route import Route, capturing
 from attnscale.errors import ConfigError
 

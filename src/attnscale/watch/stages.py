@@ -26,7 +26,7 @@ import math
 import torch
 
 from attnscale.capture import ranks
-from attnscale.capture.reduce import HeadSums
+from attnscale.capture.sums import HeadSums
 from attnscale.errors import ConfigError
 
 __all__ = ["check_stage", "union_of_stages"]
