@@ -147,6 +147,13 @@ class CsvSink(Sink):
         self._file.close()
 
 
+def _shown(detail: str | None, images) -> tuple[str | None, tuple[str, ...]]:
+    """A sink's ``detail`` (None: its Watch's), checked, and the measures it draws as images."""
+    if detail is not None:
+        check_detail(detail)
+    return detail, image_measures(images)
+
+
 class TensorBoardSink(Sink):
     """TensorBoard event files in ``log_dir`` (torch.utils.tensorboard's writer), at the probe's step.
     ``images``: True (max_score, effective_words, frozen_fraction) or the measures to draw as layer × head
@@ -157,9 +164,7 @@ class TensorBoardSink(Sink):
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
             raise ConfigError("TensorBoardSink needs tensorboard; install the extra from the clone: pip install -e '.[watch]'") from None
-        if detail is not None:
-            check_detail(detail)
-        self.detail, self.images = detail, image_measures(images)
+        self.detail, self.images = _shown(detail, images)
         self.log_dir = Path(log_dir)
         self._writer = SummaryWriter(log_dir=str(self.log_dir))
 
@@ -188,9 +193,7 @@ class WandbSink(Sink):
             import wandb
         except ImportError:
             raise ConfigError("WandbSink needs wandb; install the extra from the clone: pip install -e '.[watch]'") from None
-        if detail is not None:
-            check_detail(detail)
-        self.detail, self.images = detail, image_measures(images)
+        self.detail, self.images = _shown(detail, images)
         self._owned = wandb.run is None
         self.run = wandb.init(**init) if self._owned else wandb.run
         self._step = step
