@@ -264,3 +264,42 @@ def test_wilson_by_hand():
     assert (lo, hi) == (pytest.approx(0.5 - half, rel=1e-5), pytest.approx(0.5 + half, rel=1e-5))
     assert det.wilson(0, 0) is None
     assert det.wilson(15, 15)[1] == pytest.approx(1.0) and det.wilson(15, 15)[0] == pytest.approx(1 - hi_0, rel=1e-6)
+
+
+# ---- each detector is the watch's alert: the same first step on the same numbers ----------------
+
+
+def _watch_first(alert, series, layers=2):
+    """The first probe step at which the watch's ``Alerts`` fires ``alert`` on the series' probes."""
+    import torch
+
+    from attnscale.capture.stats import HeadStats
+    from attnscale.core.diagnostics import HEAD_MEASURES
+    from attnscale.watch.alerts import Alerts
+
+    alerts = Alerts([alert])
+    for step, m in series.probes:
+        heads = len(m["max_score"]) // layers
+        values_LMH = torch.ones(layers, len(HEAD_MEASURES), heads)
+        for k, vs in m.items():
+            values_LMH[:, HEAD_MEASURES.index(k)] = torch.tensor(vs, dtype=torch.float32).view(layers, heads)
+        if alerts.check(HeadStats(values_LMH, torch.full((layers, heads), 10.0)), step, say=False):
+            return step
+    return None
+
+
+def test_the_detectors_fire_where_the_watch_alerts_do():
+    from attnscale.watch.alerts import Collapsed, Frozen, MaxScore, NonFinite, Spike
+
+    scores = [5.0, 7.0, 6.0, 8.0, 6.5, 7.5, 30.0, 120.0, 400.0, math.nan]
+    words = [4.0, 3.5, 3.0, 2.5, 2.0, 1.6, 1.2, 1.05, 1.01, 1.0]
+    frozen = [0.0, 0.05, 0.1, 0.2, 0.3, 0.45, 0.6, 0.8, 0.95, 0.99]
+    probes = [(5 * i, {"max_score": [1.0, 2.0, 1.5, s], "effective_words": [9.0, w, 8.0, 7.0],
+                       "frozen_fraction": [0.0, 0.0, f, 0.1]}) for i, (s, w, f) in enumerate(zip(scores, words, frozen))]
+    s = _series([1.0] * 50, probes=probes)
+    for alert, name, th in ((MaxScore(tau=100), "max_score", 100), (MaxScore(tau=20), "max_score", 20),
+                            (Collapsed(words=1.1), "fewest_words", 1.1), (Collapsed(words=2), "fewest_words", 2),
+                            (Frozen(limit=0.5), "frozen", 0.5), (NonFinite(), "non_finite", 0.5),
+                            (Spike(sigmas=6), "head_spike", 6), (Spike(sigmas=20), "head_spike", 20)):
+        below = next(d.below for d in det.DETECTORS if d.name == name)
+        assert _watch_first(alert, s) == det.first_alarm(det.signal(name, s), th, below), (alert, th)

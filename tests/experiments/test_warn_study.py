@@ -3,7 +3,7 @@ through the runs/ layer (records, resume, the report section), the analysis on h
 chosen on half the seeds, rates read on the other half), bad input, and the section's figures."""
 
 import json
-import math
+from pathlib import Path
 
 import pytest
 
@@ -91,7 +91,8 @@ def test_analysis_chooses_on_half_the_seeds_and_reads_the_other_half():
     assert result["detectors"]["loss_spike"]["warn"]["hits"] == 0
     assert result["versus_loss"]["max_score"]["median"] == 9 and result["versus_loss"]["max_score"]["verdict"] == "earlier"
     lines = warn_section.reading(result)
-    assert lines[0].startswith("Best rule on the choosing seeds: max_score > 100;")
+    assert lines[0].startswith("The loss's own spike detector") and "warns 0 of 2" in lines[0]
+    assert lines[1].startswith("Best rule of the watch on the choosing seeds: max_score > 100;")
     assert any("stop" in line and "max_score > 100" in line for line in lines)
 
 
@@ -101,6 +102,36 @@ def test_the_section_draws_its_figures(tmp_path):
     blocks = warn_section.section(_study(), tmp_path, pngs)
     assert set(pngs) == {"warn-curves", "warn-leads", "warn-example"} and all(p.stat().st_size > 0 for p in pngs.values())
     assert blocks[0].text == warn_section.TITLE
+
+
+# ---- the watch's defaults are the named run's rule -----------------------------------------------
+
+STUDY = Path(__file__).resolve().parents[2] / "docs" / "warn-study.json"  # the named run's --json
+_LIMIT = {"MaxScore": "tau", "Collapsed": "words", "Frozen": "limit", "Spike": "sigmas"}
+
+
+def test_the_watch_defaults_are_the_studys_rule_with_its_figures():
+    from attnscale.watch.alerts import Spike, default_alerts
+
+    study = json.loads(STUDY.read_text(encoding="utf-8"))
+    d = study["default"]
+    want = sorted((ws.WATCH_ALERTS[n], None if n == "non_finite" else th) for n, th in d["parts"])
+    alerts = default_alerts()
+    got = sorted((type(a).__name__, getattr(a, _LIMIT[type(a).__name__]) if type(a).__name__ in _LIMIT else None)
+                 for a in alerts)
+    assert got == want
+    for a in alerts:
+        if isinstance(a, Spike):  # the detector's own reading of the alert
+            assert (a.measure, a.window, a.min_history, a.direction) == ("max_score", det.SPIKE_WINDOW, det.SPIKE_MIN, "up")
+    # "stop" only for a rule under 1% false alarms on the held-out seeds
+    assert all(a.action == "warn" for a in alerts) or d["false_alarm_rate"] < ws.STOP_FALSE_ALARMS
+    # the docstring states what the study measured: false alarms on the held-out healthy runs, hits, lead
+    doc = " ".join(default_alerts.__doc__.split())
+    lo, hi = d["false_alarm_rate_ci"]
+    assert f"{d['false_alarms']} of {d['healthy']} healthy" in doc and f"[{100 * lo:.0f}%, {100 * hi:.0f}%]" in doc
+    assert f"{d['hits']} of {d['broken']} broken" in doc
+    # and they fire on no more than that share of the study's held-out healthy runs, below the target it chose at
+    assert d["false_alarm_rate"] <= study["target_false_alarms"] and d["choosing"]["false_alarm_rate"] <= study["target_false_alarms"]
 
 
 # ---- the command --------------------------------------------------------------------------------
@@ -115,3 +146,18 @@ def test_bad_input_is_one_line_and_exit_2(args, words, tmp_path, capsys):
     assert main(["warn-study", "--out", str(tmp_path / "w"), *args]) == 2
     err = capsys.readouterr().err.strip()
     assert words in err and len(err.splitlines()) == 1
+
+
+@pytest.mark.slow  # the executor path every study shares (tests/runs/test_ray_executor.py): in `make test-all`
+def test_the_smoke_study_runs_on_ray(tmp_path):
+    ray = pytest.importorskip("ray", reason="Ray cannot be imported here: pip install 'attnscale[ray]'")
+    from attnscale.runs import record as rec
+    from attnscale.runs.ray_connect import start_local
+
+    start_local(num_cpus=2)
+    try:
+        assert main(["warn-study", "--quick", "--out", str(tmp_path / "w"), "--executor", "ray", "--json"]) == 0
+    finally:
+        ray.shutdown()
+    runs = [rec.TrainRun.load(p) for p in rec.find(tmp_path / "w")]
+    assert len(runs) == 4 and all(r.status == "done" and r.record.ray_node for r in runs)

@@ -34,7 +34,7 @@ from attnscale.runs.runner import RunSpec, execute
 from attnscale.terminal import table
 
 __all__ = ["WarnConfig", "preset", "specs", "run_records", "series_of", "row", "analyse", "analyse_rows", "run", "as_json",
-           "breaks_by_cell", "rule_text", "cell_of", "format_table", "GROUP",
+           "breaks_by_cell", "rule_text", "cell_of", "default_parts", "WATCH_ALERTS", "BASELINE", "format_table", "GROUP",
            "FAMILY", "TARGET_FALSE_ALARMS", "STOP_FALSE_ALARMS", "SIZES"]
 
 GROUP = "warn"
@@ -42,6 +42,10 @@ FAMILY = "tiny LM"
 SIZES = ("smoke", "full")
 TARGET_FALSE_ALARMS = 0.05  # a warning's threshold is chosen to fire on at most 5% of the choosing half's healthy runs
 STOP_FALSE_ALARMS = 0.01  # "stop" only for a rule below 1% on the held-out half
+# the watch's defaults before this study (MaxScore(100), Collapsed(2), Frozen(0.5), Spike(6 SDs); NonFinite beside
+# them), judged on the held-out seeds as they were: what the study's rule replaces
+FORMER_DEFAULTS = (("max_score", 100), ("fewest_words", 2), ("frozen", 0.5), ("head_spike", 6))
+BASELINE = "loss_spike"  # the loss's own detector: what every alert of the watch must beat
 LRS = (3e-3, 1e-2, 3e-2, 1e-1, 3e-1)  # half-decades from the presets' 3e-3; fixed before any result
 
 
@@ -207,7 +211,7 @@ def _held_out(runs, parts) -> dict[str, Any]:
 def _best_pair(runs, chosen: dict[str, dict], target: float):
     """The OR of two detectors, each at one of its thresholds, with the most hits on ``runs`` under ``target``."""
     best = None
-    names = [d.name for d in det.DETECTORS]
+    names = [d.name for d in det.DETECTORS if d.name != BASELINE]
     for i, a in enumerate(names):
         for b in names[i + 1:]:
             for ta in next(d for d in det.DETECTORS if d.name == a).thresholds:
@@ -235,7 +239,8 @@ def _judged(rows, choosing, held_out) -> dict[str, Any]:
         if warn is not None:
             chosen[d.name] = warn
     singles = [(name, c) for name, c in chosen.items()]
-    singles = [(name, c) for name, c in singles if c["hits"] > 0]  # a rule that warns no broken run is no rule
+    # the watch's own rules: the loss's spike detector is the baseline they are held to, not one of them
+    singles = [(name, c) for name, c in singles if c["hits"] > 0 and name != BASELINE]  # no hit: no rule
     best_single = max(singles, key=lambda nc: (nc[1]["hits"], nc[1]["lead_median"] if nc[1]["lead_median"] is not None
                                                else -math.inf)) if singles else None
     pair = _best_pair(pick, chosen, TARGET_FALSE_ALARMS)
@@ -243,13 +248,37 @@ def _judged(rows, choosing, held_out) -> dict[str, Any]:
     if pair is not None and pair[2]["hits"] > (best_single[1]["hits"] if best_single else 0):
         combined = {"choosing": pair[2], **_held_out(judge_on, pair[1])}
     best = combined if combined is not None else (detectors[best_single[0]]["warn"] if best_single else None)
-    baseline = detectors["loss_spike"]["warn"]
+    baseline = detectors[BASELINE]["warn"]
     versus = {}
     for name, d in detectors.items():
-        if d["warn"] is None or baseline is None or name == "loss_spike":
+        if d["warn"] is None or baseline is None or name == BASELINE:
             continue
         versus[name] = _lead_difference(d["warn"]["outcomes"], baseline["outcomes"])
-    return {"detectors": detectors, "combined": combined, "best": best, "versus_loss": versus}
+    parts = default_parts(detectors, best)
+    former = {name: _held_out(judge_on, (p,)) for name, p in zip(("max_score", "fewest_words", "frozen", "head_spike"),
+                                                                    FORMER_DEFAULTS)}
+    former["together"] = _held_out(judge_on, FORMER_DEFAULTS + (("non_finite", 0.5),))
+    return {"detectors": detectors, "combined": combined, "best": best, "versus_loss": versus, "former": former,
+            "default": {"choosing": det.judge(_rule_outcomes(pick, parts)), **_held_out(judge_on, parts)}}
+
+
+WATCH_ALERTS = {"max_score": "MaxScore", "fewest_words": "Collapsed", "frozen": "Frozen", "head_spike": "Spike",
+                "non_finite": "NonFinite"}  # the detectors the watch has an alert for (watch.alerts)
+
+
+def default_parts(detectors: dict[str, Any], best: dict[str, Any] | None) -> list[tuple[str, float]]:
+    """The watch's default rule from the study: the best rule where one warns, with NonFinite beside it (a
+    blow-up's own sign, which no healthy run shows); where none warns, every watch alert whose threshold chosen
+    at the target warned at least one broken run of the choosing seeds (an alert that warns of nothing would
+    bring only its false alarms), and NonFinite."""
+    if best is not None and all(n in WATCH_ALERTS for n, _ in best["parts"]):
+        parts = list(best["parts"])
+    else:
+        parts = [p for n, d in detectors.items() if n in WATCH_ALERTS and d["warn"] is not None
+                 and d["warn"]["choosing"]["hits"] > 0 for p in d["warn"]["parts"]]
+    if not any(n == "non_finite" for n, _ in parts):
+        parts.append(("non_finite", 0.5))
+    return sorted(parts, key=lambda p: list(WATCH_ALERTS).index(p[0]))
 
 
 def _lead_difference(a: Sequence[det.Outcome], b: Sequence[det.Outcome]) -> dict[str, Any]:
@@ -262,6 +291,8 @@ def _lead_difference(a: Sequence[det.Outcome], b: Sequence[det.Outcome]) -> dict
 
     value = stat(pairs)
     ci = det.bootstrap(pairs, stat, seed_of=lambda p: p[0])
+    if not any(x.hit or y.hit for x, y in zip(a, b)):
+        return {"median": None, "ci": None, "verdict": "neither warns", "runs": len(pairs), "mean": None}
     verdict = "inconclusive" if ci is None or ci[0] <= 0 <= ci[1] else "earlier" if ci[0] > 0 else "later"
     return {"median": value, "ci": ci, "verdict": verdict, "runs": len(pairs),
             "mean": sum(d for _, d in pairs) / len(pairs) if pairs else None}
@@ -352,5 +383,6 @@ def as_json(result: dict[str, Any]) -> dict[str, Any]:
             "detectors": {name: {"curve_held_out": d["curve_held_out"], "curve_choosing": d["curve_choosing"],
                                  "warn": _plain(d["warn"]), "stop": _plain(d["stop"])}
                           for name, d in result["detectors"].items()},
-            "combined": _plain(result["combined"]), "best": _plain(result["best"]),
+            "combined": _plain(result["combined"]), "best": _plain(result["best"]), "default": _plain(result["default"]),
+            "former_defaults": {k: _plain(v) for k, v in result["former"].items()},
             "versus_loss": result["versus_loss"]}

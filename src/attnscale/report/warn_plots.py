@@ -16,7 +16,8 @@ from attnscale.report.plots import MIN_FONT_PT
 __all__ = ["curves", "leads", "example_run", "COLOURS"]
 
 COLOURS = {"max_score": "#c0392b", "growth": "#e67e22", "fewest_words": "#2471a3", "frozen": "#7d3c98",
-           "head_spike": "#1e8449", "non_finite": "#566573", "loss_spike": "#000000", "combined": "#b9770e"}
+           "head_spike": "#1e8449", "non_finite": "#566573", "loss_spike": "#000000", "combined": "#b9770e",
+           "former defaults": "#b9770e"}
 
 
 def _style(plt) -> None:
@@ -76,7 +77,7 @@ def leads(rows: Sequence[Mapping[str, Any]], path: Path, title: str) -> Path:
     ax.set_yticks(range(len(rows)))
     ax.set_yticklabels([f"{r['name']} ({r['hits']} hits)" for r in rows])
     ax.axvline(0, color="#999999", lw=1, ls=":")
-    ax.set_xlabel("lead: steps from the first alarm to the break (median; thick: 95% bootstrap; thin: quartiles)")
+    ax.set_xlabel("lead, steps before the break (dot: median; thick: 95% bootstrap; thin: quartiles)")
     ax.set_title(title, fontsize=MIN_FONT_PT + 1)
     ax.invert_yaxis()
     return drawing.save(fig, path)

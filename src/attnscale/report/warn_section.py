@@ -40,6 +40,9 @@ def rule_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
             out.append({"key": name, "name": name, **d["warn"], "versus": result["versus_loss"].get(name)})
     if result["combined"] is not None:
         out.append({"key": "combined", "name": "combined", **result["combined"], "versus": None})
+    for n, r in result.get("former", {}).items():
+        out.append({"key": n if n != "together" else "combined", "name": f"former default: {ws.rule_text(r['parts'])}"
+                    if n != "together" else "former defaults together", **r, "versus": None, "former": True})
     return out
 
 
@@ -48,15 +51,22 @@ def _table(result) -> Table:
             "false alarms (held out) [95%]", "median lead, steps [95%]", "lead quartiles", "median lead, share of run",
             "lead − the loss's, median [95%]"]
     rows = []
-    for r in rule_rows(result):
+    for r in (r for r in rule_rows(result) if not r.get("former")):
         v = r["versus"]
         rows.append([r["name"], ws.rule_text(r["parts"]), f"{r['hits']} of {r['broken']}, {_pct(r['hit_rate'], r['hit_rate_ci'])}",
                      f"{r['false_alarms']} of {r['healthy']}, {_pct(r['false_alarm_rate'], r['false_alarm_rate_ci'])}",
                      _num(r["lead_median"], r["lead_median_ci"]),
                      "—" if r["lead_q1"] is None else f"{r['lead_q1']:g}–{r['lead_q3']:g}",
                      _pct(r["lead_share_median"], r["lead_share_median_ci"]),
-                     "baseline" if r["key"] == "loss_spike" else "—" if v is None else
-                     f"{_num(v['median'], v['ci'])}: {v['verdict']}"])
+                     "baseline" if r["key"] == ws.BASELINE else "—" if v is None else
+                     v["verdict"] if v["median"] is None else f"{_num(v['median'], v['ci'])}: {v['verdict']}"])
+    for n, r in result["former"].items():
+        rows.append([f"former default: {n}", ws.rule_text(r["parts"]),
+                     f"{r['hits']} of {r['broken']}, {_pct(r['hit_rate'], r['hit_rate_ci'])}",
+                     f"{r['false_alarms']} of {r['healthy']}, {_pct(r['false_alarm_rate'], r['false_alarm_rate_ci'])}",
+                     _num(r["lead_median"], r["lead_median_ci"]),
+                     "—" if r["lead_q1"] is None else f"{r['lead_q1']:g}–{r['lead_q3']:g}",
+                     _pct(r["lead_share_median"], r["lead_share_median_ci"]), "—"])
     missing = [n for n, d in result["detectors"].items() if d["warn"] is None]
     for n in missing:
         rows.append([n, f"no threshold fires on at most {100 * ws.TARGET_FALSE_ALARMS:g}% of the choosing seeds' healthy runs",
@@ -83,21 +93,50 @@ def reading(result: dict[str, Any]) -> list[str]:
     """What the numbers say, in sentences generated from them."""
     lines = []
     best = result["best"]
+    base = result["detectors"][ws.BASELINE]["warn"]
+    if base is not None:
+        lines.append(f"The loss's own spike detector ({ws.rule_text(base['parts'])}, chosen the same way) warns {base['hits']} "
+                     f"of {base['broken']} held-out broken runs ({_pct(base['hit_rate'], base['hit_rate_ci'])}) and fires "
+                     f"on {base['false_alarms']} of {base['healthy']} healthy ones "
+                     f"({_pct(base['false_alarm_rate'], base['false_alarm_rate_ci'])}).")
     if best is None:
-        return ["No rule fires on few enough of the choosing seeds' healthy runs: the study names no rule."]
-    lines.append(f"Best rule on the choosing seeds: {ws.rule_text(best['parts'])}; on the held-out seeds it warns "
-                 f"{best['hits']} of {best['broken']} broken runs ({_pct(best['hit_rate'], best['hit_rate_ci'])}), a median "
-                 f"{_num(best['lead_median'], best['lead_median_ci'])} steps before the break, and fires on "
-                 f"{best['false_alarms']} of {best['healthy']} healthy runs ({_pct(best['false_alarm_rate'], best['false_alarm_rate_ci'])}).")
-    later = [n for n, v in result["versus_loss"].items() if v["verdict"] != "earlier"]
-    earlier = [n for n, v in result["versus_loss"].items() if v["verdict"] == "earlier"]
-    if earlier:
-        lines.append(f"Earlier than the loss's own spike detector at the same false-alarm target (the interval of the "
-                     f"paired lead difference above 0): {', '.join(earlier)}.")
-    if later:
-        lines.append(f"Not earlier than the loss (interval covering 0, or below it): {', '.join(later)}. "
-                     "There the watch gives no more warning than watching the loss.")
-    stops = [(n, d["stop"]) for n, d in result["detectors"].items() if d["stop"] is not None
+        lines.append(f"No alert of the watch warns any broken run of the choosing seeds while firing on at most "
+                     f"{100 * ws.TARGET_FALSE_ALARMS:g}% of their healthy runs: at that false-alarm rate the watch "
+                     "gives no warning here.")
+    else:
+        lines.append(f"Best rule of the watch on the choosing seeds: {ws.rule_text(best['parts'])}; on the held-out seeds it "
+                     f"warns {best['hits']} of {best['broken']} broken runs ({_pct(best['hit_rate'], best['hit_rate_ci'])}), a "
+                     f"median {_num(best['lead_median'], best['lead_median_ci'])} steps before the break, and fires on "
+                     f"{best['false_alarms']} of {best['healthy']} healthy runs "
+                     f"({_pct(best['false_alarm_rate'], best['false_alarm_rate_ci'])}).")
+    by = {v: [n for n, x in result["versus_loss"].items() if x["verdict"] == v]
+          for v in ("earlier", "inconclusive", "later", "neither warns")}
+    if by["earlier"]:
+        lines.append(f"Earlier than the loss's own spike detector, each chosen at the same false-alarm target (the 95% "
+                     f"interval of the median paired lead difference, a miss counting 0, above 0): {', '.join(by['earlier'])}.")
+    if by["inconclusive"] or by["later"] or by["neither warns"]:
+        lines.append("Not shown earlier than the loss: " + "; ".join(
+            f"{', '.join(by[v])} ({ {'inconclusive': 'interval covering 0: inconclusive', 'later': 'later'}.get(v, 'neither it nor the loss warned a held-out broken run at its chosen threshold')})"
+            for v in ("inconclusive", "later", "neither warns") if by[v]) + ". There the watch is not shown to warn before the loss does.")
+    early = [r for r in result["rows"] if r["break"] is not None and r["break"].step == result["rule"].floor_window - 1]
+    broken = [r for r in result["rows"] if r["break"] is not None]
+    if early:
+        lines.append(f"{len(early)} of the {len(broken)} broken runs never got off the unigram plateau: their break is the "
+                     f"end of the first {result['rule'].floor_window}-step window (step {result['rule'].floor_window - 1}), "
+                     f"so a probe every {result['probe_every']} steps can lead it by "
+                     f"{', '.join(str(result['rule'].floor_window - 1 - s) for s in range(result['probe_every'], result['rule'].floor_window, result['probe_every']))} steps "
+                     "at most: a lead interval such as [14, 14] is that grid, every resample of seeds giving the same median.")
+    d = result["default"]
+    lines.append(f"The watch's default alerts from this study ({ws.rule_text(d['parts'])}): on the held-out seeds they "
+                 f"fire on {d['false_alarms']} of {d['healthy']} healthy runs ({_pct(d['false_alarm_rate'], d['false_alarm_rate_ci'])}) "
+                 f"and warn {d['hits']} of {d['broken']} broken ones ({_pct(d['hit_rate'], d['hit_rate_ci'])})"
+                 + (f", a median {_num(d['lead_median'], d['lead_median_ci'])} steps ahead." if d["lead_median"] is not None else "."))
+    f = result["former"]["together"]
+    lines.append(f"The watch's defaults before this study ({ws.rule_text(f['parts'])}) warn {f['hits']} of {f['broken']} "
+                 f"held-out broken runs ({_pct(f['hit_rate'], f['hit_rate_ci'])})"
+                 + (f", a median {_num(f['lead_median'], f['lead_median_ci'])} steps ahead," if f["lead_median"] is not None else ",")
+                 + f" and fire on {f['false_alarms']} of {f['healthy']} healthy ones ({_pct(f['false_alarm_rate'], f['false_alarm_rate_ci'])}).")
+    stops = [(n, d["stop"]) for n, d in result["detectors"].items() if d["stop"] is not None and n != ws.BASELINE
              and d["stop"]["false_alarm_rate"] is not None and d["stop"]["false_alarm_rate"] < ws.STOP_FALSE_ALARMS
              and d["stop"]["hits"] > 0]
     if stops:
@@ -110,9 +149,10 @@ def reading(result: dict[str, Any]) -> list[str]:
 
 
 def example(result: dict[str, Any]):
-    """A held-out broken run the best rule warned, its lead nearest the median: (row, that rule's alarm), or None."""
-    best = result["best"]
-    if best is None or best["lead_median"] is None:
+    """A held-out broken run the best rule warned (the former defaults where the study has no rule), its lead
+    nearest the median: (row, that rule's alarm), or None."""
+    best = result["best"] if result["best"] is not None else result["former"]["together"]
+    if best["lead_median"] is None:
         return None
     held = [r for r in result["rows"] if r["seed"] in result["held_out_seeds"] and r["break"] is not None]
     scored = []
@@ -168,13 +208,15 @@ def section(result: dict[str, Any], out: Path, pngs: dict[str, Path], unfinished
     ex = example(result)
     if ex is not None:
         row, alarm = ex
-        marks = {"combined" if len(result["best"]["parts"]) > 1 else result["best"]["parts"][0][0]: alarm}
+        rule = result["best"] or result["former"]["together"]
+        marks = {("combined" if result["best"] else "former defaults") if len(rule["parts"]) > 1 else rule["parts"][0][0]: alarm}
         base = result["detectors"]["loss_spike"]["warn"]
         if base is not None:
             marks["loss_spike"] = det.first_alarm(row["signals"]["loss_spike"], base["parts"][0][1])
         pngs["warn-example"] = warn_plots.example_run(row["series"], marks, row["break"].step, out / "warn-example.png",
                                                       f"{row['run']}: broken at {row['break'].step} ({row['break'].reason})")
         b.append(Image("warn-example.png", f"One held-out run ({row['run']}) over steps: the loss, the largest max |score| "
-                                           "and the fewest effective words of any head, the best rule's first alarm "
-                                           "and the loss baseline's (dashed), and the break (grey)"))
+                                           "and the fewest effective words of any head, the first alarm of "
+                                           + ("the best rule" if result["best"] else "the former defaults together")
+                                           + " and of the loss baseline (dashed), and the break (grey)"))
     return b
