@@ -356,6 +356,10 @@ def format_table(result: dict[str, Any]) -> str:
                      f"{w['false_alarms']}/{w['healthy']} {_pct(w['false_alarm_rate'], w['false_alarm_rate_ci'])}",
                      _steps(w["lead_median"], w["lead_median_ci"]),
                      _steps(w["lead_q1"]) + "–" + _steps(w["lead_q3"])])
+    for name, c in (("default", result["default"]), ("former defaults", result["former"]["together"])):
+        rows.append([name, rule_text(c["parts"]), f"{c['hits']}/{c['broken']} {_pct(c['hit_rate'], c['hit_rate_ci'])}",
+                     f"{c['false_alarms']}/{c['healthy']} {_pct(c['false_alarm_rate'], c['false_alarm_rate_ci'])}",
+                     _steps(c["lead_median"], c["lead_median_ci"]), _steps(c["lead_q1"]) + "–" + _steps(c["lead_q3"])])
     c = result["combined"]
     if c is not None:
         rows.append(["combined", rule_text(c["parts"]), f"{c['hits']}/{c['broken']} {_pct(c['hit_rate'], c['hit_rate_ci'])}",
