@@ -11,6 +11,7 @@ from attnscale import report
 from attnscale.analysis import detectors as det
 from attnscale.cli import main
 from attnscale.errors import ConfigError
+from attnscale.analysis import alarms
 from attnscale.experiments import warn_study as ws
 from attnscale.report import warn_section
 
@@ -65,7 +66,7 @@ def _made(seed: int, broken: bool, peak: float, lr: float = 0.1):
                         "frozen_fraction": [0.0, 0.1]}) for s in range(0, 200, 5))
     series = det.Series(losses, probes, 3.3 if broken else 2.5)
     cell = {"scale": "none", "norm": "post", "warmup": 0, "lr": lr, "seed": seed}
-    return ws.row(cell, f"run-{seed}-{broken}-{lr}", series, floor=3.237)
+    return alarms.row(cell, f"run-{seed}-{broken}-{lr}", series, floor=3.237)
 
 
 def _study():
@@ -73,7 +74,7 @@ def _study():
     for seed in range(4):
         rows.append(_made(seed, True, 5000.0))
         rows.append(_made(seed, False, 0.0, lr=0.01))
-    return ws.analyse_rows(rows, floor=3.237)
+    return alarms.analyse_rows(rows, floor=3.237)
 
 
 def test_analysis_chooses_on_half_the_seeds_and_reads_the_other_half():
@@ -115,7 +116,7 @@ def test_the_watch_defaults_are_the_studys_rule_with_its_figures():
 
     study = json.loads(STUDY.read_text(encoding="utf-8"))
     d = study["default"]
-    want = sorted((ws.WATCH_ALERTS[n], None if n == "non_finite" else th) for n, th in d["parts"])
+    want = sorted((alarms.WATCH_ALERTS[n], None if n == "non_finite" else th) for n, th in d["parts"])
     alerts = default_alerts()
     got = sorted((type(a).__name__, getattr(a, _LIMIT[type(a).__name__]) if type(a).__name__ in _LIMIT else None)
                  for a in alerts)
@@ -124,7 +125,7 @@ def test_the_watch_defaults_are_the_studys_rule_with_its_figures():
         if isinstance(a, Spike):  # the detector's own reading of the alert
             assert (a.measure, a.window, a.min_history, a.direction) == ("max_score", det.SPIKE_WINDOW, det.SPIKE_MIN, "up")
     # "stop" only for a rule under 1% false alarms on the held-out seeds
-    assert all(a.action == "warn" for a in alerts) or d["false_alarm_rate"] < ws.STOP_FALSE_ALARMS
+    assert all(a.action == "warn" for a in alerts) or d["false_alarm_rate"] < alarms.STOP_FALSE_ALARMS
     # the docstring states what the study measured: false alarms on the held-out healthy runs, hits, lead
     doc = " ".join(default_alerts.__doc__.split())
     lo, hi = d["false_alarm_rate_ci"]

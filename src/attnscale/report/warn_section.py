@@ -1,7 +1,7 @@
 """The report section "Warning before the break", from the divergence study's run records (``attnscale warn-study``).
 
 ``blocks(runs, out, pngs)`` returns blocks like the other sections and draws its figures into ``out``.
-The numbers are ``experiments.warn_study.analyse`` of the records (the break rule and the detectors
+The numbers are ``analysis.alarms.analyse`` of the records (the break rule and the detectors
 are ``analysis.detectors``); this module only words and draws them.
 """
 
@@ -11,12 +11,12 @@ from pathlib import Path
 from typing import Any
 
 from attnscale.analysis import detectors as det
-from attnscale.experiments import warn_study as ws
+from attnscale.analysis import alarms
 from attnscale.report.blocks import Block, Bullets, Image, Para, Table, opening
 
 __all__ = ["GROUP", "TITLE", "blocks", "section", "reading", "rule_rows", "example"]
 
-GROUP = ws.GROUP
+GROUP = alarms.GROUP
 TITLE = "Warning before the break"
 
 
@@ -41,7 +41,7 @@ def rule_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
     if result["combined"] is not None:
         out.append({"key": "combined", "name": "combined", **result["combined"], "versus": None})
     for n, r in result.get("former", {}).items():
-        out.append({"key": n if n != "together" else "combined", "name": f"former default: {ws.rule_text(r['parts'])}"
+        out.append({"key": n if n != "together" else "combined", "name": f"former default: {alarms.rule_text(r['parts'])}"
                     if n != "together" else "former defaults together", **r, "versus": None, "former": True})
     return out
 
@@ -53,15 +53,15 @@ def _table(result) -> Table:
     rows = []
     for r in (r for r in rule_rows(result) if not r.get("former")):
         v = r["versus"]
-        rows.append([r["name"], ws.rule_text(r["parts"]), f"{r['hits']} of {r['broken']}, {_pct(r['hit_rate'], r['hit_rate_ci'])}",
+        rows.append([r["name"], alarms.rule_text(r["parts"]), f"{r['hits']} of {r['broken']}, {_pct(r['hit_rate'], r['hit_rate_ci'])}",
                      f"{r['false_alarms']} of {r['healthy']}, {_pct(r['false_alarm_rate'], r['false_alarm_rate_ci'])}",
                      _num(r["lead_median"], r["lead_median_ci"]),
                      "—" if r["lead_q1"] is None else f"{r['lead_q1']:g}–{r['lead_q3']:g}",
                      _pct(r["lead_share_median"], r["lead_share_median_ci"]),
-                     "baseline" if r["key"] == ws.BASELINE else "—" if v is None else
+                     "baseline" if r["key"] == alarms.BASELINE else "—" if v is None else
                      v["verdict"] if v["median"] is None else f"{_num(v['median'], v['ci'])}: {v['verdict']}"])
     for n, r in result["former"].items():
-        rows.append([f"former default: {n}", ws.rule_text(r["parts"]),
+        rows.append([f"former default: {n}", alarms.rule_text(r["parts"]),
                      f"{r['hits']} of {r['broken']}, {_pct(r['hit_rate'], r['hit_rate_ci'])}",
                      f"{r['false_alarms']} of {r['healthy']}, {_pct(r['false_alarm_rate'], r['false_alarm_rate_ci'])}",
                      _num(r["lead_median"], r["lead_median_ci"]),
@@ -69,13 +69,13 @@ def _table(result) -> Table:
                      _pct(r["lead_share_median"], r["lead_share_median_ci"]), "—"])
     missing = [n for n, d in result["detectors"].items() if d["warn"] is None]
     for n in missing:
-        rows.append([n, f"no threshold fires on at most {100 * ws.TARGET_FALSE_ALARMS:g}% of the choosing seeds' healthy runs",
+        rows.append([n, f"no threshold fires on at most {100 * alarms.TARGET_FALSE_ALARMS:g}% of the choosing seeds' healthy runs",
                      "—", "—", "—", "—", "—", "—"])
     return Table(head, rows)
 
 
 def _cells(result) -> Table:
-    cells = ws.breaks_by_cell(result)
+    cells = alarms.breaks_by_cell(result)
     lrs = sorted({c["lr"] for c in cells})
     groups: dict[tuple, dict] = {}
     for c in cells:
@@ -93,18 +93,18 @@ def reading(result: dict[str, Any]) -> list[str]:
     """What the numbers say, in sentences generated from them."""
     lines = []
     best = result["best"]
-    base = result["detectors"][ws.BASELINE]["warn"]
+    base = result["detectors"][alarms.BASELINE]["warn"]
     if base is not None:
-        lines.append(f"The loss's own spike detector ({ws.rule_text(base['parts'])}, chosen the same way) warns {base['hits']} "
+        lines.append(f"The loss's own spike detector ({alarms.rule_text(base['parts'])}, chosen the same way) warns {base['hits']} "
                      f"of {base['broken']} held-out broken runs ({_pct(base['hit_rate'], base['hit_rate_ci'])}) and fires "
                      f"on {base['false_alarms']} of {base['healthy']} healthy ones "
                      f"({_pct(base['false_alarm_rate'], base['false_alarm_rate_ci'])}).")
     if best is None:
         lines.append(f"No alert of the watch warns any broken run of the choosing seeds while firing on at most "
-                     f"{100 * ws.TARGET_FALSE_ALARMS:g}% of their healthy runs: at that false-alarm rate the watch "
+                     f"{100 * alarms.TARGET_FALSE_ALARMS:g}% of their healthy runs: at that false-alarm rate the watch "
                      "gives no warning here.")
     else:
-        lines.append(f"Best rule of the watch on the choosing seeds: {ws.rule_text(best['parts'])}; on the held-out seeds it "
+        lines.append(f"Best rule of the watch on the choosing seeds: {alarms.rule_text(best['parts'])}; on the held-out seeds it "
                      f"warns {best['hits']} of {best['broken']} broken runs ({_pct(best['hit_rate'], best['hit_rate_ci'])}), a "
                      f"median {_num(best['lead_median'], best['lead_median_ci'])} steps before the break, and fires on "
                      f"{best['false_alarms']} of {best['healthy']} healthy runs "
@@ -127,21 +127,21 @@ def reading(result: dict[str, Any]) -> list[str]:
                      f"{', '.join(str(result['rule'].floor_window - 1 - s) for s in range(result['probe_every'], result['rule'].floor_window, result['probe_every']))} steps "
                      "at most: a lead interval such as [14, 14] is that grid, every resample of seeds giving the same median.")
     d = result["default"]
-    lines.append(f"The watch's default alerts from this study ({ws.rule_text(d['parts'])}): on the held-out seeds they "
+    lines.append(f"The watch's default alerts from this study ({alarms.rule_text(d['parts'])}): on the held-out seeds they "
                  f"fire on {d['false_alarms']} of {d['healthy']} healthy runs ({_pct(d['false_alarm_rate'], d['false_alarm_rate_ci'])}) "
                  f"and warn {d['hits']} of {d['broken']} broken ones ({_pct(d['hit_rate'], d['hit_rate_ci'])})"
                  + (f", a median {_num(d['lead_median'], d['lead_median_ci'])} steps ahead." if d["lead_median"] is not None else "."))
     f = result["former"]["together"]
-    lines.append(f"The watch's defaults before this study ({ws.rule_text(f['parts'])}) warn {f['hits']} of {f['broken']} "
+    lines.append(f"The watch's defaults before this study ({alarms.rule_text(f['parts'])}) warn {f['hits']} of {f['broken']} "
                  f"held-out broken runs ({_pct(f['hit_rate'], f['hit_rate_ci'])})"
                  + (f", a median {_num(f['lead_median'], f['lead_median_ci'])} steps ahead," if f["lead_median"] is not None else ",")
                  + f" and fire on {f['false_alarms']} of {f['healthy']} healthy ones ({_pct(f['false_alarm_rate'], f['false_alarm_rate_ci'])}).")
-    stops = [(n, d["stop"]) for n, d in result["detectors"].items() if d["stop"] is not None and n != ws.BASELINE
-             and d["stop"]["false_alarm_rate"] is not None and d["stop"]["false_alarm_rate"] < ws.STOP_FALSE_ALARMS
+    stops = [(n, d["stop"]) for n, d in result["detectors"].items() if d["stop"] is not None and n != alarms.BASELINE
+             and d["stop"]["false_alarm_rate"] is not None and d["stop"]["false_alarm_rate"] < alarms.STOP_FALSE_ALARMS
              and d["stop"]["hits"] > 0]
     if stops:
         lines.append("Rules below 1% false alarms on the held-out seeds, with hits, for which \"stop\" could be used: "
-                     + "; ".join(f"{ws.rule_text(s['parts'])} ({s['false_alarms']} of {s['healthy']} false alarms, "
+                     + "; ".join(f"{alarms.rule_text(s['parts'])} ({s['false_alarms']} of {s['healthy']} false alarms, "
                                  f"{s['hits']} of {s['broken']} hits)" for n, s in stops) + ".")
     else:
         lines.append("No rule with hits stays below 1% false alarms on the held-out seeds: \"stop\" is not recommended.")
@@ -172,11 +172,11 @@ def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[Block]:
     if not study:
         return []
     unfinished = [t.run_id for t in study if t.status not in ("done", "diverged")]
-    return section(ws.analyse(study, unigram(study)), out, pngs, unfinished)
+    return section(alarms.analyse(study, unigram(study)), out, pngs, unfinished)
 
 
 def section(result: dict[str, Any], out: Path, pngs: dict[str, Path], unfinished=()) -> list[Block]:
-    """The section's blocks for ``warn_study.analyse``'s ``result``; its figures drawn into ``out``."""
+    """The section's blocks for ``alarms.analyse``'s ``result``; its figures drawn into ``out``."""
     from attnscale.report import warn_plots
 
     b = opening(TITLE, (
@@ -186,7 +186,7 @@ def section(result: dict[str, Any], out: Path, pngs: dict[str, Path], unfinished
         + (f" ({result['floor']:.3f} nats here)." if result["floor"] is not None else ".")
         + " A hit is a broken run whose first alarm comes at or before its break; a false alarm, a healthy run with any "
         f"alarm. Thresholds are chosen on seeds {', '.join(map(str, result['choosing_seeds']))} for at most "
-        f"{100 * ws.TARGET_FALSE_ALARMS:g}% false alarms; every rate and lead below is read on the held-out seeds "
+        f"{100 * alarms.TARGET_FALSE_ALARMS:g}% false alarms; every rate and lead below is read on the held-out seeds "
         f"{', '.join(map(str, result['held_out_seeds']))}: rates with 95% Wilson intervals, leads with 95% percentile "
         "intervals from resampling seeds (each seed with all its runs)."))
     if unfinished:
