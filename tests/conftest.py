@@ -43,19 +43,20 @@ def pytest_terminal_summary(terminalreporter):
                                     "sudo apt-get install -y chromium, then make test again")
 
 
-# The longest files first (seconds of one run of the suite on two workers, December 2026), so that the two
+# The longest files first (seconds of one run of the suite on two workers, an idle 2-core EPYC, December 2026), so that the two
 # `--dist loadfile` workers finish together: xdist hands out whole files in this order (make test passes
 # --no-loadscope-reorder, which would otherwise put the files of most tests first, whatever they cost).
 LONGEST_FIRST = (
-    "runs/test_ray_executor.py",  # 114 s
-    "test_benchmarks.py",  # about 100 s: the nanoGPT comparisons
-    "test_benchmarks_scripts.py",  # about 100 s
-    "cli/test_cli.py",  # 68 s
-    "headcheck/test_inspect.py",  # 54 s: loading the packaged models
-    "experiments/test_reproduce.py",  # 46 s
-    "runs/test_sweep_runner.py",  # 43 s
-    "report/test_report.py",  # 25 s
-    "runs/test_ray_cluster.py",  # 20 s
+    "runs/test_ray_executor.py",  # 66 s
+    "test_benchmarks_scripts.py",  # 45 s
+    "runs/test_sweep_runner.py",  # 44 s
+    "experiments/test_reproduce.py",  # 41 s
+    "test_benchmarks.py",  # 34 s: the nanoGPT comparisons
+    "test_promises.py",  # 23 s: a packaged GGUF model loaded
+    "runs/test_ray_cluster.py",  # 19 s
+    "headcheck/test_inspect.py",  # 18 s: the packaged models
+    "runs/test_ray_commands.py",  # 16 s
+    "report/test_browser.py",  # 15 s
 )
 
 

@@ -31,9 +31,9 @@ def test_the_longest_files_come_first_and_every_one_named_exists():
         def __init__(self, rel):
             self.fspath = here / rel
 
-    items = [Item("core/test_hooks.py"), Item("report/test_report.py"), Item("core/test_scales.py"),
-             Item("runs/test_ray_executor.py"), Item("report/test_report.py")]
+    items = [Item("core/test_hooks.py"), Item("report/test_browser.py"), Item("core/test_scales.py"),
+             Item("runs/test_ray_executor.py"), Item("report/test_browser.py")]
     conftest.pytest_collection_modifyitems(None, items)
     assert [Path(i.fspath).relative_to(here).as_posix() for i in items] == [
-        "runs/test_ray_executor.py", "report/test_report.py", "report/test_report.py", "core/test_hooks.py",
+        "runs/test_ray_executor.py", "report/test_browser.py", "report/test_browser.py", "core/test_hooks.py",
         "core/test_scales.py"]
