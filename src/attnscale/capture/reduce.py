@@ -145,7 +145,8 @@ def _keep(visible: torch.Tensor | None, scores: torch.Tensor) -> torch.Tensor:
 
 def with_padding(call: AttentionCall, padding_BT: torch.Tensor | None) -> AttentionCall:
     """``call`` with the batch's padding (B×T, True = a real token) hidden as rows and as keys, where its
-    length is the call's (a call of another length, e.g. a cross-attention, keeps its own mask)."""
+    length is the call's (a call of another length, e.g. a cross-attention, keeps its own mask). The padding
+    joins the call's ``mask_mod``, read a block of rows at a time like every mask: no B×T×S mask is made."""
     if padding_BT is None:
         return call
     import dataclasses
@@ -154,19 +155,17 @@ def with_padding(call: AttentionCall, padding_BT: torch.Tensor | None) -> Attent
     T, S = call.q.shape[-2], call.k.shape[-2]
     if pad.shape[0] != call.q.shape[0] or pad.shape[1] not in (T, S):
         return call
-    hide = torch.zeros(pad.shape[0], 1, T, S, dtype=torch.bool, device=pad.device)
-    if pad.shape[1] == T:
-        hide |= ~pad[:, None, :, None]
-    if pad.shape[1] == S:
-        hide |= ~pad[:, None, None, :]
-    mask = call.mask
-    if mask is None:
-        mask = ~hide
-    elif mask.dtype == torch.bool:
-        mask = mask.to(pad.device) & ~hide
-    else:  # additive: the padding is a fill
-        mask = mask.to(pad.device).masked_fill(hide, -math.inf)
-    return dataclasses.replace(call, mask=mask)
+    rows, keys, before = pad.shape[1] == T, pad.shape[1] == S, call.mask_mod
+
+    def real(b, h, q_idx, kv_idx):
+        seen = torch.ones((), dtype=torch.bool, device=pad.device)
+        if rows:
+            seen = seen & pad[b, q_idx]
+        if keys:
+            seen = seen & pad[b, kv_idx]
+        return seen if before is None else seen & before(b, h, q_idx, kv_idx).bool()
+
+    return dataclasses.replace(call, mask_mod=real)
 
 
 def reduce_scores(scores_BHTT: torch.Tensor, sums: HeadSums | None = None, *, threshold: float = FROZEN_THRESHOLD,
