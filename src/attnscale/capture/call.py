@@ -30,19 +30,9 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["HIDDEN_AT", "AttentionCall", "OnCall", "named", "split_mask"]
+__all__ = ["HIDDEN_AT", "AttentionCall", "OnCall", "named"]
 
 HIDDEN_AT = -1e4
-
-
-def split_mask(mask: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """A mask as SDPA and transformers take it (boolean, True = may attend, or an additive float mask)
-    as (boolean visible mask, float bias over the visible keys or None where it is all zero)."""
-    if mask is None or mask.dtype == torch.bool:
-        return mask, None
-    visible = mask > HIDDEN_AT
-    bias = torch.where(visible, mask, 0).float()
-    return visible, bias if bool(bias.any()) else None
 
 
 def _rows(x: torch.Tensor | None, rows, T: int, keys: slice = slice(None), S: int = 0, seqs: slice = slice(None),

@@ -29,7 +29,7 @@ import torch
 from attnscale.capture.sums import HeadSums
 from attnscale.errors import ConfigError
 
-__all__ = ["TensorParallel", "active", "merge_gathered", "rank", "reduce_sums", "reduce_max"]
+__all__ = ["TensorParallel", "active", "all_gather", "merge_gathered", "rank", "reduce_sums", "reduce_max"]
 
 
 def active() -> bool:
@@ -44,8 +44,20 @@ def rank() -> int:
 
 
 def _device(tensor: torch.Tensor) -> torch.device:
-    """Where a collective of this backend takes its tensors: gloo's on the CPU."""
-    return torch.device("cpu") if torch.distributed.get_backend() == "gloo" else tensor.device
+    """Where a collective of this backend takes its tensors: gloo's on the CPU, the others' (NCCL) on the
+    tensor's GPU, or on this rank's GPU for a tensor on the CPU (a pipeline stage that measured nothing)."""
+    if torch.distributed.get_backend() == "gloo":
+        return torch.device("cpu")
+    return tensor.device if tensor.device.type != "cpu" else torch.device("cuda", torch.cuda.current_device())
+
+
+def all_gather(packed: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's ``packed`` (the same shape on every rank) in rank order, through the backend's device
+    and back on ``packed``'s."""
+    wire = packed.to(_device(packed))
+    gathered = [torch.empty_like(wire) for _ in range(torch.distributed.get_world_size())]
+    torch.distributed.all_gather(gathered, wire)
+    return [g.to(packed.device) for g in gathered]
 
 
 @dataclass(frozen=True)
@@ -92,10 +104,7 @@ def reduce_sums(layers: list[HeadSums], names: list[str] | None = None, tp: Tens
     for i, s in enumerate(layers):  # the sums, then a row of each head's global index (-1: no head there)
         packed[i, :fields, :s.heads] = s.data
         packed[i, fields, :s.heads] = torch.tensor(index[i], dtype=torch.float64)
-    packed = packed.to(_device(packed))
-    gathered = [torch.empty_like(packed) for _ in range(torch.distributed.get_world_size())]
-    torch.distributed.all_gather(gathered, packed)
-    merge_gathered(layers, [g.to(here) for g in gathered])
+    merge_gathered(layers, all_gather(packed))
 
 
 def merge_gathered(layers: list[HeadSums], gathered: list[torch.Tensor]) -> None:
@@ -131,9 +140,7 @@ def reduce_max(values: list[torch.Tensor], names: list[str] | None = None,
         return [part.view_as(v) for part, v in zip(flat.split(sizes), values)]
     names = [str(i) for i in range(len(values))] if names is None else names
     index = torch.tensor([g for v, n in zip(values, names) for g in tp.global_heads(n, v.numel())], dtype=torch.float32)
-    mine = torch.stack([flat, index.to(flat.device)])
-    gathered = [torch.empty_like(mine) for _ in range(torch.distributed.get_world_size())]
-    torch.distributed.all_gather(gathered, mine)  # ranks hold the same layers in the same order
+    gathered = all_gather(torch.stack([flat, index.to(flat.device)]))  # ranks hold the same layers in order
     layer = torch.repeat_interleave(torch.arange(len(sizes)), torch.tensor(sizes)).to(flat.device)
     out = flat.clone()
     for g in gathered:

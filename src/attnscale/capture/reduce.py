@@ -36,6 +36,8 @@ __all__ = ["BYTES_PER_ENTRY", "DEFAULT_MEMORY", "dense", "head_max", "reduce_cal
 DEFAULT_MEMORY = 256 << 20
 # Peak bytes of one (row, key, head) entry of a block: fp32 scores and logits, float64 exponentials, temporaries.
 BYTES_PER_ENTRY = 40
+
+
 def _plan(B: int, H: int, G: int, T: int, S: int, memory: int) -> tuple[int, int, int]:
     """(sequences, query heads, rows) per block: whole sequences while they fit, else rows of one sequence,
     and groups of query heads (whole GQA groups of ``G``) only where one row of every head is over budget."""

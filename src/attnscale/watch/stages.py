@@ -67,10 +67,7 @@ def union_of_stages(sums: list[HeadSums], names: list[str], stage: int, layer_of
     packed = torch.full((layers, len(HeadSums.FIELDS), heads), math.nan, dtype=torch.float64, device=here)
     for i, s in enumerate(sums):
         packed[i, :, :s.heads] = s.data
-    wire = torch.device("cpu") if dist.get_backend() == "gloo" else torch.device("cuda", torch.cuda.current_device())
-    packed = packed.to(wire)
-    gathered = [torch.empty_like(packed) for _ in metas]
-    dist.all_gather(gathered, packed)
+    gathered = ranks.all_gather(packed)
     union: dict[tuple[int, ...], tuple[HeadSums, str, int]] = {}
     for g, (s, offset, stage_names, stage_heads) in zip(gathered, metas):
         for i, (name, h) in enumerate(zip(stage_names, stage_heads)):
