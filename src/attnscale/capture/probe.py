@@ -163,28 +163,26 @@ class _Layers:
         self.names.append(call.name or f"call {len(self.names)}")
 
     def stats(self) -> HeadStats:
-        """Every layer's numbers, read back to the CPU in one transfer."""
-        heads = max(s.heads for s in self.sums)
-        L, M = len(self.sums), len(HEAD_MEASURES)
-        dev = self.sums[0].device
-        parts = torch.full((L, M + 1 + 2 + (M - 2), heads), float("nan"), dtype=torch.float64, device=dev)
-        for i, s in enumerate(self.sums):
-            parts[i, :, :s.heads] = torch.cat([s.measures(), s.rows[None], s.bias_range(), s.standard_errors()])
-        parts = parts.cpu()  # the probe's one read-back
-        rows = torch.nan_to_num(parts[:, M], nan=0.0)
-        bias = parts[:, M + 1:M + 3].transpose(1, 2)
-        has_bias = bool(torch.isfinite(bias).any())
-        return HeadStats(parts[:, :M].float(), rows, HEAD_MEASURES, tuple(self.names), tuple(s.heads for s in self.sums),
-                         bias_LH2=bias if has_bias else None,
-                         errors_LRH=parts[:, M + 3:] if self.sample_rows is not None else None)
+        return stats_of(self.sums, self.names, self.sample_rows)
 
 
 def stats_of(sums: list[HeadSums], names: list[str], sample_rows: int | None = None) -> HeadStats:
-    """The ``HeadStats`` of layers reduced by the caller (one ``HeadSums`` per layer, with its name), read back
-    as a probe reads its own: for one that captures the forward itself (the watch in the training forward)."""
-    layers = _Layers(FROZEN_THRESHOLD, None, DEFAULT_MEMORY, sample_rows)
-    layers.sums, layers.names = list(sums), list(names)
-    return layers.stats()
+    """The ``HeadStats`` of layers reduced one ``HeadSums`` each (with its name), read back to the CPU in one
+    transfer: a probe's own, or those of a caller that captures the forward itself (the watch in the
+    training forward). ``sample_rows``: whether rows were sampled (the row measures' standard errors)."""
+    heads = max(s.heads for s in sums)
+    L, M = len(sums), len(HEAD_MEASURES)
+    dev = sums[0].device
+    parts = torch.full((L, M + 1 + 2 + (M - 2), heads), float("nan"), dtype=torch.float64, device=dev)
+    for i, s in enumerate(sums):
+        parts[i, :, :s.heads] = torch.cat([s.measures(), s.rows[None], s.bias_range(), s.standard_errors()])
+    parts = parts.cpu()  # the probe's one read-back
+    rows = torch.nan_to_num(parts[:, M], nan=0.0)
+    bias = parts[:, M + 1:M + 3].transpose(1, 2)
+    has_bias = bool(torch.isfinite(bias).any())
+    return HeadStats(parts[:, :M].float(), rows, HEAD_MEASURES, tuple(names), tuple(s.heads for s in sums),
+                     bias_LH2=bias if has_bias else None,
+                     errors_LRH=parts[:, M + 3:] if sample_rows is not None else None)
 
 
 def measure_heads(model: nn.Module, batch: Any, *, threshold: float = FROZEN_THRESHOLD, capture: str = "auto",

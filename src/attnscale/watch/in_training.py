@@ -29,7 +29,7 @@ from torch import nn
 
 from attnscale.capture.call import AttentionCall
 from attnscale.capture.probe import Inputs, padding_of, unwrap
-from attnscale.capture.reduce import reduce_call
+from attnscale.capture.reduce import DEFAULT_MEMORY, reduce_call
 from attnscale.capture.sums import HeadSums
 from attnscale.capture.route import Route, capturing
 from attnscale.errors import ConfigError
@@ -59,7 +59,7 @@ class TrainingForward:
     ``arm()``; the forwards run; ``take()`` gives (sums, names, what the forwards were) and disarms."""
 
     def __init__(self, model: nn.Module, threshold: float, capture: str = "auto", adapter: Any = None,
-                 memory: int = 256 << 20, sample_rows: int | None = None, route: Route | None = None):
+                 memory: int = DEFAULT_MEMORY, sample_rows: int | None = None, route: Route | None = None):
         if _compiled(model):
             raise ConfigError("in_training_forward cannot measure inside a torch.compile'd graph (it was compiled "
                               "without the capture); watch the model with the default probe, which runs the original "
