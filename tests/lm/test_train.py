@@ -11,16 +11,7 @@ from attnscale.core.hooks import hooked
 from attnscale.lm.model import ModelConfig, TinyLM
 from attnscale.lm.train import DIAGNOSTICS, TrainConfig, lr_at, train
 
-V = 7
-
-
-@pytest.fixture(scope="module")
-def corpus() -> Corpus:
-    # a repeating pattern with noise: learnable in a few steps, never trivial
-    g = torch.Generator().manual_seed(0)
-    base = torch.arange(4000) % V
-    ids = torch.where(torch.rand(4000, generator=g) < 0.1, torch.randint(0, V, (4000,), generator=g), base)
-    return Corpus(name="tiny", tokenizer="char", vocab_size=V, train=ids[:3000], valid=ids[3000:], sha256="0" * 64)
+V = 7  # the vocabulary of conftest.py's corpus
 
 
 def mcfg(**kw) -> ModelConfig:

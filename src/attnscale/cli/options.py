@@ -221,6 +221,12 @@ def dtype_option(p) -> None:
                         "a run trained in another precision is another run, never resumed as this one")
 
 
+def weights_option(p) -> None:
+    p.add_argument("--weights", choices=["fp32", "bf16"],
+                   help="what a bf16 step computes on: fp32 weights cast by autocast at every use (the default), or "
+                        "a bf16 copy of fp32 master weights, refreshed once a step (no effect where the runs train in fp32)")
+
+
 def training_options(p, out: str, quick: str | None = None) -> None:
     """Options every training command shares: corpus, budget overrides, output, workers."""
     p.add_argument("--corpus", default="default",
@@ -236,6 +242,7 @@ def training_options(p, out: str, quick: str | None = None) -> None:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     device_option(p)
     dtype_option(p)
+    weights_option(p)
 
 
 def _quick_budget() -> str:
@@ -274,11 +281,12 @@ def executor_kwargs(args) -> dict:
 
 
 def overrides(model: dict, train, args) -> tuple[dict, object]:
-    """(model settings, TrainConfig) with the command line's --steps, --batch, --lr, --context and --dtype."""
+    """(model settings, TrainConfig) with the command line's --steps, --batch, --lr, --context, --dtype and --weights."""
     from attnscale.lm.presets import with_steps
 
-    if args.dtype is not None:
-        train = dataclasses.replace(train, dtype=args.dtype)
+    chosen = {k: v for k in ("dtype", "weights") if (v := getattr(args, k, None)) is not None}
+    if chosen:
+        train = dataclasses.replace(train, **chosen)  # together: each is checked against the other
     if args.steps is not None:
         train = with_steps(train, args.steps)
     if args.batch is not None:

@@ -25,6 +25,9 @@ __all__ = ["comparable_config", "run_config", "Checkpoint", "save_weights"]
 # resumed with another -j (so another thread count), checkpoint interval, device or
 # attention path (fused and explicit agree to float tolerance) is still the same run.
 _EXECUTION_ONLY = {"train": ("threads", "checkpoint_every", "device", "attention")}
+# Train settings added after runs were first recorded, with the value that means what runs did before:
+# a config that holds that value compares equal to one written before the setting existed.
+_ADDED_LATER = {"train": {"weights": "fp32"}}
 # What makes two corpora the same: the text's hash and how it was cut into tokens,
 # not the path or name it was read under ("wikitext-2" and its folder are one corpus).
 _CORPUS_IDENTITY = ("sha256", "tokenizer", "vocab_size", "train_tokens", "valid_tokens")
@@ -40,6 +43,10 @@ def comparable_config(config: Any) -> dict[str, Any]:
     for section, keys in _EXECUTION_ONLY.items():
         for key in keys:
             cfg.get(section, {}).pop(key, None)
+    for section, defaults in _ADDED_LATER.items():
+        for key, before in defaults.items():
+            if cfg.get(section, {}).get(key, before) == before:
+                cfg.get(section, {}).pop(key, None)
     corpus = cfg.get("corpus")
     if isinstance(corpus, dict) and any(k in corpus for k in _CORPUS_IDENTITY):
         cfg["corpus"] = {k: corpus[k] for k in _CORPUS_IDENTITY if k in corpus}

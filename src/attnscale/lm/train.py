@@ -33,6 +33,7 @@ recording step, every diagnostic in one transfer.
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -53,6 +54,7 @@ from attnscale.lm.step_measures import DIAGNOSTICS, read_back, recording, summar
 __all__ = ["TrainConfig", "train", "run_config", "comparable_config", "save_weights", "lr_at", "evaluate", "sum_dtype", "DIAGNOSTICS", "summarize"]
 
 ATTENTION = ("auto", "fused", "explicit")
+WEIGHTS = ("fp32", "bf16")
 # fp16 steps the scaler may skip in a row before the run counts as diverged: each skip halves the
 # loss scale, so 40 take 2**16 below 1e-7, where no gradient can overflow any more
 MAX_SKIPPED = 40
@@ -70,6 +72,12 @@ class TrainConfig:
     that do not record: "fused" (SDPA, for every scheme it can express),
     "explicit", or "auto" (fused on GPUs and on the CPU in fp32; the model config's ``impl``
     on the CPU in bf16).
+    ``weights``: "fp32" (autocast casts each weight to the compute dtype in every forward, and its
+    gradient back in every backward) or "bf16": where the precision is bf16, the step computes on a
+    bf16 copy of the weights without autocast (the scores' softmax and the loss still in fp32), and
+    the optimiser updates fp32 master weights, from which the copy is refreshed once a step, in one
+    call; in fp32 (dtype "auto" on a CPU without native bf16) nothing changes. The master weights
+    are the model: checkpoints, evaluation and saved weights read them.
     ``device``, ``threads``, ``attention`` and ``checkpoint_every`` decide how a
     run executes, not what it measures: a run resumed with others is the same run."""
 
@@ -91,6 +99,7 @@ class TrainConfig:
     checkpoint_every: int = 0
     device: str = "auto"
     attention: str = "auto"
+    weights: str = "fp32"
 
     def __post_init__(self):
         for name in ("steps", "batch", "record_every", "record_sequences"):
@@ -116,6 +125,11 @@ class TrainConfig:
         dev.check_device_spec(self.device)
         if self.attention not in ATTENTION:
             raise ConfigError(f"train attention {self.attention!r} is unknown; choose one of: {', '.join(ATTENTION)}")
+        if self.weights not in WEIGHTS:
+            raise ConfigError(f"train weights {self.weights!r} are unknown; choose one of: {', '.join(WEIGHTS)}")
+        if self.weights == "bf16" and self.dtype not in ("bf16", "auto"):
+            raise ConfigError(f"train weights 'bf16' need dtype bf16 (or auto), not {self.dtype!r}; "
+                              "drop --weights bf16 or train in bf16")
         if not 0 < self.frozen_threshold < 1:
             raise ConfigError(f"train frozen_threshold must lie in (0, 1), got {self.frozen_threshold!r}")
 
@@ -131,10 +145,9 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
 
 
 @contextlib.contextmanager
-def _precision(precision: "dev.Precision", forward: bool = True):
-    """TF32 where the precision allows it, for all that runs inside (a step's forward and backward);
-    autocast too when ``forward``: autocast wraps the forward only, its backward follows the casts."""
-    with dev.tf32(precision), (dev.autocast(precision) if forward else contextlib.nullcontext()):
+def _precision(precision: "dev.Precision"):
+    """TF32 where the precision allows it, and autocast: what evaluation's forwards run under."""
+    with dev.tf32(precision), dev.autocast(precision):
         yield
 
 
@@ -259,6 +272,7 @@ class _Run:
     gen: torch.Generator
     scaler: Any
     log_line: Callable[[dict[str, Any]], None] | None
+    compute: TinyLM | None = None  # weights "bf16": the bf16 copy the step computes on; the model holds the masters
     history: list[dict[str, Any]] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     skipped: int = 0  # fp16 steps the gradient scaler skipped (inf/NaN gradients); they do not count
@@ -272,6 +286,36 @@ class _Run:
     def batch(self, corpus) -> tuple[torch.Tensor, torch.Tensor]:
         return dev.to_device(self.device, *batches(corpus.train, self.cfg.batch, self.model_cfg.context, self.gen))
 
+    @property
+    def net(self) -> TinyLM:
+        """What the step's forward runs: the bf16 copy where there is one, else the model."""
+        return self.model if self.compute is None else self.compute
+
+    def forward_precision(self):
+        """Autocast around the step's forward, except on the bf16 copy, whose weights are bf16 already."""
+        return dev.autocast(self.precision) if self.compute is None else contextlib.nullcontext()
+
+    def refresh(self) -> None:
+        """The bf16 copy := the master weights (a cast each, in one call); nothing without a copy."""
+        if self.compute is not None:
+            with torch.no_grad():
+                torch._foreach_copy_(list(self.compute.parameters()), list(self.model.parameters()))
+
+    def gradients_to_masters(self) -> None:
+        """The masters' gradients := the copy's, in fp32 (one call): the masters keep their gradient
+        tensors from step to step, so clipping and the optimiser read them where they are."""
+        if self.compute is None:
+            return
+        masters, grads = [], []
+        for m, c in zip(self.model.parameters(), self.compute.parameters()):
+            if c.grad is None:  # not reached by this step's loss: no gradient, as the model would have
+                m.grad.zero_()
+            else:
+                masters.append(m.grad)
+                grads.append(c.grad)
+        torch._foreach_copy_(masters, grads)
+        self.compute.zero_grad(set_to_none=True)
+
 
 def _build(model_cfg: ModelConfig, cfg: TrainConfig, log_line) -> _Run:
     """Device and precision resolved once; the model built from the seed on the CPU, then moved, so every
@@ -281,6 +325,11 @@ def _build(model_cfg: ModelConfig, cfg: TrainConfig, log_line) -> _Run:
     impl = _attention_impl(cfg.attention, model_cfg, device, precision)
     torch.manual_seed(cfg.seed)
     model = TinyLM(replace(model_cfg, impl=impl)).to(device)
+    compute = None
+    if cfg.weights == "bf16" and precision.autocast is torch.bfloat16:
+        compute = copy.deepcopy(model).to(torch.bfloat16)
+        for p in model.parameters():
+            p.grad = torch.zeros_like(p)  # the masters' gradients, written in place every step
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
@@ -290,7 +339,7 @@ def _build(model_cfg: ModelConfig, cfg: TrainConfig, log_line) -> _Run:
         lr=cfg.lr, betas=(0.9, cfg.beta2), fused=device.type in ("cpu", "cuda"),
     )
     return _Run(model_cfg, cfg, device, precision, impl, model, opt, torch.Generator().manual_seed(cfg.seed),
-                dev.grad_scaler(precision), log_line)
+                dev.grad_scaler(precision), log_line, compute)
 
 
 def _resume(run: _Run, ckpt: Checkpoint | None) -> tuple[int, list[str]]:
@@ -299,6 +348,7 @@ def _resume(run: _Run, ckpt: Checkpoint | None) -> tuple[int, list[str]]:
     if state is None:
         return 0, [note] if note else []
     run.model.load_state_dict(state["model"])
+    run.refresh()
     run.opt.load_state_dict(state["opt"])
     run.gen.set_state(state["gen"])
     if state.get("scaler"):  # fp16: the loss scale it had reached, not 2**16 again
@@ -325,10 +375,12 @@ def _step(run: _Run, step: int, corpus) -> tuple[float, float, float, bool]:
     x_BT, y_BT = run.batch(corpus)
     due = step % cfg.record_every == 0
     with dev.tf32(run.precision):
-        with recording(run.model, due, cfg.frozen_threshold, cfg.record_sequences) as rec, dev.autocast(run.precision):
-            loss = run.model.loss(x_BT, y_BT)
-        run.opt.zero_grad(set_to_none=True)
+        with recording(run.net, due, cfg.frozen_threshold, cfg.record_sequences) as rec, run.forward_precision():
+            loss = run.net.loss(x_BT, y_BT)
+        if run.compute is None:
+            run.opt.zero_grad(set_to_none=True)
         run.scaler.scale(loss).backward()
+        run.gradients_to_masters()
         run.scaler.unscale_(run.opt)  # clip the true gradients (a no-op without fp16)
         grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.clip)
         # a gradient is inf or NaN exactly when their norm is (the scaler's own test, for fp16)
@@ -363,15 +415,16 @@ def _update(run: _Run, skip: "torch.Tensor | bool") -> None:
             del run.opt.found_inf
     elif not skip:
         run.opt.step()
+    run.refresh()  # a skipped update leaves the masters, so the copy, as they were
 
 
 def _record_trained(run: _Run, corpus) -> float:
     """The trained model's diagnostics, on one more training batch, without an update; its loss."""
     x_BT, y_BT = run.batch(corpus)
     cfg = run.cfg
-    with torch.no_grad(), recording(run.model, True, cfg.frozen_threshold, cfg.record_sequences) as rec, \
-            _precision(run.precision):
-        (value,), row = read_back(rec, run.model.loss(x_BT, y_BT))
+    with torch.no_grad(), recording(run.net, True, cfg.frozen_threshold, cfg.record_sequences) as rec, \
+            dev.tf32(run.precision), run.forward_precision():
+        (value,), row = read_back(rec, run.net.loss(x_BT, y_BT))
     run.log({"step": run.cfg.steps, "loss": _finite(value), "lr": lr_at(run.cfg.steps - 1, run.cfg),
              "elapsed_s": time.perf_counter() - run.t0, **row})
     return value
@@ -442,6 +495,7 @@ def _results(run: _Run, status, diverged_at, start, steps_done, train_seconds, e
         "threads": torch.get_num_threads(),
         "dtype": run.precision.name,
         "attention": run.impl,
+        "weights": "fp32" if run.compute is None else "bf16",
         "device": dev.describe_device(run.device, run.precision),
         "start": summarize(run.history[0]) if run.history else None,
         "end": summarize(run.history[-1]) if run.history else None,

@@ -293,6 +293,7 @@ class TrainResults:
     threads: int | None = None
     dtype: str | None = None
     attention: str | None = None  # the path non-recording steps took: "fused" or "explicit"
+    weights: str | None = None  # what the step computed on: "fp32" weights (autocast) or a "bf16" copy of fp32 masters
     device: dict[str, Any] | None = None  # core.device.describe_device: where the run trained
     start: dict[str, Any] | None = None  # lm.train.summarize of the first recorded step
     end: dict[str, Any] | None = None  # ... and of the last
