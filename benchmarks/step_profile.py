@@ -2,8 +2,9 @@
 
 Both steps run in this process, alternating, at vs_nanogpt.py's shape (2 layers,
 4 heads, T 64, batch 32, one token a character: 65 for Tiny Shakespeare):
-attnscale's TinyLM with the default preset's choices, recording diagnostics
-every 10th step as train.py does, fused AdamW, one read-back per step;
+attnscale's own training step (``lm.train``) with the default preset's choices, in
+the precision ``--dtype`` resolves to here (autocast, or with ``--weights bf16`` a bf16 copy of
+fp32 masters), recording diagnostics every 10th step, fused AdamW, one read-back per step;
 nanoGPT's GPT from its model.py with the body of its train.py loop (fresh np.memmap batch, clipping, foreach AdamW, loss.item()).
 CPU time (``time.process_time``) is what the process itself spent, so other
 processes on the machine change it far less than wall time.
@@ -19,46 +20,26 @@ import statistics
 import sys
 import tempfile
 import time
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from attnscale.lm.data import batches, load_corpus
-from attnscale.lm.model import ModelConfig, TinyLM
-from attnscale.lm.presets import budget
-from attnscale.lm.step_measures import read_back, recording
-from attnscale.lm.train import _attention_impl
-from attnscale.core.device import resolve_precision
+from attnscale.lm.data import load_corpus
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from step_limit import training_step  # noqa: E402
 
 
-def attnscale_step(corpus, d: int, impl: str | None = None):
-    """One training step a call (the first does not record, every 10th does); ``impl``: the attention path
-    of the steps that do not record (None: what training picks for the preset here)."""
-    preset = budget("default", corpus.vocab_size)  # what `attnscale sweep` trains
-    cfg = replace(preset.train, batch=32, device="cpu", record_every=10)
-    torch.manual_seed(0)
-    mcfg = ModelConfig(vocab_size=corpus.vocab_size, head_dim=None, **{**preset.model, "d_model": d})
-    if impl is None:
-        impl = _attention_impl(cfg.attention, mcfg, torch.device("cpu"), resolve_precision(cfg.dtype, torch.device("cpu")))
-    model = TinyLM(replace(mcfg, impl=impl))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
-    gen = torch.Generator().manual_seed(0)
-    counter = [0]
+def attnscale_step(corpus, d: int, dtype: str = "auto", weights: str = "fp32"):
+    """Training's own step (``step_limit.training_step``), one a call from step 1 on (every 10th records)."""
+    step, counter = training_step(corpus, d, dtype, weights), [0]
 
-    def step():
-        i = counter[0] = counter[0] + 1
-        x, y = batches(corpus.train, 32, 64, gen)
-        with recording(model, i % cfg.record_every == 0, cfg.frozen_threshold, cfg.record_sequences) as rec:
-            loss = model.loss(x, y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        read_back(rec, loss, norm)
-        opt.step()
+    def one():
+        counter[0] += 1
+        step(counter[0])
 
-    return step
+    return one
 
 
 def nanogpt_step(nanogpt: Path, train_bin: Path, vocab_size: int, d: int):
@@ -112,15 +93,16 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=30, help="steps a round (a multiple of 10)")
     ap.add_argument("--table", type=int, default=16, help="rows of each profiler table")
+    ap.add_argument("--dtype", default="auto", choices=["auto", "fp32", "bf16"], help="attnscale's precision")
+    ap.add_argument("--weights", default="fp32", choices=["fp32", "bf16"], help="what a bf16 step computes on")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from vs_nanogpt import prepare_nanogpt
 
     with tempfile.TemporaryDirectory() as work:
         prepare_nanogpt(args.nanogpt.resolve(), args.corpus.resolve(), Path(work))
         corpus = load_corpus(str(args.corpus), "char", cache_dir=Path(work) / "cache")
-        steps = {"attnscale": attnscale_step(corpus, args.d_model),
+        steps = {"attnscale": attnscale_step(corpus, args.d_model, args.dtype, args.weights),
                  "nanoGPT": nanogpt_step(args.nanogpt.resolve(), Path(work) / "data/shakespeare_char/train.bin",
                                          _vocab(Path(work)), args.d_model)}
         for fn in steps.values():

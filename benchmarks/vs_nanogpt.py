@@ -109,7 +109,9 @@ def attnscale_worker(spec: dict) -> None:
                 "n_heads": shape["heads"]}
     mcfg = ModelConfig(vocab_size=corpus.vocab_size, head_dim=None, scale="inv_sqrt_d", **model_kw)
     cfg = replace(preset.train, steps=spec["steps"], batch=shape["B"], warmup=5, record_every=10, eval_batches=1,
-                  checkpoint_every=0, device=spec["device"], dtype=spec.get("dtype", "auto"))
+                  checkpoint_every=0, device=spec["device"], dtype=spec.get("dtype", "auto"),
+                  # only where asked: an older source tree (--baseline) has no such setting
+                  **({"weights": spec["weights"]} if spec.get("weights", "fp32") != "fp32" else {}))
     stamps: dict[int, float] = {}
 
     def stamp(step: int, steps: int, info: dict) -> None:
@@ -125,10 +127,10 @@ def attnscale_worker(spec: dict) -> None:
 
 
 def run_attnscale(corpus: Path, work: Path, shape: dict, steps: int, skip: int, threads: int, gpu: bool,
-                  extra: list[str] = (), src: Path = SRC, dtype: str = "auto") -> float:
-    """Tokens/s of the preset path, with attnscale imported from ``src``, training in ``dtype``."""
+                  extra: list[str] = (), src: Path = SRC, dtype: str = "auto", weights: str = "fp32") -> float:
+    """Tokens/s of the preset path, with attnscale imported from ``src``, training in ``dtype`` on ``weights``."""
     spec = {"corpus": str(corpus), "work": str(work), "shape": shape, "steps": steps, "skip": skip,
-            "device": "cuda" if gpu else "cpu", "dtype": dtype}
+            "device": "cuda" if gpu else "cpu", "dtype": dtype, "weights": weights}
     out = _run([sys.executable, __file__, "--worker", json.dumps(spec)], work, threads, src)
     return json.loads(out.strip().splitlines()[-1])["tokens_per_s"]
 

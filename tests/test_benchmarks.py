@@ -161,3 +161,50 @@ def test_step_profile(which, stand_in_nanogpt, text_file):
     ratio = float(re.search(r"nanoGPT / attnscale = ([0-9.]+)", out)[1])
     assert ratio == pytest.approx(float(ms["nanoGPT"]) / float(ms["attnscale"]), abs=0.02)
     assert "attnscale, 10 steps:" in out and "nanoGPT, 10 steps:" in out
+
+
+def _step_limit(out: str, text_file: Path, contenders: list[str]) -> None:
+    """Every figure of a step_limit.py table from the others it prints, and the FLOPs counted by hand."""
+    flops = int(re.search(r"products, (\d+) FLOP a step", out)[1])
+    # by hand: 6 FLOP per weight per token for every linear layer (forward, then the gradients of its input
+    # and of its weight), and 3 × the two attention products of the forward (2·B·H·T·T·d_k FLOP each)
+    from attnscale.lm.data import load_corpus
+
+    vocab = load_corpus(str(text_file), "char", cache_dir=text_file.parent / "cache").vocab_size
+    d, layers, heads, T, B = 16, 2, 4, 64, 32
+    weights = layers * (4 * d * d + 2 * 4 * d * d) + d * vocab
+    assert flops == 6 * B * T * weights + layers * 3 * 2 * (2 * B * heads * T * T * (d // heads))
+    head = re.search(r"^\s+16\s+1\s+([0-9.]+)\s+([0-9.]+)ms\s+([0-9.]+) \|", out, re.M)
+    assert float(head[1]) == pytest.approx(flops / 1e9, abs=6e-4)
+    alone_ms = float(head[2])
+    assert float(head[3]) == pytest.approx(flops / alone_ms / 1e6, rel=0.02, abs=0.15)  # GFLOP/s of the GEMMs alone
+    rows = re.findall(r"\| (fp32|bf16)(, compiled)?\s+([0-9.]+)\s+(\d+)%\s+([0-9.]+)ms \(([0-9.]+)x\)", out)
+    assert [r[0] + r[1] for r in rows] == contenders
+    for *_, ms, share, rec, ratio in rows:
+        assert int(share) == pytest.approx(100 * alone_ms / float(ms), abs=1 + 100 * 0.05 / float(ms))
+        assert float(ratio) == pytest.approx(float(rec) / float(ms), abs=0.01 + 0.1 / float(ms))
+    assert "CPU features:" in out
+
+
+def test_step_limit_states_the_share_of_the_gemm_limit_beside_nanogpt(stand_in_nanogpt, text_file):
+    out = run_bench("step_limit.py", str(stand_in_nanogpt), "--corpus", str(text_file), "--widths", "16", "--threads",
+                    "1", "--rounds", "1", "--dtype", "bf16", "--weights", "bf16", "--nanogpt-rounds", "1",
+                    "--nanogpt-steps", "12")
+    _step_limit(out, text_file, ["bf16"])
+    line = re.search(r"tokens/s: nanoGPT \(fp32\) (\d+); attnscale bf16 (\d+) \(([0-9.]+)x\)", out)
+    assert line, out
+    assert float(line[3]) == pytest.approx(int(line[2]) / int(line[1]), abs=0.006)
+
+
+@pytest.mark.slow
+def test_step_limit_times_a_compiled_forward_apart(text_file):
+    out = run_bench("step_limit.py", "--corpus", str(text_file), "--widths", "16", "--threads", "1", "--rounds", "1",
+                    "--dtype", "fp32", "--compile")
+    _step_limit(out, text_file, ["fp32", "fp32, compiled"])
+    assert float(re.search(r"compiling took ([0-9.]+) s", out)[1]) > 0
+
+
+def test_step_limit_refuses_bf16_weights_on_an_fp32_step(text_file):
+    proc = subprocess.run([sys.executable, str(BENCH / "step_limit.py"), "--corpus", str(text_file), "--dtype", "fp32",
+                           "--weights", "bf16"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "--weights bf16 needs a bf16 step" in proc.stderr and "Traceback" not in proc.stderr
