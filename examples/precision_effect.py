@@ -4,6 +4,8 @@
     attnscale sweep --seeds 0 1 2 -j 2 --dtype fp32 --out runs/precision/fp32
     python examples/precision_effect.py runs/precision/bf16 runs/precision/fp32
 
+or two ways of training in bf16 (``--weights bf16`` against autocast's fp32 weights), likewise.
+
 Both folders hold finished training runs (any attnscale command's); a run of one
 is matched with the run of the same head width, scale and seed in the other (the
 same seed gives the same initial weights and batches, so the pair differs only in
@@ -38,7 +40,8 @@ def runs_of(folder: Path) -> dict[tuple[int, str, int], TrainRun]:
 
 def _apart_from_precision(run: TrainRun) -> dict:
     cfg = comparable_config(run.record.config)
-    cfg.get("train", {}).pop("dtype", None)
+    for key in ("dtype", "weights"):  # the precision, and what a bf16 step computes on
+        cfg.get("train", {}).pop(key, None)
     return cfg
 
 
@@ -71,7 +74,9 @@ def compare(a: dict, b: dict) -> list[dict]:
 
 
 def precisions(runs: dict) -> str:
-    return ", ".join(sorted({r.results.dtype or "?" for r in runs.values()}))
+    """The precisions the runs trained in, with the bf16 steps that computed on bf16 copies of their weights."""
+    return ", ".join(sorted({(r.results.dtype or "?") + (" on bf16 weights" if r.results.weights == "bf16" else "")
+                             for r in runs.values()}))
 
 
 def table(rows: list[dict], name_a: str, name_b: str) -> str:

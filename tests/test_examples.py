@@ -188,3 +188,9 @@ def test_precision_effect_pairs_two_sweeps_by_seed_and_refuses_other_runs(tmp_pa
     with pytest.raises(SystemExit):
         run("precision_effect.py", str(tmp_path / "bf16"), str(tmp_path / "other"))
     assert "differs in train.steps, not only in its precision" in capsys.readouterr().err
+    # bf16 on a bf16 copy of the weights against bf16 under autocast: the same runs, paired
+    assert attnscale([*tiny, "--dtype", "bf16", "--weights", "bf16", "--out", str(tmp_path / "bf16-weights")]) == 0
+    capsys.readouterr()
+    out = run("precision_effect.py", str(tmp_path / "bf16-weights"), str(tmp_path / "bf16"))
+    assert "(trained in bf16 on bf16 weights)" in out and "(trained in bf16)" in out
+    assert sum(line.startswith("| 8 | ") and "(2 seeds)" in line for line in out.splitlines()) == 2
