@@ -16,15 +16,16 @@ from typing import Any, Sequence
 from attnscale.analysis import detectors as det
 from attnscale.runs.record import TrainRun
 
-__all__ = ["GROUP", "FAMILY", "TARGET_FALSE_ALARMS", "STOP_FALSE_ALARMS", "FORMER_DEFAULTS", "BASELINE", "WATCH_ALERTS",
-           "series_of", "cell_of", "row", "analyse", "analyse_rows", "default_parts", "rule_text", "breaks_by_cell", "pct_text",
+__all__ = ["GROUP", "FAMILY", "FAMILIES", "family_of", "TARGET_FALSE_ALARMS", "STOP_FALSE_ALARMS", "FORMER_DEFAULTS",
+           "BASELINE", "WATCH_ALERTS", "series_of", "cell_of", "row", "analyse", "analyse_rows", "default_parts", "rule_text", "breaks_by_cell", "pct_text",
            "steps_text"]
 
 
 GROUP = "warn"
 
 
-FAMILY = "tiny LM"
+FAMILY = "tiny LM"  # the tiny LM family's name in a result (the family a record names none of)
+FAMILIES = {"tiny": FAMILY, "llama": "Llama under the HF Trainer"}  # a record's model "family" -> its name
 
 
 TARGET_FALSE_ALARMS = 0.05  # a warning's threshold is chosen to fire on at most 5% of the choosing half's healthy runs
@@ -59,9 +60,15 @@ def series_of(run: TrainRun, probe_every: int = 5) -> det.Series:
     return det.Series(losses, probes, run.results.valid_loss)
 
 
+def family_of(run: TrainRun) -> str:
+    """The run's model family: "llama" (``lm.hf_family``), else "tiny" (records before families name none)."""
+    return run.model.get("family") or "tiny"
+
+
 def cell_of(run: TrainRun) -> dict[str, Any]:
-    return {"scale": run.scale, "norm": run.model.get("norm"), "warmup": run.train.get("warmup"), "lr": run.lr,
-            "seed": run.seed}
+    # a Llama normalises before attention and the MLP with RMSNorm, and its config names no norm
+    return {"scale": run.scale, "norm": run.model.get("norm") or "pre-RMSNorm", "warmup": run.train.get("warmup"),
+            "lr": run.lr, "seed": run.seed}
 
 
 def row(cell: dict[str, Any], run_id: str, series: det.Series, floor: float | None,
@@ -72,22 +79,22 @@ def row(cell: dict[str, Any], run_id: str, series: det.Series, floor: float | No
 
 
 def analyse(runs: Sequence[TrainRun], floor: float | None, probe_every: int = 5,
-            rule: det.BreakRule = det.BreakRule()) -> dict[str, Any]:
-    """``analyse_rows`` of the finished runs of ``runs`` (``series_of`` each)."""
+            rule: det.BreakRule = det.BreakRule(), family: str = "tiny") -> dict[str, Any]:
+    """``analyse_rows`` of the finished runs of ``runs`` of ``family`` (``series_of`` each)."""
     rows = [row(cell_of(t), t.run_id, series_of(t, probe_every), floor, rule)
-            for t in runs if t.status in ("done", "diverged")]
-    return analyse_rows(rows, floor, probe_every, rule)
+            for t in runs if t.status in ("done", "diverged") and family_of(t) == family]
+    return analyse_rows(rows, floor, probe_every, rule, family)
 
 
 def analyse_rows(rows: list[dict[str, Any]], floor: float | None, probe_every: int = 5,
-                 rule: det.BreakRule = det.BreakRule()) -> dict[str, Any]:
-    """Per detector its curve, the threshold chosen on the choosing seeds at ``TARGET_FALSE_ALARMS`` and at
-    ``STOP_FALSE_ALARMS``, and what those read on the held-out seeds (``detectors.judge``, with seed-bootstrap
+                 rule: det.BreakRule = det.BreakRule(), family: str = "tiny") -> dict[str, Any]:
+    """``family``'s rows judged (its name in the result's "family", the key in "key"): per detector its curve,
+    the threshold chosen on the choosing seeds at ``TARGET_FALSE_ALARMS`` and at ``STOP_FALSE_ALARMS``, and what those read on the held-out seeds (``detectors.judge``, with seed-bootstrap
     intervals); the best rule, single or a pair; each detector's lead against the loss's own."""
     seeds = sorted({r["seed"] for r in rows})
     choosing, held_out = det.split_seeds(seeds)
-    return {"family": FAMILY, "rule": rule, "floor": floor, "probe_every": probe_every, "rows": rows,
-            "choosing_seeds": choosing, "held_out_seeds": held_out,
+    return {"family": FAMILIES[family], "key": family, "rule": rule, "floor": floor, "probe_every": probe_every,
+            "rows": rows, "choosing_seeds": choosing, "held_out_seeds": held_out,
             **_judged(rows, choosing, held_out)}
 
 

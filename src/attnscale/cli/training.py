@@ -217,45 +217,62 @@ def add_study(sub) -> None:
     p.set_defaults(run=Command(_study_config, _study, table_of("setup_study")))
 
 
-def _warn_config(args):
+def _warn_config(args) -> list:
     from attnscale.experiments import warn_study
 
-    cfg = warn_study.preset("smoke" if args.quick else "full", corpus=args.corpus, tokenizer=args.tokenizer)
-    model, train = overrides(cfg.model, cfg.train, args)
-    return dataclasses.replace(cfg, model=model, train=train, device=args.device,
-                               lrs=_once(args.lrs or cfg.lrs), seeds=_once(args.seeds if args.seeds is not None else cfg.seeds),
-                               scales=_once(args.scales or cfg.scales), norms=_once(args.norms or cfg.norms),
-                               warmups=_once(args.warmups if args.warmups is not None else cfg.warmups))
+    out = []
+    for cfg in warn_study.configs(args.family, "smoke" if args.quick else "full", corpus=args.corpus,
+                                  tokenizer=args.tokenizer):
+        model, train = overrides(cfg.model, cfg.train, args)
+        out.append(dataclasses.replace(
+            cfg, model=model, train=train, device=args.device, lrs=_once(args.lrs or cfg.lrs),
+            seeds=_once(args.seeds if args.seeds is not None else cfg.seeds), scales=_once(args.scales or cfg.scales),
+            norms=_once(args.norms or cfg.norms), warmups=_once(args.warmups if args.warmups is not None else cfg.warmups)))
+    return out
 
 
-def _warn(cfg, out, args):
+def _warn(cfgs, out, args) -> list:
     from attnscale.experiments import warn_study
 
-    return warn_study.run(cfg, out, jobs=args.jobs, **executor_kwargs(args))
+    # one folder for both families: the Llama's run ids begin "llama-", the tiny LM's never do
+    return [warn_study.run(cfg, out, jobs=args.jobs, **executor_kwargs(args)) for cfg in cfgs]
 
 
-def _warn_json(result) -> dict:
+def _warn_table(results) -> str:
     from attnscale.experiments import warn_study
 
-    return warn_study.as_json(result)
+    return warn_study.format_tables(results)
+
+
+def _warn_json(results) -> dict:
+    from attnscale.experiments import warn_study
+
+    return warn_study.as_json_all(results)
 
 
 def add_warn_study(sub) -> None:
-    from attnscale.experiments.warn_study import LRS
+    from attnscale.experiments.warn_study import FAMILIES, LLAMA_LRS, LRS
 
-    p = sub.add_parser("warn-study", help="does the watch warn before a run breaks? the tiny LM trained to the edge: "
+    p = sub.add_parser("warn-study", help="does the watch warn before a run breaks? small models trained to the edge: "
                                           "each alert's hits, false alarms and lead time over a learning-rate ladder")
-    p.add_argument("--lrs", type=positive_float, nargs="+", help=f"the learning-rate ladder (default: {words(LRS)})")
+    p.add_argument("--family", choices=[*FAMILIES, "all"], default="tiny",
+                   help="tiny: the tiny LM (the default); llama: a Llama-shaped HF model under transformers' Trainer; "
+                        "all: both, into one --out (the Llama's run ids begin 'llama-')")
+    p.add_argument("--lrs", type=positive_float, nargs="+",
+                   help=f"the learning-rate ladder (default: tiny {words(LRS)}; llama {words(LLAMA_LRS)})")
     p.add_argument("--seeds", type=nonneg_int, nargs="+",
-                   help="seeds per cell; half choose the thresholds, half judge them (default 0 … 9)")
-    p.add_argument("--scale", type=scale_name, nargs="+", dest="scales", help="schemes (default: none inv_sqrt_d)")
-    p.add_argument("--norm", choices=["post", "pre"], nargs="+", dest="norms", help="norm placements (default: post pre)")
-    p.add_argument("--warmup", type=nonneg_int, nargs="+", dest="warmups", help="warm-up steps (default: 0 20)")
+                   help="seeds per cell; half choose the thresholds, half judge them (default: tiny 0 … 9, llama 0 … 11)")
+    p.add_argument("--scale", type=scale_name, nargs="+", dest="scales",
+                   help="schemes of the tiny LM (default: none inv_sqrt_d)")
+    p.add_argument("--norm", choices=["post", "pre"], nargs="+", dest="norms",
+                   help="norm placements of the tiny LM (default: post pre)")
+    p.add_argument("--warmup", type=nonneg_int, nargs="+", dest="warmups",
+                   help="warm-up steps (default: tiny 0 20, llama 0 40)")
     training_options(p, "attnscale-out/warn-study",
-                     quick="the smoke size: 4 runs of 40 steps, a check that the study works, not a measurement")
+                     quick="the smoke size: 4 runs a family, a check that the study works, not a measurement")
     jobs_option(p)
     executor_options(p)
-    p.set_defaults(run=Command(_warn_config, _warn, table_of("warn_study"), as_json=_warn_json))
+    p.set_defaults(run=Command(_warn_config, _warn, _warn_table, as_json=_warn_json))
 
 
 COMMANDS = [add_train, add_dynamics, add_sweep, add_schemes, add_study, add_warn_study]

@@ -16,6 +16,21 @@ sweep (``runs.runner.execute``: local workers or Ray, resume per run and from ch
 
 Measured on the training step's own forward (its first 4 sequences, in the run's precision), not on
 a fixed fp32 probe batch as ``Watch`` measures: the same measures (``core.diagnostics``), another batch.
+
+The second family (``family="llama"``): a Llama-shaped Hugging Face model (``lm.hf_family``: hidden 64,
+2 layers, 4 heads of width 16, no qk-norm, Llama's 1/sqrt(d), context 64) trained by transformers'
+``Trainer`` (batch 8, AdamW as the tiny LM's, fp32), the loss logged at every step and the watch's
+``WatchCallback`` (its fixed fp32 probe of the first batch's first 4 sequences) every 5 steps; 400 steps
+at a constant rate after a warm-up of 0 or 40 steps, learning rates 1e-2 to 1.6e-1 by factors of 2,
+12 seeds a cell. The design was fixed before any study run, so that breaks happen mid-run rather than at
+the end of the first window: the tiny LM's broken runs almost all sit on the unigram plateau from step
+19, which leaves a lead time little to say. Wortsman et al. 2023 report attention logits growing at
+high learning rates in models without qk-layernorm, which a Llama is. Only the ladder's range and the
+run length were set by a pilot on seeds 100 and 101, outside the study (300 steps: 1e-2 healthy;
+1e-1 learnt, then fell back towards the unigram loss near the end; 3e-1 and 1 never left the unigram
+plateau, with or without a warm-up): 400 steps give the rise room to happen mid-run, and the factor-2
+ladder puts three rungs around that edge. The named run did not bear the design out: 12 of its 14
+breaks, and every one on a held-out seed, are again runs that never left the plateau (README).
 """
 
 from __future__ import annotations
@@ -33,10 +48,14 @@ from attnscale.runs.record import TrainRun
 from attnscale.runs.runner import RunSpec, execute
 from attnscale.terminal import table
 
-__all__ = ["WarnConfig", "preset", "specs", "run_records", "run", "as_json", "format_table", "SIZES", "LRS"]
+__all__ = ["WarnConfig", "preset", "specs", "run_records", "run", "as_json", "format_table", "SIZES", "LRS",
+           "FAMILIES", "LLAMA_LRS", "configs", "format_tables", "as_json_all"]
 
 SIZES = ("smoke", "full")
+FAMILIES = ("tiny", "llama")  # the tiny LM's own loop; a Llama under transformers' Trainer (lm.hf_family)
 LRS = (3e-3, 1e-2, 3e-2, 1e-1, 3e-1)  # half-decades from the presets' 3e-3; fixed before any result
+LLAMA_LRS = (1e-2, 2e-2, 4e-2, 8e-2, 1.6e-1)  # factors of 2 over the edge a pilot found (the docstring)
+LLAMA_MODEL = {"context": 64, "d_model": 64, "n_layers": 2, "n_heads": 4}  # head width 16
 
 
 def _train() -> TrainConfig:
@@ -45,10 +64,20 @@ def _train() -> TrainConfig:
                        dtype="auto", checkpoint_every=100)
 
 
+def _llama_train() -> TrainConfig:
+    # AdamW as the tiny LM's (weight decay 0.1, clip 1.0, beta2 0.99), 400 steps at a constant rate, fp32; the
+    # watch's cadence is record_every (set to probe_every); a cut run restarts at step 0 (no checkpoint)
+    return TrainConfig(steps=400, batch=8, lr=1e-2, warmup=0, min_lr_ratio=1.0, record_every=5, eval_batches=None,
+                       dtype="fp32", checkpoint_every=0)
+
+
 @dataclass(frozen=True)
 class WarnConfig(TrainingConfig):
-    """Scales × norms × warm-ups × learning rates × seeds of the tiny LM at head width ``head_dim``."""
+    """Scales × norms × warm-ups × learning rates × seeds of the tiny LM at head width ``head_dim``; with
+    ``family="llama"``, warm-ups × learning rates × seeds of the Llama (``model``: ``LlamaModelConfig``
+    fields; its scale and norm are Llama's own)."""
 
+    family: str = "tiny"
     head_dim: int = 64
     scales: tuple[str, ...] = ("none", "inv_sqrt_d")
     norms: tuple[str, ...] = ("post", "pre")
@@ -60,6 +89,11 @@ class WarnConfig(TrainingConfig):
 
     def __post_init__(self):
         super().__post_init__()
+        if self.family not in FAMILIES:
+            raise ConfigError(f"unknown warn-study family {self.family!r}; choose one of: {', '.join(FAMILIES)}")
+        if self.family == "llama" and (tuple(self.scales), tuple(self.norms)) != (("inv_sqrt_d",), ("pre",)):
+            raise ConfigError("the llama family has Llama's own scale (inv_sqrt_d) and pre-norm: "
+                              "--scale and --norm vary the tiny LM only")
         for name in ("scales", "norms", "warmups", "lrs", "seeds"):
             values = getattr(self, name)
             if not values or len(set(values)) != len(values):
@@ -70,12 +104,23 @@ class WarnConfig(TrainingConfig):
             raise ConfigError(f"warn-study probe_every must be a positive integer, got {self.probe_every!r}")
 
 
-def preset(size: str = "full", corpus: str = "default", tokenizer: str | None = None) -> WarnConfig:
-    """"full": the named run (400 runs of 200 steps); "smoke": a check that the study and its section work
-    (4 runs of 40 steps at two learning rates and two seeds), not a measurement."""
+def preset(size: str = "full", corpus: str = "default", tokenizer: str | None = None,
+           family: str = "tiny") -> WarnConfig:
+    """"full": the named run (tiny: 400 runs of 200 steps; llama: 120 runs of 400 steps); "smoke": a check
+    that the study and its section work (4 runs, of 40 steps for the tiny LM, 20 for the Llama, at two
+    learning rates and two seeds), not a measurement."""
     if size not in SIZES:
         raise ConfigError(f"unknown warn-study preset {size!r}; choose one of: {', '.join(SIZES)}")
-    base = WarnConfig(corpus=corpus, tokenizer=tokenizer)
+    if family == "llama":
+        base = WarnConfig(corpus=corpus, tokenizer=tokenizer, family="llama", scales=("inv_sqrt_d",), norms=("pre",),
+                          warmups=(0, 40), lrs=LLAMA_LRS, seeds=tuple(range(12)), model=dict(LLAMA_MODEL),
+                          train=_llama_train())
+        if size == "smoke":
+            return replace(base, warmups=(0,), lrs=(1e-2, 1.6e-1), seeds=(0, 1),
+                           model={"context": 16, "d_model": 16, "n_layers": 2, "n_heads": 2},
+                           train=replace(base.train, steps=20, batch=2, eval_batches=2, record_sequences=1))
+        return base
+    base = WarnConfig(corpus=corpus, tokenizer=tokenizer, family=family)
     if size == "smoke":
         return replace(base, head_dim=8, scales=("none",), norms=("post",), warmups=(0,), lrs=(3e-3, 3e-1),
                        seeds=(0, 1), model={**base.model, "context": 16, "d_model": 16},
@@ -84,14 +129,32 @@ def preset(size: str = "full", corpus: str = "default", tokenizer: str | None = 
     return base
 
 
+def configs(family: str, size: str = "full", corpus: str = "default", tokenizer: str | None = None) -> list[WarnConfig]:
+    """The presets of ``family`` ("tiny", "llama" or "all": both)."""
+    if family not in (*FAMILIES, "all"):
+        raise ConfigError(f"unknown warn-study family {family!r}; choose one of: {', '.join(FAMILIES)}, all")
+    return [preset(size, corpus, tokenizer, f) for f in (FAMILIES if family == "all" else (family,))]
+
+
 def _run_id(scale: str, norm: str, warmup: int, lr: float, seed: int) -> str:
     return f"{scale}-{norm}-warmup{warmup}-lr{lr:g}-seed{seed}"
+
+
+def _llama_specs(cfg: WarnConfig, vocab_size: int, train: TrainConfig) -> list[RunSpec]:
+    from attnscale.lm.hf_family import LlamaModelConfig
+
+    model = LlamaModelConfig(vocab_size=vocab_size, **cfg.model)
+    train = replace(train, record_every=cfg.probe_every)  # the watch's cadence
+    return [RunSpec(f"llama-warmup{warmup}-lr{lr:g}-seed{seed}", model, replace(train, lr=lr, warmup=warmup, seed=seed),
+                    GROUP) for warmup in cfg.warmups for lr in cfg.lrs for seed in cfg.seeds]
 
 
 def specs(cfg: WarnConfig, vocab_size: int) -> list[RunSpec]:
     from attnscale.lm.model import ModelConfig
 
     train = cfg.train if cfg.device is None else replace(cfg.train, device=cfg.device)
+    if cfg.family == "llama":
+        return _llama_specs(cfg, vocab_size, train)
     out = []
     for scale in cfg.scales:
         for norm in cfg.norms:
@@ -121,7 +184,7 @@ def run(cfg: WarnConfig, out: Path, jobs: int = 1, progress: bool = True, execut
     corpus = cfg.corpus_spec.load()
     runs = run_records(cfg, out, jobs, progress, executor, ray_address, corpus)
     floor = unigram_loss(corpus.train.tolist(), corpus.valid.tolist(), corpus.vocab_size)
-    return analyse(runs, floor, cfg.probe_every)
+    return analyse(runs, floor, cfg.probe_every, family=cfg.family)
 
 
 # ---- the printout ------------------------------------------------------------------------------
@@ -157,13 +220,18 @@ def format_table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def format_tables(results: list[dict[str, Any]]) -> str:
+    """``format_table`` of each family's result, each under its family's name."""
+    return "\n\n".join(f"{r['family']}:\n{format_table(r)}" if len(results) > 1 else format_table(r) for r in results)
+
+
 def _plain(judged: dict | None) -> dict | None:
     return None if judged is None else {k: v for k, v in judged.items() if k != "outcomes"}
 
 
 def as_json(result: dict[str, Any]) -> dict[str, Any]:
     """The study's numbers without the runs' series: what --json prints and docs/warn-study.json keeps."""
-    return {"family": result["family"], "break_rule": result["rule"].text(), "unigram_loss": result["floor"],
+    return {"family": result["family"], "family_key": result["key"], "break_rule": result["rule"].text(), "unigram_loss": result["floor"],
             "probe_every": result["probe_every"], "choosing_seeds": list(result["choosing_seeds"]),
             "held_out_seeds": list(result["held_out_seeds"]), "target_false_alarms": TARGET_FALSE_ALARMS,
             "stop_false_alarms": STOP_FALSE_ALARMS, "cells": breaks_by_cell(result),
@@ -173,3 +241,8 @@ def as_json(result: dict[str, Any]) -> dict[str, Any]:
             "combined": _plain(result["combined"]), "best": _plain(result["best"]), "default": _plain(result["default"]),
             "former_defaults": {k: _plain(v) for k, v in result["former"].items()},
             "versus_loss": result["versus_loss"]}
+
+
+def as_json_all(results: list[dict[str, Any]]) -> dict[str, Any]:
+    """Every family's ``as_json``, by family ("tiny", "llama"): what docs/warn-study.json keeps."""
+    return {"families": {r["key"]: as_json(r) for r in results}}

@@ -12,7 +12,7 @@ from typing import Any
 
 from attnscale.analysis import detectors as det
 from attnscale.analysis import alarms
-from attnscale.report.blocks import Block, Bullets, Image, Para, Table, opening
+from attnscale.report.blocks import Block, Bullets, Heading, Image, Para, Table, opening
 
 __all__ = ["GROUP", "TITLE", "blocks", "section", "reading", "rule_rows", "example"]
 
@@ -82,7 +82,7 @@ def _cells(result) -> Table:
         groups.setdefault((c["scale"], c["norm"], c["warmup"]), {})[c["lr"]] = c
     rows = []
     for (scale, norm, warmup), by in groups.items():
-        rows.append([scale, f"{norm}-LN", warmup] + [
+        rows.append([scale, f"{norm}-LN" if norm in ("pre", "post") else norm, warmup] + [
             "—" if lr not in by else f"{by[lr]['broken']} of {by[lr]['runs']}"
             + (f" ({', '.join(f'{k} {v}' for k, v in sorted(by[lr]['reasons'].items()))})" if by[lr]["reasons"] else "")
             for lr in lrs])
@@ -171,15 +171,34 @@ def blocks(runs, out: Path, pngs: dict[str, Path]) -> list[Block]:
     study = [t for t in runs.train if t.group == GROUP]
     if not study:
         return []
-    unfinished = [t.run_id for t in study if t.status not in ("done", "diverged")]
-    return section(alarms.analyse(study, unigram(study)), out, pngs, unfinished)
+    families = [f for f in alarms.FAMILIES if any(alarms.family_of(t) == f for t in study)]
+    results = []
+    for f in families:
+        runs_f = [t for t in study if alarms.family_of(t) == f]
+        unfinished = [t.run_id for t in runs_f if t.status not in ("done", "diverged")]
+        results.append((alarms.analyse(runs_f, unigram(runs_f), family=f), unfinished))
+    if len(results) == 1:
+        return section(results[0][0], out, pngs, results[0][1])
+    b: list[Block] = [Heading(2, TITLE), Para(
+        "The divergence study (`attnscale warn-study`) per model family: each trained to the edge, judged by one "
+        "break rule, its thresholds chosen on half its seeds and read on the other half. The families' numbers are "
+        "apart: a rule chosen on one family is not judged on the other.")]
+    for result, unfinished in results:
+        b += section(result, out, pngs, unfinished, heading=3)
+    return b
 
 
-def section(result: dict[str, Any], out: Path, pngs: dict[str, Path], unfinished=()) -> list[Block]:
-    """The section's blocks for ``alarms.analyse``'s ``result``; its figures drawn into ``out``."""
+def _figure(name: str, result: dict[str, Any]) -> str:
+    """A figure's name: the tiny LM's as the section always drew them, another family's with its key."""
+    return name if result["key"] == "tiny" else f"{name}-{result['key']}"
+
+
+def section(result: dict[str, Any], out: Path, pngs: dict[str, Path], unfinished=(), heading: int = 2) -> list[Block]:
+    """The section's blocks for ``alarms.analyse``'s ``result`` (under the section's title, or with ``heading=3``
+    under its family's name, a part of the section); its figures drawn into ``out``."""
     from attnscale.report import warn_plots
 
-    b = opening(TITLE, (
+    text = (
         f"The divergence study (`attnscale warn-study`): the {result['family']} trained to the edge over a ladder of "
         "learning rates, without warm-up and with, every alert read as a detector at a probe every "
         f"{result['probe_every']} steps and the loss at every step. A run is {result['rule'].text()}"
@@ -188,7 +207,8 @@ def section(result: dict[str, Any], out: Path, pngs: dict[str, Path], unfinished
         f"alarm. Thresholds are chosen on seeds {', '.join(map(str, result['choosing_seeds']))} for at most "
         f"{100 * alarms.TARGET_FALSE_ALARMS:g}% false alarms; every rate and lead below is read on the held-out seeds "
         f"{', '.join(map(str, result['held_out_seeds']))}: rates with 95% Wilson intervals, leads with 95% percentile "
-        "intervals from resampling seeds (each seed with all its runs)."))
+        "intervals from resampling seeds (each seed with all its runs).")
+    b = opening(TITLE, text) if heading == 2 else [Heading(3, f"The {result['family']}"), Para(text)]
     if unfinished:
         b.append(Bullets("Study runs not finished (not counted):", unfinished[:20]))
     if not result["rows"]:
@@ -196,14 +216,15 @@ def section(result: dict[str, Any], out: Path, pngs: dict[str, Path], unfinished
     b.append(_cells(result))
     b.append(Bullets("What the records show (generated from the numbers below):", reading(result)))
     b.append(_table(result))
-    pngs["warn-curves"] = warn_plots.curves(result["detectors"], out / "warn-curves.png",
-                                            f"{result['family']}: each alert over its thresholds (held-out seeds)")
-    b.append(Image("warn-curves.png", "Hit rate against false-alarm rate over each detector's thresholds on the held-out "
+    curves, leads, example_png = (_figure(n, result) for n in ("warn-curves", "warn-leads", "warn-example"))
+    pngs[curves] = warn_plots.curves(result["detectors"], out / f"{curves}.png",
+                                     f"{result['family']}: each alert over its thresholds (held-out seeds)")
+    b.append(Image(f"{curves}.png", "Hit rate against false-alarm rate over each detector's thresholds on the held-out "
                                       "seeds; the square is the threshold chosen on the other seeds, with its 95% "
                                       "Wilson intervals on both axes"))
-    pngs["warn-leads"] = warn_plots.leads(rule_rows(result), out / "warn-leads.png",
-                                          f"{result['family']}: lead before the break at the chosen thresholds")
-    b.append(Image("warn-leads.png", "Median lead of each rule's held-out hits (dot), its 95% bootstrap interval over "
+    pngs[leads] = warn_plots.leads(rule_rows(result), out / f"{leads}.png",
+                                   f"{result['family']}: lead before the break at the chosen thresholds")
+    b.append(Image(f"{leads}.png", "Median lead of each rule's held-out hits (dot), its 95% bootstrap interval over "
                                      "seeds (thick) and the quartiles (thin)"))
     ex = example(result)
     if ex is not None:
@@ -213,9 +234,9 @@ def section(result: dict[str, Any], out: Path, pngs: dict[str, Path], unfinished
         base = result["detectors"]["loss_spike"]["warn"]
         if base is not None:
             marks["loss_spike"] = det.first_alarm(row["signals"]["loss_spike"], base["parts"][0][1])
-        pngs["warn-example"] = warn_plots.example_run(row["series"], marks, row["break"].step, out / "warn-example.png",
-                                                      f"{row['run']}: broken at {row['break'].step} ({row['break'].reason})")
-        b.append(Image("warn-example.png", f"One held-out run ({row['run']}) over steps: the loss, the largest max |score| "
+        pngs[example_png] = warn_plots.example_run(row["series"], marks, row["break"].step, out / f"{example_png}.png",
+                                                   f"{row['run']}: broken at {row['break'].step} ({row['break'].reason})")
+        b.append(Image(f"{example_png}.png", f"One held-out run ({row['run']}) over steps: the loss, the largest max |score| "
                                            "and the fewest effective words of any head, the first alarm of "
                                            + ("the best rule" if result["best"] else "the former defaults together")
                                            + " and of the loss baseline (dashed), and the break (grey)"))

@@ -1,10 +1,12 @@
 """One function trains one run into its folder and returns its record: ``train_run``.
 
 Every executor calls it (this process, local worker processes, Ray tasks): the
-executor decides where a run trains, never how. It writes metrics.jsonl line by
-line as steps are recorded, the final weights of a finished run
-(model.safetensors), and last the record, which commits the run: a folder
-whose record is "done" holds everything the run made.
+executor decides where a run trains, never how. The model config decides which trainer:
+the tiny LM's own loop (``lm.train.train``) or, for an ``lm.hf_family.LlamaModelConfig``,
+the Llama under transformers' Trainer (``lm.hf_family.train``); both return the same
+results. It writes metrics.jsonl line by line as steps are recorded, the final
+weights of a finished run (model.safetensors), and last the record, which commits
+the run: a folder whose record is "done" holds everything the run made.
 """
 
 from __future__ import annotations
@@ -29,6 +31,16 @@ def mark_running(run_dir: Path, config: dict[str, Any], group: str | None) -> No
     rec.write(run_dir, rec.new("train", config, None, status="running", group=group))
 
 
+def _trainer(model_cfg) -> Callable:
+    from attnscale.lm.hf_family import LlamaModelConfig
+
+    if isinstance(model_cfg, LlamaModelConfig):
+        from attnscale.lm.hf_family import train
+    else:
+        from attnscale.lm.train import train
+    return train
+
+
 def train_run(model_cfg, train_cfg, corpus, run_dir: Path, *, group: str | None = None,
               on_step: Callable[[int, int, dict], None] | None = None,
               should_stop: Callable[[], bool] | None = None) -> rec.TrainRun:
@@ -38,8 +50,8 @@ def train_run(model_cfg, train_cfg, corpus, run_dir: Path, *, group: str | None 
     one for this very config; a checkpoint that could not be used is said on
     stderr and in the record's notes."""
     from attnscale.lm.checkpoint import run_config
-    from attnscale.lm.train import train
 
+    train = _trainer(model_cfg)
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
