@@ -28,6 +28,19 @@ def test_the_full_preset_is_the_named_run():
         "inv_sqrt_d", "pre", 20, 0.1, 7, "warn")
 
 
+def test_the_llama_preset_is_the_named_run():
+    cfg = ws.preset(family="llama")
+    assert cfg.warmups == (0, 40) and cfg.lrs == (1e-2, 2e-2, 4e-2, 8e-2, 1.6e-1) and cfg.seeds == tuple(range(12))
+    assert cfg.train.steps == 400 and cfg.train.min_lr_ratio == 1.0 and cfg.train.checkpoint_every == 0
+    specs = ws.specs(cfg, 104)
+    assert len(specs) == 2 * 5 * 12 and len({s.run_id for s in specs}) == len(specs)
+    s = next(s for s in specs if s.run_id == "llama-warmup40-lr0.08-seed7")
+    assert (s.model.family, s.model.d_model, s.model.head_dim, s.model.context) == ("llama", 64, 16, 64)
+    assert (s.train.warmup, s.train.lr, s.train.seed, s.train.record_every, s.train.batch, s.group) == (
+        40, 0.08, 7, 5, 8, "warn")  # the watch every 5 steps
+    assert [c.family for c in ws.configs("all")] == ["tiny", "llama"]
+
+
 def test_bad_configs_say_what_is_wrong():
     with pytest.raises(ConfigError, match="unknown warn-study preset"):
         ws.preset("huge")
@@ -53,6 +66,47 @@ def test_the_smoke_study_runs_resumes_and_reports(tmp_path):
     paths = report.build(tmp_path)
     assert f"## {warn_section.TITLE}" in paths["markdown"].read_text(encoding="utf-8")
     json.dumps(ws.as_json(result))  # plain numbers
+
+
+def test_both_families_run_into_one_folder_and_report_apart(tmp_path, capsys):
+    """The Llama through the real transformers Trainer, offline: the loss at every step, the watch every 5."""
+    import math
+
+    from attnscale.runs import record as rec
+
+    assert main(["warn-study", "--family", "all", "--quick", "--out", str(tmp_path), "--json"]) == 0
+    study = json.loads(capsys.readouterr().out)
+    assert set(study["families"]) == {"tiny", "llama"} and study["families"]["llama"]["family"] == alarms.FAMILIES["llama"]
+    runs = [rec.TrainRun.load(p) for p in rec.find(tmp_path)]
+    llama = [t for t in runs if alarms.family_of(t) == "llama"]
+    assert len(llama) == 4 and len(runs) == 8 and all(t.run_id.startswith("llama-") and t.status == "done" for t in llama)
+    result = alarms.analyse(runs, 3.237, family="llama")
+    assert [r["run"] for r in result["rows"]] == sorted(t.run_id for t in llama) and result["key"] == "llama"
+    for r in result["rows"]:
+        s = r["series"]
+        assert s.steps == 20 and all(x is not None and math.isfinite(x) for x in s.losses)  # every step's loss
+        assert [p for p, _ in s.probes] == [5, 10, 15]  # the watch's probes after 5, 10, 15 updates
+        assert len(s.probes[0][1]["max_score"]) == 2 * 2 and s.final_loss is not None
+        assert s.losses[0] == pytest.approx(math.log(104), abs=0.05)  # line 0: the fresh model's loss, before any update
+    t = llama[0]
+    assert t.history[-1]["step"] == 20 and t.history[-1]["loss"] is None and t.history[-1]["max_score"]  # the trained model's probe
+    assert t.results.dtype == "fp32" and t.model["kv_heads"] == 2 and (t.path / rec.WEIGHTS).exists()
+    markdown = report.build(tmp_path)["markdown"].read_text(encoding="utf-8")
+    assert f"## {warn_section.TITLE}" in markdown and "### The tiny LM" in markdown
+    assert f"### The {alarms.FAMILIES['llama']}" in markdown and "warn-curves-llama.png" in markdown
+
+
+def test_a_record_names_its_family_and_older_ones_are_the_tiny_lm(tmp_path):
+    from attnscale.runs import record as rec
+
+    def made(model):
+        return rec.TrainRun(tmp_path, rec.Record("train", "done", {"model": model, "train": {}}, None),
+                            rec.TrainResults("done", 0), ())
+
+    assert alarms.family_of(made({"d_model": 64, "norm": "pre"})) == "tiny"
+    assert alarms.family_of(made({"d_model": 64, "family": "llama"})) == "llama"
+    assert alarms.cell_of(made({"family": "llama"}))["norm"] == "pre-RMSNorm"
+    assert alarms.analyse([made({"family": "llama"})], None, family="tiny")["rows"] == []
 
 
 # ---- the analysis on hand-made runs -------------------------------------------------------------
@@ -112,27 +166,30 @@ _LIMIT = {"MaxScore": "tau", "Collapsed": "words", "Frozen": "limit", "Spike": "
 
 
 def test_the_watch_defaults_are_the_studys_rule_with_its_figures():
+    """Every family's named run chose the rule default_alerts() is, and its docstring states each family's figures."""
     from attnscale.watch.alerts import Spike, default_alerts
 
-    study = json.loads(STUDY.read_text(encoding="utf-8"))
-    d = study["default"]
-    want = sorted((alarms.WATCH_ALERTS[n], None if n == "non_finite" else th) for n, th in d["parts"])
+    families = json.loads(STUDY.read_text(encoding="utf-8"))["families"]
+    assert set(families) == {"tiny", "llama"}
     alerts = default_alerts()
     got = sorted((type(a).__name__, getattr(a, _LIMIT[type(a).__name__]) if type(a).__name__ in _LIMIT else None)
                  for a in alerts)
-    assert got == want
     for a in alerts:
         if isinstance(a, Spike):  # the detector's own reading of the alert
             assert (a.measure, a.window, a.min_history, a.direction) == ("max_score", det.SPIKE_WINDOW, det.SPIKE_MIN, "up")
-    # "stop" only for a rule under 1% false alarms on the held-out seeds
-    assert all(a.action == "warn" for a in alerts) or d["false_alarm_rate"] < alarms.STOP_FALSE_ALARMS
-    # the docstring states what the study measured: false alarms on the held-out healthy runs, hits, lead
     doc = " ".join(default_alerts.__doc__.split())
-    lo, hi = d["false_alarm_rate_ci"]
-    assert f"{d['false_alarms']} of {d['healthy']} healthy" in doc and f"[{100 * lo:.0f}%, {100 * hi:.0f}%]" in doc
-    assert f"{d['hits']} of {d['broken']} broken" in doc
-    # and they fire on no more than that share of the study's held-out healthy runs, below the target it chose at
-    assert d["false_alarm_rate"] <= study["target_false_alarms"] and d["choosing"]["false_alarm_rate"] <= study["target_false_alarms"]
+    for key, study in families.items():
+        d = study["default"]
+        assert study["family"] == alarms.FAMILIES[key] and study["family"] in doc
+        assert got == sorted((alarms.WATCH_ALERTS[n], None if n == "non_finite" else th) for n, th in d["parts"])
+        # "stop" only for a rule under 1% false alarms on the held-out seeds
+        assert all(a.action == "warn" for a in alerts) or d["false_alarm_rate"] < alarms.STOP_FALSE_ALARMS
+        # the docstring states what the study measured: false alarms on the held-out healthy runs, hits
+        lo, hi = d["false_alarm_rate_ci"]
+        assert f"{d['false_alarms']} of {d['healthy']} healthy" in doc and f"[{100 * lo:.0f}%, {100 * hi:.0f}%]" in doc
+        assert f"{d['hits']} of {d['broken']} broken" in doc
+        # and they fire on no more than that share of the study's held-out healthy runs, below the target it chose at
+        assert d["false_alarm_rate"] <= study["target_false_alarms"] and d["choosing"]["false_alarm_rate"] <= study["target_false_alarms"]
 
 
 # ---- the command --------------------------------------------------------------------------------
@@ -142,6 +199,8 @@ def test_the_watch_defaults_are_the_studys_rule_with_its_figures():
     (["--lrs", "0"], "argument --lrs: takes a positive number, got '0'"),
     (["--norm", "mid"], "argument --norm: invalid choice"),
     (["--warmup", "500"], "warm-ups must be whole steps below the run's 200"),
+    (["--family", "llama", "--scale", "none"], "--scale and --norm vary the tiny LM only"),
+    (["--family", "gpt"], "argument --family: invalid choice"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, words, tmp_path, capsys):
     assert main(["warn-study", "--out", str(tmp_path / "w"), *args]) == 2
@@ -150,15 +209,18 @@ def test_bad_input_is_one_line_and_exit_2(args, words, tmp_path, capsys):
 
 
 @pytest.mark.slow  # the executor path every study shares (tests/runs/test_ray_executor.py): in `make test-all`
-def test_the_smoke_study_runs_on_ray(tmp_path):
+@pytest.mark.parametrize("family", ["tiny", "llama"])
+def test_the_smoke_study_runs_on_ray(tmp_path, family):
     ray = pytest.importorskip("ray", reason="Ray cannot be imported here: pip install 'attnscale[ray]'")
     from attnscale.runs import record as rec
     from attnscale.runs.ray_connect import start_local
 
     start_local(num_cpus=2)
     try:
-        assert main(["warn-study", "--quick", "--out", str(tmp_path / "w"), "--executor", "ray", "--json"]) == 0
+        assert main(["warn-study", "--family", family, "--quick", "--out", str(tmp_path / "w"), "--executor", "ray",
+                     "--json"]) == 0
     finally:
         ray.shutdown()
     runs = [rec.TrainRun.load(p) for p in rec.find(tmp_path / "w")]
     assert len(runs) == 4 and all(r.status == "done" and r.record.ray_node for r in runs)
+    assert {alarms.family_of(r) for r in runs} == {family}

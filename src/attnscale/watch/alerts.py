@@ -164,10 +164,10 @@ class Spike(Alert):
 
 
 def default_alerts(action: str | Callable[[Firing], None] = "warn") -> tuple[Alert, ...]:
-    """The rule the divergence study chose (``attnscale warn-study``; its numbers: docs/warn-study.json):
-    ``NonFinite`` alone, with one action ("warn" unless told).
+    """The rule the divergence study chose for both of its model families (``attnscale warn-study``; its
+    numbers: docs/warn-study.json): ``NonFinite`` alone, with one action ("warn" unless told).
 
-    The study trained the tiny LM 400 times (unscaled and 1/sqrt(d), post-LN and pre-LN, warm-up 0 and
+    The tiny LM family: the study trained the tiny LM 400 times (unscaled and 1/sqrt(d), post-LN and pre-LN, warm-up 0 and
     20 steps, learning rates 3e-3 to 3e-1, 10 seeds), a probe every 5 steps, and chose each alert's
     threshold on seeds 0, 2, 4, 6, 8 for at most 5% false alarms. No threshold of ``MaxScore`` (up to
     3·10^5), ``Collapsed`` (down to 1.001 words) or ``Frozen`` (up to 0.999) stayed that quiet, since
@@ -180,7 +180,16 @@ def default_alerts(action: str | Callable[[Firing], None] = "warn") -> tuple[Ale
     95% Wilson) and, since no run's loss or scores went NaN or inf (every break there was a run ending
     on the unigram plateau), warned 0 of 79 broken runs (0% [0%, 5%]): no lead time was measured. A NaN
     means the run is broken, so ``default_alerts("stop")`` is safe in that sense, but the study cannot
-    show its false alarms below 1% (the interval reaches 3%), so "warn" stays the default."""
+    show its false alarms below 1% (the interval reaches 3%), so "warn" stays the default.
+
+    The Llama under the HF Trainer family: a Llama of hidden size 64 (2 layers, 4 heads of width 16, no
+    qk-norm) trained 120 times by transformers' Trainer (400 steps, warm-up 0 and 40, learning rates 1e-2
+    to 1.6e-1 by factors of 2, 12 seeds), a ``WatchCallback`` probe every 5 steps, thresholds chosen on
+    the even seeds. It chose the same rule: NonFinite fired on 0 of 51 healthy runs of the held-out seeds
+    (0% [0%, 7%]) and warned 0 of 9 broken runs (0% [0%, 30%]), none having gone NaN. ``MaxScore``'s lowest
+    threshold under 5% false alarms (10^5) and ``Spike``'s (15 SDs) warned no broken run of the choosing
+    seeds, ``Collapsed`` and ``Frozen`` had none, and the former defaults together fired on all 51
+    held-out healthy runs."""
     return (NonFinite(action),)
 
 
