@@ -71,6 +71,18 @@ def nanogpt_step(nanogpt: Path, train_bin: Path, vocab_size: int, d: int):
     return step
 
 
+COPIES = ("aten::copy_", "aten::_to_copy")
+
+
+def casts_line(events) -> str:
+    """Calls and self CPU time of the copies and casts (``COPIES``) in a profile's averages: where
+    autocast's casts show."""
+    found = {e.key: e for e in events if e.key in COPIES}
+    parts = [f"{name} {found[name].count} calls, {found[name].self_cpu_time_total / 1e3:.1f} ms self"
+             if name in found else f"{name} 0 calls" for name in COPIES]
+    return "copies and casts: " + "; ".join(parts)
+
+
 def _vocab(work: Path) -> int:
     """The characters of the whole text, as prepare_nanogpt counted them (the ids in train.bin lie below it)."""
     with open(work / "data/shakespeare_char/meta.pkl", "rb") as f:
@@ -120,8 +132,10 @@ def main() -> None:
             with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
                 for _ in range(10):
                     fn()
+            events = prof.key_averages()
             print(f"\n{k}, 10 steps:")
-            print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=args.table))
+            print(events.table(sort_by="self_cpu_time_total", row_limit=args.table))
+            print(casts_line(events))
 
 
 if __name__ == "__main__":

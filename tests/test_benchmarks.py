@@ -156,11 +156,17 @@ def test_vs_nanogpt_refuses_a_skip_past_the_steps(stand_in_nanogpt, text_file):
 @pytest.mark.parametrize("which", nanogpt_dirs())
 def test_step_profile(which, stand_in_nanogpt, text_file):
     out = run_bench("step_profile.py", str(which or stand_in_nanogpt), "--corpus", str(text_file), "--d-model", "16",
-                    "--rounds", "1", "--steps", "10", "--table", "3")
+                    "--rounds", "1", "--steps", "10", "--table", "40")
     ms = dict(re.findall(r"^\s+(attnscale|nanoGPT)\s+([0-9.]+)", out, re.M))
     ratio = float(re.search(r"nanoGPT / attnscale = ([0-9.]+)", out)[1])
     assert ratio == pytest.approx(float(ms["nanoGPT"]) / float(ms["attnscale"]), abs=0.02)
     assert "attnscale, 10 steps:" in out and "nanoGPT, 10 steps:" in out
+    # the copies line says what the profile's own table says of copy_ (sorted by self time, it lists it at d 16)
+    table = out[out.index("attnscale, 10 steps:"):out.index("nanoGPT, 10 steps:")]
+    calls = int(re.search(r"aten::copy_ (\d+) calls", table)[1])
+    row = re.search(r"^\s+aten::copy_\s.*?(\d+)\s*$", table, re.M)
+    assert row is None or int(row[1]) == calls
+    assert calls > 0 and "aten::_to_copy" in re.search(r"copies and casts: .*", table)[0]
 
 
 def _step_limit(out: str, text_file: Path, contenders: list[str]) -> None:

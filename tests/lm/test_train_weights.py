@@ -153,3 +153,14 @@ def test_a_config_written_before_weights_existed_is_the_same_run():
     new = {"train": {"steps": 5, "weights": "fp32"}}
     assert comparable_config(new) == comparable_config({"train": {"steps": 5}})
     assert comparable_config({"train": {"steps": 5, "weights": "bf16"}}) != comparable_config({"train": {"steps": 5}})
+
+
+def test_the_masters_are_the_model_a_bf16_weights_run_saves_and_evaluates(corpus, tmp_path):
+    from safetensors.torch import load_file
+
+    res = T.train(mcfg(), tcfg(), corpus, weights=tmp_path / "model.safetensors")
+    model = TinyLM(mcfg())
+    model.load_state_dict(load_file(tmp_path / "model.safetensors"))
+    assert all(p.dtype == torch.float32 for p in model.parameters())
+    again = T.evaluate(model, corpus.valid, tcfg().batch, tcfg().eval_batches, "bf16")
+    assert again["valid_loss"] == pytest.approx(res["valid_loss"], rel=1e-12)

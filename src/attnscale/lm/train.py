@@ -272,7 +272,7 @@ class _Run:
     gen: torch.Generator
     scaler: Any
     log_line: Callable[[dict[str, Any]], None] | None
-    compute: TinyLM | None = None  # weights "bf16": the bf16 copy the step computes on; the model holds the masters
+    compute: "_Bf16Copy | None" = None  # weights "bf16": the copy the step computes on; the model holds the masters
     history: list[dict[str, Any]] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     skipped: int = 0  # fp16 steps the gradient scaler skipped (inf/NaN gradients); they do not count
@@ -289,32 +289,64 @@ class _Run:
     @property
     def net(self) -> TinyLM:
         """What the step's forward runs: the bf16 copy where there is one, else the model."""
-        return self.model if self.compute is None else self.compute
+        return self.model if self.compute is None else self.compute.model
 
     def forward_precision(self):
         """Autocast around the step's forward, except on the bf16 copy, whose weights are bf16 already."""
         return dev.autocast(self.precision) if self.compute is None else contextlib.nullcontext()
 
     def refresh(self) -> None:
-        """The bf16 copy := the master weights (a cast each, in one call); nothing without a copy."""
         if self.compute is not None:
-            with torch.no_grad():
-                torch._foreach_copy_(list(self.compute.parameters()), list(self.model.parameters()))
+            self.compute.refresh()
 
     def gradients_to_masters(self) -> None:
-        """The masters' gradients := the copy's, in fp32 (one call): the masters keep their gradient
-        tensors from step to step, so clipping and the optimiser read them where they are."""
-        if self.compute is None:
-            return
+        if self.compute is not None:
+            self.compute.gradients_to_masters()
+
+
+def _one_buffer(model: torch.nn.Module) -> torch.Tensor:
+    """Every parameter of ``model`` made a view into one flat tensor, returned: the whole model is then
+    copied, or cast, in one call."""
+    params = list(model.parameters())
+    flat = torch.cat([p.detach().reshape(-1) for p in params])
+    offset = 0
+    for p in params:
+        p.data = flat[offset:offset + p.numel()].view_as(p)
+        offset += p.numel()
+    return flat
+
+
+class _Bf16Copy:
+    """A bf16 copy of a model's fp32 (master) weights for the step to compute on, both kept as views into
+    one flat tensor each: the copy is refreshed from the masters in one cast, and hands its gradients to
+    the masters' (kept from step to step, so clipping and the optimiser read them where they are) in one
+    call."""
+
+    def __init__(self, master: TinyLM):
+        self.master = master
+        self.master_flat = _one_buffer(master)
+        self.model = copy.deepcopy(master).to(torch.bfloat16)
+        self.flat = _one_buffer(self.model)
+        for p in master.parameters():
+            p.grad = torch.zeros_like(p)
+
+    def refresh(self) -> None:
+        """The copy := the masters, cast (after each update, and after a checkpoint is loaded)."""
+        with torch.no_grad():
+            self.flat.copy_(self.master_flat)
+
+    def gradients_to_masters(self) -> None:
+        """The masters' gradients := the copy's, in fp32; a weight the loss did not reach gets 0, as
+        the model's own would."""
         masters, grads = [], []
-        for m, c in zip(self.model.parameters(), self.compute.parameters()):
-            if c.grad is None:  # not reached by this step's loss: no gradient, as the model would have
+        for m, c in zip(self.master.parameters(), self.model.parameters()):
+            if c.grad is None:
                 m.grad.zero_()
             else:
                 masters.append(m.grad)
                 grads.append(c.grad)
         torch._foreach_copy_(masters, grads)
-        self.compute.zero_grad(set_to_none=True)
+        self.model.zero_grad(set_to_none=True)
 
 
 def _build(model_cfg: ModelConfig, cfg: TrainConfig, log_line) -> _Run:
@@ -325,11 +357,7 @@ def _build(model_cfg: ModelConfig, cfg: TrainConfig, log_line) -> _Run:
     impl = _attention_impl(cfg.attention, model_cfg, device, precision)
     torch.manual_seed(cfg.seed)
     model = TinyLM(replace(model_cfg, impl=impl)).to(device)
-    compute = None
-    if cfg.weights == "bf16" and precision.autocast is torch.bfloat16:
-        compute = copy.deepcopy(model).to(torch.bfloat16)
-        for p in model.parameters():
-            p.grad = torch.zeros_like(p)  # the masters' gradients, written in place every step
+    compute = _Bf16Copy(model) if cfg.weights == "bf16" and precision.autocast is torch.bfloat16 else None
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
