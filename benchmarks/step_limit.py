@@ -25,7 +25,8 @@ time at more. The CPU's features (avx512_bf16, amx_bf16, ...) are printed first:
 where bf16 is emulated says nothing of a CPU that has it.
 
     python benchmarks/step_limit.py [/path/to/nanoGPT] --corpus .../tinyshakespeare/input.txt \\
-        [--widths 128 256] [--threads 1 2] [--rounds 5] [--dtype auto] [--weights fp32 bf16] [--compile]
+        [--widths 128 256] [--threads 1 2] [--rounds 5] [--dtype auto] [--weights fp32 bf16] [--compile] \\
+        [--attention explicit fused]
 """
 
 from __future__ import annotations
@@ -136,10 +137,13 @@ def seconds(fn, threads: int) -> float:
     return now() - t
 
 
-def measure(corpus, d: int, threads: int, rounds: int, dtype: str, weights: list[str], compiled: bool) -> dict:
-    """Per contender the median plain and recording step; the GEMMs of a plain step, alone."""
+def measure(corpus, d: int, threads: int, rounds: int, dtype: str, weights: list[str], compiled: bool,
+            attention: list[str] = ("auto",)) -> dict:
+    """Per contender (each of ``weights``, on each ``attention`` path of the steps that do not record) the
+    median plain and recording step; the GEMMs of a plain step, alone."""
     torch.set_num_threads(threads)
-    steps = {w: training_step(corpus, d, dtype, w) for w in weights}
+    steps = {w if a == "auto" else f"{w}, {a}": training_step(corpus, d, dtype, w, attention=a)
+             for w in weights for a in attention}
     compile_s = None
     if compiled:
         w = weights[0]
@@ -193,6 +197,8 @@ def main() -> None:
     ap.add_argument("--weights", nargs="+", choices=["fp32", "bf16"],
                     help="what a bf16 step computes on (default: both in bf16, fp32 alone in fp32)")
     ap.add_argument("--compile", action="store_true", help="add the step with a torch.compile'd forward")
+    ap.add_argument("--attention", nargs="+", choices=["auto", "explicit", "fused"], default=["auto"],
+                    help="the attention path of the steps that do not record (default: training's own choice)")
     ap.add_argument("--nanogpt-rounds", type=int, default=3, help="rounds of the tokens/s comparison")
     ap.add_argument("--nanogpt-steps", type=int, default=60, help="steps a run of the tokens/s comparison, "
                     "the first 10 not timed")
@@ -219,7 +225,7 @@ def main() -> None:
             prepare_nanogpt(args.nanogpt.resolve(), args.corpus.resolve(), Path(work))
         for d in args.widths:
             for threads in args.threads:
-                m = measure(corpus, d, threads, args.rounds, args.dtype, weights, args.compile)
+                m = measure(corpus, d, threads, args.rounds, args.dtype, weights, args.compile, args.attention)
                 for i, k in enumerate(m["plain"]):
                     plain, rec = m["plain"][k], m["recording"][k]
                     head = (f"{d:7d} {threads:7d} {m['flops'] / 1e9:10.3f} {1e3 * m['alone']:8.1f}ms "

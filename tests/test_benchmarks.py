@@ -184,7 +184,7 @@ def _step_limit(out: str, text_file: Path, contenders: list[str]) -> None:
     assert float(head[1]) == pytest.approx(flops / 1e9, abs=6e-4)
     alone_ms = float(head[2])
     assert float(head[3]) == pytest.approx(flops / alone_ms / 1e6, rel=0.02, abs=0.15)  # GFLOP/s of the GEMMs alone
-    rows = re.findall(r"\| (fp32|bf16)(, compiled)?\s+([0-9.]+)\s+(\d+)%\s+([0-9.]+)ms \(([0-9.]+)x\)", out)
+    rows = re.findall(r"\| (fp32|bf16)(, \w+)?\s+([0-9.]+)\s+(\d+)%\s+([0-9.]+)ms \(([0-9.]+)x\)", out)
     assert [r[0] + r[1] for r in rows] == contenders
     for *_, ms, share, rec, ratio in rows:
         assert int(share) == pytest.approx(100 * alone_ms / float(ms), abs=1 + 100 * 0.05 / float(ms))
@@ -205,8 +205,8 @@ def test_step_limit_states_the_share_of_the_gemm_limit_beside_nanogpt(stand_in_n
 @pytest.mark.slow
 def test_step_limit_times_a_compiled_forward_apart(text_file):
     out = run_bench("step_limit.py", "--corpus", str(text_file), "--widths", "16", "--threads", "1", "--rounds", "1",
-                    "--dtype", "fp32", "--compile")
-    _step_limit(out, text_file, ["fp32", "fp32, compiled"])
+                    "--dtype", "fp32", "--compile", "--attention", "explicit", "fused")
+    _step_limit(out, text_file, ["fp32, explicit", "fp32, fused", "fp32, compiled"])
     assert float(re.search(r"compiling took ([0-9.]+) s", out)[1]) > 0
 
 
