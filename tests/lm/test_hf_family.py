@@ -24,9 +24,13 @@ def test_bad_configs_say_what_is_wrong(kwargs, words):
         LlamaModelConfig(vocab_size=104, **kwargs)
 
 
-def test_a_checkpointed_run_is_refused_before_training():
+@pytest.mark.parametrize("kwargs, words", [
+    ({"checkpoint_every": 10}, "set checkpoint_every to 0"),
+    ({"dtype": "bf16", "weights": "bf16"}, "set weights to fp32"),
+])
+def test_a_run_it_cannot_train_as_asked_is_refused_before_training(kwargs, words):
     class Corpus:
         vocab_size = 104
 
-    with pytest.raises(ConfigError, match="set checkpoint_every to 0"):
-        train(LlamaModelConfig(vocab_size=104), TrainConfig(checkpoint_every=10), Corpus())
+    with pytest.raises(ConfigError, match=words):
+        train(LlamaModelConfig(vocab_size=104), TrainConfig(**kwargs), Corpus())

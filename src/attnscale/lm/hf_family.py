@@ -17,7 +17,8 @@ holds the trained model's probe. A run whose loss is not finite stops there, "di
 Training batches are windows at uniform random starts (``lm.data.batches``' rule) drawn from the
 seed, in the order the Trainer's sampler (seeded too) gives them; the held-out loss is the tiny LM's:
 every held-out token after the first predicted once (``lm.data.eval_batches``). A run cut short is
-trained again from step 0 (no checkpoint: a run is seconds long), so ``checkpoint_every`` must be 0.
+trained again from step 0 (no checkpoint: a run is seconds long), so ``checkpoint_every`` must be 0; bf16 is
+the Trainer's autocast over fp32 weights, so ``weights`` must be "fp32".
 transformers loads only when a run trains.
 """
 
@@ -191,6 +192,8 @@ def train(model_cfg: LlamaModelConfig, train_cfg, corpus, *, log: Callable[[dict
     if train_cfg.checkpoint_every:
         raise ConfigError("the llama family restarts a cut run from step 0 and saves no checkpoint: "
                           "set checkpoint_every to 0")
+    if getattr(train_cfg, "weights", "fp32") != "fp32":
+        raise ConfigError("the llama family's bf16 is the Trainer's autocast over fp32 weights: set weights to fp32")
     check_length(corpus.train, model_cfg.context, "training split")
     check_length(corpus.valid, model_cfg.context, "held-out split")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model is built from its config: nothing to fetch
