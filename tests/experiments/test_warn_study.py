@@ -201,6 +201,7 @@ def test_the_watch_defaults_are_the_studys_rule_with_its_figures():
     (["--warmup", "500"], "warm-ups must be whole steps below the run's 200"),
     (["--family", "llama", "--scale", "none"], "--scale and --norm vary the tiny LM only"),
     (["--family", "gpt"], "argument --family: invalid choice"),
+    (["--family", "llama", "--dtype", "bf16", "--weights", "bf16"], "set weights to fp32"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, words, tmp_path, capsys):
     assert main(["warn-study", "--out", str(tmp_path / "w"), *args]) == 2

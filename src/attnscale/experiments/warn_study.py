@@ -141,10 +141,11 @@ def _run_id(scale: str, norm: str, warmup: int, lr: float, seed: int) -> str:
 
 
 def _llama_specs(cfg: WarnConfig, vocab_size: int, train: TrainConfig) -> list[RunSpec]:
-    from attnscale.lm.hf_family import LlamaModelConfig
+    from attnscale.lm.hf_family import LlamaModelConfig, check_train
 
     model = LlamaModelConfig(vocab_size=vocab_size, **cfg.model)
     train = replace(train, record_every=cfg.probe_every)  # the watch's cadence
+    check_train(train)  # before any folder is written
     return [RunSpec(f"llama-warmup{warmup}-lr{lr:g}-seed{seed}", model, replace(train, lr=lr, warmup=warmup, seed=seed),
                     GROUP) for warmup in cfg.warmups for lr in cfg.lrs for seed in cfg.seeds]
 

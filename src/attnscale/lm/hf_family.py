@@ -41,7 +41,7 @@ from attnscale.lm.checkpoint import save_weights
 from attnscale.lm.data import check_length, eval_batches
 from attnscale.lm.step_measures import summarize
 
-__all__ = ["FAMILY", "LlamaModelConfig", "train", "build"]
+__all__ = ["FAMILY", "LlamaModelConfig", "train", "build", "check_train"]
 
 FAMILY = "llama"
 
@@ -177,6 +177,15 @@ def _held_out(model, ids: torch.Tensor, batch: int, context: int, max_batches: i
             "eval_tokens": tokens}
 
 
+def check_train(train_cfg) -> None:
+    """A ConfigError for a ``TrainConfig`` this family cannot train as asked (a sweep checks before any run)."""
+    if train_cfg.checkpoint_every:
+        raise ConfigError("the llama family restarts a cut run from step 0 and saves no checkpoint: "
+                          "set checkpoint_every to 0")
+    if getattr(train_cfg, "weights", "fp32") != "fp32":
+        raise ConfigError("the llama family's bf16 is the Trainer's autocast over fp32 weights: set weights to fp32")
+
+
 def train(model_cfg: LlamaModelConfig, train_cfg, corpus, *, log: Callable[[dict[str, Any]], None] | None = None,
           checkpoint: Path | None = None, weights: Path | None = None,
           on_step: Callable[[int, int, dict], None] | None = None,
@@ -189,11 +198,7 @@ def train(model_cfg: LlamaModelConfig, train_cfg, corpus, *, log: Callable[[dict
         raise ConfigError(f"hf_family.train takes a LlamaModelConfig, got {type(model_cfg).__name__}")
     if model_cfg.vocab_size < corpus.vocab_size:
         raise ConfigError(f"model vocab_size {model_cfg.vocab_size} is smaller than the corpus's {corpus.vocab_size}")
-    if train_cfg.checkpoint_every:
-        raise ConfigError("the llama family restarts a cut run from step 0 and saves no checkpoint: "
-                          "set checkpoint_every to 0")
-    if getattr(train_cfg, "weights", "fp32") != "fp32":
-        raise ConfigError("the llama family's bf16 is the Trainer's autocast over fp32 weights: set weights to fp32")
+    check_train(train_cfg)
     check_length(corpus.train, model_cfg.context, "training split")
     check_length(corpus.valid, model_cfg.context, "held-out split")
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # the model is built from its config: nothing to fetch
