@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 # Tests are laid out as the package (tests/core/, tests/lm/, ...). A few share tiny fixtures and run
-# folders across rooms (the tiny corpus of lm/test_train.py, the written runs of report/test_report.py):
+# folders across rooms (the tiny configs of lm/test_train.py, the written runs of report/test_report.py):
 # every room is importable by its module name, as the one flat folder was.
 _HERE = Path(__file__).resolve().parent
 for _room in sorted(p for p in _HERE.iterdir() if p.is_dir() and any(p.glob("test_*.py"))):

@@ -33,7 +33,7 @@ from attnscale.lm.model import ModelConfig
 from attnscale.lm.train import TrainConfig, evaluate, lr_at, train
 from attnscale.runs.trainer import train_run
 
-from test_train import V, corpus  # noqa: F401  (the tiny corpus fixture)
+from tiny_corpus import V, corpus  # noqa: F401  (the tiny corpus fixture)
 
 
 def mcfg(**kw) -> ModelConfig:

@@ -8,10 +8,9 @@ from attnscale.lm.data import Corpus, batches
 from reference import head_summary
 from attnscale.errors import ConfigError
 from attnscale.core.hooks import hooked
+from tiny_corpus import V, corpus  # noqa: F401  (the fixture)
 from attnscale.lm.model import ModelConfig, TinyLM
 from attnscale.lm.train import DIAGNOSTICS, TrainConfig, lr_at, train
-
-V = 7  # the vocabulary of conftest.py's corpus
 
 
 def mcfg(**kw) -> ModelConfig:

@@ -14,9 +14,9 @@ from attnscale.errors import ConfigError
 from attnscale.lm import train as T
 from attnscale.lm.checkpoint import comparable_config
 from attnscale.lm.data import batches
+from tiny_corpus import V, corpus  # noqa: F401  (the fixture)
 from attnscale.lm.model import ModelConfig, TinyLM
 
-V = 7  # the vocabulary of conftest.py's corpus
 
 
 def mcfg(**kw) -> ModelConfig:

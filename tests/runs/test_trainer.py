@@ -10,7 +10,8 @@ from attnscale.lm.model import TinyLM
 from attnscale.lm.train import DIAGNOSTICS, train
 from attnscale.runs import record
 from attnscale.runs.trainer import train_run
-from test_train import V, corpus, mcfg, tcfg  # noqa: F401  (the fixture and tiny configs)
+from test_train import mcfg, tcfg  # the tiny configs
+from tiny_corpus import V, corpus  # noqa: F401  (the fixture)
 
 
 def run(model_cfg, train_cfg, corpus, run_dir, **kw) -> dict:
