@@ -75,9 +75,10 @@ def _losses(model_cfg, cfg, corpus, **kw) -> tuple[dict, list[float]]:
     return res, seen
 
 
-def test_bf16_weights_train_as_the_recipe_written_out(corpus):
-    res, losses = _losses(mcfg(), tcfg(), corpus)
-    want = _recipe_losses(mcfg(), tcfg(), corpus)
+@pytest.mark.parametrize("tied", [False, True])
+def test_bf16_weights_train_as_the_recipe_written_out(corpus, tied):
+    res, losses = _losses(mcfg(tie_embeddings=tied), tcfg(), corpus)
+    want = _recipe_losses(mcfg(tie_embeddings=tied), tcfg(), corpus)
     assert res["weights"] == "bf16" and res["dtype"] == "bf16" and res["status"] == "done"
     assert losses == pytest.approx(want, rel=1e-6)
     assert losses[-1] < losses[0]
