@@ -47,14 +47,14 @@ def pytest_terminal_summary(terminalreporter):
 # `--dist loadfile` workers finish together: xdist hands out whole files in this order (make test passes
 # --no-loadscope-reorder, which would otherwise put the files of most tests first, whatever they cost).
 LONGEST_FIRST = (
+    "experiments/test_reproduce.py",  # 41 s; its quick reproduce alone 62 s on a 2-core CPU without avx512
     "runs/test_ray_executor.py",  # 66 s
     "test_benchmarks_scripts.py",  # 45 s
     "runs/test_sweep_runner.py",  # 44 s
-    "experiments/test_reproduce.py",  # 41 s
     "test_benchmarks.py",  # 34 s: the nanoGPT comparisons
-    "test_promises.py",  # 23 s: a packaged GGUF model loaded
+    "headcheck/test_inspect.py",  # 18 s: the packaged models; SmolLM2's load alone 31 s without avx512
+    "test_promises.py",  # 23 s: a packaged GGUF model loaded (now in the slow tests)
     "runs/test_ray_cluster.py",  # 19 s
-    "headcheck/test_inspect.py",  # 18 s: the packaged models
     "runs/test_ray_commands.py",  # 16 s
     "report/test_browser.py",  # 15 s
 )
