@@ -36,7 +36,7 @@ import torch
 
 from attnscale.core import device as dev
 from attnscale.core.diagnostics import HEAD_MEASURES
-from attnscale.errors import ConfigError
+from attnscale.errors import ConfigError, check_positive_ints
 from attnscale.lm.checkpoint import save_weights
 from attnscale.lm.data import check_length, eval_batches
 from attnscale.lm.step_measures import summarize
@@ -65,10 +65,7 @@ class LlamaModelConfig:
     family: str = FAMILY  # in the record, so a reader tells the families apart
 
     def __post_init__(self):
-        for name in ("vocab_size", "context", "d_model", "n_layers", "n_heads", "mlp_ratio"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"llama {name} must be a positive integer, got {value!r}")
+        check_positive_ints(self, ("vocab_size", "context", "d_model", "n_layers", "n_heads", "mlp_ratio"), "llama")
         if self.head_dim is None:
             if self.d_model % self.n_heads:
                 raise ConfigError(f"llama d_model={self.d_model} is not divisible by n_heads={self.n_heads}; "

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attnscale.core.attention import Attention
-from attnscale.errors import ConfigError
+from attnscale.errors import ConfigError, check_positive_ints
 from attnscale.core.scales import SCALES
 
 __all__ = ["ModelConfig", "TinyLM", "INITS", "build_model"]
@@ -70,10 +70,7 @@ class ModelConfig:
     mlp_ratio: int = 4
 
     def __post_init__(self):
-        for name in ("vocab_size", "context", "d_model", "n_layers", "n_heads", "mlp_ratio"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"model {name} must be a positive integer, got {value!r}")
+        check_positive_ints(self, ("vocab_size", "context", "d_model", "n_layers", "n_heads", "mlp_ratio"), "model")
         if self.head_dim is not None and (not isinstance(self.head_dim, int) or self.head_dim < 1):
             raise ConfigError(f"model head_dim must be a positive integer or None (= d_model // n_heads), got {self.head_dim!r}")
         if self.head_dim is None and self.d_model % self.n_heads:

@@ -45,7 +45,7 @@ import torch
 from attnscale.lm.data import batches, check_length, eval_batches
 from attnscale.core import device as dev
 from attnscale.core.diagnostics import FROZEN_THRESHOLD, measuring_device
-from attnscale.errors import ConfigError
+from attnscale.errors import ConfigError, check_positive_ints
 from attnscale.core.scales import get_scale
 from attnscale.lm.checkpoint import Checkpoint, comparable_config, run_config, save_weights
 from attnscale.lm.model import ModelConfig, TinyLM
@@ -102,10 +102,7 @@ class TrainConfig:
     weights: str = "fp32"
 
     def __post_init__(self):
-        for name in ("steps", "batch", "record_every", "record_sequences"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ConfigError(f"train {name} must be a positive integer, got {value!r}")
+        check_positive_ints(self, ("steps", "batch", "record_every", "record_sequences"), "train")
         if not isinstance(self.warmup, int) or self.warmup < 0:
             raise ConfigError(f"train warmup must be a non-negative integer, got {self.warmup!r}")
         if not (isinstance(self.lr, (int, float)) and 0 < self.lr < math.inf):
