@@ -1,11 +1,34 @@
 """`attnscale reproduce --quick`: every stage, the report, resume, and a clash of settings."""
 
 import json
+from dataclasses import replace
 
 import pytest
 
 from attnscale.cli import main
 from attnscale.runs.record import TrainRun, find as find_records
+
+
+QUICK_STEPS = 30  # half the quick preset's 60: the same stages, records and report; its run 47 -> 33 s alone at one thread
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _shorter_quick_preset():
+    """The quick budget cut to QUICK_STEPS wherever it is read (the stages, and the report that names the
+    preset), for every test here: a rerun must find the same settings."""
+    from attnscale.experiments import dynamics, sweep
+    from attnscale.lm import presets
+
+    real = presets.budget
+
+    def budget(name="default", vocab_size=0):
+        b = real(name, vocab_size)
+        return replace(b, train=presets.with_steps(b.train, QUICK_STEPS)) if name == "quick" else b
+
+    with pytest.MonkeyPatch.context() as mp:
+        for module in (presets, dynamics, sweep):
+            mp.setattr(module, "budget", budget)
+        yield
 
 
 @pytest.fixture(scope="module")
@@ -22,6 +45,7 @@ def test_quick_writes_every_stage_and_the_report(quick_out, capsys):
     sweep = [TrainRun.load(p) for p in find_records(quick_out / "sweep")]
     assert {(r.head_dim, r.scale) for r in sweep} == {(w, s) for w in (32, 128, 1024) for s in ("none", "inv_sqrt_d")}
     assert all(r.status in ("done", "diverged") for r in sweep)
+    assert {r.steps_done for r in sweep if r.status == "done"} == {QUICK_STEPS}
     md = (quick_out / "report" / "report.md").read_text()
     for section in ("spread of q·k", "A fresh head", "during training", "held-out perplexity by width",
                     "Beyond the course: which scale?"):
