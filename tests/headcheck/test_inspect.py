@@ -316,6 +316,25 @@ def test_minilm_pattern_matches_model_and_scale_is_inv_sqrt_32(minilm):
 
 
 @pytest.mark.hf
+def test_a_tiny_llama_with_gqa_matches_its_own_weights_and_scale_is_inv_sqrt_head_dim(minilm):
+    """SmolLM2's architecture (Llama: rotary, causal, 3 query heads to a key head) at random init, no
+    download; the packaged SmolLM2 itself is in the slow tests (its GGUF load alone takes 24–28 s)."""
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.LlamaConfig(
+        vocab_size=minilm.tokenizer.vocab_size, hidden_size=48, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=6, num_key_value_heads=2, head_dim=8, pad_token_id=0, attn_implementation="eager",
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(0)
+        model = transformers.LlamaModel(cfg).eval()
+    result = _check_against_eager(type(minilm)(model, minilm.tokenizer, "llama"), TEXTS)
+    assert (result.layers, result.heads, result.kv_heads, result.head_dim, result.causal) == (2, 6, 2, 8, True)
+    assert result.scale == pytest.approx(8**-0.5)
+    _sane(result, T=max(len(minilm.tokenizer(t)["input_ids"]) for t in TEXTS))
+
+
+@pytest.mark.hf
+@pytest.mark.slow  # the GGUF's load and dequantisation: 24–28 s of the suite on a 2-core CPU without avx512
 def test_smollm2_pattern_matches_model_with_gqa_and_scale_is_inv_sqrt_64(smollm2):
     result = _check_against_eager(smollm2, TEXTS)
     assert (result.layers, result.heads, result.kv_heads, result.head_dim, result.causal) == (30, 9, 3, 64, True)
