@@ -1,7 +1,7 @@
-"""`--executor ray` on every command that takes it (dynamics, schemes, study, reproduce), on
-the local Ray instance that tests/runs/test_ray_executor.py starts (127.0.0.1, no dashboard, no
-usage statistics), each on a tiny corpus and a few steps: the records land in --out as
-with local workers."""
+"""`--executor ray` on the other commands that take it (schemes, study, reproduce; dynamics is
+tests/runs/test_ray_executor.py's, in the default tests), on a local Ray instance started as
+that file starts one (127.0.0.1, no dashboard, no usage statistics), each on a tiny corpus and
+a few steps: the records land in --out as with local workers. All three are slow tests."""
 
 from __future__ import annotations
 
@@ -19,15 +19,6 @@ def _done(out, n):
     runs = [rec.TrainRun.load(p) for p in rec.find(out)]
     assert len(runs) == n and all(r.status == "done" for r in runs), [(r.run_id, r.status) for r in runs]
     return runs
-
-
-def test_dynamics_through_ray(cluster, tmp_path, capsys):  # noqa: F811
-    out = tmp_path / "dyn"
-    assert main(["dynamics", "--width", "8", "--corpus", str(tiny_corpus(tmp_path / "c")), *TINY,
-                 "--out", str(out), "--executor", "ray", "--json"]) == 0
-    runs = _done(out, 2)
-    assert {r.scale for r in runs} == {"none", "inv_sqrt_d"}
-    assert len(json.loads(capsys.readouterr().out)) == 2
 
 
 @pytest.mark.slow  # another command, the same executor path: in `make test-all`

@@ -1,6 +1,8 @@
 """The Ray executor on a real local Ray instance (2 CPUs): the same runs as local
 workers, records written by the driver, a killed worker retried from its last
-checkpoint, a killed driver resumed, a failing run reported while the others go on."""
+checkpoint, a killed driver resumed (in the slow tests), a failing run reported while
+the others go on, and a command's --executor ray (tests/runs/test_ray_commands.py has
+the other commands, in the slow tests: the same executor path)."""
 
 import ipaddress
 import json
@@ -24,6 +26,8 @@ from attnscale.runs import record as rec
 from attnscale.runs import store
 from attnscale.runs.ray_executor import GPU_SHARE, resources
 from attnscale.runs.runner import CorpusSpec, RunSpec, cores, execute
+from test_promises import TINY as TINY_ARGS  # the command-line flags of a tiny run
+from test_promises import tiny_corpus
 
 CORPUS = CorpusSpec("default")
 TINY = TrainConfig(steps=8, batch=4, warmup=1, record_every=4, eval_batches=2, threads=1)
@@ -237,6 +241,7 @@ def _states(out: Path) -> dict[str, str]:
     return states
 
 
+@pytest.mark.slow  # a second driver process and its Ray job: 24–35 s of the suite on a 2-core CPU
 def test_killed_driver_then_rerun_keeps_finished_runs(cluster, tmp_path):
     # the driver to kill is a process of its own: a new Ray job on the fixture's instance, whose
     # workers import torch afresh, so -j 1 (one run at a time, 2 threads) needs one of them, not two;
@@ -326,3 +331,14 @@ def test_an_address_where_no_cluster_listens_is_one_line(capsys, tmp_path):
     assert "add --executor ray" in capsys.readouterr().err
     assert main(args + ["--executor", "ray", "--ray-address", f"127.0.0.1:{port}"]) == 2
     assert "no Ray cluster answers there" in capsys.readouterr().err
+
+
+def test_dynamics_through_ray(cluster, tmp_path, capsys):
+    """A command's --executor ray on this module's instance (one Ray start for both files' default tests)."""
+    out = tmp_path / "dyn"
+    assert main(["dynamics", "--width", "8", "--corpus", str(tiny_corpus(tmp_path / "c")), *TINY_ARGS,
+                 "--out", str(out), "--executor", "ray", "--json"]) == 0
+    runs = [rec.TrainRun.load(p) for p in rec.find(out)]
+    assert len(runs) == 2 and all(r.status == "done" for r in runs), [(r.run_id, r.status) for r in runs]
+    assert {r.scale for r in runs} == {"none", "inv_sqrt_d"}
+    assert len(json.loads(capsys.readouterr().out)) == 2
