@@ -23,6 +23,15 @@ for _room in sorted(p for p in _HERE.iterdir() if p.is_dir() and any(p.glob("tes
 # (in-process, ray.cluster_utils.Cluster, the attnscale-ray-cluster subprocess) inherits this.
 os.environ.setdefault("RAY_worker_niceness", "0")
 
+# `make test` runs two workers on a 2-core machine; torch's default, a thread per core in each, puts four
+# threads on two cores. A worker's share of the cores instead (OMP_NUM_THREADS, read when torch loads,
+# after this file; subprocesses and Ray workers inherit it) took the suite from 6 min 7 s to 5 min 33 s
+# on a 2-core EPYC with avx2 only, every test passing. A test that sets its own thread count still does.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, _CORES // _WORKERS)))
+
 
 @pytest.fixture(scope="session", autouse=True)
 def _private_cache_folder(tmp_path_factory):
@@ -43,20 +52,21 @@ def pytest_terminal_summary(terminalreporter):
                                     "sudo apt-get install -y chromium, then make test again")
 
 
-# The longest files first (seconds of one run of the suite on two workers, an idle 2-core EPYC, December 2026), so that the two
-# `--dist loadfile` workers finish together: xdist hands out whole files in this order (make test passes
-# --no-loadscope-reorder, which would otherwise put the files of most tests first, whatever they cost).
+# The longest files first (seconds of one run of the suite on two workers, an idle 2-core EPYC with avx2 only,
+# December 2026), so that the two `--dist loadfile` workers finish together: xdist hands out whole files in this
+# order (make test passes --no-loadscope-reorder, which would otherwise put the files of most tests first,
+# whatever they cost).
 LONGEST_FIRST = (
-    "experiments/test_reproduce.py",  # 41 s; its quick reproduce alone 62 s on a 2-core CPU without avx512
-    "runs/test_ray_executor.py",  # 66 s
-    "test_benchmarks_scripts.py",  # 45 s
-    "runs/test_sweep_runner.py",  # 44 s
-    "test_benchmarks.py",  # 34 s: the nanoGPT comparisons
-    "headcheck/test_inspect.py",  # 18 s: the packaged models; SmolLM2's load alone 31 s without avx512
-    "test_promises.py",  # 23 s: a packaged GGUF model loaded (now in the slow tests)
-    "runs/test_ray_cluster.py",  # 19 s
-    "runs/test_ray_commands.py",  # 16 s
-    "report/test_browser.py",  # 15 s
+    "experiments/test_reproduce.py",  # 57 s, 54 of them its quick reproduce
+    "test_benchmarks_scripts.py",  # 42 s
+    "test_benchmarks.py",  # 40 s: the nanoGPT comparisons
+    "runs/test_sweep_runner.py",  # 37 s
+    "runs/test_ray_executor.py",  # 36 s
+    "report/test_report.py",  # 26 s
+    "report/test_browser.py",  # 20 s
+    "report/test_plots.py",  # 20 s
+    "cli/test_limits.py",  # 17 s
+    "runs/test_ray_cluster.py",  # 16 s
 )
 
 
