@@ -38,8 +38,9 @@ from attnscale.core import device as dev
 from attnscale.core.diagnostics import HEAD_MEASURES
 from attnscale.errors import ConfigError, check_positive_ints
 from attnscale.lm.checkpoint import save_weights
-from attnscale.lm.data import check_length, eval_batches
+from attnscale.lm.data import check_length
 from attnscale.lm.step_measures import summarize
+from attnscale.lm.train import evaluate, finite, threads
 
 __all__ = ["FAMILY", "LlamaModelConfig", "train", "build", "check_train"]
 
@@ -109,13 +110,9 @@ class _Windows(torch.utils.data.Dataset):
         return {"input_ids": x, "labels": x}
 
 
-def _finite(x) -> float | None:
-    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
-
-
 def _grids(record) -> dict[str, list[list[float | None]]]:
     """A watch record's measures as the metrics line keeps them: [layer][head], null where not finite."""
-    return {m: [[_finite(v) for v in heads] for heads in record.grid(m)] for m in HEAD_MEASURES}
+    return {m: [[finite(v) for v in heads] for heads in record.grid(m)] for m in HEAD_MEASURES}
 
 
 def _callbacks(steps: int, log: Callable, on_step, should_stop, t0: float):
@@ -141,7 +138,7 @@ def _callbacks(steps: int, log: Callable, on_step, should_stop, t0: float):
             if not logs or "loss" not in logs:
                 return
             s, loss = st.global_step - 1, float(logs["loss"])
-            line = {"step": s, "loss": _finite(loss), "lr": logs.get("learning_rate"),
+            line = {"step": s, "loss": finite(loss), "lr": logs.get("learning_rate"),
                     "elapsed_s": time.perf_counter() - t0, **state["probes"].get(s, {})}
             state["lines"].append(line)
             log(line)
@@ -154,24 +151,6 @@ def _callbacks(steps: int, log: Callable, on_step, should_stop, t0: float):
                 on_step(s + 1, steps, {"loss": loss, "lr": logs.get("learning_rate"), "grad_norm": logs.get("grad_norm")})
 
     return Lines(), Probes(), state
-
-
-def _held_out(model, ids: torch.Tensor, batch: int, context: int, max_batches: int | None,
-              device: torch.device) -> dict[str, Any]:
-    """Token-weighted held-out cross-entropy (nats) and its exp, every token after the first predicted once."""
-    model.eval()
-    total, tokens = 0.0, 0
-    with torch.no_grad():
-        for i, (x_BT, y_BT) in enumerate(eval_batches(ids, batch, context)):
-            if max_batches is not None and i >= max_batches:
-                break
-            logits_BTV = model(input_ids=x_BT.to(device)).logits.float()
-            total += float(torch.nn.functional.cross_entropy(logits_BTV.flatten(0, 1), y_BT.to(device).flatten(),
-                                                             reduction="sum"))
-            tokens += y_BT.numel()
-    loss = total / tokens
-    return {"valid_loss": _finite(loss), "perplexity": _finite(math.exp(loss)) if loss < 700 else None,
-            "eval_tokens": tokens}
 
 
 def check_train(train_cfg) -> None:
@@ -202,14 +181,9 @@ def train(model_cfg: LlamaModelConfig, train_cfg, corpus, *, log: Callable[[dict
     os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
     device = dev.resolve_device(train_cfg.device)
     precision = dev.resolve_precision(train_cfg.dtype, device)
-    before = torch.get_num_threads()
-    if train_cfg.threads is not None:
-        torch.set_num_threads(train_cfg.threads)
-    try:
+    with threads(train_cfg.threads):
         return _train(model_cfg, train_cfg, corpus, log or (lambda line: None), weights, on_step, should_stop,
                       device, precision)
-    finally:
-        torch.set_num_threads(before)
 
 
 def _train(model_cfg, cfg, corpus, log, weights, on_step, should_stop, device, precision) -> dict[str, Any]:
@@ -249,7 +223,9 @@ def _train(model_cfg, cfg, corpus, log, weights, on_step, should_stop, device, p
     evaluation = {"valid_loss": None, "perplexity": None, "eval_tokens": 0}
     model = trainer.model
     if status == "done":
-        evaluation = _held_out(model, corpus.valid, cfg.batch, model_cfg.context, cfg.eval_batches, device)
+        evaluation = evaluate(model, corpus.valid, cfg.batch, cfg.eval_batches, "fp32", context=model_cfg.context,
+                              logits=lambda x_BT: model(input_ids=x_BT).logits)
+        evaluation = {k: finite(v) if isinstance(v, float) else v for k, v in evaluation.items()}
         if evaluation["valid_loss"] is None:
             status, diverged_at = "diverged", cfg.steps
     if weights is not None and status == "done":

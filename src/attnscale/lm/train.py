@@ -169,7 +169,8 @@ def _attention_impl(choice: str, model_cfg: ModelConfig, device: torch.device, p
 
 
 @contextlib.contextmanager
-def _threads(n: int | None):
+def threads(n: int | None):
+    """torch's thread count set to ``n`` (None: left as it is) inside the block, and restored after it."""
     before = torch.get_num_threads()
     if n is not None:
         torch.set_num_threads(n)
@@ -186,13 +187,19 @@ def sum_dtype(device: torch.device) -> torch.dtype:
 
 
 def evaluate(model: TinyLM, ids: torch.Tensor, batch: int, max_batches: int | None,
-             dtype: "str | dev.Precision" = "fp32") -> dict[str, float]:
+             dtype: "str | dev.Precision" = "fp32", *, context: int | None = None,
+             logits: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, float]:
     """Held-out mean cross-entropy (nats, token-weighted) and perplexity = exp of it.
 
     Runs on the model's device; ``dtype`` is a resolved ``Precision``, or a name resolved
     by the rule of the model's device. The sum stays on the device (float64; float32 on MPS,
     which has no float64) and is read back once. No graph is built: the forward runs under
-    ``torch.no_grad`` below (not as a decorator, which mutation testing would skip)."""
+    ``torch.no_grad`` below (not as a decorator, which mutation testing would skip).
+
+    Another module than a ``TinyLM`` (a Hugging Face model: ``lm.hf_family``) gives its
+    ``context`` and ``logits`` (ids_BT -> logits_BTV)."""
+    context = model.cfg.context if context is None else context
+    logits = model if logits is None else logits
     was_training = model.training
     model.eval()
     param = next(model.parameters())
@@ -200,12 +207,12 @@ def evaluate(model: TinyLM, ids: torch.Tensor, batch: int, max_batches: int | No
     precision = dtype if isinstance(dtype, dev.Precision) else dev.resolve_precision(dtype, device)
     total, tokens = param.new_zeros((), dtype=sum_dtype(device)), 0  # on the model's device
     try:
-        for i, (x_BT, y_BT) in enumerate(eval_batches(ids, batch, model.cfg.context)):
+        for i, (x_BT, y_BT) in enumerate(eval_batches(ids, batch, context)):
             if max_batches is not None and i >= max_batches:
                 break
             x_BT, y_BT = dev.to_device(device, x_BT, y_BT)
             with torch.no_grad(), _precision(precision):  # no graph: evaluation never backpropagates
-                logits_BTV = model(x_BT)
+                logits_BTV = logits(x_BT)
             total += torch.nn.functional.cross_entropy(logits_BTV.float().flatten(0, 1), y_BT.flatten(), reduction="sum")
             tokens += y_BT.numel()
     finally:
@@ -214,8 +221,9 @@ def evaluate(model: TinyLM, ids: torch.Tensor, batch: int, max_batches: int | No
     return {"valid_loss": loss, "perplexity": math.exp(loss) if loss < 700 else math.inf, "eval_tokens": tokens}
 
 
-def _finite(x: float | None) -> float | None:
-    return x if x is not None and math.isfinite(x) else None
+def finite(x: Any) -> float | None:
+    """``x`` as a float where it is a finite number, else None (None, NaN, ±inf: JSON has no inf)."""
+    return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
 def train(
@@ -250,7 +258,7 @@ def train(
     ckpt = None
     if checkpoint is not None and train_cfg.checkpoint_every:
         ckpt = Checkpoint(Path(checkpoint), run_config(model_cfg, train_cfg, corpus))
-    with _threads(train_cfg.threads):
+    with threads(train_cfg.threads):
         results = _train(model_cfg, train_cfg, corpus, log, on_step, should_stop, ckpt, weights)
     return results
 
@@ -419,7 +427,7 @@ def _step(run: _Run, step: int, corpus) -> tuple[float, float, float, bool]:
     skipped = bool(skipped)
     retried = skipped and math.isfinite(value) and run.scaler.is_enabled()  # fp16: the same step, the next batch
     if rec is not None and not retried:
-        run.log({"step": step, "loss": _finite(value), "lr": lr, "elapsed_s": time.perf_counter() - run.t0, **row})
+        run.log({"step": step, "loss": finite(value), "lr": lr, "elapsed_s": time.perf_counter() - run.t0, **row})
     if not skipped:
         run.losses.append(value)
     return value, lr, grad_norm, skipped
@@ -450,7 +458,7 @@ def _record_trained(run: _Run, corpus) -> float:
     with torch.no_grad(), recording(run.net, True, cfg.frozen_threshold, cfg.record_sequences) as rec, \
             dev.tf32(run.precision), run.forward_precision():
         (value,), row = read_back(rec, run.net.loss(x_BT, y_BT))
-    run.log({"step": run.cfg.steps, "loss": _finite(value), "lr": lr_at(run.cfg.steps - 1, run.cfg),
+    run.log({"step": run.cfg.steps, "loss": finite(value), "lr": lr_at(run.cfg.steps - 1, run.cfg),
              "elapsed_s": time.perf_counter() - run.t0, **row})
     return value
 
@@ -492,7 +500,7 @@ def _train(model_cfg, cfg, corpus, log_line, on_step, should_stop, ckpt, weights
         evaluation = evaluate(run.model, corpus.valid, cfg.batch, cfg.eval_batches, run.precision)
         if not math.isfinite(evaluation["valid_loss"]):
             status, diverged_at = "diverged", cfg.steps
-        evaluation = {k: _finite(v) if isinstance(v, float) else v for k, v in evaluation.items()}
+        evaluation = {k: finite(v) if isinstance(v, float) else v for k, v in evaluation.items()}
     if ckpt is not None and status != "stopped":
         ckpt.remove()
     if weights is not None and status == "done":
