@@ -233,6 +233,49 @@ def test_dense_gives_the_logits_and_weights():
     torch.testing.assert_close(weights, torch.softmax(logits, -1))
 
 
+def test_dense_under_a_sink_a_score_mod_a_softcap_and_gqa_is_the_definitions():
+    """Each branch of dense written out here: keys shared by 2 query heads each, the score c·tanh(s/c) after
+    the scale, a score_mod adding (kv_idx - q_idx)·0.1 on head 1 only, and a sink in every row's denominator."""
+    q, k = _qk(21, K=2, sharp=3.0)
+    sink = torch.tensor([0.5, -1.0, 2.0, 0.0])
+
+    def mod(score, b, h, i, j):
+        return score + torch.where(h == 1, (j - i).float() * 0.1, 0.0)
+
+    logits, weights = dense(AttentionCall(q, k, scale=0.3, softcap=2.0, is_causal=True, score_mod=mod, sink=sink))
+    k_rep = k.repeat_interleave(2, dim=1)
+    raw = 2.0 * torch.tanh((q @ k_rep.transpose(-2, -1)) * 0.3 / 2.0)
+    i, j = torch.arange(23)[:, None], torch.arange(23)[None, :]
+    raw[:, 1] += (j - i).float() * 0.1
+    want = raw.masked_fill(~CAUSAL, -math.inf)
+    torch.testing.assert_close(logits, want)
+    e = want.exp()
+    torch.testing.assert_close(weights, e / (e.sum(-1, keepdim=True) + sink.exp().view(1, 4, 1, 1)))
+    # the rows sum to 1 less the sink's share
+    share = 1 / (1 + sink.exp().view(1, 4, 1) / e.sum(-1))
+    torch.testing.assert_close(weights.sum(-1), share)
+
+
+def test_dense_reads_a_what_if_factor_a_bias_beside_a_score_mod_and_rows_that_see_no_key():
+    q, k = _qk(22)
+    logits, weights = dense(AttentionCall(q, k, scale=0.1), factor=0.5)  # no mask: every key seen
+    raw = (q @ k.transpose(-2, -1)) * 0.5  # the what-if's factor, not the call's
+    torch.testing.assert_close(logits, raw)
+    torch.testing.assert_close(weights, torch.softmax(raw, -1))
+
+    def mod(score, b, h, i, j):
+        return score * 2
+
+    logits, weights = dense(AttentionCall(q, k, scale=0.25, mask=PADDED, bias=ALIBI, score_mod=mod))
+    want = ((q @ k.transpose(-2, -1)) * 0.25 * 2 + ALIBI).masked_fill(~PADDED, -math.inf)  # the mod's output, then the bias
+    torch.testing.assert_close(logits, want)
+    e = want.exp()
+    total = e.sum(-1, keepdim=True)
+    # sequence 1's padded query rows see no key: weight 0 there, not NaN
+    assert bool((total[1, :, 17:] == 0).all())
+    torch.testing.assert_close(weights, torch.where(total > 0, e / total.clamp_min(1e-30), 0.0))
+
+
 def test_sums_live_on_the_device_they_are_given_and_mps_sums_on_the_cpu():
     assert HeadSums(2, device="meta").data.device.type == "meta"  # "meta" stands in for a GPU
     with torch.device("meta"):  # a Mac user's set_default_device("mps") moves the default; the sums go by name
