@@ -13,6 +13,7 @@ from attnscale.capture.reduce import BYTES_PER_ENTRY, _plan, dense, head_max, re
 from attnscale.capture.sums import HeadSums
 from attnscale.core import diagnostics as D
 from attnscale.core.attention import build_mask, masked_softmax
+from modded_reference import pooled_measures, scores_of
 from reference import call_measures, head_measures
 
 # the default budget (one block), a budget of a few rows, and one of a single row of a single head
@@ -48,6 +49,7 @@ CASES = {
     "gqa": dict(K=2, visible=CAUSAL),
     "softcapped": dict(sharp=6.0, cap=lambda s: 3.0 * torch.tanh(s / 3.0), visible=CAUSAL),
     "bias": dict(visible=CAUSAL, bias=ALIBI),
+    "bias per sequence": dict(visible=CAUSAL, bias=ALIBI * torch.tensor([1.0, 3.0]).view(2, 1, 1, 1)),
 }
 
 
@@ -62,6 +64,24 @@ def test_streaming_equals_the_materialised_reference(case, memory):
     _close(got, call_measures(q, k, 16 ** -0.5, visible, bias, cap))
     if case == "sharpened":
         assert 0.1 < float(got[3].mean()) < 0.9  # frozen rows, neither none nor all
+
+
+@pytest.mark.parametrize("memory", BUDGETS)
+def test_rows_that_see_no_key_come_first_and_every_row_after_them_still_counts(memory):
+    """Causal, bottom right, with fewer keys than queries: query i sees keys j <= i - 4, so rows 0-3 see none."""
+    q, k = _qk(27, T=9, S=5)
+    visible = (torch.arange(9)[:, None] - 4 >= torch.arange(5)[None, :])[None, None]
+    call = AttentionCall(q, k, is_causal=True, diagonal=-4)
+    assert torch.equal(call.visible().expand(1, 1, 9, 5), visible[0, 0].expand(1, 1, 9, 5))
+    _close(reduce_call(call, memory=memory).measures(), call_measures(q, k, 16 ** -0.5, visible))
+
+
+def test_query_heads_that_cannot_share_the_key_heads_are_one_line():
+    from attnscale.errors import ConfigError
+
+    q, k = _qk(28, H=4, K=3)
+    with pytest.raises(ConfigError, match=r"^4 query heads cannot share 3 key heads evenly; give q as B×H×T×D"):
+        reduce_call(AttentionCall(q, k))
 
 
 def test_the_plan_splits_sequences_then_rows_then_whole_groups_of_heads():
@@ -116,6 +136,27 @@ def test_padding_is_neither_a_row_nor_a_key():
     _close(reduce_call(AttentionCall(q, k, mask=additive), padding_BT=PAD_BT).measures(), got)
 
 
+def test_padding_of_a_call_of_another_length_hides_what_it_can_and_keeps_the_calls_own_mask():
+    """A cross-attention's padding hides keys where its length is the keys', rows where it is the queries'; a
+    padding of another batch or length leaves the call as it is; a mask_mod of the call's own still holds."""
+    q, k = _qk(13, T=5, S=9)
+    keys_BS = torch.ones(2, 9, dtype=torch.bool)
+    keys_BS[1, 6:] = False
+    _close(reduce_call(AttentionCall(q, k), padding_BT=keys_BS).measures(),
+           call_measures(q, k, 16 ** -0.5, keys_BS[:, None, None, :]))
+    rows_BT = torch.ones(2, 5, dtype=torch.bool)
+    rows_BT[0, 3:] = False
+    _close(reduce_call(AttentionCall(q, k), padding_BT=rows_BT).measures(),
+           call_measures(q, k, 16 ** -0.5, rows_BT[:, None, :, None].expand(2, 1, 5, 9)))
+    whole = reduce_call(AttentionCall(q, k)).measures()
+    for other in (torch.zeros(3, 9, dtype=torch.bool), torch.zeros(2, 7, dtype=torch.bool)):
+        _close(reduce_call(AttentionCall(q, k), padding_BT=other).measures(), whole)
+    b, h, i, j = (torch.arange(n).view(*([1] * d), n, *([1] * (3 - d))) for d, n in enumerate((2, 4, 5, 9)))
+    own = (i + 4 >= j) & (j != b + h)  # causal, bottom right, and one key hidden by batch and head
+    call = AttentionCall(q, k, mask_mod=lambda b, h, qi, ki: (qi + 4 >= ki) & (ki != b + h))
+    _close(reduce_call(call, padding_BT=keys_BS).measures(), call_measures(q, k, 16 ** -0.5, own & keys_BS[:, None, None, :]))
+
+
 def test_causal_bottom_right_and_a_window_are_read_a_block_at_a_time():
     q, k = _qk(12, T=5, S=9)
     i, j = torch.arange(5)[:, None] + 4, torch.arange(9)[None, :]
@@ -148,6 +189,32 @@ def test_blocks_added_in_any_order_and_split_give_the_whole():
     a.merge(reduce_call(AttentionCall(q[1:], k[1:], mask=CAUSAL)))
     _close(a.measures(), whole)
     _close(whole, call_measures(q, k, 16 ** -0.5, CAUSAL))
+    # the squares behind the standard errors are summed too
+    _close(a.standard_errors(), reduce_call(AttentionCall(q, k, mask=CAUSAL)).standard_errors())
+
+
+def test_standard_errors_are_each_row_measures_sample_sd_over_root_rows():
+    """By hand from the rows' own weights: effective words exp(H), frozen (max weight > 0.99), push
+    sqrt(Σp² − 2Σp³ + (Σp²)²), max weight; SD with n − 1 over sqrt(n), n the rows that see two keys or more."""
+    q, k = _qk(29, B=1, T=40, sharp=2.5)
+    causal = torch.ones(40, 40, dtype=torch.bool).tril()[None, None]
+    sums = reduce_call(AttentionCall(q, k, mask=causal), sample_rows=12, seed=5)
+    rows = torch.randperm(40, generator=torch.Generator().manual_seed(5))[:12].sort().values
+    rows = rows[rows > 0]  # row 0 sees one key
+    s = scores_of(q[:, :, rows], k, 16 ** -0.5).masked_fill(~causal[:, :, rows], -math.inf)
+    p = torch.softmax(s, -1)[0]  # H × n × 40
+    s2, s3, top = p.pow(2).sum(-1), p.pow(3).sum(-1), p.max(-1).values
+    per_row = [torch.special.entr(p).sum(-1).exp(), (top > 0.99).double(), (s2 - 2 * s3 + s2**2).sqrt(), top]
+    want = torch.stack([x.std(-1, unbiased=True) / math.sqrt(len(rows)) for x in per_row])
+    assert sums.rows.tolist() == [float(len(rows))] * 4
+    torch.testing.assert_close(sums.standard_errors(), want, rtol=1e-5, atol=1e-12)
+    # two counted rows (rows 1 and 2 of a causal call of 3): n - 1 = 1; one counted row: no standard error
+    q3, k3 = _qk(30, B=1, T=3)
+    p3 = torch.softmax(scores_of(q3, k3, 16 ** -0.5).masked_fill(~CAUSAL[..., :3, :3], -math.inf), -1)[0, :, 1:]
+    words = torch.special.entr(p3).sum(-1).exp()
+    se = reduce_call(AttentionCall(q3, k3, is_causal=True)).standard_errors()
+    torch.testing.assert_close(se[0], words.std(-1, unbiased=True) / math.sqrt(2), rtol=1e-5, atol=1e-12)
+    assert torch.isnan(reduce_call(AttentionCall(q3[:, :, :2], k3[:, :, :2], is_causal=True)).standard_errors()).all()
 
 
 def test_the_models_own_scores_give_the_reference():
@@ -215,6 +282,79 @@ def test_sampled_rows_carry_their_standard_errors():
     for m, r in (words, push, weight):
         assert bool(((got[r] - full[m]).abs() <= 4 * se[r]).all()), D.HEAD_MEASURES[m]
     assert bool(((got[1] - full[3]).abs() <= 0.05).all())
+
+
+def test_sampled_rows_are_the_rows_the_seed_draws():
+    """sample_rows takes the rows a CPU generator seeded with ``seed`` permutes first, sorted: the measures are
+    those of exactly those rows, by the reference; another seed, other rows."""
+    q, k = _qk(23, B=1, T=40)
+    i, j = torch.arange(40)[:, None], torch.arange(40)[None, :]
+    window = ((j <= i) & (i - j < 6))[None, None]  # causal and a window: each row's keys are its own range
+    call = AttentionCall(q, k, is_causal=True, window=6)
+    for seed in (3, 4):
+        rows = torch.randperm(40, generator=torch.Generator().manual_seed(seed))[:7].sort().values
+        for memory in BUDGETS:  # blocks of several sampled rows, and of one
+            got = reduce_call(call, sample_rows=7, seed=seed, memory=memory).measures()
+            _close(got, call_measures(q[:, :, rows], k, 16 ** -0.5, window[:, :, rows]), rel=1e-5)
+    assert not torch.equal(reduce_call(call, sample_rows=7, seed=3).measures(),
+                           reduce_call(call, sample_rows=7, seed=4).measures())
+
+
+def test_a_sink_is_in_every_rows_denominator_and_nowhere_else():
+    q, k = _qk(24, K=2)
+    sink = torch.tensor([-2.0, -1.0, -3.0, -0.5])
+    s = scores_of(q, k, 0.25)
+    everything = torch.ones_like(s, dtype=torch.bool)
+    e = s.exp()
+    p = e / (e.sum(-1, keepdim=True) + sink.double().exp().view(1, 4, 1, 1))  # the rows sum to 1 - p_sink
+    want = pooled_measures([(s, p, everything)])
+    for memory in BUDGETS:
+        _close(reduce_call(AttentionCall(q, k, scale=0.25, sink=sink), memory=memory).measures(), want, rel=1e-5)
+
+
+def test_a_score_mod_s_additions_are_the_bias_and_its_logits_the_weights_without_a_mask():
+    q, k = _qk(25)
+    slopes = torch.tensor([0.5, 0.25, 0.125, 0.0625])
+
+    def alibi(score, b, h, i, j):
+        return score - (i - j).abs().float() * slopes[h]
+
+    sums = reduce_call(AttentionCall(q, k, score_mod=alibi))
+    bias = -(torch.arange(23)[:, None] - torch.arange(23)[None, :]).abs().float()[None, None] * slopes.view(1, 4, 1, 1)
+    _close(sums.measures(), call_measures(q, k, 16 ** -0.5, None, bias=bias), rel=1e-5)
+    lo, hi = sums.bias_range()
+    assert lo.tolist() == pytest.approx([-22 * float(x) for x in slopes], rel=1e-6) and hi.tolist() == [0.0] * 4
+
+
+@pytest.mark.parametrize("memory", BUDGETS)
+def test_a_score_mod_by_sequence_and_head_beside_a_mask_and_a_bias(memory):
+    """What the score_mod adds (here by sequence and head), plus the call's bias, is the bias; the mask still
+    hides; each head's bias range is its own."""
+    q, k = _qk(31)
+
+    def mod(score, b, h, i, j):
+        return score + (b.float() + 1.0) * 0.1 * (h.float() - j.float() / 23)
+
+    offset = torch.tensor([0.0, 1.0, -2.0, 0.5]).view(1, 4, 1, 1)
+    sums = reduce_call(AttentionCall(q, k, mask=PADDED, bias=ALIBI + offset, score_mod=mod), memory=memory)
+    b, h, _, j = (torch.arange(n).view(*([1] * d), n, *([1] * (3 - d))) for d, n in enumerate((2, 4, 23, 23)))
+    added = (b + 1.0) * 0.1 * (h - j / 23) + ALIBI + offset
+    _close(sums.measures(), call_measures(q, k, 16 ** -0.5, PADDED, bias=added), rel=1e-5)
+    lo, hi = sums.bias_range()
+    per_head = [added.expand(2, 4, 23, 23)[:, x][PADDED.expand(2, 4, 23, 23)[:, x]] for x in range(4)]
+    assert lo.tolist() == pytest.approx([float(v.min()) for v in per_head], rel=1e-5)
+    assert hi.tolist() == pytest.approx([float(v.max()) for v in per_head], rel=1e-5)
+    assert len(set(round(x, 4) for x in hi.tolist())) == 4  # each head's range its own
+
+
+def test_head_max_without_a_mask_and_under_one_with_small_scores():
+    q, k = _qk(26)
+    raw = (q @ k.transpose(-2, -1)).abs() * 0.01
+    torch.testing.assert_close(head_max(AttentionCall(q, k, scale=0.01)), raw.amax((0, 2, 3)))
+    # every visible |score| below 1: a hidden key counts as nothing, not as 1
+    assert float(raw.max()) < 1
+    torch.testing.assert_close(head_max(AttentionCall(q, k, scale=0.01, mask=CAUSAL)),
+                               raw.masked_fill(~CAUSAL, 0).amax((0, 2, 3)))
 
 
 def test_head_max_is_the_score_max_over_visible_keys_without_the_bias():
