@@ -186,7 +186,7 @@ def sum_dtype(device: torch.device) -> torch.dtype:
     return torch.float64 if measuring_device(device) is device else torch.float32
 
 
-def evaluate(model: TinyLM, ids: torch.Tensor, batch: int, max_batches: int | None,
+def evaluate(model: torch.nn.Module, ids: torch.Tensor, batch: int, max_batches: int | None,
              dtype: "str | dev.Precision" = "fp32", *, context: int | None = None,
              logits: Callable[[torch.Tensor], torch.Tensor] | None = None) -> dict[str, float]:
     """Held-out mean cross-entropy (nats, token-weighted) and perplexity = exp of it.
