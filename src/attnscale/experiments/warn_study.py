@@ -39,6 +39,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from attnscale.analysis import alarms
 from attnscale.analysis.alarms import (GROUP, STOP_FALSE_ALARMS, TARGET_FALSE_ALARMS, analyse, breaks_by_cell,
                                        pct_text, rule_text, steps_text)
 from attnscale.errors import ConfigError
@@ -52,7 +53,7 @@ __all__ = ["WarnConfig", "preset", "specs", "run_records", "run", "as_json", "fo
            "FAMILIES", "LLAMA_LRS", "configs", "format_tables", "as_json_all"]
 
 SIZES = ("smoke", "full")
-FAMILIES = ("tiny", "llama")  # the tiny LM's own loop; a Llama under transformers' Trainer (lm.hf_family)
+FAMILIES = tuple(alarms.FAMILIES)  # "tiny": the tiny LM's own loop; "llama": under transformers' Trainer (lm.hf_family)
 LRS = (3e-3, 1e-2, 3e-2, 1e-1, 3e-1)  # half-decades from the presets' 3e-3; fixed before any result
 LLAMA_LRS = (1e-2, 2e-2, 4e-2, 8e-2, 1.6e-1)  # factors of 2 over the edge a pilot found (the docstring)
 LLAMA_MODEL = {"context": 64, "d_model": 64, "n_layers": 2, "n_heads": 4}  # head width 16
