@@ -24,11 +24,15 @@ stay in fp32 whatever it says (attention.py and model.py cast them). The rules:
   scaler (torch 2.8 and newer have one for MPS).
 
 ``describe_device(device, dtype)`` is the dict a run record keeps.
+``keep_freed_memory()`` keeps a CPU training process's freed tensors in its heap
+(glibc), so a step does not page in its activations anew.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import os
 import platform
 import re
 from dataclasses import dataclass
@@ -40,7 +44,7 @@ import torch
 from attnscale.errors import ConfigError
 
 __all__ = ["DEVICES", "DTYPES", "check_device_spec", "resolve_device", "describe_device", "native_bf16", "Precision",
-           "resolve_precision", "autocast", "tf32", "grad_scaler", "to_device"]
+           "resolve_precision", "autocast", "tf32", "grad_scaler", "to_device", "keep_freed_memory"]
 
 DEVICES = ("auto", "cpu", "cuda", "cuda:N", "mps")
 DTYPES = ("auto", "fp32", "bf16", "fp16")
@@ -109,6 +113,44 @@ def native_bf16() -> bool:
     except OSError:
         return False
     return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+# glibc's malloc gives each block above its mmap threshold its own mapping, returned at free, so the
+# next step's tensor of that size is fresh pages the kernel zeroes at their first touch. The threshold
+# starts at 128 KiB and rises as such blocks are freed, but where it settles depends on the order of
+# the first allocations: a d_model-256 step of benchmarks/step_limit.py's shape took 6,100-8,200 page
+# faults a step and 72-76 ms at one thread, 0 faults and 62-64 ms with these settings; at d_model 128
+# one fresh process in two settled badly (3,400-4,300 faults, 28-31 ms against 23-24). 32 MiB is the
+# largest threshold glibc takes on 64-bit; the heap is then never trimmed, so freed memory stays the
+# process's (its peak RSS, as with a GPU's caching allocator) until it exits.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
+_HEAP_BLOCKS = 32 * 2**20
+_NEVER_TRIM = 2**31 - 1
+_freed_memory_kept: bool | None = None
+
+
+def keep_freed_memory() -> bool:
+    """Blocks up to 32 MiB come from the heap and freed memory stays there (glibc's ``mallopt``), once a
+    process: what a CPU training run calls before its first step. True where that holds; False off glibc,
+    or where the environment sets glibc's malloc thresholds itself (``MALLOC_MMAP_THRESHOLD_``,
+    ``MALLOC_TRIM_THRESHOLD_``, ``GLIBC_TUNABLES``), whose settings then stand."""
+    global _freed_memory_kept
+    if _freed_memory_kept is None:
+        _freed_memory_kept = _set_malloc_thresholds()
+    return _freed_memory_kept
+
+
+def _set_malloc_thresholds() -> bool:
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+        return False
+    tunables = os.environ.get("GLIBC_TUNABLES", "")
+    if {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"} & set(os.environ) or "threshold" in tunables:
+        return False
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, _HEAP_BLOCKS)) and bool(mallopt(_M_TRIM_THRESHOLD, _NEVER_TRIM))
 
 
 def _cuda_capability(device: torch.device) -> tuple[int, int]:

@@ -359,6 +359,8 @@ def _build(model_cfg: ModelConfig, cfg: TrainConfig, log_line) -> _Run:
     device starts from the same weights; AdamW with weight decay on matrices only."""
     device = dev.resolve_device(cfg.device)
     precision = dev.resolve_precision(cfg.dtype, device)
+    if device.type == "cpu":
+        dev.keep_freed_memory()
     impl = _attention_impl(cfg.attention, model_cfg, device, precision)
     torch.manual_seed(cfg.seed)
     model = TinyLM(replace(model_cfg, impl=impl)).to(device)
