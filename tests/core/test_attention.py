@@ -130,3 +130,26 @@ def test_bf16_and_fp32_scores_keep_their_dtype():
         scale = get_scale("inv_sqrt_d", 8)
         _, scores, _ = attend(q, k, v, scale, None)
         assert scores.dtype == dtype and torch.equal(scores, (q @ k.transpose(-2, -1)) * scale.factor())
+
+
+def test_bf16_scores_softmax_in_fp32_and_gradients_as_a_cast_before_it_gives():
+    # written out: scores cast to fp32, softmax, the weights cast to v's dtype; forward and backward to the bit
+    from attnscale.core.scales import get_scale
+
+    scale, mask = get_scale("inv_sqrt_d", 8), build_mask(13, causal=True)
+    results = []
+    for by_hand in (False, True):
+        q, k, v = (torch.randn(2, 3, 13, 8, generator=torch.Generator().manual_seed(i)).bfloat16().requires_grad_()
+                   for i in range(3))
+        if by_hand:
+            scores = (q @ k.transpose(-2, -1)) * scale.factor()
+            scores = scores.float().masked_fill(~mask, float("-inf"))
+            pattern = torch.softmax(scores, dim=-1)
+            z = pattern.to(torch.bfloat16) @ v
+        else:
+            z, scores, pattern = attend(q, k, v, scale, mask)
+        (z.float().square().sum() + pattern.pow(3).sum()).backward()
+        results.append((z, scores.float(), pattern, q.grad, k.grad, v.grad))
+    assert results[0][2].dtype == torch.float32 and results[0][3].dtype == torch.bfloat16
+    for a, b in zip(*results):
+        assert torch.equal(a, b)

@@ -808,4 +808,13 @@ def test_kept_freed_memory_lets_a_repeated_step_allocate_without_a_page_fault():
     # a threshold the environment sets stands, and the step's pages come back from the kernel each time
     kept, faults = _faults("keep", MALLOC_MMAP_THRESHOLD_="131072")
     assert kept == "False" and faults > 48 * 2**20 // 4096 // 2
-    assert _faults("keep", GLIBC_TUNABLES="glibc.malloc.trim_threshold=0")[0] == "False"
+
+
+@pytest.mark.parametrize("name, value", [("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=0"),
+                                         ("MALLOC_TRIM_THRESHOLD_", "0"), ("MALLOC_MMAP_THRESHOLD_", "131072")])
+def test_malloc_thresholds_the_environment_sets_are_left_as_they_are(monkeypatch, name, value):
+    from attnscale.core import device
+
+    monkeypatch.setenv(name, value)
+    monkeypatch.setattr(device.ctypes, "CDLL", lambda *a: pytest.fail("mallopt was called"))
+    assert device._set_malloc_thresholds() is False
