@@ -16,7 +16,6 @@ import io
 import json
 import math
 import os
-import platform
 import subprocess
 import sys
 import zipfile
@@ -800,7 +799,7 @@ def _faults(how: str, **env) -> tuple[str, int]:
     return kept, int(faults)
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc", reason="glibc's malloc")
+@pytest.mark.skipif(not dev._glibc(), reason="glibc's malloc")
 def test_kept_freed_memory_lets_a_repeated_step_allocate_without_a_page_fault():
     # the same 48 MiB of tensors a "step", made and freed four times; page faults counted in the fourth
     # (glibc's own moving threshold gave 0 in some processes and 5,120 in others)
@@ -813,8 +812,6 @@ def test_kept_freed_memory_lets_a_repeated_step_allocate_without_a_page_fault():
 @pytest.mark.parametrize("name, value", [("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=0"),
                                          ("MALLOC_TRIM_THRESHOLD_", "0"), ("MALLOC_MMAP_THRESHOLD_", "131072")])
 def test_malloc_thresholds_the_environment_sets_are_left_as_they_are(monkeypatch, name, value):
-    from attnscale.core import device
-
     monkeypatch.setenv(name, value)
-    monkeypatch.setattr(device.ctypes, "CDLL", lambda *a: pytest.fail("mallopt was called"))
-    assert device._set_malloc_thresholds() is False
+    monkeypatch.setattr(dev.ctypes, "CDLL", lambda *a: pytest.fail("mallopt was called"))
+    assert dev._set_malloc_thresholds() is False

@@ -140,8 +140,15 @@ def keep_freed_memory() -> bool:
     return _freed_memory_kept
 
 
+def _glibc() -> bool:
+    try:
+        return (os.confstr("CS_GNU_LIBC_VERSION") or "").startswith("glibc")
+    except (ValueError, OSError, AttributeError):  # a C library without the name, or no confstr at all
+        return False
+
+
 def _set_malloc_thresholds() -> bool:
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if not _glibc():
         return False
     tunables = os.environ.get("GLIBC_TUNABLES", "")
     if {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_"} & set(os.environ) or "threshold" in tunables:
