@@ -257,8 +257,11 @@ def test_a_followed_watch_page_shows_the_log_as_it_grows(page, tmp_path):
     sink = JsonlSink(log)
     sink.write(_record(10))
     sink.close()
+    # a shell that starts the tests in the background leaves SIGINT ignored, and a child inherits that (Python
+    # then installs no KeyboardInterrupt): the command gets Ctrl-C's default, as it would from a terminal
     proc = subprocess.Popen([sys.executable, "-m", "attnscale.cli", "watch-report", str(log), "--follow", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     html = log.with_suffix(".html")
 
     def body_shows(text: str) -> bool:
