@@ -4,12 +4,10 @@ data-parallel replicas of tensor-parallel ranks, by hand."""
 
 import json
 import math
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
@@ -18,6 +16,7 @@ from attnscale.capture.probe import measure_heads
 from attnscale.capture.ranks import TensorParallel, merge_gathered, reduce_max
 from attnscale.capture.reduce import reduce_call
 from attnscale.capture.sums import HeadSums
+from gloo import spawn
 
 WORLD, HEADS, D, C = 2, 4, 8, 32
 
@@ -60,30 +59,19 @@ class Model(nn.Module):
 IDS = torch.randint(0, 50, (3, 12), generator=torch.Generator().manual_seed(1))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _worker(rank: int, port: int, out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-    try:
-        stats = measure_heads(Model(rank), IDS, across_ranks=True, tensor_parallel=TensorParallel())
-        naive = measure_heads(Model(rank), IDS, across_ranks=True)  # heads merged by local index: wrong
-        s_max = [torch.tensor([10.0 * rank + h for h in range(HEADS // WORLD)])]
-        with open(f"{out}/rank{rank}.json", "w") as f:
-            json.dump({"values": stats.values_LMH.tolist(), "heads": list(stats.layer_heads),
-                       "naive_heads": list(naive.layer_heads),
-                       "s_max_tp": reduce_max(s_max, ["layers.0"], TensorParallel())[0].tolist(),
-                       "s_max_dp": reduce_max(s_max)[0].tolist()}, f)
-    finally:
-        dist.destroy_process_group()
+def _worker(rank: int, out: str) -> None:
+    stats = measure_heads(Model(rank), IDS, across_ranks=True, tensor_parallel=TensorParallel())
+    naive = measure_heads(Model(rank), IDS, across_ranks=True)  # heads merged by local index: wrong
+    s_max = [torch.tensor([10.0 * rank + h for h in range(HEADS // WORLD)])]
+    with open(f"{out}/rank{rank}.json", "w") as f:
+        json.dump({"values": stats.values_LMH.tolist(), "heads": list(stats.layer_heads),
+                   "naive_heads": list(naive.layer_heads),
+                   "s_max_tp": reduce_max(s_max, ["layers.0"], TensorParallel())[0].tolist(),
+                   "s_max_dp": reduce_max(s_max)[0].tolist()}, f)
 
 
 def test_two_tensor_parallel_ranks_log_every_head_as_one_process_does(tmp_path):
-    mp.start_processes(_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, start_method="spawn")
+    spawn(_worker, str(tmp_path), world=WORLD)
     got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD)]
     want = measure_heads(Model(), IDS).values_LMH
     for g in got:
@@ -131,28 +119,23 @@ def test_a_head_map_of_the_wrong_length_is_refused_by_name():
     assert TensorParallel().global_heads("layers.1", 3) == [0, 1, 2]  # one process: position 0 of the group
 
 
-def _watch_worker(rank: int, port: int, out: str) -> None:
+def _watch_worker(rank: int, out: str) -> None:
     """A Watch per rank over its half of the heads: rank 0's log is the whole model's."""
     from attnscale.watch import TensorParallel as TP
     from attnscale.watch.logs.sinks import JsonlSink
     from attnscale.watch.loop import Watch
 
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=WORLD)
-    try:
-        with Watch(Model(rank), every=1, probe=IDS, alerts=(), tensor_parallel=TP(),
-                   sinks=[JsonlSink(f"{out}/watch.jsonl")] if rank == 0 else []) as watch:
-            numbers = watch.step(1)
-        with open(f"{out}/watch{rank}.json", "w") as f:
-            json.dump({"max_score": numbers["attn/max_score"], "keys": sorted(numbers)}, f)
-    finally:
-        dist.destroy_process_group()
+    with Watch(Model(rank), every=1, probe=IDS, alerts=(), tensor_parallel=TP(),
+               sinks=[JsonlSink(f"{out}/watch.jsonl")] if rank == 0 else []) as watch:
+        numbers = watch.step(1)
+    with open(f"{out}/watch{rank}.json", "w") as f:
+        json.dump({"max_score": numbers["attn/max_score"], "keys": sorted(numbers)}, f)
 
 
 def test_a_watch_on_each_tensor_parallel_rank_logs_the_whole_models_heads(tmp_path):
     from attnscale.watch.logs.line import read_log
 
-    mp.start_processes(_watch_worker, args=(_free_port(), str(tmp_path)), nprocs=WORLD, start_method="spawn")
+    spawn(_watch_worker, str(tmp_path), world=WORLD)
     (line,) = read_log(tmp_path / "watch.jsonl")
     want = measure_heads(Model(), IDS)
     torch.testing.assert_close(torch.tensor(line.values, dtype=torch.float32), want.values_LMH, rtol=1e-5, atol=1e-6)

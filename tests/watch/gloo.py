@@ -1,8 +1,14 @@
-"""Two (or more) processes on the CPU in one gloo process group at 127.0.0.1, for the watch's distributed tests."""
+"""Two (or more) processes on the CPU in one gloo process group, for the watch's and the capture's distributed tests.
+
+The processes meet through a file, not a TCP port: a port found free and let go is free for anyone until the
+group binds it, and another test's server (W&B's service, a Ray node) that takes it in between receives the
+group's bytes and sends its own (in one suite run a gloo group aborted and W&B's offline log came back corrupt,
+four seconds apart, the two tests on the two workers)."""
 
 from __future__ import annotations
 
-import socket
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -11,15 +17,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _run(rank: int, fn, port: int, world: int, args: tuple) -> None:
+def _run(rank: int, fn, rendezvous: str, world: int, args: tuple) -> None:
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     try:
         fn(rank, *args)
     finally:
@@ -29,7 +29,12 @@ def _run(rank: int, fn, port: int, world: int, args: tuple) -> None:
 def spawn(fn, *args, world: int = 2) -> None:
     """``fn(rank, *args)`` in each of ``world`` fresh processes, inside their process group; ``fn`` must be a
     module-level function (the processes are spawned, so it travels by name)."""
-    mp.start_processes(_run, args=(fn, free_port(), world, args), nprocs=world, join=True, start_method="spawn")
+    room = tempfile.mkdtemp(prefix="gloo-")
+    try:  # the file must not exist before the group starts, so each group gets its own
+        mp.start_processes(_run, args=(fn, f"{room}/rendezvous", world, args), nprocs=world, join=True,
+                           start_method="spawn")
+    finally:
+        shutil.rmtree(room, ignore_errors=True)
 
 
 def spawned_into(tmp_path_factory, name: str, fn, world: int = 2) -> Path:
