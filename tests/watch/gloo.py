@@ -22,6 +22,7 @@ def _run(rank: int, fn, rendezvous: str, world: int, args: tuple) -> None:
     dist.init_process_group("gloo", init_method=f"file://{rendezvous}", rank=rank, world_size=world)
     try:
         fn(rank, *args)
+        dist.barrier()  # no rank takes the group down while another still reads from it
     finally:
         dist.destroy_process_group()
 
