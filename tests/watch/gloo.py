@@ -1,9 +1,10 @@
 """Two (or more) processes on the CPU in one gloo process group, for the watch's and the capture's distributed tests.
 
-The processes meet through a file, not a TCP port: a port found free and let go is free for anyone until the
-group binds it, and another test's server (W&B's service, a Ray node) that takes it in between receives the
-group's bytes and sends its own (in one suite run a gloo group aborted and W&B's offline log came back corrupt,
-four seconds apart, the two tests on the two workers)."""
+The processes meet through a file, not a TCP port: a port found free and let go is anyone's until the group
+binds it, and a server of another test on the other worker (W&B's service, a Ray node) may take it first.
+Every rank waits at a barrier before the group is taken down: twice in clean-clone suite runs a rank of the
+DDP/FSDP test died of SIGABRT ("terminate called without an active exception") while the group was in use,
+with either rendezvous; with the barrier it has not recurred."""
 
 from __future__ import annotations
 
