@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
 import platform
 import re
@@ -126,18 +127,15 @@ def native_bf16() -> bool:
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # mallopt's parameter numbers (malloc.h)
 _HEAP_BLOCKS = 32 * 2**20
 _NEVER_TRIM = 2**31 - 1
-_freed_memory_kept: bool | None = None
 
 
+@functools.cache
 def keep_freed_memory() -> bool:
     """Blocks up to 32 MiB come from the heap and freed memory stays there (glibc's ``mallopt``), once a
     process: what a CPU training run calls before its first step. True where that holds; False off glibc,
     or where the environment sets glibc's malloc thresholds itself (``MALLOC_MMAP_THRESHOLD_``,
     ``MALLOC_TRIM_THRESHOLD_``, ``GLIBC_TUNABLES``), whose settings then stand."""
-    global _freed_memory_kept
-    if _freed_memory_kept is None:
-        _freed_memory_kept = _set_malloc_thresholds()
-    return _freed_memory_kept
+    return _set_malloc_thresholds()
 
 
 def _glibc() -> bool:
