@@ -802,11 +802,15 @@ def _faults(how: str, **env) -> tuple[str, int]:
 @pytest.mark.skipif(not dev._glibc(), reason="glibc's malloc")
 def test_kept_freed_memory_lets_a_repeated_step_allocate_without_a_page_fault():
     # the same 48 MiB of tensors a "step", made and freed four times; page faults counted in the fourth
-    # (glibc's own moving threshold gave 0 in some processes and 5,120 in others)
-    assert _faults("keep") == ("True", 0)
+    # (glibc's own moving threshold gave 0 in some processes and 5,120 in others). Kept, 0 in 70 of 71
+    # processes; one, in a CI run, still mapped the 20 MiB block anew (5,120 faults), as glibc does where the
+    # heap cannot grow in place: so two processes of three, and each far under a fixed small threshold's
+    kept = [_faults("keep") for _ in range(3)]
+    assert {k for k, _ in kept} == {"True"} and sum(f == 0 for _, f in kept) >= 2, kept
     # a threshold the environment sets stands, and the step's pages come back from the kernel each time
-    kept, faults = _faults("keep", MALLOC_MMAP_THRESHOLD_="131072")
-    assert kept == "False" and faults > 48 * 2**20 // 4096 // 2
+    held, faults = _faults("keep", MALLOC_MMAP_THRESHOLD_="131072")
+    assert held == "False" and faults > 48 * 2**20 // 4096 // 2
+    assert all(f <= faults // 2 for _, f in kept), (kept, faults)
 
 
 @pytest.mark.parametrize("name, value", [("GLIBC_TUNABLES", "glibc.malloc.trim_threshold=0"),
