@@ -55,6 +55,73 @@ def test_step0_record_is_the_fresh_model_on_the_first_batch(corpus):
     assert res["history"][0]["effective_words"][1] == pytest.approx(want["effective_words"])
 
 
+def _fp32_recipe(model_cfg: ModelConfig, cfg: TrainConfig, corpus) -> tuple[list[float], list[float]]:
+    """fp32 training written out with torch alone: AdamW (decay on matrices, torch's fused kernel, for the
+    same bits), gradients set to None before each backward and clipped tensor by tensor by
+    ``clip_grad_norm_``; (losses, gradient norms before clipping)."""
+    torch.manual_seed(cfg.seed)
+    model = TinyLM(model_cfg)
+    groups = [{"params": [p for p in model.parameters() if p.dim() >= 2], "weight_decay": cfg.weight_decay},
+              {"params": [p for p in model.parameters() if p.dim() < 2], "weight_decay": 0.0}]
+    opt = torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, cfg.beta2), fused=True)
+    gen, losses, norms = torch.Generator().manual_seed(cfg.seed), [], []
+    for step in range(cfg.steps):
+        x, y = batches(corpus.train, cfg.batch, model_cfg.context, gen)
+        opt.zero_grad(set_to_none=True)
+        loss = model.loss(x, y)
+        loss.backward()
+        norms.append(float(torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)))
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, cfg)
+        opt.step()
+        losses.append(loss.item())
+    return losses, norms
+
+
+@pytest.mark.parametrize("lr, clip", [(1e-2, 1.0), (3e-3, 0.05)])
+def test_fp32_training_is_adamw_with_clipping_written_out(corpus, lr, clip):
+    """The gradients live in one flat tensor and are clipped there; the recipe clips them one by one."""
+    cfg = tcfg(lr=lr, clip=clip, steps=8)
+    seen = []
+    res = train(mcfg(), cfg, corpus, on_step=lambda step, steps, info: seen.append(info))
+    want_losses, want_norms = _fp32_recipe(mcfg(), cfg, corpus)
+    assert res["status"] == "done"
+    assert [i["loss"] for i in seen] == pytest.approx(want_losses, rel=1e-6)
+    assert [i["grad_norm"] for i in seen] == pytest.approx(want_norms, rel=1e-5)
+    assert any(n > clip for n in want_norms)  # clipping acted on some step
+
+
+@pytest.mark.parametrize("max_norm", [0.1, 1e6])
+def test_one_flat_clip_is_torchs_clip_grad_norm(max_norm):
+    from attnscale.lm.train import _clip_, _one_grad_buffer
+
+    torch.manual_seed(0)
+    model, again = TinyLM(mcfg()), TinyLM(mcfg())
+    flat = _one_grad_buffer(model)
+    for p, q in zip(model.parameters(), again.parameters()):
+        p.grad.copy_(torch.randn_like(p))
+        q.grad = p.grad.clone()
+    norm = _clip_(flat, max_norm)
+    want = torch.nn.utils.clip_grad_norm_(again.parameters(), max_norm)
+    assert float(norm) == pytest.approx(float(want), rel=1e-6)
+    for p, q in zip(model.parameters(), again.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-6, atol=0)
+    assert all(p.grad.data_ptr() >= flat.data_ptr() for p in model.parameters())
+
+
+def test_the_flat_gradients_stay_the_gradients_through_steps(corpus):
+    """Autograd adds into a gradient that is there, so each parameter's .grad stays its view into the one
+    buffer, and what a step leaves there is that step's gradient alone (zeroed before each backward)."""
+    from attnscale.lm import train as T
+
+    run = T._build(mcfg(), tcfg(), None)
+    views = [p.grad for p in run.model.parameters()]
+    for step in range(3):
+        T._step(run, step, corpus)
+    assert all(p.grad is v for p, v in zip(run.model.parameters(), views))
+    assert sum(v.numel() for v in views) == run.grads.numel() and float(run.grads.abs().sum()) > 0
+
+
 def test_bf16_trains_and_records(corpus):
     res = train(mcfg(impl="explicit"), tcfg(dtype="bf16"), corpus)
     assert res["status"] == "done" and math.isfinite(res["valid_loss"])

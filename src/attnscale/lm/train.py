@@ -277,6 +277,7 @@ class _Run:
     gen: torch.Generator
     scaler: Any
     log_line: Callable[[dict[str, Any]], None] | None
+    grads: torch.Tensor  # every gradient of the model, as one flat tensor (``_one_grad_buffer``)
     compute: "_Bf16Copy | None" = None  # weights "bf16": the copy the step computes on; the model holds the masters
     history: list[dict[str, Any]] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
@@ -309,31 +310,46 @@ class _Run:
             self.compute.gradients_to_masters()
 
 
+def _one_grad_buffer(model: torch.nn.Module) -> torch.Tensor:
+    """Every parameter's gradient made a view into one flat tensor of zeros, returned: the gradients are
+    then zeroed, copied and measured in one call each. Autograd adds a step's gradient into a gradient
+    that is there (``AccumulateGrad``, in place), so the views stay the gradients from step to step."""
+    params = list(model.parameters())
+    flat = params[0].new_zeros(sum(p.numel() for p in params))
+    for p, view in zip(params, flat.split([p.numel() for p in params])):
+        p.grad = view.view_as(p)
+    return flat
+
+
+def _clip_(grads: torch.Tensor, max_norm: float) -> torch.Tensor:
+    """``torch.nn.utils.clip_grad_norm_`` on gradients that lie in one flat tensor: their 2-norm,
+    returned, and the gradients scaled by max_norm / (norm + 1e-6) where that is below 1; one norm and
+    one multiply in place of two per parameter."""
+    norm = torch.linalg.vector_norm(grads)
+    grads.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
+    return norm
+
+
 def _one_buffer(model: torch.nn.Module) -> torch.Tensor:
     """Every parameter of ``model`` made a view into one flat tensor, returned: the whole model is then
     copied, or cast, in one call."""
     params = list(model.parameters())
     flat = torch.cat([p.detach().reshape(-1) for p in params])
-    offset = 0
-    for p in params:
-        p.data = flat[offset:offset + p.numel()].view_as(p)
-        offset += p.numel()
+    for p, view in zip(params, flat.split([p.numel() for p in params])):
+        p.data = view.view_as(p)
     return flat
 
 
 class _Bf16Copy:
-    """A bf16 copy of a model's fp32 (master) weights for the step to compute on, both kept as views into
-    one flat tensor each: the copy is refreshed from the masters in one cast, and hands its gradients to
-    the masters' (kept from step to step, so clipping and the optimiser read them where they are) in one
-    call."""
+    """A bf16 copy of a model's fp32 (master) weights for the step to compute on. Weights and gradients
+    of both lie in one flat tensor each: the copy is refreshed from the masters in one cast, and hands
+    its gradients to the masters' in one more."""
 
-    def __init__(self, master: TinyLM):
-        self.master = master
-        self.master_flat = _one_buffer(master)
+    def __init__(self, master: TinyLM, master_grads: torch.Tensor):
+        self.master_flat, self.master_grads = _one_buffer(master), master_grads
         self.model = copy.deepcopy(master).to(torch.bfloat16)
         self.flat = _one_buffer(self.model)
-        for p in master.parameters():
-            p.grad = torch.zeros_like(p)
+        self.grads = _one_grad_buffer(self.model)
 
     def refresh(self) -> None:
         """The copy := the masters, cast (after each update, and after a checkpoint is loaded)."""
@@ -341,17 +357,10 @@ class _Bf16Copy:
             self.flat.copy_(self.master_flat)
 
     def gradients_to_masters(self) -> None:
-        """The masters' gradients := the copy's, in fp32; a weight the loss did not reach gets 0, as
-        the model's own would."""
-        masters, grads = [], []
-        for m, c in zip(self.master.parameters(), self.model.parameters()):
-            if c.grad is None:
-                m.grad.zero_()
-            else:
-                masters.append(m.grad)
-                grads.append(c.grad)
-        torch._foreach_copy_(masters, grads)
-        self.model.zero_grad(set_to_none=True)
+        """The masters' gradients := the copy's, in fp32 (a weight the loss did not reach: 0, as the
+        model's own would be); the copy's are zeroed for the next backward to add into."""
+        self.master_grads.copy_(self.grads)
+        self.grads.zero_()
 
 
 def _build(model_cfg: ModelConfig, cfg: TrainConfig, log_line) -> _Run:
@@ -364,7 +373,8 @@ def _build(model_cfg: ModelConfig, cfg: TrainConfig, log_line) -> _Run:
     impl = _attention_impl(cfg.attention, model_cfg, device, precision)
     torch.manual_seed(cfg.seed)
     model = TinyLM(replace(model_cfg, impl=impl)).to(device)
-    compute = _Bf16Copy(model) if cfg.weights == "bf16" and precision.autocast is torch.bfloat16 else None
+    grads = _one_grad_buffer(model)
+    compute = _Bf16Copy(model, grads) if cfg.weights == "bf16" and precision.autocast is torch.bfloat16 else None
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
@@ -374,7 +384,7 @@ def _build(model_cfg: ModelConfig, cfg: TrainConfig, log_line) -> _Run:
         lr=cfg.lr, betas=(0.9, cfg.beta2), fused=device.type in ("cpu", "cuda"),
     )
     return _Run(model_cfg, cfg, device, precision, impl, model, opt, torch.Generator().manual_seed(cfg.seed),
-                dev.grad_scaler(precision), log_line, compute)
+                dev.grad_scaler(precision), log_line, grads, compute)
 
 
 def _resume(run: _Run, ckpt: Checkpoint | None) -> tuple[int, list[str]]:
@@ -413,11 +423,11 @@ def _step(run: _Run, step: int, corpus) -> tuple[float, float, float, bool]:
         with recording(run.net, due, cfg.frozen_threshold, cfg.record_sequences) as rec, run.forward_precision():
             loss = run.net.loss(x_BT, y_BT)
         if run.compute is None:
-            run.opt.zero_grad(set_to_none=True)
+            run.grads.zero_()  # the bf16 copy's gradients were zeroed as they went to the masters
         run.scaler.scale(loss).backward()
         run.gradients_to_masters()
         run.scaler.unscale_(run.opt)  # clip the true gradients (a no-op without fp16)
-        grad_norm = torch.nn.utils.clip_grad_norm_(run.model.parameters(), cfg.clip)
+        grad_norm = _clip_(run.grads, cfg.clip)
         # a gradient is inf or NaN exactly when their norm is (the scaler's own test, for fp16)
         bad = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
         on_device = run.opt.defaults.get("fused")
