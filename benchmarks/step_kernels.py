@@ -14,8 +14,9 @@ medians of ``--rounds``:
 - the scores' softmax and the weights' product with v (B×H×T×T): the softmax in fp32 with a cast either
   side (training's path) against the softmax in bf16, whose forward gives the same bits; and the
   gradient of the scores against float64, at score spreads 1, 5 and 30 (an unscaled wide head's);
-- the gradients clipped and the bf16 copy's handed to fp32 masters: per tensor (``clip_grad_norm_`` and
-  ``_foreach_copy_``) against one flat tensor each (``lm.train._clip_``, one copy).
+- the gradients clipped and the bf16 copy's handed to fp32 masters: in one flat tensor each (training's
+  ``lm.train._clip_`` and one copy) against per tensor (``clip_grad_norm_`` and ``_foreach_copy_``, what
+  training did before).
 
 Times: CPU time of the process at one thread, wall time at more, after ``keep_freed_memory`` (as
 training runs).
@@ -109,7 +110,7 @@ def softmax_errors(s_BHTT: torch.Tensor, v_BHTD: torch.Tensor, g_BHTD: torch.Ten
 
 
 def clip_and_copy(d_model: int, vocab: int, context: int, heads: int) -> tuple[Callable[[], None], Callable[[], None]]:
-    """(per tensor, flat): clip a model's gradients to norm 1 and copy a bf16 copy's gradients into them."""
+    """(per tensor, flat): a bf16 copy's gradients copied into a model's, which are then clipped to norm 1."""
     cfg = ModelConfig(vocab_size=vocab, context=context, d_model=d_model, n_layers=2, n_heads=heads)
     per_tensor, copy_per_tensor = TinyLM(cfg), TinyLM(cfg).to(BF16)
     for model in (per_tensor, copy_per_tensor):
@@ -152,7 +153,7 @@ def comparisons(d: int, batch: int, context: int, heads: int, compiled: bool, vo
     params = sum(p.numel() for p in TinyLM(ModelConfig(vocab_size=vocab, context=context, d_model=d, n_layers=2,
                                                        n_heads=heads)).parameters())
     tensors, flat = clip_and_copy(d, vocab, context, heads)
-    yield "clip, copy", (params,), "per tensor", tensors, "flat", flat
+    yield "clip, copy", (params,), "flat", flat, "per tensor", tensors
 
 
 def main() -> None:
