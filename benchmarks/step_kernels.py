@@ -69,13 +69,14 @@ def forward_backward(fn: Callable[..., torch.Tensor], *inputs: torch.Tensor) -> 
     return lambda: fn(*inputs).backward(grad)
 
 
-def attention_chain(scores_bf16: bool) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
-    """Masked scores -> softmax -> @ v, the softmax in fp32 with casts around it (training's path) or in bf16."""
+def attention_chain(upcast: bool) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+    """Masked scores -> softmax -> @ v; ``upcast``: the softmax in fp32 with a cast either side (training's
+    path), else in the scores' own dtype."""
     def chain(s_BHTT, bias_TT, v_BHTD):
         masked = s_BHTT + bias_TT
-        if scores_bf16:
-            return torch.softmax(masked, dim=-1) @ v_BHTD
-        return torch.softmax(masked.float(), dim=-1).to(v_BHTD.dtype) @ v_BHTD
+        if upcast:
+            return torch.softmax(masked.float(), dim=-1).to(v_BHTD.dtype) @ v_BHTD
+        return torch.softmax(masked, dim=-1) @ v_BHTD
     return chain
 
 
@@ -98,8 +99,8 @@ def softmax_errors(s_BHTT: torch.Tensor, v_BHTD: torch.Tensor, g_BHTD: torch.Ten
     the same chain in float64 from the same bf16 numbers; and whether the two bf16 forwards give the same bits."""
     T_ = s_BHTT.shape[-1]
     outs, grads = {}, {}
-    for name, dtype, chain in (("fp32", BF16, attention_chain(False)), ("bf16", BF16, attention_chain(True)),
-                               ("float64", torch.float64, attention_chain(True))):
+    for name, dtype, chain in (("fp32", BF16, attention_chain(upcast=True)), ("bf16", BF16, attention_chain(upcast=False)),
+                               ("float64", torch.float64, attention_chain(upcast=False))):
         s = s_BHTT.detach().to(dtype, copy=True).requires_grad_()
         z = chain(s, causal_bias(T_, dtype), v_BHTD.to(dtype))
         z.backward(g_BHTD.to(dtype))
@@ -148,8 +149,8 @@ def comparisons(d: int, batch: int, context: int, heads: int, compiled: bool, vo
     s = torch.randn(batch, heads, context, context, dtype=BF16, requires_grad=True)
     v = torch.randn(batch, heads, context, max(1, d // heads), dtype=BF16, requires_grad=True)
     bias = causal_bias(context, BF16)
-    yield "softmax, @ v", tuple(s.shape), "fp32 softmax", forward_backward(attention_chain(False), s, bias, v), \
-        "bf16 softmax", forward_backward(attention_chain(True), s, bias, v)
+    yield "softmax, @ v", tuple(s.shape), "fp32 softmax", forward_backward(attention_chain(upcast=True), s, bias, v), \
+        "bf16 softmax", forward_backward(attention_chain(upcast=False), s, bias, v)
     params = sum(p.numel() for p in TinyLM(ModelConfig(vocab_size=vocab, context=context, d_model=d, n_layers=2,
                                                        n_heads=heads)).parameters())
     tensors, flat = clip_and_copy(d, vocab, context, heads)

@@ -52,11 +52,11 @@ def test_the_softmax_errors_are_against_the_gradient_by_hand(spread):
     s, v, g = bench.scores_for((2, 2, 16, 4), spread)
     want = _scores_gradient(s, v, g)
     errors = bench.softmax_errors(s, v, g)
-    for bf16_softmax in (False, True):
+    for upcast in (True, False):
         x = s.clone().requires_grad_()
-        z = bench.attention_chain(bf16_softmax)(x, bench.causal_bias(16, torch.bfloat16), v)
+        z = bench.attention_chain(upcast)(x, bench.causal_bias(16, torch.bfloat16), v)
         z.backward(g)
         mine = float((x.grad.double() - want).norm() / want.norm())
-        assert errors["bf16" if bf16_softmax else "fp32"] == pytest.approx(mine, rel=1e-6, abs=1e-9)
+        assert errors["fp32" if upcast else "bf16"] == pytest.approx(mine, rel=1e-6, abs=1e-9)
     assert errors["same_forward"] is True
     assert errors["fp32"] > 0  # bf16 numbers: never the float64 gradient exactly
