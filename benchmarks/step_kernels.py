@@ -40,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from step_limit import cpu_features  # noqa: E402
 from vs_nanogpt import _load  # noqa: E402
 
+from attnscale.core.attention import build_mask  # noqa: E402
 from attnscale.core.device import keep_freed_memory  # noqa: E402
 from attnscale.lm import train as T  # noqa: E402
 from attnscale.lm.model import ModelConfig, TinyLM  # noqa: E402
@@ -82,7 +83,7 @@ def attention_chain(upcast: bool) -> Callable[[torch.Tensor, torch.Tensor, torch
 
 def causal_bias(T_: int, dtype: torch.dtype) -> torch.Tensor:
     """0 where a query sees a key, -inf elsewhere (training's additive mask)."""
-    visible = torch.ones(T_, T_, dtype=torch.bool).tril()
+    visible = build_mask(T_, causal=True)[0, 0]
     return torch.zeros(T_, T_, dtype=dtype).masked_fill_(~visible, float("-inf"))
 
 

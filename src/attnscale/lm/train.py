@@ -316,8 +316,8 @@ def _one_grad_buffer(model: torch.nn.Module) -> torch.Tensor:
     that is there (``AccumulateGrad``, in place), so the views stay the gradients from step to step."""
     params = list(model.parameters())
     flat = params[0].new_zeros(sum(p.numel() for p in params))
-    for p, view in zip(params, flat.split([p.numel() for p in params])):
-        p.grad = view.view_as(p)
+    for p, view in zip(params, _views(flat, params)):
+        p.grad = view
     return flat
 
 
@@ -335,9 +335,14 @@ def _one_buffer(model: torch.nn.Module) -> torch.Tensor:
     copied, or cast, in one call."""
     params = list(model.parameters())
     flat = torch.cat([p.detach().reshape(-1) for p in params])
-    for p, view in zip(params, flat.split([p.numel() for p in params])):
-        p.data = view.view_as(p)
+    for p, view in zip(params, _views(flat, params)):
+        p.data = view
     return flat
+
+
+def _views(flat: torch.Tensor, params: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Views into ``flat``, in order, each shaped as one of ``params``."""
+    return [view.view_as(p) for p, view in zip(params, flat.split([p.numel() for p in params]))]
 
 
 class _Bf16Copy:
