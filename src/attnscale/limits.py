@@ -6,10 +6,10 @@ compute) fails at once with a ConfigError that gives the estimate and the limit,
 from the command line and from Python alike.
 
 The estimates are deliberately on the low side: memory counts only the largest
-tensors alive at once (float32), time assumes an optimistic 10^12 operations per
-second (a fast accelerator; a laptop CPU does 10^10 to 10^11). A refusal is
-therefore certain to be a request that would not have fitted, while anything
-near the limits is left to run.
+tensors alive at once (float32), time assumes a rate no laptop reaches
+(``OPS_PER_S``; measured rates: docs/speed.md). A refusal is therefore certain
+to be a request that would not have fitted, while anything near the limits is
+left to run.
 
 Limits: the machine's physical memory, and ``ATTNSCALE_MAX_HOURS`` of compute
 (default 72 hours) for one command.
@@ -26,11 +26,9 @@ __all__ = ["Estimate", "memory_limit", "hours_limit", "check", "spread_cost", "f
            "OPS_PER_S", "CPU_OPS_PER_S", "FLOAT_BYTES"]
 
 OPS_PER_S = 1e12  # optimistic on purpose: a refusal must never be a run that would have finished
-# What one training process with one thread did on a reference laptop CPU in fp32: measured on a
-# 2-core AMD EPYC (no native bf16) over the default preset's sweep, 33-38 x 10^9 operations/s of
-# ``training_cost`` at every head width from 32 to 1,024 (the lowest, 33, at width 32). The presets'
-# budgets are held to it (tests/lm/test_full_preset.py); ETAs are not: they use the rate measured on
-# the machine that trains (``runs.pace``).
+# The reference CPU's rate, one fp32 training process on one thread (measured: docs/speed.md): the
+# presets' budgets are held to it (tests/lm/test_full_preset.py); ETAs use the rate measured on the
+# machine that trains (``runs.pace``), never this one.
 CPU_OPS_PER_S = 3.3e10
 FLOAT_BYTES = 4
 DEFAULT_HOURS = 72.0
