@@ -105,6 +105,16 @@ def test_a_model_with_no_attention_fails_before_its_first_step_not_at_step_every
     assert steps == [1]  # the first forward raised: no optimizer step was taken
 
 
+def test_in_the_training_forward_a_model_with_no_attention_is_told_at_step_1_not_at_step_every():
+    model = NoAttention()
+    watch = Watch(model, every=50, in_training_forward=True)
+    steps = []
+    with pytest.raises(ConfigError, match="no attention call of NoAttention was seen in its training forward "
+                                          "before step 1"):
+        _train(model, watch, 3, before=steps.append)
+    assert steps == [1]
+
+
 def test_a_model_that_is_never_called_is_told_at_the_first_step():
     watch = Watch(_model(), every=50)
     with pytest.raises(ConfigError, match="saw no call of TinyLM.forward before step 1.*probe="):

@@ -13,7 +13,10 @@ measured with it, where a probe turns it off.
 With gradient accumulation (or a pipeline's micro-batches) a step runs several forwards, and all count: the
 i-th attention call of each forward folds into layer i's sums, as one forward on their batches concatenated
 would give. A recomputation in the backward (activation checkpointing) is no forward of the model itself and
-does not count. Between probe steps nothing is hooked and nothing costs. A ``torch.compile``d model is
+does not count. Between probe steps nothing is hooked and nothing costs, but for the first step, captured
+once so that a training forward the watch cannot read is a ``ConfigError`` at step 1, not at step ``every``.
+An error met while reducing a call is kept (``failed``) and never raised inside the training forward: the
+Watch handles it at its step as its ``on_error`` says. A ``torch.compile``d model is
 refused: its graph was compiled without the capture, which would see no call (the default probe runs the
 original module eagerly instead).
 """

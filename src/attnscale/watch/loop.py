@@ -8,6 +8,11 @@
             break
     watch.close()
 
+Every option is checked when the Watch is made (``capture.options``), and the probe is tried on the
+model once before training goes on, so a mistake is one ``ConfigError`` before step 1 (step 1 where the
+batch is only known then), never at step ``every``. A probe that fails later never ends the run unless
+``on_error="raise"``: it is said once and the watch tries again next time ("warn") or measures no more ("stop").
+
 Every ``every`` steps it runs ``measure_heads`` on a fixed probe batch: one forward
 under ``torch.no_grad`` in fp32, the model's train/eval mode put back after, so
 training never sees it. The probe is ``probe`` if given, else the first batch the
