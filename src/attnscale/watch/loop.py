@@ -126,7 +126,9 @@ class Watch:
     that forward runs; under a process group, at the first ``step``): a mistake is a ``ConfigError`` then,
     never at step ``every``. ``on_error``: what a probe that fails later, during training, does: "warn"
     (default: say it once on the ``attnscale.watch`` logger and try again at the next probe step), "stop" (say
-    it and measure no more) or "raise". Training goes on in the first two; ``failures`` lists (step, reason)."""
+    it and measure no more) or "raise". Training goes on in the first two; ``failures`` lists (step, reason).
+    Under a process group, a probe that fails on some ranks only leaves the others waiting in the probe's
+    collective until its timeout: ``on_error`` acts on each rank's own failures and cannot prevent that."""
 
     def __init__(self, model: torch.nn.Module, every: int = EVERY, probe: Any = None, sinks: Sequence[Sink] = (),
                  alerts: Sequence[Alert] | None = None, threshold: float = FROZEN_THRESHOLD, *,
