@@ -14,7 +14,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 from tiny_llama import corpus_windows, tiny_llama  # noqa: E402
 from watch_readers import tensorboard_scalars, wandb_history  # noqa: E402
 
+from transformers import TrainerCallback  # noqa: E402
+
 from attnscale.core.diagnostics import HEAD_MEASURES  # noqa: E402
+from attnscale.errors import ConfigError  # noqa: E402
 from attnscale.watch.alerts import MaxScore  # noqa: E402
 from attnscale.watch.callbacks.hf import WatchCallback  # noqa: E402
 from attnscale.watch.logs.line import read_log  # noqa: E402
@@ -110,6 +113,30 @@ def test_the_scaled_twin_runs_to_the_end(tmp_path):
 def test_bad_options_fail_when_the_callback_is_made():
     with pytest.raises(ValueError, match="every"):
         WatchCallback(every=0)
+    with pytest.raises(ConfigError, match=r"wrap it: sinks=\[JsonlSink\('watch.jsonl'\)\]"):
+        WatchCallback(sinks="watch.jsonl")
+    with pytest.raises(ConfigError, match=r"MaxScore\(tau=100\)"):
+        WatchCallback(alerts=["max_score"])
+
+
+def test_a_probe_the_model_cannot_take_fails_when_training_begins_not_at_step_every(tmp_path):
+    import torch
+
+    steps = []
+
+    class Steps(TrainerCallback):
+        def on_step_end(self, args, state, control, **kwargs):
+            steps.append(state.global_step)
+
+    ids = torch.randint(0, 50, (2, 16))
+    with pytest.raises(ConfigError, match="the probe's input_ids holds torch.float32 values"):
+        WatchCallback(every=50, probe={"input_ids": ids.float()})  # float ids: refused when made
+    callback = WatchCallback(every=50, probe={"inputs": ids})  # no such argument: found by trying it on the model
+    trainer = _trainer(tmp_path, callback, "none", steps=2)
+    trainer.add_callback(Steps())
+    with pytest.raises(ConfigError, match="probe batch does not run on LlamaForCausalLM"):
+        trainer.train()
+    assert steps == [] and trainer.state.global_step == 0
 
 
 def test_in_the_training_forward_per_layer_numbers_reach_tensorboard(tmp_path):

@@ -64,7 +64,7 @@ def test_the_default_probe_runs_one_extra_forward_a_probe():
     forwards = _counted(model)
     with Watch(model, every=2, alerts=()) as watch:
         _train(model, watch, _batches(4))
-    assert len(forwards) == 4 + 2
+    assert len(forwards) == 4 + 2 + 1  # and the probe tried once, on the first batch, before its forward
 
 
 def test_every_accumulated_forward_counts_as_one_forward_of_their_batches_together():
@@ -94,7 +94,8 @@ def test_between_probe_steps_nothing_is_hooked():
             armed.append(watch.training.armed)
             model(_batches(1)[0]).sum().backward()
             watch.step(step)
-    assert armed == [False, False, True, False, False, True]  # only before a probe step's forward
+    # before a probe step's forward, and before the first step's, where the capture is tried once
+    assert armed == [True, False, True, False, False, True]
     assert not model._forward_pre_hooks and not model._forward_hooks
 
 

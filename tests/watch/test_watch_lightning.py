@@ -102,31 +102,53 @@ def test_steps_are_optimizer_steps_under_gradient_accumulation(tmp_path):
     assert trainer.global_step == 4 and [r.step for r in read_log(tmp_path / "w.jsonl")] == [2, 4]
 
 
-def test_a_module_that_never_calls_its_forward_is_told_to_give_a_probe(tmp_path):
+def _fit_fails(inner, training_step, callback, says: str):
+    """A 2-step fit of a LightningModule around ``inner`` whose ``training_step(module, x)`` is given, with
+    ``callback`` alone; the fit must raise a ConfigError that ``says``. Returns the Trainer."""
     import lightning.pytorch as pl
     import torch
 
-    class Bypass(pl.LightningModule):  # training_step calls the inner model, not self(x)
+    class Module(pl.LightningModule):
         def __init__(self):
             super().__init__()
-            self.inner = language_model(ModelConfig(vocab_size=50, context=8, d_model=16, n_layers=1, n_heads=2), 1e-3)
+            self.inner = inner
+
+        def forward(self, x):
+            return self.inner(x)
 
         def training_step(self, batch, batch_idx):
-            return self.inner.model(batch[0]).mean()
+            return training_step(self, batch[0])
 
         def configure_optimizers(self):
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
     loader = torch.utils.data.DataLoader(Shifted(torch.randint(0, 50, (200,)), 8), batch_size=2)
-    trainer = pl.Trainer(max_steps=2, accelerator="cpu", callbacks=[WatchCallback(every=1)], logger=False,
+    trainer = pl.Trainer(max_steps=2, accelerator="cpu", callbacks=[callback], logger=False,
                          enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
-    with pytest.raises(ConfigError, match="probe="):
-        trainer.fit(Bypass(), loader)
+    with pytest.raises(ConfigError, match=says):
+        trainer.fit(Module(), loader)
+    return trainer
+
+
+def test_a_module_that_never_calls_its_forward_is_told_to_give_a_probe():
+    model = language_model(ModelConfig(vocab_size=50, context=8, d_model=16, n_layers=1, n_heads=2), 1e-3).model
+    # training_step calls the inner model, not self(x)
+    _fit_fails(model, lambda module, x: module.inner(x).mean(), WatchCallback(every=1), "probe=")
 
 
 def test_bad_options_fail_when_the_callback_is_made():
     with pytest.raises(ValueError, match="every"):
         WatchCallback(every=0)
+    with pytest.raises(ConfigError, match="tensor_parallel takes an attnscale.watch.TensorParallel"):
+        WatchCallback(tensor_parallel="tp")
+
+
+def test_a_model_with_no_attention_fails_before_the_first_step_of_the_fit():
+    import torch
+
+    trainer = _fit_fails(torch.nn.Embedding(50, 8), lambda module, x: module(x).pow(2).mean(),
+                         WatchCallback(every=50), "no attention call of Module was seen")
+    assert trainer.global_step == 0
 
 
 def test_in_the_training_forward_every_accumulated_batch_counts_and_no_forward_is_added(tmp_path):

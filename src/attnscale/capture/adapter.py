@@ -43,6 +43,14 @@ class Adapter:
     modules: str | tuple[str, ...]
     read: Callable[[nn.Module, tuple, dict, Any], AttentionCall | tuple | None]
 
+    def __post_init__(self):
+        patterns = (self.modules,) if isinstance(self.modules, str) else self.modules
+        if not isinstance(patterns, (tuple, list)) or not patterns or not all(isinstance(p, str) for p in patterns):
+            raise ConfigError(f"Adapter's modules takes a glob pattern of module names or a tuple of them, e.g. "
+                              f"'blocks.*.attn', got {self.modules!r}")
+        if not callable(self.read):
+            raise ConfigError(f"Adapter's read takes a function read(module, args, kwargs, output), got {self.read!r}")
+
 
 @contextlib.contextmanager
 def capture_adapter(model: nn.Module, on_call: OnCall, adapter: Adapter) -> Iterator[None]:

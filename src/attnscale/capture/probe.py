@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from attnscale.capture.adapter import Adapter
+from attnscale.capture.options import WatchOptions, check_batch
 from attnscale.capture.ranks import TensorParallel, reduce_sums
 from attnscale.capture.reduce import DEFAULT_MEMORY, reduce_call
 from attnscale.capture.sums import HeadSums
@@ -196,11 +197,10 @@ def measure_heads(model: nn.Module, batch: Any, *, threshold: float = FROZEN_THR
     together, in one collective (``ranks.py``); with ``tensor_parallel`` (``ranks.TensorParallel``) each rank's
     heads are read under their global index, so every rank gets every head of the group. ``route``: what
     earlier probes of this model learned."""
-    if not isinstance(memory, int) or isinstance(memory, bool) or memory < 1:
-        raise ConfigError(f"memory takes a positive number of bytes, got {memory!r}")
-    if sample_rows is not None and (not isinstance(sample_rows, int) or isinstance(sample_rows, bool) or sample_rows < 2):
-        raise ConfigError(f"sample_rows takes an integer of at least 2 (None: every row), got {sample_rows!r}")
+    WatchOptions(threshold=threshold, capture=capture, adapter=adapter, memory=memory, sample_rows=sample_rows,
+                 tensor_parallel=tensor_parallel)  # a bad option is refused here, before any forward
     model = unwrap(model)
+    check_batch(batch, model)
     route = Route() if route is None else route
     while True:
         layers = _Layers(threshold, padding_of(batch), memory, sample_rows)

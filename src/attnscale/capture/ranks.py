@@ -72,6 +72,16 @@ class TensorParallel:
     group: Any = None
     heads: dict[str, list[int]] | None = None
 
+    def __post_init__(self):
+        if self.heads is None:
+            return
+        if not isinstance(self.heads, dict) or not all(
+                isinstance(name, str) and isinstance(ix, (list, tuple)) and all(
+                    isinstance(h, int) and not isinstance(h, bool) and h >= 0 for h in ix)
+                for name, ix in self.heads.items()):
+            raise ConfigError("TensorParallel's heads takes {layer name: [the global index of each local head]}, "
+                              f"non-negative integers, got {self.heads!r}")
+
     def global_heads(self, name: str, local: int) -> list[int]:
         """The global index of each of this rank's ``local`` heads in layer ``name``."""
         if self.heads is not None and name in self.heads:

@@ -32,6 +32,9 @@ from typing import Callable, Sequence
 
 import torch
 
+from attnscale.core.diagnostics import HEAD_MEASURES
+from attnscale.errors import ConfigError
+
 __all__ = ["Firing", "Alert", "MaxScore", "Collapsed", "Frozen", "NonFinite", "Spike", "Alerts", "default_alerts",
            "ACTIONS", "LOGGER"]
 
@@ -56,9 +59,13 @@ class Firing:
                 "value": self.value, "action": self.action, "message": self.message}
 
 
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
 def _check_action(action) -> None:
-    if not (callable(action) or action in ACTIONS):
-        raise ValueError(f"an alert's action is 'warn', 'stop' or a function of one Firing, got {action!r}")
+    if not (callable(action) or (isinstance(action, str) and action in ACTIONS)):
+        raise ConfigError(f"an alert's action is 'warn', 'stop' or a function of one Firing, got {action!r}")
 
 
 @dataclass(frozen=True)
@@ -87,6 +94,17 @@ class _Threshold(Alert):
     measure = ""
     limit_field = ""
     below = False
+    # the range a limit may take: past it the alert could never fire (or would fire on every head)
+    lowest, highest, lowest_allowed = 0.0, math.inf, False
+
+    def __post_init__(self):
+        super().__post_init__()
+        limit = getattr(self, self.limit_field)
+        if not _finite(limit) or not (limit >= self.lowest if self.lowest_allowed else limit > self.lowest) \
+                or not limit < self.highest:
+            bound = (f"of at least {self.lowest:g}" if self.lowest_allowed else f"above {self.lowest:g}") + (
+                "" if self.highest == math.inf else f" and below {self.highest:g}")
+            raise ConfigError(f"{type(self).__name__}'s {self.limit_field} takes a finite number {bound}, got {limit!r}")
 
     def hits(self, layer, values_MH, rows_H, measures):
         values_H, limit = values_MH[measures.index(self.measure)], getattr(self, self.limit_field)
@@ -108,6 +126,7 @@ class MaxScore(_Threshold):
 class Collapsed(_Threshold):
     words: float = 2.0
     name, measure, limit_field, below = "collapsed", "effective_words", "words", True
+    lowest = 1.0  # a row spreads over at least one effective word
 
     def describe(self, value):
         return f"collapsed onto {value:.3g} effective words (fewer than {self.words:g})"
@@ -117,6 +136,7 @@ class Collapsed(_Threshold):
 class Frozen(_Threshold):
     limit: float = 0.5
     name, measure, limit_field = "frozen", "frozen_fraction", "limit"
+    lowest, highest, lowest_allowed = 0.0, 1.0, True  # a share: 0 fires on any frozen row, 1 never could
 
     def describe(self, value):
         return f"{100 * value:.1f}% of rows frozen (above {100 * self.limit:g}%)"
@@ -146,10 +166,15 @@ class Spike(Alert):
 
     def __post_init__(self):
         super().__post_init__()
+        if self.measure not in HEAD_MEASURES:
+            raise ConfigError(f"Spike's measure takes one of {', '.join(HEAD_MEASURES)}, got {self.measure!r}")
+        if not _finite(self.sigmas) or self.sigmas <= 0:
+            raise ConfigError(f"Spike's sigmas takes a finite positive number, got {self.sigmas!r}")
         if self.direction not in ("up", "down", "both"):
-            raise ValueError(f"Spike direction is 'up', 'down' or 'both', got {self.direction!r}")
-        if not 2 <= self.min_history <= self.window:
-            raise ValueError(f"Spike needs 2 <= min_history <= window, got {self.min_history} and {self.window}")
+            raise ConfigError(f"Spike direction is 'up', 'down' or 'both', got {self.direction!r}")
+        if not all(isinstance(n, int) and not isinstance(n, bool) for n in (self.min_history, self.window)) \
+                or not 2 <= self.min_history <= self.window:
+            raise ConfigError(f"Spike needs integers 2 <= min_history <= window, got {self.min_history!r} and {self.window!r}")
 
     def z(self, history: Sequence[float], value: float) -> float:
         """Standard deviations from the history's mean (population SD, floored at 1e-6 of |mean| and 1e-12:

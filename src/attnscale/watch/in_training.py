@@ -13,7 +13,10 @@ measured with it, where a probe turns it off.
 With gradient accumulation (or a pipeline's micro-batches) a step runs several forwards, and all count: the
 i-th attention call of each forward folds into layer i's sums, as one forward on their batches concatenated
 would give. A recomputation in the backward (activation checkpointing) is no forward of the model itself and
-does not count. Between probe steps nothing is hooked and nothing costs. A ``torch.compile``d model is
+does not count. Between probe steps nothing is hooked and nothing costs, but for the first step, captured
+once so that a training forward the watch cannot read is a ``ConfigError`` at step 1, not at step ``every``.
+An error met while reducing a call is kept (``failed``) and never raised inside the training forward: the
+Watch handles it at its step as its ``on_error`` says. A ``torch.compile``d model is
 refused: its graph was compiled without the capture, which would see no call (the default probe runs the
 original module eagerly instead).
 """
@@ -68,6 +71,7 @@ class TrainingForward:
         self.threshold, self.capture, self.adapter, self.route = threshold, capture, adapter, route
         self.memory, self.sample_rows = memory, sample_rows
         self.seconds = 0.0  # spent reducing calls inside the forwards: the watch's cost too
+        self.failed: Exception | None = None
         self._hooks: list = []
         self._open: contextlib.ExitStack | None = None
         self._reset()
@@ -78,6 +82,7 @@ class TrainingForward:
         self._seen = {"forwards": 0, "sequences": 0}
         self._padding: torch.Tensor | None = None
         self._call = 0
+        self._error: Exception | None = None
 
     @property
     def armed(self) -> bool:
@@ -100,7 +105,12 @@ class TrainingForward:
             self._seen["tokens"] = shape[1]
         self._seen["forwards"] += 1
         stack = contextlib.ExitStack()
-        stack.enter_context(capturing(self.model, self._on_call, self.capture, self.adapter, self.route))
+        try:
+            stack.enter_context(capturing(self.model, self._on_call, self.capture, self.adapter, self.route))
+        except Exception as e:  # kept for ``take``: the training forward goes on without the capture
+            self._error = self._error or e
+            stack.close()
+            return
         self._open = stack
 
     def _leave(self, module: nn.Module, args: tuple, output: Any) -> None:
@@ -109,6 +119,16 @@ class TrainingForward:
             stack.close()  # "auto" on a Hugging Face model hands its calls over here
 
     def _on_call(self, call: AttentionCall) -> None:
+        """Reduce one call; an error is kept for ``take`` (``failed``), never raised inside the training forward,
+        whose step must go on whatever the watch meets."""
+        if self._error is not None:
+            return
+        try:
+            self._reduce(call)
+        except Exception as e:
+            self._error = e
+
+    def _reduce(self, call: AttentionCall) -> None:
         start = time.perf_counter()
         i, self._call = self._call, self._call + 1
         name = call.name or f"call {i}"
@@ -128,7 +148,8 @@ class TrainingForward:
 
     def take(self) -> tuple[list[HeadSums], list[str], dict[str, int]]:
         """Disarm; the sums of every layer over the forwards since ``arm``, their names, and what the forwards
-        were ({"forwards": n, "sequences": their sequences together, "tokens": the last one's length})."""
+        were ({"forwards": n, "sequences": their sequences together, "tokens": the last one's length}).
+        ``failed`` is then the first error met in those forwards, or None."""
         for hook in self._hooks:
             hook.remove()
         self._hooks = []
@@ -136,6 +157,7 @@ class TrainingForward:
             self._open.close()
             self._open = None
         out = (self.sums, self.names, dict(self._seen))
+        self.failed = self._error
         self._reset()
         return out
 

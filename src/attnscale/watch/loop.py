@@ -8,6 +8,11 @@
             break
     watch.close()
 
+Every option is checked when the Watch is made (``capture.options``), and the probe is tried on the
+model once before training goes on, so a mistake is one ``ConfigError`` before step 1 (step 1 where the
+batch is only known then), never at step ``every``. A probe that fails later never ends the run unless
+``on_error="raise"``: it is said once and the watch tries again next time ("warn") or measures no more ("stop").
+
 Every ``every`` steps it runs ``measure_heads`` on a fixed probe batch: one forward
 under ``torch.no_grad`` in fp32, the model's train/eval mode put back after, so
 training never sees it. The probe is ``probe`` if given, else the first batch the
@@ -38,37 +43,68 @@ from __future__ import annotations
 
 import contextlib
 import time
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 
 from attnscale.capture import ranks
-from attnscale.capture.probe import Inputs, first_sequences, measure_heads, stats_of
+from attnscale.capture.options import EVERY, PROBE_SEQUENCES, WatchOptions, check_batch
+from attnscale.capture.probe import Inputs, first_sequences, measure_heads, stats_of, unwrap
 from attnscale.capture.ranks import TensorParallel
 from attnscale.capture.reduce import DEFAULT_MEMORY
 from attnscale.capture.route import Route
 from attnscale.capture.stats import HeadStats
 from attnscale.core.diagnostics import FROZEN_THRESHOLD
 from attnscale.errors import ConfigError
-from attnscale.watch.alerts import Alert, Alerts, default_alerts
-from attnscale.watch.clip.qk_clip import QKClip, check_tau
+from attnscale.watch.alerts import LOGGER, Alert, Alerts, default_alerts
+from attnscale.watch.clip.qk_clip import QKClip
 from attnscale.watch.in_training import TrainingForward
-from attnscale.watch.logs.detail import check_detail
 from attnscale.watch.logs.line import WatchLine
 from attnscale.watch.logs.sinks import Sink, scalars
-from attnscale.watch.stages import check_stage, union_of_stages
+from attnscale.watch.stages import union_of_stages
 
 __all__ = ["Watch", "EVERY", "PROBE_SEQUENCES"]
 
-EVERY = 100
-PROBE_SEQUENCES = 4
+
+def _wrap(item: Any, kind: type, example: str) -> str:
+    return f"{kind.__name__}(...)" if isinstance(item, kind) else example
+
+
+def _outputs(sinks: Any, alerts: Any) -> tuple[list[Sink], tuple[Alert, ...] | None]:
+    """The sinks and alerts as sequences of their kinds, or a ConfigError saying what to give instead: a path
+    is no sink and a name is no alert (each would fail only at the first probe, deep in the run)."""
+    sink_example = f"JsonlSink({str(sinks)!r})" if isinstance(sinks, (str, Path)) else "JsonlSink('watch.jsonl')"
+    if isinstance(sinks, (str, Path, Sink)) or not isinstance(sinks, (list, tuple)):
+        raise ConfigError(f"sinks takes a list of sinks, got {sinks!r}; wrap it: "
+                          f"sinks=[{_wrap(sinks, Sink, sink_example)}]")
+    for sink in sinks:
+        if not isinstance(sink, Sink):
+            example = f"JsonlSink({str(sink)!r})" if isinstance(sink, (str, Path)) else "JsonlSink('watch.jsonl')"
+            raise ConfigError(f"a sink is one of attnscale.watch's sinks, got {sink!r}; wrap it: sinks=[{example}]")
+    if alerts is None:
+        return list(sinks), None
+    alert_example = "MaxScore(tau=100), NonFinite()"
+    if isinstance(alerts, (str, Alert)) or not isinstance(alerts, (list, tuple)):
+        raise ConfigError(f"alerts takes a list of alerts, got {alerts!r}; give alerts=[{_wrap(alerts, Alert, alert_example)}]")
+    for alert in alerts:
+        if not isinstance(alert, Alert):
+            raise ConfigError(f"an alert is one of attnscale.watch's alerts, got {alert!r}; give e.g. "
+                              f"alerts=[{alert_example}] (or Collapsed(...), Frozen(...), Spike(...))")
+    return list(sinks), tuple(alerts)
+
+
+def _reason(e: BaseException) -> str:
+    """An exception in one line: its type and the first line of its message."""
+    text = str(e).strip().splitlines()
+    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
 class Watch:
     """Measures every head of ``model`` every ``every`` steps; see the module docstring.
 
     ``alerts``: a sequence of ``Alert`` (default ``default_alerts()``, all warning);
-    ``sinks``: where records go; ``threshold``: a row's max weight above which it is
+    ``sinks``: a sequence of ``Sink`` where records go; ``threshold``: a row's max weight above which it is
     frozen; ``capture`` and ``adapter``: how q and k are read (``measure_heads``).
     ``drop_keys``: keys of a caught dict batch that the probe leaves out (labels make an
     HF model compute a loss the probe does not need). ``qk_clip``: tau, to QK-Clip every head
@@ -83,7 +119,16 @@ class Watch:
     rank's pipeline stage (0 first), for pipeline parallelism, with ``in_training_forward``; ``layer_offset``:
     the global index of the stage's first layer (None: stages in order of ``stage``; ``stages.py``).
     ``tensor_parallel`` (``TensorParallel``): heads split over the ranks of a group, each read under its global
-    index, in the probe, in the training forward and in QK-Clip (``capture.ranks``)."""
+    index, in the probe, in the training forward and in QK-Clip (``capture.ranks``).
+
+    Every option is checked when the Watch is made (``capture.options``), and the probe is tried on the model
+    once before the first training step (at once if ``probe`` is given, else on the first batch caught, before
+    that forward runs; under a process group, at the first ``step``): a mistake is a ``ConfigError`` then,
+    never at step ``every``. ``on_error``: what a probe that fails later, during training, does: "warn"
+    (default: say it once on the ``attnscale.watch`` logger and try again at the next probe step), "stop" (say
+    it and measure no more) or "raise". Training goes on in the first two; ``failures`` lists (step, reason).
+    Under a process group, a probe that fails on some ranks only leaves the others waiting in the probe's
+    collective until its timeout: ``on_error`` acts on each rank's own failures and cannot prevent that."""
 
     def __init__(self, model: torch.nn.Module, every: int = EVERY, probe: Any = None, sinks: Sequence[Sink] = (),
                  alerts: Sequence[Alert] | None = None, threshold: float = FROZEN_THRESHOLD, *,
@@ -91,54 +136,78 @@ class Watch:
                  drop_keys: Sequence[str] = ("labels",), qk_clip: float | None = None, memory: int = DEFAULT_MEMORY,
                  sample_rows: int | None = None, detail: str = "heads", in_training_forward: bool = False,
                  stage: int | None = None, layer_offset: int | None = None,
-                 tensor_parallel: TensorParallel | None = None):
-        self.check(every, threshold, probe_sequences, qk_clip, memory, sample_rows, detail=detail,
-                   in_training_forward=in_training_forward, stage=stage, layer_offset=layer_offset, probe=probe,
-                   tensor_parallel=tensor_parallel)
+                 tensor_parallel: TensorParallel | None = None, on_error: str = "warn"):
+        if not isinstance(model, torch.nn.Module):
+            raise ConfigError(f"Watch takes the torch.nn.Module being trained, got {type(model).__name__}")
+        self.options = WatchOptions(
+            every=every, threshold=threshold, probe_sequences=probe_sequences, capture=capture, adapter=adapter,
+            drop_keys=tuple(drop_keys) if isinstance(drop_keys, (list, tuple)) else drop_keys, qk_clip=qk_clip,
+            memory=memory, sample_rows=sample_rows, detail=detail, in_training_forward=in_training_forward,
+            stage=stage, layer_offset=layer_offset, tensor_parallel=tensor_parallel, on_error=on_error, probe=probe)
+        self.sinks, alerts = _outputs(sinks, alerts)
         self.memory, self.sample_rows, self.route, self.tensor_parallel = memory, sample_rows, Route(), tensor_parallel
-        self.model, self.every, self.threshold, self.detail = model, every, threshold, detail
-        self.sinks = list(sinks)
+        self.model, self.every, self.threshold, self.detail, self.on_error = model, every, threshold, detail, on_error
         for sink in self.sinks:  # a sink made without a detail writes the watch's
             if getattr(sink, "detail", "") is None:
                 sink.detail = detail
         self.alerts = Alerts(default_alerts() if alerts is None else alerts)
         self.probe_sequences, self.capture, self.adapter = probe_sequences, capture, adapter
-        self.drop_keys = tuple(drop_keys)
-        self.probe = None if probe is None else first_sequences(probe, probe_sequences)
+        self.drop_keys = self.options.drop_keys
         self.stage, self.layer_offset = stage, layer_offset
         self.seconds = 0.0  # the watch's own time: probes, alerts and sinks
+        self.failures: list[tuple[int, str]] = []  # (step, reason) of each probe that failed during training
+        self.measuring = True  # False once a failed probe stopped the watch (on_error="stop")
         self._started: float | None = None
+        self._tried = False  # the probe has run once on the model
+        self._closed = False
+        self.clip = None
+        self.training = None
+        self._hook = None
+        self.probe = None if probe is None else first_sequences(probe, probe_sequences)
+        if self.probe is not None:
+            self._try()
         self.training = (TrainingForward(model, threshold, capture, adapter, memory, sample_rows, self.route)
                          if in_training_forward else None)
         catch = self.probe is None and self.training is None
         self._hook = model.register_forward_pre_hook(self._catch, with_kwargs=True) if catch else None
         self.clip = None if qk_clip is None else QKClip(model, qk_clip, capture, adapter, memory, tensor_parallel)
-        self._closed = False
         self.expect(1)
 
     @staticmethod
     def check(every: int, threshold: float, probe_sequences: int, qk_clip: float | None = None,
               memory: int = DEFAULT_MEMORY, sample_rows: int | None = None, *, detail: str = "heads",
               in_training_forward: bool = False, stage: int | None = None, layer_offset: int | None = None,
-              probe: Any = None, tensor_parallel: Any = None) -> None:
-        """Raise ValueError naming the option, for options no watch can run with."""
-        if tensor_parallel is not None and not isinstance(tensor_parallel, TensorParallel):
-            raise ValueError(f"tensor_parallel takes an attnscale.watch.TensorParallel, got {type(tensor_parallel).__name__}")
-        if qk_clip is not None:
-            check_tau(qk_clip)
-        for name, value in (("every", every), ("probe_sequences", probe_sequences), ("memory", memory)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{name} takes a positive integer, got {value!r}")
-        if sample_rows is not None and (not isinstance(sample_rows, int) or isinstance(sample_rows, bool) or sample_rows < 2):
-            raise ValueError(f"sample_rows takes an integer of at least 2 (None: every row), got {sample_rows!r}")
-        if not 0 < threshold < 1:
-            raise ValueError(f"threshold takes a number between 0 and 1, got {threshold!r}")
-        check_detail(detail)
-        if not isinstance(in_training_forward, bool):
-            raise ValueError(f"in_training_forward takes True or False, got {in_training_forward!r}")
-        if in_training_forward and probe is not None:
-            raise ValueError("in_training_forward=True measures the training forward's own batches: give no probe=")
-        check_stage(stage, layer_offset, in_training_forward)
+              probe: Any = None, tensor_parallel: Any = None, sinks: Any = (), alerts: Any = None,
+              capture: str = "auto", adapter: Any = None, drop_keys: Any = ("labels",),
+              on_error: str = "warn") -> None:
+        """A ConfigError naming the option, for options no watch can run with (``capture.options``, and the
+        sinks and alerts of their kinds)."""
+        WatchOptions(every=every, threshold=threshold, probe_sequences=probe_sequences, capture=capture,
+                     adapter=adapter, drop_keys=tuple(drop_keys) if isinstance(drop_keys, (list, tuple)) else drop_keys,
+                     qk_clip=qk_clip, memory=memory, sample_rows=sample_rows, detail=detail,
+                     in_training_forward=in_training_forward, stage=stage, layer_offset=layer_offset,
+                     tensor_parallel=tensor_parallel, on_error=on_error, probe=probe)
+        _outputs(sinks, alerts)
+
+    def _probe(self, across_ranks: bool) -> HeadStats:
+        with self.clip.paused() if self.clip is not None else contextlib.nullcontext():  # a probe is no training step
+            return measure_heads(self.model, self.probe, threshold=self.threshold, capture=self.capture,
+                                 adapter=self.adapter, across_ranks=across_ranks, memory=self.memory,
+                                 sample_rows=self.sample_rows, route=self.route, tensor_parallel=self.tensor_parallel)
+
+    def _try(self) -> None:
+        """Run the probe on the model once, so that a probe the model cannot take, or a model whose attention
+        cannot be read, is a ConfigError now, before training, not at step ``every``."""
+        name = type(unwrap(self.model)).__name__
+        check_batch(self.probe, unwrap(self.model))
+        try:
+            self._probe(across_ranks=False)  # no collective: ranks may try at different times
+        except ConfigError:
+            raise
+        except Exception as e:
+            raise ConfigError(f"the watch's probe batch does not run on {name} ({_reason(e)}); give probe= a batch "
+                              "its forward takes, or leave probe out to use the first training batch") from e
+        self._tried = True
 
     @property
     def should_stop(self) -> bool:
@@ -148,20 +217,24 @@ class Watch:
     @torch.compiler.disable  # a compiled model's first call: the batch is kept outside the graph
     def _catch(self, module, args, kwargs):
         """Forward pre-hook: keep the first batch as the probe, as the model was given it (positional and
-        keyword arguments, so a padding mask stays with its ids), then remove the hook."""
+        keyword arguments, so a padding mask stays with its ids), then remove the hook and try the probe
+        before this first forward runs (in one process; under a process group ``step`` tries it)."""
         kept = {k: v for k, v in kwargs.items() if k not in self.drop_keys}
         batch = args[0] if len(args) == 1 and not kept and torch.is_tensor(args[0]) else Inputs(tuple(args), kept)
-        self.probe = first_sequences(batch, self.probe_sequences)
         self._hook.remove()
         self._hook = None
+        self.probe = first_sequences(batch, self.probe_sequences)
+        if not ranks.active():
+            self._try()
 
     def expect(self, step: int) -> None:
         """The next ``step`` call will be for ``step``: with ``in_training_forward``, arm the capture of its
-        forwards if it is a probe step, else disarm it. ``step`` does this for the step after its own, the Watch
-        for step 1; a loop that resumes at step s calls ``expect(s + 1)`` before its first forward."""
+        forwards if it is a probe step (or the first step, where the capture is tried), else disarm it. ``step``
+        does this for the step after its own, the Watch for step 1; a loop that resumes at step s calls
+        ``expect(s + 1)`` before its first forward."""
         if self.training is None:
             return
-        if step % self.every == 0:
+        if self.measuring and (step % self.every == 0 or not self._tried):
             self.training.arm()
         elif self.training.armed:
             self.training.take()  # forwards of no probe step: dropped
@@ -169,18 +242,29 @@ class Watch:
     def step(self, step: int) -> dict[str, float] | None:
         """Call after the optimizer step. With QK-Clip, clip every head the step's forward took past tau.
         At a probe step (a multiple of ``every``), measure, check the alerts, write the record to every
-        sink and return its flat numbers (as ``detail`` says); else return None."""
+        sink and return its flat numbers (as ``detail`` says); else return None. A probe that fails does as
+        ``on_error`` says, once the probe has run on the model; the first try raises whatever it is."""
         now = time.perf_counter()
         if self._started is None:
             self._started = now
         if self.clip is not None:
             self.clip.step()
-        measured = self._measure(step)
-        if measured is None:
-            if self.clip is not None:
-                self.seconds += time.perf_counter() - now
-            return None
-        stats, probe, inside = measured
+        inside = 0.0
+        try:
+            measured = self._measure(step) if self.measuring else None
+            if measured is not None:
+                inside = measured[2]
+                record = self._record(step, *measured, now)
+        except Exception as e:
+            if not self._tried or self.on_error == "raise":
+                raise
+            self._failed(step, e)
+            measured = None
+        self.seconds += time.perf_counter() - now + inside  # sinks included: they are the watch's cost too
+        return None if measured is None else scalars(record, self.detail)
+
+    def _record(self, step: int, stats: HeadStats, probe: dict[str, int], inside: float, now: float) -> WatchLine:
+        """The probe step's record, its alerts checked and said, written to every sink (rank 0's)."""
         writer = ranks.rank() == 0  # under DDP every rank probes, and rank 0 alone writes
         fired = self.alerts.check(stats, step, say=writer)
         seconds = time.perf_counter() - now + inside
@@ -194,52 +278,92 @@ class Watch:
             bias=stats.bias_LH2.tolist() if stats.bias_LH2 is not None else [])
         for sink in self.sinks if writer else ():
             sink.write(record)
-        self.seconds += time.perf_counter() - now + inside  # sinks included: they are the watch's cost too
-        return scalars(record, self.detail)
+        return record
+
+    def _failed(self, step: int, e: Exception) -> None:
+        """A probe that failed during training: said once per reason, and the watch goes on or stops measuring."""
+        reason = _reason(e)
+        said = any(r == reason for _, r in self.failures)
+        self.failures.append((step, reason))
+        if self.on_error == "stop":
+            self.measuring = False
+            if self.training is not None:
+                self.training.take()
+        if not said or self.on_error == "stop":
+            then = ("it measures no more (on_error='stop'); training goes on" if self.on_error == "stop" else
+                    "training goes on and the watch tries again at its next probe step (on_error='warn')")
+            LOGGER.warning(f"the watch's probe failed at step {step} ({reason}); {then}")
 
     def _measure(self, step: int) -> tuple[HeadStats, dict[str, int], float] | None:
         """At a probe step: (the numbers, what was measured, seconds spent inside the training forwards), else None."""
         if self.training is not None:
-            due = step % self.every == 0
-            taken = self.training.take() if due else None
-            inside, self.training.seconds = self.training.seconds, 0.0
-            self.expect(step + 1)
-            return None if taken is None else (*self._in_training(step, *taken), inside)
-        if step % self.every or self.probe is None:
+            return self._measure_in_training(step)
+        if self.probe is None:
+            model = type(unwrap(self.model)).__name__
+            raise ConfigError(f"the watch saw no call of {model}.forward before step {step}: it probes the first "
+                              "batch that forward takes; give probe= a batch it takes (or call the model you gave "
+                              "the watch)")
+        if not self._tried:
+            self._try()  # under a process group: every rank at the same step
+        if step % self.every:
             return None
-        with self.clip.paused() if self.clip is not None else contextlib.nullcontext():  # a probe is no training step
-            stats = measure_heads(self.model, self.probe, threshold=self.threshold, capture=self.capture,
-                                  adapter=self.adapter, across_ranks=True, memory=self.memory,
-                                  sample_rows=self.sample_rows, route=self.route, tensor_parallel=self.tensor_parallel)
-        return stats, self._probe_shape(), 0.0
+        return self._probe(across_ranks=True), self._probe_shape(), 0.0
 
-    def _in_training(self, step: int, sums: list, names: list[str], seen: dict[str, int]) -> tuple[HeadStats, dict]:
-        """The training forwards' sums as the numbers of the whole model: every stage's layers under pipeline
-        parallelism, every rank's batches under data parallelism."""
+    def _measure_in_training(self, step: int) -> tuple[HeadStats, dict[str, int], float] | None:
+        """``_measure`` from the step's own forwards; the first step's are taken even off the cadence, to check
+        once that the training forward can be read."""
+        due = step % self.every == 0
+        try:
+            taken = self.training.take() if due or not self._tried else None
+            inside, self.training.seconds = self.training.seconds, 0.0
+            if taken is not None and self.training.failed is not None:
+                raise self.training.failed  # an error inside a forward, kept there so that the forward went on
+            if not self._tried:
+                self._check_seen(step, *taken)
+                self._tried = True
+        finally:
+            self.expect(step + 1)
+        return (*self._in_training(step, *taken), inside) if due else None
+
+    def _check_seen(self, step: int, sums: list, names: list[str], seen: dict[str, int]) -> None:
         model = type(self.training.model).__name__
         if not seen["forwards"]:
             raise ConfigError(f"the watch saw no training forward of {model}.forward before step {step} "
                               "(in_training_forward measures the forwards of the model it was given, in train mode "
                               "with gradients on); call that model in the step, or leave in_training_forward off")
+        if not sums and self.stage is None:  # a pipeline stage may hold no attention layer of its own
+            raise ConfigError(f"no attention call of {model} was seen in its training forward before step {step} "
+                              f"(capture {self.capture!r}; a torch.compile'd submodule hides its calls); see "
+                              "attnscale.capture.route for what can be read")
+
+    def _in_training(self, step: int, sums: list, names: list[str], seen: dict[str, int]) -> tuple[HeadStats, dict]:
+        """The training forwards' sums as the numbers of the whole model: every stage's layers under pipeline
+        parallelism, every rank's batches under data parallelism."""
+        self._check_seen(step, sums, names, seen)
         if self.stage is not None:
             sums, names = union_of_stages(sums, names, self.stage, self.layer_offset, self.threshold)
         elif sums:
             ranks.reduce_sums(sums, names, self.tensor_parallel)
         if not sums:
-            raise ConfigError(f"no attention call of {model} was seen in its training forward before step {step} "
-                              f"(capture {self.capture!r}; a torch.compile'd submodule hides its calls); see "
-                              "attnscale.capture.route for what can be read")
-        shape = dict(seen)
-        return stats_of(sums, names, self.sample_rows), shape if self.sample_rows is None else {
-            **shape, "sampled_rows": self.sample_rows}
+            model = type(self.training.model).__name__
+            raise ConfigError(f"no attention call of any pipeline stage of {model} was seen before step {step} "
+                              f"(capture {self.capture!r}); see attnscale.capture.route for what can be read")
+        return stats_of(sums, names, self.sample_rows), self._sampled(dict(seen))
+
+    def _sampled(self, shape: dict[str, int]) -> dict[str, int]:
+        """What a probe measured, with the query rows of each sequence really sampled: ``sample_rows`` or,
+        where the sequences are shorter, all their rows."""
+        if self.sample_rows is None:
+            return shape
+        tokens = shape.get("tokens")
+        return {**shape, "sampled_rows": self.sample_rows if tokens is None else min(self.sample_rows, tokens)}
 
     def _probe_shape(self) -> dict[str, int]:
         p = self.probe
         values = ([p] if torch.is_tensor(p) else list(p.args) + list(p.kwargs.values()) if isinstance(p, Inputs)
                   else list(p.values()) if isinstance(p, dict) else list(p))
         ids = next((v for v in values if torch.is_tensor(v) and v.ndim >= 2), None)
-        shape = {} if ids is None else {"sequences": int(ids.shape[0]), "tokens": int(ids.shape[1])}
-        return shape if self.sample_rows is None else {**shape, "sampled_rows": self.sample_rows}
+        return self._sampled({} if ids is None else {"sequences": int(ids.shape[0]), "tokens": int(ids.shape[1])})
 
     def close(self) -> None:
         """Flush and close every sink and remove the probe hook; closing twice does nothing."""

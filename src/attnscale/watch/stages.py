@@ -26,6 +26,7 @@ import math
 import torch
 
 from attnscale.capture import ranks
+from attnscale.capture.options import WatchOptions
 from attnscale.capture.sums import HeadSums
 from attnscale.errors import ConfigError
 
@@ -33,14 +34,8 @@ __all__ = ["check_stage", "union_of_stages"]
 
 
 def check_stage(stage, layer_offset, in_training_forward: bool) -> None:
-    """ValueError naming the option, for pipeline options no watch can run with."""
-    for name, value in (("stage", stage), ("layer_offset", layer_offset)):
-        if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
-            raise ValueError(f"{name} takes a non-negative integer (None: no pipeline), got {value!r}")
-    if layer_offset is not None and stage is None:
-        raise ValueError("layer_offset places a pipeline stage's layers: give stage= too")
-    if stage is not None and not in_training_forward:
-        raise ValueError("a pipeline stage cannot run a whole-model probe: give in_training_forward=True with stage=")
+    """A ConfigError naming the option, for pipeline options no watch can run with (``capture.options``)."""
+    WatchOptions(stage=stage, layer_offset=layer_offset, in_training_forward=in_training_forward)
 
 
 def _key(stage: int, offset: int | None, i: int) -> tuple[int, ...]:

@@ -9,7 +9,9 @@ each translate their framework's events into these four calls, and only that:
     finish()          when training ends: the sinks are flushed and closed
 
 Their options are ``Watch``'s, checked when the callback is made, so a bad option
-fails at the line that wrote it, not minutes later inside ``fit``/``train``.
+fails at the line that wrote it, not minutes later inside ``fit``/``train``; the probe
+is tried on the model when training begins (a given ``probe=``) or on the first batch,
+before its forward runs, so a probe the model cannot take ends the run before step 1.
 """
 
 from __future__ import annotations
@@ -32,17 +34,16 @@ class Attached:
     def __init__(self, every: int = EVERY, probe: Any = None, sinks: Sequence[Sink] = (),
                  alerts: Sequence[Alert] | None = None, threshold: float = FROZEN_THRESHOLD, *,
                  probe_sequences: int = PROBE_SEQUENCES, capture: str = "auto", adapter: Callable | None = None,
-                 qk_clip: float | None = None, memory: int = DEFAULT_MEMORY, sample_rows: int | None = None,
-                 detail: str = "heads", in_training_forward: bool = False, stage: int | None = None,
-                 layer_offset: int | None = None, tensor_parallel=None):
+                 drop_keys: Sequence[str] = ("labels",), qk_clip: float | None = None, memory: int = DEFAULT_MEMORY,
+                 sample_rows: int | None = None, detail: str = "heads", in_training_forward: bool = False,
+                 stage: int | None = None, layer_offset: int | None = None, tensor_parallel=None,
+                 on_error: str = "warn"):
         self.options = dict(every=every, probe=probe, sinks=sinks, alerts=alerts, threshold=threshold,
-                            probe_sequences=probe_sequences, capture=capture, adapter=adapter, qk_clip=qk_clip,
-                            memory=memory, sample_rows=sample_rows, detail=detail,
+                            probe_sequences=probe_sequences, capture=capture, adapter=adapter, drop_keys=drop_keys,
+                            qk_clip=qk_clip, memory=memory, sample_rows=sample_rows, detail=detail,
                             in_training_forward=in_training_forward, stage=stage, layer_offset=layer_offset,
-                            tensor_parallel=tensor_parallel)
-        Watch.check(every, threshold, probe_sequences, qk_clip, memory, sample_rows, detail=detail,
-                    in_training_forward=in_training_forward, stage=stage, layer_offset=layer_offset,
-                    probe=probe, tensor_parallel=tensor_parallel)  # a bad option fails here, not at train()
+                            tensor_parallel=tensor_parallel, on_error=on_error)
+        Watch.check(**self.options)  # a bad option fails here, not at train()
         self.watch: Watch | None = None
         self.latest: tuple[int, dict[str, float]] | None = None
 

@@ -31,7 +31,6 @@ try:
 except ImportError:  # pragma: no cover - the extra is missing
     raise ImportError("attnscale.watch.callbacks.lightning needs lightning; install the extra from the clone: pip install -e '.[watch]'") from None
 
-from attnscale.errors import ConfigError
 from attnscale.watch.callbacks.attach import Attached
 
 __all__ = ["WatchCallback"]
@@ -56,9 +55,6 @@ class WatchCallback(Attached, Callback):
         if step == self._last_step:  # no optimizer step in this batch (gradient accumulation)
             return
         self._last_step = step
-        if self.watch.probe is None and self.watch.training is None:
-            raise ConfigError(f"the watch saw no call of {type(pl_module).__name__}.forward in the first training step; "
-                              "pass WatchCallback(probe=...) a batch that forward takes")
         numbers = self.after_step(step)
         if numbers is not None and self.report:
             for logger in trainer.loggers:

@@ -16,21 +16,15 @@ head whatever the detail: ``attnscale watch-report`` reads it, and any layer's h
 
 from __future__ import annotations
 
+from attnscale.capture.options import DETAILS, check_detail
 from attnscale.core.diagnostics import reduce_heads
 from attnscale.watch.logs.line import WatchLine
 
 __all__ = ["DETAILS", "LAYER_REDUCTIONS", "check_detail", "layer_table"]
 
-DETAILS = ("heads", "layers", "summary")
 # measure -> how a layer's heads become one number; "rows": the mean weighted by the rows each head counted
 LAYER_REDUCTIONS = {"max_score": "max", "effective_words": "min", "frozen_fraction": "rows", "bias_min": "min",
                     "bias_max": "max", "gamma": "min", "s_max": "max"}
-
-
-def check_detail(detail) -> None:
-    """ValueError naming the option, for a detail no logger takes."""
-    if detail not in DETAILS:
-        raise ValueError(f"detail takes one of {', '.join(map(repr, DETAILS))}, got {detail!r}")
 
 
 def _present(x):
