@@ -189,32 +189,12 @@ class Spike(Alert):
 
 
 def default_alerts(action: str | Callable[[Firing], None] = "warn") -> tuple[Alert, ...]:
-    """The rule the divergence study chose for both of its model families (``attnscale warn-study``; its
-    numbers: docs/warn-study.json): ``NonFinite`` alone, with one action ("warn" unless told).
+    """``NonFinite`` alone, with one action ("warn" unless told): a NaN or inf score is a broken run
+    whatever else is true, so it is the one alert that needs no study to stand on.
 
-    The tiny LM family: the study trained the tiny LM 400 times (unscaled and 1/sqrt(d), post-LN and pre-LN, warm-up 0 and
-    20 steps, learning rates 3e-3 to 3e-1, 10 seeds), a probe every 5 steps, and chose each alert's
-    threshold on seeds 0, 2, 4, 6, 8 for at most 5% false alarms. No threshold of ``MaxScore`` (up to
-    3·10^5), ``Collapsed`` (down to 1.001 words) or ``Frozen`` (up to 0.999) stayed that quiet, since
-    healthy runs' heads reach such values too, and ``Spike`` on a head's max score warned no broken run
-    at any threshold: so those are opt-in. Together, the former defaults (``MaxScore(tau=100)``,
-    ``Collapsed(words=2)``, ``Frozen(0.5)``, ``NonFinite()``, ``Spike()``) warned 76 of 79 held-out broken
-    runs, a median 14 steps ahead, but fired on 102 of the 121 held-out healthy runs (84% [77%, 90%]).
-
-    Measured on the held-out seeds 1, 3, 5, 7, 9: NonFinite fired on 0 of 121 healthy runs (0% [0%, 3%],
-    95% Wilson) and, since no run's loss or scores went NaN or inf (every break there was a run ending
-    on the unigram plateau), warned 0 of 79 broken runs (0% [0%, 5%]): no lead time was measured. A NaN
-    means the run is broken, so ``default_alerts("stop")`` is safe in that sense, but the study cannot
-    show its false alarms below 1% (the interval reaches 3%), so "warn" stays the default.
-
-    The Llama under the HF Trainer family: a Llama of hidden size 64 (2 layers, 4 heads of width 16, no
-    qk-norm) trained 120 times by transformers' Trainer (400 steps, warm-up 0 and 40, learning rates 1e-2
-    to 1.6e-1 by factors of 2, 12 seeds), a ``WatchCallback`` probe every 5 steps, thresholds chosen on
-    the even seeds. It chose the same rule: NonFinite fired on 0 of 51 healthy runs of the held-out seeds
-    (0% [0%, 7%]) and warned 0 of 9 broken runs (0% [0%, 30%]), none having gone NaN. ``MaxScore``'s lowest
-    threshold under 5% false alarms (10^5) and ``Spike``'s (15 SDs) warned no broken run of the choosing
-    seeds, ``Collapsed`` and ``Frozen`` had none, and the former defaults together fired on all 51
-    held-out healthy runs."""
+    The attention alerts (``MaxScore``, ``Collapsed``, ``Frozen``, ``Spike``) stay opt-in until the divergence
+    study (``attnscale warn-study``, docs/warn-study.md) judges them on runs that learn and then break: its
+    first round had almost no such runs, so it could show neither that they warn early nor that they don't."""
     return (NonFinite(action),)
 
 
