@@ -3,6 +3,7 @@ through the runs/ layer (records, resume, the report section), the analysis on h
 chosen on half the seeds, rates read on the other half), bad input, and the section's figures."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -247,6 +248,8 @@ def test_the_pilot_is_the_recipe_on_seeds_outside_the_study():
         ws.PilotConfig(seeds=(3, 100))
     with pytest.raises(ConfigError, match="unknown pilot arm 'qk-maybe'"):
         ws.PilotConfig(arms=("qk-maybe",))
+    with pytest.raises(ConfigError, match="the pilot reads the loss at every step: train record_every must be 1"):
+        ws.PilotConfig(train=replace(ws.recipe_train(), record_every=10))
 
 
 def test_the_rungs_chosen_are_those_nearest_half_within_thirty_to_seventy_percent():

@@ -31,6 +31,11 @@ run length were set by a pilot on seeds 100 and 101, outside the study (300 step
 plateau, with or without a warm-up): 400 steps give the rise room to happen mid-run, and the factor-2
 ladder puts three rungs around that edge. The named run did not bear the design out: 12 of its 14
 breaks, and every one on a held-out seed, are again runs that never left the plateau (README).
+
+The recipe's pilot (``PilotConfig``, ``run_pilot``; ``attnscale warn-study --pilot``) is the first step of
+the study that replaces it (docs/warn-study.md): Wortsman et al. 2023's small-scale recipe in four arms
+(qk-norm off/on × z-loss 0/1e-4) over a learning-rate ladder, on seeds outside the study's, judged by
+``analysis.outcomes``; it picks the rungs where runs learn and then break mid-run.
 """
 
 from __future__ import annotations
@@ -304,6 +309,9 @@ class PilotConfig(TrainingConfig):
             values = getattr(self, name)
             if not values or len(set(values)) != len(values):
                 raise ConfigError(f"warn-study pilot {name} must be a non-empty list without repeats, got {list(values)}")
+        if self.train.record_every != 1:
+            raise ConfigError(f"the pilot reads the loss at every step: train record_every must be 1, "
+                              f"got {self.train.record_every}")
         inside = sorted(set(self.seeds) & set(STUDY_SEEDS))
         if inside:
             raise ConfigError(f"pilot seeds must lie outside the study's seeds 0–{STUDY_SEEDS[-1]}, got {inside}; "
