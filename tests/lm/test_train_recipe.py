@@ -103,3 +103,11 @@ def test_the_recipes_defaults_change_nothing(corpus):
 def test_bad_recipe_values_say_what_is_wrong(kw):
     with pytest.raises(ConfigError, match="train (z_loss|independent_wd)"):
         TrainConfig(**kw)
+
+
+def test_the_llama_family_refuses_the_knobs_it_would_ignore():
+    from attnscale.lm.hf_family import check_train
+
+    check_train(TrainConfig(checkpoint_every=0))  # the defaults pass
+    with pytest.raises(ConfigError, match="leave z_loss, independent_wd at the defaults"):
+        check_train(TrainConfig(checkpoint_every=0, z_loss=1e-4, independent_wd=True))
