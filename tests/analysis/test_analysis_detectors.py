@@ -336,6 +336,7 @@ def test_log_z_drift_counts_either_direction():
     points = [(0, 4.5), (10, 4.0), (20, 2.5), (30, 7.0)]
     assert det.log_z_drift_alarm(points, 2) == 30  # |2.5 − 4.5| = 2 is not more than 2; |7 − 4.5| = 2.5 is
     assert det.log_z_drift_alarm(points, 1.5) == 20
+    assert det.log_z_drift_alarm([(0, math.nan), (10, math.inf)], 1.5, start=5) == 10  # no reference: still fires
 
 
 def test_the_loss_spike_detector_by_hand():

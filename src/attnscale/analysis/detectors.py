@@ -405,21 +405,21 @@ def entropy_collapse_alarm(points, fraction: float, start: int = 0) -> int | Non
     """The first probe whose lowest head's attention entropy is below ``fraction`` of its value at the
     run's first probe (entropy collapse: Zhai et al. 2023)."""
     ref = _reference(points)
-    return None if ref is None else _first(points, lambda v: v < fraction * ref, start)
+    return _first(points, lambda v: ref is not None and v < fraction * ref, start)
 
 
 def qk_rms_growth_alarm(points, factor: float, start: int = 0) -> int | None:
     """The first probe whose largest q or k projection weight RMS is above ``factor`` times its value
     at the first probe (the growth Wortsman et al. 2023 see behind attention-logit divergence)."""
     ref = _reference(points)
-    return None if ref is None else _first(points, lambda v: v > factor * ref, start)
+    return _first(points, lambda v: ref is not None and v > factor * ref, start)
 
 
 def log_z_drift_alarm(points, nats: float, start: int = 0) -> int | None:
     """The first probe whose mean log Z of the output logits has moved more than ``nats`` from its value
     at the first probe, either way (output-logit divergence, which z-loss holds back)."""
     ref = _reference(points)
-    return None if ref is None else _first(points, lambda v: abs(v - ref) > nats, start)
+    return _first(points, lambda v: ref is not None and abs(v - ref) > nats, start)
 
 
 def spike_alarm(points, sigmas: float, window: int, start: int = 0, min_history: int = SPIKE_MIN) -> int | None:

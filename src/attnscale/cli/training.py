@@ -289,7 +289,8 @@ def add_warn_study(sub) -> None:
     p.add_argument("--pilot", action="store_true",
                    help="the recipe's pilot instead (Wortsman et al. 2023: pre-LN, AdamW 0.9/0.95, independent weight "
                         "decay, constant rate after a warm-up; qk-norm off/on × z-loss 0/1e-4) on seeds outside the "
-                        "study: per rung, the qk-norm-off runs that learnt, then broke mid-run (run ids 'pilot-')")
+                        "study: per rung, the qk-norm-off runs that learnt, then broke mid-run (run ids 'pilot-'); "
+                        "with --quick 8 runs of 40 steps, a smoke check")
     training_options(p, "attnscale-out/warn-study",
                      quick="the smoke size: 4 runs a family, a check that the study works, not a measurement")
     jobs_option(p)
