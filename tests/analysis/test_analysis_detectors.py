@@ -429,3 +429,16 @@ def test_the_auc_by_hand_and_its_seed_interval():
     assert got == {"auc": 1.0, "ci": (1.0, 1.0)}
     mixed = det.auc_interval([(0, 0.9, True), (0, 0.2, False), (1, 0.1, True), (1, 0.6, False)])
     assert mixed["auc"] == pytest.approx(0.5) and mixed["ci"][0] < 0.5 < mixed["ci"][1]
+
+
+def test_the_threshold_chosen_has_the_most_hits_under_the_false_alarm_limit():
+    def runs(alarms):  # two breaks at 500, two runs that held 100 … 1,100 (2,000 at-risk steps)
+        return [det.Watched(s, 100, 1100 if s > 1 else 500, 500 if s < 2 else None, a) for s, a in enumerate(alarms)]
+
+    by = {10: runs([200, 300, 900, None]),  # 2 hits, 1 false alarm: 0.5 per 1,000 steps
+          30: runs([400, 450, None, None]),  # 2 hits (leads 100, 50), none false
+          100: runs([300, None, None, None]),  # 1 hit (lead 200)
+          300: runs([None, None, None, None])}
+    assert det.choose_threshold(by) == 30  # 10 has as many hits but 0.5 > 0.05 false alarms per 1,000
+    assert det.choose_threshold(by, max_per_1000=0.5) == 10  # 10 and 30 tie on hits; 10's median lead 250 > 75
+    assert det.choose_threshold({10: by[10]}) is None

@@ -47,7 +47,7 @@ __all__ = ["Series", "BreakRule", "Break", "Detector", "DETECTORS", "break_point
            # the recipe study's detectors and their judging within a cell
            "LITERATURE_LEVELS", "max_score_alarm", "entropy_collapse_alarm", "qk_rms_growth_alarm",
            "log_z_drift_alarm", "spike_alarm", "loss_spike_alarm", "grad_norm_spike_alarm", "Watched", "hit_rate",
-           "false_alarms_per_1000", "sign_test", "paired_lead", "holm", "cross_fit", "auc", "auc_interval"]
+           "false_alarms_per_1000", "FALSE_ALARMS_PER_1000", "choose_threshold", "sign_test", "paired_lead", "holm", "cross_fit", "auc", "auc_interval"]
 
 MAD_TO_SD = 1.4826  # a normal distribution's SD over its median absolute deviation
 SD_FLOOR = 1e-3  # nats: a loss history flatter than this still needs a jump of sigmas × 1e-3 to count
@@ -486,14 +486,35 @@ def hit_rate(runs: Sequence[Watched]) -> dict:
 def false_alarms_per_1000(runs: Sequence[Watched]) -> dict:
     """False alarms per 1,000 at-risk steps of the runs that held (each alarms at most once: its first),
     with a percentile interval from resampling seeds (``bootstrap``)."""
-    def rate(sample) -> float | None:
-        held = [r for r in sample if r.broke is None]
-        steps = sum(r.end - r.start for r in held)
-        return 1000 * sum(r.false_alarm for r in held) / steps if steps else None
-
     held = [r for r in runs if r.broke is None]
     return {"false_alarms": sum(r.false_alarm for r in held), "at_risk_steps": sum(r.end - r.start for r in held),
-            "per_1000": rate(runs), "ci": bootstrap(runs, rate)}
+            "per_1000": _per_1000(runs), "ci": bootstrap(runs, _per_1000)}
+
+
+def _per_1000(runs: Sequence[Watched]) -> float | None:
+    held = [r for r in runs if r.broke is None]
+    steps = sum(r.end - r.start for r in held)
+    return 1000 * sum(r.false_alarm for r in held) / steps if steps else None
+
+
+FALSE_ALARMS_PER_1000 = 0.05  # a threshold chosen on data may false-alarm at most this often on its choosing half
+
+
+def choose_threshold(by_threshold: Mapping[float, Sequence[Watched]],
+                     max_per_1000: float = FALSE_ALARMS_PER_1000) -> float | None:
+    """The threshold (in ``by_threshold``'s order: the runs under each) with the most hits among those
+    whose false alarms per 1,000 at-risk steps are at most ``max_per_1000``; ties go to the longer median
+    lead, then to the earlier threshold. None where none qualifies. Meant for the choosing half only."""
+    best, key = None, None
+    for i, (threshold, runs) in enumerate(by_threshold.items()):
+        rate = _per_1000(runs)
+        if rate is None or rate > max_per_1000:
+            continue
+        median = quantile([r.lead for r in runs if r.hit], 0.5)
+        k = (sum(r.hit for r in runs), -math.inf if median is None else median, -i)
+        if key is None or k > key:
+            best, key = threshold, k
+    return best
 
 
 def sign_test(differences: Sequence[float]) -> float | None:
