@@ -303,3 +303,142 @@ def test_the_detectors_fire_where_the_watch_alerts_do():
                             (Spike(sigmas=6), "head_spike", 6), (Spike(sigmas=20), "head_spike", 20)):
         below = next(d.below for d in det.DETECTORS if d.name == name)
         assert _watch_first(alert, s) == det.first_alarm(det.signal(name, s), th, below), (alert, th)
+
+
+# ---- the recipe study's detectors: first firing steps -------------------------------------------
+
+
+def test_max_score_fires_strictly_above_each_level_from_the_start_of_risk():
+    points = [(0, 50.0), (10, 100.0), (20, 150.0), (30, 2e4)]
+    assert [det.max_score_alarm(points, level) for level in det.LITERATURE_LEVELS] == [20, 30, 30]
+    assert det.max_score_alarm(points, 1e2, start=25) == 30
+    assert det.max_score_alarm(points, 3e4) is None
+    assert det.max_score_alarm([(0, 50.0), (10, math.nan)], 1e4) == 10  # a NaN is past every level
+
+
+def test_entropy_collapse_is_a_fall_under_a_share_of_the_first_probe():
+    points = [(0, 2.0), (10, 1.5), (20, 0.9), (30, 0.1)]
+    assert det.entropy_collapse_alarm(points, 0.5) == 20  # 0.9 < 0.5 × 2.0
+    assert det.entropy_collapse_alarm(points, 0.45) == 30  # 0.9 is not under 0.9
+    assert det.entropy_collapse_alarm(points, 0.01) is None
+
+
+def test_qk_weight_growth_is_a_rise_over_a_factor_of_the_first_probe():
+    points = [(0, 0.5), (10, 0.9), (20, 1.0), (30, 1.1)]
+    assert det.qk_rms_growth_alarm(points, 2) == 30  # 1.0 is not above 2 × 0.5
+    assert det.qk_rms_growth_alarm(points, 1.9) == 20  # 0.9 is not above 0.95; 1.0 is
+    # the reference is the first finite value; a missing (non-finite) one fires where it is at risk
+    assert det.qk_rms_growth_alarm([(0, None), (10, 0.5), (20, 0.75)], 1.25, start=10) == 20
+    assert det.qk_rms_growth_alarm([(0, None), (10, 0.5), (20, 0.75)], 1.25) == 0
+
+
+def test_log_z_drift_counts_either_direction():
+    points = [(0, 4.5), (10, 4.0), (20, 2.5), (30, 7.0)]
+    assert det.log_z_drift_alarm(points, 2) == 30  # |2.5 − 4.5| = 2 is not more than 2; |7 − 4.5| = 2.5 is
+    assert det.log_z_drift_alarm(points, 1.5) == 20
+    assert det.log_z_drift_alarm([(0, math.nan), (10, math.inf)], 1.5, start=5) == 10  # no reference: still fires
+
+
+def test_the_loss_spike_detector_by_hand():
+    # ALT: median 1.15, robust SD 0.14826, 6 SDs above: 2.03956
+    assert det.loss_spike_alarm(ALT + [2.03], 6) is None
+    assert det.loss_spike_alarm(ALT + [2.05], 6) == 40
+    assert det.loss_spike_alarm(ALT + [None], 1e9) == 40  # a non-finite loss fires
+    assert det.loss_spike_alarm([1.0, 1.3, 9.0] + ALT, 6) is None  # 2 steps of history at the jump: not judged
+    assert det.loss_spike_alarm(ALT + [2.05] + ALT, 6, start=41) is None  # the spike came before the risk
+
+
+def test_the_gradient_norm_spike_reads_only_its_window():
+    alt20 = ALT[:20]  # five cycles: the same median, MAD and line 2.03956
+    pts = [(10 * i, v) for i, v in enumerate([10.0] * 100 + alt20 + [2.05])]
+    assert det.grad_norm_spike_alarm(pts, 6) == 1200  # the 100 earlier 10.0s are out of its 20-point window
+    pts = [(10 * i, v) for i, v in enumerate(alt20 + [2.03])]
+    assert det.grad_norm_spike_alarm(pts, 6) is None
+
+
+# ---- the recipe study: judging within a cell -----------------------------------------------------
+
+WATCHED = [det.Watched(0, 100, 300, 300, 250),  # hit, lead 50
+           det.Watched(1, 100, 400, 400, 400),  # an alarm at the break itself: no warning
+           det.Watched(2, 100, 500, 500, None),  # missed
+           det.Watched(3, 100, 1000, None, None),  # held, silent: 900 steps at risk
+           det.Watched(4, 200, 1000, None, 600)]  # held, a false alarm: 800 steps at risk
+
+
+def test_the_hit_rate_counts_only_alarms_before_the_break():
+    got = det.hit_rate(WATCHED)
+    assert (got["hits"], got["breaks"], got["rate"]) == (1, 3, pytest.approx(1 / 3))
+    # Wilson, 1 of 3, z = 1.959964: centre (1/3 + z²/6)/(1 + z²/3) = 0.42692, half-width 0.36543
+    assert got["ci"] == (pytest.approx(0.06149, abs=1e-4), pytest.approx(0.79234, abs=1e-4))
+    assert [w.lead for w in WATCHED] == [50, None, None, None, None]
+
+
+def test_false_alarms_per_thousand_at_risk_steps_of_the_runs_that_held():
+    got = det.false_alarms_per_1000(WATCHED)
+    assert (got["false_alarms"], got["at_risk_steps"]) == (1, 1700)
+    assert got["per_1000"] == pytest.approx(1000 / 1700)
+    # a third of the resamples hold no seed 4 (0.8⁵ = 0.33): rate 0; none can exceed seed 4 alone, 1000/800
+    assert got["ci"][0] == 0 and got["ci"][1] <= 1.25
+
+
+def test_the_sign_test_by_hand():
+    assert det.sign_test([1, 2, 3, -1, 0]) == pytest.approx(2 * (1 + 4) / 16)  # 3 up, 1 down, a zero dropped
+    assert det.sign_test([1] * 6) == pytest.approx(2 / 64)
+    assert det.sign_test([0, 0]) is None and det.sign_test([]) is None
+
+
+def test_the_paired_lead_counts_a_miss_as_no_lead():
+    def runs(alarms):
+        return [det.Watched(s, 0, 200, 200 if s < 3 else None, a) for s, a in enumerate(alarms)]
+
+    a, b = runs([150, 170, None, 50]), runs([180, None, 190, None])  # leads a 50, 30, 0; b 20, 0, 10
+    got = det.paired_lead(a, b)
+    assert (got["runs"], got["median"]) == (3, 30)  # differences 30, 30, −10
+    assert got["p"] == pytest.approx(2 * (1 + 3) / 8) and got["verdict"] == "inconclusive"
+    # a resample of three seeds holds seed 2 twice or more 7 times in 27: the lower end is −10
+    assert got["ci"][0] == -10
+    ahead = det.paired_lead(runs([150, 170, 160, None]), runs([None, None, None, None]))
+    assert ahead["verdict"] == "earlier" and ahead["median"] == 40 and ahead["ci"][0] > 0
+    with pytest.raises(ValueError, match="the same runs"):
+        det.paired_lead(a, a[:2])
+
+
+def test_holm_by_hand():
+    got = det.holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": None})
+    # m = 3: a 3 × 0.01 = 0.03; c max(0.03, 2 × 0.03) = 0.06; b max(0.06, 1 × 0.04) = 0.06
+    assert {k: v["p_holm"] for k, v in got.items()} == {"a": pytest.approx(0.03), "c": pytest.approx(0.06),
+                                                         "b": pytest.approx(0.06), "d": None}
+    assert [k for k, v in got.items() if v["holds"]] == ["a"]
+
+
+def test_cross_fitting_judges_every_seed_by_a_choice_made_without_it():
+    items = [det.Watched(s, 0, 10, None, s) for s in range(4)]
+    got = det.cross_fit(items, choose=lambda xs: sorted(x.seed for x in xs),
+                        judge_with=lambda xs, chosen: [(x.seed, tuple(chosen)) for x in xs])
+    assert [f["choosing_seeds"] for f in got["folds"]] == [(0, 2), (1, 3)]
+    assert sorted(got["judged"]) == [(0, (1, 3)), (1, (0, 2)), (2, (1, 3)), (3, (0, 2))]
+
+
+def test_the_auc_by_hand_and_its_seed_interval():
+    scored = [(0.9, True), (0.8, False), (0.7, True), (0.7, False), (0.1, False)]
+    # positives 0.9, 0.7 against negatives 0.8, 0.7, 0.1: 1 + 1 + 1 + 0 + ½ + 1 = 4.5 of 6
+    assert det.auc(scored) == pytest.approx(0.75)
+    assert det.auc([(0.5, True)]) is None
+    # every seed holds one positive above one negative: every resample separates perfectly
+    got = det.auc_interval([(s, 0.9, True) for s in range(4)] + [(s, 0.2, False) for s in range(4)])
+    assert got == {"auc": 1.0, "ci": (1.0, 1.0)}
+    mixed = det.auc_interval([(0, 0.9, True), (0, 0.2, False), (1, 0.1, True), (1, 0.6, False)])
+    assert mixed["auc"] == pytest.approx(0.5) and mixed["ci"][0] < 0.5 < mixed["ci"][1]
+
+
+def test_the_threshold_chosen_has_the_most_hits_under_the_false_alarm_limit():
+    def runs(alarms):  # two breaks at 500, two runs that held 100 … 1,100 (2,000 at-risk steps)
+        return [det.Watched(s, 100, 1100 if s > 1 else 500, 500 if s < 2 else None, a) for s, a in enumerate(alarms)]
+
+    by = {10: runs([200, 300, 900, None]),  # 2 hits, 1 false alarm: 0.5 per 1,000 steps
+          30: runs([400, 450, None, None]),  # 2 hits (leads 100, 50), none false
+          100: runs([300, None, None, None]),  # 1 hit (lead 200)
+          300: runs([None, None, None, None])}
+    assert det.choose_threshold(by) == 30  # 10 has as many hits but 0.5 > 0.05 false alarms per 1,000
+    assert det.choose_threshold(by, max_per_1000=0.5) == 10  # 10 and 30 tie on hits; 10's median lead 250 > 75
+    assert det.choose_threshold({10: by[10]}) is None

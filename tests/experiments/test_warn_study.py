@@ -3,6 +3,7 @@ through the runs/ layer (records, resume, the report section), the analysis on h
 chosen on half the seeds, rates read on the other half), bad input, and the section's figures."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -225,3 +226,87 @@ def test_the_smoke_study_runs_on_ray(tmp_path, family):
     runs = [rec.TrainRun.load(p) for p in rec.find(tmp_path / "w")]
     assert len(runs) == 4 and all(r.status == "done" and r.record.ray_node for r in runs)
     assert {alarms.family_of(r) for r in runs} == {family}
+
+
+# ---- the recipe's pilot (issue 42) ----------------------------------------------------------------
+
+LEARNT = [3.0] * 20 + [1.0] * 60  # a 20-step mean under 1.75 from step 32 (13 ones in the window)
+
+
+def test_the_pilot_is_the_recipe_on_seeds_outside_the_study():
+    cfg = ws.pilot_preset()
+    t = cfg.train
+    assert (t.beta1, t.beta2, t.adam_eps, t.clip, t.weight_decay, t.independent_wd, t.min_lr_ratio) == (
+        0.9, 0.95, 1e-8, 1.0, 1e-4, True, 1.0)
+    assert t.steps == 1500 and t.record_every == 1 and not set(cfg.seeds) & set(ws.STUDY_SEEDS)
+    specs = ws.pilot_specs(cfg, 65)
+    assert len(specs) == 4 * 5 * 4 and len({s.run_id for s in specs}) == len(specs)
+    s = next(s for s in specs if s.run_id == "pilot-qk-on-z1e-4-lr0.1-seed101")
+    assert (s.model.scale, s.model.norm, s.train.z_loss, s.train.lr, s.train.seed, s.group) == (
+        "qk_norm", "pre", 1e-4, 0.1, 101, "warn-pilot")
+    with pytest.raises(ConfigError, match=r"pilot seeds must lie outside the study's seeds 0–15, got \[3\]"):
+        ws.PilotConfig(seeds=(3, 100))
+    with pytest.raises(ConfigError, match="unknown pilot arm 'qk-maybe'"):
+        ws.PilotConfig(arms=("qk-maybe",))
+    with pytest.raises(ConfigError, match="the pilot reads the loss at every step: train record_every must be 1"):
+        ws.PilotConfig(train=replace(ws.recipe_train(), record_every=10))
+
+
+def test_the_rungs_chosen_are_those_nearest_half_within_thirty_to_seventy_percent():
+    assert ws.choose_rungs({0.01: (0, 4), 0.03: (1, 4), 0.1: (2, 4), 0.3: (3, 4)}) == [0.1]  # 25% and 75% are out
+    # 30% and 70% are in, both 1/5 from half: the tie goes to the lower rate; 50% first
+    assert ws.choose_rungs({0.03: (3, 10), 0.1: (7, 10), 0.3: (5, 10)}) == [0.03, 0.3]
+    assert ws.choose_rungs({0.1: (1, 10), 0.3: (0, 0)}) == []
+
+
+def test_the_pilot_summary_on_hand_made_runs():
+    rise = LEARNT + [1.5] * 69  # learns, then breaks at step 80 (tests/analysis/test_outcomes.py)
+    rows = [{"arm": "qk-off-z0", "lr": 0.1, "seed": 100, "losses": rise, "final": 1.6},
+            {"arm": "qk-off-z0", "lr": 0.1, "seed": 101, "losses": LEARNT + [1.0] * 100, "final": 1.0},
+            {"arm": "qk-off-z0", "lr": 0.1, "seed": 102, "losses": [3.0] * 200, "final": 3.0},
+            {"arm": "qk-off-z0", "lr": 0.3, "seed": 100, "losses": [3.0] * 100, "final": None},
+            {"arm": "qk-off-z1e-4", "lr": 0.1, "seed": 100, "losses": LEARNT + [1.0] * 10 + [None], "final": None},
+            {"arm": "qk-on-z0", "lr": 0.1, "seed": 100, "losses": rise, "final": 1.6}]
+    got = ws.pilot_summary(rows, bigram=2.5)
+    assert got["best"] == 1.0 and got["level"] == pytest.approx(1.75)  # 2.5 − (2.5 − 1.0)/2
+    cells = {(c["arm"], c["lr"]): {k: c[k] for k in ("runs", "learned", "mid_run_breaks", "never_learned",
+                                                     "degraded")} for c in got["cells"]}
+    # qk-off-z0's best rate: medians 1.6 (lr 0.1) and inf (0.3); degraded: above 2.5 or 1.7, or diverged
+    assert cells[("qk-off-z0", 0.1)] == {"runs": 3, "learned": 2, "mid_run_breaks": 1, "never_learned": 1, "degraded": 1}
+    assert cells[("qk-off-z0", 0.3)] == {"runs": 1, "learned": 0, "mid_run_breaks": 0, "never_learned": 1, "degraded": 1}
+    assert cells[("qk-off-z1e-4", 0.1)] == {"runs": 1, "learned": 1, "mid_run_breaks": 1, "never_learned": 0,
+                                            "degraded": 1}
+    # the qk-norm-off share pools both z-loss arms and leaves the qk-norm arm out: 2 of 4 at 0.1, 0 of 1 at 0.3
+    assert {lr: (q["mid_run_breaks"], q["runs"]) for lr, q in got["qk_off"].items()} == {0.1: (2, 4), 0.3: (0, 1)}
+    assert got["chosen"] == [0.1]
+    text = ws.format_pilot(got)
+    # Wilson, 2 of 4: centre 0.5, half-width 1.96·sqrt(1/16 + 3.8415/64)/(1 + 3.8415/4) = 0.350
+    assert "2/4 50% [15%, 85%]" in text and "0/1 0% [0%, 79%]" in text and "Rungs for the study: 0.1." in text
+    assert "1/3 (1)" in text  # qk-off-z0 at 0.1: one break of three runs, one never learned
+    assert "under 1.750 nats" in text
+
+
+def test_a_pilot_where_nothing_learnt_says_to_change_the_recipe():
+    got = ws.pilot_summary([{"arm": "qk-off-z0", "lr": 0.1, "seed": 100, "losses": [3.0] * 50, "final": 3.0}], 2.5)
+    assert got["level"] is None and got["chosen"] == []
+    assert "no pilot run beat the bigram floor" in ws.format_pilot(got)
+
+
+def test_the_smoke_pilot_runs_and_reports(tmp_path, capsys):
+    assert main(["warn-study", "--pilot", "--quick", "--out", str(tmp_path / "p"), "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["runs"] == 8 and got["pilot"] is True
+    assert got["bigram"] > 0 and (got["level"] is None) == (got["best"] >= got["bigram"])
+    assert sorted(p.name for p in (tmp_path / "p").iterdir() if p.name.startswith("pilot-"))[:1] == [
+        "pilot-qk-off-z0-lr0.003-seed100"]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--seeds", "3"], "pilot seeds must lie outside the study's seeds 0–15"),
+    (["--family", "llama"], "--pilot trains the tiny LM's four recipe arms"),
+    (["--warmup", "10", "20"], "give --warmup one value"),
+])
+def test_bad_pilot_input_is_one_line_and_exit_2(args, words, tmp_path, capsys):
+    assert main(["warn-study", "--pilot", "--out", str(tmp_path / "p"), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert words in err and len(err.splitlines()) == 1

@@ -26,6 +26,12 @@ probe steps, and the held-out loss at the end. Everything here is arithmetic on 
 
 References: entropy collapse (Zhai et al. 2023), attention-logit growth (Wortsman et al. 2023;
 Dehghani et al. 2023), loss spikes against the run's own history (OLMo, Groeneveld et al. 2024).
+
+The recipe study (issue 42; ``analysis.outcomes`` decides its breaks) reads its detectors as first
+firing steps (``max_score_alarm`` … ``grad_norm_spike_alarm``) and judges them within a cell (arm ×
+learning rate): hit rate on mid-run breaks, false alarms per 1,000 at-risk steps, lead paired against a
+baseline, thresholds cross-fitted over halves of the seeds, Holm's correction across detectors, and the
+AUC of an early reading for the final outcome with a seed-clustered interval.
 """
 
 from __future__ import annotations
@@ -37,7 +43,11 @@ from typing import Callable, Mapping, Sequence
 
 __all__ = ["Series", "BreakRule", "Break", "Detector", "DETECTORS", "break_point", "robust_z", "signal", "first_alarm",
            "Outcome", "outcomes", "judge", "sweep", "choose", "combine_alarms", "quantile", "bootstrap",
-           "split_seeds", "wilson", "MAD_TO_SD"]
+           "split_seeds", "wilson", "MAD_TO_SD",
+           # the recipe study's detectors and their judging within a cell
+           "LITERATURE_LEVELS", "max_score_alarm", "entropy_collapse_alarm", "qk_rms_growth_alarm",
+           "log_z_drift_alarm", "spike_alarm", "loss_spike_alarm", "grad_norm_spike_alarm", "Watched", "hit_rate",
+           "false_alarms_per_1000", "FALSE_ALARMS_PER_1000", "choose_threshold", "sign_test", "paired_lead", "holm", "cross_fit", "auc", "auc_interval"]
 
 MAD_TO_SD = 1.4826  # a normal distribution's SD over its median absolute deviation
 SD_FLOOR = 1e-3  # nats: a loss history flatter than this still needs a jump of sigmas × 1e-3 to count
@@ -363,3 +373,226 @@ def bootstrap(items: Sequence, stat: Callable[[list], float | None], seed_of: Ca
         return None
     tail = (1 - level) / 2
     return quantile(values, tail), quantile(values, 1 - tail)
+
+
+# ---- the recipe study: each detector's first firing, over one run's per-probe series -------------
+# A series is (step, value) points at the probe's cadence (the loss: every step). Each detector returns
+# the first step at or after ``start`` (where the run became at risk: it had learnt) at which it fires,
+# or None. A value that is not finite fires every detector: a NaN or inf is past any threshold.
+
+LITERATURE_LEVELS = (1e2, 1e3, 1e4)  # max |score|: Wortsman et al. 2023 saw every run past 1e4 diverge
+GRAD_WINDOW = 20  # points of gradient-norm history a spike is measured against (OLMo 2's spikes)
+
+
+def _first(points: Sequence[tuple[int, float | None]], fires: Callable[[float], bool], start: int) -> int | None:
+    for step, v in points:
+        if step >= start and (not _finite(v) or fires(v)):
+            return step
+    return None
+
+
+def _reference(points) -> float | None:
+    """The series' first finite value: the run's own starting point, whatever ``start`` is."""
+    return next((v for _, v in points if _finite(v)), None)
+
+
+def max_score_alarm(points, level: float, start: int = 0) -> int | None:
+    """The first probe whose largest max |score| over heads is above ``level``."""
+    return _first(points, lambda v: v > level, start)
+
+
+def entropy_collapse_alarm(points, fraction: float, start: int = 0) -> int | None:
+    """The first probe whose lowest head's attention entropy is below ``fraction`` of its value at the
+    run's first probe (entropy collapse: Zhai et al. 2023)."""
+    ref = _reference(points)
+    return _first(points, lambda v: ref is not None and v < fraction * ref, start)
+
+
+def qk_rms_growth_alarm(points, factor: float, start: int = 0) -> int | None:
+    """The first probe whose largest q or k projection weight RMS is above ``factor`` times its value
+    at the first probe (the growth Wortsman et al. 2023 see behind attention-logit divergence)."""
+    ref = _reference(points)
+    return _first(points, lambda v: ref is not None and v > factor * ref, start)
+
+
+def log_z_drift_alarm(points, nats: float, start: int = 0) -> int | None:
+    """The first probe whose mean log Z of the output logits has moved more than ``nats`` from its value
+    at the first probe, either way (output-logit divergence, which z-loss holds back)."""
+    ref = _reference(points)
+    return _first(points, lambda v: ref is not None and abs(v - ref) > nats, start)
+
+
+def spike_alarm(points, sigmas: float, window: int, start: int = 0, min_history: int = SPIKE_MIN) -> int | None:
+    """The first point more than ``sigmas`` robust SDs (``robust_z``) above the median of the ``window``
+    finite points before it, once ``min_history`` of them exist."""
+    history: list[float] = []
+    for step, v in points:
+        if step >= start and (not _finite(v) or (len(history) >= min_history
+                                                 and robust_z(history[-window:], v) > sigmas)):
+            return step
+        if _finite(v):
+            history.append(v)
+    return None
+
+
+def loss_spike_alarm(losses: Sequence[float | None], sigmas: float, start: int = 0) -> int | None:
+    """The loss's own spike detector, every step: ``spike_alarm`` over its last ``LOSS_WINDOW`` steps."""
+    return spike_alarm(list(enumerate(losses)), sigmas, LOSS_WINDOW, start)
+
+
+def grad_norm_spike_alarm(points, sigmas: float, start: int = 0) -> int | None:
+    """A gradient-norm spike (OLMo 2 report them before loss spikes): ``spike_alarm`` over ``GRAD_WINDOW`` points."""
+    return spike_alarm(points, sigmas, GRAD_WINDOW, start)
+
+
+# ---- the recipe study: judging within a cell --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Watched:
+    """One learned run under one detector: its seed, the span at risk [``start``, ``end``) (from where it
+    learnt to its break, or to its last step), its break step (None: it held) and the detector's first
+    alarm in the span (None: silent). A hit is an alarm strictly before the break: a warning at the
+    break's own step leaves no time to act on it."""
+
+    seed: int
+    start: int
+    end: int
+    broke: int | None
+    alarm: int | None
+
+    @property
+    def hit(self) -> bool:
+        return self.broke is not None and self.alarm is not None and self.alarm < self.broke
+
+    @property
+    def lead(self) -> int | None:
+        return self.broke - self.alarm if self.hit else None
+
+    @property
+    def false_alarm(self) -> bool:
+        return self.broke is None and self.alarm is not None
+
+
+def hit_rate(runs: Sequence[Watched]) -> dict:
+    """Hits of the mid-run breaks in ``runs`` (one cell: one run a seed, so the runs are independent)
+    with Wilson's interval."""
+    broke = [r for r in runs if r.broke is not None]
+    hits = sum(r.hit for r in broke)
+    return {"hits": hits, "breaks": len(broke), "rate": hits / len(broke) if broke else None,
+            "ci": wilson(hits, len(broke))}
+
+
+def false_alarms_per_1000(runs: Sequence[Watched]) -> dict:
+    """False alarms per 1,000 at-risk steps of the runs that held (each alarms at most once: its first),
+    with a percentile interval from resampling seeds (``bootstrap``)."""
+    held = [r for r in runs if r.broke is None]
+    return {"false_alarms": sum(r.false_alarm for r in held), "at_risk_steps": sum(r.end - r.start for r in held),
+            "per_1000": _per_1000(runs), "ci": bootstrap(runs, _per_1000)}
+
+
+def _per_1000(runs: Sequence[Watched]) -> float | None:
+    held = [r for r in runs if r.broke is None]
+    steps = sum(r.end - r.start for r in held)
+    return 1000 * sum(r.false_alarm for r in held) / steps if steps else None
+
+
+FALSE_ALARMS_PER_1000 = 0.05  # a threshold chosen on data may false-alarm at most this often on its choosing half
+
+
+def choose_threshold(by_threshold: Mapping[float, Sequence[Watched]],
+                     max_per_1000: float = FALSE_ALARMS_PER_1000) -> float | None:
+    """The threshold (in ``by_threshold``'s order: the runs under each) with the most hits among those
+    whose false alarms per 1,000 at-risk steps are at most ``max_per_1000``; ties go to the longer median
+    lead, then to the earlier threshold. None where none qualifies. Meant for the choosing half only."""
+    best, key = None, None
+    for i, (threshold, runs) in enumerate(by_threshold.items()):
+        rate = _per_1000(runs)
+        if rate is None or rate > max_per_1000:
+            continue
+        median = quantile([r.lead for r in runs if r.hit], 0.5)
+        k = (sum(r.hit for r in runs), -math.inf if median is None else median, -i)
+        if key is None or k > key:
+            best, key = threshold, k
+    return best
+
+
+def sign_test(differences: Sequence[float]) -> float | None:
+    """Two-sided exact sign test of a zero median: 2 · P(Binomial(n, ½) ≤ min(positives, negatives)),
+    capped at 1, zeros dropped; None with no non-zero difference."""
+    pos, neg = sum(d > 0 for d in differences), sum(d < 0 for d in differences)
+    n = pos + neg
+    if not n:
+        return None
+    tail = math.fsum(math.comb(n, i) for i in range(min(pos, neg) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def paired_lead(a: Sequence[Watched], b: Sequence[Watched]) -> dict:
+    """Lead of detector ``a`` minus that of baseline ``b`` on the same broken runs (the lists in the same
+    run order; a miss counts 0, no warning): median with a seed-bootstrap interval, a sign test over the
+    seeds' mean differences (a seed's runs share batches and init), and "earlier", "later" or
+    "inconclusive" by the interval."""
+    if [(x.seed, x.broke) for x in a] != [(y.seed, y.broke) for y in b]:
+        raise ValueError("paired_lead needs the same runs, in the same order, under both detectors")
+    pairs = [(x.seed, (x.lead or 0) - (y.lead or 0)) for x, y in zip(a, b) if x.broke is not None]
+
+    def median(sample):
+        return quantile([d for _, d in sample], 0.5)
+
+    by_seed: dict[int, list[float]] = {}
+    for s, d in pairs:
+        by_seed.setdefault(s, []).append(d)
+    ci = bootstrap(pairs, median, seed_of=lambda p: p[0])
+    verdict = "inconclusive" if ci is None or ci[0] <= 0 <= ci[1] else "earlier" if ci[0] > 0 else "later"
+    return {"runs": len(pairs), "median": median(pairs), "ci": ci, "verdict": verdict,
+            "p": sign_test([sum(ds) / len(ds) for ds in by_seed.values()])}
+
+
+def holm(pvalues: Mapping[str, float | None], alpha: float = 0.05) -> dict[str, dict]:
+    """Holm's step-down correction across detectors: sorted p₍₁₎ ≤ … ≤ p₍ₘ₎, adjusted p₍ᵢ₎ =
+    max over j ≤ i of min(1, (m − j + 1) p₍ⱼ₎); a detector's test holds where its adjusted p ≤ ``alpha``.
+    A detector without a p (no test) keeps None and is not counted in m."""
+    ranked = sorted((p, name) for name, p in pvalues.items() if p is not None)
+    m, running, out = len(ranked), 0.0, {}
+    for j, (p, name) in enumerate(ranked):
+        running = max(running, min(1.0, (m - j) * p))
+        out[name] = {"p": p, "p_holm": running, "holds": running <= alpha}
+    for name, p in pvalues.items():
+        if p is None:
+            out[name] = {"p": None, "p_holm": None, "holds": False}
+    return out
+
+
+def cross_fit(items: Sequence, choose: Callable[[list], object], judge_with: Callable[[list, object], list],
+              seed_of: Callable = lambda o: o.seed) -> dict:
+    """Choose on one half of the seeds (``split_seeds``), judge on the other, then swap: every item is
+    judged by a choice made without it. ``choose(items) -> choice``; ``judge_with(items, choice) -> list``.
+    Returns both folds' choices and the judged lists joined."""
+    first, second = split_seeds([seed_of(x) for x in items])
+    folds, judged = [], []
+    for pick, held in ((first, second), (second, first)):
+        choice = choose([x for x in items if seed_of(x) in pick])
+        judged += judge_with([x for x in items if seed_of(x) in held], choice)
+        folds.append({"choosing_seeds": pick, "judged_seeds": held, "choice": choice})
+    return {"folds": folds, "judged": judged}
+
+
+def auc(scored: Sequence[tuple[float, bool]]) -> float | None:
+    """Area under the ROC curve of (score, positive) pairs: the share of (positive, negative) pairs the
+    score orders rightly, ties counting half (Mann–Whitney); None without both kinds."""
+    pos = [s for s, y in scored if y]
+    neg = [s for s, y in scored if not y]
+    if not pos or not neg:
+        return None
+    right = math.fsum(1.0 if p > q else 0.5 if p == q else 0.0 for p in pos for q in neg)
+    return right / (len(pos) * len(neg))
+
+
+def auc_interval(scored: Sequence[tuple[int, float, bool]], draws: int = 1000) -> dict:
+    """``auc`` of (seed, score, positive) triples with a percentile interval from resampling seeds, each
+    seed bringing all its runs (runs of one seed share init and batches)."""
+    def stat(sample):
+        return auc([(s, y) for _, s, y in sample])
+
+    return {"auc": stat(scored), "ci": bootstrap(scored, stat, seed_of=lambda t: t[0], draws=draws)}

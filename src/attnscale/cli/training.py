@@ -217,9 +217,25 @@ def add_study(sub) -> None:
     p.set_defaults(run=Command(_study_config, _study, table_of("setup_study")))
 
 
+def _pilot_config(args) -> list:
+    from attnscale.errors import ConfigError
+    from attnscale.experiments import warn_study
+
+    if args.family != "tiny" or args.scales or args.norms or (args.warmups and len(args.warmups) > 1):
+        raise ConfigError("--pilot trains the tiny LM's four recipe arms at one warm-up: drop --family, --scale "
+                          "and --norm, and give --warmup one value")
+    cfg = warn_study.pilot_preset("smoke" if args.quick else "full", corpus=args.corpus, tokenizer=args.tokenizer)
+    model, train = overrides(cfg.model, cfg.train, args)
+    train = dataclasses.replace(train, warmup=args.warmups[0]) if args.warmups else train
+    return [dataclasses.replace(cfg, model=model, train=train, device=args.device, lrs=_once(args.lrs or cfg.lrs),
+                                seeds=_once(args.seeds if args.seeds is not None else cfg.seeds))]
+
+
 def _warn_config(args) -> list:
     from attnscale.experiments import warn_study
 
+    if args.pilot:
+        return _pilot_config(args)
     out = []
     for cfg in warn_study.configs(args.family, "smoke" if args.quick else "full", corpus=args.corpus,
                                   tokenizer=args.tokenizer):
@@ -234,6 +250,8 @@ def _warn_config(args) -> list:
 def _warn(cfgs, out, args) -> list:
     from attnscale.experiments import warn_study
 
+    if args.pilot:
+        return [warn_study.run_pilot(cfgs[0], out, jobs=args.jobs, **executor_kwargs(args))]
     # one folder for both families: the Llama's run ids begin "llama-", the tiny LM's never do
     return [warn_study.run(cfg, out, jobs=args.jobs, **executor_kwargs(args)) for cfg in cfgs]
 
@@ -268,6 +286,11 @@ def add_warn_study(sub) -> None:
                    help="norm placements of the tiny LM (default: post pre)")
     p.add_argument("--warmup", type=nonneg_int, nargs="+", dest="warmups",
                    help="warm-up steps (default: tiny 0 20, llama 0 40)")
+    p.add_argument("--pilot", action="store_true",
+                   help="the recipe's pilot instead (Wortsman et al. 2023: pre-LN, AdamW 0.9/0.95, independent weight "
+                        "decay, constant rate after a warm-up; qk-norm off/on × z-loss 0/1e-4) on seeds outside the "
+                        "study: per rung, the qk-norm-off runs that learnt, then broke mid-run (run ids 'pilot-'); "
+                        "with --quick 8 runs of 40 steps, a smoke check")
     training_options(p, "attnscale-out/warn-study",
                      quick="the smoke size: 4 runs a family, a check that the study works, not a measurement")
     jobs_option(p)

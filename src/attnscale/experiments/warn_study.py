@@ -31,15 +31,23 @@ run length were set by a pilot on seeds 100 and 101, outside the study (300 step
 plateau, with or without a warm-up): 400 steps give the rise room to happen mid-run, and the factor-2
 ladder puts three rungs around that edge. The named run did not bear the design out: 12 of its 14
 breaks, and every one on a held-out seed, are again runs that never left the plateau (README).
+
+The recipe's pilot (``PilotConfig``, ``run_pilot``; ``attnscale warn-study --pilot``) is the first step of
+the study that replaces it (docs/warn-study.md): Wortsman et al. 2023's small-scale recipe in four arms
+(qk-norm off/on × z-loss 0/1e-4) over a learning-rate ladder, on seeds outside the study's, judged by
+``analysis.outcomes``; it picks the rungs where runs learn and then break mid-run.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
 from attnscale.analysis import alarms
+from attnscale.analysis import detectors as det
 from attnscale.analysis.alarms import (GROUP, STOP_FALSE_ALARMS, TARGET_FALSE_ALARMS, analyse, breaks_by_cell,
                                        pct_text, rule_text, steps_text)
 from attnscale.errors import ConfigError
@@ -50,7 +58,10 @@ from attnscale.runs.runner import RunSpec, execute
 from attnscale.terminal import table
 
 __all__ = ["WarnConfig", "preset", "specs", "run_records", "run", "as_json", "format_table", "SIZES", "LRS",
-           "FAMILIES", "LLAMA_LRS", "configs", "format_tables", "as_json_all"]
+           "FAMILIES", "LLAMA_LRS", "configs", "format_tables", "as_json_all",
+           # the recipe's pilot
+           "ARMS", "PILOT_SEEDS", "PILOT_LRS", "STUDY_SEEDS", "recipe_train", "PilotConfig", "pilot_preset",
+           "pilot_specs", "run_pilot", "choose_rungs", "pilot_summary", "format_pilot", "pilot_json"]
 
 SIZES = ("smoke", "full")
 FAMILIES = tuple(alarms.FAMILIES)  # "tiny": the tiny LM's own loop; "llama": under transformers' Trainer (lm.hf_family)
@@ -223,7 +234,9 @@ def format_table(result: dict[str, Any]) -> str:
 
 
 def format_tables(results: list[dict[str, Any]]) -> str:
-    """``format_table`` of each family's result, each under its family's name."""
+    """``format_table`` of each family's result, each under its family's name (a pilot: ``format_pilot``)."""
+    if results and results[0].get("pilot"):
+        return format_pilot(results[0])
     return "\n\n".join(f"{r['family']}:\n{format_table(r)}" if len(results) > 1 else format_table(r) for r in results)
 
 
@@ -246,5 +259,187 @@ def as_json(result: dict[str, Any]) -> dict[str, Any]:
 
 
 def as_json_all(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """Every family's ``as_json``, by family ("tiny", "llama"): what docs/warn-study.json keeps."""
+    """Every family's ``as_json``, by family ("tiny", "llama"): what docs/warn-study.json keeps (a pilot: ``pilot_json``)."""
+    if results and results[0].get("pilot"):
+        return pilot_json(results[0])
     return {"families": {r["key"]: as_json(r) for r in results}}
+
+
+# ---- the recipe's pilot (issue 42): which learning rates make runs break after they learn ------------
+# Wortsman et al. 2023's small-scale recipe at a size two CPU cores train: pre-LN, AdamW (0.9, 0.95),
+# eps 1e-8, clip 1, independent weight decay 1e-4, a linear warm-up then a constant rate. Four arms:
+# qk-layernorm off/on × z-loss 0/1e-4. The pilot runs on seeds outside the study's and picks the
+# rungs where 30–70% of the qk-norm-off runs learn and then break mid-run (``choose_rungs``); the
+# outcomes are ``analysis.outcomes``, the learned level set from the pilot's own best run.
+
+PILOT_GROUP = "warn-pilot"
+STUDY_SEEDS = tuple(range(16))  # the study's seeds: a pilot seed may not be one of them
+PILOT_SEEDS = (100, 101, 102, 103)
+PILOT_LRS = (3e-3, 1e-2, 3e-2, 1e-1, 3e-1)  # up to Wortsman et al.'s largest, 3e-1
+ARMS = {"qk-off-z0": ("inv_sqrt_d", 0.0), "qk-off-z1e-4": ("inv_sqrt_d", 1e-4),
+        "qk-on-z0": ("qk_norm", 0.0), "qk-on-z1e-4": ("qk_norm", 1e-4)}  # arm -> (score scale, z-loss)
+BREAK_SHARE = (0.3, 0.7)  # a rung is chosen where this share of qk-norm-off runs break mid-run
+CHOSEN_RUNGS = 2
+
+
+def recipe_train(steps: int = 1500, warmup: int = 100) -> TrainConfig:
+    """The recipe's optimiser and schedule. The loss is read at every step (``record_every`` 1, on one
+    sequence), since the outcomes' 20-step means need it."""
+    return TrainConfig(steps=steps, batch=16, lr=1e-2, warmup=warmup, min_lr_ratio=1.0, weight_decay=1e-4,
+                       independent_wd=True, beta1=0.9, beta2=0.95, adam_eps=1e-8, clip=1.0, record_every=1,
+                       record_sequences=1, eval_batches=20, dtype="fp32", checkpoint_every=500)
+
+
+@dataclass(frozen=True)
+class PilotConfig(TrainingConfig):
+    """Arms × learning rates × pilot seeds of the pre-LN tiny LM at head width ``head_dim``."""
+
+    head_dim: int = 64
+    arms: tuple[str, ...] = tuple(ARMS)
+    lrs: tuple[float, ...] = PILOT_LRS
+    seeds: tuple[int, ...] = PILOT_SEEDS
+    train: TrainConfig = recipe_train()
+
+    def __post_init__(self):
+        super().__post_init__()
+        unknown = [a for a in self.arms if a not in ARMS]
+        if unknown:
+            raise ConfigError(f"unknown pilot arm {unknown[0]!r}; choose from: {', '.join(ARMS)}")
+        for name in ("arms", "lrs", "seeds"):
+            values = getattr(self, name)
+            if not values or len(set(values)) != len(values):
+                raise ConfigError(f"warn-study pilot {name} must be a non-empty list without repeats, got {list(values)}")
+        if self.train.record_every != 1:
+            raise ConfigError(f"the pilot reads the loss at every step: train record_every must be 1, "
+                              f"got {self.train.record_every}")
+        inside = sorted(set(self.seeds) & set(STUDY_SEEDS))
+        if inside:
+            raise ConfigError(f"pilot seeds must lie outside the study's seeds 0–{STUDY_SEEDS[-1]}, got {inside}; "
+                              f"use e.g. {' '.join(map(str, PILOT_SEEDS))}")
+
+
+def pilot_preset(size: str = "full", corpus: str = "default", tokenizer: str | None = None) -> PilotConfig:
+    """"full": 4 arms × 5 rungs × 4 seeds of 1,500 steps; "smoke": the same arms at two rungs, one seed,
+    40 steps of a 16-wide model: a check that the pilot and its table work, not a measurement."""
+    if size not in SIZES:
+        raise ConfigError(f"unknown warn-study preset {size!r}; choose one of: {', '.join(SIZES)}")
+    base = PilotConfig(corpus=corpus, tokenizer=tokenizer)
+    if size == "smoke":
+        return replace(base, head_dim=8, lrs=(3e-3, 3e-1), seeds=(PILOT_SEEDS[0],),
+                       model={**base.model, "context": 16, "d_model": 16},
+                       train=replace(recipe_train(steps=40, warmup=4), batch=2, eval_batches=2, checkpoint_every=0))
+    return base
+
+
+def pilot_specs(cfg: PilotConfig, vocab_size: int) -> list[RunSpec]:
+    from attnscale.lm.model import ModelConfig
+
+    train = cfg.train if cfg.device is None else replace(cfg.train, device=cfg.device)
+    out = []
+    for arm in cfg.arms:
+        scale, z_loss = ARMS[arm]
+        model = ModelConfig(vocab_size=vocab_size, head_dim=cfg.head_dim, scale=scale, **{**cfg.model, "norm": "pre"})
+        out += [RunSpec(f"pilot-{arm}-lr{lr:g}-seed{seed}", model, replace(train, lr=lr, seed=seed, z_loss=z_loss),
+                        PILOT_GROUP) for lr in cfg.lrs for seed in cfg.seeds]
+    return out
+
+
+def _arm_of(run: TrainRun) -> str:
+    z_loss = run.train.get("z_loss", 0.0)
+    return next(a for a, (s, z) in ARMS.items() if s == run.scale and z == z_loss)
+
+
+def run_pilot(cfg: PilotConfig, out: Path, jobs: int = 1, progress: bool = True, executor: str = "local",
+              ray_address: str | None = None) -> dict[str, Any]:
+    """Train what is missing, then ``pilot_summary`` against a bigram model of the corpus."""
+    from attnscale.analysis.outcomes import bigram_loss
+
+    corpus = cfg.corpus_spec.load()
+    runs = execute(pilot_specs(cfg, corpus.vocab_size), cfg.corpus_spec, Path(out), jobs=jobs, progress=progress,
+                   corpus=corpus, executor=executor, ray_address=ray_address)
+    rows = [{"arm": _arm_of(t), "lr": t.lr, "seed": t.seed, "losses": alarms.series_of(t, 1).losses,
+             "final": t.results.valid_loss} for t in runs if t.status in ("done", "diverged")]
+    return pilot_summary(rows, bigram_loss(corpus.train.tolist(), corpus.valid.tolist(), corpus.vocab_size))
+
+
+def choose_rungs(counts: dict[float, tuple[int, int]], share: tuple[float, float] = BREAK_SHARE,
+                 n: int = CHOSEN_RUNGS) -> list[float]:
+    """The study's rungs from (mid-run breaks, runs) of the qk-norm-off arms per learning rate: those whose
+    share lies in ``share`` (ends included), the ``n`` nearest half (ties: the lower rate), in rate order."""
+    def frac(lr):  # exact, so that 3 of 10 and 7 of 10 tie at a distance of 1/5 from half
+        return Fraction(*counts[lr])
+
+    low, high = Fraction(str(share[0])), Fraction(str(share[1]))
+    ok = [lr for lr, (_, runs) in counts.items() if runs and low <= frac(lr) <= high]
+    return sorted(sorted(ok, key=lambda lr: (abs(frac(lr) - Fraction(1, 2)), lr))[:n])
+
+
+def pilot_summary(rows: list[dict[str, Any]], bigram: float) -> dict[str, Any]:
+    """Per arm and rung the outcome tally (``outcomes.tally``), and per rung the qk-norm-off runs' mid-run
+    breaks; the rungs chosen for the study. ``rows``: arm, lr, seed, losses (every step), final (held-out).
+    The learned level lies halfway from the bigram floor to the pilot's best run (``outcomes.learned_level``)."""
+    from attnscale.analysis import outcomes as oc
+
+    finals = [r["final"] for r in rows if isinstance(r["final"], float) and math.isfinite(r["final"])]
+    best = min(finals, default=None)
+    result: dict[str, Any] = {"pilot": True, "bigram": bigram, "best": best, "level": None, "cells": [],
+                              "qk_off": {}, "chosen": [], "runs": len(rows)}
+    if best is None or best >= bigram:
+        result["note"] = ("no pilot run beat the bigram floor, so none learned and no rung can be chosen: "
+                          "change the recipe (longer runs, larger rates up to 3e-1, a shorter warm-up) and pilot again")
+        return result
+    result["level"] = level = oc.learned_level(bigram, best)
+    qk_off: dict[float, list[int]] = {}
+    for arm in dict.fromkeys(r["arm"] for r in rows):
+        mine = [r for r in rows if r["arm"] == arm]
+        by_lr: dict[float, list] = {}
+        for r in mine:
+            by_lr.setdefault(r["lr"], []).append(r["final"])
+        try:
+            arm_best = oc.arm_best(by_lr)
+        except ConfigError:
+            arm_best = math.inf  # no rate of the arm ends finite: only the floor can mark a run degraded
+        for lr in sorted(by_lr):
+            tally = oc.tally(oc.classify(r["losses"], r["final"], level, bigram, arm_best)
+                             for r in mine if r["lr"] == lr)
+            result["cells"].append({"arm": arm, "lr": lr, **tally})
+            if ARMS[arm][0] != "qk_norm":
+                k = qk_off.setdefault(lr, [0, 0])
+                k[0], k[1] = k[0] + tally["mid_run_breaks"], k[1] + tally["runs"]
+    result["qk_off"] = {lr: {"mid_run_breaks": k, "runs": n, "share": k / n, "ci": det.wilson(k, n)}
+                        for lr, (k, n) in sorted(qk_off.items())}
+    result["chosen"] = choose_rungs({lr: (k, n) for lr, (k, n) in qk_off.items()})
+    if not result["chosen"]:
+        result["note"] = (f"no rung has {BREAK_SHARE[0]:.0%}–{BREAK_SHARE[1]:.0%} of its qk-norm-off runs breaking "
+                          "mid-run: change the recipe (longer runs, larger rates up to 3e-1, a shorter warm-up) "
+                          "and pilot again before any study seed runs")
+    return result
+
+
+def format_pilot(result: dict[str, Any]) -> str:
+    """Per rung: each arm's mid-run breaks of its runs (never learned apart), the qk-norm-off share; the choice."""
+    head = (f"Bigram floor {result['bigram']:.3f} nats; best pilot run "
+            + ("—" if result["best"] is None else f"{result['best']:.3f}")
+            + ("" if result["level"] is None else f"; learned: 20-step mean under {result['level']:.3f} nats") + ".")
+    if result["level"] is None:
+        return head + "\n" + result["note"] + "."
+    arms = list(dict.fromkeys(c["arm"] for c in result["cells"]))
+    cells = {(c["arm"], c["lr"]): c for c in result["cells"]}
+    rows = []
+    for lr in sorted({c["lr"] for c in result["cells"]}):
+        q = result["qk_off"].get(lr)
+        got = [cells.get((a, lr)) for a in arms]
+        rows.append([f"{lr:g}"] + ["—" if c is None else f"{c['mid_run_breaks']}/{c['runs']} ({c['never_learned']})"
+                                   for c in got]
+                    + ["—" if q is None else f"{q['mid_run_breaks']}/{q['runs']} " + pct_text(q["share"], q["ci"])])
+    lines = table(("lr", *arms, "qk-norm off: broke mid-run [95% Wilson]"), rows, "<" + ">" * (len(arms) + 1))
+    lines.append("Cells: mid-run breaks/runs (never learned, apart). " + (
+        f"Rungs for the study: {' '.join(f'{lr:g}' for lr in result['chosen'])}." if result["chosen"]
+        else result["note"] + "."))
+    return "\n".join([head, *lines])
+
+
+def pilot_json(result: dict[str, Any]) -> dict[str, Any]:
+    """The pilot's numbers as --json prints them (rates keyed by their printed form)."""
+    return {**{k: v for k, v in result.items() if k != "qk_off"},
+            "qk_off": {f"{lr:g}": v for lr, v in result["qk_off"].items()}}

@@ -100,6 +100,11 @@ class TrainConfig:
     device: str = "auto"
     attention: str = "auto"
     weights: str = "fp32"
+    # Wortsman et al. 2023's recipe (the warn study): the defaults are the loop as it was
+    z_loss: float = 0.0  # coef · mean(log Z)² added to the loss a step minimises, Z the output softmax's sum
+    beta1: float = 0.9
+    adam_eps: float = 1e-8
+    independent_wd: bool = False  # weight_decay shrinks by itself × lr_t/lr a step, not by itself × lr_t
 
     def __post_init__(self):
         check_positive_ints(self, ("steps", "batch", "record_every", "record_sequences"), "train")
@@ -127,6 +132,10 @@ class TrainConfig:
         if self.weights == "bf16" and self.dtype not in ("bf16", "auto"):
             raise ConfigError(f"train weights 'bf16' need dtype bf16 (or auto), not {self.dtype!r}; "
                               "drop --weights bf16 or train in bf16")
+        if not (0 <= self.z_loss < math.inf and 0 <= self.beta1 < 1 and 0 < self.adam_eps < 1):
+            raise ConfigError("train z_loss must be >= 0, beta1 in [0, 1) and adam_eps in (0, 1)")
+        if not isinstance(self.independent_wd, bool):
+            raise ConfigError(f"train independent_wd must be true or false, got {self.independent_wd!r}")
         if not 0 < self.frozen_threshold < 1:
             raise ConfigError(f"train frozen_threshold must lie in (0, 1), got {self.frozen_threshold!r}")
 
@@ -382,11 +391,14 @@ def _build(model_cfg: ModelConfig, cfg: TrainConfig, log_line) -> _Run:
     compute = _Bf16Copy(model, grads) if cfg.weights == "bf16" and precision.autocast is torch.bfloat16 else None
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
+    # AdamW shrinks a weight by lr_t · weight_decay a step; independent decay (Wortsman et al. 2023) by
+    # weight_decay · lr_t / lr, which follows the schedule's shape but not the rate's size
+    wd = cfg.weight_decay / cfg.lr if cfg.independent_wd else cfg.weight_decay
     opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}],
+        [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}],
         # one kernel per step (~4% faster than foreach on CPU), and it skips an update on the device where told to
         # (found_inf), which MPS's fused kernel ignored until mid-2026 (PyTorch PR 186360): MPS keeps foreach
-        lr=cfg.lr, betas=(0.9, cfg.beta2), fused=device.type in ("cpu", "cuda"),
+        lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps, fused=device.type in ("cpu", "cuda"),
     )
     return _Run(model_cfg, cfg, device, precision, impl, model, opt, torch.Generator().manual_seed(cfg.seed),
                 dev.grad_scaler(precision), log_line, grads, compute)
@@ -426,10 +438,10 @@ def _step(run: _Run, step: int, corpus) -> tuple[float, float, float, bool]:
     due = step % cfg.record_every == 0
     with dev.tf32(run.precision):
         with recording(run.net, due, cfg.frozen_threshold, cfg.record_sequences) as rec, run.forward_precision():
-            loss = run.net.loss(x_BT, y_BT)
+            loss, objective = _objectives(run.net, x_BT, y_BT, cfg.z_loss)
         if run.compute is None:
             run.grads.zero_()  # the bf16 copy's gradients were zeroed as they went to the masters
-        run.scaler.scale(loss).backward()
+        run.scaler.scale(objective).backward()
         run.gradients_to_masters()
         run.scaler.unscale_(run.opt)  # clip the true gradients (a no-op without fp16)
         grad_norm = _clip_(run.grads, cfg.clip)
@@ -448,6 +460,19 @@ def _step(run: _Run, step: int, corpus) -> tuple[float, float, float, bool]:
     if not skipped:
         run.losses.append(value)
     return value, lr, grad_norm, skipped
+
+
+def _objectives(net: TinyLM, x_BT: torch.Tensor, y_BT: torch.Tensor, z_loss: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cross-entropy, what the step minimises): the same tensor without z-loss; with it, the
+    cross-entropy plus z_loss · mean over tokens of (log Z)², Z the sum of exp(logits), which holds
+    the output logits' normaliser near 1 (Wortsman et al. 2023, after PaLM). The loss recorded and
+    judged is the cross-entropy alone."""
+    if not z_loss:
+        loss = net.loss(x_BT, y_BT)
+        return loss, loss
+    logits_BTV = net(x_BT).float()
+    loss = torch.nn.functional.cross_entropy(logits_BTV.flatten(0, 1), y_BT.flatten())
+    return loss, loss + z_loss * torch.logsumexp(logits_BTV, -1).pow(2).mean()
 
 
 def _update(run: _Run, skip: "torch.Tensor | bool") -> None:

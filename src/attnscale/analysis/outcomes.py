@@ -1,0 +1,206 @@
+"""What happened to a run, decided from its loss series alone, by rules fixed before the study's seeds run.
+
+The warning study (``experiments.warn_study``) asks whether an alert fires before a run that had
+learnt breaks. That needs the event defined without looking at any detector, and apart from runs
+that never learnt at all (a run stuck on the unigram plateau has no moment at which it "broke").
+Every rule here is a pure function of plain numbers: the training loss at every step (None or NaN
+where it was not finite) and the corpus's floors.
+
+- *learned*: the mean loss of the last ``WINDOW`` (20) steps went below ``level`` (``learned_level``:
+  a point set in advance between the no-attention floor and the best run, so that a learned run
+  uses its context beyond the previous token).
+- *mid-run break*: a learned run whose loss goes non-finite, or whose 20-step mean rises at least
+  ``RISE`` (0.5 nats) above its running minimum and stays at least ``HOLD`` (0.3) above that
+  minimum for ``HOLD_STEPS`` (50) steps. A slow divergence counts as well as a spike (Wortsman et
+  al. 2023 study slow divergence). The break step is where the rise began: the step after the last
+  one before the crossing whose own loss was within ``BEGIN`` (0.1 nats) of the minimum (the raw loss,
+  not the mean, so that a jump dates from its own step, not from when the mean had caught up with it).
+- *degraded*: the held-out loss at the end is above the no-attention floor, or more than
+  ``DEGRADED_MARGIN`` above the best learning rate of the run's arm, or missing (the run diverged).
+- *never learned*: not learned; tallied apart and never pooled with breaks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Iterable, Sequence
+
+from attnscale.errors import ConfigError
+
+__all__ = ["WINDOW", "RISE", "HOLD", "HOLD_STEPS", "BEGIN", "LEARNED_SHARE", "DEGRADED_MARGIN", "window_means",
+           "learned_level", "no_attention_floor", "bigram_loss", "learned_at", "mid_run_break", "Break",
+           "degraded", "arm_best", "RunOutcome", "classify", "tally"]
+
+WINDOW = 20  # steps in the running mean that every rule reads: one step's loss is too noisy to judge
+RISE = 0.5  # nats above the running minimum that start a break
+HOLD = 0.3  # nats above that minimum the mean must keep ...
+HOLD_STEPS = 50  # ... for this many steps from the crossing, so a spike that heals is no break
+BEGIN = 0.1  # nats: the rise began after the last step whose loss was this close to the minimum
+LEARNED_SHARE = 0.5  # the learned level lies this share of the way from the no-attention floor to the best run
+DEGRADED_MARGIN = 0.1  # nats above the best learning rate of the arm that make a run degraded
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def window_means(losses: Sequence[float | None], window: int = WINDOW) -> list[float | None]:
+    """The mean of the last ``window`` losses at each step (None before step ``window`` − 1, and from
+    the first non-finite loss on: a mean over a NaN says nothing)."""
+    out: list[float | None] = []
+    total, bad = 0.0, False
+    for i, x in enumerate(losses):
+        bad = bad or not _finite(x)
+        if bad:
+            out.append(None)
+            continue
+        total += x
+        if i >= window:
+            total -= losses[i - window]
+        out.append(total / window if i >= window - 1 else None)
+    return out
+
+
+def learned_level(floor: float, best: float, share: float = LEARNED_SHARE) -> float:
+    """The loss a run must go below to count as learned: ``floor`` − ``share`` × (``floor`` − ``best``),
+    ``floor`` the no-attention floor (``no_attention_floor``) and ``best`` the lowest held-out loss of
+    the pilot's runs. At the default share, half of what attention can add over the floor."""
+    if not (_finite(floor) and _finite(best)) or best >= floor:
+        raise ConfigError(f"the best run's loss ({best!r}) must be below the no-attention floor ({floor!r}) "
+                          "to set a learned level; train the pilot longer or at more learning rates")
+    if not 0 < share < 1:
+        raise ConfigError(f"the learned level's share must lie in (0, 1), got {share!r}")
+    return floor - share * (floor - best)
+
+
+def no_attention_floor(bigram: float, uniform: float | None = None) -> float:
+    """The lowest held-out loss reachable without attention: a bigram model's, or, where given, that
+    of a model of the same shape trained with uniform attention, whichever is lower."""
+    return bigram if uniform is None else min(bigram, uniform)
+
+
+def bigram_loss(train_ids: Iterable[int], valid_ids: Sequence[int], vocab_size: int) -> float:
+    """Held-out cross-entropy (nats per token) of a bigram model fitted on ``train_ids`` with add-one
+    smoothing, p(b | a) = (count(a, b) + 1) / (count(a) + V), as ``schemes.unigram_loss`` smooths; the
+    first held-out token has no predecessor and is not scored. What a model needing no attention scores."""
+    train = [int(t) for t in train_ids]
+    pairs: dict[tuple[int, int], int] = {}
+    firsts = [0] * vocab_size
+    for a, b in zip(train, train[1:]):
+        pairs[a, b] = pairs.get((a, b), 0) + 1
+        firsts[a] += 1
+    valid = [int(t) for t in valid_ids]
+    if len(valid) < 2:
+        raise ConfigError("the held-out split needs at least two tokens for a bigram loss")
+    return math.fsum(-math.log((pairs.get((a, b), 0) + 1) / (firsts[a] + vocab_size))
+                     for a, b in zip(valid, valid[1:])) / (len(valid) - 1)
+
+
+def learned_at(losses: Sequence[float | None], level: float, window: int = WINDOW) -> int | None:
+    """The first step whose ``window``-step mean is below ``level`` (the window's last step), or None."""
+    for i, m in enumerate(window_means(losses, window)):
+        if m is not None and m < level:
+            return i
+    return None
+
+
+@dataclass(frozen=True)
+class Break:
+    """A mid-run break: the step it began and why ("non-finite" or "rise")."""
+
+    step: int
+    reason: str
+
+
+def _bad_from(losses: Sequence[float | None]) -> int:
+    return next((i for i, x in enumerate(losses) if not _finite(x)), len(losses))
+
+
+def mid_run_break(losses: Sequence[float | None], level: float, window: int = WINDOW) -> Break | None:
+    """The break of a learned run (the module's docstring), or None: for a run that never learnt, or
+    learnt and held. A rise whose hold is cut short by the end of the series is no break (it cannot
+    be told from a spike that heals); one cut short by a non-finite loss is, from where it began."""
+    start = learned_at(losses, level, window)
+    if start is None:
+        return None
+    means = window_means(losses, window)
+    bad = _bad_from(losses)
+    low = math.inf
+    for c in range(start, bad):
+        low = min(low, means[c])
+        if means[c] < low + RISE:
+            continue
+        if _holds(means, c, low, bad):
+            # the minimum is a mean of losses, so one of them lies at or under it: the set is not empty
+            began = max(i for i in range(c) if losses[i] <= low + BEGIN) + 1
+            return Break(began, "rise")
+    return Break(bad, "non-finite") if bad < len(losses) else None
+
+
+def _holds(means, c: int, low: float, bad: int) -> bool:
+    for j in range(c, c + HOLD_STEPS):
+        if j >= bad:
+            return j < len(means)  # a non-finite loss during the hold: the run blew up mid-rise
+        if means[j] < low + HOLD:
+            return False
+    return True
+
+
+def degraded(final_loss: float | None, floor: float, best_of_arm: float, margin: float = DEGRADED_MARGIN) -> bool:
+    """Whether a run ended degraded: its held-out loss above the no-attention ``floor``, or more than
+    ``margin`` above ``best_of_arm`` (``arm_best``), or missing or not finite (the run diverged)."""
+    if not _finite(final_loss):
+        return True
+    return final_loss > floor or final_loss > best_of_arm + margin
+
+
+def arm_best(finals_by_lr: dict[float, Sequence[float | None]]) -> float:
+    """The best learning rate's loss in one arm: the lowest, over learning rates, of the median held-out
+    loss of its runs (a diverged run counts as +inf, so a rung where most diverge cannot be best)."""
+    def median(xs):
+        s = sorted(x if _finite(x) else math.inf for x in xs)
+        n = len(s)
+        return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
+
+    values = [median(xs) for xs in finals_by_lr.values() if xs]
+    if not values or not math.isfinite(min(values)):
+        raise ConfigError("no learning rate of the arm has a finite median loss: its best rate is unknown")
+    return min(values)
+
+
+@dataclass(frozen=True)
+class RunOutcome:
+    """One run's outcome: when it learnt (None: never), its mid-run break, and whether it ended degraded."""
+
+    learned_at: int | None
+    broke: Break | None
+    degraded: bool
+
+    @property
+    def kind(self) -> str:
+        """"never learned", "mid-run break" or "learned, held"."""
+        if self.learned_at is None:
+            return "never learned"
+        return "mid-run break" if self.broke is not None else "learned, held"
+
+
+def classify(losses: Sequence[float | None], final_loss: float | None, level: float, floor: float,
+             best_of_arm: float, margin: float = DEGRADED_MARGIN) -> RunOutcome:
+    """Every rule applied to one run."""
+    return RunOutcome(learned_at(losses, level), mid_run_break(losses, level), degraded(final_loss, floor, best_of_arm,
+                                                                                          margin))
+
+
+def tally(outcomes: Iterable[RunOutcome]) -> dict[str, int]:
+    """Counts a reader checks first: runs, learned, mid-run breaks, degraded, and never learned, apart."""
+    out = {"runs": 0, "learned": 0, "mid_run_breaks": 0, "degraded": 0, "never_learned": 0}
+    for o in outcomes:
+        out["runs"] += 1
+        out["degraded"] += o.degraded
+        if o.learned_at is None:
+            out["never_learned"] += 1
+        else:
+            out["learned"] += 1
+            out["mid_run_breaks"] += o.broke is not None
+    return out
