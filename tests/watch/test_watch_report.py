@@ -127,6 +127,9 @@ def test_out_never_replaces_a_file_it_did_not_write(log, tmp_path, capsys):
     assert main(["watch-report", str(log), "--out", str(page)]) == 0
     assert watch_page.MARK in page.read_text()
     assert main(["watch-report", str(log), "--out", str(page)]) == 0
+    # a page written before the marker: known by the head this module has always given it
+    page.write_text(page.read_text().replace(watch_page.MARK, ""))
+    assert main(["watch-report", str(log), "--out", str(page)]) == 0
 
 
 def test_a_killed_runs_log_is_read_to_its_last_complete_record(log, capsys):
@@ -241,3 +244,19 @@ def test_follow_stops_with_a_message_when_the_writer_died(log, capsys):
         f"attnscale: stopped following {log}: no new record in 0.2 s; its last line is cut short, as a run killed "
         f"while writing leaves it; the page stays at {log.with_suffix('.html')}")
     assert log.read_bytes() == before
+
+
+def test_follow_says_once_when_a_second_run_starts_in_the_log(log):
+    said, warned = [], []
+    steps = iter([lambda: None, lambda: JsonlSink(log).write(_record(10)), lambda: None])
+
+    def stop():
+        try:
+            next(steps)()
+        except StopIteration:
+            return True
+        return False
+
+    out = watch_page.follow(log, every=0.01, say=said.append, warn=warned.append, stop=stop)
+    assert said == [f"page: {out} (3 probe steps, the last at step 30)", f"page: {out} (1 probe steps, the last at step 10)"]
+    assert len(warned) == 1 and warned[0].startswith(f"{log} holds 2 runs") and "lines 4 to 4, steps 10 to 10" in warned[0]

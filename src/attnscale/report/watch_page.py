@@ -15,7 +15,9 @@ What a reader sees, from the log's records alone (``watch.logs.line.read_watch_l
 The page never replaces what it did not write: not the log it reads, nor any file
 but a page of its own (``check_out``: a marker in the page's head says so). A log
 that holds several runs (a ``JsonlSink`` appends) is drawn for its last run, with a
-note naming the lines of the others; a killed run's cut last line is left out.
+note naming the lines of the others, rather than refused: the last run is the one a
+user follows or has just ended, and the others stay in the file, untouched. A killed
+run's cut last line is left out.
 """
 
 from __future__ import annotations
