@@ -248,15 +248,8 @@ def test_follow_stops_with_a_message_when_the_writer_died(log, capsys):
 
 def test_follow_says_once_when_a_second_run_starts_in_the_log(log):
     said, warned = [], []
-    steps = iter([lambda: None, lambda: JsonlSink(log).write(_record(10)), lambda: None])
-
-    def stop():
-        try:
-            next(steps)()
-        except StopIteration:
-            return True
-        return False
-
+    pending = [lambda: None, lambda: JsonlSink(log).write(_record(10)), lambda: None]  # one action a check
+    stop = lambda: not pending or bool(pending.pop(0)())  # noqa: E731  each action returns None: go on
     out = watch_page.follow(log, every=0.01, say=said.append, warn=warned.append, stop=stop)
     assert said == [f"page: {out} (3 probe steps, the last at step 30)", f"page: {out} (1 probe steps, the last at step 10)"]
     assert len(warned) == 1 and warned[0].startswith(f"{log} holds 2 runs") and "lines 4 to 4, steps 10 to 10" in warned[0]
