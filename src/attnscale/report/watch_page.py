@@ -236,31 +236,35 @@ def follow(log: Path | str, out: Path | str | None = None, causal: bool = True, 
     check_out(log, out)
     if log.is_dir():
         raise ConfigError(f"cannot follow {str(log)!r}: it is a folder; give the JSONL file a Watch writes")
-    seen, told, runs, read = None, None, 1, None
+    seen, stat, told, runs, read, waiting = None, None, None, 1, None, None
     last_new = time.monotonic()
     try:
         while not stop():
-            waiting = None
-            if not log.exists():
-                waiting = f"waiting for {log} to appear"
-            else:
+            try:
+                now = log.stat()
+            except FileNotFoundError:  # not yet there, or moved away
+                now = None
+            if now is None:
+                stat, waiting = None, f"waiting for {log} to appear"
+            elif (now.st_size, now.st_mtime_ns) != stat:  # a week's log is parsed again only when it has changed
+                stat = (now.st_size, now.st_mtime_ns)
                 try:
-                    read = read_watch_log(log)
+                    read, waiting = read_watch_log(log), None
                 except EmptyLogError:
                     waiting = f"waiting for the first record in {log}"
             if waiting is not None and waiting != told:
                 warn(waiting)
                 told = waiting
             if waiting is None:
-                now = (len(read.records), read.records[-1].step, read.records[-1].time)
-                if now != seen:
+                newest = (len(read.records), read.records[-1].step, read.records[-1].time)
+                if newest != seen:
                     build(log, out, causal, refresh=every, read=read)
                     shown = read.last_run().records
                     say(f"page: {out} ({len(shown)} probe steps, the last at step {shown[-1].step})")
                     if len(read.runs()) != runs:
                         runs = len(read.runs())
                         warn(read.runs_note())
-                    seen, last_new = now, time.monotonic()
+                    seen, last_new = newest, time.monotonic()
             if give_up is not None and time.monotonic() - last_new > give_up:
                 return _given_up(log, out, give_up, read if seen is not None else None, waiting, warn)
             time.sleep(every)
