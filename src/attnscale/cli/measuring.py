@@ -242,6 +242,7 @@ def _watch_report(args) -> None:
         print(f"page: {watch_page.build(args.log, out, causal=not args.bidirectional, read=read)}")
         return
     give_up = args.give_up if args.give_up is not None else GIVE_UP
+    watch_page.check_follow(args.log, out)  # what it can never read is refused before it says it waits
     _say(f"following {args.log}: the page {out} is built again whenever a record is added, checked every "
          f"{args.follow:g} s; it stops after {give_up:g} s without one (--give-up), or on Ctrl-C")
     watch_page.follow(args.log, out, causal=not args.bidirectional, every=args.follow, give_up=give_up, warn=_say)

@@ -36,7 +36,7 @@ from attnscale.report import render
 from attnscale.report.blocks import Heading, Para, Image, Table
 from attnscale.watch.logs.line import EmptyLogError, WatchLine, WatchLog, read_log, read_watch_log  # noqa: F401  read_log: as before
 
-__all__ = ["build", "follow", "check_out", "page", "reference_words", "first_firings", "grid_over_steps", "MARK"]
+__all__ = ["build", "follow", "check_out", "check_follow", "page", "reference_words", "first_firings", "grid_over_steps", "MARK"]
 
 MARK = '<meta name="generator" content="attnscale watch-report">'  # how check_out knows a page of its own
 DRAWN = ("spread", "max_score", "effective_words", "frozen_fraction")  # the measures the page reads
@@ -222,6 +222,21 @@ def build(log: Path | str, out: Path | str | None = None, causal: bool = True, r
     return out
 
 
+def check_follow(log: Path | str, out: Path | str) -> None:
+    """A ``ConfigError`` now for what ``follow`` could never read or write, before anything is said or waited
+    for: ``check_out``'s cases, a folder, a log whose lines are not records (a log that is absent or
+    without a complete record yet is waited for)."""
+    log = Path(log)
+    check_out(log, out)
+    if log.is_dir():
+        raise ConfigError(f"cannot follow {str(log)!r}: it is a folder; give the JSONL file a Watch writes")
+    if log.exists():
+        try:
+            read_watch_log(log)
+        except EmptyLogError:
+            pass
+
+
 def follow(log: Path | str, out: Path | str | None = None, causal: bool = True, every: float = 5.0,
            say=print, stop=lambda: False, give_up: float | None = None, warn=None) -> Path:
     """The page of a log that is still being written: built again whenever a record is added, checked every
@@ -233,9 +248,7 @@ def follow(log: Path | str, out: Path | str | None = None, causal: bool = True, 
     log = Path(log)
     out = Path(out) if out is not None else log.with_suffix(".html")
     warn = say if warn is None else warn
-    check_out(log, out)
-    if log.is_dir():
-        raise ConfigError(f"cannot follow {str(log)!r}: it is a folder; give the JSONL file a Watch writes")
+    check_follow(log, out)
     seen, stat, told, runs, read, waiting = None, None, None, 1, None, None
     last_new = time.monotonic()
     try:
