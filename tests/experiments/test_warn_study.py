@@ -51,7 +51,7 @@ def test_bad_configs_say_what_is_wrong():
         ws.WarnConfig(warmups=(0, 200))
 
 
-def test_the_smoke_study_runs_resumes_and_reports(tmp_path):
+def test_the_smoke_study_runs_resumes_and_reports(tmp_path, capsys):
     cfg = ws.preset("smoke")
     result = ws.run(cfg, tmp_path, progress=False)
     assert len(result["rows"]) == 4 and result["choosing_seeds"] == (0,) and result["held_out_seeds"] == (1,)
@@ -64,6 +64,15 @@ def test_the_smoke_study_runs_resumes_and_reports(tmp_path):
     again = ws.run(cfg, tmp_path, progress=False)  # everything finished: nothing trains again
     assert {p: p.stat().st_mtime_ns for p in tmp_path.glob("*/record.json")} == records
     assert [r["run"] for r in again["rows"]] == [r["run"] for r in result["rows"]]
+    # a record damaged on disk: set aside with the run's metrics and weights, never deleted; the run trained again
+    damaged = sorted(tmp_path.glob("*/record.json"))[0].parent
+    (damaged / "record.json").write_text('{"schema": 2, "experiment": "tr')
+    kept = {name: (damaged / name).read_bytes() for name in ("record.json", "metrics.jsonl", "model.safetensors")}
+    capsys.readouterr()
+    resumed = ws.run(cfg, tmp_path, progress=False)
+    assert {name: (damaged / f"{name}.damaged-1").read_bytes() for name in kept} == kept
+    assert "set aside as metrics.jsonl.damaged-1" in capsys.readouterr().err
+    assert [r["run"] for r in resumed["rows"]] == [r["run"] for r in result["rows"]]
     paths = report.build(tmp_path)
     assert f"## {warn_section.TITLE}" in paths["markdown"].read_text(encoding="utf-8")
     json.dumps(ws.as_json(result))  # plain numbers
@@ -200,14 +209,27 @@ def test_the_watch_defaults_are_the_studys_rule_with_its_figures():
     (["--lrs", "0"], "argument --lrs: takes a positive number, got '0'"),
     (["--norm", "mid"], "argument --norm: invalid choice"),
     (["--warmup", "500"], "warm-ups must be whole steps below the run's 200"),
-    (["--family", "llama", "--scale", "none"], "--scale and --norm vary the tiny LM only"),
+    (["--family", "llama", "--scale", "none"], "--scale and --norm vary the tiny LM only; drop them, or use --family tiny or all"),
+    (["--seeds", "0"], "warn-study needs at least 2 seeds, got [0]: half choose the thresholds and the other half judge them"),
+    (["--seeds", "3", "3"], "needs at least 2 seeds, got [3]"),
     (["--family", "gpt"], "argument --family: invalid choice"),
     (["--family", "llama", "--dtype", "bf16", "--weights", "bf16"], "set weights to fp32"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, words, tmp_path, capsys):
     assert main(["warn-study", "--out", str(tmp_path / "w"), *args]) == 2
     err = capsys.readouterr().err.strip()
-    assert words in err and len(err.splitlines()) == 1
+    assert words in err and len(err.splitlines()) == 1 and "Traceback" not in err
+    assert not list(tmp_path.rglob("record.json"))  # refused before any run trained
+
+
+def test_family_all_varies_the_tiny_lms_scale_and_leaves_the_llama_its_own():
+    from attnscale.cli import build_parser
+    from attnscale.cli.training import _warn_config
+
+    args = build_parser().parse_args(["warn-study", "--family", "all", "--scale", "none", "--norm", "post", "--quick"])
+    tiny, llama = _warn_config(args)
+    assert (tiny.family, tiny.scales, tiny.norms) == ("tiny", ("none",), ("post",))
+    assert (llama.family, llama.scales, llama.norms) == ("llama", ("inv_sqrt_d",), ("pre",))
 
 
 @pytest.mark.slow  # the executor path every study shares (tests/runs/test_ray_executor.py): in `make test-all`

@@ -223,3 +223,24 @@ def test_a_copied_run_is_read_like_the_one_it_copies(trained_folders):
     copy = inspect_model(trained_folders / "sweep" / "d8-none-s0", TEXT)
     assert record.read(trained_folders / "sweep" / "d8-none-s0").copied_from == str(trained_folders / "dynamics" / "d8-none-s0")
     assert copy.rows == original.rows
+
+
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_a_run_still_training_is_said_so_with_its_latest_checkpoint(checkpoint, tmp_path, capsys):
+    run = tmp_path / "run"
+    cfg = _cfg()
+    # what a run in training leaves: a "running" record, no final weights, perhaps a checkpoint
+    record.write(run, record.new("train", {"model": asdict(cfg)}, None, status="running"))
+    if checkpoint:
+        torch.save({"config": {"model": asdict(cfg)}, "step": 4, "model": build_model(cfg).state_dict()},
+                   run / "checkpoint.pt")
+    before = {p.name: p.read_bytes() for p in run.iterdir()}
+    rc = main(["inspect", "--model", str(run), "--text", "hi there"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "Traceback" not in err and err.count("\n") == 1
+    assert err.startswith(f"attnscale: error: --model: {str(run)!r} is still training (its record.json says running")
+    if checkpoint:
+        assert f"its latest checkpoint is {str(run / 'checkpoint.pt')!r}: give that to --model" in err
+    else:
+        assert "it has saved no checkpoint yet" in err
+    assert {p.name: p.read_bytes() for p in run.iterdir()} == before

@@ -76,9 +76,42 @@ def test_thread_count_and_corpus_path_do_not_make_another_run(tmp_path):
         store.run_state(tmp_path, _config(corpus={"sha256": "cd" * 32}))
 
 
-def test_unreadable_record_restarts(tmp_path):
+def test_unreadable_record_is_damaged_and_run_state_changes_nothing(tmp_path):
     (tmp_path / "record.json").write_text('{"experiment": "tr')
-    assert store.run_state(tmp_path, _config()) == "restart"
+    assert store.run_state(tmp_path, _config()) == "damaged"
+    assert [p.name for p in tmp_path.iterdir()] == ["record.json"]  # run_state may read another folder's runs
+
+
+def test_a_damaged_record_is_set_aside_with_what_the_run_made(tmp_path, capsys):
+    made = {"record.json": b'{"experiment": "tr', "metrics.jsonl": b'{"step": 0}\n', "model.safetensors": b"weights"}
+    for name, data in made.items():
+        (tmp_path / name).write_bytes(data)
+    moved = store.set_aside(tmp_path, _config())
+    assert sorted(p.name for p in moved) == sorted(f"{name}.damaged-1" for name in made)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == {f"{n}.damaged-1": d for n, d in made.items()}
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "record.json is not valid JSON" in err and "record.json.damaged-1" in err
+    # damaged again on a later resume: the first set stays, the second is numbered after it
+    (tmp_path / "record.json").write_bytes(b"[1, 2]")
+    assert [p.name for p in store.set_aside(tmp_path, _config())] == ["record.json.damaged-2"]
+    assert (tmp_path / "record.json.damaged-1").read_bytes() == made["record.json"]
+    # a record that reads is never moved
+    _write(tmp_path, "train", _config(), None, status="running")
+    assert store.set_aside(tmp_path, _config()) == [] and (tmp_path / "record.json").exists()
+
+
+def test_set_aside_keeps_this_runs_checkpoint_and_moves_another_configs(tmp_path):
+    import torch
+
+    for folder, config in (("mine", _config()), ("other", _config(model={"head_dim": 16}))):
+        run = tmp_path / folder
+        run.mkdir()
+        (run / "record.json").write_text("{oops")
+        torch.save({"config": config, "step": 4}, run / "checkpoint.pt")
+    store.set_aside(tmp_path / "mine", _config())
+    store.set_aside(tmp_path / "other", _config())
+    assert (tmp_path / "mine" / "checkpoint.pt").exists()  # training resumes from it
+    assert sorted(p.name for p in (tmp_path / "other").iterdir()) == ["checkpoint.pt.damaged-1", "record.json.damaged-1"]
 
 
 # ---- the record schema ---------------------------------------------------------------

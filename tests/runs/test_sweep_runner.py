@@ -77,6 +77,20 @@ def test_half_finished_run_restarts_with_a_fresh_log(tmp_path, corpus):
     assert rec.perplexity == done.perplexity  # same seed, same numbers
 
 
+def test_a_damaged_record_on_resume_is_set_aside_and_the_run_trained_again(tmp_path, corpus, capsys):
+    specs = [spec(corpus, 8, "none"), spec(corpus, 8, "inv_sqrt_d")]
+    execute(specs, CORPUS, tmp_path, progress=False, corpus=corpus)
+    damaged = tmp_path / specs[1].run_id
+    (damaged / "record.json").write_text('{"schema": 2, "experiment": "tr')  # a record cut short by a failing disk
+    kept = {name: (damaged / name).read_bytes() for name in ("record.json", "metrics.jsonl", "model.safetensors")}
+    capsys.readouterr()
+    records = execute(specs, CORPUS, tmp_path, progress=False, corpus=corpus)
+    assert [r.status for r in records] == ["done", "done"]
+    assert {name: (damaged / f"{name}.damaged-1").read_bytes() for name in kept} == kept
+    assert_clean(damaged)
+    assert "set aside as metrics.jsonl.damaged-1, model.safetensors.damaged-1, record.json.damaged-1" in capsys.readouterr().err
+
+
 def test_folder_of_another_config_stops_before_any_training(tmp_path, corpus):
     execute([spec(corpus, 8)], CORPUS, tmp_path, progress=False, corpus=corpus)
     record = tmp_path / "d8-none-s0" / "record.json"

@@ -91,3 +91,165 @@ def test_cli_refuses_a_bad_log_in_one_line(tmp_path, content, says, capsys):
     assert main(["watch-report", str(path)]) == 2
     err = capsys.readouterr().err
     assert says in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+# ---- what the page never loses, and the logs it reads as they are found -------------------------------------
+
+
+def _refused(argv, capsys, says: str) -> str:
+    """``main(argv)`` ends in exit 2 and one error line holding ``says``, no traceback; returns stderr."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and err.strip().splitlines()[-1].startswith("attnscale: error: "), err
+    assert says in err.strip().splitlines()[-1], err
+    return err
+
+
+def test_out_is_never_the_log_it_reads(log, tmp_path, capsys):
+    before = log.read_bytes()
+    _refused(["watch-report", str(log), "--out", str(log)], capsys, "is the watch log it reads")
+    _refused(["watch-report", str(log), "--out", str(tmp_path / "." / log.name)], capsys, "is the watch log it reads")
+    assert log.read_bytes() == before
+    named_html = tmp_path / "run.html"  # a log whose own name ends .html: the default page would be the log
+    named_html.write_bytes(before)
+    _refused(["watch-report", str(named_html)], capsys, "is the watch log it reads")
+    assert named_html.read_bytes() == before
+
+
+def test_out_never_replaces_a_file_it_did_not_write(log, tmp_path, capsys):
+    notes = tmp_path / "notes.html"
+    notes.write_text("<!DOCTYPE html><p>my notes</p>")
+    _refused(["watch-report", str(log), "--out", str(notes)], capsys, "is not a page attnscale watch-report wrote")
+    assert notes.read_text() == "<!DOCTYPE html><p>my notes</p>"
+    _refused(["watch-report", str(log), "--out", str(tmp_path)], capsys, "is a folder")
+    # its own page is rewritten, as often as asked
+    page = tmp_path / "page.html"
+    assert main(["watch-report", str(log), "--out", str(page)]) == 0
+    assert watch_page.MARK in page.read_text()
+    assert main(["watch-report", str(log), "--out", str(page)]) == 0
+    # a page written before the marker: known by the head this module has always given it
+    page.write_text(page.read_text().replace(watch_page.MARK, ""))
+    assert main(["watch-report", str(log), "--out", str(page)]) == 0
+
+
+def test_a_killed_runs_log_is_read_to_its_last_complete_record(log, capsys):
+    text = log.read_text()
+    log.write_text(text + _record(40).to_line()[:57])  # killed while writing step 40
+    before = log.read_bytes()
+    assert main(["watch-report", str(log)]) == 0
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [f"attnscale: {log}: line 4 was cut short (a run killed while writing); "
+                                        "read the 3 complete records"]
+    assert "3 probe steps, 10 to 30" in log.with_suffix(".html").read_text()
+    assert log.read_bytes() == before
+
+
+def test_a_run_resumed_after_a_kill_is_read_past_the_cut_line(tmp_path):
+    """A run killed mid-line, then started again on the same log: its first record is glued to the cut one."""
+    from attnscale.watch.logs.line import read_watch_log
+
+    path = tmp_path / "watch.jsonl"
+    path.write_text(_record(10).to_line() + _record(20).to_line()[:40] + _record(10).to_line() + _record(20).to_line())
+    read = read_watch_log(path)
+    assert [r.step for r in read.records] == [10, 10, 20] and read.cut == (2,) and read.lines == [1, 2, 3]
+    assert read.runs() == [(0, 1), (1, 3)] and [r.step for r in read.last_run().records] == [10, 20]
+
+
+@pytest.mark.parametrize("edit, says", [
+    (lambda line: line.replace('"step": 20', '"step": Infinity'), ":2 holds Infinity, which a Watch never writes"),
+    (lambda line: line.replace('"values": [[[', '"values": [[["high", '), ":2 lacks a well-formed field ('values' holds 'high'"),
+    (lambda line: line.replace('"step": 20', '"step": "20"'), ":2 lacks a well-formed field ('step' is '20'"),
+    (lambda line: line.replace('"alerts": [{"alert": "max_score", "layer": 1', '"alerts": [{"alert": "max_score", "layer": null'),
+     ":2 lacks a well-formed field (an alert lacks its name, layer, head or step"),
+])
+def test_a_bad_record_is_one_line_naming_its_line(log, edit, says, capsys):
+    lines = log.read_text().splitlines(keepends=True)
+    lines[1] = edit(lines[1])
+    log.write_text("".join(lines))
+    before = log.read_bytes()
+    _refused(["watch-report", str(log)], capsys, says)
+    assert log.read_bytes() == before and not log.with_suffix(".html").exists()
+
+
+def _wider(step: int) -> WatchLine:
+    """Another model's record: 3 layers of 2 heads."""
+    r = _record(step)
+    return WatchLine(step=step, time=r.time, measures=r.measures, values=[[heads[:2] for heads in r.values[0]]] * 3,
+                     rows=[[30] * 2] * 3, summary=r.summary, probe=r.probe, threshold=r.threshold)
+
+
+@pytest.mark.parametrize("second, shown", [(_record, "2 layers × 3 heads"), (_wider, "3 layers × 2 heads")])
+def test_two_runs_in_one_log_show_the_last_with_a_note(log, second, shown, capsys):
+    sink = JsonlSink(log)  # a second run appends to the same file; the wider model's steps even go on rising
+    for step in ((40, 50) if second is _wider else (10, 20)):
+        sink.write(second(step))
+    sink.close()
+    assert main(["watch-report", str(log)]) == 0
+    err = capsys.readouterr().err.strip().splitlines()
+    steps = "40 to 50" if second is _wider else "10 to 20"
+    assert err == [f"attnscale: {log} holds 2 runs (the steps start again, or the table changes shape, at line 4); "
+                   f"shown: the last, lines 4 to 5, steps {steps}; give each run its own log to see the others"]
+    html = log.with_suffix(".html").read_text()
+    assert f"2 probe steps, {steps}; {shown}" in html and "holds 2 runs" in html
+
+
+@pytest.mark.parametrize("value", ["inf", "nan", "0", "-1", "soon"])
+def test_follow_seconds_are_checked_before_anything_is_read(log, value, capsys):
+    _refused(["watch-report", str(log), "--follow", value], capsys, f"--follow takes a positive number of seconds, got {value}")
+    _refused(["watch-report", str(log), "--follow", "--give-up", value], capsys, f"--give-up takes a positive number")
+    assert not log.with_suffix(".html").exists()
+
+
+def test_give_up_goes_with_follow(log, capsys):
+    _refused(["watch-report", str(log), "--give-up", "5"], capsys, "--give-up goes with --follow")
+
+
+@pytest.mark.parametrize("content, says", [
+    (None, "it is a folder"),
+    ('{"schema": "attnscale.watch", "version": 99, "step": 1}\n', "version 99"),
+    ("step,time,layer\n1,2,3\n", ":1 is not JSON"),
+])
+def test_follow_refuses_at_once_what_it_can_never_read(tmp_path, content, says, capsys):
+    path = tmp_path / "watch.jsonl"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_text(content)
+    # --give-up of an hour: a refusal that waited would hang the test, not pass it
+    err = _refused(["watch-report", str(path), "--follow", "0.01", "--give-up", "3600"], capsys, says)
+    assert len(err.strip().splitlines()) == 1  # refused before it says what it would wait for
+    if content is not None:
+        assert path.read_text() == content
+
+
+def test_follow_says_what_it_waits_for_once_then_gives_up(tmp_path, capsys):
+    path = tmp_path / "watch.jsonl"
+    path.write_text("")
+    err = _refused(["watch-report", str(path), "--follow", "0.01", "--give-up", "0.2"], capsys,
+                   "gave up following")
+    lines = err.strip().splitlines()
+    assert lines[0].startswith(f"attnscale: following {path}: ") and "0.2 s without one" in lines[0]
+    assert lines[1:-1] == [f"attnscale: waiting for the first record in {path}"]
+    assert "still holds no complete record in 0.2 s" in lines[-1]
+    assert path.read_text() == "" and not path.with_suffix(".html").exists()
+
+
+def test_follow_stops_with_a_message_when_the_writer_died(log, capsys):
+    log.write_text(log.read_text() + _record(40).to_line()[:57])
+    before = log.read_bytes()
+    assert main(["watch-report", str(log), "--follow", "0.01", "--give-up", "0.2"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip().splitlines() == [f"page: {log.with_suffix('.html')} (3 probe steps, the last at step 30)"]
+    assert captured.err.strip().splitlines()[-1] == (
+        f"attnscale: stopped following {log}: no new record in 0.2 s; its last line is cut short, as a run killed "
+        f"while writing leaves it; the page stays at {log.with_suffix('.html')}")
+    assert log.read_bytes() == before
+
+
+def test_follow_says_once_when_a_second_run_starts_in_the_log(log):
+    said, warned = [], []
+    pending = [lambda: None, lambda: JsonlSink(log).write(_record(10)), lambda: None]  # one action a check
+    stop = lambda: not pending or bool(pending.pop(0)())  # noqa: E731  each action returns None: go on
+    out = watch_page.follow(log, every=0.01, say=said.append, warn=warned.append, stop=stop)
+    assert said == [f"page: {out} (3 probe steps, the last at step 30)", f"page: {out} (1 probe steps, the last at step 10)"]
+    assert len(warned) == 1 and warned[0].startswith(f"{log} holds 2 runs") and "lines 4 to 4, steps 10 to 10" in warned[0]

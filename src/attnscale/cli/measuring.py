@@ -3,7 +3,9 @@ spread, fresh, inspect, reproduce, report, watch-report."""
 
 from __future__ import annotations
 
+import math
 import os
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -205,28 +207,61 @@ def add_report(sub) -> None:
     p.set_defaults(run=Command(_runs_dir, _report, show="\n".join))
 
 
+def _seconds(option: str) -> Callable[[str], float]:
+    """The type of an option in seconds: a positive, finite number, checked as the command line is read."""
+    def seconds(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            value = math.nan
+        if not 0 < value < math.inf:  # NaN fails both
+            raise UsageError(f"{option} takes a positive number of seconds, got {text}")
+        return value
+    return seconds
+
+
+def _say(text: str) -> None:
+    print(f"attnscale: {text}", file=sys.stderr, flush=True)
+
+
 def _watch_report(args) -> None:
     """Not a ``Command``: its --out is the page to write, not a folder, and it trains and measures nothing."""
     from attnscale.report import watch_page
+    from attnscale.watch.logs.line import read_watch_log
 
+    out = args.out if args.out is not None else args.log.with_suffix(".html")
+    watch_page.check_out(args.log, out)  # before anything is read or written: never the log, nor a foreign file
     if args.out is not None:
         writable_dir(args.out.parent or Path("."), "--out")
-    if args.follow is not None:
-        if not args.follow > 0:
-            raise UsageError(f"--follow takes a positive number of seconds, got {args.follow:g}")
-        watch_page.follow(args.log, args.out, causal=not args.bidirectional, every=args.follow)
+    if args.follow is None:
+        if args.give_up is not None:
+            raise UsageError("--give-up goes with --follow: give both, or neither")
+        read = read_watch_log(args.log)
+        for note in read.notes():
+            _say(note)
+        print(f"page: {watch_page.build(args.log, out, causal=not args.bidirectional, read=read)}")
         return
-    print(f"page: {watch_page.build(args.log, args.out, causal=not args.bidirectional)}")
+    give_up = args.give_up if args.give_up is not None else GIVE_UP
+    watch_page.check_follow(args.log, out)  # what it can never read is refused before it says it waits
+    _say(f"following {args.log}: the page {out} is built again whenever a record is added, checked every "
+         f"{args.follow:g} s; it stops after {give_up:g} s without one (--give-up), or on Ctrl-C")
+    watch_page.follow(args.log, out, causal=not args.bidirectional, every=args.follow, give_up=give_up, warn=_say)
+
+
+GIVE_UP = 3600.0  # an hour without a new record: the run has most likely ended or died
 
 
 def add_watch_report(sub) -> None:
     p = sub.add_parser("watch-report", help="one HTML page from a watch log (attnscale.watch's JsonlSink): "
                                             "every head over steps, frozen share, alerts, random-score reference")
     p.add_argument("log", type=Path, metavar="WATCH_LOG", help="the JSONL file a Watch or WatchCallback wrote")
-    p.add_argument("--out", type=Path, help="the page to write (default: WATCH_LOG with .html)")
+    p.add_argument("--out", type=Path, help="the page to write (default: WATCH_LOG with .html); never the log itself, "
+                                            "nor an existing file that is not a page watch-report wrote")
     p.add_argument("--bidirectional", action="store_true",
                    help="the model's rows see every key (an encoder); the random-score reference is causal otherwise")
-    p.add_argument("--follow", type=float, nargs="?", const=5.0, metavar="SECONDS",
+    p.add_argument("--follow", type=_seconds("--follow"), nargs="?", const=5.0, metavar="SECONDS",
                    help="keep the page of a running job: rebuild it whenever the log grows, checked every SECONDS "
                         "(default 5), the open page reloading itself as often; Ctrl-C stops")
+    p.add_argument("--give-up", type=_seconds("--give-up"), metavar="SECONDS",
+                   help=f"with --follow: stop after SECONDS without a new record (default {GIVE_UP:g}, an hour)")
     p.set_defaults(run=_watch_report)

@@ -240,10 +240,14 @@ def _warn_config(args) -> list:
     for cfg in warn_study.configs(args.family, "smoke" if args.quick else "full", corpus=args.corpus,
                                   tokenizer=args.tokenizer):
         model, train = overrides(cfg.model, cfg.train, args)
+        # --scale and --norm vary the tiny LM: with --family all the Llama keeps its own; with --family llama
+        # they are refused by WarnConfig, which says why
+        ours = cfg.family == "tiny" or args.family != "all"
         out.append(dataclasses.replace(
             cfg, model=model, train=train, device=args.device, lrs=_once(args.lrs or cfg.lrs),
-            seeds=_once(args.seeds if args.seeds is not None else cfg.seeds), scales=_once(args.scales or cfg.scales),
-            norms=_once(args.norms or cfg.norms), warmups=_once(args.warmups if args.warmups is not None else cfg.warmups)))
+            seeds=_once(args.seeds if args.seeds is not None else cfg.seeds),
+            scales=_once((ours and args.scales) or cfg.scales), norms=_once((ours and args.norms) or cfg.norms),
+            warmups=_once(args.warmups if args.warmups is not None else cfg.warmups)))
     return out
 
 
@@ -281,7 +285,7 @@ def add_warn_study(sub) -> None:
     p.add_argument("--seeds", type=nonneg_int, nargs="+",
                    help="seeds per cell; half choose the thresholds, half judge them (default: tiny 0 … 9, llama 0 … 11)")
     p.add_argument("--scale", type=scale_name, nargs="+", dest="scales",
-                   help="schemes of the tiny LM (default: none inv_sqrt_d)")
+                   help="schemes of the tiny LM (default: none inv_sqrt_d); with --family all, the Llama keeps its own")
     p.add_argument("--norm", choices=["post", "pre"], nargs="+", dest="norms",
                    help="norm placements of the tiny LM (default: post pre)")
     p.add_argument("--warmup", type=nonneg_int, nargs="+", dest="warmups",

@@ -105,11 +105,14 @@ class WarnConfig(TrainingConfig):
             raise ConfigError(f"unknown warn-study family {self.family!r}; choose one of: {', '.join(FAMILIES)}")
         if self.family == "llama" and (tuple(self.scales), tuple(self.norms)) != (("inv_sqrt_d",), ("pre",)):
             raise ConfigError("the llama family has Llama's own scale (inv_sqrt_d) and pre-norm: "
-                              "--scale and --norm vary the tiny LM only")
+                              "--scale and --norm vary the tiny LM only; drop them, or use --family tiny or all")
         for name in ("scales", "norms", "warmups", "lrs", "seeds"):
             values = getattr(self, name)
             if not values or len(set(values)) != len(values):
                 raise ConfigError(f"warn-study {name} must be a non-empty list without repeats, got {list(values)}")
+        if len(self.seeds) < 2:  # analysis.detectors.split_seeds: every other seed chooses, the rest judge
+            raise ConfigError(f"warn-study needs at least 2 seeds, got {list(self.seeds)}: half choose the thresholds "
+                              "and the other half judge them; give e.g. --seeds 0 1")
         if any(not (isinstance(w, int) and 0 <= w < self.train.steps) for w in self.warmups):
             raise ConfigError(f"warn-study warm-ups must be whole steps below the run's {self.train.steps}")
         if not isinstance(self.probe_every, int) or self.probe_every < 1:

@@ -124,6 +124,22 @@ def _load_weights(model: nn.Module, path: Path) -> None:
         raise ConfigError(f"--model: {str(path)!r} {what}: it does not fit the model in its record.json; {fix}")
 
 
+def _refuse_running(run_dir: Path) -> None:
+    """A ``ConfigError`` where the record says the run is still training: its final weights do not exist yet,
+    and a checkpoint read silently would pass for them. A record that cannot be read is left to the caller."""
+    try:
+        status = run_record.read(run_dir).status if (run_dir / RECORD).is_file() else None
+    except run_record.RecordError:
+        return
+    if status != "running":
+        return
+    checkpoint = run_dir / CHECKPOINT
+    latest = (f"its latest checkpoint is {str(checkpoint)!r}: give that to --model to inspect it as it is now"
+              if checkpoint.is_file() else "it has saved no checkpoint yet")
+    raise ConfigError(f"--model: {str(run_dir)!r} is still training (its record.json says running; a run killed "
+                      f"before it ended says so too), so it has no final weights yet; {latest}")
+
+
 def load_run(run_dir: Path) -> tuple[nn.Module, Encoder | None]:
     """A run folder's TinyLM: its final weights (``model.safetensors``, built from
     ``record.json``'s model config) or, where the run was interrupted, its ``checkpoint.pt``."""
@@ -131,6 +147,8 @@ def load_run(run_dir: Path) -> tuple[nn.Module, Encoder | None]:
 
     run_dir = Path(run_dir)
     weights = run_dir / WEIGHTS
+    if not weights.exists():
+        _refuse_running(run_dir)
     if not weights.exists() and (run_dir / CHECKPOINT).is_file():
         return load_checkpoint(run_dir / CHECKPOINT)
     if not (run_dir / RECORD).is_file():

@@ -1,6 +1,6 @@
 """One self-contained HTML page from a watch log (``attnscale watch-report WATCH_LOG``).
 
-What a reader sees, from the log's records alone (``watch.record.read_log``):
+What a reader sees, from the log's records alone (``watch.logs.line.read_watch_log``):
 - heatmaps of every head (rows: layer.head) over the probe steps (columns) for
   effective words and max |score|, so a head that collapses or whose logits grow
   stands out as one row changing colour;
@@ -11,11 +11,19 @@ What a reader sees, from the log's records alone (``watch.record.read_log``):
   (``core.gaussian_scores``: softmax over i.i.d. N(0, spread²) scores, rows of the
   probe's length, causal unless told otherwise): a head far below its reference
   attends more sharply than noise at its own spread would.
+
+The page never replaces what it did not write: not the log it reads, nor any file
+but a page of its own (``check_out``: a marker in the page's head says so). A log
+that holds several runs (a ``JsonlSink`` appends) is drawn for its last run, with a
+note naming the lines of the others, rather than refused: the last run is the one a
+user follows or has just ended, and the others stay in the file, untouched. A killed
+run's cut last line is left out.
 """
 
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 
@@ -26,9 +34,45 @@ from attnscale.errors import ConfigError
 from attnscale.files import atomic_write_bytes
 from attnscale.report import render
 from attnscale.report.blocks import Heading, Para, Image, Table
-from attnscale.watch.logs.line import WatchLine, read_log
+from attnscale.watch.logs.line import EmptyLogError, WatchLine, WatchLog, read_log, read_watch_log  # noqa: F401  read_log: as before
 
-__all__ = ["build", "page", "reference_words", "first_firings", "grid_over_steps"]
+__all__ = ["build", "follow", "check_out", "check_follow", "page", "reference_words", "first_firings", "grid_over_steps", "MARK"]
+
+MARK = '<meta name="generator" content="attnscale watch-report">'  # how check_out knows a page of its own
+DRAWN = ("spread", "max_score", "effective_words", "frozen_fraction")  # the measures the page reads
+
+
+def _own_page(path: Path) -> bool:
+    """Whether ``path`` is a page watch-report wrote: the marker, or (pages written before it) the
+    title this module gives, in the file's head."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4096).decode("utf-8", "replace")
+    except OSError:
+        return False
+    return MARK in head or (head.startswith("<!DOCTYPE html>") and "<title>Attention watch: " in head)
+
+
+def check_out(log: Path | str, out: Path | str) -> None:
+    """A ``ConfigError`` where writing the page to ``out`` would lose something: ``out`` is the log itself,
+    a folder, or a file that is not a page watch-report wrote."""
+    log, out = Path(log), Path(out)
+    same = out.resolve() == log.resolve() or (out.exists() and log.exists() and os.path.samefile(out, log))
+    if same:
+        raise ConfigError(f"--out {str(out)!r} is the watch log it reads; give another file for the page "
+                          "(default: the log's name with .html)")
+    if out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} is a folder; give the page's file name, e.g. {str(out / 'watch.html')!r}")
+    if out.exists() and not _own_page(out):
+        raise ConfigError(f"--out {str(out)!r} exists and is not a page attnscale watch-report wrote; "
+                          "give another file, or move that one away first")
+
+
+def _check_drawn(records: list[WatchLine], where: Path) -> None:
+    missing = [m for m in DRAWN if m not in records[-1].measures]
+    if missing:
+        raise ConfigError(f"{where} lacks the measures {', '.join(missing)} the page draws; "
+                          "give a log a Watch wrote")
 
 
 def grid_over_steps(records: list[WatchLine], measure: str) -> np.ndarray:
@@ -157,46 +201,100 @@ def page(records: list[WatchLine], causal: bool = True, title: str = "Attention 
 
 
 def build(log: Path | str, out: Path | str | None = None, causal: bool = True, refresh: float | None = None,
-          records: list[WatchLine] | None = None) -> Path:
-    """Read the watch log ``log`` (or take its ``records``) and write the page to ``out`` (default: beside it,
-    .html), in one atomic write; returns its path. ``refresh``: the page reloads itself every that many seconds."""
+          records: list[WatchLine] | None = None, read: WatchLog | None = None) -> Path:
+    """Read the watch log ``log`` (or take its ``records``, or what ``read_watch_log`` made of it) and write the
+    page of its last run to ``out`` (default: beside it, .html), in one atomic write; returns its path.
+    ``refresh``: the page reloads itself every that many seconds. ``check_out`` first: nothing but a page of
+    its own is ever replaced."""
     log = Path(log)
-    records = read_log(log) if records is None else records
     out = Path(out) if out is not None else log.with_suffix(".html")
+    check_out(log, out)
+    notes: list[str] = []
+    if records is None:
+        read = read if read is not None else read_watch_log(log)
+        notes, records = [n for n in [read.runs_note()] if n], read.last_run().records
+    _check_drawn(records, log)
     blocks, images = page(records, causal=causal, title=f"Attention watch: {log.name}")
+    blocks[1:1] = [Para(note) for note in notes]  # under the title: the page shows one run of several
     out.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(out, render.to_html(blocks, images, refresh=refresh).encode("utf-8"))
+    html = render.to_html(blocks, images, refresh=refresh).replace("<head>", "<head>" + MARK, 1)
+    atomic_write_bytes(out, html.encode("utf-8"))
     return out
 
 
+def check_follow(log: Path | str, out: Path | str) -> None:
+    """A ``ConfigError`` now for what ``follow`` could never read or write, before anything is said or waited
+    for: ``check_out``'s cases, a folder, a log whose lines are not records (a log that is absent or
+    without a complete record yet is waited for)."""
+    log = Path(log)
+    check_out(log, out)
+    if log.is_dir():
+        raise ConfigError(f"cannot follow {str(log)!r}: it is a folder; give the JSONL file a Watch writes")
+    if log.exists():
+        try:
+            read_watch_log(log)
+        except EmptyLogError:
+            pass
+
+
 def follow(log: Path | str, out: Path | str | None = None, causal: bool = True, every: float = 5.0,
-           say=print, stop=lambda: False) -> Path:
-    """The page of a log that is still being written: built again whenever the log has grown, checked every
-    ``every`` seconds, the page reloading itself as often, until ``stop()`` or Ctrl-C. A log not there yet
-    is waited for; a last line caught half-written is read at the next check, the page kept as it was."""
+           say=print, stop=lambda: False, give_up: float | None = None, warn=None) -> Path:
+    """The page of a log that is still being written: built again whenever a record is added, checked every
+    ``every`` seconds, the page reloading itself as often, until ``stop()``, Ctrl-C, or ``give_up`` seconds
+    without a new record (None: never). A log not there yet, or without a complete record, is waited for and
+    said once through ``warn`` (default ``say``); a last line caught half-written is read at the next check,
+    the page kept as it was. What can never be read (a folder, a line that is not a record, a newer
+    version) is a ``ConfigError`` at once; giving up before any page is one too."""
     log = Path(log)
     out = Path(out) if out is not None else log.with_suffix(".html")
-    seen, told = None, False
+    warn = say if warn is None else warn
+    check_follow(log, out)
+    seen, stat, told, runs, read, waiting = None, None, None, 1, None, None
+    last_new = time.monotonic()
     try:
         while not stop():
             try:
-                stat = log.stat()
-                now = (stat.st_size, stat.st_mtime_ns)
-            except FileNotFoundError:
+                now = log.stat()
+            except FileNotFoundError:  # not yet there, or moved away
                 now = None
-                if not told:
-                    say(f"waiting for {log} to appear")
-                    told = True
-            if now is not None and now != seen:
+            if now is None:
+                stat, waiting = None, f"waiting for {log} to appear"
+            elif (now.st_size, now.st_mtime_ns) != stat:  # a week's log is parsed again only when it has changed
+                stat = (now.st_size, now.st_mtime_ns)
                 try:
-                    records = read_log(log)
-                except ConfigError:
-                    records = None  # half a line, or no record yet: the next check reads it whole
-                if records:
-                    build(log, out, causal, refresh=every, records=records)
-                    say(f"page: {out} ({len(records)} probe steps, the last at step {records[-1].step})")
-                    seen = now
+                    read, waiting = read_watch_log(log), None
+                except EmptyLogError:
+                    waiting = f"waiting for the first record in {log}"
+            if waiting is not None and waiting != told:
+                warn(waiting)
+                told = waiting
+            if waiting is None:
+                newest = (len(read.records), read.records[-1].step, read.records[-1].time)
+                if newest != seen:
+                    build(log, out, causal, refresh=every, read=read)
+                    shown = read.last_run().records
+                    say(f"page: {out} ({len(shown)} probe steps, the last at step {shown[-1].step})")
+                    if len(read.runs()) != runs:
+                        runs = len(read.runs())
+                        warn(read.runs_note())
+                    seen, last_new = newest, time.monotonic()
+            if give_up is not None and time.monotonic() - last_new > give_up:
+                return _given_up(log, out, give_up, read if seen is not None else None, waiting, warn)
             time.sleep(every)
     except KeyboardInterrupt:
         say(f"stopped following {log}; the page stays at {out}")
+    return out
+
+
+def _given_up(log: Path, out: Path, give_up: float, read: WatchLog | None, waiting: str | None, warn) -> Path:
+    """The end of ``follow`` after ``give_up`` seconds without a new record: a message, or, where no page
+    was ever built, a ``ConfigError``."""
+    if read is None:
+        what = "did not appear" if waiting and waiting.endswith("to appear") else "still holds no complete record"
+        raise ConfigError(f"gave up following {str(log)!r}: it {what} in {give_up:g} s; check that the run writes "
+                          "it (a Watch with a JsonlSink), or wait longer (--give-up)")
+    cut = bool(read.cut) and read.cut[-1] > read.lines[-1]
+    warn(f"stopped following {log}: no new record in {give_up:g} s"
+         + ("; its last line is cut short, as a run killed while writing leaves it" if cut else "")
+         + f"; the page stays at {out}")
     return out

@@ -9,7 +9,9 @@ Resume, decided per run by ``store.run_state`` before any training starts:
   else from step 0; its ``metrics.jsonl`` is rewritten from the checkpoint's
   history, so a restarted run never logs a step twice;
 - a folder holding a run of another config stops everything with a ConfigError
-  that asks for another --out: two experiments never mix in one folder.
+  that asks for another --out: two experiments never mix in one folder;
+- a record that cannot be read is set aside with what the run made
+  (``store.set_aside``: renamed, said on stderr, never deleted) and the run trained again.
 A run is marked "running" (a record with its config) before training starts,
 so an interrupted folder still says what it was for.
 
@@ -225,6 +227,10 @@ def execute(
     configs = {s.run_id: _config(s, corpus) for s in specs}
     # every folder is checked before anything is trained: a clash stops the sweep at once
     states = {s.run_id: store.run_state(out / s.run_id, configs[s.run_id]) for s in specs}
+    for s in specs:  # before a copy or a new run writes into the folder
+        if states[s.run_id] == "damaged":
+            store.set_aside(out / s.run_id, configs[s.run_id])
+            states[s.run_id] = "restart"
     index: dict[Path, dict[str, Path]] = {}
     copied: dict[str, Path] = {}
     for s in specs:

@@ -7,7 +7,10 @@ Resume (``run_state``, used by ``runs.runner``): a record with status "done" or
 "running" (written before training starts) or "stopped", means the run is
 trained again from its checkpoint.pt or from step 0, with its metrics.jsonl
 started afresh; a folder holding another config or experiment is refused with a
-ConfigError. Thread count, device, attention path and checkpoint interval do not
+ConfigError. A record that cannot be read is "damaged": ``set_aside`` renames it,
+and the metrics and weights beside it, to ``NAME.damaged-<n>`` (a checkpoint too,
+where it is not this run's), says so on stderr, and the run is trained again;
+nothing a run made is deleted because its record was. Thread count, device, attention path and checkpoint interval do not
 make another config, nor does the path a corpus was read from (its sha256 does).
 
 Layout of an output folder (``attnscale reproduce --out OUT``):
@@ -21,6 +24,7 @@ run_id = f"d{head_dim}-{scale}-s{seed}" (plus a suffix such as "-lr3e-3" when a 
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +33,7 @@ from attnscale.lm.checkpoint import comparable_config
 from attnscale.lm.study_axes import lr_text
 from attnscale.runs import record as rec
 
-__all__ = ["run_id", "comparable_config", "run_state"]  # comparable_config: lm.train's, re-exported
+__all__ = ["run_id", "comparable_config", "run_state", "set_aside"]  # comparable_config: lm.train's, re-exported
 
 
 # ---- resume ----------------------------------------------------------------------
@@ -55,8 +59,10 @@ def run_state(run_dir: Path, config: Any, experiment: str = "train") -> str:
 
     "finished": a record with status done or diverged and the same config (keep it);
     "restart": nothing usable yet (no record, a record left "running" or "stopped"
-    by an interrupted run, or one cut short): train from scratch, the log afresh;
-    raises ``ConfigError`` when the folder holds a run of another config or
+    by an interrupted run): train from scratch, the log afresh; "damaged": a record
+    that cannot be read, which ``set_aside`` moves out of the way before the run is
+    trained again (this function changes nothing on disk: ``run_dir`` may be another
+    folder's, read for reuse); raises ``ConfigError`` when the folder holds a run of another config or
     experiment, so two experiments never mix in one folder."""
     if not (Path(run_dir) / rec.RECORD).exists():
         return "restart"
@@ -65,7 +71,7 @@ def run_state(run_dir: Path, config: Any, experiment: str = "train") -> str:
     except rec.NewerRecordError:
         raise  # a newer attnscale's run: never overwrite it
     except rec.RecordError:
-        return "restart"  # records are written atomically: only a foreign hand leaves half of one
+        return "damaged"  # records are written atomically: only a foreign hand, or a failing disk, leaves half of one
     if record.experiment != experiment:
         raise ConfigError(f"{run_dir} holds a {record.experiment!r} run, not {experiment!r}; use another --out")
     diff = _differences(comparable_config(record.config), comparable_config(config))
@@ -75,3 +81,35 @@ def run_state(run_dir: Path, config: Any, experiment: str = "train") -> str:
             "use another --out, or delete that folder to retrain it"
         )
     return "finished" if record.finished_ok else "restart"
+
+
+def set_aside(run_dir: Path, config: Any) -> list[Path]:
+    """Rename ``run_dir``'s damaged record, with its metrics and weights (and a checkpoint that is not of
+    ``config``, which training would otherwise overwrite), to ``NAME.damaged-<n>``, n the first number no such
+    file has; say so on stderr and return the new paths. The record goes last: until then the folder still
+    reads as damaged, so an interrupted set-aside is finished by the next resume."""
+    from attnscale.lm.checkpoint import Checkpoint
+
+    run_dir = Path(run_dir)
+    try:
+        rec.read(run_dir)
+    except rec.NewerRecordError:
+        raise  # a newer attnscale's run: left as it is
+    except rec.RecordError as e:
+        why = str(e).split("; ")[0]
+    else:
+        return []  # a record that reads is never moved
+    names = [rec.METRICS, rec.WEIGHTS]
+    if (run_dir / rec.CHECKPOINT).exists() and Checkpoint(run_dir / rec.CHECKPOINT, config).load()[0] is None:
+        names.append(rec.CHECKPOINT)  # this run's own checkpoint stays: training resumes from it
+    names.append(rec.RECORD)
+    n = 1
+    while any((run_dir / f"{name}.damaged-{n}").exists() for name in names):
+        n += 1
+    moved = []
+    for name in names:
+        if (run_dir / name).exists():
+            moved.append((run_dir / name).rename(run_dir / f"{name}.damaged-{n}"))
+    print(f"attnscale: {why}; set aside as {', '.join(p.name for p in moved)} in {run_dir}; "
+          "this run is trained again", file=sys.stderr, flush=True)
+    return moved

@@ -24,7 +24,14 @@ smallest factor the clip put on the head's scores, the largest S_max of its
 training forwards and the steps that clipped. Non-finite numbers are written as
 null (strict JSON, as run records do); an alert keeps the value it saw in its
 message. A line of a newer version than this attnscale knows is refused with a
-one-line ``ConfigError`` naming both versions.
+one-line ``ConfigError`` naming both versions, as is a record whose fields are not
+what a Watch writes (a string among the numbers, ``Infinity``), naming its line.
+
+``read_watch_log`` reads a log as it is found on disk: the last line of a run
+killed mid-write is cut short, and is set aside (``WatchLog.cut``) rather than
+refusing the records before it; a ``JsonlSink`` appends, so one file may hold
+several runs, told apart where the steps stop increasing or the table changes
+shape (``WatchLog.runs``).
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ from typing import Any
 
 from attnscale.errors import ConfigError
 
-__all__ = ["SCHEMA", "VERSION", "WatchLine", "read_log"]
+__all__ = ["SCHEMA", "VERSION", "WatchLine", "WatchLog", "EmptyLogError", "read_log", "read_watch_log"]
 
 SCHEMA = "attnscale.watch"
 VERSION = 1
@@ -105,35 +112,169 @@ class WatchLine:
             raise ConfigError(f"{where} is watch log version {version!r}; this attnscale reads versions 1 to "
                               f"{VERSION}: upgrade attnscale to read it")
         try:
+            _check_fields(data)
             record = cls(step=int(data["step"]), time=float(data["time"]), measures=tuple(data["measures"]),
                          values=data["values"], rows=data["rows"], summary=dict(data["summary"]),
                          alerts=list(data.get("alerts", [])), watch=dict(data.get("watch", {})),
                          probe=dict(data.get("probe", {})), threshold=data.get("threshold"),
                          qk_clip=dict(data.get("qk_clip") or {}), bias=list(data.get("bias") or []))
         except (KeyError, TypeError, ValueError) as e:
-            raise ConfigError(f"{where} lacks a well-formed field ({e}); give an unedited watch log") from None
+            raise ConfigError(f"{where} lacks a well-formed field ({str(e)[:200]}); give an unedited watch log") from None
         if not record.values or any(len(layer) != len(record.measures) for layer in record.values):
             raise ConfigError(f"{where} has a table that does not match its measures; give an unedited watch log")
         return record
 
+    def shape(self) -> tuple:
+        """What tells one model's records from another's: the measures, and the heads of every layer."""
+        return self.measures, tuple(len(layer[0]) if layer else 0 for layer in self.values)
 
-def read_log(path: Path | str) -> list[WatchLine]:
-    """Every record of a watch log, in file order; a bad file is one ``ConfigError`` naming the line."""
+
+def _is_number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _numbers_or_null(x: Any, name: str) -> None:
+    """Nested lists of numbers or null, as ``to_json`` writes them; a TypeError naming ``name`` otherwise."""
+    if isinstance(x, list):
+        for v in x:
+            _numbers_or_null(v, name)
+    elif x is not None and not _is_number(x):
+        raise TypeError(f"{name!r} holds {x!r} where a number or null belongs")
+
+
+def _check_fields(data: dict) -> None:
+    """The fields the page and the tables read, of the types a Watch writes: a hand-edited or foreign
+    record is refused here, in one line, rather than failing later in a plot."""
+    step, time = data["step"], data["time"]
+    if not _is_number(step) or step < 0 or step != int(step):  # Infinity and NaN never get here (parse_constant)
+        raise ValueError(f"'step' is {step!r}, not a whole step")
+    if not _is_number(time):
+        raise ValueError(f"'time' is {time!r}, not a number of seconds")
+    if not isinstance(data["measures"], list) or not all(isinstance(m, str) for m in data["measures"]):
+        raise TypeError("'measures' is not a list of names")
+    for name in ("values", "rows"):
+        if not isinstance(data[name], list) or not all(isinstance(layer, list) for layer in data[name]):
+            raise TypeError(f"{name!r} is not a list of layers")
+        _numbers_or_null(data[name], name)
+    if not isinstance(data["summary"], dict):
+        raise TypeError("'summary' is not an object")
+    _numbers_or_null(list(data["summary"].values()), "summary")
+    alerts = data.get("alerts", [])
+    if not isinstance(alerts, list) or not all(isinstance(a, dict) for a in alerts):
+        raise TypeError("'alerts' is not a list of objects")
+    for a in alerts:
+        if not (isinstance(a.get("alert"), str) and all(_is_number(a.get(k)) for k in ("layer", "head", "step"))):
+            raise TypeError(f"an alert lacks its name, layer, head or step: {a!r}"[:200])
+        _numbers_or_null(a.get("value"), "alerts")
+    if data.get("threshold") is not None and not _is_number(data["threshold"]):
+        raise TypeError(f"'threshold' is {data['threshold']!r}, not a number")
+
+
+class EmptyLogError(ConfigError):
+    """A watch log with no complete record yet: wait for the run's first probe, or give another file."""
+
+
+def _refuse_constant(name: str):
+    raise ValueError(name)  # NaN and ±Infinity: a Watch writes null, never these
+
+
+@dataclass(frozen=True)
+class WatchLog:
+    """A watch log as found on disk: its complete records, the line each was read from, and the lines
+    cut short by a run killed mid-write (the last line; or, where a run appended after such a kill,
+    the start of the line its first record was glued to)."""
+
+    path: Path
+    records: list[WatchLine]
+    lines: list[int]
+    cut: tuple[int, ...] = ()
+
+    def runs(self) -> list[tuple[int, int]]:
+        """(first, end) index ranges of the records, one per run: a run ends where the next record's step is
+        not above its own (a run started again, appending to the same file) or its table changes shape
+        (another model)."""
+        starts = [0] + [i for i in range(1, len(self.records))
+                        if self.records[i].step <= self.records[i - 1].step
+                        or self.records[i].shape() != self.records[i - 1].shape()]
+        return list(zip(starts, starts[1:] + [len(self.records)]))
+
+    def last_run(self) -> "WatchLog":
+        first, _ = self.runs()[-1]
+        return WatchLog(self.path, self.records[first:], self.lines[first:],
+                        tuple(n for n in self.cut if n >= self.lines[first]))
+
+    def cut_note(self) -> str | None:
+        """One line naming the lines cut short, if any."""
+        if not self.cut:
+            return None
+        return (f"{self.path}: line{'s' if len(self.cut) > 1 else ''} {', '.join(map(str, self.cut))} "
+                f"{'were' if len(self.cut) > 1 else 'was'} cut short (a run killed while writing); "
+                f"read the {len(self.records)} complete records")
+
+    def runs_note(self) -> str | None:
+        """One line saying that the log holds several runs and which one ``last_run`` is, if it does."""
+        runs = self.runs()
+        if len(runs) == 1:
+            return None
+        first, end = runs[-1]
+        return (f"{self.path} holds {len(runs)} runs (the steps start again, or the table changes shape, at "
+                f"line{'s' if len(runs) > 2 else ''} {', '.join(str(self.lines[a]) for a, _ in runs[1:])}); "
+                f"shown: the last, lines {self.lines[first]} to {self.lines[end - 1]}, steps "
+                f"{self.records[first].step} to {self.records[end - 1].step}; give each run its own log "
+                "to see the others")
+
+    def notes(self) -> list[str]:
+        """One line for each thing a reader of this log should know: lines cut short, and several runs."""
+        return [n for n in (self.cut_note(), self.runs_note()) if n is not None]
+
+
+def read_watch_log(path: Path | str) -> WatchLog:
+    """Every complete record of a watch log, in file order, and the lines cut short by a killed run.
+    A line that is not a record is one ``ConfigError`` naming it; a log without a complete record,
+    ``EmptyLogError``."""
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
         raise ConfigError(f"cannot read watch log {str(path)!r} ({reason}); give the JSONL file a Watch wrote") from None
-    records = []
-    for n, line in enumerate(text.splitlines(), 1):
+    records, numbers, cut = [], [], []
+    lines = text.split("\n")  # the last item: what follows the last newline, "" in a log written whole
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
-            data = json.loads(line)
+            data = json.loads(line, parse_constant=_refuse_constant)
         except json.JSONDecodeError:
-            raise ConfigError(f"{path}:{n} is not JSON; give the JSONL file a Watch wrote") from None
+            # a record the writer never finished: at the very end, or with the next run's first record glued on
+            glued = line.rfind('{"schema": ')
+            if n == len(lines):
+                cut.append(n)
+                continue
+            if glued > 0:
+                cut.append(n)
+                data = _glued(line[glued:], f"{path}:{n}")
+            else:
+                raise ConfigError(f"{path}:{n} is not JSON; give the JSONL file a Watch wrote") from None
+        except ValueError as e:
+            raise ConfigError(f"{path}:{n} holds {e}, which a Watch never writes (it writes null); "
+                              "give an unedited watch log") from None
         records.append(WatchLine.from_json(data, where=f"{path}:{n}"))
+        numbers.append(n)
     if not records:
-        raise ConfigError(f"watch log {str(path)!r} holds no record; train until the first probe step and retry")
-    return records
+        raise EmptyLogError(f"watch log {str(path)!r} holds no record yet; train until the first probe step "
+                            "and retry")
+    return WatchLog(path, records, numbers, tuple(cut))
+
+
+def _glued(tail: str, where: str) -> Any:
+    try:
+        return json.loads(tail, parse_constant=_refuse_constant)
+    except ValueError:
+        raise ConfigError(f"{where} is not JSON; give the JSONL file a Watch wrote") from None
+
+
+def read_log(path: Path | str) -> list[WatchLine]:
+    """Every complete record of a watch log, in file order (``read_watch_log`` also says which lines were cut
+    and where another run begins); a bad file is one ``ConfigError`` naming the line."""
+    return read_watch_log(path).records
