@@ -152,7 +152,23 @@ def test_a_run_resumed_after_a_kill_is_read_past_the_cut_line(tmp_path):
     path.write_text(_record(10).to_line() + _record(20).to_line()[:40] + _record(10).to_line() + _record(20).to_line())
     read = read_watch_log(path)
     assert [r.step for r in read.records] == [10, 10, 20] and read.cut == (2,) and read.lines == [1, 2, 3]
-    assert read.runs() == [(0, 1), (1, 3)] and [r.step for r in read.last_run().records] == [10, 20]
+    assert read.runs() == [[0], [1, 2]] and [r.step for r in read.last_run().records] == [10, 20]
+
+
+def test_a_run_resumed_from_a_checkpoint_is_one_run_from_its_first_step(tmp_path):
+    """Steps 10..40 logged, the run killed and resumed from its step-20 checkpoint: the records at 30 and 40
+    are superseded by the resumed run's, which goes on; the run is still one, starting at step 10."""
+    from attnscale.watch.logs.line import read_watch_log
+
+    path = tmp_path / "watch.jsonl"
+    path.write_text("".join(_record(s).to_line() for s in (10, 20, 30, 40, 30, 40, 50)))
+    read = read_watch_log(path)
+    assert read.runs() == [[0, 1, 4, 5, 6]] and read.runs_note() is None
+    shown = read.last_run()
+    assert [r.step for r in shown.records] == [10, 20, 30, 40, 50] and shown.lines == [1, 2, 5, 6, 7]
+    # a step back to the run's first step or before is a run started again, not a resume
+    path.write_text("".join(_record(s).to_line() for s in (10, 20, 30, 10, 20)))
+    assert read_watch_log(path).runs() == [[0, 1, 2], [3, 4]]
 
 
 @pytest.mark.parametrize("edit, says", [

@@ -189,19 +189,28 @@ class WatchLog:
     lines: list[int]
     cut: tuple[int, ...] = ()
 
-    def runs(self) -> list[tuple[int, int]]:
-        """(first, end) index ranges of the records, one per run: a run ends where the next record's step is
-        not above its own (a run started again, appending to the same file) or its table changes shape
-        (another model)."""
-        starts = [0] + [i for i in range(1, len(self.records))
-                        if self.records[i].step <= self.records[i - 1].step
-                        or self.records[i].shape() != self.records[i - 1].shape()]
-        return list(zip(starts, starts[1:] + [len(self.records)]))
+    def runs(self) -> list[list[int]]:
+        """The records' indices, one list per run. A record whose table changes shape starts a new run
+        (another model); so does one whose step is not above the run's first step (a run started again,
+        appending to the same file). A step that goes back but stays above the run's first step is the
+        same run resumed from a checkpoint: the records it supersedes (those at or past its step) leave
+        the run, which goes on from there."""
+        runs: list[list[int]] = []
+        for i, record in enumerate(self.records):
+            run = runs[-1] if runs else None
+            if run is None or record.shape() != self.records[run[-1]].shape() \
+                    or record.step <= self.records[run[0]].step:
+                runs.append([i])
+                continue
+            while record.step <= self.records[run[-1]].step:
+                run.pop()
+            run.append(i)
+        return runs
 
     def last_run(self) -> "WatchLog":
-        first, _ = self.runs()[-1]
-        return WatchLog(self.path, self.records[first:], self.lines[first:],
-                        tuple(n for n in self.cut if n >= self.lines[first]))
+        run = self.runs()[-1]
+        return WatchLog(self.path, [self.records[i] for i in run], [self.lines[i] for i in run],
+                        tuple(n for n in self.cut if n >= self.lines[run[0]]))
 
     def cut_note(self) -> str | None:
         """One line naming the lines cut short, if any."""
@@ -216,11 +225,11 @@ class WatchLog:
         runs = self.runs()
         if len(runs) == 1:
             return None
-        first, end = runs[-1]
+        first, last = runs[-1][0], runs[-1][-1]
         return (f"{self.path} holds {len(runs)} runs (the steps start again, or the table changes shape, at "
-                f"line{'s' if len(runs) > 2 else ''} {', '.join(str(self.lines[a]) for a, _ in runs[1:])}); "
-                f"shown: the last, lines {self.lines[first]} to {self.lines[end - 1]}, steps "
-                f"{self.records[first].step} to {self.records[end - 1].step}; give each run its own log "
+                f"line{'s' if len(runs) > 2 else ''} {', '.join(str(self.lines[run[0]]) for run in runs[1:])}); "
+                f"shown: the last, lines {self.lines[first]} to {self.lines[last]}, steps "
+                f"{self.records[first].step} to {self.records[last].step}; give each run its own log "
                 "to see the others")
 
     def notes(self) -> list[str]:
