@@ -214,7 +214,7 @@ def measure_heads(model: nn.Module, batch: Any, *, threshold: float = FROZEN_THR
         raise ConfigError(
             f"no attention call of {type(model).__name__} was seen (capture {kind!r}); the model must use attnscale's "
             "Attention, transformers' AttentionInterface, torch.nn.functional.scaled_dot_product_attention, "
-            "flex_attention or flash-attn's flash_attn_func, or be measured with adapter=attnscale.watch.Adapter(modules, read)")
+            "torch.nn.MultiheadAttention, flex_attention or flash-attn's flash_attn_func, or be measured with adapter=attnscale.watch.Adapter(modules, read)")
     if across_ranks:
         reduce_sums(layers.sums, layers.names, tensor_parallel)
     return layers.stats()
