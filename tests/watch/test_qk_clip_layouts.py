@@ -166,10 +166,14 @@ def test_gpt2_right_padded_clips_c_attn_by_the_real_rows():
     w, b = attn.c_attn.weight.detach().clone(), attn.c_attn.bias.detach().clone()
     clip = QKClip(model, tau)
     try:
+        assert torch.overrides._get_current_function_mode_stack()  # the functions are read too, until a step
         model(input_ids=ids.masked_fill(~pad, token), attention_mask=pad.long())
         factors = clip.step()
+        # the calls went through the interface: the SDPA interception (a mode on every torch call) is gone
+        assert not torch.overrides._get_current_function_mode_stack()
     finally:
         clip.close()
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
     assert list(factors) == ["transformer.h.0.attn"] and factors["transformer.h.0.attn"][head] == 1.0
     check_factors(factors["transformer.h.0.attn"], gamma_q, gamma_k)
     expected = rows_scaled(rows_scaled(w, gamma_q.sqrt(), dim=1), gamma_k.sqrt(), dim=1, start=C)
