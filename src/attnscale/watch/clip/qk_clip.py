@@ -249,8 +249,8 @@ class QKClip:
                                       "attention must go through attnscale's Attention, transformers' "
                                       "AttentionInterface, scaled_dot_product_attention, flex_attention or flash-attn, "
                                       "or be given an adapter=attnscale.watch.Adapter(modules, read)")
-                self._tell("(no call)", f"{what} since the last step: nothing was clipped (step() must follow a training "
-                               "forward)")
+                self._tell("(no call)", f"{what} since the last step: nothing was clipped (step() must follow a "
+                                        "training forward)")
                 return {}
             return self._clip(seen)
         finally:
