@@ -15,7 +15,7 @@ import torch
 
 from attnscale.capture.call import AttentionCall
 
-__all__ = ["PackedDocumentsWarning", "crossing", "documents", "message"]
+__all__ = ["PackedDocumentsWarning", "Packing", "crossing", "documents", "message"]
 
 # query rows read at a time: the check holds B×R×S booleans, never B×T×S
 _ROWS = 256
@@ -51,6 +51,24 @@ def crossing(call: AttentionCall, documents_BT: torch.Tensor) -> bool:
         if bool((other if visible is None else visible & other).any()):
             return True
     return False
+
+
+class Packing:
+    """What one forward's calls say about packing: their ``position_ids`` read once (every layer is handed the
+    same tensor, and reading it costs a device sync), and the first layer whose documents see each other."""
+
+    def __init__(self) -> None:
+        self.crossed: str | None = None
+        self._ids: torch.Tensor | None = None
+        self._documents: torch.Tensor | None = None
+
+    def check(self, call: AttentionCall, position_ids) -> None:
+        if self.crossed is not None or not isinstance(position_ids, torch.Tensor):
+            return
+        if position_ids is not self._ids:
+            self._ids, self._documents = position_ids, documents(position_ids)
+        if self._documents is not None and crossing(call, self._documents):
+            self.crossed = call.name
 
 
 def message(model: str, layer: str) -> str:
