@@ -16,7 +16,12 @@ For the day a GPU is lent (sized to finish within 8 minutes on one GPU):
 5. a sweep's parent holds no CUDA context (nvidia-smi lists the processes
    holding one while ``attnscale sweep --quick -j 2`` runs);
 6. the comparison against nanoGPT (``benchmarks/vs_nanogpt.py --gpu``) where a
-   nanoGPT checkout is given.
+   nanoGPT checkout is given;
+7. the watch and QK-Clip on a CUDA model, once per attention kernel (SDPA,
+   flex_attention, and flash-attn where it is installed): milliseconds per training
+   step bare, with the watch and with the watch and QK-Clip, the probe's max_score
+   against the same probe of a CPU copy, and whether the clip held S_max at tau;
+   the figures docs/devices.md takes. Without CUDA it says so in one line.
 
 On a machine without a GPU it runs what it can on the CPU and says what it skipped
 and why. Exit status 1 when a check fails.
@@ -220,6 +225,136 @@ def vs_nanogpt(args, device, work: Path) -> str:
             f"attnscale {int(row[4]):,} tokens/s, ratio {row[5]}x (1 round, load {os.getloadavg()[0]:.1f})")
 
 
+class _Block(torch.nn.Module):
+    """A causal attention block with a fused qkv projection (nanoGPT's c_attn) and no 1/sqrt(d), so S_max grows
+    fast and the clip acts; the attention kernel is ``kernel``: "sdpa", "flex" or "flash"."""
+
+    def __init__(self, kernel: str, C: int, heads: int):
+        super().__init__()
+        self.kernel, self.heads = kernel, heads
+        self.norm, self.c_attn, self.c_proj = torch.nn.LayerNorm(C), torch.nn.Linear(C, 3 * C), torch.nn.Linear(C, C)
+
+    def attend(self, q, k, v):
+        if self.kernel == "flash":
+            import flash_attn  # read at each call: the capture wraps the library's attribute
+
+            out = flash_attn.flash_attn_func(*(t.transpose(1, 2) for t in (q, k, v)), softmax_scale=1.0, causal=True)
+            return out.transpose(1, 2)
+        if self.kernel == "flex":
+            from torch.nn.attention import flex_attention as flex
+
+            causal = flex.create_block_mask(lambda b, h, i, j: j <= i, None, None, q.shape[-2], k.shape[-2],
+                                            device=q.device)
+            return flex.flex_attention(q, k, v, block_mask=causal, scale=1.0)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, scale=1.0)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = (t.view(B, T, self.heads, -1).transpose(1, 2) for t in self.c_attn(self.norm(x)).split(C, -1))
+        return x + self.c_proj(self.attend(q, k, v).transpose(1, 2).reshape(B, T, C))
+
+
+class _KernelLM(torch.nn.Module):
+    """Embedding, ``layers`` attention blocks on ``kernel``, the head."""
+
+    def __init__(self, kernel: str, vocab: int = 256, C: int = 256, heads: int = 4, layers: int = 2):
+        super().__init__()
+        self.emb, self.head = torch.nn.Embedding(vocab, C), torch.nn.Linear(C, vocab)
+        self.blocks = torch.nn.Sequential(*(_Block(kernel, C, heads) for _ in range(layers)))
+
+    def forward(self, ids):
+        return self.head(self.blocks(self.emb(ids)))
+
+
+def _kernels() -> dict[str, str | None]:
+    """Each attention kernel: None where it runs here, else why not."""
+    import importlib.util
+
+    flex = None
+    try:
+        import torch.nn.attention.flex_attention  # noqa: F401
+    except ImportError:
+        flex = f"torch {torch.__version__} has no flex_attention"
+    flash = None if importlib.util.find_spec("flash_attn") else "flash-attn is not installed (pip install flash-attn)"
+    return {"sdpa": None, "flex": flex, "flash": flash}
+
+
+def _train_ms(model, ids, steps: int, watch=None) -> float:
+    """Milliseconds per training step (the step after the first, timed on the device's clock)."""
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    sync = torch.cuda.synchronize if ids.device.type == "cuda" else (lambda: None)
+    t = 0.0
+    for step in range(1, steps + 1):
+        if step == 2:
+            sync()
+            t = time.perf_counter()
+        logits = model(ids[:, :-1])
+        torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), ids[:, 1:].flatten()).backward()
+        opt.step()
+        opt.zero_grad()
+        if watch is not None:
+            watch.step(step)
+    sync()
+    return (time.perf_counter() - t) * 1000 / max(1, steps - 1)
+
+
+def watch_rows(device, kernels=None, steps: int = 40, T: int = 256) -> list[tuple[str, str, str]]:
+    """One row per kernel: the watch and QK-Clip on ``device`` (see the module's docstring, check 7)."""
+    from attnscale.watch import Watch, measure_heads
+
+    rows = []
+    for kernel, why_not in (kernels or _kernels()).items():
+        label = f"watch and QK-Clip, {kernel}"
+        if why_not is not None:
+            rows.append(("SKIP", label, why_not))
+            continue
+        dtype = torch.bfloat16 if kernel == "flash" else torch.float32  # flash-attn takes half precision only
+        ids = torch.randint(0, 256, (8, T + 1), generator=torch.Generator().manual_seed(0)).to(device)
+        probe = ids[:4, :-1]
+
+        def fresh():
+            torch.manual_seed(0)
+            return _KernelLM(kernel).to(device, dtype)
+
+        bare = _train_ms(fresh(), ids, steps)
+        model = fresh()
+        here = measure_heads(model, probe).get("max_score").nan_to_num(0).max().item()
+        cpu = _KernelLM("sdpa")
+        cpu.load_state_dict({k: v.float().cpu() for k, v in model.state_dict().items()})
+        there = measure_heads(cpu, probe.cpu()).get("max_score").nan_to_num(0).max().item()
+        gap = abs(here - there) / there
+        with Watch(model, every=10, probe=probe, alerts=()) as watch:
+            watched = _train_ms(model, ids, steps, watch)
+        free = measure_heads(model, probe).get("max_score").nan_to_num(0).max().item()
+        tau = 0.8 * there
+        model = fresh()
+        with Watch(model, every=10, probe=probe, alerts=(), qk_clip=tau) as watch:
+            clipped = _train_ms(model, ids, steps, watch)
+            last = measure_heads(model, probe).get("max_score").nan_to_num(0).max().item()
+            with torch.no_grad():  # one more clip on the weights as they are: the probe must then read tau at most
+                model(probe)
+            watch.clip.step()
+        after_LH = measure_heads(model, probe).get("max_score").nan_to_num(0)
+        # the first layer's input is the same after the clip: its S_max is tau at most; a later layer's input
+        # moved with the clip of the layers below it
+        after, first = after_LH.max().item(), after_LH[0].max().item()
+        held = first <= tau * (1 + 1e-3)
+        tf32 = device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32  # the training check may turn it on
+        close = gap <= (5e-2 if dtype is torch.bfloat16 else 5e-3 if tf32 else 1e-4)  # rounded q and k against fp32
+        rows.append(("ok" if held and close else "FAIL", label,
+                     f"{bare:.1f} ms/step bare, {watched:.1f} with the watch (every 10), {clipped:.1f} with QK-Clip; "
+                     f"max_score {here:.4g} vs {there:.4g} on the CPU (rel. {gap:.1e}); after {steps} steps S_max "
+                     f"{free:.4g} free, {last:.4g} clipped at tau {tau:.4g}, {after:.4g} after one more clip, "
+                     f"{first:.4g} in layer 0 ({'held' if held else 'NOT held'}); T={T}, {'bf16' if dtype is torch.bfloat16 else 'fp32 with TF32' if tf32 else 'fp32'}"))
+    return rows
+
+
+def watch_and_clip(args, device, work: Path) -> list[tuple[str, str, str]]:
+    if device.type != "cuda":
+        raise Skip(f"needs CUDA; this machine runs on {device.type}")
+    return watch_rows(device)
+
+
 CHECKS: list[tuple[str, Callable]] = [
     ("device tests, nothing patched", device_tests),
     ("training per precision", training),
@@ -227,6 +362,7 @@ CHECKS: list[tuple[str, Callable]] = [
     ("inspect a packaged model", inspect_packaged),
     ("no CUDA context in a sweep's parent", parent_context),
     ("against nanoGPT", vs_nanogpt),
+    ("watch and QK-Clip on CUDA", watch_and_clip),
 ]
 
 

@@ -249,3 +249,55 @@ def test_transformers_flex_block_mask_is_read_as_the_kernels_read_it():
     call = hf_call(nn.Module(), "flex_attention", q, k, mask, {"scaling": 0.4, "s_aux": sink})
     assert torch.equal(call.visible().expand(B, H, T, T), densified(sliding)) and call.sink is not None
     assert call.scale == 0.4 and call.score_mod is None
+
+
+FIRST_IMPORT = r"""
+import json, math, sys, warnings
+import torch
+from torch import nn
+warnings.filterwarnings("ignore", message="flex_attention called without torch.compile")
+from attnscale import watch
+from modded_reference import pooled_measures, scores_of
+
+class Late(nn.Module):  # flex_attention imported inside the forward, as some model files do
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.qk = nn.Linear(16, 32)
+
+    def forward(self, x):
+        from torch.nn.attention.flex_attention import flex_attention
+        import torch.nn.attention.flex_attention as library
+        library._FLEX_ATTENTION_DISABLE_COMPILE_DEBUG = True  # flex's hop as it is: no compile in a fresh process
+        q, k = self.qk(x).view(2, 5, 2, 2, 8).permute(2, 0, 3, 1, 4)
+        self.seen = (q, k)
+        return flex_attention(q, k, k)
+
+x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(1))
+before = "torch.nn.attention.flex_attention" in sys.modules
+model = Late().eval()
+stats = watch.measure_heads(model, x)
+q, k = model.seen
+scores = scores_of(q, k, 8 ** -0.5)
+visible = torch.ones_like(scores, dtype=torch.bool)
+want = pooled_measures([(scores, torch.softmax(scores, -1), visible)])
+err = ((stats.values_LMH[0].double() - want).abs() / want.abs().clamp_min(1e-12)).max().item()
+print(json.dumps({"before": before, "names": stats.layer_names, "rows": stats.rows_LH.tolist(), "err": err}))
+"""
+
+
+def test_flex_attention_first_imported_inside_a_forward_is_seen_on_the_first_probe():
+    """A fresh process, flex_attention never imported before the probe: the forward's own import gets the
+    wrapper, and the call measures as the float64 reference (full attention over 5 keys, 2 heads)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([here, *sys.path])}
+    out = subprocess.run([sys.executable, "-c", FIRST_IMPORT], env=env, capture_output=True, text=True, check=True)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["before"] is False  # the first import really is the forward's
+    assert got["names"] == ["flex_attention call 0"]
+    assert got["rows"] == [[10.0, 10.0]] and got["err"] < 1e-5

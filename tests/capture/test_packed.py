@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 
 import pytest
 import torch
@@ -157,3 +158,81 @@ def test_the_flash_path_cuts_documents_where_transformers_does(how):
                  per_document(*flat, docs, factor=0.3, sink_H=sink))
     # with a padding mask transformers unpads instead: the mask is read, no documents
     assert hf_call(Module(), "flash_attention_2", q, k, torch.ones(q.shape[0], 21), kwargs).mask_mod is None
+
+
+# ---- packed documents the model lets see each other: one warning ------------------------------------------
+
+
+def _flattened():
+    """Three documents as transformers' DataCollatorWithFlattening packs them: one row, position_ids restarting."""
+    g = torch.Generator().manual_seed(8)
+    docs = [torch.randint(1, 120, (n,), generator=g).tolist() for n in DOCS]
+    batch = transformers.DataCollatorWithFlattening(return_tensors="pt")([{"input_ids": d} for d in docs])
+    assert batch["position_ids"].tolist() == [list(range(5)) + list(range(9)) + list(range(7))]
+    return {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"]}
+
+
+def _packed_warnings(model, batch, probes=1, action="always"):
+    from attnscale.capture.packed import PackedDocumentsWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter(action)
+        for _ in range(probes):
+            watch.measure_heads(model, batch)
+    return [w for w in caught if issubclass(w.category, PackedDocumentsWarning)]
+
+
+def test_documents_that_see_each_other_warn_once_with_the_cause_and_the_fix():
+    from test_capture_calls import llama
+
+    model = llama()
+    packed = _flattened()
+    last = slice(14, 21)  # the third document's tokens
+    with torch.no_grad():  # transformers itself: with its default cache, the documents see each other
+        alone = model(input_ids=packed["input_ids"][:, last]).last_hidden_state
+        crossed = model(**packed).last_hidden_state[:, last]
+        apart = model(**packed, use_cache=False).last_hidden_state[:, last]
+    assert (crossed - alone).abs().max() > 0.1 and torch.allclose(apart, alone, atol=1e-5)
+    [one] = _packed_warnings(model, packed)  # one a forward, though each of the 3 layers crosses
+    text = str(one.message)
+    assert "'layers.0.self_attn'" in text and "LlamaModel" in text
+    assert "use_cache=False" in text and "flash_attention_2" in text
+    # under Python's default filter, probe after probe (a watch's steps) show it once
+    assert len(_packed_warnings(model, packed, probes=3, action="default")) == 1
+    # kept apart: no warning
+    assert _packed_warnings(model, {**packed, "use_cache": False}) == []
+    # one document a row, positions counting up: nothing packed, nothing said
+    plain = {"input_ids": packed["input_ids"], "position_ids": torch.arange(sum(DOCS))[None]}
+    assert _packed_warnings(model, plain) == []
+
+
+def test_the_crossing_check_by_hand():
+    from attnscale.capture.hf import hf_call
+    from attnscale.capture.packed import crossing, documents
+
+    docs = documents(_positions())
+    assert docs.tolist() == [[0] * 5 + [1] * 9 + [2] * 7]
+    assert documents(torch.arange(6)[None]) is None and documents(torch.tensor([[0, 1, 2], [0, 1, 2]])) is None
+    q, k = _flat_qk(9)
+    causal = AttentionCall(q, k, is_causal=True)
+    assert crossing(causal, docs)  # the second document's first query sees the first document
+    same = (docs[0][:, None] == docs[0][None, :]).tril()
+    assert not crossing(AttentionCall(q, k, mask=same[None, None]), docs)
+    leak = same.clone()
+    leak[20, 0] = True  # one query of the last document sees one key of the first
+    assert crossing(AttentionCall(q, k, mask=leak[None, None]), docs)
+    # transformers' flash path cuts the documents at the position_ids itself: nothing crosses
+    flash = hf_call(Module(), "flash_attention_2", q, k, None, {"position_ids": _positions()})
+    assert not crossing(flash, docs)
+
+
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("impl", ["eager", "flex_attention"])
+def test_eager_and_flex_cross_documents_with_a_cache_and_not_without(impl, monkeypatch):
+    import torch.nn.attention.flex_attention as flex_module
+    from test_capture_calls import llama
+
+    monkeypatch.setattr(flex_module, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", True)  # flex unfused, no compile
+    model, packed = llama(attn_implementation=impl), _flattened()
+    assert len(_packed_warnings(model, packed)) == 1
+    assert _packed_warnings(model, {**packed, "use_cache": False}) == []

@@ -73,7 +73,8 @@ def test_flat_keys_and_the_summary():
     stats = watch.measure_heads(tiny(), IDS)
     flat = watch.measure(tiny(), IDS)
     keys = [f"attn/layer_{l}/head_{h}/{m}" for l in range(3) for h in range(4) for m in HEAD_MEASURES]
-    summary = ["attn/max_score", "attn/min_effective_words", "attn/frozen_fraction", "attn/collapsed_heads"]
+    summary = ["attn/max_score", "attn/min_effective_words", "attn/frozen_fraction", "attn/collapsed_heads",
+               "attn/nonfinite_heads"]
     assert list(flat) == keys + summary
     assert flat == stats.flat() and all(isinstance(v, float) for v in flat.values())
     assert flat["attn/layer_2/head_1/spread"] == stats.get("spread")[2, 1].item()

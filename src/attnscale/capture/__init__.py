@@ -6,7 +6,8 @@ The floor below the watch, training's step measures and inspect, above ``core``:
 - ``call``: ``AttentionCall`` and the visible-key rule (``HIDDEN_AT``);
 - the captures, each a context manager that hands every call of a forward to ``on_call``:
   ``own`` (attnscale's models), ``hf`` (transformers' AttentionInterface; imports transformers
-  when entered), ``sdpa`` (``scaled_dot_product_attention``), ``flex`` (flex_attention, with its
+  when entered), ``sdpa`` (``scaled_dot_product_attention``, and ``multi_head_attention_forward`` read by
+  ``mha``: ``nn.MultiheadAttention`` and the ``nn.Transformer*`` layers), ``flex`` (flex_attention, with its
   score_mod and block mask), ``flash`` (flash-attn's functions, varlen included), ``adapter``
   (anything else); ``intercept`` is what the captures of functions share; ``route`` picks one;
 - ``reduce``: ``reduce_call``, a call in blocks of query rows, folded into ``sums``: ``HeadSums``, the only

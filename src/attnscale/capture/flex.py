@@ -6,8 +6,9 @@ probe's duration the function is wrapped wherever it is held (``intercept.holder
 ``torch.nn.attention.flex_attention`` itself, in the globals of each file that defines one of the model's
 modules (``from torch.nn.attention.flex_attention import flex_attention``), and on those modules' classes
 (torchtitan keeps ``torch.compile(flex_attention)`` as a class attribute), a compiled copy wrapped as it is.
-The wrapper hands the call over and makes it unchanged; every one is put back on exit, even on error. Only a
-process that has imported flex_attention is touched (a model that calls it has).
+The wrapper hands the call over and makes it unchanged; every one is put back on exit, even on error. The
+library is imported on entry where it is not yet (a model may import flex_attention inside its forward, and
+would otherwise take the original on a first probe); the import compiles nothing.
 
 The call, as an ``AttentionCall`` (``flex_call``): q·k × scale (None: 1/sqrt(D)); the score_mod as given,
 for the weights (the score measures read the score before it: ``call.py``); the block mask as the compiled
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import importlib
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -89,12 +91,23 @@ def _read(args: tuple, kwargs: dict, namer) -> AttentionCall | None:
     return flex_call(*args, **kwargs, name=namer()) if _readable(*args, **kwargs) else None
 
 
+def _library() -> Any:
+    """torch's flex_attention module, imported if it is not yet; None where this torch has none."""
+    library = sys.modules.get(FLEX_MODULE)
+    if library is None:
+        try:
+            library = importlib.import_module(FLEX_MODULE)
+        except ImportError:
+            return None
+    return library
+
+
 @contextlib.contextmanager
 def capture_flex(model: nn.Module | None, on_call: OnCall, where: list[str] | None = None) -> Iterator[None]:
     """Every flex_attention call made inside, in the order they come, handed to ``on_call`` before it runs
     (see the module's docstring); each named after the innermost of ``model``'s modules running, or by its
     number (``where``: the names a capture around this one keeps)."""
-    library = sys.modules.get(FLEX_MODULE)
+    library = _library()
     targets = [] if library is None else [
         ((original_of(library.flex_attention),), [(library, "flex_attention")], lambda f: wrapper(f, _ACTIVE, _read))]
     with wrapping(model, targets, _ACTIVE, on_call, "flex_attention", where):

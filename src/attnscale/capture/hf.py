@@ -34,6 +34,9 @@ caller gave them (with ``max_length_q``/``max_length_k``), else where
 ``position_ids`` restart in a batch of one row; the call is read the same way
 (``flash.packed``: a document never sees another, and each one's rows count
 once).
+
+Where ``position_ids`` restart inside a row but the mask the model built lets one document see another
+(transformers builds none with a cache in use), the probe warns once (``packed.py``).
 """
 
 from __future__ import annotations
@@ -43,6 +46,7 @@ import contextvars
 import functools
 import os
 import sys
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -54,11 +58,13 @@ from attnscale.capture.call import AttentionCall, OnCall, named
 from attnscale.capture.flash import cu_from_positions, packed
 from attnscale.capture.flex import block_mask_mod
 from attnscale.capture.intercept import install, installed, paused
+from attnscale.capture.packed import PackedDocumentsWarning, Packing, message
 
 __all__ = ["capture_hf", "hf_call", "implementations"]
 
-# (on_call, {id(module): name}) of the capture in progress in this context, or None.
-_ACTIVE: contextvars.ContextVar[tuple[OnCall, dict[int, str]] | None] = contextvars.ContextVar(
+# (on_call, {id(module): name}, what the calls say of packed documents) of the capture in progress in this
+# context, or None.
+_ACTIVE: contextvars.ContextVar[tuple[OnCall, dict[int, str], Packing] | None] = contextvars.ContextVar(
     "attnscale_watch_hf", default=None)
 
 
@@ -137,8 +143,10 @@ def _wrap(original, impl: str):
     def attention(module, query, key, value, attention_mask, *args, **kwargs):
         active = _ACTIVE.get()
         if active is not None and id(module) in active[1]:
-            on_call, names = active
-            on_call(hf_call(module, impl, query.detach(), key.detach(), attention_mask, kwargs, names[id(module)]))
+            on_call, names, packing = active
+            call = hf_call(module, impl, query.detach(), key.detach(), attention_mask, kwargs, names[id(module)])
+            packing.check(call, kwargs.get("position_ids"))
+            on_call(call)
         with paused():  # an SDPA interception in the same probe does not read this call twice
             return original(module, query, key, value, attention_mask, *args, **kwargs)
 
@@ -185,11 +193,14 @@ def capture_hf(model: nn.Module, on_call: OnCall) -> Iterator[None]:
                         interface, impl, wrap, lambda i=interface, n=impl: i[n],
                         lambda f, i=interface, n=impl: i.__setitem__(n, f),
                         lambda f, i=interface, n=impl: _put_back(i, n, f)))
-        token = _ACTIVE.set((on_call, named(model.named_modules())))
+        packing = Packing()
+        token = _ACTIVE.set((on_call, named(model.named_modules()), packing))
         try:
             yield
         finally:
             _ACTIVE.reset(token)
+        if packing.crossed is not None:  # one warning a forward, its text the same each step: the filter shows it once
+            warnings.warn(message(type(model).__name__, packing.crossed), PackedDocumentsWarning, stacklevel=1)
 
 
 def _put_back(interface, impl: str, original) -> None:

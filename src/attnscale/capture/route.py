@@ -4,8 +4,9 @@
 transformers' AttentionInterface for a Hugging Face model (falling back, in the
 same forward, to the attention functions its attention calls directly if none
 goes through the interface), else the attention functions a model calls itself
-("functions": ``scaled_dot_product_attention``, flex_attention and flash-attn,
-intercepted together in one forward); an ``adapter`` is used where given.
+("functions": ``scaled_dot_product_attention`` and ``multi_head_attention_forward``
+(``nn.MultiheadAttention``, the ``nn.Transformer*`` layers), flex_attention and
+flash-attn, intercepted together in one forward); an ``adapter`` is used where given.
 "hooks", "hf", "sdpa", "flex", "flash", "functions" and "adapter" force one.
 """
 

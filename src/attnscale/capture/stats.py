@@ -18,8 +18,9 @@ class HeadStats:
     ``values_LMH``: float32 on the CPU, (layers, len(HEAD_MEASURES), heads); a
     layer is one attention call, in the order the model made them. NaN where a
     head measured nothing (a layer with fewer heads, a head whose every row saw
-    fewer than two keys). ``rows_LH``: the rows each head counted (float64), to
-    pool probes weighted by rows. ``layer_names``: where each layer's call came
+    fewer than two keys), and also where a head that counted rows met NaN in
+    its scores or weights (NaN weights): ``rows_LH`` tells the two apart. It
+    holds the rows each head counted (float64), to pool probes weighted by rows. ``layer_names``: where each layer's call came
     from; ``layer_heads``: each layer's head count (where they differ, the
     tensors are as wide as the widest). ``bias_LH2``: each head's smallest and
     largest bias over its visible keys (NaN: no bias), or None where no layer
@@ -51,17 +52,34 @@ class HeadStats:
     def _lists(self, measure: str) -> list[list[float | None]]:
         return [[None if v != v else v for v in layer] for layer in self.get(measure).tolist()]
 
+    def nonfinite_LH(self) -> torch.Tensor:
+        """(layers, heads) boolean: heads that counted rows and yet hold a NaN or infinite measure (NaN or inf
+        in the model's q or k). A NaN of a head that counted no row is an absence, and is not one of these."""
+        return (self.rows_LH > 0) & ~torch.isfinite(self.values_LMH).all(1)
+
+    def _wide(self, measure: str, how: str, weights_LH=None) -> float:
+        """``reduce_heads`` over the heads with a value, unless a head that counted rows holds NaN for this
+        measure: then NaN, so that a broken head is never dropped from the model's numbers (an infinite value
+        goes through max and min as it is)."""
+        values = self.get(measure)
+        if bool(((self.rows_LH > 0) & torch.isnan(values)).any()):
+            return float("nan")
+        return reduce_heads(self._lists(measure), how, weights_LH=weights_LH)
+
     def summary(self) -> dict[str, float]:
-        """The model in four numbers: the largest |score| of any head, the fewest
+        """The model in five numbers: the largest |score| of any head, the fewest
         effective words of any head, the share of frozen rows over all heads
-        (weighted by rows) and how many heads are collapsed (fewer than
-        ``COLLAPSED_WORDS`` effective words)."""
+        (weighted by rows), how many heads are collapsed (fewer than
+        ``COLLAPSED_WORDS`` effective words) and how many are non-finite
+        (``nonfinite_LH``). Where a head that counted rows reads NaN, the first
+        three are NaN: a head whose weights went bad shows in them, never vanishes."""
         words = self._lists("effective_words")
         return {
-            "attn/max_score": reduce_heads(self._lists("max_score"), "max"),
-            "attn/min_effective_words": reduce_heads(words, "min"),
-            "attn/frozen_fraction": reduce_heads(self._lists("frozen_fraction"), weights_LH=self.rows_LH.tolist()),
+            "attn/max_score": self._wide("max_score", "max"),
+            "attn/min_effective_words": self._wide("effective_words", "min"),
+            "attn/frozen_fraction": self._wide("frozen_fraction", "mean", weights_LH=self.rows_LH.tolist()),
             "attn/collapsed_heads": float(sum(v is not None and v < COLLAPSED_WORDS for layer in words for v in layer)),
+            "attn/nonfinite_heads": float(self.nonfinite_LH().sum()),
         }
 
     def _heads_of(self, layer: int) -> int:

@@ -28,6 +28,18 @@ step's own update can carry the next forward slightly past tau. Under data
 parallelism every rank clips with the largest S_max of any rank (one all-reduce
 per step), so the ranks' weights stay equal.
 
+The clip reads the calls as a probe does: the padded rows and keys of a batch
+(its ``attention_mask``, B×T) are no score, and a Hugging Face model is read
+through its AttentionInterface, or, where no call of a step went through it, by
+the attention functions its modules call themselves (remote code). Each layer's
+W_q and W_k are looked for on the module that made the call, then on the modules
+above it (torchtitan keeps ``wq``/``wk`` one level above its ``inner_attention``).
+
+It never clips nothing in silence: a first step that saw no call, or whose layers
+it cannot read, is a ConfigError naming the model or the module; later, a layer
+it clipped before and did not see, or a new layer it cannot read, is a warning
+naming it, once, and the run goes on.
+
 Logged per head at each probe (``QKClip.take``): the smallest gamma, the largest
 S_max and the number of steps that clipped, since the probe before.
 """
@@ -36,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import warnings
 from collections.abc import Iterator
 
 import torch
@@ -43,10 +56,10 @@ from torch import nn
 
 from attnscale.capture.adapter import Adapter
 from attnscale.capture.call import AttentionCall
-from attnscale.capture.probe import unwrap
+from attnscale.capture.probe import Inputs, padding_of, unwrap
 from attnscale.capture.ranks import TensorParallel, reduce_max
-from attnscale.capture.reduce import DEFAULT_MEMORY, head_max
-from attnscale.capture.route import capturing, choose
+from attnscale.capture.reduce import DEFAULT_MEMORY, head_max, with_padding
+from attnscale.capture.route import capture_functions, capturing, choose
 from attnscale.errors import ConfigError
 from attnscale.watch.clip.projections import QKProjections, qk_projections
 
@@ -54,9 +67,18 @@ __all__ = ["QKClip", "clip_factors", "check_tau"]
 
 
 def check_tau(tau) -> None:
-    """ValueError naming the option, for a tau no clip can run with."""
+    """ConfigError (a ValueError) naming the option, for a tau no clip can run with."""
     if isinstance(tau, bool) or not isinstance(tau, (int, float)) or not math.isfinite(tau) or tau <= 0:
-        raise ValueError(f"qk_clip takes a positive number (tau, the largest score a head may keep; Kimi K2 used 100), got {tau!r}")
+        raise ConfigError(f"qk_clip takes a positive number (tau, the largest score a head may keep; Kimi K2 used "
+                          f"100), got {tau!r}")
+
+
+def _check(memory, tensor_parallel) -> None:
+    if not isinstance(memory, int) or isinstance(memory, bool) or memory < 1:
+        raise ConfigError(f"QK-Clip's memory takes a positive number of bytes, got {memory!r}")
+    if tensor_parallel is not None and not isinstance(tensor_parallel, TensorParallel):
+        raise ConfigError(f"QK-Clip's tensor_parallel takes an attnscale.watch.TensorParallel, got "
+                          f"{type(tensor_parallel).__name__}")
 
 
 def clip_factors(s_max_H: torch.Tensor, kv_heads: int, tau: float) -> tuple[torch.Tensor, torch.Tensor]:
@@ -71,46 +93,107 @@ def clip_factors(s_max_H: torch.Tensor, kv_heads: int, tau: float) -> tuple[torc
     return gamma_q, gamma_k
 
 
+class _Seen:
+    """One capture's calls since the last step: S_max per query head and (module, heads, head width), by name."""
+
+    def __init__(self) -> None:
+        self.s_max: dict[str, torch.Tensor] = {}
+        self.calls: dict[str, tuple] = {}
+
+    def clear(self) -> None:
+        self.s_max.clear()
+        self.calls.clear()
+
+
 class QKClip:
     """QK-Clip at ``tau`` on ``model`` (see the module's docstring). ``step()`` after each optimizer step;
     ``close()`` when training ends. ``capture``/``adapter``: as ``measure_heads`` takes them; ``tensor_parallel``
-    (``capture.ranks.TensorParallel``): each rank clips its own heads, S_max maxed over the ranks holding each."""
+    (``capture.ranks.TensorParallel``): each rank clips its own heads, S_max maxed over the ranks holding each.
+    Every option is checked here, before any step: a mistake is a ConfigError naming it."""
 
     def __init__(self, model: nn.Module, tau: float, capture: str = "auto", adapter: Adapter | None = None,
                  memory: int = DEFAULT_MEMORY, tensor_parallel: TensorParallel | None = None):
         check_tau(tau)
+        _check(memory, tensor_parallel)
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"QK-Clip clips a torch.nn.Module, got {type(model).__name__}")
         self.model, self.tau, self.memory, self.tensor_parallel = unwrap(model), float(tau), memory, tensor_parallel
+        self._compiled = any(isinstance(getattr(m, "_orig_mod", None), nn.Module)  # torch.compile(m), m.compile()
+                             or getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())
+        self.kind = choose(self.model, capture, adapter)
         self._modules = dict(self.model.named_modules())
-        self._s_max: dict[str, torch.Tensor] = {}  # attention module name -> this step's S_max per query head
-        self._calls: dict[str, tuple] = {}  # name -> (module or None, query heads, head width), this step
+        self._seen, self._fallback = _Seen(), _Seen()
         self._projections: dict[str, QKProjections] = {}
         self._since: dict[str, list[torch.Tensor]] = {}  # name -> [smallest gamma, largest S_max, steps clipped]
+        self._clipped: set[str] = set()  # every layer a step has clipped (or found under tau)
+        self._told: set[str] = set()  # layers already warned about: a week-long run is told once
         self._paused = False
+        self._padding: torch.Tensor | None = None  # the running forward's B×T padding (True = a real token)
+        self._hooks: list = []
         self._stack = contextlib.ExitStack()
-        # a Hugging Face model: its AttentionInterface alone, the call its modeling file makes
-        self._stack.enter_context(capturing(self.model, self._on_call, choose(self.model, capture, adapter), adapter))
+        self._functions: contextlib.ExitStack | None = None
+        try:
+            if self.kind == "hf" and capture == "auto":
+                # as a probe reads it: the AttentionInterface's calls, else those of the attention functions the
+                # modules call themselves; both are read until a step shows which carries the model's calls
+                from attnscale.capture.hf import capture_hf
 
-    def _on_call(self, call: AttentionCall) -> None:
+                self._stack.enter_context(capture_hf(self.model, lambda call: self._on_call(call, self._seen)))
+                self._functions = contextlib.ExitStack()
+                self._functions.enter_context(capture_functions(self.model,
+                                                                lambda call: self._on_call(call, self._fallback)))
+            else:
+                self._stack.enter_context(capturing(self.model, lambda call: self._on_call(call, self._seen),
+                                                    self.kind, adapter))
+            # on the module the user calls (a compiled or DDP wrapper too): its hooks run eagerly, with its kwargs
+            self._hooks = [model.register_forward_pre_hook(self._enter, with_kwargs=True),
+                           model.register_forward_hook(self._leave, always_call=True)]
+        except BaseException:
+            self.close()  # nothing stays attached to a model the clip refused
+            raise
+
+    @property
+    def _s_max(self) -> dict[str, torch.Tensor]:
+        """This step's S_max so far per query head, by layer (from the capture a probe reads first)."""
+        return self._seen.s_max
+
+    def _enter(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
+        self._padding = padding_of(Inputs(tuple(args), dict(kwargs)))
+
+    def _leave(self, module: nn.Module, args: tuple, output) -> None:
+        self._padding = None
+
+    def _on_call(self, call: AttentionCall, seen: _Seen) -> None:
         # Under torch.compile this runs inside the compiled graph: it reads no state that changes from one
         # step to the next (the dicts are empty when each step's forward starts), so nothing recompiles.
         if self._paused:
             return
-        name = call.name
+        # a call made outside every submodule is numbered anew at each step: it is the model's own (name "")
+        name = call.name if call.module is not None or call.name in self._modules else ""
         if call.score_mod is not None:
-            raise ConfigError(f"QK-Clip cannot clip {name!r}: its flex_attention score_mod mixes any bias into the "
+            where = call.name or type(self.model).__name__
+            raise ConfigError(f"QK-Clip cannot clip {where!r}: its flex_attention score_mod mixes any bias into the "
                               "scores, and the clip cannot tell a bias from a score there; train it without qk_clip, or "
                               "give the bias to SDPA as an additive mask")
-        self._calls[name] = (call.module, call.heads, call.q.shape[-1])  # for step() to find the rows
-        s_max = head_max(call, self.memory)
-        self._s_max[name] = torch.maximum(self._s_max[name], s_max) if name in self._s_max else s_max
+        seen.calls[name] = (call.module, call.heads, call.q.shape[-1])  # for step() to find the rows
+        s_max = head_max(with_padding(call, self._padding), self.memory)  # padded rows and keys are no score
+        seen.s_max[name] = torch.maximum(seen.s_max[name], s_max) if name in seen.s_max else s_max
 
-    def _rows(self, name: str) -> QKProjections:
+    def _chain(self, name: str, module: nn.Module | None) -> list[tuple[str, nn.Module]]:
+        """The call's module and every module above it, innermost first, by name."""
+        parts = name.split(".") if name else []
+        chain = [(name, module if module is not None else self._modules.get(name))]
+        chain += [(".".join(parts[:i]), self._modules.get(".".join(parts[:i]))) for i in range(len(parts) - 1, -1, -1)]
+        return [(n or type(self.model).__name__, m) for n, m in chain if m is not None]
+
+    def _rows(self, name: str, seen: _Seen) -> QKProjections:
         if name not in self._projections:
-            module, heads, head_dim = self._calls[name]
-            module = module if module is not None else self._modules.get(name)
-            if module is None:
-                raise ConfigError(f"QK-Clip cannot tell which module made the attention call {name!r}")
-            self._projections[name] = qk_projections(module, heads, head_dim, name)
+            module, heads, head_dim = seen.calls[name]
+            chain = self._chain(name, module)
+            if not chain:
+                raise ConfigError(f"QK-Clip cannot tell which module made the attention call {name!r}; name it "
+                                  "through an adapter, or leave qk_clip off for this model")
+            self._projections[name] = qk_projections(chain, heads, head_dim)
         return self._projections[name]
 
     @contextlib.contextmanager
@@ -122,14 +205,67 @@ class QKClip:
         finally:
             self._paused = False
 
+    def _which(self) -> _Seen:
+        """The calls of this step as a probe would read them: the interface's, else the functions'."""
+        if self._functions is not None and self._seen.s_max and not self._compiled:
+            # the interface carries this model's calls; a compiled graph keeps both (taking hooks off would
+            # recompile it)
+            self._functions.close()
+            self._functions = None
+            self._fallback.clear()
+        return self._seen if self._seen.s_max or self._functions is None else self._fallback
+
+    def _tell(self, name: str, message: str) -> None:
+        if name not in self._told:
+            self._told.add(name)
+            warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+    def _readable(self, seen: _Seen) -> list[str]:
+        """The layers of ``seen`` whose rows are known; at the first step a layer that cannot be read is an
+        error where none can, later a warning naming it."""
+        names, refused = [], []
+        for name in seen.s_max:
+            try:
+                self._rows(name, seen)
+                names.append(name)
+            except ConfigError as e:
+                refused.append((name, e))
+        if refused and not names and not self._clipped:
+            raise refused[0][1]
+        for name, e in refused:
+            self._tell(name, f"QK-Clip leaves {name!r} unclipped: {e}")
+        return names
+
     def step(self) -> dict[str, torch.Tensor]:
         """Clip every head seen since the last call; return each layer's factor on its heads' scores,
-        sqrt(gamma_q gamma_k) per query head (1 = untouched), by module name. Nothing seen: nothing done."""
+        sqrt(gamma_q gamma_k) per query head (1 = untouched), by module name. A first step that saw no call is a
+        ConfigError; a later one, or a layer clipped before and not seen now, is a warning naming it."""
+        seen = self._which()
+        try:
+            if not seen.s_max:
+                what = f"QK-Clip saw no attention call of {type(self.model).__name__} (capture {self.kind!r})"
+                if not self._clipped:
+                    raise ConfigError(f"{what} in the forwards before its first step, so it can clip nothing; the "
+                                      "attention must go through attnscale's Attention, transformers' "
+                                      "AttentionInterface, scaled_dot_product_attention, flex_attention or flash-attn, "
+                                      "or be given an adapter=attnscale.watch.Adapter(modules, read)")
+                self._tell("(no call)", f"{what} since the last step: nothing was clipped (step() must follow a "
+                                        "training forward)")
+                return {}
+            return self._clip(seen)
+        finally:
+            self._seen.clear()
+            self._fallback.clear()
+
+    def _clip(self, seen: _Seen) -> dict[str, torch.Tensor]:
+        names = self._readable(seen)
+        for name in sorted(self._clipped - set(names) - set(seen.s_max)):
+            self._tell(name, f"QK-Clip saw no call of {name!r} since the last step (it clipped it before): that "
+                             "layer went unclipped; a layer skipped on purpose is told once")
         scores_factor = {}
-        names = list(self._s_max)
         # the same on every rank that holds the head
-        for name, s_max_H in zip(names, reduce_max([self._s_max[n] for n in names], names, self.tensor_parallel)):
-            rows = self._rows(name)
+        for name, s_max_H in zip(names, reduce_max([seen.s_max[n] for n in names], names, self.tensor_parallel)):
+            rows = self._projections[name]
             gamma_q, gamma_k = clip_factors(s_max_H, rows.k.heads, self.tau)
             rows.q.scale_(gamma_q.sqrt())
             rows.k.scale_(gamma_k.sqrt())
@@ -140,8 +276,7 @@ class QKClip:
             since[0] = torch.minimum(since[0], factor_H)
             since[1] = torch.fmax(since[1], s_max_H.float())
             since[2] = since[2] + (factor_H < 1).float()
-        self._s_max.clear()
-        self._calls.clear()
+            self._clipped.add(name)
         return scores_factor
 
     def take(self) -> dict:
@@ -155,4 +290,10 @@ class QKClip:
                 "clipped_steps": [r[2] for r in rows]}
 
     def close(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
+        if self._functions is not None:
+            self._functions.close()
+            self._functions = None
         self._stack.close()

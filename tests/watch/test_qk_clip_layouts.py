@@ -1,0 +1,472 @@
+"""QK-Clip on every layout it claims, each checked the same way: the q and k weights after one clip equal the
+weights before, each head's rows scaled by factors computed here in float64 from the weights (S_max over the
+real, visible entries; gamma_q = min(1, tau / S_max), gamma_k over the largest S_max of its group), to 1e-6."""
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attnscale.watch.clip.qk_clip import QKClip
+
+C, H, D = 16, 4, 4
+
+
+def by_hand(q_BHTD, k_BKSD, visible_BTS, scale=None):
+    """Each query head's largest |q·k × scale| over the visible entries, float64."""
+    q, k = q_BHTD.double(), k_BKSD.double()
+    k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    s = (q @ k.transpose(-2, -1) * scale).abs()
+    return s.masked_fill(~visible_BTS[:, None], 0.0).amax((0, 2, 3))
+
+
+def gammas(s_max_H, kv_heads, tau):
+    gamma_q = (tau / s_max_H).clamp(max=1.0)
+    gamma_k = (tau / s_max_H.view(kv_heads, -1).amax(1)).clamp(max=1.0)
+    return gamma_q, gamma_k
+
+
+def rows_scaled(weight, factor_N, dim=0, start=0):
+    """``weight`` (float64) with head n's ``D`` outputs from ``start`` on multiplied by ``factor_N[n]``."""
+    w = weight.detach().double().clone()
+    f = torch.ones(w.shape[dim], dtype=torch.float64)
+    f[start:start + len(factor_N) * D] = factor_N.repeat_interleave(D)
+    return w * (f[:, None] if dim == 0 else f[None, :])
+
+
+def close(after, expected):
+    torch.testing.assert_close(after.detach().double(), expected, rtol=0, atol=1e-6)
+
+
+def causal(B, T):
+    return torch.ones(B, T, T, dtype=torch.bool).tril()
+
+
+def tau_between(s_max_H):
+    """A tau that clips some heads and leaves others."""
+    s = sorted(s_max_H.tolist())
+    return (s[1] + s[2]) / 2
+
+
+def init(module, std=0.5, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * std)
+    return module
+
+
+def check_factors(factors, gamma_q, gamma_k):
+    G = len(gamma_q) // len(gamma_k)
+    expected = (gamma_q * gamma_k.repeat_interleave(G)).sqrt()
+    torch.testing.assert_close(factors.double(), expected, rtol=0, atol=1e-6)
+
+
+# --- padded batches --------------------------------------------------------------------------------------------
+
+
+class PaddedNet(nn.Module):
+    """Separate q/k projections, SDPA under a causal mask that also hides padded keys (right padding)."""
+
+    def __init__(self):
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj = nn.Linear(C, C), nn.Linear(C, C), nn.Linear(C, C)
+
+    def qk(self, x):
+        B, T, _ = x.shape
+        return tuple(p(x).view(B, T, H, D).transpose(1, 2) for p in (self.q_proj, self.k_proj))
+
+    def forward(self, x, attention_mask):
+        B, T, _ = x.shape
+        q, k = self.qk(x)
+        v = self.v_proj(x).view(B, T, H, D).transpose(1, 2)
+        mask = causal(B, T) & attention_mask.bool()[:, None, :]
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None]).transpose(1, 2).reshape(B, T, C)
+
+
+def test_padded_rows_holding_the_largest_score_are_left_out():
+    model = init(PaddedNet())
+    B, T = 3, 8
+    x = torch.randn(B, T, C, generator=torch.Generator().manual_seed(1))
+    pad = torch.ones(B, T, dtype=torch.bool)
+    pad[0, 5:], pad[1, 3:] = False, False
+    x[~pad] *= 6.0  # the padded positions' queries make the largest scores
+    with torch.no_grad():
+        q, k = model.qk(x)
+    real = causal(B, T) & pad[:, :, None] & pad[:, None, :]
+    every_row = causal(B, T) & pad[:, None, :]
+    s_real, s_all = by_hand(q, k, real), by_hand(q, k, every_row)
+    assert (s_all > 1.5 * s_real).all()  # read with the padded rows, every head would be clipped far more
+    tau = tau_between(s_real)
+    gamma_q, gamma_k = gammas(s_real, H, tau)
+    wq, wk, bq, bk = (t.detach().clone() for t in (model.q_proj.weight, model.k_proj.weight, model.q_proj.bias,
+                                                   model.k_proj.bias))
+    clip = QKClip(model, tau)
+    try:
+        model(x, attention_mask=pad.long())
+        factors = clip.step()
+    finally:
+        clip.close()
+    check_factors(factors[""], gamma_q, gamma_k)
+    assert (gamma_q == 1).sum() == 2  # the heads under tau are untouched
+    close(model.q_proj.weight, rows_scaled(wq, gamma_q.sqrt()))
+    close(model.k_proj.weight, rows_scaled(wk, gamma_k.sqrt()))
+    close(model.q_proj.bias, rows_scaled(bq[:, None], gamma_q.sqrt())[:, 0])
+    close(model.k_proj.bias, rows_scaled(bk[:, None], gamma_k.sqrt())[:, 0])
+
+
+def _gpt2(**config):
+    transformers = pytest.importorskip("transformers")
+    cfg = transformers.GPT2Config(vocab_size=24, n_positions=16, n_embd=C, n_layer=1, n_head=H, attn_pdrop=0.0,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, **config)
+    torch.manual_seed(0)
+    model = transformers.GPT2LMHeadModel(cfg).eval()
+    init(model.transformer.h[0].attn.c_attn, std=0.6)
+    return model
+
+
+@pytest.mark.hf
+def test_gpt2_right_padded_clips_c_attn_by_the_real_rows():
+    """GPT-2 through its AttentionInterface (sdpa): c_attn is a transposed Conv1D, q's outputs then k's; the
+    pad token is the one whose rows, were they read, would push a head past tau."""
+    model = _gpt2(attn_implementation="sdpa")
+    attn = model.transformer.h[0].attn
+    B, T = 2, 10
+    ids = torch.randint(1, 24, (B, T), generator=torch.Generator().manual_seed(2))
+    pad = torch.ones(B, T, dtype=torch.bool)
+    pad[0, 6:] = False
+    inputs = {}
+    hook = attn.register_forward_pre_hook(lambda m, a, kw: inputs.update(h=(a[0] if a else kw["hidden_states"])),
+                                          with_kwargs=True)
+
+    def qk(ids):
+        with torch.no_grad():
+            model(input_ids=ids, attention_mask=pad.long())
+        qkv = inputs["h"].double() @ attn.c_attn.weight.double() + attn.c_attn.bias.double()
+        return tuple(t.view(B, T, H, D).transpose(1, 2) for t in qkv.split(C, dim=-1)[:2])
+
+    real = causal(B, T) & pad[:, :, None] & pad[:, None, :]
+    every_row = causal(B, T) & pad[:, None, :]
+    best = None
+    for token in range(24):  # the pad token whose padded rows read highest against the real ones
+        q, k = qk(ids.masked_fill(~pad, token))
+        s_real, s_all = by_hand(q, k, real), by_hand(q, k, every_row)
+        gap = (s_all / s_real).max().item()
+        if best is None or gap > best[0]:
+            best = (gap, token, s_real, s_all)
+    hook.remove()
+    gap, token, s_real, s_all = best
+    head = int((s_all / s_real).argmax())
+    assert gap > 1.05
+    tau = (s_real[head] + s_all[head]).item() / 2  # under it as the real rows read it, over it with the padding
+    gamma_q, gamma_k = gammas(s_real, H, tau)
+    w, b = attn.c_attn.weight.detach().clone(), attn.c_attn.bias.detach().clone()
+    clip = QKClip(model, tau)
+    try:
+        assert torch.overrides._get_current_function_mode_stack()  # the functions are read too, until a step
+        model(input_ids=ids.masked_fill(~pad, token), attention_mask=pad.long())
+        factors = clip.step()
+        # the calls went through the interface: the SDPA interception (a mode on every torch call) is gone
+        assert not torch.overrides._get_current_function_mode_stack()
+    finally:
+        clip.close()
+    assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
+    assert list(factors) == ["transformer.h.0.attn"] and factors["transformer.h.0.attn"][head] == 1.0
+    check_factors(factors["transformer.h.0.attn"], gamma_q, gamma_k)
+    expected = rows_scaled(rows_scaled(w, gamma_q.sqrt(), dim=1), gamma_k.sqrt(), dim=1, start=C)
+    close(attn.c_attn.weight, expected)
+    close(attn.c_attn.bias, rows_scaled(rows_scaled(b[:, None], gamma_q.sqrt()), gamma_k.sqrt(), start=C)[:, 0])
+
+
+@pytest.mark.hf
+def test_gpt2_with_reorder_and_upcast_attn_is_refused_at_the_first_step():
+    """Its eager path computes the scores with baddbmm, through no function the capture reads: one line naming
+    the model, not a run clipped by nothing."""
+    from attnscale.errors import ConfigError
+
+    model = _gpt2(attn_implementation="eager", reorder_and_upcast_attn=True)
+    clip = QKClip(model, 1.0)
+    try:
+        model(input_ids=torch.randint(0, 24, (1, 6)))
+        with pytest.raises(ConfigError, match="saw no attention call of GPT2LMHeadModel") as e:
+            clip.step()
+        assert "\n" not in str(e.value)
+    finally:
+        clip.close()
+
+
+# --- the layouts ------------------------------------------------------------------------------------------------
+
+
+class Inner(nn.Module):
+    """torchtitan's ``inner_attention``: the kernel alone, in a child of the module holding the projections."""
+
+    def forward(self, q, k, v):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+class TitanAttention(nn.Module):
+    """torchtitan's Llama attention: wq/wk/wv/wo without biases, GQA by repeating the key heads before SDPA."""
+
+    def __init__(self, kv_heads=2):
+        super().__init__()
+        self.n_heads, self.n_kv_heads = H, kv_heads
+        self.wq, self.wk = nn.Linear(C, H * D, bias=False), nn.Linear(C, kv_heads * D, bias=False)
+        self.wv, self.wo = nn.Linear(C, kv_heads * D, bias=False), nn.Linear(H * D, C, bias=False)
+        self.inner_attention = Inner()
+
+    def qk(self, x):
+        B, T, _ = x.shape
+        return (self.wq(x).view(B, T, H, D).transpose(1, 2),
+                self.wk(x).view(B, T, self.n_kv_heads, D).transpose(1, 2))
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        q, k = self.qk(x)
+        v = self.wv(x).view(B, T, self.n_kv_heads, D).transpose(1, 2)
+        rep = H // self.n_kv_heads
+        k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)  # torchtitan's repeat_kv
+        return self.wo(self.inner_attention(q, k, v).transpose(1, 2).reshape(B, T, -1))
+
+
+class TitanBlock(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attention = TitanAttention()
+
+    def forward(self, x):
+        return x + self.attention(x)
+
+
+class Titan(nn.Module):
+    def __init__(self, layers=2):
+        super().__init__()
+        self.layers = nn.ModuleDict({str(i): TitanBlock() for i in range(layers)})
+
+    def forward(self, x):
+        for block in self.layers.values():
+            x = block(x)
+        return x
+
+
+class Timm(nn.Module):
+    """timm's Attention: one fused ``qkv`` Linear (q's outputs, then k's, then v's, head by head)."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv, self.proj = nn.Linear(C, 3 * C), nn.Linear(C, C)
+
+    def qk(self, x):
+        B, T, _ = x.shape
+        q, k, _ = self.qkv(x).reshape(B, T, 3, H, D).permute(2, 0, 3, 1, 4)
+        return q, k
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        q, k, v = self.qkv(x).reshape(B, T, 3, H, D).permute(2, 0, 3, 1, 4)
+        return self.proj(F.scaled_dot_product_attention(q, k, v, is_causal=True).transpose(1, 2).reshape(B, T, C))
+
+
+class Grouped(nn.Module):
+    """Grouped-query attention through SDPA's enable_gqa: 4 query heads on 2 key heads, with biases."""
+
+    def __init__(self):
+        super().__init__()
+        self.q_proj, self.k_proj, self.v_proj = nn.Linear(C, H * D), nn.Linear(C, 2 * D), nn.Linear(C, 2 * D)
+
+    def qk(self, x):
+        B, T, _ = x.shape
+        return self.q_proj(x).view(B, T, H, D).transpose(1, 2), self.k_proj(x).view(B, T, 2, D).transpose(1, 2)
+
+    def forward(self, x):
+        B, T, _ = x.shape
+        q, k = self.qk(x)
+        v = self.v_proj(x).view(B, T, 2, D).transpose(1, 2)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True).transpose(1, 2).reshape(B, T, -1)
+
+
+def _clip_once(model, x, tau):
+    clip = QKClip(model, tau)
+    try:
+        model(x)
+        return clip.step()
+    finally:
+        clip.close()
+
+
+def test_torchtitan_layout_finds_wq_wk_above_inner_attention():
+    model = init(Titan(), std=0.6)
+    x = torch.randn(2, 9, C, generator=torch.Generator().manual_seed(3))
+    with torch.no_grad():  # each layer's input, as the model makes it
+        x1 = x + model.layers["0"].attention(x)
+    inputs = {"0": x, "1": x1}
+    expected, taus = {}, []
+    for i, attention in ((i, b.attention) for i, b in model.layers.items()):
+        with torch.no_grad():
+            q, k = attention.qk(inputs[i])
+        expected[i] = (by_hand(q, k, causal(2, 9)), attention.wq.weight.detach().clone(),
+                       attention.wk.weight.detach().clone())
+    tau = tau_between(expected["0"][0])  # layer 1 is read after layer 0 is run with the weights before the clip
+    factors = _clip_once(model, x, tau)
+    assert list(factors) == ["layers.0.attention.inner_attention", "layers.1.attention.inner_attention"]
+    for i, (s_max, wq, wk) in expected.items():
+        gamma_q, gamma_k = gammas(s_max, 2, tau)
+        check_factors(factors[f"layers.{i}.attention.inner_attention"], gamma_q, gamma_k)
+        close(model.layers[i].attention.wq.weight, rows_scaled(wq, gamma_q.sqrt()))
+        close(model.layers[i].attention.wk.weight, rows_scaled(wk, gamma_k.sqrt()))
+    assert (gammas(expected["0"][0], 2, tau)[1] < 1).any()
+
+
+@pytest.mark.parametrize("attn", [Timm(), Grouped()], ids=["fused qkv", "GQA 4 on 2"])
+def test_fused_and_grouped_layouts(attn):
+    model = init(attn, std=0.6)
+    x = torch.randn(2, 7, C, generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        q, k = model.qk(x)
+    kv_heads = k.shape[1]
+    s_max = by_hand(q, k, causal(2, 7))
+    tau = tau_between(s_max)
+    gamma_q, gamma_k = gammas(s_max, kv_heads, tau)
+    if isinstance(attn, Timm):
+        before = [(model.qkv.weight, model.qkv.weight.detach().clone()), (model.qkv.bias, model.qkv.bias.detach().clone())]
+        factors = _clip_once(model, x, tau)
+        w, b = (t.double()[:, None] if t.ndim == 1 else t for _, t in before)
+        close(model.qkv.weight, rows_scaled(rows_scaled(w, gamma_q.sqrt()), gamma_k.sqrt(), start=C))
+        close(model.qkv.bias, rows_scaled(rows_scaled(b, gamma_q.sqrt()), gamma_k.sqrt(), start=C)[:, 0])
+        v_rows = slice(2 * C, 3 * C)
+        assert torch.equal(model.qkv.weight[v_rows], before[0][1][v_rows])  # v is never touched
+    else:
+        wq, wk, bk = model.q_proj.weight.detach().clone(), model.k_proj.weight.detach().clone(), model.k_proj.bias.detach().clone()
+        factors = _clip_once(model, x, tau)
+        close(model.q_proj.weight, rows_scaled(wq, gamma_q.sqrt()))
+        close(model.k_proj.weight, rows_scaled(wk, gamma_k.sqrt()))
+        close(model.k_proj.bias, rows_scaled(bk[:, None], gamma_k.sqrt())[:, 0])
+        assert (gamma_k.repeat_interleave(2) != gamma_q).any()  # a key head takes the largest of its group
+    check_factors(factors[""], gamma_q, gamma_k)
+
+
+@pytest.mark.hf
+def test_remote_code_hf_model_calling_sdpa_itself_is_clipped():
+    """A PreTrainedModel whose attention (as trust_remote_code models often do) calls SDPA itself, never the
+    AttentionInterface: the clip falls back to the functions, as a probe does."""
+    transformers = pytest.importorskip("transformers")
+
+    class Remote(transformers.PreTrainedModel):
+        config_class = transformers.PretrainedConfig
+
+        def __init__(self, config):
+            super().__init__(config)
+            self.self_attn = Grouped()
+
+        def forward(self, inputs_embeds):
+            return self.self_attn(inputs_embeds)
+
+    model = Remote(transformers.PretrainedConfig())
+    init(model.self_attn, std=0.6, seed=5)
+    x = torch.randn(2, 8, C, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        q, k = model.self_attn.qk(x)
+    s_max = by_hand(q, k, causal(2, 8))
+    tau = tau_between(s_max)
+    gamma_q, gamma_k = gammas(s_max, 2, tau)
+    wq, wk = model.self_attn.q_proj.weight.detach().clone(), model.self_attn.k_proj.weight.detach().clone()
+    clip = QKClip(model, tau)
+    try:
+        for _ in range(2):  # the second step reads the same way, the fallback kept
+            model(inputs_embeds=x)
+            factors = clip.step()
+            if _ == 0:
+                check_factors(factors["self_attn"], gamma_q, gamma_k)
+                close(model.self_attn.q_proj.weight, rows_scaled(wq, gamma_q.sqrt()))
+                close(model.self_attn.k_proj.weight, rows_scaled(wk, gamma_k.sqrt()))
+    finally:
+        clip.close()
+    assert (factors["self_attn"] <= 1 + 1e-6).all() and clip.kind == "hf"
+
+
+# --- nn.MultiheadAttention --------------------------------------------------------------------------------------
+
+
+class Mha(nn.Module):
+    """PyTorch's own attention, causal, batch first; ``kdim``: keys and values from a memory of another width."""
+
+    def __init__(self, kdim=None):
+        super().__init__()
+        self.attn = nn.MultiheadAttention(C, H, batch_first=True, kdim=kdim, vdim=kdim)
+
+    def qk(self, x, memory):
+        B, T, _ = x.shape
+        a, E = self.attn, C
+        if a._qkv_same_embed_dim:
+            wq, wk = a.in_proj_weight[:E], a.in_proj_weight[E:2 * E]
+        else:
+            wq, wk = a.q_proj_weight, a.k_proj_weight
+        bq, bk = a.in_proj_bias[:E], a.in_proj_bias[E:2 * E]
+        q = (x.double() @ wq.double().T + bq.double()).view(B, T, H, D).transpose(1, 2)
+        k = (memory.double() @ wk.double().T + bk.double()).view(B, memory.shape[1], H, D).transpose(1, 2)
+        return q, k
+
+    def forward(self, x, memory):
+        mask = torch.ones(x.shape[1], memory.shape[1], dtype=torch.bool).tril().logical_not()  # True: hidden
+        return self.attn(x, memory, memory, attn_mask=mask, need_weights=False)[0]
+
+
+@pytest.mark.parametrize("kdim", [None, 12], ids=["in_proj_weight", "q_proj_weight/k_proj_weight"])
+def test_multihead_attention_in_proj_rows(kdim):
+    model = init(Mha(kdim), std=0.6, seed=6)
+    x = torch.randn(2, 6, C, generator=torch.Generator().manual_seed(6))
+    memory = x if kdim is None else torch.randn(2, 6, kdim, generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        q, k = model.qk(x, memory)
+    s_max = by_hand(q, k, causal(2, 6))
+    tau = tau_between(s_max)
+    gamma_q, gamma_k = gammas(s_max, H, tau)
+    a = model.attn
+    weights = ([a.in_proj_weight] if kdim is None else [a.q_proj_weight, a.k_proj_weight]) + [a.in_proj_bias]
+    before = [w.detach().clone() for w in weights]
+    clip = QKClip(model, tau)
+    try:
+        model(x, memory)
+        factors = clip.step()
+    finally:
+        clip.close()
+    (factor,) = factors.values()
+    check_factors(factor, gamma_q, gamma_k)
+    bias = rows_scaled(rows_scaled(before[-1][:, None], gamma_q.sqrt()), gamma_k.sqrt(), start=C)[:, 0]
+    close(a.in_proj_bias, bias)
+    if kdim is None:
+        close(a.in_proj_weight, rows_scaled(rows_scaled(before[0], gamma_q.sqrt()), gamma_k.sqrt(), start=C))
+    else:
+        close(a.q_proj_weight, rows_scaled(before[0], gamma_q.sqrt()))
+        close(a.k_proj_weight, rows_scaled(before[1], gamma_k.sqrt()))
+    assert math.isfinite(float(factor.min()))
+
+
+def test_transformer_encoder_layer_clips_its_self_attention():
+    """``nn.TransformerEncoderLayer`` (post-norm: its self_attn reads the layer's input), training mode."""
+    layer = nn.TransformerEncoderLayer(C, H, dim_feedforward=32, dropout=0.0, batch_first=True)
+    model = nn.TransformerEncoder(layer, num_layers=1, enable_nested_tensor=False)
+    attn = model.layers[0].self_attn
+    init(attn, std=0.6, seed=8)
+    x = torch.randn(2, 6, C, generator=torch.Generator().manual_seed(8))
+    E = C
+    with torch.no_grad():
+        q, k = ((x.double() @ w.double().T + b.double()).view(2, 6, H, D).transpose(1, 2)
+                for w, b in ((attn.in_proj_weight[:E], attn.in_proj_bias[:E]),
+                             (attn.in_proj_weight[E:2 * E], attn.in_proj_bias[E:2 * E])))
+    s_max = by_hand(q, k, torch.ones(2, 6, 6, dtype=torch.bool))  # no mask: every key
+    tau = tau_between(s_max)
+    gamma_q, gamma_k = gammas(s_max, H, tau)
+    w = attn.in_proj_weight.detach().clone()
+    clip = QKClip(model, tau)
+    try:
+        model(x)
+        factors = clip.step()
+    finally:
+        clip.close()
+    assert list(factors) == ["layers.0.self_attn"]
+    check_factors(factors["layers.0.self_attn"], gamma_q, gamma_k)
+    close(attn.in_proj_weight, rows_scaled(rows_scaled(w, gamma_q.sqrt()), gamma_k.sqrt(), start=C))
