@@ -91,11 +91,16 @@ class HeadSums:
 
     def _merge_scores(self, scores: torch.Tensor, keep: torch.Tensor, hidden: torch.Tensor) -> None:
         """Count, mean and squared deviations of the block's visible scores, merged into the running ones.
-        Deviations are taken from a shift near the mean (the mean so far, or the block's first row's) in
-        float32, summed over each row in float32 and over rows in float64: no float64 copy of the block."""
+        Deviations are taken from a shift near the mean (the mean so far, or the mean of the block's first row
+        that sees a key) in float32, summed over each row in float32 and over rows in float64: no float64 copy
+        of the block."""
         n = keep.sum((0, 2, 3)).double()
-        first = scores[:, :, :1].masked_fill(hidden[:, :, :1], 0.0).sum((0, 2, 3)).double()
-        first = first / keep[:, :, :1].sum((0, 2, 3)).clamp_min(1)
+        # the first row that sees a key, per head: a row of padding first would make the shift 0, far from the mean
+        B, H, R, _ = scores.shape
+        at = (keep.sum(-1) > 0).transpose(0, 1).reshape(H, B * R).int().argmax(-1)
+        heads = torch.arange(H, device=scores.device)
+        row, row_keep = scores[at // R, heads, at % R], keep[at // R, heads, at % R]
+        first = row.masked_fill(~row_keep, 0.0).sum(-1).double() / row_keep.sum(-1).clamp_min(1)
         shift = torch.where(self.entries > 0, self.mean, first).float()[None, :, None, None]
         d = (scores - shift).masked_fill_(hidden, 0.0)
         # the shift lies within the visible scores seen so far, so the hidden zeros (|shift|) never raise the max
