@@ -176,7 +176,7 @@ _LIMIT = {"MaxScore": "tau", "Collapsed": "words", "Frozen": "limit", "Spike": "
 
 
 def test_the_watch_defaults_are_the_studys_rule_with_its_figures():
-    """Every family's named run chose the rule default_alerts() is, and its docstring states each family's figures."""
+    """Every family's named run chose the rule default_alerts() is; its docstring points to the study, citing no first-round rate."""
     from attnscale.watch.alerts import Spike, default_alerts
 
     families = json.loads(STUDY.read_text(encoding="utf-8"))["families"]
@@ -188,16 +188,15 @@ def test_the_watch_defaults_are_the_studys_rule_with_its_figures():
         if isinstance(a, Spike):  # the detector's own reading of the alert
             assert (a.measure, a.window, a.min_history, a.direction) == ("max_score", det.SPIKE_WINDOW, det.SPIKE_MIN, "up")
     doc = " ".join(default_alerts.__doc__.split())
+    # the first round judged its alerts on runs that never learnt: the docstring cites no rate of it as evidence,
+    # and sends the reader to the study's page instead
+    assert "docs/warn-study.md" in doc and "healthy runs" not in doc
     for key, study in families.items():
         d = study["default"]
-        assert study["family"] == alarms.FAMILIES[key] and study["family"] in doc
+        assert study["family"] == alarms.FAMILIES[key]
         assert got == sorted((alarms.WATCH_ALERTS[n], None if n == "non_finite" else th) for n, th in d["parts"])
         # "stop" only for a rule under 1% false alarms on the held-out seeds
         assert all(a.action == "warn" for a in alerts) or d["false_alarm_rate"] < alarms.STOP_FALSE_ALARMS
-        # the docstring states what the study measured: false alarms on the held-out healthy runs, hits
-        lo, hi = d["false_alarm_rate_ci"]
-        assert f"{d['false_alarms']} of {d['healthy']} healthy" in doc and f"[{100 * lo:.0f}%, {100 * hi:.0f}%]" in doc
-        assert f"{d['hits']} of {d['broken']} broken" in doc
         # and they fire on no more than that share of the study's held-out healthy runs, below the target it chose at
         assert d["false_alarm_rate"] <= study["target_false_alarms"] and d["choosing"]["false_alarm_rate"] <= study["target_false_alarms"]
 
