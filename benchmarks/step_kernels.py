@@ -15,7 +15,7 @@ medians of ``--rounds``:
   side (training's path) against the softmax in bf16, whose forward gives the same bits; and the
   gradient of the scores against float64, at score spreads 1, 5 and 30 (an unscaled wide head's);
 - the gradients clipped and the bf16 copy's handed to fp32 masters: in one flat tensor each (training's
-  ``lm.train._clip_`` and one copy) against per tensor (``clip_grad_norm_`` and ``_foreach_copy_``, what
+  ``lm.precision.clip_`` and one copy) against per tensor (``clip_grad_norm_`` and ``_foreach_copy_``, what
   training did before).
 
 Times: CPU time of the process at one thread, wall time at more, after ``keep_freed_memory`` (as
@@ -42,7 +42,7 @@ from vs_nanogpt import _load  # noqa: E402
 
 from attnscale.core.attention import build_mask  # noqa: E402
 from attnscale.core.device import keep_freed_memory  # noqa: E402
-from attnscale.lm import train as T  # noqa: E402
+from attnscale.lm import precision as P  # noqa: E402
 from attnscale.lm.model import ModelConfig, TinyLM  # noqa: E402
 
 BF16 = torch.bfloat16
@@ -119,7 +119,7 @@ def clip_and_copy(d_model: int, vocab: int, context: int, heads: int) -> tuple[C
         for p in model.parameters():
             p.grad = torch.randn_like(p)
     flat_model, flat_copy = TinyLM(cfg), TinyLM(cfg).to(BF16)
-    flat, copy_flat = T._one_grad_buffer(flat_model), T._one_grad_buffer(flat_copy)
+    flat, copy_flat = P.flat_grads(flat_model), P.flat_grads(flat_copy)
     flat.normal_(), copy_flat.normal_()
     masters, grads = [p.grad for p in per_tensor.parameters()], [p.grad for p in copy_per_tensor.parameters()]
 
@@ -129,7 +129,7 @@ def clip_and_copy(d_model: int, vocab: int, context: int, heads: int) -> tuple[C
 
     def one():
         flat.copy_(copy_flat)
-        T._clip_(flat, 1.0)
+        P.clip_(flat, 1.0)
     return tensors, one
 
 

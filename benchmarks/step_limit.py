@@ -3,7 +3,7 @@
 In one run, for each d_model and thread count, at vs_nanogpt.py's shape (2 layers, 4 heads, T 64,
 batch 32, Tiny Shakespeare's characters):
 
-- the step: ``lm.train``'s own step (``_build``, ``_step``: the default preset's model and optimiser,
+- the step: ``lm.train``'s own step (``build_run``, ``train_step``: the default preset's model and optimiser,
   recording every 10th step), in the precision ``--dtype`` resolves to on this CPU, once for each
   ``--weights`` (in bf16: fp32 weights under autocast, or a bf16 copy of fp32 masters); the steps that
   record and those that do not are timed apart;
@@ -100,12 +100,12 @@ def training_step(corpus, d: int, dtype: str, weights: str, compiled: bool = Fal
                           "n_heads": SHAPE["heads"]})
     cfg = replace(preset.train, steps=10**9, batch=SHAPE["B"], warmup=5, record_every=RECORD_EVERY, checkpoint_every=0,
                   device="cpu", dtype=dtype, weights=weights, attention=attention)
-    run = T._build(mcfg, cfg, None)
+    run = T.build_run(mcfg, cfg, None)
     if compiled:
         net = run.net
         eager, fast = net.forward, torch.compile(net.forward)
         net.forward = lambda idx: (eager if any(b.attn.recording for b in net.blocks) else fast)(idx)
-    return lambda i: T._step(run, i, corpus)
+    return lambda i: T.train_step(run, i, corpus)
 
 
 def caught(step) -> list[tuple]:
