@@ -20,10 +20,8 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
 from dataclasses import replace
-from pathlib import Path
 
 import torch
 
@@ -31,8 +29,7 @@ from attnscale.lm.data import load_corpus
 from attnscale.lm.train import train
 from attnscale.reproduce import stages
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vs_nanogpt import _load  # noqa: E402
+from vs_nanogpt import load_average
 
 PATHS = {"old": "explicit", "new": "auto"}
 
@@ -56,7 +53,7 @@ def main() -> None:
     corpus = load_corpus("default")
     training = [st for st in stages(preset=args.preset, jobs=2) if st.group and st.runs]
     print(f"torch {torch.__version__}, 1 thread, CPU time; {args.steps} steps a measurement after one untimed, "
-          f"{args.rounds} alternating rounds; load before: {_load()}")
+          f"{args.rounds} alternating rounds; load before: {load_average()}")
     print(f"{'stage':<52} {'runs':>4} {'steps':>6} {'shape':>22} {'old ms':>8} {'new ms':>8} {'old/new':>7}")
     for st in training:
         shapes: dict[tuple, list] = {}
@@ -75,7 +72,7 @@ def main() -> None:
             print(f"{'':<52} {len(runs):4d} {steps:6d} {f'd_k {width} {scale}':>22} {1e3 * med['old']:8.1f} "
                   f"{1e3 * med['new']:8.1f} {med['old'] / med['new']:6.2f}x", flush=True)
         print(f"{st.name[:52]:<52} {len(st.runs):4d} {'':>6} {'training, s':>22} {totals['old']:8.1f} {totals['new']:8.1f} "
-              f"{totals['old'] / totals['new']:6.2f}x   load {_load()}", flush=True)
+              f"{totals['old'] / totals['new']:6.2f}x   load {load_average()}", flush=True)
 
 
 if __name__ == "__main__":

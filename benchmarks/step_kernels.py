@@ -15,7 +15,7 @@ medians of ``--rounds``:
   side (training's path) against the softmax in bf16, whose forward gives the same bits; and the
   gradient of the scores against float64, at score spreads 1, 5 and 30 (an unscaled wide head's);
 - the gradients clipped and the bf16 copy's handed to fp32 masters: in one flat tensor each (training's
-  ``lm.train._clip_`` and one copy) against per tensor (``clip_grad_norm_`` and ``_foreach_copy_``, what
+  ``lm.precision.clip_`` and one copy) against per tensor (``clip_grad_norm_`` and ``_foreach_copy_``, what
   training did before).
 
 Times: CPU time of the process at one thread, wall time at more, after ``keep_freed_memory`` (as
@@ -28,22 +28,19 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Callable
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_limit import cpu_features  # noqa: E402
-from vs_nanogpt import _load  # noqa: E402
+from step_limit import cpu_features
+from vs_nanogpt import load_average
 
-from attnscale.core.attention import build_mask  # noqa: E402
-from attnscale.core.device import keep_freed_memory  # noqa: E402
-from attnscale.lm import train as T  # noqa: E402
-from attnscale.lm.model import ModelConfig, TinyLM  # noqa: E402
+from attnscale.core.attention import build_mask
+from attnscale.core.device import keep_freed_memory
+from attnscale.lm.model import ModelConfig, TinyLM
+from attnscale.lm.precision import clip_, flat_grads
 
 BF16 = torch.bfloat16
 SPREADS = (1.0, 5.0, 30.0)
@@ -119,7 +116,7 @@ def clip_and_copy(d_model: int, vocab: int, context: int, heads: int) -> tuple[C
         for p in model.parameters():
             p.grad = torch.randn_like(p)
     flat_model, flat_copy = TinyLM(cfg), TinyLM(cfg).to(BF16)
-    flat, copy_flat = T._one_grad_buffer(flat_model), T._one_grad_buffer(flat_copy)
+    flat, copy_flat = flat_grads(flat_model), flat_grads(flat_copy)
     flat.normal_(), copy_flat.normal_()
     masters, grads = [p.grad for p in per_tensor.parameters()], [p.grad for p in copy_per_tensor.parameters()]
 
@@ -129,7 +126,7 @@ def clip_and_copy(d_model: int, vocab: int, context: int, heads: int) -> tuple[C
 
     def one():
         flat.copy_(copy_flat)
-        T._clip_(flat, 1.0)
+        clip_(flat, 1.0)
     return tensors, one
 
 
@@ -176,7 +173,7 @@ def main() -> None:
         ap.error(f"--d-model {args.d_model} is not divisible by --heads {args.heads}")
     keep_freed_memory()
     print(f"torch {torch.__version__}; CPU features: {' '.join(cpu_features()) or 'none of the bf16 ones'}; "
-          f"bf16, forward and backward, median of {args.rounds} alternating calls; load before: {_load()}")
+          f"bf16, forward and backward, median of {args.rounds} alternating calls; load before: {load_average()}")
     print(f"{'threads':>7} {'kernel':<13} {'shape':<16} {'as the step runs it':<20} {'us':>9} | "
           f"{'alternative':<22} {'us':>9} {'alt / step':>10}")
     for threads in args.threads:
@@ -192,7 +189,7 @@ def main() -> None:
         print(f"scores of spread {spread:g}: gradient of the scores against float64, relative error "
               f"{e['fp32']:.2e} (fp32 softmax), {e['bf16']:.2e} (bf16 softmax, {e['bf16'] / e['fp32']:.2f}x); "
               f"forwards {'the same bits' if e['same_forward'] else 'differ'}")
-    print(f"load after: {_load()}")
+    print(f"load after: {load_average()}")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 In one run, for each d_model and thread count, at vs_nanogpt.py's shape (2 layers, 4 heads, T 64,
 batch 32, Tiny Shakespeare's characters):
 
-- the step: ``lm.train``'s own step (``_build``, ``_step``: the default preset's model and optimiser,
+- the step: ``lm.train``'s own step (``build_run``, ``train_step``: the default preset's model and optimiser,
   recording every 10th step), in the precision ``--dtype`` resolves to on this CPU, once for each
   ``--weights`` (in bf16: fp32 weights under autocast, or a bf16 copy of fp32 masters); the steps that
   record and those that do not are timed apart;
@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -42,14 +41,13 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from vs_nanogpt import _load, prepare_nanogpt, run_attnscale, run_nanogpt  # noqa: E402
+from vs_nanogpt import load_average, prepare_nanogpt, run_attnscale, run_nanogpt
 
-from attnscale.core.device import resolve_precision  # noqa: E402
-from attnscale.lm import train as T  # noqa: E402
-from attnscale.lm.data import load_corpus  # noqa: E402
-from attnscale.lm.model import ModelConfig  # noqa: E402
-from attnscale.lm.presets import budget  # noqa: E402
+from attnscale.core.device import resolve_precision
+from attnscale.lm import train as T
+from attnscale.lm.data import load_corpus
+from attnscale.lm.model import ModelConfig
+from attnscale.lm.presets import budget
 
 GEMMS = {"mm": (0, 1), "bmm": (0, 1), "addmm": (1, 2)}  # op -> positions of its two factors
 FEATURES = ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
@@ -100,12 +98,12 @@ def training_step(corpus, d: int, dtype: str, weights: str, compiled: bool = Fal
                           "n_heads": SHAPE["heads"]})
     cfg = replace(preset.train, steps=10**9, batch=SHAPE["B"], warmup=5, record_every=RECORD_EVERY, checkpoint_every=0,
                   device="cpu", dtype=dtype, weights=weights, attention=attention)
-    run = T._build(mcfg, cfg, None)
+    run = T.build_run(mcfg, cfg, None)
     if compiled:
         net = run.net
         eager, fast = net.forward, torch.compile(net.forward)
         net.forward = lambda idx: (eager if any(b.attn.recording for b in net.blocks) else fast)(idx)
-    return lambda i: T._step(run, i, corpus)
+    return lambda i: T.train_step(run, i, corpus)
 
 
 def caught(step) -> list[tuple]:
@@ -218,7 +216,7 @@ def main() -> None:
         corpus = load_corpus(str(args.corpus), "char", cache_dir=Path(work) / "cache")
         print(f"torch {torch.__version__}; CPU features: {' '.join(cpu_features()) or 'none of ' + ' '.join(FEATURES)}; "
               f"the step in {precision} (--dtype {args.dtype}); blocks of {RECORD_EVERY} steps, median of "
-              f"{args.rounds} alternating rounds; load before: {_load()}")
+              f"{args.rounds} alternating rounds; load before: {load_average()}")
         print(f"{'d_model':>7} {'threads':>7} {'GFLOP/step':>10} {'GEMM limit':>10} {'GFLOP/s':>8} | "
               f"{'weights':<15} {'ms/step':>8} {'of limit':>8} {'recording':>10}")
         if args.nanogpt is not None:
@@ -234,14 +232,14 @@ def main() -> None:
                           f"({rec / plain:.2f}x)")
                 print(f"{'':46} | ({m['products']} products, {m['flops']} FLOP a step"
                       + (f"; compiling took {m['compile_s']:.1f} s" if m["compile_s"] is not None else "")
-                      + f"; load {_load()})", flush=True)
+                      + f"; load {load_average()})", flush=True)
                 if args.nanogpt is not None:
                     rates = nanogpt_ratio(args.nanogpt.resolve(), args.corpus.resolve(), Path(work), d, threads,
                                           args.nanogpt_rounds, args.dtype, weights, args.nanogpt_steps)
                     ng = rates.pop("nanoGPT")
                     print(f"{'':46} | tokens/s: nanoGPT (fp32) {ng:.0f}; "
                           + "; ".join(f"attnscale {k} {v:.0f} ({v / ng:.2f}x)" for k, v in rates.items())
-                          + f"; load {_load()}", flush=True)
+                          + f"; load {load_average()}", flush=True)
 
 
 if __name__ == "__main__":

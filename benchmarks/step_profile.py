@@ -15,20 +15,21 @@ processes on the machine change it far less than wall time.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import pickle
 import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
+from types import ModuleType
 
 import numpy as np
 import torch
 
 from attnscale.lm.data import load_corpus
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from step_limit import training_step  # noqa: E402
+from step_limit import training_step
 
 
 def attnscale_step(corpus, d: int, dtype: str = "auto", weights: str = "fp32"):
@@ -42,9 +43,17 @@ def attnscale_step(corpus, d: int, dtype: str = "auto", weights: str = "fp32"):
     return one
 
 
+def _module_at(path: Path) -> ModuleType:
+    """The Python file at ``path`` as a module, loaded by its path so nothing is put on ``sys.path``."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = sys.modules[path.stem] = importlib.util.module_from_spec(spec)  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
 def nanogpt_step(nanogpt: Path, train_bin: Path, vocab_size: int, d: int):
-    sys.path.insert(0, str(nanogpt))
-    from model import GPT, GPTConfig  # nanoGPT's model.py
+    model_py = _module_at(nanogpt / "model.py")  # nanoGPT's model.py
+    GPT, GPTConfig = model_py.GPT, model_py.GPTConfig
 
     torch.manual_seed(1337)
     model = GPT(GPTConfig(n_layer=2, n_head=4, n_embd=d, block_size=64, bias=False, vocab_size=vocab_size, dropout=0.0))

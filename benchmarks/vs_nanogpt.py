@@ -146,7 +146,6 @@ def _run(cmd: list[str], cwd: Path, threads: int, src: Path = SRC) -> str:
 
 def _precision_line(dtype: str) -> str:
     """Which precision attnscale trains in here, and whether this CPU has native bf16 (nanoGPT: fp32)."""
-    sys.path.insert(0, str(SRC))
     import torch
 
     from attnscale.core.device import native_bf16, resolve_precision
@@ -156,7 +155,7 @@ def _precision_line(dtype: str) -> str:
             f"{'has' if native_bf16() else 'lacks'} native bf16 (avx512_bf16 or amx_bf16)")
 
 
-def _load() -> str:
+def load_average() -> str:
     try:
         return " ".join(f"{x:.2f}" for x in os.getloadavg())
     except OSError:
@@ -202,7 +201,7 @@ def main() -> None:
     try:
         prepare_nanogpt(args.nanogpt.resolve(), args.corpus.resolve(), work)
         print(f"nanoGPT {args.nanogpt} {' '.join(args.nanogpt_args)}, {'GPU' if args.gpu else 'CPU'}; {args.steps} steps a measurement, first "
-              f"{args.skip} not timed; {args.rounds} alternating rounds; load before: {_load()}")
+              f"{args.skip} not timed; {args.rounds} alternating rounds; load before: {load_average()}")
         if not args.gpu:
             print(_precision_line(args.dtype))
         old = args.baseline is not None
@@ -225,7 +224,7 @@ def main() -> None:
                 ng, at = med["nanogpt"], med["attnscale"]
                 extra = (f"{med['baseline']:14.0f} {med['baseline'] / ng:5.2f}x {at / med['baseline']:7.2f}x  "
                          if old else "")
-                print(f"{shape['d']:7d} {threads:7d} {ng:14.0f} {at:16.0f} {at / ng:5.2f}x  {extra}{_load()}", flush=True)
+                print(f"{shape['d']:7d} {threads:7d} {ng:14.0f} {at:16.0f} {at / ng:5.2f}x  {extra}{load_average()}", flush=True)
                 print("        rounds: " + ", ".join(f"{who} {[round(t) for t in v]}" for who, v in rates.items()),
                       flush=True)
     finally:

@@ -36,19 +36,18 @@ should hold 0, which checks the method on this machine.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import math
 import os
 import platform
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))  # tiny_llama.py
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "offline")
 
@@ -158,7 +157,10 @@ def train(args, out: Path) -> tuple[dict[str, dict[int, float]], float, float]:
     """One gated training run: ({"wall": seconds of each step from its start to the next step's start,
     "cpu": the same in CPU seconds of this process}, the watch's own seconds, the seconds of one of its
     calls at a step where it does not probe)."""
-    from tiny_llama import corpus_windows, tiny_llama
+    spec = importlib.util.spec_from_file_location("tiny_llama", ROOT / "examples" / "tiny_llama.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)  # loaded by its path, so nothing is put on sys.path
+    corpus_windows, tiny_llama = example.corpus_windows, example.tiny_llama
     from transformers import Trainer, TrainerCallback, TrainingArguments
 
     from attnscale.watch.callbacks.hf import WatchCallback

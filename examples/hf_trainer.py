@@ -14,10 +14,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # options.py and tiny_llama.py, beside this file
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here downloads
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")

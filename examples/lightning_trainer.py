@@ -14,20 +14,16 @@ steps, beside the loss, and to the JSONL log given as a sink. (The file is not n
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # options.py, beside this file
+from options import run_options, tiny_lm_options
 
-from options import run_options, tiny_lm_options  # noqa: E402
-
-from attnscale.lm.data import load_corpus  # noqa: E402
-from attnscale.lm.model import ModelConfig, build_model  # noqa: E402
-from attnscale.watch.alerts import Collapsed, MaxScore  # noqa: E402
-from attnscale.watch.logs.sinks import JsonlSink  # noqa: E402
+from attnscale.lm.data import load_corpus
+from attnscale.lm.model import ModelConfig, build_model
+from attnscale.watch.alerts import Collapsed, MaxScore
+from attnscale.watch.logs.sinks import JsonlSink
 
 
 class Shifted(torch.utils.data.Dataset):

@@ -14,21 +14,17 @@ ends the loop at the first such alert.
 from __future__ import annotations
 
 import argparse
-import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # options.py, beside this file
+from options import run_options, tiny_lm_options
 
-from options import run_options, tiny_lm_options  # noqa: E402
-
-from attnscale.lm.data import batches, load_corpus  # noqa: E402
-from attnscale.lm.model import ModelConfig, build_model  # noqa: E402
-from attnscale.watch.alerts import Collapsed, MaxScore, Spike  # noqa: E402
-from attnscale.watch.loop import Watch  # noqa: E402
-from attnscale.watch.logs.sinks import JsonlSink, TensorBoardSink  # noqa: E402
+from attnscale.lm.data import batches, load_corpus
+from attnscale.lm.model import ModelConfig, build_model
+from attnscale.watch.alerts import Collapsed, MaxScore, Spike
+from attnscale.watch.loop import Watch
+from attnscale.watch.logs.sinks import JsonlSink, TensorBoardSink
 
 
 def main(argv=None) -> int:

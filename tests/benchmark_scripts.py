@@ -11,10 +11,16 @@ BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
 def load_benchmark(name: str) -> ModuleType:
-    """benchmarks/<name> as a module (the scripts are not a package: each runs on its own)."""
+    """benchmarks/<name> as a module (the scripts are not a package: each runs on its own). Its folder
+    is first on the import path while it loads, as it is for ``python benchmarks/<name>``, so a script
+    imports its neighbours the way it does when run."""
     spec = importlib.util.spec_from_file_location(Path(name).stem, BENCH / name)
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(BENCH))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(BENCH))
     return module
 
 

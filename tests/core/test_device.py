@@ -394,19 +394,19 @@ def test_fused_on_non_recording_steps_keeps_the_trajectory(corpus, monkeypatch, 
 
 
 def test_attention_auto_is_fused_on_gpus_and_in_fp32_and_the_model_choice_in_cpu_bf16():
-    from attnscale.lm.train import _attention_impl
+    from attnscale.lm.train import attention_impl
 
     cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
     fp32, bf16 = dev.Precision("cpu", "fp32", None), dev.Precision("cpu", "bf16", torch.bfloat16)
-    assert _attention_impl("auto", mcfg(impl="explicit"), cpu, fp32) == "fused"
-    assert _attention_impl("auto", mcfg(impl="explicit", head_dim=1024), cpu, fp32) == "fused"
-    assert _attention_impl("auto", mcfg(impl="explicit"), cpu, bf16) == "explicit"
-    assert _attention_impl("auto", mcfg(impl="fused"), cpu, bf16) == "fused"
-    assert _attention_impl("auto", mcfg(impl="explicit", scale="softcap"), cpu, fp32) == "explicit"
-    assert _attention_impl("auto", mcfg(head_dim=1024), gpu, dev.Precision("cuda", "bf16", torch.bfloat16)) == "fused"
-    assert _attention_impl("auto", mcfg(), torch.device("mps"), fp32) == "fused"
-    assert _attention_impl("explicit", mcfg(impl="fused"), gpu, fp32) == "explicit"
-    assert _attention_impl("fused", mcfg(scale="softcap"), gpu, fp32) == "explicit"  # SDPA cannot soft-cap
+    assert attention_impl("auto", mcfg(impl="explicit"), cpu, fp32) == "fused"
+    assert attention_impl("auto", mcfg(impl="explicit", head_dim=1024), cpu, fp32) == "fused"
+    assert attention_impl("auto", mcfg(impl="explicit"), cpu, bf16) == "explicit"
+    assert attention_impl("auto", mcfg(impl="fused"), cpu, bf16) == "fused"
+    assert attention_impl("auto", mcfg(impl="explicit", scale="softcap"), cpu, fp32) == "explicit"
+    assert attention_impl("auto", mcfg(head_dim=1024), gpu, dev.Precision("cuda", "bf16", torch.bfloat16)) == "fused"
+    assert attention_impl("auto", mcfg(), torch.device("mps"), fp32) == "fused"
+    assert attention_impl("explicit", mcfg(impl="fused"), gpu, fp32) == "explicit"
+    assert attention_impl("fused", mcfg(scale="softcap"), gpu, fp32) == "explicit"  # SDPA cannot soft-cap
 
 
 # ---- one read-back per step ---------------------------------------------------------

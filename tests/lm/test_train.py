@@ -93,15 +93,15 @@ def test_fp32_training_is_adamw_with_clipping_written_out(corpus, lr, clip):
 
 @pytest.mark.parametrize("max_norm", [0.1, 1e6])
 def test_one_flat_clip_is_torchs_clip_grad_norm(max_norm):
-    from attnscale.lm.train import _clip_, _one_grad_buffer
+    from attnscale.lm.precision import clip_, flat_grads
 
     torch.manual_seed(0)
     model, again = TinyLM(mcfg()), TinyLM(mcfg())
-    flat = _one_grad_buffer(model)
+    flat = flat_grads(model)
     for p, q in zip(model.parameters(), again.parameters()):
         p.grad.copy_(torch.randn_like(p))
         q.grad = p.grad.clone()
-    norm = _clip_(flat, max_norm)
+    norm = clip_(flat, max_norm)
     want = torch.nn.utils.clip_grad_norm_(again.parameters(), max_norm)
     assert float(norm) == pytest.approx(float(want), rel=1e-6)
     for p, q in zip(model.parameters(), again.parameters()):
@@ -114,10 +114,10 @@ def test_the_flat_gradients_stay_the_gradients_through_steps(corpus):
     buffer, and what a step leaves there is that step's gradient alone (zeroed before each backward)."""
     from attnscale.lm import train as T
 
-    run = T._build(mcfg(), tcfg(), None)
+    run = T.build_run(mcfg(), tcfg(), None)
     views = [p.grad for p in run.model.parameters()]
     for step in range(3):
-        T._step(run, step, corpus)
+        T.train_step(run, step, corpus)
     assert all(p.grad is v for p, v in zip(run.model.parameters(), views))
     assert sum(v.numel() for v in views) == run.grads.numel() and float(run.grads.abs().sum()) > 0
 

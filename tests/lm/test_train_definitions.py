@@ -8,6 +8,7 @@ import math
 import pytest
 import torch
 
+from attnscale.lm import precision as P
 from attnscale.lm import train as T
 from attnscale.lm.model import ModelConfig, TinyLM
 from tiny_corpus import V, corpus  # noqa: F401  (the fixture)
@@ -22,7 +23,7 @@ def test_weight_decay_falls_on_the_matrices_alone(scale, tied):
     """Embeddings, projections and the read-out decay; biases, LayerNorm gains, qk-norm gains and a learned
     temperature (a 0-dim parameter) do not."""
     cfg = T.TrainConfig(weight_decay=0.25, lr=2e-3, beta2=0.95, device="cpu", threads=1)
-    run = T._build(mcfg(scale=scale, tie_embeddings=tied), cfg, None)
+    run = T.build_run(mcfg(scale=scale, tie_embeddings=tied), cfg, None)
     names = {id(p): n for n, p in run.model.named_parameters()}
     decay, rest = run.opt.param_groups
     assert decay["weight_decay"] == 0.25 and rest["weight_decay"] == 0.0
@@ -38,21 +39,21 @@ def test_weight_decay_falls_on_the_matrices_alone(scale, tied):
 
 def test_the_clip_scales_by_max_norm_over_the_norm_plus_a_millionth():
     grads = torch.tensor([3.0, 4.0, 0.0], dtype=torch.float64)
-    norm = T._clip_(grads, 1.0)
+    norm = P.clip_(grads, 1.0)
     assert float(norm) == 5.0
     assert grads.tolist() == pytest.approx([3 / (5 + 1e-6), 4 / (5 + 1e-6), 0.0], rel=1e-15)
 
 
 def test_the_clip_leaves_gradients_under_the_norm_and_zero_gradients_alone():
     grads = torch.tensor([0.3, -0.4], dtype=torch.float64)
-    assert float(T._clip_(grads, 0.5)) == pytest.approx(0.5, rel=1e-15)
+    assert float(P.clip_(grads, 0.5)) == pytest.approx(0.5, rel=1e-15)
     f = 0.5 / (0.5 + 1e-6)  # at exactly max_norm the factor is below 1 by a hair, as torch's
     assert grads.tolist() == pytest.approx([0.3 * f, -0.4 * f], rel=1e-15) and f < 1
     grads = torch.tensor([0.3, -0.4], dtype=torch.float64)
-    T._clip_(grads, 0.6)
+    P.clip_(grads, 0.6)
     assert grads.tolist() == [0.3, -0.4]  # under max_norm: the factor is clamped at 1
     zero = torch.zeros(4)
-    assert float(T._clip_(zero, 1.0)) == 0.0 and zero.tolist() == [0.0] * 4  # no 0 / 0
+    assert float(P.clip_(zero, 1.0)) == 0.0 and zero.tolist() == [0.0] * 4  # no 0 / 0
 
 
 def _lr_by_hand(step, steps, lr, warmup, ratio):
@@ -81,8 +82,8 @@ def test_the_schedule_is_half_way_down_at_half_the_decay():
 def test_the_bf16_copy_is_the_masters_cast_and_hands_its_gradients_back_in_fp32():
     torch.manual_seed(0)
     master = TinyLM(mcfg())
-    grads = T._one_grad_buffer(master)
-    copy = T._Bf16Copy(master, grads)
+    grads = P.flat_grads(master)
+    copy = P.Bf16Copy(master, grads)
     for m, c in zip(master.parameters(), copy.model.parameters()):
         assert c.dtype == torch.bfloat16 and torch.equal(c, m.detach().to(torch.bfloat16))
     with torch.no_grad():

@@ -27,7 +27,7 @@ def test_z_loss_is_the_mean_squared_log_normaliser_added_to_the_cross_entropy():
         net.head.weight.mul_(20)  # log Z well away from log V, so the term is not a constant
     x = torch.randint(0, V, (3, 8), generator=torch.Generator().manual_seed(1))
     y = torch.randint(0, V, (3, 8), generator=torch.Generator().manual_seed(2))
-    loss, objective = tr._objectives(net, x, y, 1e-2)
+    loss, objective = tr.loss_and_objective(net, x, y, 1e-2)
     logits = net(x).double().flatten(0, 1).tolist()
     total_ce, total_z = 0.0, 0.0
     for row, target in zip(logits, y.flatten().tolist()):
@@ -39,7 +39,7 @@ def test_z_loss_is_the_mean_squared_log_normaliser_added_to_the_cross_entropy():
     assert loss.item() == pytest.approx(total_ce / n, rel=1e-5)
     assert objective.item() == pytest.approx(total_ce / n + 1e-2 * total_z / n, rel=1e-5)
     assert objective.item() - loss.item() > 1e-3  # the term is there
-    plain, same = tr._objectives(net, x, y, 0.0)
+    plain, same = tr.loss_and_objective(net, x, y, 0.0)
     assert plain is same and plain.item() == pytest.approx(net.loss(x, y).item(), rel=0, abs=0)
 
 
@@ -72,10 +72,10 @@ def test_independent_weight_decay_is_adamw_with_the_decay_not_multiplied_by_the_
     cfg = TrainConfig(steps=3, batch=4, lr=1e-2, warmup=2, min_lr_ratio=1.0, weight_decay=0.05, clip=1e9,
                       beta1=0.8, beta2=0.95, adam_eps=1e-6, independent_wd=True, record_every=100, threads=1,
                       device="cpu", dtype="fp32", attention="explicit")
-    run = tr._build(mcfg(), cfg, None)
+    run = tr.build_run(mcfg(), cfg, None)
     start = copy.deepcopy(run.model)
     for step in range(3):
-        tr._step(run, step, corpus)
+        tr.train_step(run, step, corpus)
     want = _hand_adamw(start, cfg, corpus, 3)
     for n, p in run.model.named_parameters():
         assert torch.allclose(p.detach().double(), want[n], rtol=1e-5, atol=1e-7), n
@@ -88,7 +88,7 @@ def test_independent_weight_decay_is_adamw_with_the_decay_not_multiplied_by_the_
 def test_the_recipes_defaults_change_nothing(corpus):
     cfg = TrainConfig()
     assert (cfg.z_loss, cfg.beta1, cfg.adam_eps, cfg.independent_wd) == (0.0, 0.9, 1e-8, False)
-    run = tr._build(mcfg(), TrainConfig(device="cpu", threads=1), None)
+    run = tr.build_run(mcfg(), TrainConfig(device="cpu", threads=1), None)
     group = run.opt.param_groups[0]
     assert group["betas"] == (0.9, 0.99) and group["eps"] == 1e-8 and group["weight_decay"] == 0.1
     # a record written before these fields existed is the same run as one with them at their defaults

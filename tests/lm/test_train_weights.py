@@ -125,10 +125,10 @@ class _Casts(TorchDispatchMode):
 
 
 def _casts_of_a_plain_step(weights: str, corpus) -> Counter:
-    run = T._build(mcfg(), tcfg(weights=weights, record_every=100), None)
-    T._step(run, 1, corpus)  # a step that does not record
+    run = T.build_run(mcfg(), tcfg(weights=weights, record_every=100), None)
+    T.train_step(run, 1, corpus)  # a step that does not record
     with _Casts() as casts:
-        T._step(run, 1, corpus)
+        T.train_step(run, 1, corpus)
     return casts.shapes
 
 

@@ -5,8 +5,8 @@ warm-up then cosine decay, and gradient clipping, and returns a plain dict.
 Every ``record_every`` steps (and at step 0, before any update) the forward
 pass of the training step itself is recorded (``lm.step_measures``); the step-0
 figures are therefore those of the freshly initialised model on a training
-batch. The loop is a few named steps: ``_build`` (device, precision, model,
-optimiser), ``_resume`` (from a ``lm.checkpoint.Checkpoint``), ``_step`` (one
+batch. The loop is a few named steps: ``build_run`` (device, precision, model,
+optimiser), ``_resume`` (from a ``lm.checkpoint.Checkpoint``), ``train_step`` (one
 update), ``_record_trained`` (the trained model's diagnostics), ``evaluate``
 and ``_results``.
 
@@ -33,7 +33,6 @@ recording step, every diagnostic in one transfer.
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -49,9 +48,10 @@ from attnscale.errors import ConfigError, check_positive_ints
 from attnscale.core.scales import get_scale
 from attnscale.lm.checkpoint import Checkpoint, comparable_config, run_config, save_weights
 from attnscale.lm.model import ModelConfig, TinyLM
+from attnscale.lm.precision import Bf16Copy, clip_, flat_grads, in_precision
 from attnscale.lm.step_measures import DIAGNOSTICS, read_back, recording, summarize
 
-__all__ = ["TrainConfig", "train", "run_config", "comparable_config", "save_weights", "lr_at", "evaluate", "sum_dtype", "DIAGNOSTICS", "summarize"]
+__all__ = ["TrainConfig", "train", "Run", "build_run", "train_step", "loss_and_objective", "attention_impl", "run_config", "comparable_config", "save_weights", "lr_at", "evaluate", "sum_dtype", "DIAGNOSTICS", "summarize"]
 
 ATTENTION = ("auto", "fused", "explicit")
 WEIGHTS = ("fp32", "bf16")
@@ -150,13 +150,6 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-@contextlib.contextmanager
-def _precision(precision: "dev.Precision"):
-    """TF32 where the precision allows it, and autocast: what evaluation's forwards run under."""
-    with dev.tf32(precision), dev.autocast(precision):
-        yield
-
-
 # On the CPU in fp32 the fused path pays at every width: a step of vs_nanogpt.py's shape (T 64, batch 32,
 # d_k = d_model / 4) costs 1.065x (d_model 128) and 1.063x (256) the CPU time explicit, 1 thread
 # (benchmarks/step_flops.py, 5 alternating rounds); the attention module's forward + backward with its
@@ -165,7 +158,7 @@ def _precision(precision: "dev.Precision"):
 # projections left them, while the explicit products first copy them into the head-major layout (and
 # again in the backward), which at d_k 1,024 was a quarter of the step. In bf16 the fused kernel is
 # slower at every d_k (benchmarks/attention_paths.py), so bf16 runs keep the model's own path.
-def _attention_impl(choice: str, model_cfg: ModelConfig, device: torch.device, precision: "dev.Precision") -> str:
+def attention_impl(choice: str, model_cfg: ModelConfig, device: torch.device, precision: "dev.Precision") -> str:
     """The path non-recording steps take. "auto": fused SDPA on GPUs (flash and memory-efficient
     kernels) and on the CPU in fp32; the model config's own ``impl`` on the CPU under bf16 autocast."""
     if not get_scale(model_cfg.scale, model_cfg.head_dim).fusable:
@@ -220,7 +213,7 @@ def evaluate(model: torch.nn.Module, ids: torch.Tensor, batch: int, max_batches:
             if max_batches is not None and i >= max_batches:
                 break
             x_BT, y_BT = dev.to_device(device, x_BT, y_BT)
-            with torch.no_grad(), _precision(precision):  # no graph: evaluation never backpropagates
+            with torch.no_grad(), in_precision(precision):  # no graph: evaluation never backpropagates
                 logits_BTV = logits(x_BT)
             total += torch.nn.functional.cross_entropy(logits_BTV.float().flatten(0, 1), y_BT.flatten(), reduction="sum")
             tokens += y_BT.numel()
@@ -273,7 +266,7 @@ def train(
 
 
 @dataclass
-class _Run:
+class Run:
     """One run's moving parts while it trains: what ``_train``'s steps share."""
 
     model_cfg: ModelConfig
@@ -286,8 +279,8 @@ class _Run:
     gen: torch.Generator
     scaler: Any
     log_line: Callable[[dict[str, Any]], None] | None
-    grads: torch.Tensor  # every gradient of the model, as one flat tensor (``_one_grad_buffer``)
-    compute: "_Bf16Copy | None" = None  # weights "bf16": the copy the step computes on; the model holds the masters
+    grads: torch.Tensor  # every gradient of the model, as one flat tensor (``flat_grads``)
+    compute: "Bf16Copy | None" = None  # weights "bf16": the copy the step computes on; the model holds the masters
     history: list[dict[str, Any]] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
     skipped: int = 0  # fp16 steps the gradient scaler skipped (inf/NaN gradients); they do not count
@@ -319,76 +312,18 @@ class _Run:
             self.compute.gradients_to_masters()
 
 
-def _one_grad_buffer(model: torch.nn.Module) -> torch.Tensor:
-    """Every parameter's gradient made a view into one flat tensor of zeros, returned: the gradients are
-    then zeroed, copied and measured in one call each. Autograd adds a step's gradient into a gradient
-    that is there (``AccumulateGrad``, in place), so the views stay the gradients from step to step."""
-    params = list(model.parameters())
-    flat = params[0].new_zeros(sum(p.numel() for p in params))
-    for p, view in zip(params, _views(flat, params)):
-        p.grad = view
-    return flat
-
-
-def _clip_(grads: torch.Tensor, max_norm: float) -> torch.Tensor:
-    """``torch.nn.utils.clip_grad_norm_`` on gradients that lie in one flat tensor: their 2-norm,
-    returned, and the gradients scaled by max_norm / (norm + 1e-6) where that is below 1; one norm and
-    one multiply in place of two per parameter."""
-    norm = torch.linalg.vector_norm(grads)
-    grads.mul_(torch.clamp(max_norm / (norm + 1e-6), max=1.0))
-    return norm
-
-
-def _one_buffer(model: torch.nn.Module) -> torch.Tensor:
-    """Every parameter of ``model`` made a view into one flat tensor, returned: the whole model is then
-    copied, or cast, in one call."""
-    params = list(model.parameters())
-    flat = torch.cat([p.detach().reshape(-1) for p in params])
-    for p, view in zip(params, _views(flat, params)):
-        p.data = view
-    return flat
-
-
-def _views(flat: torch.Tensor, params: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Views into ``flat``, in order, each shaped as one of ``params``."""
-    return [view.view_as(p) for p, view in zip(params, flat.split([p.numel() for p in params]))]
-
-
-class _Bf16Copy:
-    """A bf16 copy of a model's fp32 (master) weights for the step to compute on. Weights and gradients
-    of both lie in one flat tensor each: the copy is refreshed from the masters in one cast, and hands
-    its gradients to the masters' in one more."""
-
-    def __init__(self, master: TinyLM, master_grads: torch.Tensor):
-        self.master_flat, self.master_grads = _one_buffer(master), master_grads
-        self.model = copy.deepcopy(master).to(torch.bfloat16)
-        self.flat = _one_buffer(self.model)
-        self.grads = _one_grad_buffer(self.model)
-
-    def refresh(self) -> None:
-        """The copy := the masters, cast (after each update, and after a checkpoint is loaded)."""
-        with torch.no_grad():
-            self.flat.copy_(self.master_flat)
-
-    def gradients_to_masters(self) -> None:
-        """The masters' gradients := the copy's, in fp32 (a weight the loss did not reach: 0, as the
-        model's own would be); the copy's are zeroed for the next backward to add into."""
-        self.master_grads.copy_(self.grads)
-        self.grads.zero_()
-
-
-def _build(model_cfg: ModelConfig, cfg: TrainConfig, log_line) -> _Run:
+def build_run(model_cfg: ModelConfig, cfg: TrainConfig, log_line) -> Run:
     """Device and precision resolved once; the model built from the seed on the CPU, then moved, so every
     device starts from the same weights; AdamW with weight decay on matrices only."""
     device = dev.resolve_device(cfg.device)
     precision = dev.resolve_precision(cfg.dtype, device)
     if device.type == "cpu":
         dev.keep_freed_memory()
-    impl = _attention_impl(cfg.attention, model_cfg, device, precision)
+    impl = attention_impl(cfg.attention, model_cfg, device, precision)
     torch.manual_seed(cfg.seed)
     model = TinyLM(replace(model_cfg, impl=impl)).to(device)
-    grads = _one_grad_buffer(model)
-    compute = _Bf16Copy(model, grads) if cfg.weights == "bf16" and precision.autocast is torch.bfloat16 else None
+    grads = flat_grads(model)
+    compute = Bf16Copy(model, grads) if cfg.weights == "bf16" and precision.autocast is torch.bfloat16 else None
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     # AdamW shrinks a weight by lr_t · weight_decay a step; independent decay (Wortsman et al. 2023) by
@@ -400,11 +335,11 @@ def _build(model_cfg: ModelConfig, cfg: TrainConfig, log_line) -> _Run:
         # (found_inf), which MPS's fused kernel ignored until mid-2026 (PyTorch PR 186360): MPS keeps foreach
         lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps, fused=device.type in ("cpu", "cuda"),
     )
-    return _Run(model_cfg, cfg, device, precision, impl, model, opt, torch.Generator().manual_seed(cfg.seed),
+    return Run(model_cfg, cfg, device, precision, impl, model, opt, torch.Generator().manual_seed(cfg.seed),
                 dev.grad_scaler(precision), log_line, grads, compute)
 
 
-def _resume(run: _Run, ckpt: Checkpoint | None) -> tuple[int, list[str]]:
+def _resume(run: Run, ckpt: Checkpoint | None) -> tuple[int, list[str]]:
     """The step to start from (0, or the checkpoint's) and what to say about a checkpoint not used."""
     state, note = ckpt.load() if ckpt is not None else (None, None)
     if state is None:
@@ -422,7 +357,7 @@ def _resume(run: _Run, ckpt: Checkpoint | None) -> tuple[int, list[str]]:
     return state["step"], []
 
 
-def _step(run: _Run, step: int, corpus) -> tuple[float, float, float, bool]:
+def train_step(run: Run, step: int, corpus) -> tuple[float, float, float, bool]:
     """One update (recording through the hooks when due); (loss, lr, grad norm, skipped).
 
     Where the loss or a gradient is not finite the update is skipped, the weights left as
@@ -438,13 +373,13 @@ def _step(run: _Run, step: int, corpus) -> tuple[float, float, float, bool]:
     due = step % cfg.record_every == 0
     with dev.tf32(run.precision):
         with recording(run.net, due, cfg.frozen_threshold, cfg.record_sequences) as rec, run.forward_precision():
-            loss, objective = _objectives(run.net, x_BT, y_BT, cfg.z_loss)
+            loss, objective = loss_and_objective(run.net, x_BT, y_BT, cfg.z_loss)
         if run.compute is None:
             run.grads.zero_()  # the bf16 copy's gradients were zeroed as they went to the masters
         run.scaler.scale(objective).backward()
         run.gradients_to_masters()
         run.scaler.unscale_(run.opt)  # clip the true gradients (a no-op without fp16)
-        grad_norm = _clip_(run.grads, cfg.clip)
+        grad_norm = clip_(run.grads, cfg.clip)
         # a gradient is inf or NaN exactly when their norm is (the scaler's own test, for fp16)
         bad = ~(torch.isfinite(loss) & torch.isfinite(grad_norm))
         on_device = run.opt.defaults.get("fused")
@@ -462,7 +397,7 @@ def _step(run: _Run, step: int, corpus) -> tuple[float, float, float, bool]:
     return value, lr, grad_norm, skipped
 
 
-def _objectives(net: TinyLM, x_BT: torch.Tensor, y_BT: torch.Tensor, z_loss: float) -> tuple[torch.Tensor, torch.Tensor]:
+def loss_and_objective(net: TinyLM, x_BT: torch.Tensor, y_BT: torch.Tensor, z_loss: float) -> tuple[torch.Tensor, torch.Tensor]:
     """(cross-entropy, what the step minimises): the same tensor without z-loss; with it, the
     cross-entropy plus z_loss · mean over tokens of (log Z)², Z the sum of exp(logits), which holds
     the output logits' normaliser near 1 (Wortsman et al. 2023, after PaLM). The loss recorded and
@@ -475,7 +410,7 @@ def _objectives(net: TinyLM, x_BT: torch.Tensor, y_BT: torch.Tensor, z_loss: flo
     return loss, loss + z_loss * torch.logsumexp(logits_BTV, -1).pow(2).mean()
 
 
-def _update(run: _Run, skip: "torch.Tensor | bool") -> None:
+def _update(run: Run, skip: "torch.Tensor | bool") -> None:
     """The optimiser step, skipped where ``skip``: a device tensor for a fused optimiser, which
     skips there without the host waiting; a bool decided on the host for any other."""
     if run.scaler.is_enabled():  # fp16: the scaler skips where unscale_ found inf/NaN, and lowers its scale
@@ -493,7 +428,7 @@ def _update(run: _Run, skip: "torch.Tensor | bool") -> None:
     run.refresh()  # a skipped update leaves the masters, so the copy, as they were
 
 
-def _record_trained(run: _Run, corpus) -> float:
+def _record_trained(run: Run, corpus) -> float:
     """The trained model's diagnostics, on one more training batch, without an update; its loss."""
     x_BT, y_BT = run.batch(corpus)
     cfg = run.cfg
@@ -507,14 +442,14 @@ def _record_trained(run: _Run, corpus) -> float:
 
 def _train(model_cfg, cfg, corpus, log_line, on_step, should_stop, ckpt, weights) -> dict[str, Any]:
     """Build, resume, step, record the trained model, evaluate, keep the weights: the run's results."""
-    run = _build(model_cfg, cfg, log_line)
+    run = build_run(model_cfg, cfg, log_line)
     start, notes = _resume(run, ckpt)
     status, diverged_at, step, in_a_row = "done", None, start, 0
     while step < cfg.steps:
         if should_stop is not None and should_stop():
             status = "stopped"
             break
-        value, lr, grad_norm, skipped = _step(run, step, corpus)
+        value, lr, grad_norm, skipped = train_step(run, step, corpus)
         in_a_row = in_a_row + 1 if skipped else 0
         # before the update: the model keeps its last finite weights. Skipped steps are fp16's
         # scaler backing off (it halves its scale each time); outside fp16, or past MAX_SKIPPED
@@ -550,7 +485,7 @@ def _train(model_cfg, cfg, corpus, log_line, on_step, should_stop, ckpt, weights
     return _results(run, status, diverged_at, start, steps_done, train_seconds, evaluation, notes)
 
 
-def _results(run: _Run, status, diverged_at, start, steps_done, train_seconds, evaluation, notes) -> dict[str, Any]:
+def _results(run: Run, status, diverged_at, start, steps_done, train_seconds, evaluation, notes) -> dict[str, Any]:
     """The fields of ``runs.record.TrainResults``."""
     cfg, model_cfg = run.cfg, run.model_cfg
     tail = run.losses[-max(1, cfg.record_every):]
