@@ -43,13 +43,12 @@ from pathlib import Path
 from typing import Callable
 
 ROOT = Path(__file__).resolve().parent.parent
-SRC = ROOT / "src"
-sys.path.insert(0, str(SRC))  # this tree's attnscale, also for the subprocesses below
+SRC = ROOT / "src"  # this tree's attnscale, put first on the subprocesses' PYTHONPATH below
 
-import torch  # noqa: E402
+import torch
 
-from attnscale.core import device as dev  # noqa: E402
-from attnscale.errors import ConfigError  # noqa: E402
+from attnscale.core import device as dev
+from attnscale.errors import ConfigError
 
 
 class Skip(Exception):
@@ -85,7 +84,7 @@ def _precisions(device) -> dict[str, str | None]:
                 "fp16": None, "auto": None}
     if device.type == "mps":
         return {"fp32": None, "bf16": None,
-                "fp16": None if dev._mps_grad_scaler() else f"torch {torch.__version__} has no MPS gradient scaler"}
+                "fp16": None if dev.mps_grad_scaler() else f"torch {torch.__version__} has no MPS gradient scaler"}
     return {"fp32": None, "bf16": None if dev.native_bf16() else "this CPU has no native bf16 (emulated: slow)",
             "fp16": "needs a GPU"}
 

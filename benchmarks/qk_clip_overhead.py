@@ -20,14 +20,13 @@ in-place multiplies per layer when it happens.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import os
 import statistics
-import sys
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "examples"))  # tiny_llama.py
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import torch  # noqa: E402
@@ -47,7 +46,10 @@ def build(name: str, args, vocab: int):
         model = build_model(ModelConfig(vocab_size=vocab, context=args.context, d_model=args.hidden, n_layers=args.layers,
                                         n_heads=args.heads, head_dim=args.hidden // args.heads), seed=0)
         return model, lambda x, y: F.cross_entropy(model(x).flatten(0, 1), y.flatten())
-    from tiny_llama import tiny_llama
+    spec = importlib.util.spec_from_file_location("tiny_llama", ROOT / "examples" / "tiny_llama.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)  # loaded by its path, so nothing is put on sys.path
+    tiny_llama = example.tiny_llama
 
     model = tiny_llama(vocab, layers=args.layers, hidden=args.hidden, heads=args.heads, kv_heads=args.heads // 2,
                        context=args.context)

@@ -2,6 +2,7 @@
 
 import importlib.util
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -83,9 +84,14 @@ def test_plain_loop_example_clips_an_unscaled_model(tmp_path, run):
 
 
 def _study():
+    """The study loaded as running it loads it: its folder first on the path, for ``tiny_llama`` beside it."""
     spec = importlib.util.spec_from_file_location("qk_clip_study", EXAMPLES / "qk_clip_study.py")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    sys.path.insert(0, str(EXAMPLES))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.remove(str(EXAMPLES))
     return module
 
 

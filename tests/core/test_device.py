@@ -195,11 +195,11 @@ def test_cuda_fp32_allows_tf32_and_fp16_always_scales(monkeypatch):
 def test_mps_fp16_gets_a_scaler_where_torch_has_one(monkeypatch):
     mps = torch.device("mps")
     assert dev.resolve_precision("auto", mps).name == "fp32"
-    monkeypatch.setattr(dev, "_mps_grad_scaler", lambda: True)
+    monkeypatch.setattr(dev, "mps_grad_scaler", lambda: True)
     p = dev.resolve_precision("fp16", mps)
     assert (p.device_type, p.name, p.autocast, p.scaler) == ("mps", "fp16", torch.float16, True)
     assert not dev.resolve_precision("bf16", mps).scaler
-    monkeypatch.setattr(dev, "_mps_grad_scaler", lambda: False)
+    monkeypatch.setattr(dev, "mps_grad_scaler", lambda: False)
     with pytest.raises(ConfigError, match=r"fp16.*MPS.*2\.8.*--dtype bf16"):
         dev.resolve_precision("fp16", mps)
 
@@ -207,7 +207,7 @@ def test_mps_fp16_gets_a_scaler_where_torch_has_one(monkeypatch):
 @pytest.mark.parametrize("version, has", [("2.7.1", False), ("2.8.0", True), ("2.13.0+cpu", True), ("3.0.0", True)])
 def test_mps_grad_scaler_from_torch_2_8(monkeypatch, version, has):
     monkeypatch.setattr(torch, "__version__", version)
-    assert dev._mps_grad_scaler() is has
+    assert dev.mps_grad_scaler() is has
 
 
 def test_autocast_on_the_cpu():

@@ -170,7 +170,7 @@ def _cuda_auto_dtype(device: torch.device) -> str:
     return "bf16" if major >= 8 else "fp16" if major >= 7 else "fp32"
 
 
-def _mps_grad_scaler() -> bool:
+def mps_grad_scaler() -> bool:
     """torch 2.8 brought GradScaler's unscale kernel to MPS; before it, GradScaler("mps") fails in float64."""
     major, minor = (int(x) for x in re.match(r"(\d+)\.(\d+)", torch.__version__).groups())
     return (major, minor) >= (2, 8)
@@ -203,7 +203,7 @@ def resolve_precision(dtype: str, device: torch.device) -> Precision:
             dtype = "fp32"
     if dtype == "fp16" and kind == "cpu":
         raise ConfigError("dtype 'fp16' needs a GPU (CPUs have no fast fp16 matmuls); use --dtype bf16 or fp32 on the CPU")
-    if dtype == "fp16" and kind == "mps" and not _mps_grad_scaler():
+    if dtype == "fp16" and kind == "mps" and not mps_grad_scaler():
         raise ConfigError(f"dtype 'fp16' on MPS needs a gradient scaler, which torch {torch.__version__} lacks there "
                           "(2.8 and newer have one); use --dtype bf16 or fp32")
     if dtype == "fp32":
