@@ -27,7 +27,7 @@ __all__ = ["comparable_config", "run_config", "Checkpoint", "save_weights"]
 _EXECUTION_ONLY = {"train": ("threads", "checkpoint_every", "device", "attention")}
 # Train settings added after runs were first recorded, with the value that means what runs did before:
 # a config that holds that value compares equal to one written before the setting existed.
-_ADDED_LATER = {"train": {"weights": "fp32"}}
+_ADDED_LATER = {"train": {"weights": "fp32", "schedule": "cosine", "eval_every": 0}}
 # What makes two corpora the same: the text's hash and how it was cut into tokens,
 # not the path or name it was read under ("wikitext-2" and its folder are one corpus).
 _CORPUS_IDENTITY = ("sha256", "tokenizer", "vocab_size", "train_tokens", "valid_tokens")

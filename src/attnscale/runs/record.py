@@ -298,6 +298,8 @@ class TrainResults:
     start: dict[str, Any] | None = None  # lm.train.summarize of the first recorded step
     end: dict[str, Any] | None = None  # ... and of the last
     history: tuple[dict[str, Any], ...] = ()
+    # held-out {"step", "valid_loss", "perplexity"} every ``eval_every`` steps; () in records written before
+    evals: tuple[dict[str, Any], ...] = ()
     notes: tuple[str, ...] = ()
 
     def __post_init__(self):
@@ -313,6 +315,7 @@ class TrainResults:
         kwargs = {k: v for k, v in data.items() if k in known}
         kwargs["history"] = tuple(kwargs.get("history") or ())
         kwargs["notes"] = tuple(kwargs.get("notes") or ())
+        kwargs["evals"] = tuple(kwargs.get("evals") or ())
         try:
             return cls(**kwargs)
         except TypeError as e:
