@@ -29,10 +29,11 @@ from collections.abc import Sequence
 from typing import Any
 
 from attnscale.analysis.course_figures import COURSE_LAYER, COURSE_WIDTH, END_FROZEN, END_SPREAD
+from attnscale.analysis.gaps import course_shares, share_of_value
 
 __all__ = ["NARROW", "SCALED_RANGE", "SHARE_NARROW_MAX", "SHARE_WIDE_RANGE", "RATIO_FLOOR", "RATIO_GROWTH",
            "TAIL_STEPS", "SHARE_KNEE", "COURSE_SHARES", "summary", "share", "judge", "CONSISTENT", "INCONSISTENT",
-           "UNDECIDED"]
+           "UNDECIDED", "RULE", "verdict_lines"]
 
 NARROW = 128  # the width where the course's gap is small
 SCALED_RANGE = (2.4, 4.4)  # "settled around 3.4", ± 1
@@ -42,9 +43,15 @@ RATIO_FLOOR = 1000.0  # the course's end-spread ratio is about 1,500; under 1,00
 RATIO_GROWTH = 0.10  # ... and not on its way if the ratio grows less than this over the tail
 TAIL_STEPS = 2000
 SHARE_KNEE = 0.5  # a share this large at 128 is a knee the course does not have
-# The course's gaps as shares of its own plateau (its floor is not given): gap / 17.5 points
-COURSE_SHARES = {128: 2 / 17.5, 1024: 1.0}
+COURSE_SHARES = course_shares()  # the course's gaps read against its plateau (its floor is not given)
 CONSISTENT, INCONSISTENT, UNDECIDED = "consistent", "inconsistent", "undecided"
+RULE = (f"consistent if, in layer 0 for every seed at d = 1,024, the unscaled spread is over {END_SPREAD:,.0f} with "
+        f"at least {END_FROZEN:.0%} of rows frozen and the scaled spread lies within {SCALED_RANGE[0]}–{SCALED_RANGE[1]}, "
+        f"and the gap's share of V is at most {SHARE_NARROW_MAX} at d = {NARROW} and within "
+        f"{SHARE_WIDE_RANGE[0]}–{SHARE_WIDE_RANGE[1]} at 1,024; inconsistent for this family of setups if on every "
+        f"seed the unscaled/scaled spread ratio stays under {RATIO_FLOOR:,.0f} and grows less than "
+        f"{RATIO_GROWTH:.0%} over the last {TAIL_STEPS:,} steps, or the share at {NARROW} is {SHARE_KNEE} or more; "
+        "otherwise undecided, with what would decide it")
 
 
 def summary(run: Any) -> dict[str, Any]:
@@ -61,12 +68,7 @@ def summary(run: Any) -> dict[str, Any]:
             "steps": run.train.get("steps"), "series": series, "evals": list(run.results.evals)}
 
 
-def share(gap: float | None, floor: float | None, scaled: float | None) -> float | None:
-    """The gap as a share of what attention is worth: gap / (floor − ppl(scaled)); None where the
-    scaled model is not below the floor (attention is worth nothing there, and no share can be read)."""
-    if gap is None or floor is None or scaled is None or not floor > scaled:
-        return None
-    return gap / (floor - scaled)
+share = share_of_value  # the gap as a share of what attention is worth (``analysis.gaps``)
 
 
 def _at(series: Sequence[dict[str, Any]], step: int) -> dict[str, Any] | None:
@@ -151,6 +153,9 @@ def judge(rows: Sequence[dict[str, Any]], wide: int = COURSE_WIDTH, narrow: int 
         if knee:
             said.append(f"the gap share at d = {narrow} is {s_narrow:.2f}, ≥ {SHARE_KNEE}")
         verdict, why, decide = INCONSISTENT, "; ".join(said), None
+    elif any(c["met"] is None for c in claims):
+        verdict, why = UNDECIDED, "not measured: " + ", ".join(c["claim"] for c in claims if c["met"] is None)
+        decide = "the runs that measure it: every run of the end state, to its last record"
     else:
         unmet = [c["claim"] for c in claims if not c["met"]]
         verdict, why = UNDECIDED, "not met: " + ", ".join(unmet) + "; neither stalled nor a knee"

@@ -18,7 +18,7 @@ from typing import Any
 from attnscale.report import course, plots, render, sections
 from attnscale.errors import ConfigError
 from attnscale.runs import record
-from attnscale.runs.record import Record, TrainRun
+from attnscale.runs.record import Floors, Record, TrainRun
 
 __all__ = ["Runs", "TrainRun", "load_runs", "verdicts", "build"]
 
@@ -40,6 +40,7 @@ class Runs:
     fresh_rows: dict[tuple[str, int, str], dict[str, Any]] = field(default_factory=dict)
     illustration: dict[str, Any] | None = None
     train: list[TrainRun] = field(default_factory=list)
+    floors: Floors | None = None  # the sweep's counted no-attention floors (None in sweeps written before)
     notes: list[str] = field(default_factory=list)  # records skipped or ignored, and why
 
     @property
@@ -49,6 +50,11 @@ class Runs:
     @property
     def sweep(self) -> list[TrainRun]:
         return [t for t in self.train if t.group == "sweep"]
+
+    @property
+    def end_state(self) -> list[TrainRun]:
+        """The runs of ``attnscale reproduce --end-state``."""
+        return [t for t in self.train if t.group == "end-state"]
 
     def present(self) -> set[str]:
         have = {"spread"} if self.spread_rows else set()
@@ -83,6 +89,13 @@ def load_runs(runs_dir: Path) -> Runs:
             if run.unreadable_lines:
                 runs.notes.append(f"{rel}: {run.unreadable_lines} unreadable line(s) in metrics.jsonl, skipped")
             runs.train.append(run)
+            runs.records.append((d, rec))
+        elif rec.experiment == "floors":
+            try:
+                runs.floors = Floors.from_json(rec.results, rel)
+            except record.RecordError as e:
+                runs.notes.append(f"{rel}: skipped ({e})")
+                continue
             runs.records.append((d, rec))
         elif rec.experiment in ("spread", "fresh"):
             key = rec.experiment if rec.experiment == "spread" else f"fresh/{rec.config.get('init', 'unit')}"
@@ -120,13 +133,16 @@ def verdicts(runs: Runs) -> list[course.Verdict]:
     what the setup study measured about it (where the records hold a study)."""
     from dataclasses import replace
 
-    from attnscale.report import setup_section
+    from attnscale.report import end_state_section, setup_section
 
     study = setup_section.notes(runs)
+    decided = end_state_section.notes(runs)
     out = []
     for v in course.evaluate(runs):
         if v.verdict in (course.PARTLY, course.DIFFERS) and v.key in study:
             v = replace(v, note="; ".join(x for x in (v.note, study[v.key]) if x))
+        if v.key in decided:
+            v = replace(v, note="; ".join(x for x in (v.note, decided[v.key]) if x))
         out.append(v)
     return out
 

@@ -21,6 +21,8 @@ model config always holds the number. Records written before versions existed
 - fresh: {"rows": [{head_dim, scale, init, words, sequences, effective_words_median, _p10,
   _p90, _mean, max_weight_mean, frozen_fraction, frozen_threshold, push_median, push_mean,
   example, example_row}], "illustration": {scores, multipliers, weights, effective_words}}.
+- floors: a ``Floors`` (a sweep's corpus: the held-out perplexity of counted unigram and bigram models),
+  in ``<sweep>/floors``; sweeps written before it have none, and read as before.
 - train: a ``TrainResults`` (``lm.train.train`` returns its fields). A metrics line
   (``TrainRun.history``) is {"step", "loss", "lr", "elapsed_s", and per measure of
   ``core.diagnostics.HEAD_MEASURES`` a ``[layer][head]`` list}; non-finite numbers are null.
@@ -48,7 +50,7 @@ from attnscale.files import atomic_write_json, to_jsonable
 
 __all__ = [
     "SCHEMA_VERSION", "RECORD", "METRICS", "WEIGHTS", "CHECKPOINT", "FINISHED", "STATUSES",
-    "RecordError", "NewerRecordError", "Record", "TrainResults", "TrainRun",
+    "RecordError", "NewerRecordError", "Record", "TrainResults", "TrainRun", "Floors", "FLOORS_DIR",
     "new", "write", "read", "find", "read_metrics", "environment",
 ]
 
@@ -59,6 +61,7 @@ WEIGHTS = "model.safetensors"
 CHECKPOINT = "checkpoint.pt"
 STATUSES = ("running", "stopped", "done", "diverged")
 FINISHED = ("done", "diverged")  # a run in one of these states is never trained again
+FLOORS_DIR = "floors"  # a sweep's counted floors, beside its runs
 
 
 class RecordError(ConfigError):
@@ -323,6 +326,26 @@ class TrainResults:
 
     def to_json(self) -> dict[str, Any]:
         return to_jsonable(asdict(self))
+
+
+@dataclass(frozen=True)
+class Floors:
+    """What a model without attention does on a sweep's corpus (``analysis.floors``): held-out
+    perplexity of unigram and bigram counts from the training split, and the smoothing rule."""
+
+    unigram_ppl: float
+    bigram_ppl: float
+    smoothing: str
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "results") -> "Floors":
+        try:
+            return cls(float(data["unigram_ppl"]), float(data["bigram_ppl"]), str(data["smoothing"]))
+        except (TypeError, KeyError, ValueError):
+            raise RecordError(f"{where}: the floors need unigram_ppl, bigram_ppl and smoothing") from None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
 
 
 def _as_layers(line: dict[str, Any], measures: Sequence[str]) -> dict[str, Any]:
