@@ -6,7 +6,8 @@ d = 128 the same pair on the first seed, and beside it the ``uniform`` model of 
 against. The rule that judges it was written before it ran: ``analysis.end_state``.
 
 Runs go to ``out/<run_id>`` with record group "end-state"; a rerun trains only what is missing,
-and a killed run resumes from its checkpoint (every 200 steps).
+and a killed run resumes from its checkpoint (every 200 steps). The corpus's counted floors
+(``analysis.floors``) are written beside the runs, as a sweep writes them.
 """
 
 from __future__ import annotations
@@ -72,6 +73,9 @@ def specs(cfg: EndStateConfig, vocab_size: int) -> list[RunSpec]:
 
 def run_records(cfg: EndStateConfig, out: Path, jobs: int = 2, progress: bool = True) -> list[TrainRun]:
     """Train every run not yet finished under ``out``; every run as read back."""
+    from attnscale.experiments.sweep import write_floors
+
     corpus = cfg.corpus_spec.load()
+    write_floors(corpus, out, GROUP)  # the counted floors, beside the trained one
     return execute(specs(cfg, corpus.vocab_size), cfg.corpus_spec, Path(out), jobs=jobs, progress=progress,
                    corpus=corpus)

@@ -103,17 +103,25 @@ def blocks(runs) -> list[Block]:
                   "before it ran: " + rule.RULE + "."))
     if partial:
         b.append(Para("Partial: " + ", ".join(partial) + " had not finished; the verdict reads their last record."))
-    b.append(Bullets("The verdict, claim by claim:", rule.verdict_lines(j)))
+    lines = rule.verdict_lines(j)
+    if runs.floors is not None:  # the counted floor, shown beside the judged one
+        bigram = runs.floors.bigram_ppl
+        shares = {w: gap_tables.share_of_value(j["shares"][w]["gap"], bigram, j["shares"][w]["scaled"])
+                  for w in sorted(j["shares"])}
+        lines.insert(-1, f"beside it, not judged: the bigram floor (counted, {runs.floors.smoothing}) {bigram:.2f}; "
+                         "shares against it: " + ", ".join(f"d = {w:,}: {_f(v, '{:.2f}')}" for w, v in shares.items()))
+    b.append(Bullets("The verdict, claim by claim:", lines))
     wide = sorted((t for t in got if t.head_dim == rule.COURSE_WIDTH and t.scale in ("none", SCALED)),
-                  key=lambda t: (t.scale, t.seed))
+                  key=lambda t: (t.scale != "none", t.seed))
     series = {t.run_id: {r["step"]: r for r in rule.summary(t)["series"]} for t in wide}
     steps = sorted({s for v in series.values() for s in v})
     head = ["step", *[f"{t.run_id} spread / frozen" for t in wide]]
     body = [[s, *[(_f(series[t.run_id][s]["spread"], "{:,.1f}") + " / " + _f(series[t.run_id][s]["frozen"], "{:.1%}"))
                   if s in series[t.run_id] else "—" for t in wide]] for s in steps]
     b.append(Table(head, body))
-    evals = [[t.run_id, *[_f(e.get("perplexity"), "{:.2f}") + f" @ {e['step']:,}" for e in t.results.evals]] for t in got]
-    if any(len(r) > 1 for r in evals):
-        b.append(Table(["run", *[f"held-out ppl {i + 1}" for i in range(max(len(r) for r in evals) - 1)]],
-                       [r + ["—"] * (max(len(x) for x in evals) - len(r)) for r in evals]))
+    at = sorted({e["step"] for t in got for e in t.results.evals})
+    if at:  # the held-out loss along the way: many epochs of a small corpus, so overfitting would show here
+        ppl = {t.run_id: {e["step"]: e.get("perplexity") for e in t.results.evals} for t in got}
+        b.append(Table(["run", *[f"held-out ppl at step {s:,}" for s in at]],
+                       [[t.run_id, *[_f(ppl[t.run_id].get(s), "{:.2f}") for s in at]] for t in got]))
     return b
