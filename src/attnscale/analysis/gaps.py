@@ -144,8 +144,8 @@ def first_start(table: dict[str, Any], undecided_counts: bool = False) -> int | 
 # its unscaled model has lost all that attention is worth.
 COURSE_PLATEAU = 17.5
 COURSE_GAPS = {32: 0.0, 128: 2.0, 256: COURSE_PLATEAU, 512: COURSE_PLATEAU, 1024: COURSE_PLATEAU}
-SHARE_MEANING = ("share of V: how much of what attention is worth (V = floor − ppl with 1/√d) the unscaled "
-                 "model gives up; 0 = nothing, 1 = it does no better than a model whose attention learns nothing")
+SHARE_MEANING = ("a share is how much of what attention is worth (V = floor − ppl with 1/√d) the unscaled model "
+                 "gives up: 0, nothing; 1, it does no better than a model whose attention learns nothing")
 
 
 def share_of_value(gap: float | None, floor: float | None, scaled: float | None) -> float | None:

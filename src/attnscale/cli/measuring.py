@@ -173,7 +173,7 @@ def add_reproduce(sub) -> None:
                         "study is its own command (attnscale study), which it names at the end")
     p.add_argument("--end-state", action="store_true",
                    help="instead of the chapter, the long run designed to reach the course's end of training "
-                        "(7 runs of 7,200 steps, about an hour with -j 2 on 2 cores) and its verdict by the rule "
+                        "(9 runs of 7,200 steps, over an hour with -j 2 on 2 cores) and its verdict by the rule "
                         "written before it ran (docs/end-state.md)")
     p.add_argument("--corpus", default="default",
                    help="'default' (embedded), 'wikitext-2', 'tinyshakespeare', a text file or a folder")

@@ -1,7 +1,7 @@
 """The long run designed to reach the course's end of training (``lm.presets.end_state_budget``).
 
 At d = 1,024 the pair the course compares, without a scale and with 1/√d, on two seeds; at
-d = 128 the same pair on the first seed, and beside it the ``uniform`` model of the same shape
+d = 128 the same pair on the same two seeds, and beside it the ``uniform`` model of the same shape
 (attention that learns nothing through its scores): the no-attention floor the gaps are read
 against. The rule that judges it was written before it ran: ``analysis.end_state``.
 
@@ -47,12 +47,14 @@ class EndStateConfig(TrainingConfig):
     wide: int = 1024
     narrow: int = 128
     seeds: tuple[int, ...] = (0, 1)
-    narrow_seeds: tuple[int, ...] = (0,)
+    narrow_seeds: tuple[int, ...] = (0, 1)
 
     def __post_init__(self):
         super().__post_init__()
-        if not self.seeds or not self.narrow_seeds or len(set(self.seeds)) != len(self.seeds):
-            raise ConfigError(f"seeds must be a non-empty list without repeats, got {self.seeds}")
+        for name in ("seeds", "narrow_seeds"):
+            values = getattr(self, name)
+            if not values or len(set(values)) != len(values):
+                raise ConfigError(f"{name} must be a non-empty list without repeats, got {values}")
         if self.wide == self.narrow:
             raise ConfigError(f"the wide and narrow widths must differ, got {self.wide} twice")
 
