@@ -78,6 +78,7 @@ def run_records(cfg: EndStateConfig, out: Path, jobs: int = 2, progress: bool = 
     from attnscale.experiments.sweep import write_floors
 
     corpus = cfg.corpus_spec.load()
-    write_floors(corpus, out, GROUP)  # the counted floors, beside the trained one
-    return execute(specs(cfg, corpus.vocab_size), cfg.corpus_spec, Path(out), jobs=jobs, progress=progress,
+    runs = execute(specs(cfg, corpus.vocab_size), cfg.corpus_spec, Path(out), jobs=jobs, progress=progress,
                    corpus=corpus)
+    write_floors(corpus, out, GROUP)  # the counted floors, beside the trained one
+    return runs

@@ -160,11 +160,12 @@ def run_records(cfg: SweepConfig, out: Path, jobs: int = 1, progress: bool = Tru
                 ray_address: str | None = None, pace=None) -> list[TrainRun]:
     """Train every run not yet finished under ``out/<run_id>``; return every run as read back."""
     corpus = cfg.corpus_spec.load()
-    if cfg.floor:
-        write_floors(corpus, out, group)
-    return execute(specs(cfg, corpus.vocab_size, group), cfg.corpus_spec, Path(out), jobs=jobs,
+    runs = execute(specs(cfg, corpus.vocab_size, group), cfg.corpus_spec, Path(out), jobs=jobs,
                    progress=progress, corpus=corpus, reuse=reuse, executor=executor, ray_address=ray_address,
                    pace=pace)
+    if cfg.floor:  # after the runs: a corpus or config the runner refuses leaves no record behind
+        write_floors(corpus, out, group)
+    return runs
 
 
 def run(cfg: SweepConfig, out: Path, jobs: int = 1, progress: bool = True,
