@@ -19,14 +19,18 @@ def test_the_course_sweep_trains_one_uniform_floor_at_128_and_a_plain_sweep_none
     assert sweep.floor_head_dim((32, 64)) == 32 and sweep.floor_head_dim((32, 128, 1024)) == 128
 
 
-def test_the_counted_floors_are_a_record_beside_the_runs(corpus, tmp_path):
+def test_the_counted_floors_lie_beside_the_runs_and_no_reader_of_runs_meets_them(corpus, tmp_path):
     assert sweep.floors(tmp_path) is None  # a sweep written before: none, and nothing fails
     written = sweep.write_floors(corpus, tmp_path)
     got = sweep.floors(tmp_path)
-    assert got == written and got.bigram_ppl < got.unigram_ppl
-    assert rec.read(tmp_path / "floors").experiment == "floors"
+    assert got == written and got.bigram_ppl < got.unigram_ppl and got.corpus == corpus.describe()
+    assert (tmp_path / "floors.json").exists() and rec.find(tmp_path) == []  # not a run record
     with pytest.raises(rec.RecordError, match="unigram_ppl, bigram_ppl and smoothing"):
         rec.Floors.from_json({"unigram_ppl": 3.0})
+    (tmp_path / "floors.json").write_text("{")
+    with pytest.raises(rec.RecordError, match="floors.json cannot be read"):
+        sweep.floors(tmp_path)
+    assert sweep.write_floors(corpus, tmp_path) == written  # a damaged file is counted again
 
 
 def test_the_table_gives_each_gap_as_a_share_of_what_attention_is_worth():

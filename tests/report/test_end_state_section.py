@@ -28,8 +28,7 @@ def test_the_section_reads_the_verdict_and_the_spreads_at_each_record(tmp_path):
     _run(tmp_path, 128, "none", 0, 7.0, (50.0, 60.0), (0.1, 0.1))
     _run(tmp_path, 128, "inv_sqrt_d", 0, 6.0, (3.0, 3.0), (0.0, 0.0))
     _run(tmp_path, 128, "uniform", 0, 11.0, (0.0, 0.0), (0.0, 0.0))
-    record.write(tmp_path / "floors", record.new("floors", {"corpus": {}}, {"unigram_ppl": 25.0, "bigram_ppl": 10.0,
-                                                                          "smoothing": "add-one"}, group="end-state"))
+    record.write_floors(tmp_path, record.Floors(unigram_ppl=25.0, bigram_ppl=10.0, smoothing="add-one"))
     runs = load_runs(tmp_path)
     assert runs.floors.bigram_ppl == 10.0 and len(runs.end_state) == 7
     md = to_markdown(end_state_section.blocks(runs))

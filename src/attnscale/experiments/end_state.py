@@ -80,5 +80,5 @@ def run_records(cfg: EndStateConfig, out: Path, jobs: int = 2, progress: bool = 
     corpus = cfg.corpus_spec.load()
     runs = execute(specs(cfg, corpus.vocab_size), cfg.corpus_spec, Path(out), jobs=jobs, progress=progress,
                    corpus=corpus)
-    write_floors(corpus, out, GROUP)  # the counted floors, beside the trained one
+    write_floors(corpus, out)  # the counted floors, beside the trained one
     return runs

@@ -15,7 +15,7 @@ Runs go to ``out/<run_id>`` with record extra {"group": "sweep"}, resumed by
 ``attnscale.runs.runner``: an interrupted sweep, rerun, trains only what is missing.
 
 Beside the runs, the floors a gap is read against (``floor``; the course's preset has it): the
-corpus's unigram and bigram perplexity, counted (``out/floors``, ``analysis.floors``), and one
+corpus's unigram and bigram perplexity, counted (``out/floors.json``, ``analysis.floors``), and one
 ``uniform`` model (attention that learns nothing through its scores) of the same shape and budget,
 at width 128 (``FLOOR_HEAD_DIM``; the narrowest width where the sweep has no 128), first seed. One
 width is enough: with no scores, the width only sizes v, and 128 is where the course's gap is small.
@@ -125,22 +125,21 @@ def specs(cfg: SweepConfig, vocab_size: int, group: str = "sweep") -> list[RunSp
     return out
 
 
-def write_floors(corpus, out: Path, group: str = "sweep") -> Floors:
-    """The corpus's counted floors (``analysis.floors``) as a record in ``out/floors``, kept where one of
-    the same corpus is there already."""
+def write_floors(corpus, out: Path) -> Floors:
+    """The corpus's counted floors (``analysis.floors``) in ``out/floors.json``, kept where those of the
+    same corpus are there already."""
     from attnscale.analysis.floors import ngram_floors
     from attnscale.runs import record as rec
 
-    folder, config = Path(out) / rec.FLOORS_DIR, {"corpus": corpus.describe()}
     try:
-        old = rec.read(folder)
-        if old.experiment == "floors" and old.config == config:
-            return Floors.from_json(old.results)
+        old = rec.read_floors(out)
     except rec.RecordError:
-        pass  # none yet, or unreadable: counted again
-    floors = Floors(**ngram_floors(corpus.train, corpus.valid, corpus.vocab_size))
-    folder.mkdir(parents=True, exist_ok=True)
-    rec.write(folder, rec.new("floors", config, floors.to_json(), group=group))
+        old = None  # damaged: counted again
+    if old is not None and old.corpus == corpus.describe():
+        return old
+    floors = Floors(**ngram_floors(corpus.train, corpus.valid, corpus.vocab_size), corpus=corpus.describe())
+    Path(out).mkdir(parents=True, exist_ok=True)
+    rec.write_floors(out, floors)
     return floors
 
 
@@ -148,11 +147,7 @@ def floors(out: Path) -> Floors | None:
     """The counted floors a sweep wrote in ``out`` (None: a sweep written before, or without them)."""
     from attnscale.runs import record as rec
 
-    try:
-        got = rec.read(Path(out) / rec.FLOORS_DIR)
-    except rec.RecordError:
-        return None
-    return Floors.from_json(got.results) if got.experiment == "floors" else None
+    return rec.read_floors(out)
 
 
 def run_records(cfg: SweepConfig, out: Path, jobs: int = 1, progress: bool = True,
@@ -164,7 +159,7 @@ def run_records(cfg: SweepConfig, out: Path, jobs: int = 1, progress: bool = Tru
                    progress=progress, corpus=corpus, reuse=reuse, executor=executor, ray_address=ray_address,
                    pace=pace)
     if cfg.floor:  # after the runs: a corpus or config the runner refuses leaves no record behind
-        write_floors(corpus, out, group)
+        write_floors(corpus, out)
     return runs
 
 

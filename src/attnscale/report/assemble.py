@@ -67,6 +67,18 @@ def _natural(text: str) -> list:
     return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", text)]
 
 
+def _floors(runs_dir: Path, notes: list[str]) -> Floors | None:
+    """The counted floors a sweep (or the end-state run) wrote under ``runs_dir``: the width sweep's where
+    there are several (one corpus, one count), None where there are none."""
+    found = sorted(runs_dir.rglob(record.FLOORS), key=lambda p: (p.parent.name != "sweep", _natural(p.as_posix())))
+    for path in found:
+        try:
+            return record.read_floors(path.parent)
+        except record.RecordError as e:
+            notes.append(f"{path.relative_to(runs_dir).as_posix()}: skipped ({e})")
+    return None
+
+
 def load_runs(runs_dir: Path) -> Runs:
     """Every record under ``runs_dir``, sorted into experiments. The newest spread
     record and the newest fresh record per init are used; older ones are noted.
@@ -90,13 +102,6 @@ def load_runs(runs_dir: Path) -> Runs:
                 runs.notes.append(f"{rel}: {run.unreadable_lines} unreadable line(s) in metrics.jsonl, skipped")
             runs.train.append(run)
             runs.records.append((d, rec))
-        elif rec.experiment == "floors":
-            try:
-                runs.floors = Floors.from_json(rec.results, rel)
-            except record.RecordError as e:
-                runs.notes.append(f"{rel}: skipped ({e})")
-                continue
-            runs.records.append((d, rec))
         elif rec.experiment in ("spread", "fresh"):
             key = rec.experiment if rec.experiment == "spread" else f"fresh/{rec.config.get('init', 'unit')}"
             if key in latest and latest[key][1].finished >= rec.finished:
@@ -117,6 +122,7 @@ def load_runs(runs_dir: Path) -> Runs:
             runs.fresh_rows[(init, int(r["head_dim"]), r["scale"])] = r
         if rec.results.get("illustration") and (runs.illustration is None or key == "fresh/unit"):
             runs.illustration = rec.results["illustration"]
+    runs.floors = _floors(runs_dir, runs.notes)
     if not runs.records:
         raise ConfigError(f"none of the records under {str(runs_dir)!r} could be used ({len(runs.notes)} skipped; "
                           f"first: {runs.notes[0]}); rerun the experiments into a new --out")
