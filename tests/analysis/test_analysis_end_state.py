@@ -69,3 +69,16 @@ def test_the_share_of_what_attention_is_worth_by_hand():
     assert value_shares(gap_table(rows), 10.25) == {128: pytest.approx(2.25 / 4)}
     # the course's gaps over its 17.5-point plateau: 2 points at 128 is 0.114, 17.5 at 1,024 is 1
     assert course_shares()[128] == pytest.approx(2 / 17.5) and course_shares()[1024] == 1.0 and course_shares()[32] == 0
+
+
+def test_two_seeds_give_the_gap_a_t_interval_with_one_degree_of_freedom():
+    rows = runs()
+    assert (rows[2]["head_dim"], rows[2]["scale"], rows[2]["seed"]) == (1024, "none", 1)
+    rows[2] = {**rows[2], "perplexity": 10.0}
+    j = rule.judge(rows)
+    # gaps 12 − 6 = 6 and 10 − 6 = 4: mean 5, SE |6 − 4| / 2 = 1, t(0.975, 1) = 12.706205 (printed tables)
+    lo, hi = j["shares"][1024]["interval"]
+    assert (lo, hi) == (pytest.approx(5 - 12.706205, abs=1e-5), pytest.approx(5 + 12.706205, abs=1e-5))
+    line = next(x for x in rule.verdict_lines(j) if x.startswith("gap at d = 1,024"))
+    assert "+5.00 points (2 seeds (+6.00, +4.00), 95% t interval -7.71 to +17.71, so its sign is not settled" in line
+    assert next(x for x in rule.verdict_lines(j) if x.startswith("gap at d = 128")).endswith("(1 seed, no interval)")

@@ -29,7 +29,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from attnscale.analysis.course_figures import COURSE_LAYER, COURSE_WIDTH, END_FROZEN, END_SPREAD
+from attnscale.analysis.estimates import mean_se
 from attnscale.analysis.gaps import course_shares, share_of_value
+from attnscale.analysis.intervals import LEVEL, interval
 
 __all__ = ["NARROW", "SCALED_RANGE", "SHARE_NARROW_MAX", "SHARE_WIDE_RANGE", "RATIO_FLOOR", "RATIO_GROWTH",
            "TAIL_STEPS", "SHARE_KNEE", "COURSE_SHARES", "summary", "share", "judge", "CONSISTENT", "INCONSISTENT",
@@ -124,7 +126,11 @@ def judge(rows: Sequence[dict[str, Any]], wide: int = COURSE_WIDTH, narrow: int 
     shares = {}
     for width in (narrow, wide):
         gap, scaled, gaps = _pair_gap(rows, width)
-        shares[width] = {"gap": gap, "scaled": scaled, "gaps": gaps, "share": share(gap, floor, scaled)}
+        # the rule reads the point values; the t interval over the paired seeds says how far they can be trusted
+        ci = interval(gap, mean_se(gaps)[1], len(gaps)) if gaps else None
+        shares[width] = {"gap": gap, "scaled": scaled, "gaps": gaps, "share": share(gap, floor, scaled),
+                         "interval": ci, "share_interval": None if ci is None else
+                         tuple(share(g, floor, scaled) for g in ci)}
     unscaled_spread, frozen, scaled_spread = per_seed("none", "spread"), per_seed("none", "frozen"), per_seed("inv_sqrt_d", "spread")
     s_narrow, s_wide = shares[narrow]["share"], shares[wide]["share"]
     claims = [
@@ -181,6 +187,19 @@ def verdict_lines(judged: dict[str, Any]) -> list[str]:
         lines.append(f"{c['claim']}: course {c['course']}, here {here}: {met[c['met']]}")
     lines.append(f"no-attention floor F (the trained uniform model): {_num(judged['floor'], '{:.2f}')}; "
                  "share = gap / (F − ppl(1/√d)), the course's read as gap / 17.5 (its plateau)")
+    for width, s in judged["shares"].items():
+        if s["gap"] is None:
+            continue
+        each = ", ".join(f"{g:+.2f}" for g in s["gaps"])
+        if s["interval"] is None:
+            said = "1 seed, no interval"
+        else:
+            lo, hi = s["interval"]
+            said = (f"{len(s['gaps'])} seeds ({each}), {LEVEL:.0%} t interval {lo:+.2f} to {hi:+.2f}"
+                    + (", so its sign is not settled" if lo <= 0 <= hi else ""))
+            if None not in s["share_interval"]:
+                said += f"; as a share {s['share_interval'][0]:.2f} to {s['share_interval'][1]:.2f}"
+        lines.append(f"gap at d = {width:,}: {s['gap']:+.2f} points ({said})")
     for seed, tail in judged["tails"].items():
         if tail is not None:
             lines.append(f"seed {seed}: unscaled/scaled spread ratio {tail['end']:,.0f} at step {tail['step']:,}, "
