@@ -20,7 +20,7 @@ from attnscale.runs import record as rec
 from attnscale.runs.pace import Pace
 from attnscale.terminal import table
 
-__all__ = ["run", "scoreboard", "stages"]
+__all__ = ["run", "scoreboard", "stages", "end_state"]
 
 @dataclass(frozen=True)
 class Stage:
@@ -251,3 +251,19 @@ def run(out: Path, *, seed: int = 0, preset: str = "default", corpus: str = "def
     print(f"report: {paths['html']}")
     print(f"markdown: {paths['markdown']}")
     return paths["html"]
+
+
+def end_state(out: Path, *, jobs: int = 2, corpus: str = "default", device: str | None = None) -> list[str]:
+    """The long run designed to reach the course's end of training (``experiments.end_state``), trained
+    where not on disk (a killed run resumes), then judged by the rule written before it ran
+    (``analysis.end_state``); returns the verdict's lines, which it prints."""
+    from attnscale.analysis import end_state as rule
+    from attnscale.experiments import end_state as experiment
+
+    cfg = experiment.EndStateConfig(corpus=corpus, device=device)
+    started = time.time()
+    runs = experiment.run_records(cfg, Path(out), jobs=jobs)
+    lines = rule.verdict_lines(rule.judge([rule.summary(r) for r in runs]))
+    _say(f"end state: {time.time() - started:.0f} s")
+    print("\n".join(lines))
+    return lines

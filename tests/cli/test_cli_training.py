@@ -34,16 +34,17 @@ def test_sweep_table_then_resume_keeps_finished_runs(tmp_path, capsys):
     args = ["sweep", "--widths", "8", "16", "--scale", "none", "inv_sqrt_d", "--seeds", "0", *TINY, "--out", str(tmp_path)]
     assert main(args) == 0
     first = capsys.readouterr()
-    assert "gap = ppl(none) − ppl(1/√d)" in first.out and "[4/4]" in first.err
+    # four runs and the sweep's uniform floor (at 8, its narrowest width: it has no 128); the counted floors beside
+    assert "gap = ppl(none) − ppl(1/√d)" in first.out and "[5/5]" in first.err and "share of V" in first.out
     records = sorted(tmp_path.glob("*/record.json"))
-    assert len(records) == 4
+    assert len(records) == 5 and (tmp_path / "floors.json").exists()
     before = [r.stat().st_mtime_ns for r in records]
     assert main(args + ["--json"]) == 0
     again = capsys.readouterr()
-    assert "4 of 4 runs already finished" in again.err
+    assert "5 of 5 runs already finished" in again.err
     assert [r.stat().st_mtime_ns for r in records] == before
     result = json.loads(again.out)
-    assert len(result["rows"]) == 4 and [g["head_dim"] for g in result["gaps"]["rows"]] == [8, 16]
+    assert len(result["rows"]) == 5 and [g["head_dim"] for g in result["gaps"]["rows"]] == [8, 16]
 
 
 def test_another_config_in_out_is_refused_and_nothing_is_lost(tmp_path, capsys):

@@ -100,7 +100,7 @@ def test_a_head_dim_must_be_positive_and_one_is_enough():
     assert get_scale("none", 1).head_dim == 1 and get_scale("inv_sqrt_d", 1).factor() == 1.0
     with pytest.raises(ValueError, match="^head_dim must be a positive integer, got 0$"):
         get_scale("none", 0)
-    with pytest.raises(ValueError, match="^unknown scale 'sqrt'; choose one of: none, inv_sqrt_d, inv_d, qk_norm, softcap, learned_temp$"):
+    with pytest.raises(ValueError, match="^unknown scale 'sqrt'; choose one of: none, inv_sqrt_d, inv_d, qk_norm, softcap, learned_temp, uniform$"):
         get_scale("sqrt", 8)
 
 

@@ -42,8 +42,11 @@ def test_quick_writes_every_stage_and_the_report(quick_out, capsys):
     """(The fixture ran it; stderr is gone by now, so the ETA line is checked in test_full_preset.py.)"""
     groups = {p.relative_to(quick_out).parts[0] for p in find_records(quick_out)}
     assert groups == {"spread", "fresh-unit", "fresh-model", "dynamics", "sweep", "schemes"}
+    # beside the pairs, the floors: the corpus's counted ones (sweep/floors) and the uniform model at 128
     sweep = [TrainRun.load(p) for p in find_records(quick_out / "sweep")]
-    assert {(r.head_dim, r.scale) for r in sweep} == {(w, s) for w in (32, 128, 1024) for s in ("none", "inv_sqrt_d")}
+    assert {(r.head_dim, r.scale) for r in sweep} == ({(w, s) for w in (32, 128, 1024) for s in ("none", "inv_sqrt_d")}
+                                                      | {(128, "uniform")})
+    assert (quick_out / "sweep" / "floors.json").exists()
     assert all(r.status in ("done", "diverged") for r in sweep)
     assert {r.steps_done for r in sweep if r.status == "done"} == {QUICK_STEPS}
     md = (quick_out / "report" / "report.md").read_text()

@@ -279,5 +279,7 @@ def test_ctrl_c_with_workers_keeps_finished_runs_and_leaves_no_worker(tmp_path):
     finished = {r for r, s in stopped.items() if s == "done"}
     kept = {r: (out / r / "record.json").read_bytes() for r in finished}
     subprocess.run(cmd, check=True, capture_output=True, timeout=300)
-    assert set(_state(out).values()) == {"done"} and len(_state(out)) == 6
+    # the six pairs and the sweep's uniform floor, at its narrowest width where it has no 128
+    assert set(_state(out).values()) == {"done"} and sorted(_state(out)) == sorted(
+        [f"d{w}-{s}-s0" for w in (8, 16, 32) for s in ("none", "inv_sqrt_d")] + ["d8-uniform-s0"])
     assert kept == {r: (out / r / "record.json").read_bytes() for r in finished}

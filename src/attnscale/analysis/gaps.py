@@ -16,7 +16,8 @@ from attnscale.analysis.intervals import interval
 from attnscale.runs.record import FINISHED  # run statuses whose perplexity (or its absence) is final
 
 __all__ = ["run_rows", "gap_table", "gap_by_head_dim", "share_by_head_dim", "first_start", "GAP_THRESHOLD_PPL",
-           "GAP_RULE"]
+           "GAP_RULE", "share_of_value", "value_shares", "floor_ppl", "COURSE_GAPS", "COURSE_PLATEAU", "course_shares",
+           "SHARE_MEANING"]
 
 # Where "large" starts: the first width from which every wider width shows a gap
 # above 1 point of perplexity and, with two or more seeds, a 95% t interval of
@@ -134,3 +135,41 @@ def first_start(table: dict[str, Any], undecided_counts: bool = False) -> int | 
     ``undecided_counts``: where it would start if every undecided gap were a gap."""
     starts = table["starts"]
     return starts[0]["head_dim_if_undecided" if undecided_counts else "head_dim"] if starts else None
+
+
+# What attention is worth, V = F − ppl(scaled), with F a model that cannot use attention (the no-attention
+# floor): a gap as a share of V reads 0 where the unscaled model loses nothing to the scaled one and 1
+# where it has fallen all the way to the floor. The course gives no floor, so its gaps are read against
+# its own plateau, the "17 to 18 points" from width 256 up (taken as 17.5): the gap where, on that reading,
+# its unscaled model has lost all that attention is worth.
+COURSE_PLATEAU = 17.5
+COURSE_GAPS = {32: 0.0, 128: 2.0, 256: COURSE_PLATEAU, 512: COURSE_PLATEAU, 1024: COURSE_PLATEAU}
+SHARE_MEANING = ("a share is how much of what attention is worth (V = floor − ppl with 1/√d) the unscaled model "
+                 "gives up: 0, nothing; 1, it does no better than a model whose attention learns nothing")
+
+
+def share_of_value(gap: float | None, floor: float | None, scaled: float | None) -> float | None:
+    """gap / (floor − ppl(scaled)); None where something is missing or the scaled model is not below
+    the floor (attention is then worth nothing measurable, and a share means nothing)."""
+    if gap is None or floor is None or scaled is None or not floor > scaled:
+        return None
+    return gap / (floor - scaled)
+
+
+def value_shares(table: dict[str, Any], floor: float | None) -> dict[int, float]:
+    """width -> the gap as a share of V = ``floor`` − ppl(reference), at the table's first learning rate."""
+    rows = table["rows"]
+    first_lr = rows[0]["lr"] if rows else None
+    out = {r["head_dim"]: share_of_value(r["gap"], floor, r["reference_ppl"]) for r in rows if r["lr"] == first_lr}
+    return {w: v for w, v in out.items() if v is not None}
+
+
+def floor_ppl(rows: Sequence[dict[str, Any]], scale: str = "uniform") -> float | None:
+    """The mean held-out perplexity of the finished ``scale`` runs (the trained no-attention floor)."""
+    got = [r["valid_ppl"] for r in rows if r["scale"] == scale and r["valid_ppl"] is not None]
+    return sum(got) / len(got) if got else None
+
+
+def course_shares() -> dict[int, float]:
+    """The course's gaps as shares of its plateau (``COURSE_PLATEAU``): width -> share."""
+    return {w: g / COURSE_PLATEAU for w, g in COURSE_GAPS.items()}

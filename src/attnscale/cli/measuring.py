@@ -143,6 +143,10 @@ def add_inspect(sub) -> None:
 def _reproduce(preset, out, args):
     from attnscale import reproduce
 
+    if args.end_state:
+        reproduce.end_state(out, jobs=args.jobs, corpus=args.corpus, device=args.device)
+        return
+
     # reproduce prints its own scoreboard and paths as it ends: nothing is left to show
     reproduce.run(out, seed=args.seed, preset=preset, corpus=args.corpus, jobs=args.jobs, **executor_kwargs(args),
                   device=args.device, dtype=args.dtype)
@@ -151,6 +155,8 @@ def _reproduce(preset, out, args):
 def _preset(args) -> str:
     from attnscale.lm.presets import preset_name
 
+    if args.end_state and (args.quick or args.full):
+        raise UsageError("--end-state is its own run; drop --quick and --full")
     return preset_name(args.quick, args.full)
 
 
@@ -167,6 +173,10 @@ def add_reproduce(sub) -> None:
                    help=f"the full-length preset ({_full_budget()}): the course's end of training, over an hour "
                         "on a 2-core laptop CPU without native bf16; prints its estimate first, checkpoints every run; the setup "
                         "study is its own command (attnscale study), which it names at the end")
+    p.add_argument("--end-state", action="store_true",
+                   help="instead of the chapter, the long run designed to reach the course's end of training "
+                        "(9 runs of 7,200 steps, over an hour with -j 2 on 2 cores) and its verdict by the rule "
+                        "written before it ran (docs/end-state.md)")
     p.add_argument("--corpus", default="default",
                    help="'default' (embedded), 'wikitext-2', 'tinyshakespeare', a text file or a folder")
     p.add_argument("-j", "--jobs", type=positive_int, default=min(2, os.cpu_count() or 1),

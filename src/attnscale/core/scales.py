@@ -27,7 +27,7 @@ from torch import nn
 
 from attnscale.errors import ConfigError
 
-__all__ = ["ScoreScale", "SCALES", "DISPLAY_NAMES", "SOFTCAP_CAP", "register_scale", "check_scale", "get_scale", "scale_names",
+__all__ = ["ScoreScale", "SCALES", "DISPLAY_NAMES", "FLOORS", "SOFTCAP_CAP", "register_scale", "check_scale", "get_scale", "scale_names",
            "display_name"]
 
 
@@ -78,11 +78,15 @@ SCALES: dict[str, Callable[[int], ScoreScale]] = {}
 # its parameter where it has one ("soft-cap 50"). Records and the command line keep the registry's
 # names (``inv_sqrt_d``), which a program matches; a reader should not have to decode them.
 DISPLAY_NAMES: dict[str, str] = {}
+# Schemes that are a yardstick, not a way to scale: a model trained with one shows what the task is
+# worth without the thing under study (``uniform``: attention without scores). Studies that train
+# "every scheme" leave them out; they are trained where a floor is asked for.
+FLOORS: set[str] = set()
 
 
-def register_scale(name: str, display: str | None = None):
+def register_scale(name: str, display: str | None = None, floor: bool = False):
     """Class decorator: make a ``ScoreScale`` subclass available under ``name``, shown to
-    readers as ``display`` (default: ``name``)."""
+    readers as ``display`` (default: ``name``); ``floor``: a yardstick (``FLOORS``)."""
 
     def deco(cls):
         if name in SCALES:
@@ -90,13 +94,16 @@ def register_scale(name: str, display: str | None = None):
         cls.name = name
         SCALES[name] = cls
         DISPLAY_NAMES[name] = display or name
+        if floor:
+            FLOORS.add(name)
         return cls
 
     return deco
 
 
-def scale_names() -> list[str]:
-    return list(SCALES)
+def scale_names(floors: bool = False) -> list[str]:
+    """The registered schemes in order; the yardsticks (``FLOORS``) only with ``floors``."""
+    return [s for s in SCALES if floors or s not in FLOORS]
 
 
 def display_name(name: str) -> str:
@@ -197,3 +204,26 @@ class LearnedTemperature(ScoreScale):
 
     def factor(self) -> torch.Tensor:
         return self.log_factor.exp()
+
+
+@register_scale("uniform", "uniform (no scores)", floor=True)
+class Uniform(ScoreScale):
+    """Factor 0: every visible key gets the same weight, so attention is a running mean of
+    the values and the model learns nothing through its scores: the no-attention floor.
+
+    The scores are written as zeros rather than 0 · q·k, which would turn an infinite
+    product into NaN; and it is not fusable, because SDPA multiplies the masked -inf by
+    a scale of 0 and returns NaN."""
+
+    def factor(self) -> float:
+        return 0.0
+
+    @property
+    def fusable(self) -> bool:
+        return False
+
+    def scores(self, q_BHTD: torch.Tensor, k_BHTD: torch.Tensor) -> torch.Tensor:
+        return q_BHTD.new_zeros(q_BHTD.shape[:-1] + k_BHTD.shape[-2:-1])
+
+    def pair_scores(self, q_ND: torch.Tensor, k_ND: torch.Tensor) -> torch.Tensor:
+        return q_ND.new_zeros(torch.broadcast_shapes(q_ND.shape, k_ND.shape)[:-1])

@@ -13,6 +13,12 @@ sweep; the gap table compares two of them (``baseline``, ``reference``).
 
 Runs go to ``out/<run_id>`` with record extra {"group": "sweep"}, resumed by
 ``attnscale.runs.runner``: an interrupted sweep, rerun, trains only what is missing.
+
+Beside the runs, the floors a gap is read against (``floor``; the course's preset has it): the
+corpus's unigram and bigram perplexity, counted (``out/floors.json``, ``analysis.floors``), and one
+``uniform`` model (attention that learns nothing through its scores) of the same shape and budget,
+at width 128 (``FLOOR_HEAD_DIM``; the narrowest width where the sweep has no 128), first seed. One
+width is enough: with no scores, the width only sizes v, and 128 is where the course's gap is small.
 """
 
 from __future__ import annotations
@@ -22,7 +28,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from attnscale.runs import store
-from attnscale.runs.record import TrainRun
+from attnscale.runs.record import Floors, TrainRun
 from attnscale.core.scales import display_name
 from attnscale.errors import ConfigError
 from attnscale.terminal import table
@@ -31,10 +37,19 @@ from attnscale.experiments.training_config import TrainingConfig
 from attnscale.lm.presets import budget, preset_name
 from attnscale.runs.runner import CorpusSpec, RunSpec, execute
 from attnscale.analysis.estimates import mean_se, plus_minus
-from attnscale.analysis.gaps import GAP_RULE, GAP_THRESHOLD_PPL, gap_table, run_rows
+from attnscale.analysis.gaps import (COURSE_GAPS, COURSE_PLATEAU, GAP_RULE, GAP_THRESHOLD_PPL, SHARE_MEANING, floor_ppl,
+                                     gap_table, run_rows, value_shares)
 
 __all__ = ["SweepConfig", "preset", "run", "run_records", "specs", "rows_from_records", "gap_table", "format_table",
-           "GAP_THRESHOLD_PPL", "GAP_RULE"]
+           "GAP_THRESHOLD_PPL", "GAP_RULE", "FLOOR_HEAD_DIM", "FLOOR_SCALE", "floor_head_dim", "write_floors", "floors"]
+
+FLOOR_HEAD_DIM = 128
+FLOOR_SCALE = "uniform"
+
+
+def floor_head_dim(head_dims: Sequence[int]) -> int:
+    """The width the ``uniform`` floor trains at: ``FLOOR_HEAD_DIM`` where the sweep has it, else its narrowest."""
+    return FLOOR_HEAD_DIM if FLOOR_HEAD_DIM in head_dims else min(head_dims)
 
 
 @dataclass(frozen=True)
@@ -47,6 +62,7 @@ class SweepConfig(TrainingConfig):
     scales: tuple[str, ...] = ("none", "inv_sqrt_d")
     seeds: tuple[int, ...] = (0,)
     lrs: tuple[float, ...] | None = None
+    floor: bool = False  # train the ``uniform`` floor beside the runs and count the corpus's floors
 
     def __post_init__(self):
         super().__post_init__()
@@ -65,7 +81,10 @@ class SweepConfig(TrainingConfig):
         check_budget(self.model, self.train, self.runs_per_head_dim())
 
     def runs_per_head_dim(self) -> dict[int, int]:
-        return {w: len(self.scales) * len(self.seeds) * len(self.lrs or (None,)) for w in self.head_dims}
+        runs = {w: len(self.scales) * len(self.seeds) * len(self.lrs or (None,)) for w in self.head_dims}
+        if self.floor:
+            runs[floor_head_dim(self.head_dims)] += 1
+        return runs
 
     @property
     def corpus_spec(self) -> CorpusSpec:
@@ -82,7 +101,7 @@ def preset(quick: bool = False, corpus: str = "default", seed: int = 0, tokenize
     b = budget(preset_name(quick, full), vocab)
     head_dims = (32, 128, 1024) if quick else (32, 64, 128, 256, 512, 1024)
     return SweepConfig(corpus=corpus, tokenizer=tokenizer, head_dims=head_dims, seeds=tuple(range(seed, seed + b.seeds)),
-                       model=b.model, train=b.train)
+                       model=b.model, train=b.train, floor=True)
 
 
 def specs(cfg: SweepConfig, vocab_size: int, group: str = "sweep") -> list[RunSpec]:
@@ -97,7 +116,38 @@ def specs(cfg: SweepConfig, vocab_size: int, group: str = "sweep") -> list[RunSp
                                         **({} if cfg.device is None else {"device": cfg.device}))
                     out.append(RunSpec(store.run_id(head_dim, scale, seed, lr), model_config(cfg.model, vocab_size, head_dim, scale),
                                        train_cfg, group))
+    if cfg.floor and FLOOR_SCALE not in cfg.scales:
+        w, lr = floor_head_dim(cfg.head_dims), (cfg.lrs or (None,))[0]
+        train_cfg = replace(cfg.train, seed=cfg.seeds[0], **({} if lr is None else {"lr": lr}),
+                            **({} if cfg.device is None else {"device": cfg.device}))
+        out.append(RunSpec(store.run_id(w, FLOOR_SCALE, cfg.seeds[0], lr),
+                           model_config(cfg.model, vocab_size, w, FLOOR_SCALE), train_cfg, group))
     return out
+
+
+def write_floors(corpus, out: Path) -> Floors:
+    """The corpus's counted floors (``analysis.floors``) in ``out/floors.json``, kept where those of the
+    same corpus are there already."""
+    from attnscale.analysis.floors import ngram_floors
+    from attnscale.runs import record as rec
+
+    try:
+        old = rec.read_floors(out)
+    except rec.RecordError:
+        old = None  # damaged: counted again
+    if old is not None and old.corpus == corpus.describe():
+        return old
+    floors = Floors(**ngram_floors(corpus.train, corpus.valid, corpus.vocab_size), corpus=corpus.describe())
+    Path(out).mkdir(parents=True, exist_ok=True)
+    rec.write_floors(out, floors)
+    return floors
+
+
+def floors(out: Path) -> Floors | None:
+    """The counted floors a sweep wrote in ``out`` (None: a sweep written before, or without them)."""
+    from attnscale.runs import record as rec
+
+    return rec.read_floors(out)
 
 
 def run_records(cfg: SweepConfig, out: Path, jobs: int = 1, progress: bool = True,
@@ -105,9 +155,12 @@ def run_records(cfg: SweepConfig, out: Path, jobs: int = 1, progress: bool = Tru
                 ray_address: str | None = None, pace=None) -> list[TrainRun]:
     """Train every run not yet finished under ``out/<run_id>``; return every run as read back."""
     corpus = cfg.corpus_spec.load()
-    return execute(specs(cfg, corpus.vocab_size, group), cfg.corpus_spec, Path(out), jobs=jobs,
+    runs = execute(specs(cfg, corpus.vocab_size, group), cfg.corpus_spec, Path(out), jobs=jobs,
                    progress=progress, corpus=corpus, reuse=reuse, executor=executor, ray_address=ray_address,
                    pace=pace)
+    if cfg.floor:  # after the runs: a corpus or config the runner refuses leaves no record behind
+        write_floors(corpus, out)
+    return runs
 
 
 def run(cfg: SweepConfig, out: Path, jobs: int = 1, progress: bool = True,
@@ -140,6 +193,8 @@ def format_table(rows: list[dict[str, Any]], baseline: str = "none", reference: 
     """Held-out perplexity per width (columns: schemes, mean ± SE over seeds), the gap, where it starts."""
     scales = list(dict.fromkeys(r["scale"] for r in rows))
     gaps = gap_table(rows, baseline, reference)
+    floor = floor_ppl(rows, FLOOR_SCALE)
+    of_value = value_shares(gaps, floor)
     by_cell = {(g["lr"], g["head_dim"]): g for g in gaps["rows"]}
     lrs = list(dict.fromkeys(r["lr"] for r in rows))
     lines = []
@@ -161,8 +216,12 @@ def format_table(rows: list[dict[str, Any]], baseline: str = "none", reference: 
             else:
                 gap = (plus_minus(g["gap"], g["gap_se"], "{:+.2f}", terminal=True)
                        + (f" ({g['share']:.0%})" if g["share"] is not None else ""))
-            cells_by_head_dim.append([head_dim, *cells, gap])
-        lines += table(("width", *map(display_name, scales), "gap (% of ref.)"), cells_by_head_dim, ">" * (len(scales) + 2))
+            v = of_value.get(head_dim) if lr == lrs[0] else None
+            course = COURSE_GAPS.get(head_dim)
+            cells_by_head_dim.append([head_dim, *cells, gap, "-" if v is None else f"{v:.2f}",
+                                      "-" if course is None else f"{course / COURSE_PLATEAU:.2f}"])
+        lines += table(("width", *map(display_name, scales), "gap (% of ref.)", "share of V", "course's"),
+                       cells_by_head_dim, ">" * (len(scales) + 4))
         here = next((s for s in gaps["starts"] if s["lr"] == lr), {})
         start, maybe = here.get("head_dim"), here.get("head_dim_if_undecided")
         said = f"it starts at width {start}" if start is not None else "no width shows a gap"
@@ -171,4 +230,7 @@ def format_table(rows: list[dict[str, Any]], baseline: str = "none", reference: 
         base, ref = display_name(baseline), display_name(reference)
         lines.append(f"gap = ppl({base}) − ppl({ref}), in points and as a share of ppl({ref}); "
                      + said + f" ({GAP_RULE})")
+    if floor is not None:
+        lines.append(f"V = F − ppl({display_name(reference)}), F = {floor:.2f} (the trained {display_name(FLOOR_SCALE)} "
+                     f"model); {SHARE_MEANING}; the course's: its gap / {COURSE_PLATEAU:g} (its plateau; its floor is not given)")
     return "\n".join(lines)

@@ -25,7 +25,7 @@ from typing import Any
 from attnscale.errors import ConfigError
 from attnscale.lm.train import TrainConfig
 
-__all__ = ["Budget", "budget", "preset_name", "with_steps", "model_settings", "PRESETS", "LARGE_VOCAB",
+__all__ = ["Budget", "budget", "end_state_budget", "END_STATE_HEADS", "preset_name", "with_steps", "model_settings", "PRESETS", "LARGE_VOCAB",
            "CHECKPOINT_EVERY", "FULL_STEPS", "FULL_SEEDS"]
 
 PRESETS = ("quick", "default", "full")
@@ -88,3 +88,22 @@ def with_steps(train: TrainConfig, steps: int) -> TrainConfig:
 def model_settings() -> dict[str, Any]:
     """The model ``reproduce`` trains (the default preset's), without vocab_size, head_dim and scale."""
     return dict(_MODEL)
+
+
+# The end-state run's heads: one. Its widest runs (d = 1,024) cost about 0.2 s a step on one core of a
+# 2-core CPU with one head, 0.5 s with two and 1 s with four; 7,200 steps then take about 26 minutes a
+# run with one head, and four such runs with -j 2 about 52 minutes, the most that fits the hour.
+END_STATE_HEADS = 1
+
+
+def end_state_budget() -> Budget:
+    """The long run designed to reach the course's end of training: the default model (post-LN,
+    torch init, d_model 64, 2 layers, context 64) with ``END_STATE_HEADS`` heads, batch 16, AdamW
+    lr 3e-3, β2 0.99, weight decay 0.1, clip 1, warm-up 40, 7,200 steps held constant to 80% and
+    then cooled linearly to 0.1× (the constant phase grows the unscaled spread; the cool-down lets
+    the scaled one settle); a record every 200 steps, the held-out loss every 1,200 (many epochs of a
+    small corpus: overfitting would show there). fp32, so the verdict does not hang on bf16."""
+    train = TrainConfig(steps=7200, batch=16, lr=3e-3, warmup=40, min_lr_ratio=0.1, weight_decay=0.1, clip=1.0,
+                        beta2=0.99, record_every=200, eval_every=1200, eval_batches=None, dtype="fp32",
+                        schedule="wsd", checkpoint_every=200)
+    return Budget("end-state", {**_MODEL, "n_heads": END_STATE_HEADS}, train, seeds=2)

@@ -1,7 +1,9 @@
 """Training loop that records the attention diagnostics through the hooks.
 
 ``train(model_cfg, train_cfg, corpus)`` trains ``TinyLM`` with AdamW, a linear
-warm-up then cosine decay, and gradient clipping, and returns a plain dict.
+warm-up then a named decay (``SCHEDULES``: cosine, or warm-up-stable-decay), and
+gradient clipping, and returns a plain dict. With ``eval_every`` the held-out
+loss is also measured every that many steps (``results["evals"]``).
 Every ``record_every`` steps (and at step 0, before any update) the forward
 pass of the training step itself is recorded (``lm.step_measures``); the step-0
 figures are therefore those of the freshly initialised model on a training
@@ -54,6 +56,10 @@ from attnscale.lm.step_measures import DIAGNOSTICS, read_back, recording, summar
 __all__ = ["TrainConfig", "train", "Run", "build_run", "train_step", "loss_and_objective", "attention_impl", "run_config", "comparable_config", "save_weights", "lr_at", "evaluate", "sum_dtype", "DIAGNOSTICS", "summarize"]
 
 ATTENTION = ("auto", "fused", "explicit")
+SCHEDULES = ("cosine", "wsd")
+# wsd: the share of the steps before the cool-down (warm-up included). Held long enough that the
+# constant phase, not the decay, decides where the weights go; the last fifth cools them.
+WSD_STABLE = 0.8
 WEIGHTS = ("fp32", "bf16")
 # fp16 steps the scaler may skip in a row before the run counts as diverged: each skip halves the
 # loss scale, so 40 take 2**16 below 1e-7, where no gradient can overflow any more
@@ -105,6 +111,8 @@ class TrainConfig:
     beta1: float = 0.9
     adam_eps: float = 1e-8
     independent_wd: bool = False  # weight_decay shrinks by itself × lr_t/lr a step, not by itself × lr_t
+    schedule: str = "cosine"
+    eval_every: int = 0
 
     def __post_init__(self):
         check_positive_ints(self, ("steps", "batch", "record_every", "record_sequences"), "train")
@@ -136,17 +144,31 @@ class TrainConfig:
             raise ConfigError("train z_loss must be >= 0, beta1 in [0, 1) and adam_eps in (0, 1)")
         if not isinstance(self.independent_wd, bool):
             raise ConfigError(f"train independent_wd must be true or false, got {self.independent_wd!r}")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"train schedule {self.schedule!r} is unknown; choose one of: {', '.join(SCHEDULES)}")
+        if self.schedule == "wsd" and self.warmup > int(WSD_STABLE * self.steps):
+            raise ConfigError(f"train warmup {self.warmup} runs past the wsd cool-down at step "
+                              f"{int(WSD_STABLE * self.steps)}; shorten the warm-up or train longer")
+        if not isinstance(self.eval_every, int) or isinstance(self.eval_every, bool) or self.eval_every < 0:
+            raise ConfigError(f"train eval_every must be a non-negative integer (0 = at the end only), got {self.eval_every!r}")
         if not 0 < self.frozen_threshold < 1:
             raise ConfigError(f"train frozen_threshold must lie in (0, 1), got {self.frozen_threshold!r}")
 
 
 def lr_at(step: int, cfg: TrainConfig) -> float:
-    """Linear warm-up to ``lr`` over ``warmup`` steps, then cosine decay to ``lr·min_lr_ratio``."""
+    """Linear warm-up to ``lr`` over ``warmup`` steps, then the schedule's decay to ``lr·min_lr_ratio``,
+    reached at step ``steps`` (one past the last update). "cosine": a half cosine from the warm-up on;
+    "wsd": ``lr`` held to step ``int(WSD_STABLE·steps)``, then a straight line down."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
+    floor = cfg.lr * cfg.min_lr_ratio
+    if cfg.schedule == "wsd":
+        stable = int(WSD_STABLE * cfg.steps)
+        if step < stable:
+            return cfg.lr
+        return cfg.lr - (cfg.lr - floor) * min(1.0, (step - stable) / max(1, cfg.steps - stable))
     span = max(1, cfg.steps - cfg.warmup)
     progress = min(1.0, (step - cfg.warmup) / span)
-    floor = cfg.lr * cfg.min_lr_ratio
     return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
@@ -283,6 +305,7 @@ class Run:
     compute: "Bf16Copy | None" = None  # weights "bf16": the copy the step computes on; the model holds the masters
     history: list[dict[str, Any]] = field(default_factory=list)
     losses: list[float] = field(default_factory=list)
+    evals: list[dict[str, Any]] = field(default_factory=list)  # held-out loss every ``eval_every`` steps
     skipped: int = 0  # fp16 steps the gradient scaler skipped (inf/NaN gradients); they do not count
     t0: float = field(default_factory=time.perf_counter)
 
@@ -352,6 +375,7 @@ def _resume(run: Run, ckpt: Checkpoint | None) -> tuple[int, list[str]]:
         run.scaler.load_state_dict(state["scaler"])
     run.skipped = state.get("skipped", 0)
     run.losses = state["losses"]
+    run.evals = list(state.get("evals", []))
     for row in state["history"]:
         run.log(row)
     return state["step"], []
@@ -461,9 +485,12 @@ def _train(model_cfg, cfg, corpus, log_line, on_step, should_stop, ckpt, weights
             run.skipped += 1
             continue
         step += 1
+        if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:  # the last: the run's own evaluation
+            run.evals.append(_held_out(run, corpus, step))
         if ckpt is not None and step % cfg.checkpoint_every == 0 and step < cfg.steps:
             ckpt.save(step=step, model=run.model.state_dict(), opt=run.opt.state_dict(), gen=run.gen.get_state(),
-                      scaler=run.scaler.state_dict(), skipped=run.skipped, losses=run.losses, history=run.history)
+                      scaler=run.scaler.state_dict(), skipped=run.skipped, losses=run.losses, history=run.history,
+                      evals=run.evals)
         if on_step is not None:
             on_step(step, cfg.steps, {"loss": value, "lr": lr, "grad_norm": grad_norm})
     if run.skipped:
@@ -478,11 +505,20 @@ def _train(model_cfg, cfg, corpus, log_line, on_step, should_stop, ckpt, weights
         if not math.isfinite(evaluation["valid_loss"]):
             status, diverged_at = "diverged", cfg.steps
         evaluation = {k: finite(v) if isinstance(v, float) else v for k, v in evaluation.items()}
+        if cfg.eval_every and cfg.steps % cfg.eval_every == 0:
+            run.evals.append({"step": cfg.steps, "valid_loss": evaluation["valid_loss"],
+                              "perplexity": evaluation["perplexity"]})
     if ckpt is not None and status != "stopped":
         ckpt.remove()
     if weights is not None and status == "done":
         save_weights(run.model, weights)
     return _results(run, status, diverged_at, start, steps_done, train_seconds, evaluation, notes)
+
+
+def _held_out(run: Run, corpus, step: int) -> dict[str, Any]:
+    """The held-out loss and perplexity of the weights after ``step`` updates (as the end's evaluation)."""
+    got = evaluate(run.model, corpus.valid, run.cfg.batch, run.cfg.eval_batches, run.precision)
+    return {"step": step, "valid_loss": finite(got["valid_loss"]), "perplexity": finite(got["perplexity"])}
 
 
 def _results(run: Run, status, diverged_at, start, steps_done, train_seconds, evaluation, notes) -> dict[str, Any]:
@@ -510,5 +546,6 @@ def _results(run: Run, status, diverged_at, start, steps_done, train_seconds, ev
         "start": summarize(run.history[0]) if run.history else None,
         "end": summarize(run.history[-1]) if run.history else None,
         "history": run.history,
+        "evals": run.evals,
         "notes": notes,
     }

@@ -18,7 +18,7 @@ from typing import Any
 from attnscale.report import course, plots, render, sections
 from attnscale.errors import ConfigError
 from attnscale.runs import record
-from attnscale.runs.record import Record, TrainRun
+from attnscale.runs.record import Floors, Record, TrainRun
 
 __all__ = ["Runs", "TrainRun", "load_runs", "verdicts", "build"]
 
@@ -40,6 +40,7 @@ class Runs:
     fresh_rows: dict[tuple[str, int, str], dict[str, Any]] = field(default_factory=dict)
     illustration: dict[str, Any] | None = None
     train: list[TrainRun] = field(default_factory=list)
+    floors: Floors | None = None  # the sweep's counted no-attention floors (None in sweeps written before)
     notes: list[str] = field(default_factory=list)  # records skipped or ignored, and why
 
     @property
@@ -50,6 +51,11 @@ class Runs:
     def sweep(self) -> list[TrainRun]:
         return [t for t in self.train if t.group == "sweep"]
 
+    @property
+    def end_state(self) -> list[TrainRun]:
+        """The runs of ``attnscale reproduce --end-state``."""
+        return [t for t in self.train if t.group == "end-state"]
+
     def present(self) -> set[str]:
         have = {"spread"} if self.spread_rows else set()
         have |= {"fresh"} if self.fresh_rows else set()
@@ -59,6 +65,18 @@ class Runs:
 def _natural(text: str) -> list:
     """Sort key that puts d32 before d128."""
     return [(0, int(t), "") if t.isdigit() else (1, 0, t) for t in re.split(r"(\d+)", text)]
+
+
+def _floors(runs_dir: Path, notes: list[str]) -> Floors | None:
+    """The counted floors a sweep (or the end-state run) wrote under ``runs_dir``: the width sweep's where
+    there are several (one corpus, one count), None where there are none."""
+    found = sorted(runs_dir.rglob(record.FLOORS), key=lambda p: (p.parent.name != "sweep", _natural(p.as_posix())))
+    for path in found:
+        try:
+            return record.read_floors(path.parent)
+        except record.RecordError as e:
+            notes.append(f"{path.relative_to(runs_dir).as_posix()}: skipped ({e})")
+    return None
 
 
 def load_runs(runs_dir: Path) -> Runs:
@@ -104,6 +122,7 @@ def load_runs(runs_dir: Path) -> Runs:
             runs.fresh_rows[(init, int(r["head_dim"]), r["scale"])] = r
         if rec.results.get("illustration") and (runs.illustration is None or key == "fresh/unit"):
             runs.illustration = rec.results["illustration"]
+    runs.floors = _floors(runs_dir, runs.notes)
     if not runs.records:
         raise ConfigError(f"none of the records under {str(runs_dir)!r} could be used ({len(runs.notes)} skipped; "
                           f"first: {runs.notes[0]}); rerun the experiments into a new --out")
@@ -120,13 +139,16 @@ def verdicts(runs: Runs) -> list[course.Verdict]:
     what the setup study measured about it (where the records hold a study)."""
     from dataclasses import replace
 
-    from attnscale.report import setup_section
+    from attnscale.report import end_state_section, setup_section
 
     study = setup_section.notes(runs)
+    decided = end_state_section.notes(runs)
     out = []
     for v in course.evaluate(runs):
         if v.verdict in (course.PARTLY, course.DIFFERS) and v.key in study:
             v = replace(v, note="; ".join(x for x in (v.note, study[v.key]) if x))
+        if v.key in decided:
+            v = replace(v, note="; ".join(x for x in (v.note, decided[v.key]) if x))
         out.append(v)
     return out
 

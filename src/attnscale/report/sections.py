@@ -18,9 +18,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from attnscale.core.scales import display_name
+from attnscale.core.scales import FLOORS, display_name
 from attnscale.report.blocks import Block, Heading, Para, Banner, Scoreboard, Details, Bullets, Image, Table, opening
-from attnscale.report import course, frozen_section, schemes_section, setup_section, warn_section
+from attnscale.report import course, end_state_section, frozen_section, schemes_section, setup_section, warn_section
 
 __all__ = ["document", "preset_of"]
 
@@ -300,7 +300,7 @@ def _sweep(runs, verdicts, out: Path, pngs: dict) -> list[Block]:
         return b
     cells: dict[tuple[int, str], list[float]] = {}
     for t in runs.sweep:
-        if t.perplexity is not None:
+        if t.perplexity is not None and t.scale not in FLOORS:  # the floor has its own table
             cells.setdefault((t.head_dim, t.scale), []).append(float(t.perplexity))
     gaps, start = course.gap_by_head_dim(runs), course.gap_start(runs)
     if cells:
@@ -320,6 +320,7 @@ def _sweep(runs, verdicts, out: Path, pngs: dict) -> list[Block]:
     bad = [f"{t.path.relative_to(runs.root).as_posix()}: {t.status}"
            + (f" at step {t.diverged_at}" if t.diverged_at is not None else "")
            for t in runs.sweep if t.status != "done"]
+    b += end_state_section.floor_blocks(runs)
     if bad:
         b.append(Bullets("Sweep runs without a perplexity (not counted):", bad))
     return b
@@ -421,6 +422,7 @@ def document(runs, verdicts: list[course.Verdict], out: Path,
               *_fresh(runs, by["fresh"], out, pngs),
               *_dynamics(runs, by["dynamics"], out, pngs),
               *_sweep(runs, by["sweep"], out, pngs),
+              *end_state_section.blocks(runs),  # the course's end state, decided by a rule stated first
               *schemes_section.blocks(runs, out, pngs),  # beyond the course: which scale?
               *setup_section.blocks(runs, out, pngs),  # beyond the course: which setup?
               *warn_section.blocks(runs, out, pngs),  # does the watch warn before a run breaks?

@@ -21,6 +21,10 @@ model config always holds the number. Records written before versions existed
 - fresh: {"rows": [{head_dim, scale, init, words, sequences, effective_words_median, _p10,
   _p90, _mean, max_weight_mean, frozen_fraction, frozen_threshold, push_median, push_mean,
   example, example_row}], "illustration": {scores, multipliers, weights, effective_words}}.
+
+A sweep's folder also holds ``floors.json`` (``FLOORS``): its corpus's no-attention floors, a ``Floors``
+(``write_floors``/``read_floors``). It is not a run record, so readers of runs (``find``) never meet it;
+sweeps written before it have none, and read as before.
 - train: a ``TrainResults`` (``lm.train.train`` returns its fields). A metrics line
   (``TrainRun.history``) is {"step", "loss", "lr", "elapsed_s", and per measure of
   ``core.diagnostics.HEAD_MEASURES`` a ``[layer][head]`` list}; non-finite numbers are null.
@@ -48,7 +52,7 @@ from attnscale.files import atomic_write_json, to_jsonable
 
 __all__ = [
     "SCHEMA_VERSION", "RECORD", "METRICS", "WEIGHTS", "CHECKPOINT", "FINISHED", "STATUSES",
-    "RecordError", "NewerRecordError", "Record", "TrainResults", "TrainRun",
+    "RecordError", "NewerRecordError", "Record", "TrainResults", "TrainRun", "Floors", "FLOORS", "write_floors", "read_floors",
     "new", "write", "read", "find", "read_metrics", "environment",
 ]
 
@@ -59,6 +63,7 @@ WEIGHTS = "model.safetensors"
 CHECKPOINT = "checkpoint.pt"
 STATUSES = ("running", "stopped", "done", "diverged")
 FINISHED = ("done", "diverged")  # a run in one of these states is never trained again
+FLOORS = "floors.json"  # a sweep's counted floors, beside its runs
 
 
 class RecordError(ConfigError):
@@ -298,6 +303,8 @@ class TrainResults:
     start: dict[str, Any] | None = None  # lm.train.summarize of the first recorded step
     end: dict[str, Any] | None = None  # ... and of the last
     history: tuple[dict[str, Any], ...] = ()
+    # held-out {"step", "valid_loss", "perplexity"} every ``eval_every`` steps; () in records written before
+    evals: tuple[dict[str, Any], ...] = ()
     notes: tuple[str, ...] = ()
 
     def __post_init__(self):
@@ -313,6 +320,7 @@ class TrainResults:
         kwargs = {k: v for k, v in data.items() if k in known}
         kwargs["history"] = tuple(kwargs.get("history") or ())
         kwargs["notes"] = tuple(kwargs.get("notes") or ())
+        kwargs["evals"] = tuple(kwargs.get("evals") or ())
         try:
             return cls(**kwargs)
         except TypeError as e:
@@ -320,6 +328,47 @@ class TrainResults:
 
     def to_json(self) -> dict[str, Any]:
         return to_jsonable(asdict(self))
+
+
+@dataclass(frozen=True)
+class Floors:
+    """What a model without attention does on a sweep's corpus (``analysis.floors``): held-out
+    perplexity of unigram and bigram counts from the training split, and the smoothing rule."""
+
+    unigram_ppl: float
+    bigram_ppl: float
+    smoothing: str
+    corpus: dict[str, Any] = field(default_factory=dict)  # ``Corpus.describe()``: which corpus was counted
+
+    @classmethod
+    def from_json(cls, data: Any, where: str = "floors") -> "Floors":
+        try:
+            return cls(float(data["unigram_ppl"]), float(data["bigram_ppl"]), str(data["smoothing"]),
+                       dict(data.get("corpus") or {}))
+        except (TypeError, KeyError, ValueError, AttributeError):
+            raise RecordError(f"{where}: the floors need unigram_ppl, bigram_ppl and smoothing") from None
+
+    def to_json(self) -> dict[str, Any]:
+        return to_jsonable(asdict(self))
+
+
+def write_floors(folder: Path, floors: Floors) -> Path:
+    """``folder/floors.json``, atomically."""
+    path = Path(folder) / FLOORS
+    atomic_write_json(path, floors.to_json())
+    return path
+
+
+def read_floors(folder: Path) -> Floors | None:
+    """The floors in ``folder`` (None where there are none); ``RecordError`` where the file is damaged."""
+    path = Path(folder) / FLOORS
+    if not path.exists():
+        return None
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        raise RecordError(f"{path} cannot be read; delete it to count the floors again") from None
+    return Floors.from_json(data, str(path))
 
 
 def _as_layers(line: dict[str, Any], measures: Sequence[str]) -> dict[str, Any]:
