@@ -1,6 +1,7 @@
 """The setup study (`attnscale study`): its config, its runs, reuse by config, and its report section."""
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 
@@ -141,7 +142,7 @@ def test_a_verdict_that_does_not_agree_names_the_study_measurement(monkeypatch):
     monkeypatch.setattr(course, "evaluate", lambda runs: [v, ok])
     monkeypatch.setattr(setup_section, "notes", lambda runs: {"end_spread": "setup study: lr 9e-3 reaches 6,500",
                                                               "end_frozen": "not shown: that claim agrees"})
-    got = assemble.verdicts(object())
+    got = assemble.verdicts(SimpleNamespace(end_state=()))  # no end-state run among the records
     assert got[0].note == "up from 21; setup study: lr 9e-3 reaches 6,500" and got[1].note == "up from 21"
 
 
