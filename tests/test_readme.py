@@ -277,3 +277,17 @@ def test_the_headline_table_says_what_docs_results_says():
         # docs/results.md's columns: claim, course, attnscale or the default preset, full fp32, full bf16
         assert cells[2] == default, claim
         assert not full or cells[4] == full or cells[4].startswith(full + " / "), claim
+
+
+def test_the_end_state_paragraph_says_what_docs_end_state_says():
+    """Every figure of the README's end-state paragraph stands in docs/end-state.md, where the run's tables are."""
+    import re
+
+    page = " ".join((ROOT / "docs" / "end-state.md").read_text(encoding="utf-8").split())
+    start = TEXT.index("The end of training at d = 1,024 and the size of the gap")
+    paragraph = TEXT[start:TEXT.index("docs/end-state.md", start)]
+    assert "inconsistent for this family of setups" in paragraph and "inconsistent for this family of setups" in page
+    figures = set(re.findall(r"\d[\d,]*(?:\.\d+)?", paragraph)) - {"1", "0", "2"}
+    assert len(figures) >= 14
+    missing = sorted(f for f in figures if not re.search(rf"(?<![\d.,]){re.escape(f)}(?![\d])", page))
+    assert not missing, f"README end-state figures not in docs/end-state.md: {missing}"
