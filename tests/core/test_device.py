@@ -367,7 +367,7 @@ def _step_losses(corpus, cfg, model_cfg):
 def test_fused_on_non_recording_steps_keeps_the_trajectory(corpus, monkeypatch, scale):
     """Every registered scheme: the fused path gives the explicit path's losses, step by step, and its
     diagnostics. SDPA is handed each scheme's own factor (1.0 for "none", not SDPA's default 1/sqrt(d));
-    a scheme it cannot express (soft-capping) stays explicit however it is asked."""
+    a scheme it cannot express (soft-capping, uniform) stays explicit however it is asked."""
     calls = []
     sdpa = F.scaled_dot_product_attention
     monkeypatch.setattr(F, "scaled_dot_product_attention",
@@ -376,7 +376,7 @@ def test_fused_on_non_recording_steps_keeps_the_trajectory(corpus, monkeypatch, 
     explicit, res_e = _step_losses(corpus, cfg.__class__(**{**cfg.__dict__, "attention": "explicit"}), mcfg(scale=scale))
     assert calls == [] and res_e["attention"] == "explicit"
     fused, res_f = _step_losses(corpus, cfg.__class__(**{**cfg.__dict__, "attention": "fused"}), mcfg(scale=scale))
-    if scale == "softcap":
+    if scale in ("softcap", "uniform"):  # SDPA cannot express a cap, and at scale 0.0 gives NaN on a causal mask
         assert res_f["attention"] == "explicit" and calls == [] and fused == explicit
         return
     assert res_f["attention"] == "fused"
