@@ -1,24 +1,22 @@
 """runs.pace: the rate every ETA comes from, measured on this machine, in operations of work."""
 
 from dataclasses import replace
+from functools import partial
 
 import pytest
 
 from attnscale.lm.model import ModelConfig
 from attnscale.lm.train import TrainConfig
-from attnscale.runs import pace, store
+from attnscale.runs import pace
 from attnscale.runs.pace import Pace
-from attnscale.runs.runner import CorpusSpec, RunSpec, estimate
+from attnscale.runs.runner import CorpusSpec, estimate
+from specs import corpus  # noqa: F401  (the module-scoped fixture)
+from specs import spec as shared_spec
 
 
-@pytest.fixture(scope="module")
-def corpus():
-    return CorpusSpec("default").load()
-
-
-def spec(corpus, head_dim=8, steps=20):
-    model = ModelConfig(vocab_size=corpus.vocab_size, context=16, d_model=16, n_layers=1, n_heads=2, head_dim=head_dim)
-    return RunSpec(store.run_id(head_dim, "none", 0), model, TrainConfig(steps=steps, batch=4, warmup=1, eval_batches=1))
+# The pace names its runs "none" but builds them at the model's default scale, and ends without a test group.
+spec = partial(shared_spec, base=TrainConfig(steps=20, batch=4, warmup=1, eval_batches=1), group=None,
+               model_scale=ModelConfig.scale)
 
 
 def test_work_is_counted_in_operations_so_a_wide_step_weighs_more(corpus):

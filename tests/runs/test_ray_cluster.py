@@ -20,20 +20,20 @@ import sys
 import threading
 import time
 from dataclasses import replace
+from functools import partial
 
 import pytest
 
 from attnscale.cli import main
-from attnscale.lm.model import ModelConfig
-from attnscale.lm.train import TrainConfig
 from attnscale.runs import record as rec
-from attnscale.runs import store
-from attnscale.runs.runner import CorpusSpec, RunSpec, execute
+from attnscale.runs.runner import execute
+from specs import CORPUS, corpus  # noqa: F401  (the module-scoped fixture)
+from specs import TINY as SPEC_TINY
+from specs import spec as shared_spec
 
 ray = pytest.importorskip("ray", reason="Ray cannot be imported here: pip install 'attnscale[ray]'")
 
-CORPUS = CorpusSpec("default")
-TINY = TrainConfig(steps=8, batch=4, warmup=1, record_every=4, eval_batches=2, threads=1)
+TINY = replace(SPEC_TINY, threads=1)  # one torch thread per run, as each Ray task gets
 TIMING = ("train_seconds", "tokens_per_s", "resumed_from")  # all else equals a local run's
 # bounds a failing test only (a loaded 2-core machine is slow); a passing one never waits for it
 LIVENESS_S = 600
@@ -74,15 +74,7 @@ def cluster():
         cluster.shutdown()
 
 
-@pytest.fixture(scope="module")
-def corpus():
-    return CORPUS.load()
-
-
-def spec(corpus, scale="none", **train):
-    model = ModelConfig(vocab_size=corpus.vocab_size, context=16, d_model=16, n_layers=1, n_heads=2, head_dim=8,
-                        scale=scale)
-    return RunSpec(store.run_id(8, scale, 0), model, replace(TINY, **train), "test")
+spec = partial(shared_spec, base=TINY)
 
 
 def node_ids(cluster) -> dict[str, str]:
@@ -114,7 +106,7 @@ def steps_logged(run) -> list[int]:
 
 def test_runs_land_on_both_nodes_and_come_back_to_the_driver(cluster, corpus, tmp_path):
     cl, _, _ = cluster
-    specs = [spec(corpus, s) for s in ("none", "inv_sqrt_d")]  # one CPU each, one CPU per node: one run per node
+    specs = [spec(corpus, 8, s) for s in ("none", "inv_sqrt_d")]  # one CPU each, one CPU per node: one run per node
     runs = execute(specs, CORPUS, tmp_path / "ray", jobs=2, progress=False, corpus=corpus, executor="ray")
     nodes = {r.run_id: r.record.ray_node for r in runs}
     assert {n["node_id"] for n in nodes.values()} == set(node_ids(cl).values()), nodes
@@ -230,7 +222,7 @@ def sigkill_node(node) -> None:
 def test_a_node_killed_mid_sweep_its_runs_finish_on_the_survivor(cluster, corpus, tmp_path):
     # last in this file: the worker node does not come back
     cl, worker, _ = cluster
-    specs = [spec(corpus, s, steps=400, record_every=10, checkpoint_every=25) for s in ("none", "inv_sqrt_d")]
+    specs = [spec(corpus, 8, s, steps=400, record_every=10, checkpoint_every=25) for s in ("none", "inv_sqrt_d")]
     out = tmp_path / "ray"
     box = {}
 

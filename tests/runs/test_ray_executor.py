@@ -14,23 +14,23 @@ import sys
 import threading
 import time
 from dataclasses import replace
+from functools import partial
 from pathlib import Path
 
 import pytest
 
 from attnscale.cli import main
 from attnscale.errors import ConfigError
-from attnscale.lm.model import ModelConfig
-from attnscale.lm.train import TrainConfig
 from attnscale.runs import record as rec
-from attnscale.runs import store
 from attnscale.runs.ray_executor import GPU_SHARE, resources
-from attnscale.runs.runner import CorpusSpec, RunSpec, cores, execute
+from attnscale.runs.runner import cores, execute
 from test_promises import TINY as TINY_ARGS  # the command-line flags of a tiny run
 from test_promises import tiny_corpus
+from specs import CORPUS, corpus  # noqa: F401  (the module-scoped fixture)
+from specs import TINY as SPEC_TINY
+from specs import spec as shared_spec
 
-CORPUS = CorpusSpec("default")
-TINY = TrainConfig(steps=8, batch=4, warmup=1, record_every=4, eval_batches=2, threads=1)
+TINY = replace(SPEC_TINY, threads=1)  # one torch thread per run, as each Ray task gets
 TIMING = ("train_seconds", "tokens_per_s")  # the only results that may differ between two executors
 RESUMED = ("resumed_from",)  # where a resumed run started: all else as if never stopped
 
@@ -120,15 +120,7 @@ def cluster():
         ray.shutdown()
 
 
-@pytest.fixture(scope="module")
-def corpus():
-    return CORPUS.load()
-
-
-def spec(corpus, head_dim=8, scale="none", **train):
-    model = ModelConfig(vocab_size=corpus.vocab_size, context=16, d_model=16, n_layers=1, n_heads=2,
-                        head_dim=head_dim, scale=scale)
-    return RunSpec(store.run_id(head_dim, scale, 0), model, replace(TINY, **train), "test")
+spec = partial(shared_spec, base=TINY)
 
 
 def steps_logged(run_dir: Path) -> list[int]:

@@ -12,28 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from attnscale.runs import record, store
+from attnscale.runs import record
 from attnscale.errors import ConfigError
-from attnscale.lm.model import ModelConfig
 from attnscale.runs.progress import Live, Plain, Silent, make_progress
 from attnscale.runs.runner import CorpusSpec, RunSpec, cores, execute
-from attnscale.lm.train import TrainConfig
 
-CORPUS = CorpusSpec("default")
-TINY = TrainConfig(steps=8, batch=4, warmup=1, record_every=4, eval_batches=2)
-
-
-@pytest.fixture(scope="module")
-def corpus():
-    return CORPUS.load()
-
-
-def spec(corpus, head_dim=8, scale="none", seed=0, **train):
-    model = ModelConfig(vocab_size=corpus.vocab_size, context=16, d_model=16, n_layers=1, n_heads=2,
-                        head_dim=head_dim, scale=scale)
-    from dataclasses import replace
-
-    return RunSpec(store.run_id(head_dim, scale, seed), model, replace(TINY, seed=seed, **train), "test")
+from specs import CORPUS, corpus, spec  # noqa: F401  (corpus: the module-scoped fixture)
 
 
 def steps_logged(run_dir: Path) -> list[int]:
