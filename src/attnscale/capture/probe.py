@@ -179,9 +179,6 @@ def stats_of(sums: list[HeadSums], names: list[str], sample_rows: int | None = N
         parts[i, :, :s.heads] = torch.cat([s.measures(), s.rows[None], s.bias_range(), s.standard_errors()])
     parts = parts.cpu()  # the probe's one read-back
     rows = torch.nan_to_num(parts[:, M], nan=0.0)
-    # a row whose max weight is NaN (NaN in q or k) is neither frozen nor free: the head's share is unknown
-    broken = (rows > 0) & torch.isnan(parts[:, HEAD_MEASURES.index("max_weight")])
-    parts[:, HEAD_MEASURES.index("frozen_fraction")].masked_fill_(broken, float("nan"))
     bias = parts[:, M + 1:M + 3].transpose(1, 2)
     has_bias = bool(torch.isfinite(bias).any())
     return HeadStats(parts[:, :M].float(), rows, HEAD_MEASURES, tuple(names), tuple(s.heads for s in sums),

@@ -149,7 +149,8 @@ class HeadSums:
                    + (e2 * total - 2 * e3).clamp_min(0) / total**3)
         per_row = {
             "effective_words": entropy.exp(),
-            "frozen_fraction": (max_weight > self.threshold).double(),
+            # a NaN max weight (NaN in q or k) is neither frozen nor free: the head's share is unknown, not 0
+            "frozen_fraction": torch.where(max_weight.isnan(), max_weight, (max_weight > self.threshold).double()),
             "push": push_sq.sqrt(),
             "max_weight": max_weight,
         }
