@@ -54,10 +54,28 @@ def series_of(run: TrainRun, probe_every: int = 5) -> det.Series:
     steps = int(run.train.get("steps", 0))
     lines = [x for x in run.history if isinstance(x.get("step"), int) and x["step"] < steps]
     by_step = {x["step"]: x for x in lines}
-    losses = tuple(by_step[s].get("loss") if s in by_step else None for s in range(max(by_step, default=-1) + 1))
-    probes = tuple((s, {k: [_number(v) for layer in by_step[s].get(k) or () for v in layer] for k in HEAD_MEASURES})
+    if run.results.losses:  # every step's loss (records before it: the recording steps' alone)
+        losses = tuple(run.results.losses)
+        if run.status == "diverged" and run.results.diverged_at == len(losses):
+            losses += (None,)  # the step whose loss was not finite ended the run before it was kept
+    else:
+        losses = tuple(by_step[s].get("loss") if s in by_step else None for s in range(max(by_step, default=-1) + 1))
+    probes = tuple((s, {**{k: [_number(v) for layer in by_step[s].get(k) or () for v in layer] for k in HEAD_MEASURES},
+                        **_probed(by_step[s])})
                    for s in sorted(by_step) if s % probe_every == 0 and by_step[s].get("max_score") is not None)
     return det.Series(losses, probes, run.results.valid_loss)
+
+
+def _probed(line: dict[str, Any]) -> dict[str, list[float]]:
+    """A recording line's ``lm.step_measures.PROBED`` fields as lists of numbers (NaN where not finite;
+    absent where the line has none: records before them, or a family that does not record them)."""
+    out = {}
+    for k in ("grad_norm", "log_z"):
+        if k in line:
+            out[k] = [_number(line[k])]
+    if "q_rms" in line:
+        out["qk_rms"] = [_number(v) for v in (line.get("q_rms") or []) + (line.get("k_rms") or [])]
+    return out
 
 
 def family_of(run: TrainRun) -> str:

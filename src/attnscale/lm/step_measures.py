@@ -13,6 +13,7 @@ in that one transfer."""
 from __future__ import annotations
 
 import contextlib
+import math
 from typing import Any
 
 import torch
@@ -22,9 +23,12 @@ from attnscale.capture.reduce import reduce_scores
 from attnscale.core.diagnostics import HEAD_MEASURES, reduce_heads
 from attnscale.lm.model import TinyLM
 
-__all__ = ["DIAGNOSTICS", "Recorder", "recording", "read_back", "summarize"]
+__all__ = ["DIAGNOSTICS", "PROBED", "Recorder", "recording", "read_back", "summarize", "qk_weight_rms", "probe_row"]
 
 DIAGNOSTICS = HEAD_MEASURES  # recorded per layer and head, in the reduction's order
+# Read with the heads at every recording step, beside them: the step's gradient norm (before clipping),
+# the mean log Z of the output logits, and each layer's q and k projection weight RMS (before the update).
+PROBED = ("grad_norm", "log_z", "q_rms", "k_rms")
 # Devices whose layers wait for the read-back to be reduced on the CPU (``measuring_device``: no float64 there).
 DEFERRED = ("mps",)
 
@@ -113,3 +117,23 @@ def summarize(row: dict[str, Any]) -> dict[str, Any]:
     out["spread_by_layer"] = reduce_heads(row["spread"], per_layer=True)
     out["frozen_by_layer"] = reduce_heads(row["frozen_fraction"], per_layer=True)
     return out
+
+
+def qk_weight_rms(model: TinyLM) -> list[torch.Tensor]:
+    """Each layer's q then k projection weight RMS, sqrt(mean(w²)), as 0-d tensors on the device (read back
+    with the step's scalars)."""
+    with torch.no_grad():
+        return [w.detach().float().pow(2).mean().sqrt() for block in model.blocks
+                for w in (block.attn.q_proj.weight, block.attn.k_proj.weight)]
+
+
+def probe_row(probed: list[float], grad_norm: float) -> dict[str, Any]:
+    """The ``PROBED`` fields of a recording step from ``[log_z, q₀, k₀, q₁, k₁, …]`` as read back
+    (empty: not a recording step); a value that is not finite is written None, as the loss is."""
+    if not probed:
+        return {}
+    def ok(v):
+        return v if math.isfinite(v) else None
+    log_z, *rms = probed
+    return {"grad_norm": ok(grad_norm), "log_z": ok(log_z), "q_rms": [ok(v) for v in rms[0::2]],
+            "k_rms": [ok(v) for v in rms[1::2]]}

@@ -51,9 +51,9 @@ from attnscale.core.scales import get_scale
 from attnscale.lm.checkpoint import Checkpoint, comparable_config, run_config, save_weights
 from attnscale.lm.model import ModelConfig, TinyLM
 from attnscale.lm.precision import Bf16Copy, clip_, flat_grads, in_precision
-from attnscale.lm.step_measures import DIAGNOSTICS, read_back, recording, summarize
+from attnscale.lm.step_measures import DIAGNOSTICS, probe_row, qk_weight_rms, read_back, recording, summarize
 
-__all__ = ["TrainConfig", "train", "Run", "build_run", "train_step", "loss_and_objective", "attention_impl", "run_config", "comparable_config", "save_weights", "lr_at", "evaluate", "sum_dtype", "DIAGNOSTICS", "summarize"]
+__all__ = ["TrainConfig", "train", "Run", "build_run", "train_step", "loss_and_objective", "step_losses", "attention_impl", "run_config", "comparable_config", "save_weights", "lr_at", "evaluate", "sum_dtype", "DIAGNOSTICS", "summarize"]
 
 ATTENTION = ("auto", "fused", "explicit")
 SCHEDULES = ("cosine", "wsd")
@@ -397,7 +397,9 @@ def train_step(run: Run, step: int, corpus) -> tuple[float, float, float, bool]:
     due = step % cfg.record_every == 0
     with dev.tf32(run.precision):
         with recording(run.net, due, cfg.frozen_threshold, cfg.record_sequences) as rec, run.forward_precision():
-            loss, objective = loss_and_objective(run.net, x_BT, y_BT, cfg.z_loss)
+            loss, objective, log_z = step_losses(run.net, x_BT, y_BT, cfg.z_loss, with_log_z=due)
+        # the weights this step's forward used, before its update: the growth Wortsman et al. 2023 watch
+        probed = [log_z, *qk_weight_rms(run.model)] if due else []
         if run.compute is None:
             run.grads.zero_()  # the bf16 copy's gradients were zeroed as they went to the masters
         run.scaler.scale(objective).backward()
@@ -409,13 +411,14 @@ def train_step(run: Run, step: int, corpus) -> tuple[float, float, float, bool]:
         on_device = run.opt.defaults.get("fused")
         if on_device:
             _update(run, bad)
-        (value, grad_norm, skipped), row = read_back(rec, loss, grad_norm, bad)  # the one sync per step
+        (value, grad_norm, skipped, *probed), row = read_back(rec, loss, grad_norm, bad, *probed)  # the one sync
         if not on_device:  # foreach AdamW (MPS) cannot skip on the device: the host decides
             _update(run, bool(skipped))
     skipped = bool(skipped)
     retried = skipped and math.isfinite(value) and run.scaler.is_enabled()  # fp16: the same step, the next batch
     if rec is not None and not retried:
-        run.log({"step": step, "loss": finite(value), "lr": lr, "elapsed_s": time.perf_counter() - run.t0, **row})
+        run.log({"step": step, "loss": finite(value), "lr": lr, "elapsed_s": time.perf_counter() - run.t0, **row,
+                 **probe_row(probed, grad_norm)})
     if not skipped:
         run.losses.append(value)
     return value, lr, grad_norm, skipped
@@ -426,12 +429,22 @@ def loss_and_objective(net: TinyLM, x_BT: torch.Tensor, y_BT: torch.Tensor, z_lo
     cross-entropy plus z_loss · mean over tokens of (log Z)², Z the sum of exp(logits), which holds
     the output logits' normaliser near 1 (Wortsman et al. 2023, after PaLM). The loss recorded and
     judged is the cross-entropy alone."""
-    if not z_loss:
+    loss, objective, _ = step_losses(net, x_BT, y_BT, z_loss)
+    return loss, objective
+
+
+def step_losses(net: TinyLM, x_BT: torch.Tensor, y_BT: torch.Tensor, z_loss: float,
+                with_log_z: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """``loss_and_objective``'s pair and, ``with_log_z``, the mean over tokens of log Z (detached): the
+    output logits' normaliser, whose drift is output-logit divergence (what z-loss holds back)."""
+    if not (z_loss or with_log_z):
         loss = net.loss(x_BT, y_BT)
-        return loss, loss
+        return loss, loss, None
     logits_BTV = net(x_BT).float()
     loss = torch.nn.functional.cross_entropy(logits_BTV.flatten(0, 1), y_BT.flatten())
-    return loss, loss + z_loss * torch.logsumexp(logits_BTV, -1).pow(2).mean()
+    log_z_BT = torch.logsumexp(logits_BTV, -1)
+    objective = loss + z_loss * log_z_BT.pow(2).mean() if z_loss else loss
+    return loss, objective, (log_z_BT.detach().mean() if with_log_z else None)
 
 
 def _update(run: Run, skip: "torch.Tensor | bool") -> None:
@@ -546,6 +559,7 @@ def _results(run: Run, status, diverged_at, start, steps_done, train_seconds, ev
         "start": summarize(run.history[0]) if run.history else None,
         "end": summarize(run.history[-1]) if run.history else None,
         "history": run.history,
+        "losses": run.losses,  # the training loss at every step taken (the outcomes' rules read them all)
         "evals": run.evals,
         "notes": notes,
     }

@@ -303,6 +303,9 @@ class TrainResults:
     start: dict[str, Any] | None = None  # lm.train.summarize of the first recorded step
     end: dict[str, Any] | None = None  # ... and of the last
     history: tuple[dict[str, Any], ...] = ()
+    # the training loss at every step taken, in order; () in records written before (``history`` has it
+    # at the recording steps)
+    losses: tuple[float, ...] = ()
     # held-out {"step", "valid_loss", "perplexity"} every ``eval_every`` steps; () in records written before
     evals: tuple[dict[str, Any], ...] = ()
     notes: tuple[str, ...] = ()
@@ -321,6 +324,7 @@ class TrainResults:
         kwargs["history"] = tuple(kwargs.get("history") or ())
         kwargs["notes"] = tuple(kwargs.get("notes") or ())
         kwargs["evals"] = tuple(kwargs.get("evals") or ())
+        kwargs["losses"] = tuple(kwargs.get("losses") or ())
         try:
             return cls(**kwargs)
         except TypeError as e:
