@@ -261,7 +261,10 @@ def test_the_pilot_is_the_recipe_on_seeds_outside_the_study():
         0.9, 0.95, 1e-8, 1.0, 1e-4, True, 1.0)
     assert t.steps == 1500 and t.record_every == 10 and not set(cfg.seeds) & set(ws.STUDY_SEEDS)
     specs = ws.pilot_specs(cfg, 65)
-    assert len(specs) == 4 * 5 * 4 and len({s.run_id for s in specs}) == len(specs)
+    assert len(specs) == 4 * 5 * 4 + 5 and len({s.run_id for s in specs}) == len(specs)
+    floor = [s for s in specs if s.run_id.startswith("pilot-uniform-")]
+    assert [(s.model.scale, s.train.lr, s.train.seed, s.train.z_loss) for s in floor] == [
+        ("uniform", lr, 100, 0.0) for lr in ws.PILOT_LRS]  # the no-attention floor, one seed a rung
     s = next(s for s in specs if s.run_id == "pilot-qk-on-z1e-4-lr0.1-seed101")
     assert (s.model.scale, s.model.norm, s.train.z_loss, s.train.lr, s.train.seed, s.group) == (
         "qk_norm", "pre", 1e-4, 0.1, 101, "warn-pilot")
@@ -308,13 +311,26 @@ def test_the_pilot_summary_on_hand_made_runs():
 def test_a_pilot_where_nothing_learnt_says_to_change_the_recipe():
     got = ws.pilot_summary([{"arm": "qk-off-z0", "lr": 0.1, "seed": 100, "losses": [3.0] * 50, "final": 3.0}], 2.5)
     assert got["level"] is None and got["chosen"] == []
-    assert "no pilot run beat the bigram floor" in ws.format_pilot(got)
+    assert "no pilot run beat the no-attention floor" in ws.format_pilot(got)
+
+
+def test_the_uniform_attention_runs_lower_the_floor_and_with_it_the_learned_level():
+    rows = [{"arm": "qk-off-z0", "lr": 0.1, "seed": 100, "losses": LEARNT + [1.0] * 100, "final": 1.0},
+            {"arm": "uniform", "lr": 0.1, "seed": 100, "losses": [2.2] * 180, "final": 2.1},
+            {"arm": "uniform", "lr": 0.3, "seed": 100, "losses": [2.2] * 180, "final": None}]  # diverged: no floor
+    got = ws.pilot_summary(rows, bigram=2.5)
+    assert (got["uniform"], got["floor"], got["best"]) == (2.1, 2.1, 1.0)
+    assert got["level"] == pytest.approx(2.1 - (2.1 - 1.0) / 2)  # from the lower floor, not the bigram's 2.5
+    assert got["runs"] == 1 and [c["arm"] for c in got["cells"]] == ["qk-off-z0"]  # the floor runs are no arm
+    assert "No-attention floor 2.100 nats (bigram 2.500, uniform attention 2.100)" in ws.format_pilot(got)
+    # a bigram below every uniform run keeps the bigram's floor
+    assert ws.pilot_summary(rows, bigram=2.0)["floor"] == 2.0
 
 
 def test_the_smoke_pilot_runs_and_reports(tmp_path, capsys):
     assert main(["warn-study", "--pilot", "--quick", "--out", str(tmp_path / "p"), "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
-    assert got["runs"] == 8 and got["pilot"] is True
+    assert got["runs"] == 8 and got["pilot"] is True  # the two uniform-attention floor runs are not counted
     assert got["bigram"] > 0 and (got["level"] is None) == (got["best"] >= got["bigram"])
     assert sorted(p.name for p in (tmp_path / "p").iterdir() if p.name.startswith("pilot-"))[:1] == [
         "pilot-qk-off-z0-lr0.003-seed100"]

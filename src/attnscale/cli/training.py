@@ -231,9 +231,23 @@ def _pilot_config(args) -> list:
                                 seeds=_once(args.seeds if args.seeds is not None else cfg.seeds))]
 
 
+def _study_of_pilot(args) -> list:
+    from attnscale.errors import ConfigError
+    from attnscale.experiments import recipe_study
+
+    if args.pilot or args.family != "tiny" or args.scales or args.norms or args.warmups or args.lrs or args.seeds:
+        raise ConfigError("--study trains the recipe's arms on the ladder and rungs its pilot chose, on seeds "
+                          "fixed in advance: drop --pilot, --family, --scale, --norm, --warmup, --lrs and --seeds")
+    cfg = recipe_study.study_preset(args.study, "smoke" if args.quick else "full", corpus=args.corpus,
+                                    tokenizer=args.tokenizer)
+    return [dataclasses.replace(cfg, device=args.device)]
+
+
 def _warn_config(args) -> list:
     from attnscale.experiments import warn_study
 
+    if args.study is not None:
+        return _study_of_pilot(args)
     if args.pilot:
         return _pilot_config(args)
     out = []
@@ -254,6 +268,10 @@ def _warn_config(args) -> list:
 def _warn(cfgs, out, args) -> list:
     from attnscale.experiments import warn_study
 
+    if args.study is not None:
+        from attnscale.experiments import recipe_study
+
+        return [recipe_study.run_study(cfgs[0], out, jobs=args.jobs, **executor_kwargs(args))]
     if args.pilot:
         return [warn_study.run_pilot(cfgs[0], out, jobs=args.jobs, **executor_kwargs(args))]
     # one folder for both families: the Llama's run ids begin "llama-", the tiny LM's never do
@@ -295,6 +313,11 @@ def add_warn_study(sub) -> None:
                         "decay, constant rate after a warm-up; qk-norm off/on × z-loss 0/1e-4) on seeds outside the "
                         "study: per rung, the qk-norm-off runs that learnt, then broke mid-run (run ids 'pilot-'); "
                         "with --quick 8 runs of 40 steps, a smoke check")
+    p.add_argument("--study", type=Path, metavar="PILOT_DIR",
+                   help="the study proper: the recipe's four arms on the pilot's ladder, seeds 0–15 on the two "
+                        "rungs the finished pilot in PILOT_DIR chose and 0–3 on the others (run ids 'study-'); each "
+                        "detector judged within each cell, thresholds cross-fitted over the seeds; with --quick, "
+                        "on a --quick pilot, a smoke check")
     training_options(p, "attnscale-out/warn-study",
                      quick="the smoke size: 4 runs a family, a check that the study works, not a measurement")
     jobs_option(p)

@@ -61,7 +61,7 @@ __all__ = ["WarnConfig", "preset", "specs", "run_records", "run", "as_json", "fo
            "FAMILIES", "LLAMA_LRS", "configs", "format_tables", "as_json_all",
            # the recipe's pilot
            "ARMS", "PILOT_SEEDS", "PILOT_LRS", "STUDY_SEEDS", "recipe_train", "PilotConfig", "pilot_preset",
-           "pilot_specs", "run_pilot", "choose_rungs", "pilot_summary", "format_pilot", "pilot_json"]
+           "pilot_specs", "pilot_rows", "arm_of", "run_pilot", "choose_rungs", "pilot_summary", "format_pilot", "pilot_json"]
 
 SIZES = ("smoke", "full")
 FAMILIES = tuple(alarms.FAMILIES)  # "tiny": the tiny LM's own loop; "llama": under transformers' Trainer (lm.hf_family)
@@ -238,7 +238,11 @@ def format_table(result: dict[str, Any]) -> str:
 
 def format_tables(results: list[dict[str, Any]]) -> str:
     """``format_table`` of each family's result, each under its family's name (a pilot: ``format_pilot``)."""
-    if results and results[0].get("pilot"):
+    if results and results[0].get("study"):
+        from attnscale.experiments.recipe_study import format_study
+
+        return format_study(results[0])
+    if results and results[0].get("pilot") is True:
         return format_pilot(results[0])
     return "\n\n".join(f"{r['family']}:\n{format_table(r)}" if len(results) > 1 else format_table(r) for r in results)
 
@@ -263,7 +267,11 @@ def as_json(result: dict[str, Any]) -> dict[str, Any]:
 
 def as_json_all(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Every family's ``as_json``, by family ("tiny", "llama"): what docs/warn-study.json keeps (a pilot: ``pilot_json``)."""
-    if results and results[0].get("pilot"):
+    if results and results[0].get("study"):
+        from attnscale.experiments.recipe_study import study_json
+
+        return study_json(results[0])
+    if results and results[0].get("pilot") is True:
         return pilot_json(results[0])
     return {"families": {r["key"]: as_json(r) for r in results}}
 
@@ -281,6 +289,8 @@ PILOT_SEEDS = (100, 101, 102, 103)
 PILOT_LRS = (3e-3, 1e-2, 3e-2, 1e-1, 3e-1)  # up to Wortsman et al.'s largest, 3e-1
 ARMS = {"qk-off-z0": ("inv_sqrt_d", 0.0), "qk-off-z1e-4": ("inv_sqrt_d", 1e-4),
         "qk-on-z0": ("qk_norm", 0.0), "qk-on-z1e-4": ("qk_norm", 1e-4)}  # arm -> (score scale, z-loss)
+FLOOR_ARM = "uniform"  # the recipe's model with uniform attention (scale "uniform"): the no-attention floor
+FLOOR_SEEDS = (PILOT_SEEDS[0],)  # one seed a rung: its best rung's held-out loss is the floor
 BREAK_SHARE = (0.3, 0.7)  # a rung is chosen where this share of qk-norm-off runs break mid-run
 CHOSEN_RUNGS = 2
 PROBE_EVERY = 10  # steps between probes of the recipe's runs (the issue's cadence)
@@ -343,12 +353,25 @@ def pilot_specs(cfg: PilotConfig, vocab_size: int) -> list[RunSpec]:
         model = ModelConfig(vocab_size=vocab_size, head_dim=cfg.head_dim, scale=scale, **{**cfg.model, "norm": "pre"})
         out += [RunSpec(f"pilot-{arm}-lr{lr:g}-seed{seed}", model, replace(train, lr=lr, seed=seed, z_loss=z_loss),
                         PILOT_GROUP) for lr in cfg.lrs for seed in cfg.seeds]
+    # the no-attention floor: the same model, attention uniform over the past, on every rung
+    model = ModelConfig(vocab_size=vocab_size, head_dim=cfg.head_dim, scale="uniform", **{**cfg.model, "norm": "pre"})
+    out += [RunSpec(f"pilot-{FLOOR_ARM}-lr{lr:g}-seed{seed}", model, replace(train, lr=lr, seed=seed), PILOT_GROUP)
+            for lr in cfg.lrs for seed in FLOOR_SEEDS]
     return out
 
 
-def _arm_of(run: TrainRun) -> str:
+def arm_of(run: TrainRun) -> str:
+    """The recipe arm a run trained in, from its score scale and z-loss."""
+    if run.scale == "uniform":
+        return FLOOR_ARM
     z_loss = run.train.get("z_loss", 0.0)
     return next(a for a, (s, z) in ARMS.items() if s == run.scale and z == z_loss)
+
+
+def pilot_rows(runs) -> list[dict[str, Any]]:
+    """The finished runs as ``pilot_summary`` takes them: arm, lr, seed, every step's loss, held-out loss."""
+    return [{"arm": arm_of(t), "lr": t.lr, "seed": t.seed, "losses": alarms.series_of(t, 1).losses,
+             "final": t.results.valid_loss} for t in runs if t.status in ("done", "diverged")]
 
 
 def run_pilot(cfg: PilotConfig, out: Path, jobs: int = 1, progress: bool = True, executor: str = "local",
@@ -359,9 +382,7 @@ def run_pilot(cfg: PilotConfig, out: Path, jobs: int = 1, progress: bool = True,
     corpus = cfg.corpus_spec.load()
     runs = execute(pilot_specs(cfg, corpus.vocab_size), cfg.corpus_spec, Path(out), jobs=jobs, progress=progress,
                    corpus=corpus, executor=executor, ray_address=ray_address)
-    rows = [{"arm": _arm_of(t), "lr": t.lr, "seed": t.seed, "losses": alarms.series_of(t, cfg.train.record_every).losses,
-             "final": t.results.valid_loss} for t in runs if t.status in ("done", "diverged")]
-    return pilot_summary(rows, bigram_loss(corpus.train.tolist(), corpus.valid.tolist(), corpus.vocab_size))
+    return pilot_summary(pilot_rows(runs), bigram_loss(corpus.train.tolist(), corpus.valid.tolist(), corpus.vocab_size))
 
 
 def choose_rungs(counts: dict[float, tuple[int, int]], share: tuple[float, float] = BREAK_SHARE,
@@ -379,18 +400,25 @@ def choose_rungs(counts: dict[float, tuple[int, int]], share: tuple[float, float
 def pilot_summary(rows: list[dict[str, Any]], bigram: float) -> dict[str, Any]:
     """Per arm and rung the outcome tally (``outcomes.tally``), and per rung the qk-norm-off runs' mid-run
     breaks; the rungs chosen for the study. ``rows``: arm, lr, seed, losses (every step), final (held-out).
-    The learned level lies halfway from the bigram floor to the pilot's best run (``outcomes.learned_level``)."""
+    The no-attention floor is the lower of the bigram's loss and the best held-out loss of the ``FLOOR_ARM``
+    runs (``outcomes.no_attention_floor``); the learned level lies halfway from it to the pilot's best run
+    of the arms (``outcomes.learned_level``)."""
     from attnscale.analysis import outcomes as oc
 
-    finals = [r["final"] for r in rows if isinstance(r["final"], float) and math.isfinite(r["final"])]
-    best = min(finals, default=None)
-    result: dict[str, Any] = {"pilot": True, "bigram": bigram, "best": best, "level": None, "cells": [],
-                              "qk_off": {}, "chosen": [], "runs": len(rows)}
-    if best is None or best >= bigram:
-        result["note"] = ("no pilot run beat the bigram floor, so none learned and no rung can be chosen: "
+    def finite(rs):
+        return [r["final"] for r in rs if isinstance(r["final"], float) and math.isfinite(r["final"])]
+
+    uniform = min(finite(r for r in rows if r["arm"] == FLOOR_ARM), default=None)
+    floor = oc.no_attention_floor(bigram, uniform)
+    rows = [r for r in rows if r["arm"] != FLOOR_ARM]
+    best = min(finite(rows), default=None)
+    result: dict[str, Any] = {"pilot": True, "bigram": bigram, "uniform": uniform, "floor": floor, "best": best,
+                              "level": None, "cells": [], "qk_off": {}, "chosen": [], "runs": len(rows)}
+    if best is None or best >= floor:
+        result["note"] = ("no pilot run beat the no-attention floor, so none learned and no rung can be chosen: "
                           "change the recipe (longer runs, larger rates up to 3e-1, a shorter warm-up) and pilot again")
         return result
-    result["level"] = level = oc.learned_level(bigram, best)
+    result["level"] = level = oc.learned_level(floor, best)
     qk_off: dict[float, list[int]] = {}
     for arm in dict.fromkeys(r["arm"] for r in rows):
         mine = [r for r in rows if r["arm"] == arm]
@@ -402,7 +430,7 @@ def pilot_summary(rows: list[dict[str, Any]], bigram: float) -> dict[str, Any]:
         except ConfigError:
             arm_best = math.inf  # no rate of the arm ends finite: only the floor can mark a run degraded
         for lr in sorted(by_lr):
-            tally = oc.tally(oc.classify(r["losses"], r["final"], level, bigram, arm_best)
+            tally = oc.tally(oc.classify(r["losses"], r["final"], level, floor, arm_best)
                              for r in mine if r["lr"] == lr)
             result["cells"].append({"arm": arm, "lr": lr, **tally})
             if ARMS[arm][0] != "qk_norm":
@@ -420,7 +448,8 @@ def pilot_summary(rows: list[dict[str, Any]], bigram: float) -> dict[str, Any]:
 
 def format_pilot(result: dict[str, Any]) -> str:
     """Per rung: each arm's mid-run breaks of its runs (never learned apart), the qk-norm-off share; the choice."""
-    head = (f"Bigram floor {result['bigram']:.3f} nats; best pilot run "
+    head = (f"No-attention floor {result['floor']:.3f} nats (bigram {result['bigram']:.3f}, uniform attention "
+            + ("—" if result.get("uniform") is None else f"{result['uniform']:.3f}") + "); best pilot run "
             + ("—" if result["best"] is None else f"{result['best']:.3f}")
             + ("" if result["level"] is None else f"; learned: 20-step mean under {result['level']:.3f} nats") + ".")
     if result["level"] is None:

@@ -1,0 +1,289 @@
+"""Judging the recipe study's detectors within each cell: does an alert fire before a learned run breaks?
+
+The study (``experiments.warn_study``: Wortsman et al. 2023's recipe, four arms × a learning-rate
+ladder × seeds) gives each run its loss at every step and, every ``PROBE_EVERY`` steps, every head's
+measures, the gradient norm, the output logits' mean log Z and the q/k weight RMS
+(``detectors.Series``). Its outcome rules are ``analysis.outcomes``; its detectors' alarms are
+``detectors``' pure functions. What this module adds, each rule fixed before the study's seeds ran
+(docs/warn-study.md):
+
+- ``STUDY_DETECTORS``: what each detector reads from a run, the thresholds it is judged at, and
+  whether it is a baseline (the loss's spike detector, the gradient-norm spike, log Z drift). The
+  literature's max |score| levels are judged as they are; every other threshold is chosen on data.
+- ``watched``: one learned run under one detector at one threshold, as ``detectors.Watched``: at
+  risk from the step it learnt to its break (or its end).
+- ``judge``: cross-fitting (thresholds chosen on one half of the seeds, pooled over the cells, judged
+  on the other half, then swapped), then per cell (arm × learning rate, never pooled across rates)
+  each detector's hit rate, false alarms per 1,000 at-risk steps, median lead, its lead paired
+  against each baseline with Holm's correction across the detectors, and the AUC of its reading at
+  10% and 25% of the steps for predicting a degraded end.
+- ``verdict``: the rule that decides ``watch.alerts.default_alerts()`` from the judged numbers.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+from attnscale.analysis import detectors as det
+from attnscale.analysis import outcomes as oc
+from attnscale.errors import ConfigError
+
+__all__ = ["StudyDetector", "STUDY_DETECTORS", "BASELINES", "ATTENTION", "EARLY", "points", "watched", "reading",
+           "outcome_of", "judge", "verdict", "DEFAULT_RULE"]
+
+EARLY = (0.10, 0.25)  # shares of a run's steps at which a detector's reading predicts a degraded end
+
+
+def _finite(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def points(series: det.Series, key: str, how: Callable[[Sequence[float]], float]) -> list[tuple[int, float]]:
+    """(step, ``how`` of the probe's ``key`` values) at every probe that has them; NaN where any value
+    is not finite (which fires every detector: ``detectors._first``)."""
+    out = []
+    for step, m in series.probes:
+        vs = m.get(key)
+        if vs:
+            out.append((step, how(vs) if all(_finite(v) for v in vs) else math.nan))
+    return out
+
+
+@dataclass(frozen=True)
+class StudyDetector:
+    """A detector of the study: ``read(series)`` its points, ``alarm(points_or_losses, threshold, start)``
+    its first firing step at or after ``start``; ``thresholds`` judged (``fixed``: each as it is, one
+    detector per level; else one chosen on data by cross-fitting); ``baseline``: a signal a user already has."""
+
+    name: str
+    text: str
+    read: Callable[[det.Series], Any]
+    alarm: Callable[..., int | None]
+    thresholds: tuple[float, ...]
+    fixed: bool = False
+    baseline: bool = False
+    attention: bool = False
+    alert: str = ""  # the watch's alert that carries the rule, where one does
+
+
+def _max_score(s):
+    return points(s, "max_score", max)
+
+
+def _words(s):
+    return points(s, "effective_words", min)
+
+
+def _qk_rms(s):
+    return points(s, "qk_rms", max)
+
+
+def _grad_norm(s):
+    return points(s, "grad_norm", max)
+
+
+def _log_z(s):
+    return points(s, "log_z", max)
+
+
+def _losses(s):
+    return s.losses
+
+
+STUDY_DETECTORS: tuple[StudyDetector, ...] = (
+    *(StudyDetector(f"max_score>{level:g}", f"largest max |score| of any head above {level:g} (the literature's level)",
+                    _max_score, det.max_score_alarm, (level,), fixed=True, attention=True, alert=f"MaxScore({level:g})")
+      for level in det.LITERATURE_LEVELS),
+    StudyDetector("max_score", "largest max |score| of any head above a level chosen on data", _max_score,
+                  det.max_score_alarm, (10, 30, 100, 300, 1e3, 3e3, 1e4, 3e4, 1e5), attention=True, alert="MaxScore(tau)"),
+    StudyDetector("entropy_collapse", "lowest head's effective words (exp of its attention entropy) under a share of "
+                  "its first probe's", _words,
+                  det.entropy_collapse_alarm, (0.05, 0.1, 0.2, 0.3, 0.5, 0.7), attention=True),
+    StudyDetector("qk_rms_growth", "largest q or k weight RMS above a factor of its first probe's", _qk_rms,
+                  det.qk_rms_growth_alarm, (1.1, 1.25, 1.5, 2, 3, 5, 10), attention=True),
+    StudyDetector("loss_spike", "the loss more than k robust SDs above the median of its last 50 steps (every step)",
+                  _losses, det.loss_spike_alarm, (3, 4, 5, 6, 8, 10, 15), baseline=True),
+    StudyDetector("grad_norm_spike", "the gradient norm more than k robust SDs above the median of its last 20 probes",
+                  _grad_norm, det.grad_norm_spike_alarm, (3, 4, 5, 6, 8, 10, 15), baseline=True),
+    StudyDetector("log_z_drift", "the output logits' mean log Z moved more than x nats from its first probe's",
+                  _log_z, det.log_z_drift_alarm, (0.25, 0.5, 1, 2, 4, 8), baseline=True),
+)
+BASELINES = tuple(d.name for d in STUDY_DETECTORS if d.baseline)
+ATTENTION = tuple(d.name for d in STUDY_DETECTORS if d.attention)
+_BY_NAME = {d.name: d for d in STUDY_DETECTORS}
+
+
+def outcome_of(run: Mapping[str, Any], level: float, floor: float, best_of_arm: float) -> oc.RunOutcome:
+    """``outcomes.classify`` of one study row (its ``series``)."""
+    s: det.Series = run["series"]
+    return oc.classify(s.losses, s.final_loss, level, floor, best_of_arm)
+
+
+def watched(run: Mapping[str, Any], outcome: oc.RunOutcome, d: StudyDetector, threshold: float | None,
+            read: Any = None) -> det.Watched | None:
+    """The learned run under ``d`` at ``threshold`` (None: a detector with no threshold of its own, silent),
+    at risk from the step it learnt to its break or its last step; None for a run that never learnt."""
+    if outcome.learned_at is None:
+        return None
+    s: det.Series = run["series"]
+    end = outcome.broke.step if outcome.broke is not None else s.steps
+    read = d.read(s) if read is None else read
+    alarm = None if threshold is None else d.alarm(read, threshold, outcome.learned_at)
+    if alarm is not None and outcome.broke is None and alarm >= end:
+        alarm = None
+    return det.Watched(run["seed"], outcome.learned_at, end, None if outcome.broke is None else outcome.broke.step, alarm)
+
+
+def reading(run: Mapping[str, Any], d: StudyDetector, share: float) -> float | None:
+    """``d``'s number at the last probe (the last step, for the loss) within the first ``share`` of the
+    run's planned steps: what it says early about the end. Oriented so that larger means "worse":
+    max |score|, gradient norm and q/k RMS growth as they are; effective words as their fall from the first probe;
+    log Z as its distance from the first probe's; the loss as its 20-step mean. None where the run
+    has no reading by then; +inf where it is not finite (a run already blown up)."""
+    s: det.Series = run["series"]
+    cut = math.floor(share * run["steps"])
+    if d.name == "loss_spike":
+        got = [x for x in s.losses[: cut + 1]][-oc.WINDOW:]
+        if not got:
+            return None
+        return math.inf if not all(_finite(x) for x in got) else math.fsum(got) / len(got)
+    pts = [(t, v) for t, v in d.read(s) if t <= cut]
+    if not pts:
+        return None
+    v, first = pts[-1][1], pts[0][1]
+    if not _finite(v):
+        return math.inf
+    if d.name == "entropy_collapse":
+        return first - v
+    if d.name == "qk_rms_growth":
+        return v / first if _finite(first) and first > 0 else None
+    if d.name == "log_z_drift":
+        return abs(v - first) if _finite(first) else None
+    return v
+
+
+def _lead_summary(runs: Sequence[det.Watched]) -> dict:
+    leads = [r.lead for r in runs if r.hit]
+    return {"median": det.quantile(leads, 0.5),
+            "ci": det.bootstrap(runs, lambda sample: det.quantile([r.lead for r in sample if r.hit], 0.5))}
+
+
+def judge(rows: Sequence[Mapping[str, Any]], level: float, floor: float,
+          max_per_1000: float = det.FALSE_ALARMS_PER_1000) -> dict[str, Any]:
+    """Every rule of the study applied to ``rows`` (each: arm, lr, seed, steps, series), the learned level
+    and no-attention floor from the pilot. Returns per arm the outcome counts, the cross-fitting folds'
+    chosen thresholds, and per cell every detector's judged numbers (module docstring)."""
+    rows = list(rows)
+    # the best learning rate of each arm: its lowest median held-out loss (outcomes.arm_best)
+    best: dict[str, float] = {}
+    for arm in dict.fromkeys(r["arm"] for r in rows):
+        by_lr: dict[float, list] = {}
+        for r in rows:
+            if r["arm"] == arm:
+                by_lr.setdefault(r["lr"], []).append(r["series"].final_loss)
+        try:
+            best[arm] = oc.arm_best(by_lr)
+        except ConfigError:  # no rate of the arm ends finite: only the floor marks a run degraded
+            best[arm] = math.inf
+    outs = [outcome_of(r, level, floor, best[r["arm"]]) for r in rows]
+    reads = {d.name: [d.read(r["series"]) for r in rows] for d in STUDY_DETECTORS}
+    learned = [i for i, o in enumerate(outs) if o.learned_at is not None]
+
+    def under(d: StudyDetector, t: float | None, idx: Sequence[int]) -> dict[int, det.Watched]:
+        return {i: watched(rows[i], outs[i], d, t, reads[d.name][i]) for i in idx}
+
+    # cross-fitting: a detector's threshold chosen on one half of the seeds (every cell's learned runs of
+    # those seeds), each run judged at the threshold chosen on the other half
+    first, second = det.split_seeds(sorted({r["seed"] for r in rows}))
+    judged: dict[str, dict[int, det.Watched]] = {}
+    folds: dict[str, list[dict]] = {}
+    for d in STUDY_DETECTORS:
+        judged[d.name], folds[d.name] = {}, []
+        for pick, held in ((first, second), (second, first)):
+            if d.fixed:
+                choice = d.thresholds[0]
+            else:
+                choosing = [i for i in learned if rows[i]["seed"] in pick]
+                choice = det.choose_threshold({t: list(under(d, t, choosing).values()) for t in d.thresholds},
+                                              max_per_1000)
+            judged[d.name].update(under(d, choice, [i for i in learned if rows[i]["seed"] in held]))
+            folds[d.name].append({"choosing_seeds": list(pick), "judged_seeds": list(held), "threshold": choice})
+
+    cells = []
+    for arm in dict.fromkeys(r["arm"] for r in rows):
+        for lr in sorted({r["lr"] for r in rows if r["arm"] == arm}):
+            idx = [i for i, r in enumerate(rows) if (r["arm"], r["lr"]) == (arm, lr)]
+            mine = [i for i in idx if i in judged[STUDY_DETECTORS[0].name]]
+            tally = oc.tally(outs[i] for i in idx)
+            halves = {"first": sum(1 for i in idx if outs[i].broke is not None and rows[i]["seed"] in first),
+                      "second": sum(1 for i in idx if outs[i].broke is not None and rows[i]["seed"] in second)}
+            per: dict[str, Any] = {}
+            for d in STUDY_DETECTORS:
+                ws = [judged[d.name][i] for i in mine]
+                per[d.name] = {"hits": det.hit_rate(ws), "false_alarms": det.false_alarms_per_1000(ws),
+                               "lead": _lead_summary(ws),
+                               "predicts_degraded": {f"{share:g}": det.auc_interval(
+                                   [(rows[i]["seed"], x, outs[i].degraded) for i in idx
+                                    for x in [reading(rows[i], d, share)] if x is not None]) for share in EARLY}}
+            versus = {}
+            for b in BASELINES:
+                base = [judged[b][i] for i in mine]
+                tests = {d.name: det.paired_lead([judged[d.name][i] for i in mine], base)
+                         for d in STUDY_DETECTORS if d.name != b}
+                holm = det.holm({n: t["p"] for n, t in tests.items()})
+                versus[b] = {n: {**t, **holm[n]} for n, t in tests.items()}
+            cells.append({"arm": arm, "lr": lr, "seeds": len({rows[i]["seed"] for i in idx}), **tally,
+                          "mid_run_breaks_by_half": halves, "detectors": per, "versus": versus})
+    arms = {}
+    for arm in dict.fromkeys(r["arm"] for r in rows):
+        idx = [i for i, r in enumerate(rows) if r["arm"] == arm]
+        arms[arm] = {"seeds": len({rows[i]["seed"] for i in idx}), **oc.tally(outs[i] for i in idx),
+                     "mid_run_breaks_by_half": {
+                         "first": sum(1 for i in idx if outs[i].broke is not None and rows[i]["seed"] in first),
+                         "second": sum(1 for i in idx if outs[i].broke is not None and rows[i]["seed"] in second)},
+                     "best_valid_loss": None if math.isinf(best[arm]) else best[arm]}
+    return {"level": level, "floor": floor, "max_false_alarms_per_1000": max_per_1000, "halves":
+            {"first": list(first), "second": list(second)}, "arms": arms, "folds": folds, "cells": cells,
+            "outcomes": [{"arm": r["arm"], "lr": r["lr"], "seed": r["seed"], "kind": o.kind,
+                          "learned_at": o.learned_at, "broke": None if o.broke is None else o.broke.step,
+                          "reason": None if o.broke is None else o.broke.reason, "degraded": o.degraded}
+                         for r, o in zip(rows, outs)]}
+
+
+# ---- what the defaults follow from (fixed before the study's seeds ran) ---------------------------------
+
+DEFAULT_RULE = (
+    "An attention detector becomes a default alert of the watch (action warn) only if, in every qk-norm-off cell "
+    "of the study's chosen rungs that has mid-run breaks, its judged hit rate is at least 50% and its judged false "
+    "alarms are at most 0.05 per 1,000 at-risk steps, and in at least half of those cells its lead paired against "
+    "the loss's own spike detector is 'earlier' with Holm's correction holding. Otherwise default_alerts() stays "
+    "NonFinite alone.")
+
+
+def verdict(result: Mapping[str, Any], rungs: Sequence[float], qk_off: Sequence[str] = ("qk-off-z0", "qk-off-z1e-4"),
+            min_hit: float = 0.5, max_per_1000: float = det.FALSE_ALARMS_PER_1000) -> dict[str, Any]:
+    """``DEFAULT_RULE`` applied: per attention detector whether it qualifies, and why not; the cells it read."""
+    cells = [c for c in result["cells"] if c["arm"] in qk_off and c["lr"] in rungs and c["mid_run_breaks"]]
+    out: dict[str, Any] = {"rule": DEFAULT_RULE, "cells": [(c["arm"], c["lr"]) for c in cells], "detectors": {}}
+    for name in ATTENTION:
+        why = []
+        if not cells:
+            why.append("no qk-norm-off cell of the chosen rungs has a mid-run break")
+        earlier = 0
+        for c in cells:
+            d = c["detectors"][name]
+            rate, fa = d["hits"]["rate"], d["false_alarms"]["per_1000"]
+            where = f"{c['arm']} at {c['lr']:g}"
+            if rate is None or rate < min_hit:
+                why.append(f"{where}: hit rate {'—' if rate is None else f'{rate:.0%}'} under {min_hit:.0%}")
+            if fa is not None and fa > max_per_1000:
+                why.append(f"{where}: {fa:.2f} false alarms per 1,000 steps, over {max_per_1000:g}")
+            v = c["versus"]["loss_spike"][name]
+            earlier += v["verdict"] == "earlier" and v["holds"]
+        if cells and 2 * earlier < len(cells):
+            why.append(f"earlier than the loss's spike detector (Holm) in {earlier} of {len(cells)} cells, under half")
+        out["detectors"][name] = {"qualifies": not why, "why_not": why}
+    out["defaults"] = [n for n, d in out["detectors"].items() if d["qualifies"] and _BY_NAME[n].alert]
+    return out
