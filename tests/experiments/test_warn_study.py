@@ -261,13 +261,14 @@ def test_the_pilot_is_the_recipe_on_seeds_outside_the_study():
         0.9, 0.95, 1e-8, 1.0, 1e-4, True, 1.0)
     assert t.steps == 1500 and t.record_every == 10 and not set(cfg.seeds) & set(ws.STUDY_SEEDS)
     specs = ws.pilot_specs(cfg, 65)
-    assert len(specs) == 4 * 5 * 4 + 5 and len({s.run_id for s in specs}) == len(specs)
+    assert len(specs) == 2 * 6 * 4 + 6 and len({s.run_id for s in specs}) == len(specs)
+    assert {s.model.scale for s in specs} == {"inv_sqrt_d", "uniform"}  # the qk-norm-off arms choose the rungs
     floor = [s for s in specs if s.run_id.startswith("pilot-uniform-")]
     assert [(s.model.scale, s.train.lr, s.train.seed, s.train.z_loss) for s in floor] == [
         ("uniform", lr, 100, 0.0) for lr in ws.PILOT_LRS]  # the no-attention floor, one seed a rung
-    s = next(s for s in specs if s.run_id == "pilot-qk-on-z1e-4-lr0.1-seed101")
-    assert (s.model.scale, s.model.norm, s.train.z_loss, s.train.lr, s.train.seed, s.group) == (
-        "qk_norm", "pre", 1e-4, 0.1, 101, "warn-pilot")
+    s = next(s for s in specs if s.run_id == "pilot-qk-off-z1e-4-lr0.06-seed101")
+    assert (s.model.scale, s.model.norm, s.train.z_loss, s.train.lr, s.train.seed, s.train.warmup, s.group) == (
+        "inv_sqrt_d", "pre", 1e-4, 0.06, 101, 500, "warn-pilot")
     with pytest.raises(ConfigError, match=r"pilot seeds must lie outside the study's seeds 0–15, got \[3\]"):
         ws.PilotConfig(seeds=(3, 100))
     with pytest.raises(ConfigError, match="unknown pilot arm 'qk-maybe'"):
@@ -330,15 +331,15 @@ def test_the_uniform_attention_runs_lower_the_floor_and_with_it_the_learned_leve
 def test_the_smoke_pilot_runs_and_reports(tmp_path, capsys):
     assert main(["warn-study", "--pilot", "--quick", "--out", str(tmp_path / "p"), "--json"]) == 0
     got = json.loads(capsys.readouterr().out)
-    assert got["runs"] == 8 and got["pilot"] is True  # the two uniform-attention floor runs are not counted
+    assert got["runs"] == 4 and got["pilot"] is True  # the two uniform-attention floor runs are not counted
     assert got["bigram"] > 0 and (got["level"] is None) == (got["best"] >= got["bigram"])
     assert sorted(p.name for p in (tmp_path / "p").iterdir() if p.name.startswith("pilot-"))[:1] == [
-        "pilot-qk-off-z0-lr0.003-seed100"]
+        "pilot-qk-off-z0-lr0.01-seed100"]
 
 
 @pytest.mark.parametrize("args, words", [
     (["--seeds", "3"], "pilot seeds must lie outside the study's seeds 0–15"),
-    (["--family", "llama"], "--pilot trains the tiny LM's four recipe arms"),
+    (["--family", "llama"], "--pilot trains the tiny LM's qk-norm-off recipe arms"),
     (["--warmup", "10", "20"], "give --warmup one value"),
 ])
 def test_bad_pilot_input_is_one_line_and_exit_2(args, words, tmp_path, capsys):

@@ -222,7 +222,7 @@ def _pilot_config(args) -> list:
     from attnscale.experiments import warn_study
 
     if args.family != "tiny" or args.scales or args.norms or (args.warmups and len(args.warmups) > 1):
-        raise ConfigError("--pilot trains the tiny LM's four recipe arms at one warm-up: drop --family, --scale "
+        raise ConfigError("--pilot trains the tiny LM's qk-norm-off recipe arms at one warm-up: drop --family, --scale "
                           "and --norm, and give --warmup one value")
     cfg = warn_study.pilot_preset("smoke" if args.quick else "full", corpus=args.corpus, tokenizer=args.tokenizer)
     model, train = overrides(cfg.model, cfg.train, args)
@@ -310,12 +310,12 @@ def add_warn_study(sub) -> None:
                    help="warm-up steps (default: tiny 0 20, llama 0 40)")
     p.add_argument("--pilot", action="store_true",
                    help="the recipe's pilot instead (Wortsman et al. 2023: pre-LN, AdamW 0.9/0.95, independent weight "
-                        "decay, constant rate after a warm-up; qk-norm off/on × z-loss 0/1e-4) on seeds outside the "
-                        "study: per rung, the qk-norm-off runs that learnt, then broke mid-run (run ids 'pilot-'); "
-                        "with --quick 8 runs of 40 steps, a smoke check")
+                        "decay, constant rate after a warm-up; qk-norm off × z-loss 0/1e-4, and the uniform-attention "
+                        "floor) on seeds outside the study: per rung, the runs that learnt, then broke mid-run (run "
+                        "ids 'pilot-'); with --quick 6 runs of 40 steps, a smoke check")
     p.add_argument("--study", type=Path, metavar="PILOT_DIR",
                    help="the study proper: the recipe's four arms on the pilot's ladder, seeds 0–15 on the two "
-                        "rungs the finished pilot in PILOT_DIR chose and 0–3 on the others (run ids 'study-'); each "
+                        "rungs the finished pilot in PILOT_DIR chose and 0 and 1 on the others (run ids 'study-'); each "
                         "detector judged within each cell, thresholds cross-fitted over the seeds; with --quick, "
                         "on a --quick pilot, a smoke check")
     training_options(p, "attnscale-out/warn-study",

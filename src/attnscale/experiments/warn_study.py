@@ -60,7 +60,7 @@ from attnscale.terminal import table
 __all__ = ["WarnConfig", "preset", "specs", "run_records", "run", "as_json", "format_table", "SIZES", "LRS",
            "FAMILIES", "LLAMA_LRS", "configs", "format_tables", "as_json_all",
            # the recipe's pilot
-           "ARMS", "PILOT_SEEDS", "PILOT_LRS", "STUDY_SEEDS", "recipe_train", "PilotConfig", "pilot_preset",
+           "ARMS", "PILOT_ARMS", "FIRST_PILOT", "PILOT_SEEDS", "PILOT_LRS", "STUDY_SEEDS", "recipe_train", "PilotConfig", "pilot_preset",
            "pilot_specs", "pilot_rows", "arm_of", "run_pilot", "choose_rungs", "pilot_summary", "format_pilot", "pilot_json"]
 
 SIZES = ("smoke", "full")
@@ -286,9 +286,13 @@ def as_json_all(results: list[dict[str, Any]]) -> dict[str, Any]:
 PILOT_GROUP = "warn-pilot"
 STUDY_SEEDS = tuple(range(16))  # the study's seeds: a pilot seed may not be one of them
 PILOT_SEEDS = (100, 101, 102, 103)
-PILOT_LRS = (3e-3, 1e-2, 3e-2, 1e-1, 3e-1)  # up to Wortsman et al.'s largest, 3e-1
+# up to Wortsman et al.'s largest, 3e-1, in steps of 2–3 around the edge the first pilot found (docs/warn-study.md)
+PILOT_LRS = (1e-2, 3e-2, 6e-2, 1e-1, 2e-1, 3e-1)
+FIRST_PILOT = {"lrs": (3e-3, 1e-2, 3e-2, 1e-1, 3e-1), "warmup": 100}  # the first pilot's recipe, which no rung passed
 ARMS = {"qk-off-z0": ("inv_sqrt_d", 0.0), "qk-off-z1e-4": ("inv_sqrt_d", 1e-4),
         "qk-on-z0": ("qk_norm", 0.0), "qk-on-z1e-4": ("qk_norm", 1e-4)}  # arm -> (score scale, z-loss)
+# the pilot's arms: the qk-norm-off ones, whose share of mid-run breaks chooses the rungs; no rule reads the others
+PILOT_ARMS = ("qk-off-z0", "qk-off-z1e-4")
 FLOOR_ARM = "uniform"  # the recipe's model with uniform attention (scale "uniform"): the no-attention floor
 FLOOR_SEEDS = (PILOT_SEEDS[0],)  # one seed a rung: its best rung's held-out loss is the floor
 BREAK_SHARE = (0.3, 0.7)  # a rung is chosen where this share of qk-norm-off runs break mid-run
@@ -296,8 +300,10 @@ CHOSEN_RUNGS = 2
 PROBE_EVERY = 10  # steps between probes of the recipe's runs (the issue's cadence)
 
 
-def recipe_train(steps: int = 1500, warmup: int = 100) -> TrainConfig:
-    """The recipe's optimiser and schedule. The loss of every step is kept (``results.losses``: the
+def recipe_train(steps: int = 1500, warmup: int = 500) -> TrainConfig:
+    """The recipe's optimiser and schedule: a linear warm-up of ``warmup`` steps (500: long enough that a run
+    learns while the rate is still low, as a Wortsman et al. run does in its thousands of warm-up steps;
+    the first pilot's 100 left runs at 1e-1 and 3e-1 on the plateau from the start), then constant. The loss of every step is kept (``results.losses``: the
     outcomes' 20-step means read them all); the heads, gradient norm, log Z and q/k weight RMS are
     probed every ``PROBE_EVERY`` steps, on one sequence."""
     return TrainConfig(steps=steps, batch=16, lr=1e-2, warmup=warmup, min_lr_ratio=1.0, weight_decay=1e-4,
@@ -310,7 +316,7 @@ class PilotConfig(TrainingConfig):
     """Arms × learning rates × pilot seeds of the pre-LN tiny LM at head width ``head_dim``."""
 
     head_dim: int = 64
-    arms: tuple[str, ...] = tuple(ARMS)
+    arms: tuple[str, ...] = PILOT_ARMS
     lrs: tuple[float, ...] = PILOT_LRS
     seeds: tuple[int, ...] = PILOT_SEEDS
     train: TrainConfig = recipe_train()
@@ -331,13 +337,13 @@ class PilotConfig(TrainingConfig):
 
 
 def pilot_preset(size: str = "full", corpus: str = "default", tokenizer: str | None = None) -> PilotConfig:
-    """"full": 4 arms × 5 rungs × 4 seeds of 1,500 steps; "smoke": the same arms at two rungs, one seed,
+    """"full": 2 arms × 6 rungs × 4 seeds of 1,500 steps and the floor; "smoke": the same arms at two rungs, one seed,
     40 steps of a 16-wide model: a check that the pilot and its table work, not a measurement."""
     if size not in SIZES:
         raise ConfigError(f"unknown warn-study preset {size!r}; choose one of: {', '.join(SIZES)}")
     base = PilotConfig(corpus=corpus, tokenizer=tokenizer)
     if size == "smoke":
-        return replace(base, head_dim=8, lrs=(3e-3, 3e-1), seeds=(PILOT_SEEDS[0],),
+        return replace(base, head_dim=8, lrs=(1e-2, 3e-1), seeds=(PILOT_SEEDS[0],),
                        model={**base.model, "context": 16, "d_model": 16},
                        train=replace(recipe_train(steps=40, warmup=4), batch=2, eval_batches=2, checkpoint_every=0))
     return base
