@@ -59,6 +59,18 @@ def test_the_smoke_study_trains_judges_and_prints(tmp_path, monkeypatch, capsys)
     text = st.format_study(result)
     assert "chosen rungs 0.3" in text and "max_score>100" in text and "Defaults: NonFinite alone" in text
     json.dumps(st.study_json(result), allow_nan=False)
+    # the study's folder keeps its pilot, and the report judges the records again to the same numbers
+    assert json.loads((tmp_path / "study" / st.PILOT_FILE).read_text())["chosen"] == [0.3]
+    from attnscale import report
+    from attnscale.report import recipe_section
+
+    md = report.build(tmp_path / "study")["markdown"].read_text(encoding="utf-8")
+    assert recipe_section.TITLE in md and "The defaults' rule:" in md
+    for c in result["cells"]:
+        assert f"| {c['arm']} | {c['lr']:g} | {c['runs']} | {c['learned']} | " in md
+    # a second pilot cannot judge the same study
+    with pytest.raises(ConfigError, match="keeps another pilot's rungs and level"):
+        st.write_pilot(tmp_path / "study", {**pilot, "chosen": [3e-3]})
     # the command refuses a ladder of its own before reading anything
     assert main(["warn-study", "--study", str(tmp_path / "pilot"), "--lrs", "0.1", "--out", str(tmp_path / "x")]) == 2
     assert "drop --pilot, --family, --scale, --norm, --warmup, --lrs and --seeds" in capsys.readouterr().err

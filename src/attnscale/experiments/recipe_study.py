@@ -25,7 +25,8 @@ from attnscale.runs.runner import RunSpec, execute
 from attnscale.terminal import table
 
 __all__ = ["GROUP", "RUNG_SEEDS", "OTHER_SEEDS", "StudyConfig", "study_preset", "read_pilot", "study_specs",
-           "rows_of", "run_study", "format_study", "study_json"]
+           "rows_of", "run_study", "format_study", "study_json", "PILOT_FILE", "write_pilot", "read_kept_pilot",
+           "judged"]
 
 GROUP = "warn-recipe"
 RUNG_SEEDS = tuple(range(16))  # on the rungs the pilot chose
@@ -125,16 +126,49 @@ def rows_of(runs, probe_every: int) -> list[dict[str, Any]]:
 def run_study(cfg: StudyConfig, out: Path, jobs: int = 1, progress: bool = True, executor: str = "local",
               ray_address: str | None = None) -> dict[str, Any]:
     """Read the pilot, train what is missing of the study, judge it and apply the defaults' rule."""
-    from attnscale.analysis import recipe_judging as rs
-
     corpus = cfg.corpus_spec.load()
     pilot = read_pilot(cfg, corpus)
+    kept = write_pilot(Path(out), pilot)  # the study's folder says which pilot judged it (the report reads it)
     runs = execute(study_specs(cfg, corpus.vocab_size, pilot), cfg.corpus_spec, Path(out), jobs=jobs,
                    progress=progress, corpus=corpus, executor=executor, ray_address=ray_address)
-    result = rs.judge(rows_of(runs, cfg.train.record_every), pilot["level"], pilot["floor"])
-    return {"study": True, "pilot": {k: pilot[k] for k in ("bigram", "uniform", "floor", "best", "level", "chosen", "lrs",
-                                                           "runs")},
-            "probe_every": cfg.train.record_every, **result,
+    return judged(rows_of(runs, cfg.train.record_every), kept, cfg.train.record_every)
+
+
+PILOT_FILE = "warn-pilot.json"
+PILOT_KEYS = ("bigram", "uniform", "floor", "best", "level", "chosen", "lrs", "runs")
+
+
+def write_pilot(out: Path, pilot: dict[str, Any]) -> dict[str, Any]:
+    """Keep what the study takes from its pilot in ``out/PILOT_FILE``; a different pilot already kept
+    there is refused (a study judged by two pilots would be two studies)."""
+    import json
+
+    kept = {k: pilot[k] for k in PILOT_KEYS}
+    path = out / PILOT_FILE
+    if path.exists():
+        before = json.loads(path.read_text(encoding="utf-8"))
+        if {k: before.get(k) for k in ("chosen", "level", "floor")} != {k: kept[k] for k in ("chosen", "level", "floor")}:
+            raise ConfigError(f"{path} keeps another pilot's rungs and level ({before.get('chosen')}, "
+                              f"{before.get('level')}): give the study a fresh --out")
+    out.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(kept, indent=1), encoding="utf-8")
+    return kept
+
+
+def read_kept_pilot(folder: Path) -> dict[str, Any] | None:
+    """What ``write_pilot`` kept in ``folder``, or None where nothing is."""
+    import json
+
+    path = Path(folder) / PILOT_FILE
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def judged(rows: list[dict[str, Any]], pilot: dict[str, Any], probe_every: int) -> dict[str, Any]:
+    """``analysis.recipe_judging.judge`` of the rows at the pilot's level and floor, and its ``verdict``."""
+    from attnscale.analysis import recipe_judging as rs
+
+    result = rs.judge(rows, pilot["level"], pilot["floor"])
+    return {"study": True, "pilot": dict(pilot), "probe_every": probe_every, **result,
             "verdict": rs.verdict(result, pilot["chosen"])}
 
 

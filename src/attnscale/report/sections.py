@@ -20,7 +20,8 @@ from typing import Any
 
 from attnscale.core.scales import FLOORS, display_name
 from attnscale.report.blocks import Block, Heading, Para, Banner, Scoreboard, Details, Bullets, Image, Table, opening
-from attnscale.report import course, end_state_section, frozen_section, schemes_section, setup_section, warn_section
+from attnscale.report import (course, end_state_section, frozen_section, recipe_section, schemes_section, setup_section,
+                              warn_section)
 
 __all__ = ["document", "preset_of"]
 
@@ -426,5 +427,6 @@ def document(runs, verdicts: list[course.Verdict], out: Path,
               *schemes_section.blocks(runs, out, pngs),  # beyond the course: which scale?
               *setup_section.blocks(runs, out, pngs),  # beyond the course: which setup?
               *warn_section.blocks(runs, out, pngs),  # does the watch warn before a run breaks?
+              *recipe_section.blocks(runs),  # ... before a learned run breaks, in Wortsman et al.'s recipe
               *_metadata(runs)]
     return blocks, pngs
