@@ -111,3 +111,50 @@ def test_the_defaults_rule_needs_every_breaking_cell_to_hit_half_under_the_false
     assert "hit rate 0% under 50%" in " ".join(v["detectors"]["max_score"]["why_not"])
     assert rs.verdict(got, rungs=[0.3])["detectors"]["max_score"]["why_not"] == [
         "no qk-norm-off cell of the chosen rungs has a mid-run break"]
+
+
+def test_the_loss_and_grad_norm_spike_baselines_fire_where_a_brute_force_robust_z_does():
+    import random
+    import statistics
+
+    rng = random.Random(3)
+    losses = [2.0 - 0.001 * t + rng.gauss(0, 0.02) for t in range(200)]
+    losses[120] += 0.15  # a jump of about 5 SDs
+    losses[150] = math.nan  # a blow-up
+    grads = [(t, 1.0 + rng.gauss(0, 0.05) + (0.6 if t == 100 else 0.0)) for t in range(0, 200, 10)]
+    s = det.Series(tuple(losses), tuple((t, {"grad_norm": [g]}) for t, g in grads))
+    by = {d.name: d for d in rs.STUDY_DETECTORS}
+
+    def brute(points, window, sigmas, start):
+        history = []
+        for t, v in points:
+            if not math.isfinite(v):
+                if t >= start:
+                    return t
+                continue
+            if len(history) >= 5:
+                h = history[-window:]
+                med = statistics.median(h)
+                sd = max(1.4826 * statistics.median([abs(x - med) for x in h]), 1e-3)
+                if t >= start and (v - med) / sd > sigmas:
+                    return t
+            history.append(v)
+        return None
+
+    for sigmas in (3, 4, 6, 10, 15):
+        for start in (0, 60, 125):
+            d = by["loss_spike"]
+            assert d.alarm(d.read(s), sigmas, start) == brute(list(enumerate(losses)), 50, sigmas, start)
+            d = by["grad_norm_spike"]
+            assert d.alarm(d.read(s), sigmas, start) == brute(grads, 20, sigmas, start)
+    assert by["loss_spike"].alarm(by["loss_spike"].read(s), 15, 125) == 150  # the NaN fires whatever the threshold
+    assert by["grad_norm_spike"].alarm(by["grad_norm_spike"].read(s), 6, 0) == 100
+
+
+def test_the_spike_baselines_are_not_silent_on_the_jump():
+    # the brute-force comparison above means something only if the jump is seen at a low threshold
+    losses = [2.0 + 0.01 * (t % 3) for t in range(120)] + [2.5] + [2.0] * 20
+    s = det.Series(tuple(losses), ())
+    d = next(d for d in rs.STUDY_DETECTORS if d.name == "loss_spike")
+    assert d.alarm(d.read(s), 6, 0) == 120  # z = (2.5 − 2.01) / (1.4826 × 0.01) = 33
+    assert d.alarm(d.read(s), 40, 0) is None

@@ -46,7 +46,7 @@ __all__ = ["Series", "BreakRule", "Break", "Detector", "DETECTORS", "break_point
            "split_seeds", "wilson", "MAD_TO_SD",
            # the recipe study's detectors and their judging within a cell
            "LITERATURE_LEVELS", "max_score_alarm", "entropy_collapse_alarm", "qk_rms_growth_alarm",
-           "log_z_drift_alarm", "spike_alarm", "loss_spike_alarm", "grad_norm_spike_alarm", "Watched", "hit_rate",
+           "log_z_drift_alarm", "spike_scores", "spike_alarm", "loss_spike_alarm", "grad_norm_spike_alarm", "Watched", "hit_rate",
            "false_alarms_per_1000", "FALSE_ALARMS_PER_1000", "choose_threshold", "sign_test", "paired_lead", "holm", "cross_fit", "auc", "auc_interval"]
 
 MAD_TO_SD = 1.4826  # a normal distribution's SD over its median absolute deviation
@@ -422,16 +422,30 @@ def log_z_drift_alarm(points, nats: float, start: int = 0) -> int | None:
     return _first(points, lambda v: ref is not None and abs(v - ref) > nats, start)
 
 
-def spike_alarm(points, sigmas: float, window: int, start: int = 0, min_history: int = SPIKE_MIN) -> int | None:
-    """The first point more than ``sigmas`` robust SDs (``robust_z``) above the median of the ``window``
-    finite points before it, once ``min_history`` of them exist."""
+def spike_scores(points, window: int, min_history: int = SPIKE_MIN) -> list[tuple[int, float]]:
+    """(step, robust z of the point against the median of the ``window`` finite points before it) for
+    every point once ``min_history`` of them exist; +inf for a point that is not finite. Computed
+    once, then read at any number of thresholds."""
     history: list[float] = []
+    out = []
     for step, v in points:
-        if step >= start and (not _finite(v) or (len(history) >= min_history
-                                                 and robust_z(history[-window:], v) > sigmas)):
+        if not _finite(v):
+            out.append((step, math.inf))
+            continue
+        if len(history) >= min_history:
+            out.append((step, robust_z(history[-window:], v)))
+        history.append(v)
+    return out
+
+
+def spike_alarm(points, sigmas: float, window: int, start: int = 0, min_history: int = SPIKE_MIN,
+                scores: Sequence[tuple[int, float]] | None = None) -> int | None:
+    """The first point at or after ``start`` more than ``sigmas`` robust SDs (``robust_z``) above the
+    median of the ``window`` finite points before it, once ``min_history`` of them exist (``scores``:
+    ``spike_scores`` of the points, where already computed)."""
+    for step, z in spike_scores(points, window, min_history) if scores is None else scores:
+        if step >= start and z > sigmas:
             return step
-        if _finite(v):
-            history.append(v)
     return None
 
 

@@ -53,8 +53,8 @@ def points(series: det.Series, key: str, how: Callable[[Sequence[float]], float]
 
 @dataclass(frozen=True)
 class StudyDetector:
-    """A detector of the study: ``read(series)`` its points, ``alarm(points_or_losses, threshold, start)``
-    its first firing step at or after ``start``; ``thresholds`` judged (``fixed``: each as it is, one
+    """A detector of the study: ``read(series)`` its points (a spike detector's: its scores, computed once),
+    ``alarm(points, threshold, start)`` its first firing step at or after ``start``; ``thresholds`` judged (``fixed``: each as it is, one
     detector per level; else one chosen on data by cross-fitting); ``baseline``: a signal a user already has."""
 
     name: str
@@ -88,8 +88,17 @@ def _log_z(s):
     return points(s, "log_z", max)
 
 
-def _losses(s):
-    return s.losses
+def _loss_z(s):
+    return det.spike_scores(list(enumerate(s.losses)), det.LOSS_WINDOW)
+
+
+def _grad_z(s):
+    return det.spike_scores(_grad_norm(s), det.GRAD_WINDOW)
+
+
+def _over(scores, threshold: float, start: int = 0) -> int | None:
+    """The first step at or after ``start`` whose spike score (``detectors.spike_scores``) is above ``threshold``."""
+    return next((t for t, z in scores if t >= start and z > threshold), None)
 
 
 STUDY_DETECTORS: tuple[StudyDetector, ...] = (
@@ -104,9 +113,9 @@ STUDY_DETECTORS: tuple[StudyDetector, ...] = (
     StudyDetector("qk_rms_growth", "largest q or k weight RMS above a factor of its first probe's", _qk_rms,
                   det.qk_rms_growth_alarm, (1.1, 1.25, 1.5, 2, 3, 5, 10), attention=True),
     StudyDetector("loss_spike", "the loss more than k robust SDs above the median of its last 50 steps (every step)",
-                  _losses, det.loss_spike_alarm, (3, 4, 5, 6, 8, 10, 15), baseline=True),
+                  _loss_z, _over, (3, 4, 5, 6, 8, 10, 15), baseline=True),
     StudyDetector("grad_norm_spike", "the gradient norm more than k robust SDs above the median of its last 20 probes",
-                  _grad_norm, det.grad_norm_spike_alarm, (3, 4, 5, 6, 8, 10, 15), baseline=True),
+                  _grad_z, _over, (3, 4, 5, 6, 8, 10, 15), baseline=True),
     StudyDetector("log_z_drift", "the output logits' mean log Z moved more than x nats from its first probe's",
                   _log_z, det.log_z_drift_alarm, (0.25, 0.5, 1, 2, 4, 8), baseline=True),
 )
@@ -149,7 +158,7 @@ def reading(run: Mapping[str, Any], d: StudyDetector, share: float) -> float | N
         if not got:
             return None
         return math.inf if not all(_finite(x) for x in got) else math.fsum(got) / len(got)
-    pts = [(t, v) for t, v in d.read(s) if t <= cut]
+    pts = [(t, v) for t, v in (_grad_norm(s) if d.name == "grad_norm_spike" else d.read(s)) if t <= cut]
     if not pts:
         return None
     v, first = pts[-1][1], pts[0][1]
