@@ -261,7 +261,7 @@ def test_the_pilot_is_the_recipe_on_seeds_outside_the_study():
         0.9, 0.95, 1e-8, 1.0, 1e-4, True, 1.0)
     assert t.steps == 1500 and t.record_every == 10 and not set(cfg.seeds) & set(ws.STUDY_SEEDS)
     specs = ws.pilot_specs(cfg, 65)
-    assert len(specs) == 2 * 6 * 4 + 6 and len({s.run_id for s in specs}) == len(specs)
+    assert len(specs) == 2 * 9 * 4 + 9 and len({s.run_id for s in specs}) == len(specs)
     assert {s.model.scale for s in specs} == {"inv_sqrt_d", "uniform"}  # the qk-norm-off arms choose the rungs
     floor = [s for s in specs if s.run_id.startswith("pilot-uniform-")]
     assert [(s.model.scale, s.train.lr, s.train.seed, s.train.z_loss) for s in floor] == [

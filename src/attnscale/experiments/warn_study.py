@@ -286,8 +286,8 @@ def as_json_all(results: list[dict[str, Any]]) -> dict[str, Any]:
 PILOT_GROUP = "warn-pilot"
 STUDY_SEEDS = tuple(range(16))  # the study's seeds: a pilot seed may not be one of them
 PILOT_SEEDS = (100, 101, 102, 103)
-# up to Wortsman et al.'s largest, 3e-1, in steps of 2–3 around the edge the first pilot found (docs/warn-study.md)
-PILOT_LRS = (1e-2, 3e-2, 6e-2, 1e-1, 2e-1, 3e-1)
+# up to Wortsman et al.'s largest, 3e-1, finest where runs stop holding and start to fall back (docs/warn-study.md)
+PILOT_LRS = (1e-2, 3e-2, 6e-2, 7e-2, 8e-2, 9e-2, 1e-1, 2e-1, 3e-1)
 FIRST_PILOT = {"lrs": (3e-3, 1e-2, 3e-2, 1e-1, 3e-1), "warmup": 100}  # the first pilot's recipe, which no rung passed
 ARMS = {"qk-off-z0": ("inv_sqrt_d", 0.0), "qk-off-z1e-4": ("inv_sqrt_d", 1e-4),
         "qk-on-z0": ("qk_norm", 0.0), "qk-on-z1e-4": ("qk_norm", 1e-4)}  # arm -> (score scale, z-loss)
@@ -337,7 +337,7 @@ class PilotConfig(TrainingConfig):
 
 
 def pilot_preset(size: str = "full", corpus: str = "default", tokenizer: str | None = None) -> PilotConfig:
-    """"full": 2 arms × 6 rungs × 4 seeds of 1,500 steps and the floor; "smoke": the same arms at two rungs, one seed,
+    """"full": 2 arms × 9 rungs × 4 seeds of 1,500 steps and the floor; "smoke": the same arms at two rungs, one seed,
     40 steps of a 16-wide model: a check that the pilot and its table work, not a measurement."""
     if size not in SIZES:
         raise ConfigError(f"unknown warn-study preset {size!r}; choose one of: {', '.join(SIZES)}")
