@@ -2,19 +2,14 @@
 
 ``budget(name, vocab_size)`` is what ``reproduce``, ``dynamics``, ``sweep`` and
 ``train`` start from; the fresh-head experiment's "model" init reads the same
-model settings. Sized for a 2-core laptop CPU.
+model settings. Sized for a laptop CPU of two cores.
 
-Why these choices (measured; see the benchmarks): post-LN with PyTorch's
-default init is the model whose first head starts at spread ≈ sqrt(d)·2/3 (21
-at d = 1,024, the course's figure); ``dtype="auto"``: bf16 autocast with the
-explicit path (softmax in fp32) trains ~1.7× faster than fp32 on an AVX512-BF16
-CPU; at the default budget its held-out perplexity is fp32's at every width and
-scale (3 seeds paired, every 95% interval covering 0, the widest ±1.05 points at
-d = 1,024 unscaled; README, "By precision"); at 1,200 steps the same, except
-that at d = 1,024 unscaled bf16 may cost up to 4 points (+1.99 [−0.31, +4.28],
-3 seeds, not settled), and a full run gives the same verdict on every claim in
-either precision; on CPUs without native bf16 it is fp32. Every preset records every 10 steps, so the
-sweep's width-1,024 pair doubles as the dynamics pair.
+Why these choices: post-LN with PyTorch's default init is the model whose first head starts at the
+course's spread, about sqrt(d)·2/3; ``dtype="auto"`` trains in bf16 autocast (softmax in fp32) where
+the CPU has native bf16, since it is faster there and, at the default budget, its perplexities match
+fp32's within seed noise (docs/results.md, "By precision", has where that is not settled; docs/speed.md),
+and in fp32 elsewhere. Every preset records every
+10 steps, so the sweep's width-1,024 pair doubles as the dynamics pair.
 """
 
 from __future__ import annotations
@@ -90,9 +85,8 @@ def model_settings() -> dict[str, Any]:
     return dict(_MODEL)
 
 
-# The end-state run's heads: one. Its widest runs (d = 1,024) cost about 0.2 s a step on one core of a
-# 2-core CPU with one head, 0.5 s with two and 1 s with four; 7,200 steps then take about 26 minutes a
-# run with one head, and four such runs with -j 2 about 52 minutes, the most that fits the hour.
+# The end-state run's heads: one, since a step's time grows with the heads at d = 1,024 and one head is
+# what lets its four 7,200-step runs fit about an hour of two cores (docs/end-state.md has the timings).
 END_STATE_HEADS = 1
 
 
