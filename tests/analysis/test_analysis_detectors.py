@@ -381,6 +381,14 @@ def test_false_alarms_per_thousand_at_risk_steps_of_the_runs_that_held():
     assert got["ci"][0] == 0 and got["ci"][1] <= 1.25
 
 
+def test_no_false_alarm_gives_the_exact_poisson_upper_bound_not_a_point_at_zero():
+    quiet = [det.Watched(s, 0, 500, None, None) for s in range(4)]  # 2,000 steps held, no alarm
+    got = det.false_alarms_per_1000(quiet)
+    assert (got["false_alarms"], got["per_1000"]) == (0, 0.0)
+    # P(0 events | mean m) = e^-m = 0.025 at m = 3.689: per 1,000 steps of 2,000, 1.844
+    assert got["ci"] == (0.0, pytest.approx(1000 * 3.6888794541139363 / 2000))
+
+
 def test_the_sign_test_by_hand():
     assert det.sign_test([1, 2, 3, -1, 0]) == pytest.approx(2 * (1 + 4) / 16)  # 3 up, 1 down, a zero dropped
     assert det.sign_test([1] * 6) == pytest.approx(2 / 64)

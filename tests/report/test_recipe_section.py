@@ -26,7 +26,7 @@ def test_the_section_shows_each_detectors_judged_numbers_and_why_no_default_was_
     row = next(r for r in tables[1].rows if r[0] == "max_score>100")
     lo, hi = wilson(1, 2)
     assert row[1] == "100/100" and row[2] == f"1/2 [{100 * lo:.0f}%, {100 * hi:.0f}%]" == "1/2 [9%, 91%]"
-    assert row[3].startswith(f"{1000 / 234:.2f} [") and row[4].startswith("20")
+    assert row[3].startswith(f"{1000 / 234:.2f} [") and row[4] == "20 (one run)"  # one hit: no interval
     assert row[5] == "inconclusive"
     why = next(b for b in got if isinstance(b, Bullets))
     assert any(i.startswith("max_score>100: ") and "4.27 false alarms per 1,000 steps" in i for i in why.items)
@@ -37,3 +37,5 @@ def test_texts_say_dash_where_there_is_nothing_to_count():
     assert sec.per_1000_text({"per_1000": None, "ci": None}) == "—"
     assert sec.per_1000_text({"per_1000": 0.5, "ci": None}) == "0.50 (no interval)"
     assert sec.lead_text({"median": None, "ci": None}) == "—"
+    assert sec.lead_text({"hits": 1, "median": 30, "ci": None}) == "30 (one run)"
+    assert sec.lead_text({"hits": 4, "median": 30, "ci": (10, 50)}) == "30 [10, 50]"

@@ -499,10 +499,13 @@ def hit_rate(runs: Sequence[Watched]) -> dict:
 
 def false_alarms_per_1000(runs: Sequence[Watched]) -> dict:
     """False alarms per 1,000 at-risk steps of the runs that held (each alarms at most once: its first),
-    with a percentile interval from resampling seeds (``bootstrap``)."""
+    with a percentile interval from resampling seeds (``bootstrap``). With none at all, every resample
+    gives 0, so the interval is instead the exact Poisson one for 0 events, [0, −ln(0.025) / steps]:
+    no alarm in few steps is not a rate shown to be 0."""
     held = [r for r in runs if r.broke is None]
-    return {"false_alarms": sum(r.false_alarm for r in held), "at_risk_steps": sum(r.end - r.start for r in held),
-            "per_1000": _per_1000(runs), "ci": bootstrap(runs, _per_1000)}
+    count, steps = sum(r.false_alarm for r in held), sum(r.end - r.start for r in held)
+    ci = (0.0, 1000 * -math.log(0.025) / steps) if steps and not count else bootstrap(runs, _per_1000)
+    return {"false_alarms": count, "at_risk_steps": steps, "per_1000": _per_1000(runs), "ci": ci}
 
 
 def _per_1000(runs: Sequence[Watched]) -> float | None:

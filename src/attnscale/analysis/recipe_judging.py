@@ -174,9 +174,11 @@ def reading(run: Mapping[str, Any], d: StudyDetector, share: float) -> float | N
 
 
 def _lead_summary(runs: Sequence[det.Watched]) -> dict:
+    """The hits' median lead and its seed-bootstrap interval; no interval from fewer than two hits (every
+    resample would give the one lead back)."""
     leads = [r.lead for r in runs if r.hit]
-    return {"median": det.quantile(leads, 0.5),
-            "ci": det.bootstrap(runs, lambda sample: det.quantile([r.lead for r in sample if r.hit], 0.5))}
+    ci = det.bootstrap(runs, lambda sample: det.quantile([r.lead for r in sample if r.hit], 0.5)) if len(leads) > 1 else None
+    return {"hits": len(leads), "median": det.quantile(leads, 0.5), "ci": ci}
 
 
 def judge(rows: Sequence[Mapping[str, Any]], level: float, floor: float,

@@ -190,10 +190,9 @@ def _per_1000(fa: dict) -> str:
 
 
 def _lead(lead: dict) -> str:
-    if lead["median"] is None:
-        return "—"
-    ci = lead["ci"]
-    return f"{lead['median']:g}" + ("" if ci is None else f" [{ci[0]:g}, {ci[1]:g}]")
+    from attnscale.report.recipe_section import lead_text
+
+    return lead_text(lead)
 
 
 def format_study(result: dict[str, Any]) -> str:
@@ -209,7 +208,7 @@ def format_study(result: dict[str, Any]) -> str:
         if c["lr"] not in p["chosen"]:
             continue
         lines.append("")
-        lines.append(f"{c['arm']} at lr {c['lr']:g}: {c['mid_run_breaks']} mid-run breaks in {c['learned']} learned runs")
+        lines.append(f"{c['arm']} at lr {c['lr']:g}: mid-run breaks {c['mid_run_breaks']} of {c['learned']} learned runs")
         rows = []
         for name, d in c["detectors"].items():
             v = c["versus"]["loss_spike"].get(name)

@@ -34,11 +34,13 @@ def per_1000_text(fa: dict[str, Any]) -> str:
 
 
 def lead_text(lead: dict[str, Any]) -> str:
-    """Median lead in steps with its seed-bootstrap interval ("—" without a hit)."""
+    """Median lead in steps with its seed-bootstrap interval ("—" without a hit; one hit has no interval)."""
     if lead["median"] is None:
         return "—"
     ci = lead["ci"]
-    return f"{lead['median']:g}" + (" (no interval)" if ci is None else f" [{ci[0]:g}, {ci[1]:g}]")
+    if ci is None:
+        return f"{lead['median']:g} (one run)" if lead.get("hits") == 1 else f"{lead['median']:g} (no interval)"
+    return f"{lead['median']:g} [{ci[0]:g}, {ci[1]:g}]"
 
 
 def _auc_text(got: dict[str, Any]) -> str:
@@ -91,8 +93,8 @@ def section(result: dict[str, Any], unfinished=()) -> list[Block]:
             rows.append([name, thresholds, hits_text(d["hits"]), per_1000_text(d["false_alarms"]), lead_text(d["lead"]),
                          "—" if v is None else v["verdict"] + (" (Holm holds)" if v["holds"] else ""),
                          _auc_text(d["predicts_degraded"]["0.25"])])
-        b.append(Para(f"{c['arm']} at {c['lr']:g}: {c['mid_run_breaks']} mid-run breaks among {c['learned']} learned "
-                      f"runs of {c['runs']}."))
+        b.append(Para(f"{c['arm']} at {c['lr']:g}: mid-run breaks {c['mid_run_breaks']} of {c['learned']} learned "
+                      f"runs ({c['runs']} runs)."))
         b.append(Table(("detector", "thresholds (fold 1/2)", "hits [95% Wilson]", "false alarms / 1,000 steps [95%]",
                         "median lead, steps [95%]", "vs the loss's spike", "AUC for a degraded end at 25%"), rows))
     v = result["verdict"]
