@@ -29,6 +29,7 @@ def test_the_plan_puts_sixteen_seeds_on_the_chosen_rungs_and_one_on_the_others()
     assert (s.model.norm, s.model.scale, t.z_loss, t.lr, t.steps, t.record_every, t.beta2, t.independent_wd,
             t.warmup, s.group) == ("pre", "inv_sqrt_d", 1e-4, 0.03, 1500, 10, 0.95, True, 500, "warn-recipe")
     assert not set(ws.PILOT_SEEDS) & {s.train.seed for s in specs}
+    assert {s.train.lr for s in specs[:4 * 2 * 16]} == {0.03, 0.1}  # the chosen rungs' runs come first
 
 
 def test_no_study_seed_runs_without_a_finished_pilot_that_chose_rungs(tmp_path):

@@ -100,19 +100,20 @@ def read_pilot(cfg: StudyConfig, corpus) -> dict[str, Any]:
 
 
 def study_specs(cfg: StudyConfig, vocab_size: int, pilot: dict[str, Any]) -> list[RunSpec]:
-    """Every arm on every rung of the pilot's ladder: ``rung_seeds`` on the chosen rungs, ``other_seeds`` elsewhere."""
+    """Every arm on every rung of the pilot's ladder: ``rung_seeds`` on the chosen rungs, ``other_seeds`` elsewhere;
+    the chosen rungs' runs first, so that a study cut short has its cells whole."""
     from attnscale.lm.model import ModelConfig
 
     train = cfg.train if cfg.device is None else replace(cfg.train, device=cfg.device)
-    out = []
+    chosen, others = [], []
     for arm in cfg.arms:
         scale, z_loss = ws.ARMS[arm]
         model = ModelConfig(vocab_size=vocab_size, head_dim=cfg.head_dim, scale=scale, **{**cfg.model, "norm": "pre"})
         for lr in pilot["lrs"]:
-            seeds = cfg.rung_seeds if lr in pilot["chosen"] else cfg.other_seeds
-            out += [RunSpec(f"study-{arm}-lr{lr:g}-seed{seed}", model, replace(train, lr=lr, seed=seed, z_loss=z_loss),
-                            GROUP) for seed in seeds]
-    return out
+            mine = chosen if lr in pilot["chosen"] else others
+            mine += [RunSpec(f"study-{arm}-lr{lr:g}-seed{seed}", model, replace(train, lr=lr, seed=seed, z_loss=z_loss),
+                             GROUP) for seed in (cfg.rung_seeds if mine is chosen else cfg.other_seeds)]
+    return chosen + others
 
 
 def rows_of(runs, probe_every: int) -> list[dict[str, Any]]:
