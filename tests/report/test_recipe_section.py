@@ -39,3 +39,27 @@ def test_texts_say_dash_where_there_is_nothing_to_count():
     assert sec.lead_text({"median": None, "ci": None}) == "—"
     assert sec.lead_text({"hits": 1, "median": 30, "ci": None}) == "30 (one run)"
     assert sec.lead_text({"hits": 4, "median": 30, "ci": (10, 50)}) == "30 [10, 50]"
+
+
+def test_the_example_is_the_first_break_of_a_chosen_rung_with_the_alarms_it_was_judged_by(tmp_path, monkeypatch):
+    from attnscale.report import warn_plots
+
+    result = rs.judge(CELL, LEVEL, FLOOR)
+    result["pilot"] = {"chosen": [0.1]}
+    drawn = {}
+
+    def draw(series, marks, broken_at, path, title):
+        drawn.update(marks=marks, broken_at=broken_at, title=title)
+        return path
+
+    monkeypatch.setattr(warn_plots, "example_run", draw)
+    pngs = {}
+    got = sec.example(CELL, result, tmp_path, pngs)
+    # seed 0 breaks at 80; the literature's 1e3 never fires on its 500; the loss's spike fires at the break's
+    # own step (no lead, so not drawn); the gradient norm is not in these hand-made probes
+    assert drawn == {"marks": {"max_score>1000": None, "loss_spike": None, "grad_norm_spike": None},
+                     "broken_at": 80, "title": "qk-off-z0, lr 0.1, seed 0"}
+    assert pngs == {sec.EXAMPLE_PNG: tmp_path / f"{sec.EXAMPLE_PNG}.png"} and len(got) == 1
+    # no chosen rung with a break: no figure
+    result["pilot"] = {"chosen": [0.3]}
+    assert sec.example(CELL, result, tmp_path, {}) == []

@@ -8,11 +8,13 @@ detector's judged numbers in the chosen rungs' cells, and the defaults' rule app
 
 from __future__ import annotations
 
+import math
+from pathlib import Path
 from typing import Any
 
-from attnscale.report.blocks import Block, Bullets, Para, Table, opening
+from attnscale.report.blocks import Block, Bullets, Image, Para, Table, opening
 
-__all__ = ["TITLE", "blocks", "section", "hits_text", "per_1000_text", "lead_text"]
+__all__ = ["TITLE", "blocks", "section", "example", "threshold_for", "hits_text", "per_1000_text", "lead_text"]
 
 TITLE = "Does attention warn before a learned run breaks?"
 
@@ -50,8 +52,13 @@ def _auc_text(got: dict[str, Any]) -> str:
     return f"{got['auc']:.2f}" + (" (no interval)" if ci is None else f" [{ci[0]:.2f}, {ci[1]:.2f}]")
 
 
-def blocks(runs) -> list[Block]:
-    """The section (none without a run of the study or the pilot it kept)."""
+EXAMPLE_PNG = "warn-recipe-example"
+EXAMPLE_DETECTORS = ("max_score>1000", "loss_spike", "grad_norm_spike")  # drawn on the example run
+
+
+def blocks(runs, out: Path | None = None, pngs: dict[str, Path] | None = None) -> list[Block]:
+    """The section (none without a run of the study or the pilot it kept); with ``out``, its example
+    figure is drawn there and named in ``pngs``."""
     from attnscale.experiments import recipe_study
 
     mine = [t for t in runs.train if t.group == recipe_study.GROUP]
@@ -60,7 +67,44 @@ def blocks(runs) -> list[Block]:
         return []
     probe_every = int(mine[0].train.get("record_every", 10))
     unfinished = [t.run_id for t in mine if t.status not in ("done", "diverged")]
-    return section(recipe_study.judged(recipe_study.rows_of(mine, probe_every), pilot, probe_every), unfinished)
+    rows = recipe_study.rows_of(mine, probe_every)
+    result = recipe_study.judged(rows, pilot, probe_every)
+    b = section(result, unfinished)
+    if out is not None and pngs is not None:
+        b += example(rows, result, out, pngs)
+    return b
+
+
+def threshold_for(result: dict[str, Any], name: str, seed: int) -> float | None:
+    """The threshold detector ``name`` judged ``seed``'s runs at: the one chosen on the other half."""
+    return next(f["threshold"] for f in result["folds"][name] if seed in f["judged_seeds"])
+
+
+def example(rows, result: dict[str, Any], out: Path, pngs: dict[str, Path]) -> list[Block]:
+    """One mid-run break of the first chosen rung that has one, in the first arm (qk-norm off, no z-loss):
+    its loss, largest max |score| and fewest effective words over steps, with the alarms it was judged by."""
+    from attnscale.analysis import recipe_judging as rs
+    from attnscale.report import warn_plots
+
+    broke = [(r, o) for r, o in zip(rows, result["outcomes"]) if o["broke"] is not None
+             and o["lr"] in result["pilot"]["chosen"]]
+    if not broke:
+        return []
+    row, o = min(broke, key=lambda ro: (list(dict.fromkeys(r["arm"] for r in rows)).index(ro[0]["arm"]),
+                                        ro[0]["lr"], ro[0]["seed"]))
+    outcome = rs.outcome_of(row, result["level"], result["floor"], math.inf)
+    by = {d.name: d for d in rs.STUDY_DETECTORS}
+    marks = {}
+    for name in EXAMPLE_DETECTORS:
+        w = rs.watched(row, outcome, by[name], threshold_for(result, name, row["seed"]))
+        marks[name] = w.alarm if w is not None and w.alarm is not None and w.alarm < o["broke"] else None
+    path = out / f"{EXAMPLE_PNG}.png"
+    pngs[EXAMPLE_PNG] = warn_plots.example_run(row["series"], marks, o["broke"], path,
+                                               f"{row['arm']}, lr {row['lr']:g}, seed {row['seed']}")
+    return [Image(f"{EXAMPLE_PNG}.png", f"One mid-run break ({row['arm']} at {row['lr']:g}, seed {row['seed']}): the "
+                  "training loss, the largest max |score| and the fewest effective words of any head over steps; dashed, "
+                  "the first alarm before the break of " + ", ".join(EXAMPLE_DETECTORS) + " at the thresholds the run "
+                  "was judged by (none drawn: no alarm before the break); grey, the break.")]
 
 
 def section(result: dict[str, Any], unfinished=()) -> list[Block]:

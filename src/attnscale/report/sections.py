@@ -427,6 +427,6 @@ def document(runs, verdicts: list[course.Verdict], out: Path,
               *schemes_section.blocks(runs, out, pngs),  # beyond the course: which scale?
               *setup_section.blocks(runs, out, pngs),  # beyond the course: which setup?
               *warn_section.blocks(runs, out, pngs),  # does the watch warn before a run breaks?
-              *recipe_section.blocks(runs),  # ... before a learned run breaks, in Wortsman et al.'s recipe
+              *recipe_section.blocks(runs, out, pngs),  # ... before a learned run breaks, in Wortsman et al.'s recipe
               *_metadata(runs)]
     return blocks, pngs

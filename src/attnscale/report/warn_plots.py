@@ -17,7 +17,8 @@ __all__ = ["curves", "leads", "example_run", "COLOURS"]
 
 COLOURS = {"max_score": "#c0392b", "growth": "#e67e22", "fewest_words": "#2471a3", "frozen": "#7d3c98",
            "head_spike": "#1e8449", "non_finite": "#566573", "loss_spike": "#000000", "combined": "#b9770e",
-           "former defaults": "#b9770e"}
+           "former defaults": "#b9770e", "max_score>1000": "#c0392b", "grad_norm_spike": "#1e8449",
+           "log_z_drift": "#7d3c98"}
 
 
 def _style(plt) -> None:
