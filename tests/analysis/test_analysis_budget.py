@@ -19,8 +19,9 @@ def test_span_text_writes_sorted_values_in_words():
 
 def _train_run(seed, head_dim, lr, steps=60, context=32, batch=8):
     from types import SimpleNamespace
-    return SimpleNamespace(seed=seed, head_dim=head_dim, lr=lr, train={"steps": steps, "batch": batch},
-                           model={"context": context})
+    # the typed configs a record gives (runs.record.TrainRun.train_config and model_config)
+    return SimpleNamespace(seed=seed, head_dim=head_dim, lr=lr, train_config=SimpleNamespace(steps=steps, batch=batch),
+                           model_config=SimpleNamespace(context=context))
 
 
 def test_budget_reads_the_distinct_settings_sorted_and_skips_missing_ones():

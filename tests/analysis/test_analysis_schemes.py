@@ -406,7 +406,8 @@ def test_run_row_gives_a_runs_settings_final_loss_loss_at_init_and_measures():
     from types import SimpleNamespace
 
     def run(recorded, model, status, diverged_at=None):
-        return SimpleNamespace(recorded=recorded, model=model, results=SimpleNamespace(valid_loss=3.25),
+        return SimpleNamespace(recorded=recorded, model_config=SimpleNamespace(**{"context": None, **model}),
+                               results=SimpleNamespace(valid_loss=3.25),
                                status=status, run_id="r1", scale="inv_sqrt_d", head_dim=64, seed=1, lr=0.01,
                                diverged_at=diverged_at)
 
@@ -421,4 +422,3 @@ def test_run_row_gives_a_runs_settings_final_loss_loss_at_init_and_measures():
     assert diverged == {"run": "r1", "scale": "inv_sqrt_d", "head_dim": 64, "seed": 1, "lr": 0.01,
                         "status": "diverged", "final_loss": None, "diverged_at": 7, "context": None,
                         **_EMPTY_MEASURES, "init_loss": pytest.approx(3.912023005428146)}
-    assert sa.run_row(run([], {}, "done"))["init_loss"] is None  # no vocabulary size: no loss at init

@@ -110,12 +110,14 @@ def test_a_record_names_its_family_and_older_ones_are_the_tiny_lm(tmp_path):
     from attnscale.runs import record as rec
 
     def made(model):
-        return rec.TrainRun(tmp_path, rec.Record("train", "done", {"model": model, "train": {}}, None),
+        return rec.TrainRun(tmp_path, rec.Record("train", "done", {"model": {"vocab_size": 8, **model},
+                                                                   "train": {"warmup": 7}}, None),
                             rec.TrainResults("done", 0), ())
 
     assert alarms.family_of(made({"d_model": 64, "norm": "pre"})) == "tiny"
     assert alarms.family_of(made({"d_model": 64, "family": "llama"})) == "llama"
     assert alarms.cell_of(made({"family": "llama"}))["norm"] == "pre-RMSNorm"
+    assert alarms.cell_of(made({"norm": "post"}))["norm"] == "post" and alarms.cell_of(made({}))["warmup"] == 7
     assert alarms.analyse([made({"family": "llama"})], None, family="tiny")["rows"] == []
 
 

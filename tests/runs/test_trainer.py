@@ -49,15 +49,15 @@ def test_metrics_are_written_fresh_on_restart(tmp_path, corpus):
 
 
 def test_nan_loss_marks_diverged_and_keeps_records(tmp_path, corpus, monkeypatch):
-    real = TinyLM.loss
+    real = TinyLM.forward
     calls = {"n": 0}
 
-    def flaky(self, x, y):
+    def flaky(self, idx):  # one forward a training step: the fourth step's logits are NaN
         calls["n"] += 1
-        out = real(self, x, y)
+        out = real(self, idx)
         return out * float("nan") if calls["n"] == 4 else out
 
-    monkeypatch.setattr(TinyLM, "loss", flaky)
+    monkeypatch.setattr(TinyLM, "forward", flaky)
     res = run(mcfg(), tcfg(record_every=1), corpus, tmp_path)
     assert res["status"] == "diverged" and res["diverged_at"] == 3 and res["steps_done"] == 3
     assert [row["step"] for row in res["history"]] == [0, 1, 2, 3]
@@ -134,8 +134,8 @@ def test_stopped_and_diverged_runs_keep_no_weights(tmp_path, corpus, monkeypatch
     res = run(mcfg(), tcfg(), corpus, tmp_path / "stopped", should_stop=lambda: len(calls) >= 2,
               on_step=lambda *a: calls.append(a))
     assert res["status"] == "stopped" and not (tmp_path / "stopped" / record.WEIGHTS).exists()
-    real = TinyLM.loss
-    monkeypatch.setattr(TinyLM, "loss", lambda self, x, y: real(self, x, y) * float("nan"))  # the first step blows up
+    real = TinyLM.forward
+    monkeypatch.setattr(TinyLM, "forward", lambda self, idx: real(self, idx) * float("nan"))  # the first step blows up
     res = run(mcfg(), tcfg(), corpus, tmp_path / "diverged")
     assert res["status"] == "diverged" and res["diverged_at"] == 0
     assert not (tmp_path / "diverged" / record.WEIGHTS).exists()

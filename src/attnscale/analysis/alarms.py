@@ -51,7 +51,7 @@ def series_of(run: TrainRun, probe_every: int = 5) -> det.Series:
     (flattened over layers; NaN where not finite) and its held-out loss, as ``detectors.Series``."""
     from attnscale.core.diagnostics import HEAD_MEASURES
 
-    steps = int(run.train.get("steps", 0))
+    steps = run.train_config.steps
     lines = [x for x in run.history if isinstance(x.get("step"), int) and x["step"] < steps]
     by_step = {x["step"]: x for x in lines}
     if run.results.losses:  # every step's loss (records before it: the recording steps' alone)
@@ -80,12 +80,12 @@ def _probed(line: dict[str, Any]) -> dict[str, list[float]]:
 
 def family_of(run: TrainRun) -> str:
     """The run's model family: "llama" (``lm.hf_family``), else "tiny" (records before families name none)."""
-    return run.model.get("family") or "tiny"
+    return getattr(run.model_config, "family", "tiny")
 
 
 def cell_of(run: TrainRun) -> dict[str, Any]:
     # a Llama normalises before attention and the MLP with RMSNorm, and its config names no norm
-    return {"scale": run.scale, "norm": run.model.get("norm") or "pre-RMSNorm", "warmup": run.train.get("warmup"),
+    return {"scale": run.scale, "norm": getattr(run.model_config, "norm", "pre-RMSNorm"), "warmup": run.train_config.warmup,
             "lr": run.lr, "seed": run.seed}
 
 

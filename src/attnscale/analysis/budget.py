@@ -19,8 +19,8 @@ def budget(runs: Sequence[Any]) -> dict[str, Any]:
     def values(get) -> list:
         return sorted({v for v in (get(t) for t in runs) if v is not None})
 
-    return {"runs": len(runs), "steps": values(lambda t: t.train.get("steps")),
-            "context": values(lambda t: t.model.get("context")), "batch": values(lambda t: t.train.get("batch")),
+    return {"runs": len(runs), "steps": values(lambda t: t.train_config.steps),
+            "context": values(lambda t: t.model_config.context), "batch": values(lambda t: t.train_config.batch),
             "seeds": values(lambda t: t.seed), "head_dims": values(lambda t: t.head_dim), "lrs": values(lambda t: t.lr)}
 
 

@@ -67,7 +67,7 @@ def summary(run: Any) -> dict[str, Any]:
         series.append({"step": line["step"], "spread": reduce_heads([layer.get("spread", [])]),
                        "frozen": reduce_heads([layer.get("frozen_fraction", [])])})
     return {"head_dim": run.head_dim, "scale": run.scale, "seed": run.seed, "perplexity": run.perplexity,
-            "steps": run.train.get("steps"), "series": series, "evals": list(run.results.evals)}
+            "steps": run.train_config.steps, "series": series, "evals": list(run.results.evals)}
 
 
 share = share_of_value  # the gap as a share of what attention is worth (``analysis.gaps``)

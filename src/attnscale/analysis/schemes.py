@@ -315,11 +315,10 @@ def run_row(t: Any) -> dict[str, Any]:
     the model has seen nothing, so train and held-out loss agree there); where it is
     missing, ln(vocab), the loss of a uniform guess."""
     measures = run_measures(t.recorded)
-    vocab = t.model.get("vocab_size")
-    init = measures["init_loss"] if measures["init_loss"] is not None else (math.log(vocab) if vocab else None)
+    init = measures["init_loss"] if measures["init_loss"] is not None else math.log(t.model_config.vocab_size)
     final = t.results.valid_loss if t.status == "done" else None
     return {
         "run": t.run_id, "scale": t.scale, "head_dim": t.head_dim, "seed": t.seed, "lr": t.lr,
         "status": t.status, "final_loss": final, "diverged_at": t.diverged_at,
-        "context": t.model.get("context"), **measures, "init_loss": init,
+        "context": t.model_config.context, **measures, "init_loss": init,
     }

@@ -120,7 +120,7 @@ def rows_of(runs, probe_every: int) -> list[dict[str, Any]]:
     """The finished runs as ``analysis.recipe_judging.judge`` takes them."""
     from attnscale.analysis import alarms
 
-    return [{"arm": ws.arm_of(t), "lr": t.lr, "seed": t.seed, "steps": int(t.train.get("steps", 0)),
+    return [{"arm": ws.arm_of(t), "lr": t.lr, "seed": t.seed, "steps": t.train_config.steps,
              "series": alarms.series_of(t, probe_every)} for t in runs if t.status in ("done", "diverged")]
 
 

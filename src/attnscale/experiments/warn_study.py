@@ -370,7 +370,7 @@ def arm_of(run: TrainRun) -> str:
     """The recipe arm a run trained in, from its score scale and z-loss."""
     if run.scale == "uniform":
         return FLOOR_ARM
-    z_loss = run.train.get("z_loss", 0.0)
+    z_loss = run.train_config.z_loss
     return next(a for a, (s, z) in ARMS.items() if s == run.scale and z == z_loss)
 
 

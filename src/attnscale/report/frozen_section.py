@@ -35,7 +35,7 @@ def blocks(runs) -> list[Block]:
     if corpus is None:
         return [Para("The frozen share by threshold from the final weights is not shown: this machine cannot "
                       "load the runs' corpus as their records name it.")]
-    context = int(got[0].model.get("context") or 64)
+    context = got[0].model_config.context
     ids = sequences(corpus, SEQUENCES, context)
     measured: list[tuple[Any, dict[str, Any]]] = [(t, frozen_by_threshold(t.path, ids)) for t in got]
     head = ["run", "seed", "layer", *[f"max weight > {x:g}" for x in THRESHOLDS], "rows"]

@@ -65,7 +65,7 @@ def blocks(runs, out: Path | None = None, pngs: dict[str, Path] | None = None) -
     pilot = recipe_study.read_kept_pilot(runs.root)
     if not mine or pilot is None:
         return []
-    probe_every = int(mine[0].train.get("record_every", 10))
+    probe_every = mine[0].train_config.record_every
     unfinished = [t.run_id for t in mine if t.status not in ("done", "diverged")]
     rows = recipe_study.rows_of(mine, probe_every)
     result = recipe_study.judged(rows, pilot, probe_every)

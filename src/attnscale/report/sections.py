@@ -75,7 +75,7 @@ def preset_of(runs) -> tuple[str, str]:
     wanted = {p: _preset_settings(p) for p in (QUICK, DEFAULT, FULL)}
     seen = set()
     for t in course_runs:
-        got = ({k: t.model.get(k) for k in _PRESET_MODEL}, {k: t.train.get(k) for k in _PRESET_TRAIN})
+        got = ({k: getattr(t.model_config, k, None) for k in _PRESET_MODEL}, {k: getattr(t.train_config, k) for k in _PRESET_TRAIN})
         seen.add(next((p for p, w in wanted.items() if w == got), CUSTOM))
     m, tr = wanted[QUICK]
     def_m, def_tr = wanted[DEFAULT]

@@ -38,6 +38,7 @@ Every reader goes through ``read`` / ``TrainRun``; nothing else parses record.js
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import platform
@@ -383,6 +384,16 @@ def _as_layers(line: dict[str, Any], measures: Sequence[str]) -> dict[str, Any]:
     return {**{k: v for k, v in line.items() if k not in measures}, "layers": layers}
 
 
+def _typed(cls, data: dict[str, Any], where: str):
+    """``cls`` from the record's section ``data``, its fields only; a ``RecordError`` naming the record where
+    a required one is missing or a value no longer allowed."""
+    known = {f.name for f in fields(cls)}
+    try:
+        return cls(**{k: v for k, v in data.items() if k in known})
+    except (TypeError, ConfigError) as e:
+        raise RecordError(f"{where} cannot be read ({e}); delete that run folder to redo it") from None
+
+
 @dataclass(frozen=True)
 class TrainRun:
     """A training run read back: its record, its typed results and its recorded steps."""
@@ -404,7 +415,7 @@ class TrainRun:
         lines, bad = read_metrics(run_dir)
         return cls(run_dir, record, results, tuple(lines or results.history), bad)
 
-    # what the run was
+    # what the run was: the record's sections as written, and as the typed configs that made them
     @property
     def model(self) -> dict[str, Any]:
         return self.record.config.get("model", {})
@@ -412,6 +423,23 @@ class TrainRun:
     @property
     def train(self) -> dict[str, Any]:
         return self.record.config.get("train", {})
+
+    @functools.cached_property
+    def model_config(self):
+        """The model's config as ``lm.model.ModelConfig``, or ``lm.hf_family.LlamaModelConfig`` for a Llama;
+        a setting added since the record was written takes its default, one removed since is dropped."""
+        from attnscale.lm.hf_family import FAMILY, LlamaModelConfig
+        from attnscale.lm.model import ModelConfig
+
+        return _typed(LlamaModelConfig if self.model.get("family") == FAMILY else ModelConfig, self.model,
+                      f"{self.path / RECORD}: its model config")
+
+    @functools.cached_property
+    def train_config(self):
+        """The training config as ``lm.train.TrainConfig`` (added settings at their defaults, as ``model_config``)."""
+        from attnscale.lm.train import TrainConfig
+
+        return _typed(TrainConfig, self.train, f"{self.path / RECORD}: its train config")
 
     @property
     def corpus(self) -> dict[str, Any]:
