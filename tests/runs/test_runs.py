@@ -229,3 +229,34 @@ def test_the_refusal_names_the_first_three_differences_and_the_way_out(tmp_path)
     assert str(info.value) == (f"{tmp_path} holds a run with another config (train.batch 4 on disk, 8 asked; "
                                "train.lr 0.003 on disk, 0.001 asked; train.seed 0 on disk, 1 asked); "
                                "use another --out, or delete that folder to retrain it")
+
+
+def _written(tmp_path, config):
+    files.atomic_write_json(tmp_path / "record.json", {
+        "schema": 2, "experiment": "train", "status": "done", "config": config,
+        "results": {"status": "done", "steps_done": 10, "history": []}})
+    return record.TrainRun.load(tmp_path)
+
+
+def test_a_record_reads_back_as_the_typed_configs_that_made_it(tmp_path):
+    from attnscale.lm.hf_family import LlamaModelConfig
+    from attnscale.lm.model import ModelConfig
+    from attnscale.lm.train import TrainConfig
+
+    run = _written(tmp_path, _config(train={"removed_long_ago": 1}))  # a setting since removed is dropped
+    m, t = run.model_config, run.train_config
+    assert isinstance(m, ModelConfig) and isinstance(t, TrainConfig)
+    assert (m.vocab_size, m.context, m.d_model, m.head_dim, m.scale) == (104, 16, 16, 8, "none")
+    assert (t.steps, t.batch, t.lr, t.seed) == (10, 4, 3e-3, 0)
+    assert t.z_loss == 0.0 and t.schedule == "cosine"  # settings added after the record: their defaults
+    llama = _written(tmp_path / "l", _config(model={"family": "llama", "kv_heads": 2, "n_heads": 4, "d_model": 32,
+                                                    "head_dim": None, "scale": "inv_sqrt_d"}))
+    assert isinstance(llama.model_config, LlamaModelConfig) and llama.model_config.kv_heads == 2
+
+
+def test_a_record_whose_config_no_longer_builds_is_one_line_naming_it(tmp_path):
+    run = _written(tmp_path, {"model": {"context": 16}, "train": {"lr": -1}, "corpus": {}})
+    with pytest.raises(record.RecordError, match=r"record.json: its model config cannot be read \(.*vocab_size"):
+        run.model_config
+    with pytest.raises(record.RecordError, match=r"its train config cannot be read \(train lr must be a positive"):
+        run.train_config
