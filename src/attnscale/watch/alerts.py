@@ -192,9 +192,9 @@ def default_alerts(action: str | Callable[[Firing], None] = "warn") -> tuple[Ale
     """``NonFinite`` alone, with one action ("warn" unless told): a NaN or inf score is a broken run
     whatever else is true, so it is the one alert that needs no study to stand on.
 
-    The attention alerts (``MaxScore``, ``Collapsed``, ``Frozen``, ``Spike``) stay opt-in until the divergence
-    study (``attnscale warn-study``, docs/warn-study.md) judges them on runs that learn and then break: its
-    first round had almost no such runs, so it could show neither that they warn early nor that they don't."""
+    The attention alerts (``MaxScore``, ``Collapsed``, ``Frozen``, ``Spike``) stay opt-in: in the warning
+    study (``attnscale warn-study --study``, docs/warn-study.md) the max-score levels that fired before a
+    run broke fired as often in runs that held, and no threshold within its false-alarm budget warned."""
     return (NonFinite(action),)
 
 
