@@ -279,14 +279,18 @@ def _warn(cfgs, out, args) -> list:
 
 
 def _warn_table(results) -> str:
-    from attnscale.experiments import warn_study
+    from attnscale.experiments import recipe_study, warn_study
 
+    if results and results[0].get("study"):
+        return recipe_study.format_study(results[0])
     return warn_study.format_tables(results)
 
 
 def _warn_json(results) -> dict:
-    from attnscale.experiments import warn_study
+    from attnscale.experiments import recipe_study, warn_study
 
+    if results and results[0].get("study"):
+        return recipe_study.study_json(results[0])
     return warn_study.as_json_all(results)
 
 

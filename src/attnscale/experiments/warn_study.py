@@ -238,10 +238,6 @@ def format_table(result: dict[str, Any]) -> str:
 
 def format_tables(results: list[dict[str, Any]]) -> str:
     """``format_table`` of each family's result, each under its family's name (a pilot: ``format_pilot``)."""
-    if results and results[0].get("study"):
-        from attnscale.experiments.recipe_study import format_study
-
-        return format_study(results[0])
     if results and results[0].get("pilot") is True:
         return format_pilot(results[0])
     return "\n\n".join(f"{r['family']}:\n{format_table(r)}" if len(results) > 1 else format_table(r) for r in results)
@@ -267,10 +263,6 @@ def as_json(result: dict[str, Any]) -> dict[str, Any]:
 
 def as_json_all(results: list[dict[str, Any]]) -> dict[str, Any]:
     """Every family's ``as_json``, by family ("tiny", "llama"): what docs/warn-study.json keeps (a pilot: ``pilot_json``)."""
-    if results and results[0].get("study"):
-        from attnscale.experiments.recipe_study import study_json
-
-        return study_json(results[0])
     if results and results[0].get("pilot") is True:
         return pilot_json(results[0])
     return {"families": {r["key"]: as_json(r) for r in results}}

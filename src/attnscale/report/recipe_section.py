@@ -12,37 +12,12 @@ import math
 from pathlib import Path
 from typing import Any
 
+from attnscale.experiments.recipe_study import hits_text, lead_text, per_1000_text
 from attnscale.report.blocks import Block, Bullets, Image, Para, Table, opening
 
 __all__ = ["TITLE", "blocks", "section", "example", "threshold_for", "hits_text", "per_1000_text", "lead_text"]
 
 TITLE = "Does attention warn before a learned run breaks?"
-
-
-def hits_text(hits: dict[str, Any]) -> str:
-    """"k/n [lo%, hi%]" (Wilson), or "—" without a break to warn of."""
-    if not hits["breaks"]:
-        return "—"
-    lo, hi = hits["ci"]
-    return f"{hits['hits']}/{hits['breaks']} [{100 * lo:.0f}%, {100 * hi:.0f}%]"
-
-
-def per_1000_text(fa: dict[str, Any]) -> str:
-    """False alarms per 1,000 at-risk steps with its seed-bootstrap interval ("—" where no run held)."""
-    if fa["per_1000"] is None:
-        return "—"
-    ci = fa["ci"]
-    return f"{fa['per_1000']:.2f}" + (" (no interval)" if ci is None else f" [{ci[0]:.2f}, {ci[1]:.2f}]")
-
-
-def lead_text(lead: dict[str, Any]) -> str:
-    """Median lead in steps with its seed-bootstrap interval ("—" without a hit; one hit has no interval)."""
-    if lead["median"] is None:
-        return "—"
-    ci = lead["ci"]
-    if ci is None:
-        return f"{lead['median']:g} (one run)" if lead.get("hits") == 1 else f"{lead['median']:g} (no interval)"
-    return f"{lead['median']:g} [{ci[0]:g}, {ci[1]:g}]"
 
 
 def _auc_text(got: dict[str, Any]) -> str:
