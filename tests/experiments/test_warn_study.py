@@ -348,3 +348,28 @@ def test_bad_pilot_input_is_one_line_and_exit_2(args, words, tmp_path, capsys):
     assert main(["warn-study", "--pilot", "--out", str(tmp_path / "p"), *args]) == 2
     err = capsys.readouterr().err.strip()
     assert words in err and len(err.splitlines()) == 1
+
+
+def test_the_readme_and_docs_give_the_recipe_studys_numbers_as_its_record_has_them():
+    from attnscale.watch.alerts import NonFinite, default_alerts
+
+    study = json.loads(STUDY.read_text(encoding="utf-8"))["recipe"]
+    chosen = study["pilot"]["chosen"]
+    cells = [c for c in study["cells"] if c["lr"] in chosen and c["arm"].startswith("qk-off")]
+    breaks = sum(c["mid_run_breaks"] for c in cells)
+    fa = sorted(c["detectors"]["max_score>1000"]["false_alarms"]["per_1000"] for c in cells
+                if c["detectors"]["max_score>1000"]["false_alarms"]["per_1000"] is not None)
+    leads = sorted(c["detectors"]["max_score>1000"]["lead"]["median"] for c in cells)
+    warned = {n: sum(c["detectors"][n]["hits"]["hits"] for c in cells) for n in ("max_score>1000", "loss_spike",
+                                                                                  "grad_norm_spike", "log_z_drift")}
+    qk_on = [a for name, a in study["arms"].items() if name.startswith("qk-on")]
+    readme = " ".join((STUDY.parents[1] / "README.md").read_text(encoding="utf-8").split())
+    assert (breaks, warned["max_score>1000"], warned["loss_spike"], warned["grad_norm_spike"], warned["log_z_drift"]) \
+        == (17, 17, 1, 0, 0)
+    assert f"156 runs, {breaks} that learnt and then broke" in readme and sum(a["runs"] for a in study["arms"].values()) == 156
+    assert f"medians {leads[0]:g}–{leads[-1]:g} steps early" in readme
+    assert f"{fa[0]:.2f}–{fa[-1]:.2f} false alarms per 1,000 steps" in readme
+    assert f"warned {warned['loss_spike']} of {breaks} breaks" in readme
+    assert f"none of {sum(a['runs'] for a in qk_on)} runs broke" in readme and sum(a["mid_run_breaks"] for a in qk_on) == 0
+    # the defaults follow from the rule applied to these numbers
+    assert study["verdict"]["defaults"] == [] and [type(a) for a in default_alerts()] == [NonFinite]
