@@ -31,7 +31,8 @@ from attnscale.analysis import outcomes as oc
 from attnscale.errors import ConfigError
 
 __all__ = ["StudyDetector", "STUDY_DETECTORS", "BASELINES", "ATTENTION", "EARLY", "points", "watched", "reading",
-           "outcome_of", "judge", "verdict", "DEFAULT_RULE"]
+           "outcome_of", "judge", "verdict", "DEFAULT_RULE",
+           "hits_text", "per_1000_text", "lead_text"]
 
 EARLY = (0.10, 0.25)  # shares of a run's steps at which a detector's reading predicts a degraded end
 
@@ -298,3 +299,32 @@ def verdict(result: Mapping[str, Any], rungs: Sequence[float], qk_off: Sequence[
         out["detectors"][name] = {"qualifies": not why, "why_not": why}
     out["defaults"] = [n for n, d in out["detectors"].items() if d["qualifies"] and _BY_NAME[n].alert]
     return out
+
+
+# ---- the numbers as text, one way for the printout and the report ------------------------------------
+
+
+def hits_text(hits: dict[str, Any]) -> str:
+    """"k/n [lo%, hi%]" (Wilson), or "—" without a break to warn of."""
+    if not hits["breaks"]:
+        return "—"
+    lo, hi = hits["ci"]
+    return f"{hits['hits']}/{hits['breaks']} [{100 * lo:.0f}%, {100 * hi:.0f}%]"
+
+
+def per_1000_text(fa: dict[str, Any]) -> str:
+    """False alarms per 1,000 at-risk steps with its seed-bootstrap interval ("—" where no run held)."""
+    if fa["per_1000"] is None:
+        return "—"
+    ci = fa["ci"]
+    return f"{fa['per_1000']:.2f}" + (" (no interval)" if ci is None else f" [{ci[0]:.2f}, {ci[1]:.2f}]")
+
+
+def lead_text(lead: dict[str, Any]) -> str:
+    """Median lead in steps with its seed-bootstrap interval ("—" without a hit; one hit has no interval)."""
+    if lead["median"] is None:
+        return "—"
+    ci = lead["ci"]
+    if ci is None:
+        return f"{lead['median']:g} (one run)" if lead.get("hits") == 1 else f"{lead['median']:g} (no interval)"
+    return f"{lead['median']:g} [{ci[0]:g}, {ci[1]:g}]"

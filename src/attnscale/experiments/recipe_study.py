@@ -26,7 +26,7 @@ from attnscale.terminal import table
 
 __all__ = ["GROUP", "RUNG_SEEDS", "OTHER_SEEDS", "StudyConfig", "study_preset", "read_pilot", "study_specs",
            "rows_of", "run_study", "format_study", "study_json", "PILOT_FILE", "write_pilot", "read_kept_pilot",
-           "judged", "hits_text", "per_1000_text", "lead_text"]
+           "judged"]
 
 GROUP = "warn-recipe"
 RUNG_SEEDS = tuple(range(16))  # on the rungs the pilot chose
@@ -190,33 +190,9 @@ def _per_1000(fa: dict) -> str:
     return f"{fa['per_1000']:.2f}" + ("" if ci is None else f" [{ci[0]:.2f}, {ci[1]:.2f}]")
 
 
-def hits_text(hits: dict[str, Any]) -> str:
-    """"k/n [lo%, hi%]" (Wilson), or "—" without a break to warn of."""
-    if not hits["breaks"]:
-        return "—"
-    lo, hi = hits["ci"]
-    return f"{hits['hits']}/{hits['breaks']} [{100 * lo:.0f}%, {100 * hi:.0f}%]"
-
-
-def per_1000_text(fa: dict[str, Any]) -> str:
-    """False alarms per 1,000 at-risk steps with its seed-bootstrap interval ("—" where no run held)."""
-    if fa["per_1000"] is None:
-        return "—"
-    ci = fa["ci"]
-    return f"{fa['per_1000']:.2f}" + (" (no interval)" if ci is None else f" [{ci[0]:.2f}, {ci[1]:.2f}]")
-
-
-def lead_text(lead: dict[str, Any]) -> str:
-    """Median lead in steps with its seed-bootstrap interval ("—" without a hit; one hit has no interval)."""
-    if lead["median"] is None:
-        return "—"
-    ci = lead["ci"]
-    if ci is None:
-        return f"{lead['median']:g} (one run)" if lead.get("hits") == 1 else f"{lead['median']:g} (no interval)"
-    return f"{lead['median']:g} [{ci[0]:g}, {ci[1]:g}]"
-
-
 def _lead(lead: dict) -> str:
+    from attnscale.analysis.recipe_judging import lead_text
+
     return lead_text(lead)
 
 

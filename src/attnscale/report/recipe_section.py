@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
-from attnscale.experiments.recipe_study import hits_text, lead_text, per_1000_text
+from attnscale.analysis.recipe_judging import hits_text, lead_text, per_1000_text
 from attnscale.report.blocks import Block, Bullets, Image, Para, Table, opening
 
 __all__ = ["TITLE", "blocks", "section", "example", "threshold_for", "hits_text", "per_1000_text", "lead_text"]
