@@ -304,18 +304,18 @@ def verdict(result: Mapping[str, Any], rungs: Sequence[float], qk_off: Sequence[
 # ---- the numbers as text, one way for the printout and the report ------------------------------------
 
 
-def hits_text(hits: dict[str, Any]) -> str:
-    """"k/n [lo%, hi%]" (Wilson), or "—" without a break to warn of."""
+def hits_text(hits: dict[str, Any], empty: str = "—") -> str:
+    """"k/n [lo%, hi%]" (Wilson), or ``empty`` without a break to warn of."""
     if not hits["breaks"]:
-        return "—"
+        return empty
     lo, hi = hits["ci"]
     return f"{hits['hits']}/{hits['breaks']} [{100 * lo:.0f}%, {100 * hi:.0f}%]"
 
 
-def per_1000_text(fa: dict[str, Any]) -> str:
-    """False alarms per 1,000 at-risk steps with its seed-bootstrap interval ("—" where no run held)."""
+def per_1000_text(fa: dict[str, Any], empty: str = "—") -> str:
+    """False alarms per 1,000 at-risk steps with its interval (``empty`` where no run held)."""
     if fa["per_1000"] is None:
-        return "—"
+        return empty
     ci = fa["ci"]
     return f"{fa['per_1000']:.2f}" + (" (no interval)" if ci is None else f" [{ci[0]:.2f}, {ci[1]:.2f}]")
 

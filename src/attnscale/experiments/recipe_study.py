@@ -176,29 +176,11 @@ def judged(rows: list[dict[str, Any]], pilot: dict[str, Any], probe_every: int) 
 # ---- the printout ------------------------------------------------------------------------------
 
 
-def _rate(hits: dict) -> str:
-    if not hits["breaks"]:
-        return "— (no break)"
-    lo, hi = hits["ci"]
-    return f"{hits['hits']}/{hits['breaks']} [{lo:.0%}, {hi:.0%}]"
-
-
-def _per_1000(fa: dict) -> str:
-    if fa["per_1000"] is None:
-        return "— (no run held)"
-    ci = fa["ci"]
-    return f"{fa['per_1000']:.2f}" + ("" if ci is None else f" [{ci[0]:.2f}, {ci[1]:.2f}]")
-
-
-def _lead(lead: dict) -> str:
-    from attnscale.analysis.recipe_judging import lead_text
-
-    return lead_text(lead)
-
-
 def format_study(result: dict[str, Any]) -> str:
     """The outcome counts per cell, then per detector on the chosen rungs' cells: judged hits, false alarms
     per 1,000 at-risk steps and median lead (95% intervals), its lead against the loss's spike; the verdict."""
+    from attnscale.analysis.recipe_judging import hits_text, lead_text, per_1000_text
+
     p = result["pilot"]
     lines = [f"Pilot: no-attention floor {p['floor']:.3f} nats, best run {p['best']:.3f}, learned under {p['level']:.3f}; "
              f"chosen rungs {' '.join(f'{lr:g}' for lr in p['chosen'])}."]
@@ -213,7 +195,8 @@ def format_study(result: dict[str, Any]) -> str:
         rows = []
         for name, d in c["detectors"].items():
             v = c["versus"]["loss_spike"].get(name)
-            rows.append([name, _rate(d["hits"]), _per_1000(d["false_alarms"]), _lead(d["lead"]),
+            rows.append([name, hits_text(d["hits"], "— (no break)"), per_1000_text(d["false_alarms"], "— (no run held)"),
+                         lead_text(d["lead"]),
                          "—" if v is None else f"{v['verdict']}" + (" (Holm)" if v["holds"] else "")])
         lines += table(("detector", "hits [95% Wilson]", "false alarms / 1,000 steps [95%]", "median lead [95%]",
                         "vs the loss's spike"), rows, "<>>><")
