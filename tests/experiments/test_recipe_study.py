@@ -16,15 +16,15 @@ PILOT = {"bigram": 2.3, "uniform": 2.4, "floor": 2.3, "best": 1.5, "level": 1.9,
          "runs": 80}
 
 
-def test_the_plan_puts_sixteen_seeds_on_the_chosen_rungs_and_one_on_the_others():
+def test_the_plan_puts_24_seeds_on_the_chosen_rungs_and_one_on_the_others():
     cfg = st.study_preset(Path("pilot"))
     specs = st.study_specs(cfg, 104, PILOT)
-    assert len(specs) == 4 * (2 * 16 + 3 * 1) and len({s.run_id for s in specs}) == len(specs)
+    assert len(specs) == 4 * (2 * 24 + 3 * 1) and len({s.run_id for s in specs}) == len(specs)
     by = {}
     for s in specs:
         by.setdefault((s.model.scale, s.train.z_loss, s.train.lr), []).append(s.train.seed)
-    assert by[("qk_norm", 1e-4, 0.1)] == list(range(16)) and by[("inv_sqrt_d", 0.0, 0.3)] == [0]
-    s = next(s for s in specs if s.run_id == "study-qk-off-z1e-4-lr0.03-seed15")
+    assert by[("qk_norm", 1e-4, 0.1)] == list(range(24)) and by[("inv_sqrt_d", 0.0, 0.3)] == [0]
+    s = next(s for s in specs if s.run_id == "study-qk-off-z1e-4-lr0.03-seed23")
     t = s.train
     assert (s.model.norm, s.model.scale, t.z_loss, t.lr, t.steps, t.record_every, t.beta2, t.independent_wd,
             t.warmup, s.group) == ("pre", "inv_sqrt_d", 1e-4, 0.03, 1500, 10, 0.95, True, 500, "warn-recipe")
@@ -40,7 +40,7 @@ def test_no_study_seed_runs_without_a_finished_pilot_that_chose_rungs(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(ConfigError, match=r"has 0 finished runs of 6: finish it"):
         st.read_pilot(st.study_preset(tmp_path / "empty", "smoke"), corpus)
-    with pytest.raises(ConfigError, match="study rung_seeds must be distinct seeds among 0–15"):
+    with pytest.raises(ConfigError, match="study rung_seeds must be distinct seeds among 0–23"):
         st.StudyConfig(rung_seeds=(0, 100))
 
 

@@ -271,7 +271,7 @@ def test_the_pilot_is_the_recipe_on_seeds_outside_the_study():
     s = next(s for s in specs if s.run_id == "pilot-qk-off-z1e-4-lr0.06-seed101")
     assert (s.model.scale, s.model.norm, s.train.z_loss, s.train.lr, s.train.seed, s.train.warmup, s.group) == (
         "inv_sqrt_d", "pre", 1e-4, 0.06, 101, 500, "warn-pilot")
-    with pytest.raises(ConfigError, match=r"pilot seeds must lie outside the study's seeds 0–15, got \[3\]"):
+    with pytest.raises(ConfigError, match=r"pilot seeds must lie outside the study's seeds 0–23, got \[3\]"):
         ws.PilotConfig(seeds=(3, 100))
     with pytest.raises(ConfigError, match="unknown pilot arm 'qk-maybe'"):
         ws.PilotConfig(arms=("qk-maybe",))
@@ -340,7 +340,7 @@ def test_the_smoke_pilot_runs_and_reports(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("args, words", [
-    (["--seeds", "3"], "pilot seeds must lie outside the study's seeds 0–15"),
+    (["--seeds", "3"], "pilot seeds must lie outside the study's seeds 0–23"),
     (["--family", "llama"], "--pilot trains the tiny LM's qk-norm-off recipe arms"),
     (["--warmup", "10", "20"], "give --warmup one value"),
 ])

@@ -21,6 +21,8 @@ def test_the_section_shows_each_detectors_judged_numbers_and_why_no_default_was_
     pilot = {"bigram": 2.5, "uniform": None, "floor": FLOOR, "best": 1.0, "level": LEVEL, "chosen": [0.1],
              "lrs": [0.1], "runs": 4}
     got = sec.section({"pilot": pilot, **result, "verdict": rs.verdict(result, [0.1])})
+    seeds = len({r["seed"] for r in CELL})
+    assert f"ladder, {seeds} seeds on the rungs its pilot chose (0.1)" in got[1].text
     tables = [b for b in got if isinstance(b, Table)]
     assert tables[0].rows == [["qk-off-z0", "0.1", 4, 4, "2 (2 + 0)", 2, 0]]
     row = next(r for r in tables[1].rows if r[0] == "max_score>100")

@@ -318,7 +318,7 @@ def add_warn_study(sub) -> None:
                         "floor) on seeds outside the study: per rung, the runs that learnt, then broke mid-run (run "
                         "ids 'pilot-'); with --quick 6 runs of 40 steps, a smoke check")
     p.add_argument("--study", type=Path, metavar="PILOT_DIR",
-                   help="the study proper: the recipe's four arms on the pilot's ladder, seeds 0–15 on the two "
+                   help="the study proper: the recipe's four arms on the pilot's ladder, seeds 0–23 on the two "
                         "rungs the finished pilot in PILOT_DIR chose and 0 on the others (run ids 'study-'); each "
                         "detector judged within each cell, thresholds cross-fitted over the seeds; with --quick, "
                         "on a --quick pilot, a smoke check")

@@ -3,7 +3,7 @@
 ``attnscale warn-study --study PILOT_DIR`` reads the finished pilot (``warn_study.run_pilot``) in
 ``PILOT_DIR``: its chosen rungs and its learned level, so that nothing of the study's own runs sets
 either. It then trains Wortsman et al. 2023's recipe (``warn_study.recipe_train``) in the four arms
-(qk-norm off/on × z-loss 0/1e-4) on every rung of the pilot's ladder: seeds 0–15 on the chosen
+(qk-norm off/on × z-loss 0/1e-4) on every rung of the pilot's ladder: seeds 0–23 on the chosen
 rungs, seed 0 on the others. Each run keeps its loss at every step and, every 10 steps, every
 head's measures, the gradient norm, log Z and the q/k weight RMS. ``analysis.recipe_judging.judge``
 then judges every detector within each cell, with thresholds cross-fitted over the seeds, and
@@ -29,7 +29,7 @@ __all__ = ["GROUP", "RUNG_SEEDS", "OTHER_SEEDS", "StudyConfig", "study_preset", 
            "judged"]
 
 GROUP = "warn-recipe"
-RUNG_SEEDS = tuple(range(16))  # on the rungs the pilot chose
+RUNG_SEEDS = tuple(range(24))  # on the rungs the pilot chose
 OTHER_SEEDS = (0,)  # on every other rung of the ladder: each arm's best rate, and what the detectors say there
 
 

@@ -276,7 +276,7 @@ def as_json_all(results: list[dict[str, Any]]) -> dict[str, Any]:
 # outcomes are ``analysis.outcomes``, the learned level set from the pilot's own best run.
 
 PILOT_GROUP = "warn-pilot"
-STUDY_SEEDS = tuple(range(16))  # the study's seeds: a pilot seed may not be one of them
+STUDY_SEEDS = tuple(range(24))  # the study's seeds: a pilot seed may not be one of them
 PILOT_SEEDS = (100, 101, 102, 103)
 # up to Wortsman et al.'s largest, 3e-1, finest where runs stop holding and start to fall back (docs/warn-study.md)
 PILOT_LRS = (1e-2, 3e-2, 6e-2, 7e-2, 8e-2, 9e-2, 1e-1, 2e-1, 3e-1)

@@ -86,9 +86,10 @@ def section(result: dict[str, Any], unfinished=()) -> list[Block]:
     """The blocks for ``recipe_study.judged``'s ``result``."""
     p = result["pilot"]
     chosen = " and ".join(f"{lr:g}" for lr in p["chosen"])
+    seeds = len(result["halves"]["first"]) + len(result["halves"]["second"])
     b: list[Block] = opening(TITLE, (
         "Wortsman et al. 2023's small-scale recipe in four arms (qk-norm off/on × z-loss 0/1e-4) over a learning-rate "
-        f"ladder, 16 seeds on the rungs its pilot chose ({chosen}) and fewer elsewhere. A run *learned* when its 20-step "
+        f"ladder, {seeds} seeds on the rungs its pilot chose ({chosen}) and fewer elsewhere. A run *learned* when its 20-step "
         f"mean loss went under {p['level']:.3f} nats (halfway from the no-attention floor, {p['floor']:.3f}, to the "
         f"pilot's best run, {p['best']:.3f}); a *mid-run break* is a learned run whose 20-step mean rose 0.5 nats above "
         "its running minimum and stayed 0.3 above it for 50 steps, or whose loss went non-finite. Each detector is "
