@@ -260,6 +260,7 @@ def train(
     weights: Path | None = None,
     on_step: Callable[[int, int, dict], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    watch: Any = None,
 ) -> dict[str, Any]:
     """Train, record diagnostics, evaluate on ``corpus.valid``; return the results
     (the fields of ``runs.record.TrainResults``).
@@ -267,6 +268,11 @@ def train(
     ``log(line)`` receives each recorded step as it is recorded (a resumed run
     first replays the lines its checkpoint holds). ``on_step(step, steps, info)``
     is called after every step; ``should_stop()`` ends the run early (status "stopped").
+
+    ``watch``: an ``attnscale.watch.Attached`` (a ``Watch``'s options, checked when it was made), attached
+    as the Trainer and Lightning callbacks attach it: its ``Watch`` is made on the model the steps run
+    when training starts, follows every update, and an alert whose action is "stop" ends the run
+    ("stopped"); its sinks are closed when training ends, however it ends.
 
     ``checkpoint``: with ``checkpoint_every`` > 0, the model, optimiser and batch
     generator are saved there every that many steps; a later call with the same
@@ -283,7 +289,7 @@ def train(
     if checkpoint is not None and train_cfg.checkpoint_every:
         ckpt = Checkpoint(Path(checkpoint), run_config(model_cfg, train_cfg, corpus))
     with threads(train_cfg.threads):
-        results = _train(model_cfg, train_cfg, corpus, log, on_step, should_stop, ckpt, weights)
+        results = _train(model_cfg, train_cfg, corpus, log, on_step, should_stop, ckpt, weights, watch)
     return results
 
 
@@ -477,10 +483,23 @@ def _record_trained(run: Run, corpus) -> float:
     return value
 
 
-def _train(model_cfg, cfg, corpus, log_line, on_step, should_stop, ckpt, weights) -> dict[str, Any]:
+def _train(model_cfg, cfg, corpus, log_line, on_step, should_stop, ckpt, weights, watch=None) -> dict[str, Any]:
     """Build, resume, step, record the trained model, evaluate, keep the weights: the run's results."""
     run = build_run(model_cfg, cfg, log_line)
     start, notes = _resume(run, ckpt)
+    if watch is None:
+        return _steps(run, corpus, start, notes, on_step, should_stop, ckpt, weights)
+    watch.start(run.net, start)
+    try:
+        return _steps(run, corpus, start, notes, on_step,
+                      lambda: watch.should_stop or (should_stop is not None and should_stop()), ckpt, weights, watch)
+    finally:
+        watch.finish()
+
+
+def _steps(run: Run, corpus, start: int, notes: list[str], on_step, should_stop, ckpt, weights,
+           watch=None) -> dict[str, Any]:
+    cfg = run.cfg
     status, diverged_at, step, in_a_row = "done", None, start, 0
     while step < cfg.steps:
         if should_stop is not None and should_stop():
@@ -498,6 +517,8 @@ def _train(model_cfg, cfg, corpus, log_line, on_step, should_stop, ckpt, weights
             run.skipped += 1
             continue
         step += 1
+        if watch is not None:
+            watch.after_step(step)
         if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:  # the last: the run's own evaluation
             run.evals.append(_held_out(run, corpus, step))
         if ckpt is not None and step % cfg.checkpoint_every == 0 and step < cfg.steps:

@@ -6,7 +6,7 @@
 
 What a run attaches, over the capture floor (``attnscale.capture``, which reads
 q and k and reduces them): ``loop`` (``Watch``, for a plain loop), ``callbacks/``
-(a Trainer or Lightning ``WatchCallback``), ``alerts``, ``logs/`` (the watch
+(a Trainer or Lightning ``WatchCallback``; ``Attached``, for attnscale's own loop), ``alerts``, ``logs/`` (the watch
 log's line and the sinks), ``clip/`` (QK-Clip). Those names load on first use,
 so ``import attnscale.watch`` stays light.
 """
@@ -27,6 +27,7 @@ _LAZY = {
     "capture_flash": "attnscale.capture.flash",
     "Watch": "attnscale.watch.loop",
     "WatchCallback": "attnscale.watch.callbacks.hf",
+    "Attached": "attnscale.watch.callbacks.attach",
     "QKClip": "attnscale.watch.clip.qk_clip",
     **{name: "attnscale.watch.logs.sinks" for name in ("JsonlSink", "CsvSink", "TensorBoardSink", "WandbSink")},
     **{name: "attnscale.watch.alerts" for name in ("Alert", "Alerts", "Firing", "default_alerts", "MaxScore", "Collapsed",

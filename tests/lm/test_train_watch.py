@@ -1,0 +1,58 @@
+"""attnscale's own training loop takes the watch as the Trainer and Lightning callbacks do: the probes land at
+their steps with the numbers of the weights trained so far, the run's own numbers are untouched, and a "stop"
+alert ends the run as "stopped"."""
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from attnscale.core.hooks import hooked
+from attnscale.lm.data import batches
+from attnscale.lm.model import ModelConfig, TinyLM
+from attnscale.lm.train import TrainConfig, train
+from attnscale.watch.alerts import MaxScore
+from attnscale.watch import Attached
+from attnscale.watch.logs.line import read_log
+from attnscale.watch.logs.sinks import JsonlSink
+from reference import head_summary
+from tiny_corpus import V, corpus  # noqa: F401  (the fixture)
+
+MODEL = ModelConfig(vocab_size=V, context=8, d_model=16, n_layers=2, n_heads=2, head_dim=4)
+TRAIN = TrainConfig(steps=6, batch=4, lr=1e-2, warmup=2, record_every=3, eval_batches=2, threads=1)
+
+
+def _numbers(res):  # everything the run reports but wall-clock time
+    return ([{k: v for k, v in row.items() if k != "elapsed_s"} for row in res["history"]], res["losses"],
+            res["perplexity"], res["status"])
+
+
+def test_the_watch_probes_the_weights_trained_so_far_and_leaves_the_runs_numbers_alone(corpus, tmp_path):
+    alone = train(MODEL, TRAIN, corpus)
+    log, weights = tmp_path / "watch.jsonl", tmp_path / "w.safetensors"
+    watched = train(MODEL, TRAIN, corpus, watch=Attached(every=2, sinks=[JsonlSink(log)], probe_sequences=3),
+                    weights=weights)
+    assert _numbers(watched) == _numbers(alone)
+    lines = read_log(log)
+    assert [line.step for line in lines] == [2, 4, 6]
+    # the probe is the first batch the model saw (the seed's generator's first draw), cut to 3 sequences,
+    # measured on the weights after step 6: the run's final weights
+    x_BT, _ = batches(corpus.train, TRAIN.batch, MODEL.context, torch.Generator().manual_seed(TRAIN.seed))
+    model = TinyLM(MODEL)
+    model.load_state_dict(load_file(weights))
+    with torch.no_grad(), hooked(model, "blocks.*.attn.hook_*") as cache:
+        model(x_BT[:3])
+    last = lines[-1]
+    for layer in range(MODEL.n_layers):
+        want = head_summary(cache[f"blocks.{layer}.attn.hook_scores"].double(),
+                            cache[f"blocks.{layer}.attn.hook_pattern"].double())
+        for measure in ("max_score", "spread", "effective_words"):
+            assert last.grid(measure)[layer] == pytest.approx(want[measure], rel=1e-4), (layer, measure)
+
+
+def test_a_stop_alert_ends_the_run_at_its_probe_and_the_log_is_closed(corpus, tmp_path):
+    log = tmp_path / "watch.jsonl"
+    res = train(MODEL, TRAIN, corpus, watch=Attached(every=2, sinks=[JsonlSink(log)],
+                                                     alerts=[MaxScore(tau=1e-6, action="stop")]))
+    assert (res["status"], res["steps_done"], len(res["losses"])) == ("stopped", 2, 2)
+    lines = read_log(log)
+    assert [line.step for line in lines] == [2] and lines[0].alerts
