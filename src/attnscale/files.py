@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
-from dataclasses import asdict, is_dataclass
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +16,10 @@ __all__ = ["atomic_write_bytes", "atomic_write_json", "to_jsonable"]
 
 
 def to_jsonable(obj: Any) -> Any:
-    """Dataclasses, paths, tuples and numpy/torch scalars to plain JSON values."""
+    """Dataclasses, paths, tuples and numpy/torch scalars to plain JSON values. A dataclass field whose
+    metadata says ``json=False`` (tensors kept for the library, read in JSON through other fields) is left out."""
     if is_dataclass(obj) and not isinstance(obj, type):
-        return to_jsonable(asdict(obj))
+        return {f.name: to_jsonable(getattr(obj, f.name)) for f in fields(obj) if f.metadata.get("json", True)}
     if isinstance(obj, dict):
         return {str(k): to_jsonable(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):

@@ -69,6 +69,34 @@ def test_attnscale_model_matches_its_own_hooks_and_head_summary():
             assert [m[key] for m in mine] == pytest.approx(values, rel=1e-4, abs=1e-5), key
 
 
+def test_inspect_the_watch_and_training_carry_one_result_type_with_the_same_numbers():
+    """The model's own scheme of inspect, a watch probe and a training step's record of the same model on the
+    same batch: one ``HeadStats`` each, per head the same numbers, each equal to float64 by hand."""
+    from attnscale.capture.own import capture_weights
+    from attnscale.capture.stats import HeadStats
+    from attnscale.lm.step_measures import Recorder
+    from attnscale.watch import measure_heads
+
+    model, x = tiny_lm(), ids()
+    with hooked(model, ["*hook_scores", "*hook_pattern"]) as cache:
+        model(x)
+    inspected = inspect_model(model, x, max_tokens=32).stats["model"]
+    probed = measure_heads(model, x)
+    rec = Recorder(["blocks.0.attn", "blocks.1.attn"], threshold=0.99, sequences=len(x))
+    with torch.no_grad(), capture_weights(model, rec):
+        model(x)
+    recorded = rec.stats(rec.tensor().tolist())  # what a training step's one read-back carries
+    assert all(isinstance(s, HeadStats) for s in (inspected, probed, recorded))
+    for layer in range(2):
+        ref = head_summary(cache[f"blocks.{layer}.attn.hook_scores"].double(),
+                           cache[f"blocks.{layer}.attn.hook_pattern"].double())
+        for stats in (inspected, probed, recorded):
+            for m, name in enumerate(stats.measures):
+                assert stats.values_LMH[layer, m].tolist() == pytest.approx(ref[name], rel=1e-4, abs=1e-6), name
+            # every query row that sees two keys or more: all but the first of each of the 3 causal sequences
+            assert stats.rows_LH[layer].tolist() == [3 * 31] * 4
+
+
 def test_batches_pool_to_the_same_numbers_as_one_pass():
     model, x = tiny_lm(), ids(B=4)
     one = inspect_model(model, x, max_tokens=32, batch=4)

@@ -32,8 +32,8 @@ from attnscale.capture.ranks import TensorParallel, reduce_sums
 from attnscale.capture.reduce import DEFAULT_MEMORY, reduce_call
 from attnscale.capture.sums import HeadSums
 from attnscale.capture.route import Route, capturing
-from attnscale.capture.stats import HeadStats
-from attnscale.core.diagnostics import FROZEN_THRESHOLD, HEAD_MEASURES, measuring_device
+from attnscale.capture.stats import HeadStats, pack, unpack
+from attnscale.core.diagnostics import FROZEN_THRESHOLD, measuring_device
 from attnscale.errors import ConfigError
 
 __all__ = ["Inputs", "first_sequences", "forward", "input_device", "measure", "measure_heads", "padding_of", "probing",
@@ -171,19 +171,7 @@ def stats_of(sums: list[HeadSums], names: list[str], sample_rows: int | None = N
     """The ``HeadStats`` of layers reduced one ``HeadSums`` each (with its name), read back to the CPU in one
     transfer: a probe's own, or those of a caller that captures the forward itself (the watch in the
     training forward). ``sample_rows``: whether rows were sampled (the row measures' standard errors)."""
-    heads = max(s.heads for s in sums)
-    L, M = len(sums), len(HEAD_MEASURES)
-    dev = sums[0].device
-    parts = torch.full((L, M + 1 + 2 + (M - 2), heads), float("nan"), dtype=torch.float64, device=dev)
-    for i, s in enumerate(sums):
-        parts[i, :, :s.heads] = torch.cat([s.measures(), s.rows[None], s.bias_range(), s.standard_errors()])
-    parts = parts.cpu()  # the probe's one read-back
-    rows = torch.nan_to_num(parts[:, M], nan=0.0)
-    bias = parts[:, M + 1:M + 3].transpose(1, 2)
-    has_bias = bool(torch.isfinite(bias).any())
-    return HeadStats(parts[:, :M].float(), rows, HEAD_MEASURES, tuple(names), tuple(s.heads for s in sums),
-                     bias_LH2=bias if has_bias else None,
-                     errors_LRH=parts[:, M + 3:] if sample_rows is not None else None)
+    return unpack(pack(sums).cpu(), tuple(names), tuple(s.heads for s in sums), errors=sample_rows is not None)
 
 
 def measure_heads(model: nn.Module, batch: Any, *, threshold: float = FROZEN_THRESHOLD, capture: str = "auto",

@@ -1,4 +1,9 @@
-"""``HeadStats``: the per-head numbers of one probe, and what a logger takes from them."""
+"""``HeadStats``: the per-head numbers of one measurement, and what a logger takes from them.
+
+It is the one result type of the one reduction (``capture.sums.HeadSums``): a watch probe's, a training
+step's record and each scheme of ``attnscale inspect``. ``pack`` lays a forward's ``HeadSums`` out as
+one tensor on their device, so that the numbers cross to the host in one transfer (a training step's
+is shared with its loss), and ``unpack`` reads them back as ``HeadStats``."""
 
 from __future__ import annotations
 
@@ -6,16 +11,18 @@ from dataclasses import dataclass
 
 import torch
 
+from attnscale.capture.sums import ROW_MEASURES, HeadSums
 from attnscale.core.diagnostics import COLLAPSED_WORDS, HEAD_MEASURES, reduce_heads
 
-__all__ = ["HeadStats"]
+__all__ = ["HeadStats", "pack", "unpack", "packed_width"]
 
 
 @dataclass(frozen=True, eq=False)  # tensors inside: compared by identity
 class HeadStats:
     """Per-head measurements of one probe.
 
-    ``values_LMH``: float32 on the CPU, (layers, len(HEAD_MEASURES), heads); a
+    ``values_LMH``: float32 on the CPU (float64 from inspect, whose tables keep every digit of the
+    reduction), (layers, len(HEAD_MEASURES), heads); a
     layer is one attention call, in the order the model made them. NaN where a
     head measured nothing (a layer with fewer heads, a head whose every row saw
     fewer than two keys), and also where a head that counted rows met NaN in
@@ -48,6 +55,13 @@ class HeadStats:
         if measure not in self.measures:
             raise KeyError(f"no measure {measure!r}; choose one of {', '.join(self.measures)}")
         return self.values_LMH[:, self.measures.index(measure)]
+
+    def grids(self) -> dict[str, list[list[float]]]:
+        """Each measure as a list per layer of its heads' floats, NaN kept and heads a layer lacks left out:
+        the rows a training run records (``lm.step_measures``) and inspect's tables read."""
+        values = self.values_LMH.tolist()
+        return {name: [layer[m][: self._heads_of(l)] for l, layer in enumerate(values)]
+                for m, name in enumerate(self.measures)}
 
     def _lists(self, measure: str) -> list[list[float | None]]:
         return [[None if v != v else v for v in layer] for layer in self.get(measure).tolist()]
@@ -101,3 +115,33 @@ class HeadStats:
                         out[f"attn/layer_{l}/head_{h}/bias_min"], out[f"attn/layer_{l}/head_{h}/bias_max"] = layer[h]
         out.update(self.summary())
         return out
+
+
+def packed_width(errors: bool) -> int:
+    """The rows of ``pack``'s middle dim: the measures, the rows counted, the bias range, and the row
+    measures' standard errors where ``errors``."""
+    return len(HEAD_MEASURES) + 1 + 2 + (len(ROW_MEASURES) if errors else 0)
+
+
+def pack(sums: list[HeadSums], dtype: torch.dtype = torch.float64, errors: bool = True) -> torch.Tensor:
+    """(layers, ``packed_width(errors)``, widest heads) of ``dtype`` on the sums' device, NaN where a layer has
+    fewer heads: every layer's measures, rows counted, bias range and (``errors``) standard errors."""
+    heads = max(s.heads for s in sums)
+    parts = torch.full((len(sums), packed_width(errors), heads), float("nan"), dtype=dtype, device=sums[0].device)
+    for i, s in enumerate(sums):
+        mine = [s.measures(), s.rows[None], s.bias_range()] + ([s.standard_errors()] if errors else [])
+        parts[i, :, :s.heads] = torch.cat(mine)
+    return parts
+
+
+def unpack(parts: torch.Tensor, names: tuple[str, ...], layer_heads: tuple[int, ...],
+           errors: bool = False, dtype: torch.dtype = torch.float32) -> HeadStats:
+    """The ``HeadStats`` of ``pack``'s tensor once on the CPU (``errors``: keep the standard errors, where rows
+    were sampled and ``pack`` took them), its values of ``dtype``."""
+    M = len(HEAD_MEASURES)
+    parts = parts.double()
+    rows = torch.nan_to_num(parts[:, M], nan=0.0)
+    bias = parts[:, M + 1:M + 3].transpose(1, 2)
+    has_bias = bool(torch.isfinite(bias).any())
+    return HeadStats(parts[:, :M].to(dtype), rows, HEAD_MEASURES, tuple(names), tuple(layer_heads),
+                     bias_LH2=bias if has_bias else None, errors_LRH=parts[:, M + 3:] if errors else None)

@@ -27,6 +27,7 @@ import torch
 
 from attnscale.capture.call import AttentionCall
 from attnscale.capture.reduce import dense, reduce_call
+from attnscale.capture.stats import HeadStats, pack, unpack
 from attnscale.capture.sums import HeadSums
 from attnscale.core import diagnostics as D
 from attnscale.core.diagnostics import FROZEN_HEAD_SHARE, FROZEN_THRESHOLD, HEAD_MEASURES, measuring_device
@@ -74,6 +75,8 @@ class InspectConfig:
 class InspectResult:
     """Per-head measurements of one model on one text, with where its scale comes from.
 
+    ``stats``: per scheme, the ``HeadStats`` every measurement of attnscale gives (a watch probe's, a
+    training step's), of which the rest is a reading.
     ``rows``: one per (layer, head), each scheme's ``diagnostics.HEAD_MEASURES``.
     ``per_layer``: per layer, each scheme's mean over the layer's heads.
     ``frozen_heads``: per scheme, the heads with more than ``frozen_head_share``
@@ -100,6 +103,7 @@ class InspectResult:
     frozen_heads: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     frozen_head_share: float = FROZEN_HEAD_SHARE
     max_tokens: int | None = None  # the length sequences were cut to
+    stats: dict[str, HeadStats] = field(default_factory=dict, metadata={"json": False})  # JSON: rows
 
     @property
     def schemes(self) -> tuple[str, ...]:
@@ -165,20 +169,20 @@ class HeadCheck:
         if len({(l.factor, l.softcap) for l in layers.values()}) > 1:
             notes.append("the scale differs between layers: " + ", ".join(f"{i}: {l.factor:.6g}" for i, l in sorted(layers.items())))
         schemes = (MODEL, *self.cfg.what_ifs)
-        rows = []
-        for i in sorted(layers):
-            per = {scheme: dict(zip(HEAD_MEASURES, self._sums[(i, scheme)].measures().tolist())) for scheme in schemes}
-            for h in range(layers[i].heads):
-                row = {"layer": i, "head": h}
-                row.update({scheme: {k: v[h] for k, v in per[scheme].items()} for scheme in per})
-                rows.append(row)
+        order = sorted(layers)
+        names, heads = tuple(f"layer {i}" for i in order), tuple(layers[i].heads for i in order)
+        stats = {scheme: unpack(pack([self._sums[(i, scheme)] for i in order]).cpu(), names, heads, dtype=torch.float64)
+                 for scheme in schemes}
+        grids = {scheme: stats[scheme].grids() for scheme in schemes}
+        rows = [{"layer": i, "head": h, **{scheme: {k: grids[scheme][k][n][h] for k in HEAD_MEASURES} for scheme in schemes}}
+                for n, i in enumerate(order) for h in range(layers[i].heads)]
         return InspectResult(
             model=model, architecture=f"{architecture} ({first.architecture})", layers=len(layers), heads=first.heads,
             kv_heads=first.kv_heads, head_dim=first.head_dim, causal=first.causal, scale=first.factor,
             scale_source=first.source, softcap=first.softcap, sequences=len(sequences), sequences_available=available,
             tokens=sum(len(s) for s in sequences), threshold=self.cfg.threshold, what_ifs=tuple(self.cfg.what_ifs),
             rows=rows, notes=notes, per_layer=layer_means(rows, schemes), frozen_heads=frozen_heads(rows, schemes),
-            max_tokens=self.cfg.max_tokens,
+            max_tokens=self.cfg.max_tokens, stats=stats,
         )
 
 

@@ -3,7 +3,8 @@
 Every ``record_every`` steps the forward pass goes through the capture floor's
 ``capture_weights``: each layer's scores, as the model computes them, are
 reduced on the spot by the one per-head reduction (``capture.reduce.reduce_scores``,
-over the first few sequences of the batch) and dropped, so recording costs one
+over the first few sequences of the batch, into a ``HeadSums`` per layer) and dropped, and read back as
+the ``HeadStats`` the watch and inspect give (``capture.stats``), so recording costs one
 explicit-attention forward and a few reductions, not an extra pass or kept
 tensors. The reductions stay on the device until the step's one read-back
 (``read_back``). On MPS, which has no float64 for the reductions, the layers'
@@ -18,8 +19,10 @@ from typing import Any
 
 import torch
 
-from attnscale.capture.own import capture_weights
+from attnscale.capture.own import attention_modules, capture_weights
 from attnscale.capture.reduce import reduce_scores
+from attnscale.capture.stats import HeadStats, pack, packed_width, unpack
+from attnscale.capture.sums import HeadSums
 from attnscale.core.diagnostics import HEAD_MEASURES, reduce_heads
 from attnscale.lm.model import TinyLM
 
@@ -35,16 +38,16 @@ DEFERRED = ("mps",)
 
 class Recorder:
     """Called with each layer's scores (and pattern, which the reduction recomputes from them); reduces
-    them at once, on the device.
+    them at once, on the device, into the layer's ``HeadSums``: the one reduction the watch and inspect use.
 
-    The reductions stay tensors until ``row``, so a recording step reads the
-    device back once (``read_back`` joins them with the step's loss). On a
-    ``DEFERRED`` device the (few sequences of) scores are kept instead, and
-    ``read_back`` reduces them after the one transfer."""
+    The sums stay on the device until the step's one read-back: ``tensor`` packs them
+    (``capture.stats.pack``) for ``read_back`` to join with the step's loss, and ``stats`` reads them back
+    as the ``HeadStats`` every measurement gives. On a ``DEFERRED`` device the (few sequences of) scores
+    are kept instead, and ``read_back`` reduces them after the one transfer."""
 
-    def __init__(self, n_layers: int, threshold: float, sequences: int):
-        self.threshold, self.sequences = threshold, sequences
-        self.layers: list[torch.Tensor | None] = [None] * n_layers
+    def __init__(self, names: list[str], threshold: float, sequences: int):
+        self.names, self.threshold, self.sequences = tuple(names), threshold, sequences
+        self.layers: list[HeadSums | None] = [None] * len(names)
         self.pending: list[tuple[int, torch.Tensor]] = []
 
     def __call__(self, layer: int, scores_BHTT: torch.Tensor, pattern_BHTT: torch.Tensor | None = None) -> None:
@@ -53,34 +56,31 @@ class Recorder:
         if scores_BHTT.device.type in DEFERRED:  # no sync here: a copy waits on the device for the read-back
             self.pending.append((layer, scores_BHTT.clone()))
         else:
-            self.layers[layer] = self._reduce(scores_BHTT)
-
-    def _reduce(self, scores_BHTT: torch.Tensor) -> torch.Tensor:
-        return reduce_scores(scores_BHTT, threshold=self.threshold).measures().float()
+            self.layers[layer] = reduce_scores(scores_BHTT, threshold=self.threshold)
 
     def reduce(self, flat: torch.Tensor) -> None:
         """Reduce the pending layers from ``flat``, their scores (as ``float()``, flattened, in ``pending``'s
         order) already on the CPU."""
         start = 0
         for layer, scores in self.pending:
-            self.layers[layer] = self._reduce(flat[start : start + scores.numel()].view(scores.shape))
+            self.layers[layer] = reduce_scores(flat[start : start + scores.numel()].view(scores.shape),
+                                               threshold=self.threshold)
             start += scores.numel()
         self.pending = []
 
     def tensor(self) -> torch.Tensor:
-        """Every diagnostic, flattened from shape (layers, len(DIAGNOSTICS), heads)."""
-        return torch.stack(self.layers).flatten()
+        """Every layer's packed sums (``capture.stats.pack``, float32, no standard errors: no row is sampled), flat."""
+        return pack(self.layers, torch.float32, errors=False).flatten()
+
+    def stats(self, values: list[float]) -> HeadStats:
+        """The ``HeadStats`` of ``tensor().tolist()``."""
+        shape = (len(self.layers), packed_width(errors=False), -1)
+        return unpack(torch.tensor(values, dtype=torch.float32).view(shape), self.names,
+                      tuple(s.heads for s in self.layers))
 
     def row(self, values: list[float]) -> dict[str, list[list[float]]]:
-        """Each diagnostic as a [layer][head] list, from ``tensor().tolist()``."""
-        n_layers, n_measures = len(self.layers), len(DIAGNOSTICS)
-        heads = len(values) // (n_layers * n_measures)
-        out: dict[str, list[list[float]]] = {k: [] for k in DIAGNOSTICS}
-        for layer in range(n_layers):
-            for m, k in enumerate(DIAGNOSTICS):
-                start = (layer * n_measures + m) * heads
-                out[k].append(values[start : start + heads])
-        return out
+        """Each diagnostic as a [layer][head] list (``HeadStats.grids``), from ``tensor().tolist()``."""
+        return self.stats(values).grids()
 
 
 def read_back(rec: Recorder | None, *scalars: torch.Tensor) -> tuple[list[float], dict | None]:
@@ -104,7 +104,7 @@ def recording(model: TinyLM, due: bool, threshold: float, sequences: int):
     if not due:
         yield None
         return
-    rec = Recorder(model.cfg.n_layers, threshold, sequences)
+    rec = Recorder([name for name, _ in attention_modules(model)], threshold, sequences)
     with capture_weights(model, rec):
         yield rec
 
