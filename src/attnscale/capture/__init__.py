@@ -12,6 +12,8 @@ The floor below the watch, training's step measures and inspect, above ``core``:
   (anything else); ``intercept`` is what the captures of functions share; ``route`` picks one;
 - ``reduce``: ``reduce_call``, a call in blocks of query rows, folded into ``sums``: ``HeadSums``, the only
   code that computes the head measures;
-- ``probe``: one forward, every call reduced (``measure_heads``), ``stats``: its ``HeadStats``;
+- ``probe``: one forward, every call reduced (``measure_heads``); ``stats``: ``HeadStats``, the one result
+  type of every measurement (a probe's, a training step's record, each inspect scheme), read back from
+  the sums by ``pack``/``unpack``;
 - ``ranks``: the same numbers across ``torch.distributed`` ranks, in one collective.
 """
