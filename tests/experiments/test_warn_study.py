@@ -3,6 +3,7 @@ through the runs/ layer (records, resume, the report section), the analysis on h
 chosen on half the seeds, rates read on the other half), bad input, and the section's figures."""
 
 import json
+import math
 from dataclasses import replace
 from pathlib import Path
 
@@ -357,18 +358,26 @@ def test_the_readme_and_docs_give_the_recipe_studys_numbers_as_its_record_has_th
     chosen = study["pilot"]["chosen"]
     cells = [c for c in study["cells"] if c["lr"] in chosen and c["arm"].startswith("qk-off")]
     breaks = sum(c["mid_run_breaks"] for c in cells)
-    fa = sorted(c["detectors"]["max_score>1000"]["false_alarms"]["per_1000"] for c in cells
-                if c["detectors"]["max_score>1000"]["false_alarms"]["per_1000"] is not None)
-    leads = sorted(c["detectors"]["max_score>1000"]["lead"]["median"] for c in cells)
+    fa = sorted((c["detectors"]["max_score>1000"]["false_alarms"] for c in cells
+                 if c["detectors"]["max_score>1000"]["false_alarms"]["per_1000"] is not None), key=lambda f: f["per_1000"])
+    leads = sorted((c["detectors"]["max_score>1000"]["lead"] for c in cells), key=lambda d: d["median"])
+    earlier = [c["lr"] for c in cells if c["versus"]["loss_spike"]["max_score>1000"]["holds"]]
     warned = {n: sum(c["detectors"][n]["hits"]["hits"] for c in cells) for n in ("max_score>1000", "loss_spike",
                                                                                   "grad_norm_spike", "log_z_drift")}
     qk_on = [a for name, a in study["arms"].items() if name.startswith("qk-on")]
     readme = " ".join((STUDY.parents[1] / "README.md").read_text(encoding="utf-8").split())
     assert (breaks, warned["max_score>1000"], warned["loss_spike"], warned["grad_norm_spike"], warned["log_z_drift"]) \
-        == (17, 17, 1, 0, 0)
-    assert f"156 runs, {breaks} that learnt and then broke" in readme and sum(a["runs"] for a in study["arms"].values()) == 156
-    assert f"medians {leads[0]:g}–{leads[-1]:g} steps early" in readme
-    assert f"{fa[0]:.2f}–{fa[-1]:.2f} false alarms per 1,000 steps" in readme
+        == (22, 22, 1, 0, 0)
+    assert f"220 runs, {breaks} that learnt and then broke" in readme and sum(a["runs"] for a in study["arms"].values()) == 220
+    def lead(d):  # the interval's ends widened to whole steps, as the report prints them
+        return f"{d['median']:g} [{math.floor(d['ci'][0])}, {math.ceil(d['ci'][1])}]"
+
+    def rate(f):
+        return f"{f['per_1000']:.2f} [{f['ci'][0]:.2f}, {f['ci'][1]:.2f}]"
+
+    assert f"median leads by cell from {lead(leads[0])} to {lead(leads[-1])} steps" in readme
+    assert f"{rate(fa[0])} to {rate(fa[-1])} false alarms per 1,000 steps" in readme
+    assert earlier == [0.08, 0.08] and "Holm-corrected, in both cells at 8e-2" in readme
     assert f"warned {warned['loss_spike']} of {breaks} breaks" in readme
     assert f"none of {sum(a['runs'] for a in qk_on)} runs broke" in readme and sum(a["mid_run_breaks"] for a in qk_on) == 0
     # the defaults follow from the rule applied to these numbers

@@ -41,6 +41,8 @@ def test_texts_say_dash_where_there_is_nothing_to_count():
     assert sec.lead_text({"median": None, "ci": None}) == "—"
     assert sec.lead_text({"hits": 1, "median": 30, "ci": None}) == "30 (one run)"
     assert sec.lead_text({"hits": 4, "median": 30, "ci": (10, 50)}) == "30 [10, 50]"
+    # a percentile between whole steps widens to the steps around it; a median of two is the half-step it is
+    assert sec.lead_text({"hits": 4, "median": 568.5, "ci": (425.788, 639.2)}) == "568.5 [425, 640]"
 
 
 def test_the_example_is_the_first_break_of_a_chosen_rung_with_the_alarms_it_was_judged_by(tmp_path, monkeypatch):

@@ -321,10 +321,11 @@ def per_1000_text(fa: dict[str, Any], empty: str = "—") -> str:
 
 
 def lead_text(lead: dict[str, Any]) -> str:
-    """Median lead in steps with its seed-bootstrap interval ("—" without a hit; one hit has no interval)."""
+    """Median lead in steps with its seed-bootstrap interval ("—" without a hit; one hit has no interval). The
+    interval's ends, percentiles that fall between whole steps, are widened to the whole steps around them."""
     if lead["median"] is None:
         return "—"
     ci = lead["ci"]
     if ci is None:
         return f"{lead['median']:g} (one run)" if lead.get("hits") == 1 else f"{lead['median']:g} (no interval)"
-    return f"{lead['median']:g} [{ci[0]:g}, {ci[1]:g}]"
+    return f"{lead['median']:g} [{math.floor(ci[0])}, {math.ceil(ci[1])}]"
