@@ -380,5 +380,9 @@ def test_the_readme_and_docs_give_the_recipe_studys_numbers_as_its_record_has_th
     assert earlier == [0.08, 0.08] and "Holm-corrected, in both cells at 8e-2" in readme
     assert f"warned {warned['loss_spike']} of {breaks} breaks" in readme
     assert f"none of {sum(a['runs'] for a in qk_on)} runs broke" in readme and sum(a["mid_run_breaks"] for a in qk_on) == 0
+    quiet = [c["detectors"][n]["false_alarms"] for c in study["cells"] if c["lr"] in chosen and c["arm"].startswith("qk-on")
+             for n in ("max_score>100", "max_score>1000", "max_score>10000", "max_score", "entropy_collapse")]
+    assert len(quiet) == 20 and {f["false_alarms"] for f in quiet} == {0}
+    assert {tuple(round(x, 2) for x in f["ci"]) for f in quiet} == {(0.0, 0.17)} and "no attention alert fired (0 per 1,000 steps, [0, 0.17] in each cell)" in readme
     # the defaults follow from the rule applied to these numbers
     assert study["verdict"]["defaults"] == [] and [type(a) for a in default_alerts()] == [NonFinite]
