@@ -96,6 +96,31 @@ def test_bad_config_raises_one_helpful_line(kw, words):
     assert "\n" not in str(err.value)
 
 
+@pytest.mark.parametrize(
+    "kw, line",
+    [
+        ({"n_heads": 0}, "model n_heads must be a positive integer, got 0"),
+        ({"head_dim": 0}, "model head_dim must be a positive integer or None (= d_model // n_heads), got 0"),
+        ({"head_dim": None, "d_model": 10, "n_heads": 3},
+         "model d_model=10 is not divisible by n_heads=3; change one, or set head_dim to decouple the head width"),
+        ({"scale": "sqrt"}, "model scale 'sqrt' is unknown; choose one of: none, inv_sqrt_d, inv_d, qk_norm, softcap, "
+                            "learned_temp, uniform"),
+        ({"init": "xavier"}, "model init 'xavier' is unknown; choose one of: torch, gpt2, unit"),
+        ({"norm": "mid"}, "model norm 'mid' is unknown; choose one of: pre, post"),
+    ],
+)
+def test_each_refusal_is_the_line_a_user_reads(kw, line):
+    with pytest.raises(ConfigError) as err:
+        tiny(**kw)
+    assert str(err.value) == line
+
+
+def test_a_head_one_wide_is_a_head():
+    model = TinyLM(tiny(head_dim=1))
+    assert model.blocks[0].attn.q_proj.weight.shape == (model.cfg.n_heads, model.cfg.d_model)
+    assert model(torch.zeros(1, 4, dtype=torch.long)).shape == (1, 4, model.cfg.vocab_size)
+
+
 def test_too_long_sequence_raises():
     with pytest.raises(ConfigError, match="context"):
         TinyLM(tiny())(torch.zeros(1, 9, dtype=torch.long))
@@ -110,6 +135,11 @@ def test_build_model_is_seeded_and_leaves_global_rng_alone():
     b = build_model(tiny(), seed=1)
     assert torch.equal(before, after)
     assert all(torch.equal(p, q) for p, q in zip(a.parameters(), b.parameters()))
+    # without a seed it draws from the caller's generator, as TinyLM itself does
+    torch.manual_seed(7)
+    c = build_model(tiny())
+    torch.manual_seed(7)
+    assert c.cfg == tiny() and all(torch.equal(p, q) for p, q in zip(c.parameters(), TinyLM(tiny()).parameters()))
 
 
 def test_tied_embeddings_share_one_tensor():
