@@ -24,7 +24,6 @@ THROUGH_CALLERS = {
     "capture/own": "tests/capture/test_capture_calls.py: one capture among the routes tested side by side",
     "capture/route": "tests/capture/test_capture_calls.py: the choice among the captures",
     "capture/sdpa": "tests/capture/test_capture_calls.py: one capture among the routes tested side by side",
-    "capture/options": "tests/watch/test_watch_options.py: checked where the watch and the probe take them",
     "cli/__main__": "tests/cli/test_cli_training.py: the entry point run in a subprocess",
     "drawing": "tests/report/test_plots.py: every figure is drawn through it",
     "errors": "tests/cli/test_cli_options.py: raised by every room, one line at the command line",
