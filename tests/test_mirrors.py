@@ -25,7 +25,6 @@ THROUGH_CALLERS = {
     "capture/route": "tests/capture/test_capture_calls.py: the choice among the captures",
     "capture/sdpa": "tests/capture/test_capture_calls.py: one capture among the routes tested side by side",
     "cli/__main__": "tests/cli/test_cli_training.py: the entry point run in a subprocess",
-    "drawing": "tests/report/test_plots.py: every figure is drawn through it",
     "errors": "tests/cli/test_cli_options.py: raised by every room, one line at the command line",
     "experiments/training_config": "tests/experiments/test_sweep.py: the fields every training config shares",
     "files": "tests/runs/test_runs.py: the writer under every record",
