@@ -34,7 +34,6 @@ THROUGH_CALLERS = {
     "report/setup_section": "tests/experiments/test_setup_study.py: built from the setup study's runs",
     "report/warn_plots": "tests/report/test_recipe_section.py: drawn beside the warning section's tables",
     "report/warn_section": "tests/experiments/test_warn_study.py: built from the divergence study's runs",
-    "runs/ray_connect": "tests/runs/test_ray_cluster.py: needs the Ray cluster that file starts",
     "runs/record": "tests/runs/test_runs.py: the schema and the store, read and written together",
     "runs/runner": "tests/runs/test_sweep_runner.py: a sweep, resumed, killed and run in workers",
     "runs/store": "tests/runs/test_runs.py: the schema and the store, read and written together",
