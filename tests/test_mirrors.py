@@ -37,7 +37,6 @@ THROUGH_CALLERS = {
     "runs/record": "tests/runs/test_runs.py: the schema and the store, read and written together",
     "runs/runner": "tests/runs/test_sweep_runner.py: a sweep, resumed, killed and run in workers",
     "runs/store": "tests/runs/test_runs.py: the schema and the store, read and written together",
-    "watch/callbacks/attach": "tests/watch/test_watch_hf.py: by each framework's callback, as test_watch_lightning",
     "watch/clip/projections": "tests/watch/test_watch_qk_clip.py: the rows QK-Clip scales, checked by clipping",
 }
 

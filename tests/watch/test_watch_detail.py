@@ -12,16 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from attnscale.lm.model import ModelConfig, build_model
-from attnscale.watch.callbacks.attach import Attached
+from attnscale.lm.model import build_model
 from attnscale.watch.logs.heatmaps import heatmap
 from attnscale.watch.logs.line import WatchLine, read_log
 from attnscale.watch.logs.sinks import CsvSink, JsonlSink, TensorBoardSink, WandbSink, scalars
 from attnscale.watch.loop import Watch
+from watch_models import TWO_LAYERS as CONFIG
 from watch_readers import tensorboard_scalars, wandb_history
 
 MEASURES = ("spread", "max_score", "effective_words", "frozen_fraction", "push", "max_weight")
-CONFIG = ModelConfig(vocab_size=40, context=12, d_model=16, n_layers=2, n_heads=2, head_dim=8)
 
 
 def record(step: int = 7) -> WatchLine:
@@ -109,16 +108,6 @@ def test_csv_by_layer_holds_the_layer_reductions(tmp_path):
     assert [r["layer"] for r in rows] == ["0", "1"] and "head" not in rows[0]
     assert float(rows[1]["frozen_fraction"]) == pytest.approx(BY_HAND[1]["frozen_fraction"])
     assert float(rows[1]["rows"]) == 200.0
-
-
-def test_the_callbacks_report_what_detail_says():
-    callback = Attached(every=1, probe=torch.zeros(2, 12, dtype=torch.long), alerts=(), detail="layers")
-    callback.start(build_model(CONFIG, seed=0))
-    numbers = callback.after_step(1)
-    callback.finish()
-    assert "attn/layer_1/max_score" in numbers and not any("/head_" in k for k in numbers)
-    with pytest.raises(ValueError, match="detail takes one of"):
-        Attached(detail="head")
 
 
 def _tensorboard_images(log_dir) -> dict[str, dict[int, np.ndarray]]:
