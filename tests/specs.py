@@ -14,6 +14,9 @@ from attnscale.runs.runner import CorpusSpec, RunSpec
 
 CORPUS = CorpusSpec("default")
 TINY = TrainConfig(steps=8, batch=4, warmup=1, record_every=4, eval_batches=2)
+# the dynamics and sweep experiments' own tiny runs, built from their configs rather than from RunSpecs
+TINY_MODEL = {"context": 16, "d_model": 16, "n_layers": 1, "n_heads": 2}
+TINY_TRAIN = TrainConfig(steps=6, batch=4, warmup=1, record_every=3, eval_batches=2)
 
 
 @pytest.fixture(scope="module")

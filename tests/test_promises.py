@@ -141,7 +141,7 @@ def test_inspect_reads_its_text_from_a_file(tmp_path, capsys):
 
 
 # 37 s on a 2-core CPU without avx512 (the GGUF is dequantised on every load); the packaged model by its
-# name, the same loader, is headcheck/test_inspect.py's, in every run
+# name, the same loader, is headcheck/test_headcheck_hf.py's, in every run
 @pytest.mark.hf
 @pytest.mark.slow
 def test_a_bare_gguf_path_is_a_model(capsys):

@@ -111,11 +111,3 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, capsys):
         assert main(["schemes", *bad, "--out", str(tmp_path)]) == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and err.startswith("attnscale: error: ")
-
-
-def test_a_report_without_the_study_leaves_the_section_out(tmp_path):
-    from test_report import write_runs
-
-    paths = report.build(write_runs(tmp_path / "runs", training=False))
-    assert TITLE not in paths["markdown"].read_text()
-    assert not any(name.startswith("schemes-") for name in paths)

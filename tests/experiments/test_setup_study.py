@@ -1,7 +1,6 @@
 """The setup study (`attnscale study`): its config, its runs, reuse by config, and its report section."""
 
 from dataclasses import replace
-from types import SimpleNamespace
 
 import pytest
 
@@ -11,7 +10,7 @@ from attnscale.errors import ConfigError
 from attnscale.experiments import setup_study, sweep
 from attnscale.lm.presets import FULL_STEPS, budget, with_steps
 from attnscale.lm.study_axes import AXES
-from attnscale.report import assemble, course, setup_section
+from attnscale.report import assemble, setup_section
 from attnscale.runs import store
 from attnscale.runs.record import TrainRun
 
@@ -133,17 +132,6 @@ def test_study_end_to_end_reuses_by_config_and_reports(tmp_path):
     assert paths["study-end-spread"].stat().st_size > 10_000
     panel = setup_section._panels(setup_section.summary(list(runs.values()))[0])["norm placement"]
     assert [label for label, _ in panel] == ["post (base)", "pre"] and set(panel[0][1]) == {"none", "inv_sqrt_d"}
-
-
-def test_a_verdict_that_does_not_agree_names_the_study_measurement(monkeypatch):
-    v = course.Verdict("dynamics", "… grows to over 5,000", "> 5,000", "1,900", "> 5,000", course.PARTLY,
-                       note="up from 21", key="end_spread")
-    ok = replace(v, verdict=course.AGREES, key="end_frozen")
-    monkeypatch.setattr(course, "evaluate", lambda runs: [v, ok])
-    monkeypatch.setattr(setup_section, "notes", lambda runs: {"end_spread": "setup study: lr 9e-3 reaches 6,500",
-                                                              "end_frozen": "not shown: that claim agrees"})
-    got = assemble.verdicts(SimpleNamespace(end_state=()))  # no end-state run among the records
-    assert got[0].note == "up from 21; setup study: lr 9e-3 reaches 6,500" and got[1].note == "up from 21"
 
 
 @pytest.mark.parametrize("args, words", [

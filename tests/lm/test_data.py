@@ -6,7 +6,6 @@ import functools
 import gzip
 import hashlib
 import http.server
-import socket
 import threading
 from pathlib import Path
 
@@ -16,27 +15,13 @@ import torch
 from attnscale.lm import data
 from attnscale.lm.data import batches, check_length, eval_batches, load_corpus
 from attnscale.errors import ConfigError
+from corpus_files import _closed_port, _private_cache, _write  # noqa: F401  (_private_cache: the autouse fixture)
 
 WIKITEXT2_TRAIN_SHA = "9e9fa1ad55b1c2c95b08e37dd8e653f638fac2c6de904b79e813611eefbc985f"
 
 
 # small files in the corpora's formats, written for the tests (tests/fixtures/README.md)
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(autouse=True)
-def _private_cache(tmp_path, monkeypatch):
-    """Every test gets its own cache, and no test can reach the real sources."""
-    monkeypatch.setenv("ATTNSCALE_CACHE", str(tmp_path / "cache"))
-    monkeypatch.setenv(data.MIRROR_ENV, f"http://127.0.0.1:{_closed_port()}")
-    for var in ("no_proxy", "NO_PROXY"):  # a CI proxy must not swallow requests to the local server
-        monkeypatch.setenv(var, "127.0.0.1,localhost")
 
 
 @pytest.fixture
@@ -67,13 +52,6 @@ def _toy_source(monkeypatch, train: bytes, valid: bytes) -> None:
     monkeypatch.setitem(data.SOURCES, "toy", data.Source("https://example.invalid/toy/", files, "word"))
 
 
-def _write(folder: Path, **files: str) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        (folder / name.replace("_", ".")).write_text(text, encoding="utf-8")
-    return folder
-
-
 # --- the embedded default corpus ---------------------------------------------------------
 
 
@@ -102,39 +80,6 @@ def test_repeated_load_comes_from_the_token_cache(tmp_path):
     again = load_corpus("default", "word", cache_dir=tmp_path / "c")
     assert torch.equal(first.train, again.train) and torch.equal(first.valid, again.valid)
     assert again.vocab_size == first.vocab_size and again.decode(again.valid[:50]) == first.decode(first.valid[:50])
-
-
-def test_bpe_round_trips_and_is_cached(tmp_path):
-    corpus = load_corpus("default", "bpe", bpe_vocab=300, cache_dir=tmp_path)
-    assert corpus.tokenizer == "bpe" and corpus.vocab_size == 300
-    assert len(corpus.train) < 0.9 * 418_002  # merges do compress the text
-    text = "Held-out text, «unicode» too: 𝔘 ✓\n  indented\n"
-    assert corpus.decode(corpus.encode(text)) == text
-    assert list((tmp_path / "bpe").glob("*-300.json"))
-
-
-@pytest.mark.parametrize("tokenizer", ["word", "char", "bpe"])
-def test_held_out_text_never_shapes_the_vocabulary(tmp_path, tokenizer):
-    train = "the cat sat on the mat\nthe dog sat on the log\n" * 40
-    # Separate caches, so the second vocabulary is fitted afresh rather than read back.
-    a = load_corpus(str(_write(tmp_path / "a", train_txt=train, valid_txt="the cat sat\n")), tokenizer,
-                    bpe_vocab=280, cache_dir=tmp_path / "cache_a")
-    b = load_corpus(str(_write(tmp_path / "b", train_txt=train, valid_txt="zebra quokka xylophone\n" * 50)),
-                    tokenizer, bpe_vocab=280, cache_dir=tmp_path / "cache_b")
-    assert a.vocab_size == b.vocab_size and torch.equal(a.train, b.train)
-    assert a.encode("zebra").tolist() == b.encode("zebra").tolist()
-    if tokenizer != "bpe":  # unseen words and characters become the unknown id
-        unk = a.codec.unk
-        assert (b.valid == unk).any() and not (b.train == unk).any()
-
-
-def test_word_tokens_follow_pytorch_word_language_model(tmp_path):
-    folder = _write(tmp_path / "w", train_txt=" a b \n\n c a \n", valid_txt="a z\n")
-    corpus = load_corpus(str(folder), "word")
-    # Lines: " a b ", "", " c a " -> a b <eos> <eos> c a <eos>; ids by first appearance, <unk> appended.
-    assert corpus.codec.itos == ["a", "b", "<eos>", "c", "<unk>"]
-    assert corpus.train.tolist() == [0, 1, 2, 2, 3, 0, 2]
-    assert corpus.valid.tolist() == [0, 4, 2]
 
 
 # --- downloads: checksum, cache, offline ---------------------------------------------------

@@ -35,3 +35,11 @@ def words_only(monkeypatch):
         return path
 
     monkeypatch.setattr(drawing, "save", save)
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    """The packaged default corpus, character tokens: the held-out split the frozen-share tests read."""
+    from attnscale.runs.runner import CorpusSpec
+
+    return CorpusSpec("default", "char").load()

@@ -248,8 +248,7 @@ def test_a_followed_watch_page_shows_the_log_as_it_grows(page, tmp_path):
     import sys
     import time
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "watch"))
-    from test_watch_report import _record
+    from test_watch_page import _record
 
     from attnscale.watch.logs.sinks import JsonlSink
 

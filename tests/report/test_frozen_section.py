@@ -4,25 +4,12 @@ import math
 import statistics
 from types import SimpleNamespace
 
-import pytest
-
 from attnscale.headcheck.thresholds import THRESHOLDS, frozen_by_threshold
 from attnscale.report import frozen_section, held_out
 from attnscale.analysis.estimates import plus_minus
 from attnscale.runs.record import TrainRun
-from attnscale.runs.runner import CorpusSpec
 
 from run_folders import _cfg, _run_dir
-
-
-@pytest.fixture(scope="module")
-def corpus():
-    return CorpusSpec("default", "char").load()
-
-
-def test_held_out_sequences_are_the_split_cut_in_order(corpus):
-    ids = held_out.sequences(corpus, 3, 32)
-    assert ids.shape == (3, 32) and ids.flatten().tolist() == corpus.valid[:96].tolist()
 
 
 def test_the_table_prints_each_runs_shares_and_the_seeds_mean(tmp_path, corpus):

@@ -1,16 +1,12 @@
 """attnscale watch-report --follow: the page of a log that is still being written, rebuilt as it grows."""
 
-import sys
-from pathlib import Path
-
 import pytest
 
 from attnscale.cli import main
 from attnscale.report import watch_page
 from attnscale.watch.logs.sinks import JsonlSink
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "watch"))
-from test_watch_report import _record  # noqa: E402  the watch log's records of the page's own tests
+from test_watch_page import _record  # the watch log's records of the page's own tests
 
 
 def test_follow_waits_builds_rebuilds_and_keeps_the_page_through_a_half_written_line(tmp_path):

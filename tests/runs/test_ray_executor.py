@@ -313,20 +313,6 @@ def test_a_run_leaves_the_scratch_of_another_cluster_on_this_host_alone(cluster,
             shutil.rmtree(folder, ignore_errors=True)
 
 
-def test_an_address_where_no_cluster_listens_is_one_line(capsys, tmp_path):
-    pytest.importorskip("ray", reason="Ray cannot be imported here: pip install 'attnscale[ray]'")
-    import socket
-
-    with socket.socket() as s:  # a port nothing listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    args = ["sweep", "--widths", "8", "--quick", "--out", str(tmp_path)]
-    assert main(args + ["--ray-address", f"127.0.0.1:{port}"]) == 2
-    assert "add --executor ray" in capsys.readouterr().err
-    assert main(args + ["--executor", "ray", "--ray-address", f"127.0.0.1:{port}"]) == 2
-    assert "no Ray cluster answers there" in capsys.readouterr().err
-
-
 def test_dynamics_through_ray(cluster, tmp_path, capsys):
     """A command's --executor ray on this module's instance (one Ray start for both files' default tests)."""
     out = tmp_path / "dyn"

@@ -12,16 +12,15 @@ import numpy as np
 import pytest
 import torch
 
-from attnscale.lm.model import ModelConfig, build_model
-from attnscale.watch.callbacks.attach import Attached
-from attnscale.watch.logs.heatmaps import RAMP, heatmap, image_measures
+from attnscale.lm.model import build_model
+from attnscale.watch.logs.heatmaps import heatmap
 from attnscale.watch.logs.line import WatchLine, read_log
 from attnscale.watch.logs.sinks import CsvSink, JsonlSink, TensorBoardSink, WandbSink, scalars
 from attnscale.watch.loop import Watch
+from watch_models import TWO_LAYERS as CONFIG
 from watch_readers import tensorboard_scalars, wandb_history
 
 MEASURES = ("spread", "max_score", "effective_words", "frozen_fraction", "push", "max_weight")
-CONFIG = ModelConfig(vocab_size=40, context=12, d_model=16, n_layers=2, n_heads=2, head_dim=8)
 
 
 def record(step: int = 7) -> WatchLine:
@@ -109,33 +108,6 @@ def test_csv_by_layer_holds_the_layer_reductions(tmp_path):
     assert [r["layer"] for r in rows] == ["0", "1"] and "head" not in rows[0]
     assert float(rows[1]["frozen_fraction"]) == pytest.approx(BY_HAND[1]["frozen_fraction"])
     assert float(rows[1]["rows"]) == 200.0
-
-
-def test_the_callbacks_report_what_detail_says():
-    callback = Attached(every=1, probe=torch.zeros(2, 12, dtype=torch.long), alerts=(), detail="layers")
-    callback.start(build_model(CONFIG, seed=0))
-    numbers = callback.after_step(1)
-    callback.finish()
-    assert "attn/layer_1/max_score" in numbers and not any("/head_" in k for k in numbers)
-    with pytest.raises(ValueError, match="detail takes one of"):
-        Attached(detail="head")
-
-
-def test_a_heatmap_puts_layers_down_and_heads_across_on_viridis():
-    grid = [[0.0, 1.0, 2.0], [None, 3.0, 4.0]]
-    image, lo, hi = heatmap(grid, "max_score")
-    assert image.shape == (2 * 16, 3 * 16, 3) and image.dtype == np.uint8 and (lo, hi) == (0.0, 4.0)
-    cell = lambda layer, head: tuple(image[16 * layer + 8, 16 * head + 8])  # noqa: E731
-    assert cell(0, 0) == tuple(RAMP[0]) and cell(1, 2) == tuple(RAMP[4]) and cell(0, 2) == tuple(RAMP[2])
-    assert cell(1, 0) == (255, 255, 255)  # no value
-    assert cell(0, 1) == tuple(RAMP[1])  # a quarter of the way: the second of the ramp's five colours
-    between, _, _ = heatmap([[0.0, 0.5, 4.0]], "max_score")
-    assert tuple(between[8, 24]) == tuple(np.rint((RAMP[0] + RAMP[1]) / 2))  # an eighth: halfway between the two
-    fixed, lo, hi = heatmap([[0.5, 1.0]], "frozen_fraction")  # a share spans 0 to 1 whatever the probe holds
-    assert (lo, hi) == (0.0, 1.0) and tuple(fixed[0, 0]) == tuple(RAMP[2])
-    assert image_measures(True) == ("max_score", "effective_words", "frozen_fraction") and image_measures(False) == ()
-    with pytest.raises(ValueError, match="images takes"):
-        image_measures(["entropy"])
 
 
 def _tensorboard_images(log_dir) -> dict[str, dict[int, np.ndarray]]:

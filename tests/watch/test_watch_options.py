@@ -7,22 +7,14 @@ import math
 import pytest
 import torch
 
-from attnscale.capture.options import WatchOptions
-from attnscale.capture.probe import measure, measure_heads
+from attnscale.capture.probe import measure_heads
 from attnscale.errors import ConfigError
-from attnscale.lm.model import ModelConfig, build_model
 from attnscale.watch.alerts import Collapsed, Frozen, MaxScore, Spike
 from attnscale.watch.callbacks.attach import Attached
 from attnscale.watch.logs.line import read_log
 from attnscale.watch.logs.sinks import JsonlSink
 from attnscale.watch.loop import Watch
-
-CONFIG = ModelConfig(vocab_size=40, context=12, d_model=16, n_layers=1, n_heads=2, head_dim=8)
-IDS = torch.randint(0, 40, (3, 12), generator=torch.Generator().manual_seed(0))
-
-
-def _model():
-    return build_model(CONFIG, seed=0)
+from watch_models import IDS, _model
 
 
 def _train(model, watch, steps: int, before=None) -> int:
@@ -139,36 +131,6 @@ def test_an_alert_that_could_never_fire_is_refused_when_made(make, says):
 
 def test_valid_limits_still_make_alerts():
     assert (MaxScore(tau=100).tau, Frozen(limit=0.0).limit, Collapsed(words=1.5).words) == (100, 0.0, 1.5)
-
-
-@pytest.mark.parametrize("kw, says", [
-    ({"threshold": -1}, "threshold takes a number between 0 and 1"),
-    ({"tensor_parallel": "tp"}, "tensor_parallel takes"),
-    ({"adapter": "q_proj"}, "adapter takes"),
-    ({"sample_rows": 1}, "sample_rows takes an integer of at least 2"),
-])
-def test_measure_refuses_the_same_options_before_any_forward(kw, says):
-    calls = []
-    model = _model()
-    model.register_forward_pre_hook(lambda *a: calls.append(1))
-    with pytest.raises(ConfigError, match=says):
-        measure(model, IDS, **kw)
-    assert calls == []
-
-
-@pytest.mark.parametrize("batch", [IDS[:0], IDS[:, :0], {"idx_BT": IDS[:0]}])
-def test_measure_refuses_an_empty_batch_in_one_line(batch):
-    with pytest.raises(ConfigError, match="the probe batch is empty"):
-        measure_heads(_model(), batch)
-
-
-def test_the_defaults_are_valid_and_the_options_are_one_frozen_value():
-    options = WatchOptions()
-    assert (options.every, options.threshold, options.on_error) == (100, 0.99, "warn")
-    with pytest.raises(AttributeError):
-        options.every = 3
-    watch = Watch(_model(), every=1, probe=IDS, alerts=())
-    assert watch.options.probe_sequences == 4 and watch.on_error == "warn"
 
 
 def test_sample_rows_beyond_the_sequence_logs_the_rows_really_measured(tmp_path):

@@ -1,48 +1,9 @@
-"""The command line, through the real entry points: output, JSON, records, bad input."""
-
-import json
-import os
-import subprocess
-import sys
+"""The command line's vocabulary: a mistake is one line with exit 2 and, where something is close, a guess;
+every option has its help; the defaults are the library's."""
 
 import pytest
 
 from attnscale.cli import main
-
-
-def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "attnscale.cli", *args], capture_output=True, text=True, timeout=120)
-
-
-def test_spread_json_rows(capsys):
-    assert main(["spread", "--widths", "4", "64", "--pairs", "2000", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
-    assert [r["head_dim"] for r in rows] == [4, 64]
-    assert {"head_dim", "scale", "raw_spread", "scaled_spread", "sqrt_d"} <= set(rows[0])
-
-
-def test_fresh_table_and_record(tmp_path, capsys):
-    out = tmp_path / "fresh"
-    assert main(["fresh", "--widths", "256", "--sequences", "20", "--out", str(out)]) == 0
-    text = capsys.readouterr().out
-    assert "1/√d" in text and "of its weight on word" in text
-    record = json.loads((out / "record.json").read_text())
-    assert record["config"]["seed"] == 0 and record["environment"]["torch"]
-    assert {r["scale"] for r in record["results"]["rows"]} == {"none", "inv_sqrt_d"}
-    assert (out / "fresh.png").exists()
-
-
-def test_fresh_json_keys(capsys):
-    assert main(["fresh", "--widths", "32", "--sequences", "5", "--scale", "inv_d", "--json"]) == 0
-    rows = json.loads(capsys.readouterr().out)
-    assert rows[0]["scale"] == "inv_d"
-    assert {"effective_words_median", "frozen_fraction", "max_weight_mean", "push_median"} <= set(rows[0])
-
-
-def test_same_seed_same_output_to_the_last_digit():
-    a = run_cli("spread", "--widths", "16", "--pairs", "300", "--seed", "7", "--json")
-    b = run_cli("spread", "--widths", "16", "--pairs", "300", "--seed", "7", "--json")
-    assert a.returncode == 0 and a.stdout == b.stdout
 
 
 @pytest.mark.parametrize(
@@ -66,24 +27,6 @@ def test_bad_input_is_one_line_exit_2(args, needle, capsys):
     assert "Traceback" not in err
     assert len(err.strip().splitlines()) == 1, err
     assert needle in err
-
-
-@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere; tested with a path under a file instead")
-def test_unwritable_out_nonroot(tmp_path):
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    ro.chmod(0o500)
-    r = run_cli("spread", "--widths", "4", "--out", str(ro / "x"))
-    assert r.returncode == 2 and "--out" in r.stderr
-
-
-def test_unwritable_out(tmp_path):
-    blocker = tmp_path / "a-file"
-    blocker.write_text("")
-    r = run_cli("spread", "--widths", "4", "--out", str(blocker / "sub"))
-    assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert r.stderr.startswith("attnscale: error: --out: cannot write to")
-    assert len(r.stderr.strip().splitlines()) == 1
 
 
 def _commands():
@@ -119,13 +62,6 @@ def test_defaults_are_the_librarys():
     assert tuple(defaults["fresh"]["head_dims"]) == FreshConfig().head_dims
     assert defaults["fresh"]["threshold"] == defaults["inspect"]["threshold"] == FROZEN_THRESHOLD == 0.99
     assert defaults["spread"]["pairs"] == 20_000  # the README's default
-
-
-def test_learned_scheme_prints_nothing_on_stderr():
-    r = run_cli("spread", "--widths", "4", "16", "--pairs", "200", "--scale", "learned_temp", "qk_norm")
-    assert r.returncode == 0 and r.stderr == ""
-    r = run_cli("fresh", "--widths", "8", "--sequences", "2", "--scale", "learned_temp", "--init", "model")
-    assert r.returncode == 0 and r.stderr == ""
 
 
 @pytest.mark.parametrize("argv, expected", [

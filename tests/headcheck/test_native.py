@@ -1,4 +1,4 @@
-"""attnscale inspect --model RUN_DIR: a finished run's final weights (model.safetensors
+"""headcheck.native, through attnscale inspect --model RUN_DIR: a finished run's final weights (model.safetensors
 beside record.json) or an interrupted run's checkpoint.pt."""
 
 import json

@@ -1,4 +1,4 @@
-"""Experiments 3 and 4 (dynamics, width sweep): configs, presets, rows, the gap and where it starts."""
+"""Experiment 4 (width sweep): its config, the presets it shares with dynamics, rows, the gap and where it starts."""
 
 from dataclasses import replace
 
@@ -6,10 +6,7 @@ import pytest
 
 from attnscale.errors import ConfigError
 from attnscale.experiments import dynamics, sweep
-from attnscale.lm.train import TrainConfig
-
-TINY_MODEL = {"context": 16, "d_model": 16, "n_layers": 1, "n_heads": 2}
-TINY_TRAIN = TrainConfig(steps=6, batch=4, warmup=1, record_every=3, eval_batches=2)
+from specs import TINY_MODEL, TINY_TRAIN
 
 
 def row(head_dim, scale, seed, ppl, status="done", lr=None):
@@ -90,15 +87,6 @@ def test_sweep_config_rejects_bad_values(bad, words):
         sweep.SweepConfig(**bad)
 
 
-@pytest.mark.parametrize("bad, words", [(dict(head_dim=0), "head_dim must be a positive integer, got 0"),
-                                        (dict(scales=()), r"scales must be distinct scheme names, got \(\)"),
-                                        (dict(scales=("nope",)), "model scale 'nope' is unknown"),
-                                        (dict(seed=-2), "seed must be a non-negative integer, got -2")])
-def test_dynamics_config_rejects_bad_values(bad, words):
-    with pytest.raises(ConfigError, match=words):
-        dynamics.DynamicsConfig(**bad)
-
-
 @pytest.mark.parametrize("quick", [True, False])
 def test_presets_make_the_dynamics_pair_the_sweeps_widest_pair(quick):
     dyn = dynamics.preset(quick=quick, seed=3)
@@ -124,22 +112,6 @@ def test_experiment_presets_take_the_budget_and_load_no_corpus_when_given_its_vo
 
 
 # ---- tiny real runs -----------------------------------------------------------------
-
-
-def test_dynamics_run_records_start_and_end(tmp_path):
-    cfg = dynamics.DynamicsConfig(head_dim=32, model=TINY_MODEL, train=TINY_TRAIN, seed=1)
-    rows = dynamics.run(cfg, tmp_path, progress=False)
-    assert [(r["run_id"], r["status"]) for r in rows] == [("d32-none-s1", "done"), ("d32-inv_sqrt_d-s1", "done")]
-    none, scaled = rows
-    assert none["start"]["spread"] > scaled["start"]["spread"]  # the unscaled scores start louder
-    assert none["valid_ppl"] > 1 and none["end"]["effective_words"] >= 1
-    from attnscale.runs import record
-
-    assert record.read(tmp_path / "d32-none-s1").group == "dynamics"
-    text = dynamics.format_table(rows)
-    assert "d32" not in text and "→" in text
-    # schemes by the names readers know (the report's), not the registry's keys
-    assert [line.split()[1] for line in text.splitlines()[1:3]] == ["none", "1/√d"]
 
 
 def test_sweep_runs_any_registered_scheme(tmp_path):

@@ -1,30 +1,11 @@
-"""The spread and fresh-head experiments: the course's first two measurements."""
+"""The fresh-head experiment: at unit init, how much of a row's weight one word takes, with and without the scale."""
 
 import json
-import math
 
 import pytest
 
 from attnscale.errors import ConfigError
-from attnscale.experiments import fresh, spread
-
-
-def test_spread_grows_like_sqrt_d_within_sampling_error():
-    rows = spread.run(spread.SpreadConfig(head_dims=(4, 64, 256), pairs=20000))
-    for r in rows:
-        # 4 standard errors: fails by chance about once in 15,000 runs
-        assert abs(r["raw_spread"] - math.sqrt(r["head_dim"])) < 4 * r["raw_spread_se"]
-        assert r["scaled_spread"] == pytest.approx(1.0, rel=4 * r["raw_spread_se"] / r["raw_spread"])
-        # the delta-method SE agrees with the theory: ½·sqrt((2 + 6/d)/n) relative
-        theory = 0.5 * math.sqrt((2 + 6 / r["head_dim"]) / r["pairs"]) * math.sqrt(r["head_dim"])
-        assert r["raw_spread_se"] == pytest.approx(theory, rel=0.1)
-
-
-def test_same_seed_same_numbers_and_head_dims_independent():
-    a = spread.run(spread.SpreadConfig(head_dims=(8, 32), pairs=500, seed=3))
-    b = spread.run(spread.SpreadConfig(head_dims=(32,), pairs=500, seed=3))
-    assert a[1] == b[0]
-    assert spread.run(spread.SpreadConfig(head_dims=(8,), pairs=500, seed=4))[0] != a[0]
+from attnscale.experiments import fresh
 
 
 def test_fresh_unit_init_reproduces_the_chapter():
@@ -52,15 +33,6 @@ def test_fresh_model_init_runs_and_records_its_init(tmp_path):
 def test_illustration_goes_from_blend_to_one_word():
     ill = fresh.illustration(64, multipliers=(0.25, 32))
     assert ill["effective_words"][0] > 50 and ill["effective_words"][1] < 2
-
-
-@pytest.mark.parametrize("kwargs, words", [(dict(head_dims=(0,)), r"head_dims must be positive integers, got \(0,\)"),
-                                           (dict(head_dims=(-4,)), r"head_dims must be positive integers, got \(-4,\)"),
-                                           (dict(pairs=1), "pairs must be at least 2 to measure a spread, got 1"),
-                                           (dict(scales=("bogus",)), "unknown scale 'bogus'; choose one of: none, ")])
-def test_spread_bad_config_raises(kwargs, words):
-    with pytest.raises(ConfigError, match=words):
-        spread.SpreadConfig(**kwargs)
 
 
 @pytest.mark.parametrize("kwargs, words", [(dict(words=0), r"words must be at least 2 \(a row needs a choice\), got 0"),

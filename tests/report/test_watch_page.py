@@ -1,4 +1,5 @@
-"""attnscale watch-report: one self-contained page from a watch log; a bad log is one line, exit 2."""
+"""report.watch_page, through attnscale watch-report: one self-contained page from a watch log; a bad log is one
+line, exit 2."""
 
 import re
 
