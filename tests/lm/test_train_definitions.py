@@ -121,3 +121,114 @@ def test_evaluation_stops_after_max_batches_and_leaves_the_mode_as_it_found_it(c
 def test_finite_numbers_pass_and_the_rest_become_none():
     assert [T.finite(x) for x in (1, 2.5, 0, -3.0)] == [1.0, 2.5, 0.0, -3.0]
     assert [T.finite(x) for x in (None, math.nan, math.inf, -math.inf, "1")] == [None] * 5
+
+
+# ---- the loop's own steps: the held-out loss along the way, the trained model's row, divergence, resuming --------
+
+
+def _held_out_by_hand(model, ids, batch, batches, context, dtype):
+    """Token-weighted mean cross-entropy over the first ``batches`` held-out batches, the forward autocast to
+    ``dtype`` on the CPU, the sum in float64: evaluation written out with torch alone."""
+    total, tokens = 0.0, 0
+    starts = list(range(0, len(ids) - context - 1, context))  # consecutive windows, as eval_batches cuts them
+    windows = [(ids[s:s + context], ids[s + 1:s + context + 1]) for s in starts]
+    for i in range(0, min(len(windows), batch * batches), batch):
+        x = torch.stack([w[0] for w in windows[i:i + batch]])
+        y = torch.stack([w[1] for w in windows[i:i + batch]])
+        with torch.no_grad(), torch.autocast("cpu", dtype=dtype):
+            logits = model(x)
+        total += torch.nn.functional.cross_entropy(logits.double().flatten(0, 1), y.flatten(), reduction="sum").item()
+        tokens += y.numel()
+    return total / tokens
+
+
+def test_the_held_out_loss_on_the_way_is_its_batches_of_those_weights_in_the_runs_precision(corpus, tmp_path):
+    """A bf16 run that evaluates at step 2 of 4 on 2 batches: the weights after 2 steps are those a 2-step run
+    ends with (a constant rate), evaluated on the first 2 held-out batches under bf16 autocast."""
+    from safetensors.torch import load_file
+
+    cfg = T.TrainConfig(steps=4, batch=4, lr=1e-2, warmup=0, min_lr_ratio=1.0, record_every=4, eval_batches=2,
+                        eval_every=2, dtype="bf16", device="cpu", threads=1)
+    got = T.train(mcfg(), cfg, corpus)
+    T.train(mcfg(), T.TrainConfig(**{**cfg.__dict__, "steps": 2, "eval_every": 0}), corpus,
+            weights=tmp_path / "w.safetensors")
+    model = TinyLM(mcfg())
+    model.load_state_dict(load_file(tmp_path / "w.safetensors"))
+    want = _held_out_by_hand(model, corpus.valid, 4, 2, mcfg().context, torch.bfloat16)
+    first = got["evals"][0]
+    assert first["step"] == 2 and first["valid_loss"] == pytest.approx(want, rel=1e-5)
+    assert first["perplexity"] == pytest.approx(math.exp(want), rel=1e-5)
+    # neither every batch nor fp32 gives it
+    assert abs(want - _held_out_by_hand(model, corpus.valid, 4, 10**6, mcfg().context, torch.bfloat16)) > 1e-4
+    assert abs(want - _held_out_by_hand(model, corpus.valid, 4, 2, mcfg().context, torch.float32)) > 1e-5
+
+
+def test_the_trained_models_row_is_its_loss_and_measures_on_the_next_batch_at_the_last_rate(corpus, tmp_path):
+    """After the last update the run records the trained model once more, on the batch the generator draws
+    next, over its first ``record_sequences`` sequences; its rate is the last step's."""
+    import time
+
+    from safetensors.torch import load_file
+
+    from attnscale.core.hooks import hooked
+    from attnscale.lm.data import batches
+    from reference import head_summary
+
+    cfg = T.TrainConfig(steps=4, batch=4, lr=1e-2, warmup=1, min_lr_ratio=0.1, record_every=4, record_sequences=2,
+                        eval_batches=2, device="cpu", threads=1)
+    t0 = time.perf_counter()
+    got = T.train(mcfg(), cfg, corpus, weights=tmp_path / "w.safetensors")
+    wall = time.perf_counter() - t0
+    row = got["history"][-1]
+    gen = torch.Generator().manual_seed(cfg.seed)
+    for _ in range(cfg.steps):
+        batches(corpus.train, cfg.batch, mcfg().context, gen)
+    x, y = batches(corpus.train, cfg.batch, mcfg().context, gen)
+    model = TinyLM(mcfg())
+    model.load_state_dict(load_file(tmp_path / "w.safetensors"))
+    with torch.no_grad(), hooked(model, "blocks.*.attn.hook_*") as cache:
+        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()).item()
+    # the cosine from step 1 (after one warm-up step) over 3 steps, at step 3: two thirds of the way down
+    last_rate = 1e-3 + (1e-2 - 1e-3) * 0.5 * (1 + math.cos(math.pi * 2 / 3))
+    assert (row["step"], row["lr"]) == (4, pytest.approx(last_rate, rel=1e-12))
+    assert row["loss"] == pytest.approx(loss, rel=1e-5) and 0 < row["elapsed_s"] <= wall
+    for layer in range(2):
+        want = head_summary(cache[f"blocks.{layer}.attn.hook_scores"][:2].double(),
+                            cache[f"blocks.{layer}.attn.hook_pattern"][:2].double())
+        assert row["spread"][layer] == pytest.approx(want["spread"], rel=1e-4)
+        assert row["effective_words"][layer] == pytest.approx(want["effective_words"], rel=1e-4)
+
+
+def test_a_gradient_that_is_not_finite_ends_an_fp32_run_as_diverged_at_that_step(corpus, monkeypatch):
+    """The loss finite, a gradient not: the update is skipped and, outside fp16, the run ends there."""
+    clip, calls = T.clip_, []
+
+    def third_is_inf(grads, max_norm):
+        calls.append(1)
+        norm = clip(grads, max_norm)
+        return torch.full_like(norm, math.inf) if len(calls) == 3 else norm
+
+    monkeypatch.setattr(T, "clip_", third_is_inf)
+    got = T.train(mcfg(), T.TrainConfig(steps=6, batch=4, record_every=3, eval_batches=2, threads=1), corpus)
+    assert (got["status"], got["diverged_at"], got["steps_done"]) == ("diverged", 2, 2)
+    assert all(math.isfinite(v) for v in got["losses"])
+
+
+def test_a_checkpoint_written_before_skips_and_evals_were_kept_resumes_and_one_with_skips_says_so(corpus, tmp_path):
+    cfg = T.TrainConfig(steps=6, batch=4, record_every=3, eval_batches=2, checkpoint_every=2, threads=1)
+    path = tmp_path / "c.pt"
+    calls = iter(range(100))
+    T.train(mcfg(), cfg, corpus, checkpoint=path, should_stop=lambda: next(calls) >= 3)
+    state = torch.load(path, weights_only=False)
+    whole = T.train(mcfg(), cfg, corpus)
+    for key in ("skipped", "evals"):  # an older checkpoint, without either
+        state.pop(key)
+    torch.save(state, path)
+    resumed = T.train(mcfg(), cfg, corpus, checkpoint=path)
+    assert resumed["resumed_from"] == 2 and resumed["losses"] == whole["losses"] and resumed["evals"] == []
+    assert not any("skipped" in n for n in resumed["notes"])
+    T.train(mcfg(), cfg, corpus, checkpoint=path, should_stop=lambda: next(calls) >= 6)
+    state = torch.load(path, weights_only=False)
+    torch.save({**state, "skipped": 3}, path)
+    again = T.train(mcfg(), cfg, corpus, checkpoint=path)
+    assert any(n.startswith("the fp16 gradient scaler skipped 3 step(s)") for n in again["notes"])

@@ -13,7 +13,7 @@ from attnscale.lm.train import TrainConfig, train
 from attnscale.watch.alerts import MaxScore
 from attnscale.watch import Attached
 from attnscale.watch.logs.line import read_log
-from attnscale.watch.logs.sinks import JsonlSink
+from attnscale.watch.logs.sinks import JsonlSink, Sink
 from reference import head_summary
 from tiny_corpus import V, corpus  # noqa: F401  (the fixture)
 
@@ -49,10 +49,36 @@ def test_the_watch_probes_the_weights_trained_so_far_and_leaves_the_runs_numbers
             assert last.grid(measure)[layer] == pytest.approx(want[measure], rel=1e-4), (layer, measure)
 
 
-def test_a_stop_alert_ends_the_run_at_its_probe_and_the_log_is_closed(corpus, tmp_path):
-    log = tmp_path / "watch.jsonl"
-    res = train(MODEL, TRAIN, corpus, watch=Attached(every=2, sinks=[JsonlSink(log)],
+class Kept(Sink):
+    """Keeps the steps it is given, and whether it was closed."""
+
+    def __init__(self):
+        self.steps, self.closed = [], False
+
+    def write(self, record):
+        self.steps.append(record.step)
+
+    def close(self):
+        self.closed = True
+
+
+def test_a_stop_alert_ends_the_run_at_its_probe_and_the_sinks_are_closed(corpus, tmp_path):
+    log, kept = tmp_path / "watch.jsonl", Kept()
+    res = train(MODEL, TRAIN, corpus, watch=Attached(every=2, sinks=[JsonlSink(log), kept],
                                                      alerts=[MaxScore(tau=1e-6, action="stop")]))
     assert (res["status"], res["steps_done"], len(res["losses"])) == ("stopped", 2, 2)
     lines = read_log(log)
     assert [line.step for line in lines] == [2] and lines[0].alerts
+    assert kept.steps == [2] and kept.closed
+
+
+def test_a_watched_run_still_stops_when_asked_and_keeps_its_checkpoint_to_resume(corpus, tmp_path):
+    cfg = TrainConfig(**{**TRAIN.__dict__, "checkpoint_every": 2})
+    asked = train(MODEL, cfg, corpus, watch=Attached(every=2), should_stop=lambda: True)
+    assert (asked["status"], asked["steps_done"]) == ("stopped", 0)
+    calls = iter(range(100))
+    stopped = train(MODEL, cfg, corpus, checkpoint=tmp_path / "c.pt", watch=Attached(every=2),
+                    should_stop=lambda: next(calls) >= 3)
+    assert stopped["status"] == "stopped" and (tmp_path / "c.pt").exists()
+    resumed = train(MODEL, cfg, corpus, checkpoint=tmp_path / "c.pt", watch=Attached(every=2))
+    assert resumed["resumed_from"] == 2 and _numbers(resumed) == _numbers(train(MODEL, cfg, corpus))
