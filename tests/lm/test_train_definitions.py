@@ -221,6 +221,7 @@ def test_a_checkpoint_written_before_skips_and_evals_were_kept_resumes_and_one_w
     T.train(mcfg(), cfg, corpus, checkpoint=path, should_stop=lambda: next(calls) >= 3)
     state = torch.load(path, weights_only=False)
     whole = T.train(mcfg(), cfg, corpus)
+    assert whole["notes"] == []  # no checkpoint, nothing to say
     for key in ("skipped", "evals"):  # an older checkpoint, without either
         state.pop(key)
     torch.save(state, path)
