@@ -233,3 +233,9 @@ def test_a_checkpoint_written_before_skips_and_evals_were_kept_resumes_and_one_w
     torch.save({**state, "skipped": 3}, path)
     again = T.train(mcfg(), cfg, corpus, checkpoint=path)
     assert any(n.startswith("the fp16 gradient scaler skipped 3 step(s)") for n in again["notes"])
+
+
+def test_the_final_training_loss_is_the_mean_of_the_last_record_every_losses(corpus):
+    got = T.train(mcfg(), T.TrainConfig(steps=7, batch=4, record_every=2, eval_batches=2, threads=1), corpus)
+    last_two = got["losses"][5] + got["losses"][6]
+    assert len(got["losses"]) == 7 and got["final_train_loss"] == pytest.approx(last_two / 2, rel=1e-12)
