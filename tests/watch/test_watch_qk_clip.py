@@ -293,6 +293,19 @@ def _expected(before, tau, kv_heads=2):
             for h, s in enumerate(before)]
 
 
+def _check_one_step(model, batches, before, **options):
+    """Forwards of ``batches``, one step at a tau that clips some heads: each factor as ``before`` says."""
+    tau = sorted(before)[1]
+    clip = QKClip(model, tau, **options)
+    try:
+        for x in batches:
+            model(x)
+        factors = clip.step()["attn"]
+    finally:
+        clip.close()
+    assert factors.tolist() == pytest.approx(_expected(before, tau), rel=1e-5)
+
+
 def test_take_reports_the_smallest_factor_the_largest_s_max_and_the_steps_that_clipped():
     """One group of key heads over tau, the other wholly under: its heads were not clipped (0 steps, factor 1)."""
     attn, model = _grouped_net(1)
@@ -321,15 +334,7 @@ def test_two_forwards_before_one_step_clip_by_the_larger_scores():
     x = torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(2))
     small = x * 0.1
     before = by_hand(attn, x)  # the larger of the two: every score of ``small`` is a hundredth of these
-    tau = sorted(before)[1]
-    clip = QKClip(model, tau)
-    try:
-        model(x)
-        model(small)
-        factors = clip.step()["attn"]
-    finally:
-        clip.close()
-    assert factors.tolist() == pytest.approx(_expected(before, tau), rel=1e-5)
+    _check_one_step(model, [x, small], before)
 
 
 def test_the_smallest_memory_budget_is_accepted_and_clips_the_same():
@@ -337,14 +342,7 @@ def test_the_smallest_memory_budget_is_accepted_and_clips_the_same():
     attn, model = _grouped_net(3)
     x = torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(3))
     before = by_hand(attn, x)
-    tau = sorted(before)[1]
-    clip = QKClip(model, tau, memory=1)
-    try:
-        model(x)
-        factors = clip.step()["attn"]
-    finally:
-        clip.close()
-    assert factors.tolist() == pytest.approx(_expected(before, tau), rel=1e-5)
+    _check_one_step(model, [x], before, memory=1)
 
 
 def test_forwards_that_bypass_the_models_hooks_are_still_clipped():
