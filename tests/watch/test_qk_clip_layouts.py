@@ -659,3 +659,44 @@ def test_scaling_rows_in_float64_keeps_a_float64_factor_whole():
     expected_b[C:2 * C] *= 1 / 3
     rows.scale_(factor)
     assert torch.equal(w, expected_w) and torch.equal(b, expected_b)
+
+
+# --- FSDP2's DTensors, on a one-process gloo group ---------------------------------------------------------------
+
+
+@pytest.fixture
+def mesh(tmp_path):
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("needs torch.distributed and no process group of its own")
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("hsdp", [False, True], ids=["FSDP", "HSDP: replicated, then sharded"])
+@pytest.mark.parametrize("dim,shard", [(0, 0), (0, 1), (1, 1), (1, 0)],
+                         ids=["outputs on dim 0, sharded there", "outputs on dim 0, sharded on 1",
+                              "Conv1D: outputs on dim 1, sharded there", "Conv1D, sharded on 0"])
+def test_sharded_weights_are_scaled_as_whole_ones(mesh, dim, shard, hsdp):
+    """A DTensor weight (and bias) scaled shard by shard equals the whole weight scaled by hand."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    if hsdp:
+        mesh = init_device_mesh("cpu", (1, 1))
+    before = [Replicate()] if hsdp else []
+    w = randn(3 * C, C) if dim == 0 else randn(C, 3 * C)
+    b = randn(3 * C, seed=1)
+    dw, db = distribute_tensor(w, mesh, before + [Shard(shard)]), distribute_tensor(b, mesh, before + [Shard(0)])
+    rows = HeadRows(dw, db, dim, C, H, D)
+    rows.scale_(FQ.double())
+    f = per_output((1, C), (FQ, D), (1, C))
+    assert type(dw).__name__ == "DTensor" and dw.placements == tuple(before + [Shard(shard)])
+    torch.testing.assert_close(dw.full_tensor(), w * (f[:, None] if dim == 0 else f[None, :]), rtol=0, atol=1e-12)
+    torch.testing.assert_close(db.full_tensor(), b * f, rtol=0, atol=1e-12)
+

@@ -375,3 +375,13 @@ def test_an_adapter_that_names_its_calls_itself_is_read_on_the_module_it_gives()
     finally:
         clip.close()
     assert list(factors) == ["head"] and (factors["head"] < 1).all()
+
+
+def test_an_adapter_that_names_no_module_is_refused_and_leaves_nothing_attached():
+    from attnscale.watch import Adapter
+
+    model = Attn()
+    with pytest.raises(ConfigError, match="^the adapter names no module of Attn") as e:
+        QKClip(model, 1.0, adapter=Adapter("nothing.*", lambda *a: None))
+    one_line(e)
+    assert not model._forward_pre_hooks and not model._forward_hooks
