@@ -198,6 +198,39 @@ def test_gpt2_with_reorder_and_upcast_attn_is_refused_at_the_first_step():
         clip.close()
 
 
+class Failing(PaddedNet):
+    """A forward that raises after its attention ran (a loss gone bad, an interrupted step)."""
+
+    def forward(self, x, attention_mask):
+        super().forward(x, attention_mask)
+        raise RuntimeError("the step went wrong")
+
+
+def test_a_forward_that_raises_leaves_no_padding_behind():
+    """The failed forward's padding is dropped with it: a later forward that runs no hook of the model
+    (``model.forward``), unpadded, is read over every causal entry."""
+    model = init(Failing())
+    B, T = 3, 8
+    x = torch.randn(B, T, C, generator=torch.Generator().manual_seed(1))
+    pad = torch.ones(B, T, dtype=torch.bool)
+    pad[0, 5:], pad[1, 3:] = False, False
+    x[~pad] *= 6.0  # the positions padded in the failed forward make the largest scores
+    with torch.no_grad():
+        q, k = model.qk(x)
+    s_all = by_hand(q, k, causal(B, T))
+    tau = tau_between(s_all)
+    clip = QKClip(model, tau)
+    try:
+        with pytest.raises(RuntimeError, match="the step went wrong"):
+            model(x, attention_mask=pad.long())
+        with pytest.raises(RuntimeError, match="the step went wrong"):
+            model.forward(x, attention_mask=torch.ones(B, T, dtype=torch.long))
+        factors = clip.step()
+    finally:
+        clip.close()
+    check_factors(factors[""], *gammas(s_all, H, tau))
+
+
 # --- the layouts ------------------------------------------------------------------------------------------------
 
 
