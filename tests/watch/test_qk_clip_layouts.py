@@ -733,3 +733,41 @@ def test_sharded_weights_are_scaled_as_whole_ones(mesh, dim, shard, hsdp):
     torch.testing.assert_close(dw.full_tensor(), w * (f[:, None] if dim == 0 else f[None, :]), rtol=0, atol=1e-12)
     torch.testing.assert_close(db.full_tensor(), b * f, rtol=0, atol=1e-12)
 
+
+
+
+def _tensor_parallel_worker(rank: int, out: str) -> None:
+    """Each of two ranks holds 4 heads of its own (TensorParallel's default: rank t holds global heads 4t..4t+3)
+    and sees its own batch: its heads are clipped by its own S_max, by hand, never maxed with the other rank's;
+    then a ``heads`` layout of one index for 4 local heads is refused, naming the layer."""
+    from attnscale.errors import ConfigError
+    from attnscale.watch import TensorParallel
+
+    x = torch.randn(2, 5, C, generator=torch.Generator().manual_seed(10 + rank)) * (1 + 3 * rank)
+    for heads, refused in ((None, False), ({"": [0]}, True)):
+        model = init(Grouped())
+        with torch.no_grad():
+            q, k = model.qk(x)
+        s_max = by_hand(q, k, causal(2, 5))
+        tau = tau_between(s_max)
+        clip = QKClip(model, tau, tensor_parallel=TensorParallel(heads=heads))
+        try:
+            model(x)
+            if refused:
+                try:
+                    clip.step()
+                except ConfigError as e:
+                    assert str(e) == ("TensorParallel.heads gives 1 heads for '', where this rank holds 4; give one "
+                                      "global index per local head"), str(e)
+                else:
+                    raise AssertionError("one index for 4 heads was not refused")
+            else:
+                check_factors(clip.step()[""], *gammas(s_max, 2, tau))
+        finally:
+            clip.close()
+
+
+def test_tensor_parallel_ranks_clip_their_own_heads_and_refuse_heads_that_do_not_fit(tmp_path_factory):
+    from gloo import spawned_into
+
+    spawned_into(tmp_path_factory, "tensor_parallel", _tensor_parallel_worker)
