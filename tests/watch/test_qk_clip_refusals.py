@@ -172,7 +172,7 @@ def test_paused_forwards_do_not_count():
 # --- what a user reads, to the letter, and where -----------------------------------------------------------------
 
 
-def test_a_tensor_parallel_that_is_none_is_refused_naming_what_it_got():
+def test_a_tensor_parallel_of_another_type_is_refused_naming_what_it_got():
     with pytest.raises(ConfigError) as e:
         QKClip(Attn(), 1.0, tensor_parallel=["tp"])
     assert str(e.value) == "QK-Clip's tensor_parallel takes an attnscale.watch.TensorParallel, got list"
