@@ -198,6 +198,39 @@ def test_gpt2_with_reorder_and_upcast_attn_is_refused_at_the_first_step():
         clip.close()
 
 
+class Failing(PaddedNet):
+    """A forward that raises after its attention ran (a loss gone bad, an interrupted step)."""
+
+    def forward(self, x, attention_mask):
+        super().forward(x, attention_mask)
+        raise RuntimeError("the step went wrong")
+
+
+def test_a_forward_that_raises_leaves_no_padding_behind():
+    """The failed forward's padding is dropped with it: a later forward that runs no hook of the model
+    (``model.forward``), unpadded, is read over every causal entry."""
+    model = init(Failing())
+    B, T = 3, 8
+    x = torch.randn(B, T, C, generator=torch.Generator().manual_seed(1))
+    pad = torch.ones(B, T, dtype=torch.bool)
+    pad[0, 5:], pad[1, 3:] = False, False
+    x[~pad] *= 6.0  # the positions padded in the failed forward make the largest scores
+    with torch.no_grad():
+        q, k = model.qk(x)
+    s_all = by_hand(q, k, causal(B, T))
+    tau = tau_between(s_all)
+    clip = QKClip(model, tau)
+    try:
+        with pytest.raises(RuntimeError, match="the step went wrong"):
+            model(x, attention_mask=pad.long())
+        with pytest.raises(RuntimeError, match="the step went wrong"):
+            model.forward(x, attention_mask=torch.ones(B, T, dtype=torch.long))
+        factors = clip.step()
+    finally:
+        clip.close()
+    check_factors(factors[""], *gammas(s_all, H, tau))
+
+
 # --- the layouts ------------------------------------------------------------------------------------------------
 
 
@@ -470,3 +503,271 @@ def test_transformer_encoder_layer_clips_its_self_attention():
     assert list(factors) == ["layers.0.self_attn"]
     check_factors(factors["layers.0.self_attn"], gamma_q, gamma_k)
     close(attn.in_proj_weight, rows_scaled(rows_scaled(w, gamma_q.sqrt()), gamma_k.sqrt(), start=C))
+
+
+# --- which rows, found from the widths alone (qk_projections on modules built here) --------------------------
+
+from attnscale.errors import ConfigError  # noqa: E402
+from attnscale.watch.clip.projections import HeadRows, qk_projections  # noqa: E402
+
+FQ, FK = torch.tensor([0.5, 0.25, 2.0, 4.0]), torch.tensor([3.0])  # a factor per query head, one per key head
+
+
+def module(**parts):
+    """An attention module holding ``parts``: nn.Modules as children, tensors as parameters, the rest as plain
+    attributes (a flag where a bias would be)."""
+    m = nn.Module()
+    for name, part in parts.items():
+        if isinstance(part, torch.Tensor):
+            m.register_parameter(name, nn.Parameter(part))
+        else:
+            setattr(m, name, part)
+    return m
+
+
+def randn(*shape, seed=0):
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+
+
+def check_scaled(rows, fq, fk, expected):
+    """``rows`` scaled by ``fq`` (query heads) and ``fk`` (key heads): each (tensor, its copy before, the factor
+    per output by hand) as ``expected`` lists them."""
+    before = [t.detach().clone() for t, _ in expected]
+    rows.q.scale_(fq.double())
+    rows.k.scale_(fk.double())
+    for (tensor, factor), was in zip(expected, before):
+        f = factor.double()
+        want = was * (f[:, None] if was.ndim == 2 else f)
+        torch.testing.assert_close(tensor.detach(), want, rtol=0, atol=1e-12)
+
+
+def per_output(*blocks):
+    """The factor on each output: (factors per head, head width) blocks one after another; a float fills
+    ``n`` outputs with it when given as (value, n)."""
+    out = []
+    for f, n in blocks:
+        out.append(f.repeat_interleave(n) if isinstance(f, torch.Tensor) else torch.full((n,), float(f)))
+    return torch.cat(out)
+
+
+def test_a_pair_needs_both_projections_so_a_lone_query_beside_a_fused_qkv_is_not_one():
+    m = module(query=nn.Linear(C, C, dtype=torch.float64), qkv=nn.Linear(C, C + D + D, dtype=torch.float64))
+    rows = qk_projections([("attn", m)], H, D)
+    check_scaled(rows, FQ, FK, [(m.qkv.weight, per_output((FQ, D), (FK, D), (1, D))),
+                                (m.qkv.bias, per_output((FQ, D), (FK, D), (1, D))),
+                                (m.query.weight, per_output((1, C)))])
+
+
+@pytest.mark.parametrize("q_out,k_out", [(3 * D, 2 * D), (H * D, 2 * D + 1), (H * D, 3 * D), (H * D, 0)],
+                         ids=["q 3 heads wide", "k not whole heads", "4 query heads on 3 key heads", "no key head"])
+def test_separate_projections_of_other_widths_are_refused_by_name(q_out, k_out):
+    m = module(q_proj=Packed(torch.zeros(q_out, C)), k_proj=Packed(torch.zeros(k_out, C)))
+    with pytest.raises(ConfigError) as e:
+        qk_projections([("layers.3.attn", m)], H, D)
+    assert str(e.value) == ("QK-Clip cannot find the rows of 4 heads of width 4 in layers.3.attn: its projections "
+                            "have other widths than the call's q and k; leave qk_clip off for this model")
+
+
+@pytest.mark.parametrize("out", [H * D + 3 * D, H * D - 2 * D, H * D, H * D + 2 * D + 1],
+                         ids=["3 more heads (odd)", "fewer than q's", "q's alone", "2 heads and an output more"])
+def test_fused_projections_of_other_widths_are_refused(out):
+    m = module(qkv=nn.Linear(C, out))
+    with pytest.raises(ConfigError, match="cannot find the rows of 4 heads of width 4 in blk: its projections"):
+        qk_projections([("blk", m)], H, D)
+
+
+def test_a_fused_projection_with_one_key_head_for_four_query_heads():
+    """Multi-query attention, fused: q's 4 heads, then one key head, then one value head."""
+    m = module(c_attn=nn.Linear(C, H * D + 2 * D, dtype=torch.float64))
+    rows = qk_projections([("attn", m)], H, D)
+    check_scaled(rows, FQ, FK, [(m.c_attn.weight, per_output((FQ, D), (FK, D), (1, D)))])
+
+
+class Packed(nn.Module):
+    """A projection that is no nn.Linear: ``weight`` as given (None, or a tensor of any shape), and maybe no
+    ``bias`` at all, or a ``bias`` that is a flag."""
+
+    def __init__(self, weight, **bias):
+        super().__init__()
+        self.weight = weight
+        self.__dict__.update(bias)
+
+
+def test_a_projection_without_a_two_d_weight_is_refused_naming_its_class():
+    for weight in (None, torch.zeros(3 * C)):
+        for m in (module(qkv=Packed(weight)), module(q_proj=Packed(weight), k_proj=nn.Linear(C, C))):
+            with pytest.raises(ConfigError) as e:
+                qk_projections([("attn", m)], H, D)
+            assert str(e.value) == "Packed has no 2-D weight for QK-Clip to scale"
+    bare = nn.Module()  # no weight attribute at all
+    with pytest.raises(ConfigError, match="^Module has no 2-D weight for QK-Clip to scale$"):
+        qk_projections([("attn", module(qkv=bare))], H, D)
+
+
+@pytest.mark.parametrize("bias", [{}, {"bias": True}], ids=["no bias attribute", "bias a flag"])
+def test_a_weight_without_a_bias_tensor_scales_the_weight_alone(bias):
+    m = module(qkv=Packed(randn(3 * C, C), **bias))
+    rows = qk_projections([("attn", m)], H, D)
+    check_scaled(rows, FQ, torch.tensor([1.0, 2.0, 3.0, 5.0]),
+                 [(m.qkv.weight, per_output((FQ, D), (torch.tensor([1.0, 2.0, 3.0, 5.0]), D), (1, C)))])
+
+
+# nn.MultiheadAttention's names on modules of one's own: E = H * D = C
+
+
+@pytest.mark.parametrize("extra", [{}, {"in_proj_bias": False}], ids=["no bias, no bias_k", "in_proj_bias a flag"])
+def test_in_proj_weight_alone_is_q_then_k_then_v(extra):
+    m = module(in_proj_weight=randn(3 * C, C), **extra)
+    rows = qk_projections([("attn", m)], H, D)
+    fk = torch.tensor([1.0, 2.0, 3.0, 5.0])
+    check_scaled(rows, FQ, fk, [(m.in_proj_weight, per_output((FQ, D), (fk, D), (1, C)))])
+
+
+def test_q_proj_weight_and_k_proj_weight_without_in_proj_weight():
+    """Each weight's own rows; ``q_proj_weight`` may read inputs of another width (12) than E."""
+    m = module(q_proj_weight=randn(C, 12), k_proj_weight=randn(C, 12, seed=1), in_proj_bias=randn(3 * C, seed=2))
+    rows = qk_projections([("attn", m)], H, D)
+    fk = torch.tensor([1.0, 2.0, 3.0, 5.0])
+    check_scaled(rows, FQ, fk, [(m.q_proj_weight, per_output((FQ, D))), (m.k_proj_weight, per_output((fk, D))),
+                                (m.in_proj_bias, per_output((FQ, D), (fk, D), (1, C)))])
+
+
+@pytest.mark.parametrize("parts", [
+    {"in_proj_weight": torch.zeros(2 * C, C)},
+    {"q_proj_weight": torch.zeros(C, C)},
+    {"q_proj_weight": torch.zeros(C, C), "k_proj_weight": torch.zeros(2 * C, C)},
+    {"q_proj_weight": torch.zeros(2 * C, C), "k_proj_weight": torch.zeros(C, C)},
+], ids=["in_proj_weight 2E rows", "no k_proj_weight", "k_proj_weight 2E rows", "q_proj_weight 2E rows"])
+def test_multihead_weights_of_other_widths_are_refused(parts):
+    with pytest.raises(ConfigError, match="^QK-Clip cannot find the rows of 4 heads of width 4 in mha: its "):
+        qk_projections([("mha", module(**parts))], H, D)
+
+
+def test_multihead_attention_with_add_bias_kv_is_refused_naming_it():
+    mha = nn.MultiheadAttention(C, H, add_bias_kv=True)
+    with pytest.raises(ConfigError) as e:
+        qk_projections([("encoder.attn", mha)], H, D)
+    assert str(e.value) == ("encoder.attn has add_bias_kv: its learned key bias_k is no row of W_k, so QK-Clip "
+                            "cannot scale every score of a head; leave qk_clip off for it")
+
+
+def test_a_chain_with_no_known_projection_is_refused_naming_its_first_module():
+    chain = [("blocks.0.inner", nn.Identity()), ("blocks.0", nn.Module())]
+    with pytest.raises(ConfigError) as e:
+        qk_projections(chain, H, D)
+    assert str(e.value) == (
+        "QK-Clip cannot find the rows of 4 heads of width 4 in blocks.0.inner nor any module above it: it looks for "
+        "q_proj/k_proj, query/key, wq/wk, q/k, a fused c_attn, qkv, qkv_proj, Wqkv projection (q's outputs, then "
+        "k's, then v's) or nn.MultiheadAttention's in_proj_weight; leave qk_clip off for this model")
+
+
+def test_a_norm_of_q_or_k_is_refused_in_so_many_words():
+    m = module(q_proj=nn.Linear(C, C), k_proj=nn.Linear(C, C), k_norm=nn.LayerNorm(D))
+    with pytest.raises(ConfigError) as e:
+        qk_projections([("layers.1.self_attn", m)], H, D)
+    assert str(e.value) == ("layers.1.self_attn normalises q or k after the projection (k_norm), which undoes any "
+                            "scaling of W_q and W_k: QK-Clip cannot act there; leave qk_clip off for this model")
+
+
+def test_attnscale_qk_norm_scale_is_refused_in_so_many_words():
+    from attnscale.lm.model import ModelConfig, build_model
+
+    model = build_model(ModelConfig(vocab_size=40, context=8, d_model=16, n_layers=1, n_heads=2, scale="qk_norm"),
+                        seed=0)
+    attn = model.blocks[0].attn
+    with pytest.raises(ConfigError) as e:
+        qk_projections([("blocks.0.attn", attn)], 2, 8)
+    assert str(e.value) == (f"blocks.0.attn uses the score scale {type(attn.scale).__name__}, which prepares q and k "
+                            "itself (qk-norm) and undoes any scaling of W_q and W_k: leave qk_clip off for it")
+    assert type(attn.scale).__name__ != "NoneType"
+
+
+def test_scaling_rows_in_float64_keeps_a_float64_factor_whole():
+    """A float64 weight times a float64 factor of 1/3 is exact to float64, not rounded through float32."""
+    w, b = randn(3 * C, C), randn(3 * C)
+    rows = HeadRows(w, b, 0, C, H, D)
+    factor = torch.full((H,), 1 / 3, dtype=torch.float64)
+    expected_w, expected_b = w.clone(), b.clone()
+    expected_w[C:2 * C] *= 1 / 3
+    expected_b[C:2 * C] *= 1 / 3
+    rows.scale_(factor)
+    assert torch.equal(w, expected_w) and torch.equal(b, expected_b)
+
+
+# --- FSDP2's DTensors, on a one-process gloo group ---------------------------------------------------------------
+
+
+@pytest.fixture
+def mesh(tmp_path):
+    dist = pytest.importorskip("torch.distributed")
+    if not dist.is_available() or dist.is_initialized():
+        pytest.skip("needs torch.distributed and no process group of its own")
+    from torch.distributed.device_mesh import init_device_mesh
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/rendezvous", rank=0, world_size=1)
+    try:
+        yield init_device_mesh("cpu", (1,))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("hsdp", [False, True], ids=["FSDP", "HSDP: replicated, then sharded"])
+@pytest.mark.parametrize("dim,shard", [(0, 0), (0, 1), (1, 1), (1, 0)],
+                         ids=["outputs on dim 0, sharded there", "outputs on dim 0, sharded on 1",
+                              "Conv1D: outputs on dim 1, sharded there", "Conv1D, sharded on 0"])
+def test_sharded_weights_are_scaled_as_whole_ones(mesh, dim, shard, hsdp):
+    """A DTensor weight (and bias) scaled shard by shard equals the whole weight scaled by hand."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+
+    if hsdp:
+        mesh = init_device_mesh("cpu", (1, 1))
+    before = [Replicate()] if hsdp else []
+    w = randn(3 * C, C) if dim == 0 else randn(C, 3 * C)
+    b = randn(3 * C, seed=1)
+    dw, db = distribute_tensor(w, mesh, before + [Shard(shard)]), distribute_tensor(b, mesh, before + [Shard(0)])
+    rows = HeadRows(dw, db, dim, C, H, D)
+    rows.scale_(FQ.double())
+    f = per_output((1, C), (FQ, D), (1, C))
+    assert type(dw).__name__ == "DTensor" and dw.placements == tuple(before + [Shard(shard)])
+    torch.testing.assert_close(dw.full_tensor(), w * (f[:, None] if dim == 0 else f[None, :]), rtol=0, atol=1e-12)
+    torch.testing.assert_close(db.full_tensor(), b * f, rtol=0, atol=1e-12)
+
+
+
+
+def _tensor_parallel_worker(rank: int, out: str) -> None:
+    """Each of two ranks holds 4 heads of its own (TensorParallel's default: rank t holds global heads 4t..4t+3)
+    and sees its own batch: its heads are clipped by its own S_max, by hand, never maxed with the other rank's;
+    then a ``heads`` layout of one index for 4 local heads is refused, naming the layer."""
+    from attnscale.errors import ConfigError
+    from attnscale.watch import TensorParallel
+
+    x = torch.randn(2, 5, C, generator=torch.Generator().manual_seed(10 + rank)) * (1 + 3 * rank)
+    for heads, refused in ((None, False), ({"": [0]}, True)):
+        model = init(Grouped())
+        with torch.no_grad():
+            q, k = model.qk(x)
+        s_max = by_hand(q, k, causal(2, 5))
+        tau = tau_between(s_max)
+        clip = QKClip(model, tau, tensor_parallel=TensorParallel(heads=heads))
+        try:
+            model(x)
+            if refused:
+                try:
+                    clip.step()
+                except ConfigError as e:
+                    assert str(e) == ("TensorParallel.heads gives 1 heads for '', where this rank holds 4; give one "
+                                      "global index per local head"), str(e)
+                else:
+                    raise AssertionError("one index for 4 heads was not refused")
+            else:
+                check_factors(clip.step()[""], *gammas(s_max, 2, tau))
+        finally:
+            clip.close()
+
+
+def test_tensor_parallel_ranks_clip_their_own_heads_and_refuse_heads_that_do_not_fit(tmp_path_factory):
+    from gloo import spawned_into
+
+    spawned_into(tmp_path_factory, "tensor_parallel", _tensor_parallel_worker)

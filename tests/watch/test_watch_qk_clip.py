@@ -262,3 +262,151 @@ def test_qk_clip_on_an_alibi_model_masked_with_minus_1e9_holds_tau_and_keeps_the
     assert all(0.95 * tau <= s <= 1.05 * tau for s in after + seen[1:]), (seen, after)
     assert 0.2 * norm < attn.q_proj.weight.norm().item() < norm  # W_q shrank as far as tau asks, no further
     assert attn.k_proj.weight.norm().item() > 0.2 * norm
+
+
+# --- edges of the rule, and what a step records ------------------------------------------------------------------
+
+
+def test_clip_factors_leave_infinite_heads_and_all_non_finite_groups_alone():
+    """Kimi's min(1, tau / S_max) by hand: an infinite S_max is no number a factor brings under tau (left at 1),
+    a key head whose group holds no finite S_max is left at 1 even for a tau under 1, and a head exactly at tau
+    keeps factor 1."""
+    s = torch.tensor([float("inf"), 1.0, float("nan"), float("inf"), 0.5, 0.25])
+    gamma_q, gamma_k = clip_factors(s, kv_heads=3, tau=0.5)
+    assert gamma_q.tolist() == [1.0, 0.5, 1.0, 1.0, 1.0, 1.0]
+    assert gamma_k.tolist() == [0.5, 1.0, 1.0]  # groups (inf, 1) -> 1; (nan, inf) -> none; (0.5, 0.25) -> tau
+
+
+def _grouped_net(seed):
+    torch.manual_seed(seed)
+    attn = Grouped()
+    with torch.no_grad():
+        for p in attn.parameters():
+            p.normal_(0, 0.6)
+    return attn, Net(attn)
+
+
+def _expected(before, tau, kv_heads=2):
+    """Each query head's factor on its scores, sqrt(gamma_q gamma_k), by hand from its S_max."""
+    G = len(before) // kv_heads
+    return [math.sqrt(min(1.0, tau / s) * min(1.0, tau / max(before[h // G * G:(h // G + 1) * G])))
+            for h, s in enumerate(before)]
+
+
+def _check_one_step(model, batches, before, **options):
+    """Forwards of ``batches``, one step at a tau that clips some heads: each factor as ``before`` says."""
+    tau = sorted(before)[1]
+    clip = QKClip(model, tau, **options)
+    try:
+        for x in batches:
+            model(x)
+        factors = clip.step()["attn"]
+    finally:
+        clip.close()
+    assert factors.tolist() == pytest.approx(_expected(before, tau), rel=1e-5)
+
+
+def test_take_reports_the_smallest_factor_the_largest_s_max_and_the_steps_that_clipped():
+    """One group of key heads over tau, the other wholly under: its heads were not clipped (0 steps, factor 1)."""
+    attn, model = _grouped_net(1)
+    x = torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(1))
+    before = by_hand(attn, x)
+    groups = sorted([max(before[:2]), max(before[2:])])
+    tau = (groups[0] + groups[1]) / 2
+    expected = _expected(before, tau)
+    clip = QKClip(model, tau)
+    try:
+        model(x)
+        clip.step()
+        got = clip.take()
+    finally:
+        clip.close()
+    assert got["layers"] == ["attn"] and got["tau"] == tau
+    assert got["gamma"][0] == pytest.approx(expected, rel=1e-5)
+    assert got["s_max"][0] == pytest.approx(before, rel=1e-5)
+    assert got["clipped_steps"][0] == [1.0 if f < 1 else 0.0 for f in expected]
+    assert 0.0 in got["clipped_steps"][0] and 1.0 in got["clipped_steps"][0]
+
+
+def test_two_forwards_before_one_step_clip_by_the_larger_scores():
+    """Gradient accumulation: S_max is the largest over every forward since the last step, not the last one's."""
+    attn, model = _grouped_net(2)
+    x = torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(2))
+    small = x * 0.1
+    before = by_hand(attn, x)  # the larger of the two: every score of ``small`` is a hundredth of these
+    _check_one_step(model, [x, small], before)
+
+
+def test_the_smallest_memory_budget_is_accepted_and_clips_the_same():
+    """memory=1 byte is a positive number of bytes: it reduces a row at a time, with the same S_max."""
+    attn, model = _grouped_net(3)
+    x = torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(3))
+    before = by_hand(attn, x)
+    _check_one_step(model, [x], before, memory=1)
+
+
+def test_forwards_that_bypass_the_models_hooks_are_still_clipped():
+    """``model.forward(x)`` runs no hook of the model (so no batch padding is known): its calls count all the
+    same, before and after a forward through ``model(x)``."""
+    attn, model = _grouped_net(4)
+    x = torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(4))
+    clip = QKClip(model, 1e9)  # nothing over tau: the weights stay, so each step sees the same scores
+    try:
+        model.forward(x)
+        assert clip.step()["attn"].tolist() == [1.0] * 4
+        model(x)
+        model.forward(x)
+        assert clip.step()["attn"].tolist() == [1.0] * 4
+    finally:
+        clip.close()
+    clip.close()  # a second close is harmless
+    assert not model._forward_pre_hooks and not model._forward_hooks
+
+
+def test_an_adapter_is_the_capture_where_it_alone_sees_the_calls():
+    """Attention written out by hand (no function a capture reads), one head of width 16 read by an adapter."""
+    from attnscale.watch import Adapter
+
+    class Manual(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q_proj, self.k_proj = nn.Linear(16, 16, bias=False), nn.Linear(16, 16, bias=False)
+
+        def forward(self, x):
+            return torch.softmax(self.q_proj(x) @ self.k_proj(x).transpose(-2, -1) / 4, -1) @ x
+
+    def read(m, args, kwargs, out):
+        x = args[0]
+        return m.q_proj(x)[:, None], m.k_proj(x)[:, None], None, 0.25
+
+    torch.manual_seed(5)
+    attn = Manual()
+    model = Net(attn)
+    x = torch.randn(2, 5, 16, generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        s_max = (x.double() @ attn.q_proj.weight.double().T @ (x.double() @ attn.k_proj.weight.double().T)
+                 .transpose(-2, -1) / 4).abs().max().item()
+    tau = s_max / 2
+    wq = attn.q_proj.weight.detach().double().clone()
+    clip = QKClip(model, tau, adapter=Adapter("attn", read))
+    try:
+        model(x)
+        factors = clip.step()
+    finally:
+        clip.close()
+    assert factors["attn"].tolist() == pytest.approx([0.5], rel=1e-5)  # one head: sqrt(gamma gamma) = tau / S_max
+    torch.testing.assert_close(attn.q_proj.weight.detach().double(), wq * math.sqrt(0.5), rtol=0, atol=1e-6)
+
+
+@pytest.mark.hf
+def test_closing_a_hugging_face_clip_twice_is_harmless():
+    """Before any step both captures are attached (the interface's and the functions'): close takes both off,
+    and a second close finds nothing left to take."""
+    pytest.importorskip("transformers")
+    from tiny_llama import tiny_llama
+
+    model = tiny_llama(40, layers=1, hidden=16, heads=2, kv_heads=1, context=8)
+    clip = QKClip(model, 10.0)
+    clip.close()
+    clip.close()
+    assert not model._forward_pre_hooks and not model._forward_hooks

@@ -171,7 +171,7 @@ class QKClip:
         # a call made outside every submodule is numbered anew at each step: it is the model's own (name "")
         name = call.name if call.module is not None or call.name in self._modules else ""
         if call.score_mod is not None:
-            where = call.name or type(self.model).__name__
+            where = name or type(self.model).__name__
             raise ConfigError(f"QK-Clip cannot clip {where!r}: its flex_attention score_mod mixes any bias into the "
                               "scores, and the clip cannot tell a bias from a score there; train it without qk_clip, or "
                               "give the bias to SDPA as an additive mask")
