@@ -62,6 +62,9 @@ class Packing:
         self._ids: torch.Tensor | None = None
         self._documents: torch.Tensor | None = None
 
+    # kept out of a compiled graph: the tensor it remembers is a new one every forward, and a guard on it would
+    # recompile the model at every step
+    @torch.compiler.disable
     def check(self, call: AttentionCall, position_ids) -> None:
         if self.crossed is not None or not isinstance(position_ids, torch.Tensor):
             return
