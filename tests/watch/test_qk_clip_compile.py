@@ -13,7 +13,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
 @pytest.mark.slow
 @pytest.mark.hf
-def test_a_compiled_llama_with_qk_clip_never_recompiles_after_its_first_step():
+@pytest.mark.parametrize("how", ["torch.compile(model)", "model.compile()"])
+def test_a_compiled_llama_with_qk_clip_never_recompiles_after_its_first_step(how):
     pytest.importorskip("transformers")
     import torch._dynamo
 
@@ -23,7 +24,11 @@ def test_a_compiled_llama_with_qk_clip_never_recompiles_after_its_first_step():
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     model = tiny_llama(40, layers=2, hidden=16, heads=2, kv_heads=1, context=12, unscaled=True, init_std=0.5)
-    compiled = torch.compile(model, backend="eager")
+    if how == "model.compile()":  # compiled in place: the module itself, no wrapper around it
+        model.compile(backend="eager")
+        compiled = model
+    else:
+        compiled = torch.compile(model, backend="eager")
     opt = torch.optim.SGD(model.parameters(), lr=1e-2)
     x = torch.randint(0, 40, (2, 12), generator=torch.Generator().manual_seed(0))
     clip = QKClip(compiled, 1.0)
