@@ -239,3 +239,69 @@ def test_the_final_training_loss_is_the_mean_of_the_last_record_every_losses(cor
     got = T.train(mcfg(), T.TrainConfig(steps=7, batch=4, record_every=2, eval_batches=2, threads=1), corpus)
     last_two = got["losses"][5] + got["losses"][6]
     assert len(got["losses"]) == 7 and got["final_train_loss"] == pytest.approx(last_two / 2, rel=1e-12)
+
+
+@pytest.mark.parametrize("split", ["train", "valid"])
+def test_a_split_too_short_for_one_context_is_named_in_the_refusal(corpus, split):
+    from dataclasses import replace
+
+    from attnscale.errors import ConfigError
+
+    short = replace(corpus, **{split: corpus.train[:8]})
+    words = {"train": "training split", "valid": "held-out split"}[split]
+    with pytest.raises(ConfigError) as err:
+        T.train(mcfg(), T.TrainConfig(steps=2, batch=2, threads=1), short)
+    assert str(err.value) == (f"the {words} has 8 tokens, not more than one context of 8; "
+                              "use a shorter --context or a longer corpus")
+
+
+def test_a_run_trains_on_its_own_thread_count_and_gives_the_callers_back():
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        seen = []
+        T.train(mcfg(), T.TrainConfig(steps=2, batch=2, record_every=2, eval_batches=1, threads=1), _corpus(),
+                on_step=lambda *a: seen.append(torch.get_num_threads()))
+        assert seen == [1, 1] and torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+
+
+def _corpus():
+    from attnscale.lm.data import Corpus
+
+    ids = torch.arange(400) % V
+    return Corpus(name="tiny", tokenizer="char", vocab_size=V, train=ids[:300], valid=ids[300:], sha256="0" * 64)
+
+
+def test_a_recording_step_measures_the_first_record_sequences_of_its_batch(corpus):
+    from attnscale.core.hooks import hooked
+    from attnscale.lm.data import batches
+    from reference import head_summary
+
+    got = T.train(mcfg(), T.TrainConfig(steps=1, batch=4, record_every=1, record_sequences=2, eval_batches=1,
+                                        threads=1), corpus)
+    torch.manual_seed(0)
+    model = TinyLM(mcfg())
+    x, _ = batches(corpus.train, 4, mcfg().context, torch.Generator().manual_seed(0))
+    with torch.no_grad(), hooked(model, "blocks.*.attn.hook_*") as cache:
+        model(x)
+    want = head_summary(cache["blocks.1.attn.hook_scores"][:2].double(), cache["blocks.1.attn.hook_pattern"][:2].double())
+    assert got["history"][0]["step"] == 0 and got["history"][0]["spread"][1] == pytest.approx(want["spread"], rel=1e-4)
+
+
+def test_a_step_whose_gradients_are_not_finite_leaves_the_weights_as_they_were(corpus, monkeypatch):
+    cfg = T.TrainConfig(steps=4, batch=4, record_every=10, eval_batches=1, device="cpu", threads=1)
+    run = T.build_run(mcfg(), cfg, None)
+    T.train_step(run, 0, corpus)
+    before = [p.detach().clone() for p in run.model.parameters()]
+    clip = T.clip_
+
+    def poisoned(grads, max_norm):
+        grads.view(-1)[0] = math.inf
+        return clip(grads, max_norm)
+
+    monkeypatch.setattr(T, "clip_", poisoned)
+    value, _, norm, skipped = T.train_step(run, 1, corpus)
+    assert skipped and math.isfinite(value) and not math.isfinite(norm)
+    assert all(torch.equal(a, b) for a, b in zip(before, run.model.parameters()))
