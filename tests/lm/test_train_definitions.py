@@ -305,3 +305,25 @@ def test_a_step_whose_gradients_are_not_finite_leaves_the_weights_as_they_were(c
     value, _, norm, skipped = T.train_step(run, 1, corpus)
     assert skipped and math.isfinite(value) and not math.isfinite(norm)
     assert all(torch.equal(a, b) for a, b in zip(before, run.model.parameters()))
+
+
+def test_the_results_are_the_record_s_fields_each_as_the_run_had_it(corpus):
+    """Every key ``runs.record.TrainResults`` keeps, and each value from what the run was given and did:
+    the model's settings, its parameters counted by hand, the thread count, the path, the device and its dtype,
+    the loss of the last step (record_every 1), and tokens a second as steps × batch × context / seconds."""
+    from dataclasses import fields
+
+    from attnscale.runs.record import TrainResults
+
+    model_cfg = mcfg(scale="inv_d", init="unit")
+    cfg = T.TrainConfig(steps=3, batch=4, record_every=1, eval_batches=1, dtype="bf16", device="cpu", threads=1,
+                        attention="explicit")
+    got = T.train(model_cfg, cfg, corpus)
+    assert set(got) == {f.name for f in fields(TrainResults)}
+    params = sum(p.numel() for p in TinyLM(model_cfg).parameters())
+    assert (got["head_dim"], got["scale"], got["init"], got["params"], got["threads"], got["attention"]) == \
+        (4, "inv_d", "unit", params, 1, "explicit")
+    assert (got["device"]["type"], got["device"]["dtype"], got["dtype"]) == ("cpu", "bf16", "bf16")
+    assert got["final_train_loss"] == got["losses"][-1]
+    assert got["tokens_per_s"] == pytest.approx(3 * 4 * 8 / got["train_seconds"], rel=1e-9)
+    assert got["start"]["max_score"] == max(max(layer) for layer in got["history"][0]["max_score"])
