@@ -327,3 +327,42 @@ def test_the_results_are_the_record_s_fields_each_as_the_run_had_it(corpus):
     assert got["final_train_loss"] == got["losses"][-1]
     assert got["tokens_per_s"] == pytest.approx(3 * 4 * 8 / got["train_seconds"], rel=1e-9)
     assert got["start"]["max_score"] == max(max(layer) for layer in got["history"][0]["max_score"])
+
+
+@pytest.mark.parametrize("kw, line", [
+    ({"steps": 0}, "train steps must be a positive integer, got 0"),
+    ({"warmup": -1}, "train warmup must be a non-negative integer, got -1"),
+    ({"warmup": 1.5}, "train warmup must be a non-negative integer, got 1.5"),
+    ({"lr": 0.0}, "train lr must be a positive number, got 0.0"),
+    ({"lr": math.inf}, "train lr must be a positive number, got inf"),
+    ({"min_lr_ratio": 1.5}, "train min_lr_ratio must lie in [0, 1], got 1.5"),
+    ({"clip": 0.0}, "train weight_decay must be >= 0, clip > 0 and beta2 in [0, 1)"),
+    ({"weight_decay": -0.1}, "train weight_decay must be >= 0, clip > 0 and beta2 in [0, 1)"),
+])
+def test_each_training_refusal_is_the_line_a_user_reads(kw, line):
+    from attnscale.errors import ConfigError
+
+    with pytest.raises(ConfigError) as err:
+        T.TrainConfig(**kw)
+    assert str(err.value) == line
+
+
+def test_the_edges_a_training_config_accepts():
+    cfg = T.TrainConfig(weight_decay=0.0, beta2=0.0, min_lr_ratio=1.0, warmup=0, lr=1e-12)
+    assert (cfg.weight_decay, cfg.beta2, cfg.min_lr_ratio, cfg.warmup) == (0.0, 0.0, 1.0, 0)
+
+
+def test_the_path_of_steps_that_do_not_record():
+    """"auto" fuses on GPUs and on the CPU in fp32, and takes the model's own path on the CPU under bf16; a
+    scheme SDPA cannot express is always explicit; a path asked for is taken. Only ``device.type`` is read,
+    so a GPU's device needs no GPU here."""
+    from attnscale.core import device as dev
+
+    fp32, bf16 = (dev.resolve_precision(d, torch.device("cpu")) for d in ("fp32", "bf16"))
+    cpu, cuda, mps = torch.device("cpu"), torch.device("cuda"), torch.device("mps")
+    own = mcfg(impl="explicit")
+    assert T.attention_impl("auto", own, cpu, fp32) == "fused"
+    assert T.attention_impl("auto", own, cpu, bf16) == "explicit"
+    assert T.attention_impl("auto", own, cuda, bf16) == T.attention_impl("auto", own, mps, bf16) == "fused"
+    assert T.attention_impl("fused", own, cpu, bf16) == "fused"
+    assert T.attention_impl("fused", mcfg(scale="softcap"), cuda, fp32) == "explicit"  # a cap SDPA has no place for
