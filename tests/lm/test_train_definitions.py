@@ -280,7 +280,8 @@ def test_a_recording_step_measures_the_first_record_sequences_of_its_batch(corpu
     from reference import head_summary
 
     got = T.train(mcfg(), T.TrainConfig(steps=1, batch=4, record_every=1, record_sequences=2, eval_batches=1,
-                                        threads=1), corpus)
+                                        lr=1e-2, warmup=4, threads=1), corpus)
+    assert got["history"][0]["lr"] == pytest.approx(1e-2 / 4, rel=1e-12)  # the first warm-up step's rate
     torch.manual_seed(0)
     model = TinyLM(mcfg())
     x, _ = batches(corpus.train, 4, mcfg().context, torch.Generator().manual_seed(0))
@@ -366,3 +367,9 @@ def test_the_path_of_steps_that_do_not_record():
     assert T.attention_impl("auto", own, cuda, bf16) == T.attention_impl("auto", own, mps, bf16) == "fused"
     assert T.attention_impl("fused", own, cpu, bf16) == "fused"
     assert T.attention_impl("fused", mcfg(scale="softcap"), cuda, fp32) == "explicit"  # a cap SDPA has no place for
+
+
+def test_the_optimiser_is_torchs_fused_adamw_on_the_cpu():
+    """The fused kernel on the CPU (and CUDA): it skips a step on the device (``found_inf``), with no host sync."""
+    run = T.build_run(mcfg(), T.TrainConfig(device="cpu", threads=1), None)
+    assert isinstance(run.opt, torch.optim.AdamW) and run.opt.defaults["fused"] is True and run.impl == "fused"
