@@ -212,6 +212,12 @@ def test_a_gradient_that_is_not_finite_ends_an_fp32_run_as_diverged_at_that_step
     got = T.train(mcfg(), T.TrainConfig(steps=6, batch=4, record_every=3, eval_batches=2, threads=1), corpus)
     assert (got["status"], got["diverged_at"], got["steps_done"]) == ("diverged", 2, 2)
     assert all(math.isfinite(v) for v in got["losses"])
+    from dataclasses import fields
+
+    from attnscale.runs.record import TrainResults
+
+    assert set(got) == {f.name for f in fields(TrainResults)}  # a diverged run's record has every field
+    assert (got["valid_loss"], got["perplexity"], got["eval_tokens"]) == (None, None, 0)
 
 
 def test_a_checkpoint_written_before_skips_and_evals_were_kept_resumes_and_one_with_skips_says_so(corpus, tmp_path):
@@ -232,7 +238,8 @@ def test_a_checkpoint_written_before_skips_and_evals_were_kept_resumes_and_one_w
     state = torch.load(path, weights_only=False)
     torch.save({**state, "skipped": 3}, path)
     again = T.train(mcfg(), cfg, corpus, checkpoint=path)
-    assert any(n.startswith("the fp16 gradient scaler skipped 3 step(s)") for n in again["notes"])
+    assert "the fp16 gradient scaler skipped 3 step(s) with inf/NaN gradients; they are not counted and did not " \
+           "move the schedule" in again["notes"]
 
 
 def test_the_final_training_loss_is_the_mean_of_the_last_record_every_losses(corpus):
@@ -327,6 +334,7 @@ def test_the_results_are_the_record_s_fields_each_as_the_run_had_it(corpus):
     assert (got["device"]["type"], got["device"]["dtype"], got["dtype"]) == ("cpu", "bf16", "bf16")
     assert got["final_train_loss"] == got["losses"][-1]
     assert got["tokens_per_s"] == pytest.approx(3 * 4 * 8 / got["train_seconds"], rel=1e-9)
+    assert 0 < got["train_seconds"] < 600 and isinstance(got["eval_tokens"], int) and got["eval_tokens"] == 4 * 8
     assert got["start"]["max_score"] == max(max(layer) for layer in got["history"][0]["max_score"])
 
 
@@ -373,3 +381,32 @@ def test_the_optimiser_is_torchs_fused_adamw_on_the_cpu():
     """The fused kernel on the CPU (and CUDA): it skips a step on the device (``found_inf``), with no host sync."""
     run = T.build_run(mcfg(), T.TrainConfig(device="cpu", threads=1), None)
     assert isinstance(run.opt, torch.optim.AdamW) and run.opt.defaults["fused"] is True and run.impl == "fused"
+
+
+def test_each_step_tells_on_step_its_loss_rate_and_gradient_norm(corpus):
+    seen = []
+    got = T.train(mcfg(), T.TrainConfig(steps=3, batch=4, lr=1e-2, warmup=3, record_every=1, eval_batches=1,
+                                        threads=1), corpus, on_step=lambda *a: seen.append(a))
+    assert [(s, n) for s, n, _ in seen] == [(1, 3), (2, 3), (3, 3)]
+    assert [info["lr"] for _, _, info in seen] == pytest.approx([1e-2 / 3, 2e-2 / 3, 1e-2], rel=1e-12)
+    assert [info["loss"] for _, _, info in seen] == got["losses"]
+    # the update after step k is recorded as step k - 1 (the weights its forward used); the last row is the trained model
+    assert [info["grad_norm"] for _, _, info in seen] == pytest.approx([row["grad_norm"] for row in got["history"][:3]])
+
+
+@pytest.mark.parametrize("where", ["the trained model's row", "the held-out loss"])
+def test_a_run_whose_end_is_not_finite_is_diverged_at_its_last_step(corpus, monkeypatch, where):
+    if where == "the trained model's row":
+        monkeypatch.setattr(T, "_record_trained", lambda run, corpus: math.nan)
+    else:
+        monkeypatch.setattr(T, "evaluate", lambda *a, **k: {"valid_loss": math.inf, "perplexity": math.inf,
+                                                             "eval_tokens": 32})
+    got = T.train(mcfg(), T.TrainConfig(steps=2, batch=4, record_every=1, eval_batches=1, threads=1), corpus)
+    assert (got["status"], got["diverged_at"], got["steps_done"]) == ("diverged", 2, 2)
+
+
+def test_a_held_out_loss_too_large_for_a_perplexity_leaves_it_none(corpus, monkeypatch):
+    monkeypatch.setattr(T, "evaluate", lambda *a, **k: {"valid_loss": 800.0, "perplexity": math.inf,
+                                                         "eval_tokens": 32})
+    got = T.train(mcfg(), T.TrainConfig(steps=2, batch=4, record_every=1, eval_batches=1, threads=1), corpus)
+    assert (got["status"], got["valid_loss"], got["perplexity"], got["eval_tokens"]) == ("done", 800.0, None, 32)
