@@ -347,6 +347,21 @@ def test_the_results_are_the_record_s_fields_each_as_the_run_had_it(corpus):
     ({"min_lr_ratio": 1.5}, "train min_lr_ratio must lie in [0, 1], got 1.5"),
     ({"clip": 0.0}, "train weight_decay must be >= 0, clip > 0 and beta2 in [0, 1)"),
     ({"weight_decay": -0.1}, "train weight_decay must be >= 0, clip > 0 and beta2 in [0, 1)"),
+    ({"beta2": 1.0}, "train weight_decay must be >= 0, clip > 0 and beta2 in [0, 1)"),
+    ({"beta2": 1.5}, "train weight_decay must be >= 0, clip > 0 and beta2 in [0, 1)"),
+    ({"dtype": "fp8"}, "train dtype 'fp8' is unknown; choose one of: auto, fp32, bf16, fp16"),
+    ({"threads": 1.5}, "train threads must be a positive integer or None, got 1.5"),
+    ({"checkpoint_every": 0.5}, "train checkpoint_every must be a non-negative integer (0 = never), got 0.5"),
+    ({"attention": "flash"}, "train attention 'flash' is unknown; choose one of: auto, fused, explicit"),
+    ({"weights": "fp8"}, "train weights 'fp8' are unknown; choose one of: fp32, bf16"),
+    ({"weights": "bf16", "dtype": "fp32"},
+     "train weights 'bf16' need dtype bf16 (or auto), not 'fp32'; drop --weights bf16 or train in bf16"),
+    ({"z_loss": math.inf}, "train z_loss must be >= 0, beta1 in [0, 1) and adam_eps in (0, 1)"),
+    ({"adam_eps": 1.0}, "train z_loss must be >= 0, beta1 in [0, 1) and adam_eps in (0, 1)"),
+    ({"adam_eps": 1.5}, "train z_loss must be >= 0, beta1 in [0, 1) and adam_eps in (0, 1)"),
+    ({"eval_every": True}, "train eval_every must be a non-negative integer (0 = at the end only), got True"),
+    ({"frozen_threshold": 0.0}, "train frozen_threshold must lie in (0, 1), got 0.0"),
+    ({"frozen_threshold": 1.0}, "train frozen_threshold must lie in (0, 1), got 1.0"),
 ])
 def test_each_training_refusal_is_the_line_a_user_reads(kw, line):
     from attnscale.errors import ConfigError
@@ -357,8 +372,9 @@ def test_each_training_refusal_is_the_line_a_user_reads(kw, line):
 
 
 def test_the_edges_a_training_config_accepts():
-    cfg = T.TrainConfig(weight_decay=0.0, beta2=0.0, min_lr_ratio=1.0, warmup=0, lr=1e-12)
-    assert (cfg.weight_decay, cfg.beta2, cfg.min_lr_ratio, cfg.warmup) == (0.0, 0.0, 1.0, 0)
+    cfg = T.TrainConfig(weight_decay=0.0, beta2=0.0, beta1=0.0, min_lr_ratio=1.0, warmup=0, lr=1e-12)
+    assert (cfg.weight_decay, cfg.beta2, cfg.beta1, cfg.min_lr_ratio, cfg.warmup) == (0.0, 0.0, 0.0, 1.0, 0)
+    assert T.TrainConfig(steps=10, warmup=8, schedule="wsd").warmup == 8  # warm-up ends where the cool-down starts
 
 
 def test_the_path_of_steps_that_do_not_record():
