@@ -233,6 +233,8 @@ def test_a_checkpoint_written_before_skips_and_evals_were_kept_resumes_and_one_w
     torch.save(state, path)
     resumed = T.train(mcfg(), cfg, corpus, checkpoint=path)
     assert resumed["resumed_from"] == 2 and resumed["losses"] == whole["losses"] and resumed["evals"] == []
+    # its speed counts the steps it took, not those its checkpoint had
+    assert resumed["tokens_per_s"] == pytest.approx((6 - 2) * 4 * 8 / resumed["train_seconds"], rel=1e-9)
     assert not any("skipped" in n for n in resumed["notes"])
     T.train(mcfg(), cfg, corpus, checkpoint=path, should_stop=lambda: next(calls) >= 6)
     state = torch.load(path, weights_only=False)
