@@ -82,3 +82,21 @@ def test_a_watched_run_still_stops_when_asked_and_keeps_its_checkpoint_to_resume
     assert stopped["status"] == "stopped" and (tmp_path / "c.pt").exists()
     resumed = train(MODEL, cfg, corpus, checkpoint=tmp_path / "c.pt", watch=Attached(every=2))
     assert resumed["resumed_from"] == 2 and _numbers(resumed) == _numbers(train(MODEL, cfg, corpus))
+
+
+def test_a_resumed_run_takes_a_watch_of_its_own_and_an_attached_that_followed_a_run_is_refused(corpus, tmp_path):
+    """Each train() builds its model, so a watch follows one call: a resumed run (here at step 3, every 2,
+    measured in the training forward) takes a new one, whose first probe is step 4; one that followed a run
+    is refused before any step."""
+    from attnscale.errors import ConfigError
+
+    cfg = TrainConfig(**{**TRAIN.__dict__, "checkpoint_every": 3})
+    first, kept = Kept(), Kept()
+    calls = iter(range(100))
+    used = Attached(every=2, sinks=[first], in_training_forward=True)
+    train(MODEL, cfg, corpus, checkpoint=tmp_path / "c.pt", watch=used, should_stop=lambda: next(calls) >= 3)
+    with pytest.raises(ConfigError, match="this Attached already followed a training run"):
+        train(MODEL, cfg, corpus, checkpoint=tmp_path / "c.pt", watch=used)
+    resumed = train(MODEL, cfg, corpus, checkpoint=tmp_path / "c.pt",
+                    watch=Attached(every=2, sinks=[kept], in_training_forward=True))
+    assert resumed["resumed_from"] == 3 and (first.steps, kept.steps) == ([2], [4, 6])

@@ -272,7 +272,8 @@ def train(
     ``watch``: an ``attnscale.watch.Attached`` (a ``Watch``'s options, checked when it was made), attached
     as the Trainer and Lightning callbacks attach it: its ``Watch`` is made on the model the steps run
     when training starts, follows every update, and an alert whose action is "stop" ends the run
-    ("stopped"); its sinks are closed when training ends, however it ends.
+    ("stopped"); its sinks are closed when training ends, however it ends. An Attached follows one call
+    (each builds its model): one that followed a run is refused.
 
     ``checkpoint``: with ``checkpoint_every`` > 0, the model, optimiser and batch
     generator are saved there every that many steps; a later call with the same
@@ -281,6 +282,9 @@ def train(
     used: the run starts from step 0 and ``results["notes"]`` says why. The file is
     removed when the run ends "done" or "diverged". ``weights``: where a run that
     ends "done" saves its final weights (safetensors, the model's state_dict)."""
+    if getattr(watch, "watch", None) is not None:  # its Watch follows a model this call would not build
+        raise ConfigError("this Attached already followed a training run, whose model is gone; give each train() "
+                          "call its own Attached(...), a resumed run too")
     if model_cfg.vocab_size < corpus.vocab_size:
         raise ConfigError(f"model vocab_size {model_cfg.vocab_size} is smaller than the corpus's {corpus.vocab_size}")
     check_length(corpus.train, model_cfg.context, "training split")
