@@ -450,3 +450,59 @@ def test_the_threshold_chosen_has_the_most_hits_under_the_false_alarm_limit():
     assert det.choose_threshold(by) == 30  # 10 has as many hits but 0.5 > 0.05 false alarms per 1,000
     assert det.choose_threshold(by, max_per_1000=0.5) == 10  # 10 and 30 tie on hits; 10's median lead 250 > 75
     assert det.choose_threshold({10: by[10]}) is None
+
+
+# ---- the study's statistics at their edges, each against a hand calculation ---------------------------------
+
+
+def test_holm_adjusts_by_hand_caps_at_one_holds_at_exactly_alpha_and_leaves_untested_out():
+    got = det.holm({"a": 0.01, "b": 0.04, "c": 0.03, "d": None})
+    # m = 3 tested: 3 × 0.01 = 0.03; max(0.03, 2 × 0.03) = 0.06; max(0.06, 1 × 0.04) = 0.06
+    assert got == {"a": {"p": 0.01, "p_holm": pytest.approx(0.03), "holds": True},
+                   "c": {"p": 0.03, "p_holm": pytest.approx(0.06), "holds": False},
+                   "b": {"p": 0.04, "p_holm": pytest.approx(0.06), "holds": False},
+                   "d": {"p": None, "p_holm": None, "holds": False}}
+    assert det.holm({"x": 0.6, "y": 0.7}) == {"x": {"p": 0.6, "p_holm": 1.0, "holds": False},
+                                              "y": {"p": 0.7, "p_holm": 1.0, "holds": False}}
+    assert det.holm({"only": 0.05}) == {"only": {"p": 0.05, "p_holm": 0.05, "holds": True}}
+
+
+def _broke(seed, alarm, broke=500):
+    return det.Watched(seed, 0, broke, broke, alarm)
+
+
+def test_a_tie_in_hits_goes_to_the_longer_median_lead_then_to_the_earlier_threshold():
+    held = det.Watched(9, 0, 1000, None, None)  # a silent held run: 0 false alarms in 1,000 steps
+    # both warn all three breaks; leads 10, 20, 90 (median 20) against 40, 41, 42 (median 41, smaller max)
+    short = [_broke(0, 490), _broke(1, 480), _broke(2, 410), held]
+    long = [_broke(0, 460), _broke(1, 459), _broke(2, 458), held]
+    assert det.choose_threshold({1.0: short, 2.0: long}) == 2.0
+    assert det.choose_threshold({1.0: long, 2.0: short}) == 1.0
+    assert det.choose_threshold({1.0: long, 2.0: list(long)}) == 1.0  # all equal: the earlier
+    missed = [_broke(0, None), _broke(1, None), _broke(2, 480), held]  # one hit, lead 20
+    none = [_broke(0, None), _broke(1, None), _broke(2, None), held]  # no hit: no median lead
+    assert det.choose_threshold({1.0: none, 2.0: missed}) == 2.0
+    assert det.choose_threshold({1.0: none, 2.0: list(none)}) == 1.0
+
+
+def test_cross_fitting_names_each_folds_choosing_and_judged_seeds_and_its_choice():
+    items = [det.Watched(s, 0, 10, None, None) for s in range(4)]
+    got = det.cross_fit(items, choose=lambda xs: sorted(x.seed for x in xs),
+                        judge_with=lambda xs, c: [(x.seed, tuple(c)) for x in xs])
+    assert got["folds"] == [{"choosing_seeds": (0, 2), "judged_seeds": (1, 3), "choice": [0, 2]},
+                            {"choosing_seeds": (1, 3), "judged_seeds": (0, 2), "choice": [1, 3]}]
+    assert got["judged"] == [(1, (0, 2)), (3, (0, 2)), (0, (1, 3)), (2, (1, 3))]
+
+
+def test_the_auc_interval_resamples_seeds_with_their_runs_as_often_as_told():
+    scored = [(0, 0.9, True), (0, 0.1, False), (1, 0.8, True), (1, 0.7, False), (2, 0.2, True), (2, 0.6, False),
+              (3, 0.5, True), (3, 0.4, False)]
+
+    def stat(sample):
+        return det.auc([(s, y) for _, s, y in sample])
+
+    by_seed = det.bootstrap(scored, stat, seed_of=lambda t: t[0], draws=1000)
+    # positives 0.9 and 0.8 beat all four negatives, 0.2 beats 0.1, 0.5 beats 0.1 and 0.4: 11 of 16 pairs
+    assert det.auc_interval(scored) == {"auc": pytest.approx(11 / 16), "ci": by_seed}
+    assert det.auc_interval(scored, draws=50)["ci"] == det.bootstrap(scored, stat, seed_of=lambda t: t[0], draws=50)
+    assert by_seed != det.bootstrap(scored, stat, seed_of=lambda t: t[1], draws=1000)  # by run, not by seed
