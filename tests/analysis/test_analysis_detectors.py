@@ -506,3 +506,36 @@ def test_the_auc_interval_resamples_seeds_with_their_runs_as_often_as_told():
     assert det.auc_interval(scored) == {"auc": pytest.approx(11 / 16), "ci": by_seed}
     assert det.auc_interval(scored, draws=50)["ci"] == det.bootstrap(scored, stat, seed_of=lambda t: t[0], draws=50)
     assert by_seed != det.bootstrap(scored, stat, seed_of=lambda t: t[1], draws=1000)  # by run, not by seed
+
+
+def test_a_paired_lead_reads_earlier_later_or_inconclusive_from_its_seed_interval_and_its_sign_test_by_hand():
+    def runs(alarms, broke=500):
+        return [det.Watched(s, 0, broke, broke, a) for s, a in enumerate(alarms)]
+
+    base = runs([499, 499, 499, 499])  # the baseline warns each break one step ahead
+    later = det.paired_lead(runs([None, None, None, 500]), base)  # a misses or warns at the break: −1 each
+    assert (later["runs"], later["median"], later["verdict"]) == (4, -1, "later")
+    earlier = det.paired_lead(runs([498, 498, 498, 497]), base)  # one or two steps more: differences 1, 1, 1, 2
+    assert (earlier["median"], earlier["ci"][0], earlier["verdict"]) == (1, 1, "earlier")
+    # four seeds, all ahead: 2 · P(Binomial(4, ½) ≤ 0) = 2/16
+    assert earlier["p"] == pytest.approx(2 / 16)
+    # the interval resamples seeds, each bringing all its runs: two runs a seed, differences 3 and −1 in each
+    two = [det.Watched(s, 0, 500, 500, a) for s in range(3) for a in (497, 501)]
+    both = det.paired_lead(two, [det.Watched(s, 0, 500, 500, 500) for s in range(3) for _ in (0, 1)])
+    pairs = [(s, d) for s in range(3) for d in (3, 0)]
+    assert both["ci"] == det.bootstrap(pairs, lambda p: det.quantile([d for _, d in p], 0.5), seed_of=lambda p: p[0])
+    with pytest.raises(ValueError, match="^paired_lead needs the same runs, in the same order, under both detectors$"):
+        det.paired_lead(runs([1]), runs([1, 2]))
+
+
+def test_the_sign_test_by_hand_capped_at_one():
+    assert det.sign_test([1, -1]) == 1.0  # 2 × P(X ≤ 1 | n = 2) = 1.5, capped
+    assert det.sign_test([2, 3, 4]) == pytest.approx(2 / 8)
+
+
+def test_alarms_fire_from_their_start_on_its_own_step():
+    assert det.max_score_alarm([(0, 2000.0), (10, 5.0)], 1000) == 0  # the first probe counts
+    assert det.spike_alarm([], 6, 50, start=5, scores=[(5, 10.0), (9, 12.0)]) == 5  # scores given are read
+    # a point that is not finite scores +inf and the points after it are still scored
+    points = [(s, 1.0) for s in range(25)] + [(25, math.nan)] + [(s, 1.0) for s in range(26, 40)] + [(40, 50.0)]
+    assert det.spike_alarm(points, 6, 50, start=30) == 40
