@@ -535,6 +535,8 @@ def test_the_sign_test_by_hand_capped_at_one():
 
 def test_alarms_fire_from_their_start_on_its_own_step():
     assert det.max_score_alarm([(0, 2000.0), (10, 5.0)], 1000) == 0  # the first probe counts
+    broken_first = [(0, math.nan), (10, 1.0)]  # a first probe that is not finite fires every detector there
+    assert det.entropy_collapse_alarm(broken_first, 0.5) == det.log_z_drift_alarm(broken_first, 1.0) == 0
     assert det.spike_alarm([], 6, 50, start=5, scores=[(5, 10.0), (9, 12.0)]) == 5  # scores given are read
     # a point that is not finite scores +inf and the points after it are still scored
     points = [(s, 1.0) for s in range(25)] + [(25, math.nan)] + [(s, 1.0) for s in range(26, 40)] + [(40, 50.0)]
