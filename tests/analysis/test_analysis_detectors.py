@@ -541,3 +541,20 @@ def test_alarms_fire_from_their_start_on_its_own_step():
     # a point that is not finite scores +inf and the points after it are still scored
     points = [(s, 1.0) for s in range(25)] + [(25, math.nan)] + [(s, 1.0) for s in range(26, 40)] + [(40, 50.0)]
     assert det.spike_alarm(points, 6, 50, start=30) == 40
+
+
+def test_spike_edges_the_first_scored_point_a_score_at_the_threshold_and_the_start_each_alarm_is_given():
+    flat = [(s, 1.0) for s in range(det.SPIKE_MIN + 1)]
+    assert [step for step, _ in det.spike_scores(flat, 50)] == [det.SPIKE_MIN]  # once SPIKE_MIN points exist
+    assert det.spike_alarm([], 6, 50, scores=[(3, 6.0)]) is None  # more than 6 robust SDs, not 6
+    assert det.spike_alarm([(s, 1.0) for s in range(4)] + [(4, 99.0)], 6, 50, min_history=3) == 4
+    assert det.loss_spike_alarm([math.nan, 1.0], 6) == 0 and det.grad_norm_spike_alarm([(0, math.inf)], 6) == 0
+    points = [(0, math.inf)] + [(s, 1.0) for s in range(1, 30)] + [(30, 99.0)]
+    assert det.grad_norm_spike_alarm(points, 6, start=5) == 30
+
+
+def test_a_paired_lead_whose_interval_ends_at_zero_is_inconclusive():
+    base = [det.Watched(s, 0, 500, 500, 499) for s in range(4)]
+    a = [det.Watched(s, 0, 500, 500, None if s < 2 else 499) for s in range(4)]  # differences −1, −1, 0, 0
+    got = det.paired_lead(a, base)
+    assert got["ci"][1] == 0 and got["verdict"] == "inconclusive"
