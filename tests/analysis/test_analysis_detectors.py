@@ -549,6 +549,7 @@ def test_spike_edges_the_first_scored_point_a_score_at_the_threshold_and_the_sta
     assert det.spike_alarm([], 6, 50, scores=[(3, 6.0)]) is None  # more than 6 robust SDs, not 6
     assert det.spike_alarm([(s, 1.0) for s in range(4)] + [(4, 99.0)], 6, 50, min_history=3) == 4
     assert det.loss_spike_alarm([math.nan, 1.0], 6) == 0 and det.grad_norm_spike_alarm([(0, math.inf)], 6) == 0
+    assert det.spike_alarm([(0, math.nan)], 6, 50) == 0
     points = [(0, math.inf)] + [(s, 1.0) for s in range(1, 30)] + [(30, 99.0)]
     assert det.grad_norm_spike_alarm(points, 6, start=5) == 30
 
