@@ -29,9 +29,11 @@ def _numbers(res):  # everything the run reports but wall-clock time
 def test_the_watch_probes_the_weights_trained_so_far_and_leaves_the_runs_numbers_alone(corpus, tmp_path):
     alone = train(MODEL, TRAIN, corpus)
     log, weights = tmp_path / "watch.jsonl", tmp_path / "w.safetensors"
+    steps = []
     watched = train(MODEL, TRAIN, corpus, watch=Attached(every=2, sinks=[JsonlSink(log)], probe_sequences=3),
-                    weights=weights)
-    assert _numbers(watched) == _numbers(alone)
+                    weights=weights, on_step=lambda step, *_: steps.append(step))
+    assert _numbers(watched) == _numbers(alone) and watched["notes"] == alone["notes"] == []
+    assert steps == list(range(1, TRAIN.steps + 1))  # on_step is still told every step
     lines = read_log(log)
     assert [line.step for line in lines] == [2, 4, 6]
     # the probe is the first batch the model saw (the seed's generator's first draw), cut to 3 sequences,
