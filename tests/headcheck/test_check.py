@@ -58,7 +58,9 @@ def test_inspect_the_watch_and_training_carry_one_result_type_with_the_same_numb
     rec = Recorder(["blocks.0.attn", "blocks.1.attn"], threshold=0.99, sequences=len(x))
     with torch.no_grad(), capture_weights(model, rec):
         model(x)
-    recorded = rec.stats(rec.tensor().tolist())  # what a training step's one read-back carries
+    values = rec.tensor().tolist()  # what a training step's one read-back carries
+    recorded = rec.stats(values)
+    assert rec.row(values) == recorded.grids()  # the record's rows, read straight off the list
     assert all(isinstance(s, HeadStats) for s in (inspected, probed, recorded))
     for layer in range(2):
         ref = head_summary(cache[f"blocks.{layer}.attn.hook_scores"].double(),

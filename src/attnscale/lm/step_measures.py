@@ -79,8 +79,16 @@ class Recorder:
                       tuple(s.heads for s in self.layers))
 
     def row(self, values: list[float]) -> dict[str, list[list[float]]]:
-        """Each diagnostic as a [layer][head] list (``HeadStats.grids``), from ``tensor().tolist()``."""
-        return self.stats(values).grids()
+        """Each diagnostic as a [layer][head] list, from ``tensor().tolist()``: ``stats(values).grids()``, read
+        straight off the list, so that recording adds no tensor read to the step's one (tests/core/test_device.py)."""
+        width, n_layers = packed_width(errors=False), len(self.layers)
+        heads = len(values) // (n_layers * width)
+        out: dict[str, list[list[float]]] = {k: [] for k in DIAGNOSTICS}
+        for layer, sums in enumerate(self.layers):
+            for m, k in enumerate(DIAGNOSTICS):
+                start = (layer * width + m) * heads
+                out[k].append(values[start : start + sums.heads])
+        return out
 
 
 def read_back(rec: Recorder | None, *scalars: torch.Tensor) -> tuple[list[float], dict | None]:
