@@ -15,7 +15,6 @@ ROOT = TESTS.parent
 
 # module -> "the test file that reaches it: why it has no file of its own"
 THROUGH_CALLERS = {
-    "analysis/alarms": "tests/experiments/test_warn_study.py: judged on the divergence study's runs",
     "analysis/course_figures": "tests/report/test_course_judges.py: the figures the course's claims are judged by",
     "capture/adapter": "tests/capture/test_capture_calls.py: one capture among the routes tested side by side",
     "capture/call": "tests/capture/test_capture_calls.py: the call every capture hands over",

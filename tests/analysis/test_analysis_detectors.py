@@ -559,3 +559,12 @@ def test_a_paired_lead_whose_interval_ends_at_zero_is_inconclusive():
     a = [det.Watched(s, 0, 500, 500, None if s < 2 else 499) for s in range(4)]  # differences −1, −1, 0, 0
     got = det.paired_lead(a, base)
     assert got["ci"][1] == 0 and got["verdict"] == "inconclusive"
+
+
+@pytest.mark.parametrize(("ci", "verdict"), [
+    (None, "inconclusive"), ((0.5, 3.0), "earlier"), ((1.0, 1.0), "earlier"), ((-3.0, -0.5), "later"),
+    ((-1.0, -1.0), "later"), ((0.0, 0.0), "inconclusive"), ((0.0, 2.0), "inconclusive"),
+    ((-2.0, 0.0), "inconclusive"), ((-2.0, 0.5), "inconclusive"), ((-0.5, 2.0), "inconclusive"),
+])
+def test_a_lead_verdict_is_earlier_or_later_only_where_the_interval_leaves_out_zero(ci, verdict):
+    assert det.lead_verdict(ci) == verdict

@@ -236,9 +236,8 @@ def _lead_difference(a: Sequence[det.Outcome], b: Sequence[det.Outcome]) -> dict
     ci = det.bootstrap(pairs, stat, seed_of=lambda p: p[0])
     if not any(x.hit or y.hit for x, y in zip(a, b)):
         return {"median": None, "ci": None, "verdict": "neither warns", "runs": len(pairs), "mean": None}
-    verdict = "inconclusive" if ci is None or ci[0] <= 0 <= ci[1] else "earlier" if ci[0] > 0 else "later"
-    return {"median": value, "ci": ci, "verdict": verdict, "runs": len(pairs),
-            "mean": sum(d for _, d in pairs) / len(pairs) if pairs else None}
+    return {"median": value, "ci": ci, "verdict": det.lead_verdict(ci), "runs": len(pairs),
+            "mean": sum(d for _, d in pairs) / len(pairs)}  # a hit is a broken run's: pairs is not empty
 
 
 def pct_text(x, ci=None) -> str:

@@ -42,7 +42,7 @@ from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
 __all__ = ["Series", "BreakRule", "Break", "Detector", "DETECTORS", "break_point", "robust_z", "signal", "first_alarm",
-           "Outcome", "outcomes", "judge", "sweep", "choose", "combine_alarms", "quantile", "bootstrap",
+           "Outcome", "judge", "lead_verdict", "sweep", "choose", "combine_alarms", "quantile", "bootstrap",
            "split_seeds", "wilson", "MAD_TO_SD",
            # the recipe study's detectors and their judging within a cell
            "LITERATURE_LEVELS", "max_score_alarm", "entropy_collapse_alarm", "qk_rms_growth_alarm",
@@ -272,11 +272,6 @@ class Outcome:
     @property
     def lead(self) -> int | None:
         return self.broken_at - self.alarm if self.hit else None
-
-
-def outcomes(runs: Sequence[tuple[int, int, Break | None, Mapping[str, int | None]]], rule: Callable) -> list[Outcome]:
-    """(seed, steps, break, alarms by detector) per run, judged by ``rule(alarms) -> first alarm``."""
-    return [Outcome(seed, steps, None if b is None else b.step, rule(alarms)) for seed, steps, b, alarms in runs]
 
 
 def quantile(xs: Sequence[float], q: float) -> float | None:
@@ -545,6 +540,12 @@ def sign_test(differences: Sequence[float]) -> float | None:
     return min(1.0, 2 * tail)
 
 
+def lead_verdict(ci: tuple[float, float] | None) -> str:
+    """A lead difference's verdict by its interval: "earlier" where it lies above 0, "later" where below,
+    "inconclusive" where it holds 0 or there is none."""
+    return "inconclusive" if ci is None else "earlier" if ci[0] > 0 else "later" if ci[1] < 0 else "inconclusive"
+
+
 def paired_lead(a: Sequence[Watched], b: Sequence[Watched]) -> dict:
     """Lead of detector ``a`` minus that of baseline ``b`` on the same broken runs (the lists in the same
     run order; a miss counts 0, no warning): median with a seed-bootstrap interval, a sign test over the
@@ -561,8 +562,7 @@ def paired_lead(a: Sequence[Watched], b: Sequence[Watched]) -> dict:
     for s, d in pairs:
         by_seed.setdefault(s, []).append(d)
     ci = bootstrap(pairs, median, seed_of=lambda p: p[0])
-    verdict = "inconclusive" if ci is None or ci[0] <= 0 <= ci[1] else "earlier" if ci[0] > 0 else "later"
-    return {"runs": len(pairs), "median": median(pairs), "ci": ci, "verdict": verdict,
+    return {"runs": len(pairs), "median": median(pairs), "ci": ci, "verdict": lead_verdict(ci),
             "p": sign_test([sum(ds) / len(ds) for ds in by_seed.values()])}
 
 

@@ -1,0 +1,190 @@
+"""analysis/alarms: a run's series read off its record, the study's rows drawn from the runs that finished,
+a detector's lead against the loss's own, and the texts the study's tables print, each checked against a
+calculation written out here (the study's own judging on hand-made rows: tests/experiments/test_warn_study.py)."""
+
+import statistics
+
+import pytest
+
+from attnscale.analysis import alarms
+from attnscale.analysis import detectors as det
+from attnscale.runs import record as rec
+
+STEPS = 40
+
+
+def _run(tmp_path, name: str, *, status: str = "done", family: str | None = None, seed: int = 0,
+         losses=None, valid_loss: float | None = 3.3, measured_every: int = 1, kept_losses: bool = True,
+         diverged_at: int | None = None) -> rec.TrainRun:
+    """A training run as its record reads back: a loss of 3.5 at every step (on the unigram plateau: a
+    floor of 3.237 breaks it), every head's measures at every ``measured_every``-th step, the max score
+    of head (layer l, head h) at step s being 100 l + 10 h + s."""
+    losses = [3.5] * STEPS if losses is None else list(losses)
+    model = {"vocab_size": 8, "d_model": 16, "n_heads": 2, **({"family": family} if family else {"scale": "none"})}
+    train = {"steps": STEPS, "seed": seed, "lr": 0.1, "warmup": 0}
+    lines = []
+    for s in range(len(losses)):
+        line = {"step": s, "loss": losses[s]}
+        if s % measured_every == 0:
+            line |= {"max_score": [[100 * l + 10 * h + s for h in range(2)] for l in range(2)],
+                     "effective_words": [[2.0, 3.0], [4.0, float("nan")]], "grad_norm": 0.5 + s,
+                     "q_rms": [1.0, 2.0], "k_rms": [3.0]}
+        lines.append(line)
+    results = rec.TrainResults(status, len(losses), diverged_at=diverged_at, valid_loss=valid_loss,
+                               losses=tuple(x for x in losses if x is not None) if kept_losses else ())
+    path = tmp_path / name
+    return rec.TrainRun(path, rec.Record("train", status, {"model": model, "train": train}, None), results, tuple(lines))
+
+
+def test_a_series_is_the_losses_every_step_and_every_heads_measures_at_each_probe(tmp_path):
+    run = _run(tmp_path, "r", losses=[4.0 - 0.01 * s for s in range(STEPS)], valid_loss=2.5)
+    s = alarms.series_of(run, probe_every=10)
+    assert s.losses == tuple(4.0 - 0.01 * i for i in range(STEPS)) and s.final_loss == 2.5
+    assert [p for p, _ in s.probes] == [0, 10, 20, 30]
+    step, measures = s.probes[1]
+    assert measures["max_score"] == [10.0, 20.0, 110.0, 120.0]  # flattened over layers, layer by layer
+    ew = measures["effective_words"]
+    assert ew[:3] == [2.0, 3.0, 4.0] and ew[3] != ew[3]  # NaN stays NaN
+    assert measures["spread"] == []  # a measure the line has not: no values
+    assert measures["grad_norm"] == [10.5] and measures["qk_rms"] == [1.0, 2.0, 3.0]
+    assert "log_z" not in measures  # a field the line has not is left out
+    assert [p for p, _ in alarms.series_of(run).probes] == list(range(0, STEPS, 5))  # every 5th step by default
+
+
+def test_a_series_probes_only_steps_that_measured_and_reads_older_records_losses_from_the_history(tmp_path):
+    run = _run(tmp_path, "r", measured_every=4, kept_losses=False, losses=[3.0 + s for s in range(STEPS)])
+    s = alarms.series_of(run, probe_every=2)
+    assert [p for p, _ in s.probes] == list(range(0, STEPS, 4))  # even steps that measured: every 4th
+    assert s.losses == tuple(3.0 + i for i in range(STEPS))  # read off the history where the results keep none
+
+
+def test_a_diverged_runs_series_ends_with_the_step_whose_loss_was_not_finite(tmp_path):
+    run = _run(tmp_path, "r", status="diverged", losses=[3.5] * 30 + [None], valid_loss=None, diverged_at=30)
+    s = alarms.series_of(run)
+    assert s.losses == (3.5,) * 30 + (None,) and s.steps == 31 and s.final_loss is None
+    assert det.break_point(s, None) == det.Break(30, "non-finite")
+
+
+def test_analyse_takes_the_finished_runs_of_the_family_asked_for(tmp_path):
+    runs = [_run(tmp_path, "done", seed=0), _run(tmp_path, "diverged", status="diverged", seed=1,
+                                                losses=[3.5] * 30 + [None], valid_loss=None, diverged_at=30),
+            _run(tmp_path, "failed", status="failed", seed=2), _run(tmp_path, "running", status="running", seed=3),
+            _run(tmp_path, "llama", family="llama", seed=4)]
+    result = alarms.analyse(runs, None)
+    assert [r["run"] for r in result["rows"]] == ["done", "diverged"]  # the tiny LM's by default
+    assert result["family"] == "tiny LM" and result["key"] == "tiny"
+    assert [r["run"] for r in alarms.analyse(runs, None, family="llama")["rows"]] == ["llama"]
+    assert alarms.analyse(runs, None, family="llama")["family"] == "Llama under the HF Trainer"
+    rows = {r["run"]: r for r in result["rows"]}
+    assert rows["diverged"]["break"] == det.Break(30, "non-finite") and rows["done"]["break"] is None
+    assert rows["done"]["seed"] == 0 and rows["done"]["lr"] == 0.1 and rows["done"]["norm"] == "pre"
+
+
+def test_analyse_breaks_by_the_floor_and_the_rule_it_is_given_and_probes_at_its_cadence(tmp_path):
+    runs = [_run(tmp_path, "plateau")]
+    # a loss of 3.5 every step and 3.3 held out, against the line 3.237 - 0.1: no 20-step mean ever falls
+    # under it, so the run is broken from its first window's last step, 19
+    assert alarms.analyse(runs, 3.237)["rows"][0]["break"] == det.Break(19, "floor")
+    assert alarms.analyse(runs, None)["rows"][0]["break"] is None
+    narrow = det.BreakRule(floor_window=10)
+    assert alarms.analyse(runs, 3.237, rule=narrow)["rows"][0]["break"] == det.Break(9, "floor")
+    assert alarms.analyse(runs, 3.237, rule=narrow)["rule"] == narrow
+    got = alarms.analyse(runs, None, probe_every=20)
+    assert [p for p, _ in got["rows"][0]["series"].probes] == [0, 20] and got["probe_every"] == 20
+
+
+def _outcome(seed: int, lead: int | None, broken_at: int | None = 100) -> det.Outcome:
+    """A run broken at ``broken_at`` (None: healthy) warned ``lead`` steps before (None: no warning)."""
+    return det.Outcome(seed, 200, broken_at, None if lead is None else broken_at - lead)
+
+
+def _difference(leads_a, leads_b, healthy=0):
+    a = [_outcome(i, x) for i, x in enumerate(leads_a)] + [_outcome(100 + i, None, None) for i in range(healthy)]
+    b = [_outcome(i, x) for i, x in enumerate(leads_b)] + [_outcome(100 + i, None, None) for i in range(healthy)]
+    return alarms._lead_difference(a, b)
+
+
+def _by_hand(diffs):
+    """The median difference's percentile interval, resampling seeds as the study does (one run per seed)."""
+    return det.bootstrap(list(enumerate(diffs)), lambda sample: statistics.median(d for _, d in sample),
+                         seed_of=lambda p: p[0])
+
+
+def test_a_lead_difference_is_the_median_over_broken_runs_a_miss_counting_zero():
+    # differences 10 - 0, 20 - 5, 30 - 10, 0 - 40 (a misses: lead 0), over the broken runs alone
+    got = _difference([10, 20, 30, None], [None, 5, 10, 40], healthy=3)
+    diffs = [10, 15, 20, -40]
+    assert got["median"] == statistics.median(diffs) == 12.5 and got["mean"] == sum(diffs) / 4 == 1.25
+    assert got["runs"] == 4 and got["ci"] == pytest.approx(_by_hand(diffs))
+    assert got["ci"][0] <= 0 <= got["ci"][1] and got["verdict"] == "inconclusive"
+    assert set(got) == {"median", "ci", "verdict", "runs", "mean"}
+
+
+@pytest.mark.parametrize(("leads_a", "leads_b", "verdict"), [
+    ([11, 12, 13, 14], [10, 10, 10, 10], "earlier"),  # every seed 1 to 4 steps earlier: the interval [1, 4]
+    ([5, 5, 5, 5], [6, 6, 6, 6], "later"),  # 1 step later in every seed: [-1, -1]
+    ([5, 5, 5, 5], [5, 5, 5, 5], "inconclusive"),  # the same step: the interval [0, 0] holds 0
+    ([6, 5, 5, 5], [5, 5, 5, 5], "inconclusive"),  # an interval starting at exactly 0
+    ([4, 5, 5, 5], [5, 5, 5, 5], "inconclusive"),  # ... and one ending at exactly 0
+])
+def test_a_lead_difference_is_earlier_or_later_only_where_its_interval_leaves_out_zero(leads_a, leads_b, verdict):
+    got = _difference(leads_a, leads_b)
+    diffs = [x - y for x, y in zip(leads_a, leads_b)]
+    lo, hi = _by_hand(diffs)
+    assert got["ci"] == pytest.approx((lo, hi))
+    assert got["verdict"] == verdict == ("earlier" if lo > 0 else "later" if hi < 0 else "inconclusive")
+    assert got["median"] == statistics.median(diffs) and got["mean"] == sum(diffs) / len(diffs)
+
+
+def test_a_lead_difference_on_one_seed_has_no_interval_and_is_inconclusive():
+    got = _difference([30], [10])
+    assert got == {"median": 20, "ci": None, "verdict": "inconclusive", "runs": 1, "mean": 20}
+
+
+def test_a_lead_difference_where_neither_warns_says_so():
+    got = _difference([None, None], [None, None], healthy=2)
+    assert got == {"median": None, "ci": None, "verdict": "neither warns", "runs": 2, "mean": None}
+
+
+def test_texts_print_shares_as_whole_percents_and_steps_as_they_are():
+    assert alarms.pct_text(None) == "—" and alarms.pct_text(None, (0.1, 0.2)) == "—"
+    assert alarms.pct_text(1.0) == "100%" and alarms.pct_text(0.125) == "12%"
+    assert alarms.pct_text(1.0, (1.0, 1.0)) == "100% [100%, 100%]"
+    assert alarms.pct_text(0.5, (0.236, 0.764)) == "50% [24%, 76%]"
+    assert alarms.steps_text(None) == "—" and alarms.steps_text(None, (1, 2)) == "—"
+    assert alarms.steps_text(425) == "425" and alarms.steps_text(12.5) == "12.5"
+    assert alarms.steps_text(425.0, (369.0, 698.5)) == "425 [369, 698.5]"
+
+
+def test_a_rule_reads_each_part_with_its_direction():
+    assert alarms.rule_text([("max_score", 1000.0)]) == "max_score > 1000"
+    assert alarms.rule_text([("fewest_words", 1.1), ("non_finite", 0.5)]) == "fewest_words < 1.1 or non_finite > 0.5"
+
+
+def test_breaks_are_counted_by_cell_with_their_reasons_in_the_cells_order():
+    def r(scale, lr, reason=None):
+        return {"scale": scale, "norm": "pre", "warmup": 0, "lr": lr,
+                "break": None if reason is None else det.Break(5, reason)}
+
+    rows = [r("none", 0.1, "spike"), r("inv_sqrt_d", 0.1), r("none", 0.1, "floor"), r("none", 0.1, "spike"),
+            r("none", 0.01)]
+    got = alarms.breaks_by_cell({"rows": rows})
+    assert [(c["scale"], c["lr"], c["runs"], c["broken"], c["reasons"]) for c in got] == [
+        ("inv_sqrt_d", 0.1, 1, 0, {}), ("none", 0.01, 1, 0, {}), ("none", 0.1, 3, 3, {"spike": 2, "floor": 1})]
+
+
+def test_the_default_rule_is_the_best_one_with_non_finite_beside_it_in_the_watchs_order():
+    def warn(parts, hits):
+        return {"warn": {"parts": parts, "choosing": {"hits": hits}}}
+
+    detectors = {"max_score": warn([("max_score", 1e3)], 3), "frozen": warn([("frozen", 0.9)], 0),
+                 "growth": warn([("growth", 3)], 5), "fewest_words": warn([("fewest_words", 1.1)], 1),
+                 "head_spike": {"warn": None}}
+    # no best rule: every watch alert that warned a choosing run, growth (no alert) and frozen (no hit) left out
+    assert alarms.default_parts(detectors, None) == [("max_score", 1e3), ("fewest_words", 1.1), ("non_finite", 0.5)]
+    # a best rule of the watch's alerts is taken whole, NonFinite added once
+    assert alarms.default_parts(detectors, {"parts": [("non_finite", 0.5), ("frozen", 0.5)]}) == [
+        ("frozen", 0.5), ("non_finite", 0.5)]
+    # a best rule with a part the watch cannot raise falls back to the alerts that warned
+    assert alarms.default_parts(detectors, {"parts": [("growth", 3)]}) == [
+        ("max_score", 1e3), ("fewest_words", 1.1), ("non_finite", 0.5)]
