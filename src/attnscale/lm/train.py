@@ -414,6 +414,8 @@ def train_step(run: Run, step: int, corpus) -> tuple[float, float, float, bool]:
             run.grads.zero_()  # the bf16 copy's gradients were zeroed as they went to the masters
         run.scaler.scale(objective).backward()
         run.gradients_to_masters()
+        if run.scaler.is_enabled():  # the scaler skips on inf/NaN gradients alone: a loss that is not finite must too
+            run.grads.add_(torch.where(torch.isfinite(loss), 0.0, math.nan))
         run.scaler.unscale_(run.opt)  # clip the true gradients (a no-op without fp16)
         grad_norm = clip_(run.grads, cfg.clip)
         # a gradient is inf or NaN exactly when their norm is (the scaler's own test, for fp16)
@@ -460,9 +462,8 @@ def step_losses(net: TinyLM, x_BT: torch.Tensor, y_BT: torch.Tensor, z_loss: flo
 def _update(run: Run, skip: "torch.Tensor | bool") -> None:
     """The optimiser step, skipped where ``skip``: a device tensor for a fused optimiser, which
     skips there without the host waiting; a bool decided on the host for any other."""
-    if run.scaler.is_enabled():  # fp16: the scaler skips where unscale_ found inf/NaN, and lowers its scale
-        if skip is not True:
-            run.scaler.step(run.opt)
+    if run.scaler.is_enabled():  # fp16: the scaler skips where unscale_ found inf/NaN (``skip`` too), and lowers its scale
+        run.scaler.step(run.opt)
         run.scaler.update()
     elif isinstance(skip, torch.Tensor):
         run.opt.found_inf = skip.float()  # what GradScaler hands a fused optimiser: 1 skips the update and its count
