@@ -428,3 +428,11 @@ def test_a_held_out_loss_too_large_for_a_perplexity_leaves_it_none(corpus, monke
                                                          "eval_tokens": 32})
     got = T.train(mcfg(), T.TrainConfig(steps=2, batch=4, record_every=1, eval_batches=1, threads=1), corpus)
     assert (got["status"], got["valid_loss"], got["perplexity"], got["eval_tokens"]) == ("done", 800.0, None, 32)
+
+
+def test_a_cpu_run_keeps_freed_memory_on_the_heap_before_its_first_step(monkeypatch):
+    """core.device.keep_freed_memory is what a CPU training run calls (once, while it builds)."""
+    called = []
+    monkeypatch.setattr(T.dev, "keep_freed_memory", lambda: called.append(1) or True)
+    T.build_run(mcfg(), T.TrainConfig(device="cpu", threads=1), None)
+    assert called == [1]
