@@ -58,6 +58,28 @@ def test_a_series_probes_only_steps_that_measured_and_reads_older_records_losses
     assert s.losses == tuple(3.0 + i for i in range(STEPS))  # read off the history where the results keep none
 
 
+def test_an_older_records_series_has_the_loss_of_its_recording_steps_alone(tmp_path):
+    """Records from before every step's loss was kept: the history's lines, the steps between them None."""
+    run = _run(tmp_path, "r", kept_losses=False)
+    run = rec.TrainRun(run.path, run.record, run.results, tuple(x for x in run.history if x["step"] % 4 == 0))
+    s = alarms.series_of(run, probe_every=4)
+    assert s.losses == tuple(3.5 if i % 4 == 0 else None for i in range(37))  # up to the last line, step 36
+    none = rec.TrainRun(run.path, run.record, run.results, ())
+    assert alarms.series_of(none).losses == () and alarms.series_of(none).probes == ()
+
+
+def test_a_measure_that_is_not_a_number_reads_as_nan(tmp_path):
+    run = _run(tmp_path, "r")
+    lines = [{**x, "max_score": [[None, True], ["7", 2]], "grad_norm": None, "log_z": False, "q_rms": [None],
+              "k_rms": None} if x["step"] == 0 else x for x in run.history]
+    s = alarms.series_of(rec.TrainRun(run.path, run.record, run.results, tuple(lines)))
+    step, measures = s.probes[0]
+    assert step == 0 and len(measures["max_score"]) == 4 and measures["max_score"][3] == 2.0
+    assert all(v != v for v in measures["max_score"][:3])  # None, a bool and a string are no numbers
+    assert all(v != v for v in measures["grad_norm"] + measures["log_z"] + measures["qk_rms"])
+    assert len(measures["qk_rms"]) == 1  # k_rms: none
+
+
 def test_a_diverged_runs_series_ends_with_the_step_whose_loss_was_not_finite(tmp_path):
     run = _run(tmp_path, "r", status="diverged", losses=[3.5] * 30 + [None], valid_loss=None, diverged_at=30)
     s = alarms.series_of(run)

@@ -59,7 +59,8 @@ def series_of(run: TrainRun, probe_every: int = 5) -> det.Series:
         if run.status == "diverged" and run.results.diverged_at == len(losses):
             losses += (None,)  # the step whose loss was not finite ended the run before it was kept
     else:
-        losses = tuple(by_step[s].get("loss") if s in by_step else None for s in range(max(by_step, default=-1) + 1))
+        losses = tuple(by_step[s].get("loss") if s in by_step else None
+                       for s in (range(max(by_step) + 1) if by_step else ()))
     probes = tuple((s, {**{k: [_number(v) for layer in by_step[s].get(k) or () for v in layer] for k in HEAD_MEASURES},
                         **_probed(by_step[s])})
                    for s in sorted(by_step) if s % probe_every == 0 and by_step[s].get("max_score") is not None)
