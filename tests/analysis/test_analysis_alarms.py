@@ -107,6 +107,7 @@ def test_analyse_breaks_by_the_floor_and_the_rule_it_is_given_and_probes_at_its_
     # a loss of 3.5 every step and 3.3 held out, against the line 3.237 - 0.1: no 20-step mean ever falls
     # under it, so the run is broken from its first window's last step, 19
     assert alarms.analyse(runs, 3.237)["rows"][0]["break"] == det.Break(19, "floor")
+    assert alarms.analyse(runs, 3.237)["floor"] == 3.237
     assert alarms.analyse(runs, None)["rows"][0]["break"] is None
     narrow = det.BreakRule(floor_window=10)
     assert alarms.analyse(runs, 3.237, rule=narrow)["rows"][0]["break"] == det.Break(9, "floor")
@@ -184,15 +185,21 @@ def test_a_rule_reads_each_part_with_its_direction():
 
 
 def test_breaks_are_counted_by_cell_with_their_reasons_in_the_cells_order():
-    def r(scale, lr, reason=None):
-        return {"scale": scale, "norm": "pre", "warmup": 0, "lr": lr,
+    def r(scale, lr, reason=None, norm="pre", warmup=20):
+        return {"scale": scale, "norm": norm, "warmup": warmup, "lr": lr,
                 "break": None if reason is None else det.Break(5, reason)}
 
     rows = [r("none", 0.1, "spike"), r("inv_sqrt_d", 0.1), r("none", 0.1, "floor"), r("none", 0.1, "spike"),
-            r("none", 0.01)]
+            r("none", 0.01), r("none", 0.1, norm="post"), r("none", 0.1, "non-finite", warmup=0), r("none", 0.1)]
     got = alarms.breaks_by_cell({"rows": rows})
-    assert [(c["scale"], c["lr"], c["runs"], c["broken"], c["reasons"]) for c in got] == [
-        ("inv_sqrt_d", 0.1, 1, 0, {}), ("none", 0.01, 1, 0, {}), ("none", 0.1, 3, 3, {"spike": 2, "floor": 1})]
+
+    def cell(scale, norm, warmup, lr, runs, broken, reasons):
+        return {"scale": scale, "norm": norm, "warmup": warmup, "lr": lr, "runs": runs, "broken": broken,
+                "reasons": reasons}
+
+    assert got == [cell("inv_sqrt_d", "pre", 20, 0.1, 1, 0, {}), cell("none", "post", 20, 0.1, 1, 0, {}),
+                   cell("none", "pre", 0, 0.1, 1, 1, {"non-finite": 1}), cell("none", "pre", 20, 0.01, 1, 0, {}),
+                   cell("none", "pre", 20, 0.1, 4, 3, {"spike": 2, "floor": 1})]
 
 
 def test_the_default_rule_is_the_best_one_with_non_finite_beside_it_in_the_watchs_order():

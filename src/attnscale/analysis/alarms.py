@@ -270,4 +270,4 @@ def breaks_by_cell(result) -> list[dict[str, Any]]:
         if r["break"] is not None:
             c["broken"] += 1
             c["reasons"][r["break"].reason] = c["reasons"].get(r["break"].reason, 0) + 1
-    return [cells[k] for k in sorted(cells, key=lambda k: (k[0], k[1], k[2], k[3]))]
+    return [cells[k] for k in sorted(cells)]
