@@ -172,14 +172,7 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
     return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-# On the CPU in fp32 the fused path pays at every width: a step of vs_nanogpt.py's shape (T 64, batch 32,
-# d_k = d_model / 4) costs 1.065x (d_model 128) and 1.063x (256) the CPU time explicit, 1 thread
-# (benchmarks/step_flops.py, 5 alternating rounds); the attention module's forward + backward with its
-# projections, at the presets' d_model 64, batch 16: 1.33x (d_k 32), 1.17x (64), 1.04x (128), 1.09x (256),
-# 1.19x (512), 1.07x (1,024) explicit/fused, 21 alternating rounds. SDPA reads q, k and v where the
-# projections left them, while the explicit products first copy them into the head-major layout (and
-# again in the backward), which at d_k 1,024 was a quarter of the step. In bf16 the fused kernel is
-# slower at every d_k (benchmarks/attention_paths.py), so bf16 runs keep the model's own path.
+# fused SDPA against the explicit products, step and module, fp32 and bf16, as measured: docs/speed.md
 def attention_impl(choice: str, model_cfg: ModelConfig, device: torch.device, precision: "dev.Precision") -> str:
     """The path non-recording steps take. "auto": fused SDPA on GPUs (flash and memory-efficient
     kernels) and on the CPU in fp32; the model config's own ``impl`` on the CPU under bf16 autocast."""
