@@ -48,6 +48,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import warnings
 from collections.abc import Iterator
 
@@ -89,6 +90,15 @@ def clip_factors(s_max_H: torch.Tensor, kv_heads: int, tau: float) -> tuple[torc
     gamma_q = torch.where(torch.isfinite(s_max_H), tau / s_max_H.clamp_min(tau), 1.0)  # S_max <= tau: 1
     group_max = torch.where(torch.isfinite(s_max_H), s_max_H, tau).view(kv_heads, -1).amax(1)  # not finite: no say
     return gamma_q, tau / group_max.clamp_min(tau)
+
+
+def _callers_level() -> int:
+    """The ``stacklevel`` for a warning raised in this module that points at the first frame outside it:
+    the line of the user's ``step()``, however deep inside the warning was raised."""
+    frame, level = sys._getframe(1), 1  # the frame that calls warnings.warn
+    while frame is not None and frame.f_code.co_filename == __file__:
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 class _Seen:
@@ -216,7 +226,7 @@ class QKClip:
     def _tell(self, name: str, message: str) -> None:
         if name not in self._told:
             self._told.add(name)
-            warnings.warn(message, RuntimeWarning, stacklevel=3)
+            warnings.warn(message, RuntimeWarning, stacklevel=_callers_level())
 
     def _readable(self, seen: _Seen) -> list[str]:
         """The layers of ``seen`` whose rows are known; at the first step a layer that cannot be read is an
