@@ -63,3 +63,11 @@ def test_standard_errors_are_kept_where_asked_and_equal_the_rows_sample_sd_over_
             x = torch.tensor(per_row, dtype=torch.float64)
             assert stats.errors_LRH[0, r, h].item() == pytest.approx((x.std() / math.sqrt(len(x))).item(),
                                                                      rel=1e-6, abs=1e-9), (name, h)
+
+
+def test_grids_read_a_flat_layers_by_width_by_heads_list_leaving_out_heads_a_layer_lacks():
+    from attnscale.capture.stats import grids
+
+    # 2 layers, width 3 (two measures, then one row that is no measure), 4 heads wide; layer 1 has 2 heads
+    flat = [100 * l + 10 * m + h for l in range(2) for m in range(3) for h in range(4)]
+    assert grids(flat, ("a", "b"), (4, 2), 3) == {"a": [[0, 1, 2, 3], [100, 101]], "b": [[10, 11, 12, 13], [110, 111]]}

@@ -14,7 +14,7 @@ import torch
 from attnscale.capture.sums import ROW_MEASURES, HeadSums
 from attnscale.core.diagnostics import COLLAPSED_WORDS, HEAD_MEASURES, reduce_heads
 
-__all__ = ["HeadStats", "pack", "unpack", "packed_width"]
+__all__ = ["HeadStats", "pack", "unpack", "packed_width", "grids"]
 
 
 @dataclass(frozen=True, eq=False)  # tensors inside: compared by identity
@@ -59,9 +59,8 @@ class HeadStats:
     def grids(self) -> dict[str, list[list[float]]]:
         """Each measure as a list per layer of its heads' floats, NaN kept and heads a layer lacks left out:
         the rows a training run records (``lm.step_measures``) and inspect's tables read."""
-        values = self.values_LMH.tolist()
-        return {name: [layer[m][: self._heads_of(l)] for l, layer in enumerate(values)]
-                for m, name in enumerate(self.measures)}
+        L, M, _ = self.values_LMH.shape
+        return grids(self.values_LMH.flatten().tolist(), self.measures, [self._heads_of(l) for l in range(L)], M)
 
     def _lists(self, measure: str) -> list[list[float | None]]:
         return [[None if v != v else v for v in layer] for layer in self.get(measure).tolist()]
@@ -115,6 +114,15 @@ class HeadStats:
                         out[f"attn/layer_{l}/head_{h}/bias_min"], out[f"attn/layer_{l}/head_{h}/bias_max"] = layer[h]
         out.update(self.summary())
         return out
+
+
+def grids(values: list[float], measures: tuple[str, ...] | list[str], layer_heads: list[int] | tuple[int, ...],
+          width: int) -> dict[str, list[list[float]]]:
+    """``HeadStats.grids`` of a flat list laid out (layers, ``width``, heads), ``measures`` its first rows in
+    order, heads a layer lacks left out: a packed tensor's ``tolist()`` read without another tensor."""
+    heads = len(values) // (len(layer_heads) * width)
+    return {name: [values[(l * width + m) * heads:(l * width + m) * heads + n] for l, n in enumerate(layer_heads)]
+            for m, name in enumerate(measures)}
 
 
 def packed_width(errors: bool) -> int:

@@ -21,7 +21,7 @@ import torch
 
 from attnscale.capture.own import attention_modules, capture_weights
 from attnscale.capture.reduce import reduce_scores
-from attnscale.capture.stats import HeadStats, pack, packed_width, unpack
+from attnscale.capture.stats import HeadStats, grids, pack, packed_width, unpack
 from attnscale.capture.sums import HeadSums
 from attnscale.core.diagnostics import HEAD_MEASURES, reduce_heads
 from attnscale.lm.model import TinyLM
@@ -81,14 +81,7 @@ class Recorder:
     def row(self, values: list[float]) -> dict[str, list[list[float]]]:
         """Each diagnostic as a [layer][head] list, from ``tensor().tolist()``: ``stats(values).grids()``, read
         straight off the list, so that recording adds no tensor read to the step's one (tests/core/test_device.py)."""
-        width, n_layers = packed_width(errors=False), len(self.layers)
-        heads = len(values) // (n_layers * width)
-        out: dict[str, list[list[float]]] = {k: [] for k in DIAGNOSTICS}
-        for layer, sums in enumerate(self.layers):
-            for m, k in enumerate(DIAGNOSTICS):
-                start = (layer * width + m) * heads
-                out[k].append(values[start : start + sums.heads])
-        return out
+        return grids(values, DIAGNOSTICS, [s.heads for s in self.layers], packed_width(errors=False))
 
 
 def read_back(rec: Recorder | None, *scalars: torch.Tensor) -> tuple[list[float], dict | None]:
