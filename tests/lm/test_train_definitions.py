@@ -72,6 +72,26 @@ def test_the_schedule_at_its_corners(steps, warmup, ratio):
     assert T.lr_at(steps + 2, cfg) == pytest.approx(0.4 * ratio, abs=1e-15)  # past the end: the floor
 
 
+def _wsd_by_hand(step, steps, lr, warmup, ratio):
+    if step < warmup:
+        return lr * (step + 1) / warmup
+    stable = math.floor(0.8 * steps)
+    if step <= stable:
+        return lr
+    return lr - (lr - lr * ratio) * min(1.0, (step - stable) / (steps - stable))
+
+
+@pytest.mark.parametrize("steps, warmup, ratio", [(10, 0, 0.1), (10, 8, 0.1), (5, 0, 0.0), (1, 0, 0.5), (7, 3, 1.0)])
+def test_wsd_at_its_corners(steps, warmup, ratio):
+    """Held at lr to step floor(0.8 steps), then down in a straight line to the floor, reached at step ``steps``
+    and kept after it (5 steps: held to step 4, the floor at 5; 1 step: no hold, the floor at 1)."""
+    cfg = T.TrainConfig(steps=steps, warmup=warmup, lr=0.4, min_lr_ratio=ratio, schedule="wsd")
+    for step in range(steps + 3):
+        assert T.lr_at(step, cfg) == pytest.approx(_wsd_by_hand(step, steps, 0.4, warmup, ratio), rel=1e-12, abs=1e-15)
+    assert T.lr_at(steps, cfg) == pytest.approx(0.4 * ratio, abs=1e-15)
+    assert T.lr_at(steps + 2, cfg) == pytest.approx(0.4 * ratio, abs=1e-15)
+
+
 def test_the_schedule_is_half_way_down_at_half_the_decay():
     cfg = T.TrainConfig(steps=20, warmup=4, lr=1.0, min_lr_ratio=0.2)
     assert T.lr_at(0, cfg) == 0.25 and T.lr_at(3, cfg) == 1.0

@@ -163,10 +163,8 @@ def lr_at(step: int, cfg: TrainConfig) -> float:
         return cfg.lr * (step + 1) / cfg.warmup
     floor = cfg.lr * cfg.min_lr_ratio
     if cfg.schedule == "wsd":
-        stable = int(WSD_STABLE * cfg.steps)
-        if step < stable:
-            return cfg.lr
-        return cfg.lr - (cfg.lr - floor) * min(1.0, (step - stable) / max(1, cfg.steps - stable))
+        stable = int(WSD_STABLE * cfg.steps)  # below steps for every run (steps >= 1)
+        return cfg.lr - (cfg.lr - floor) * min(1.0, max(0, step - stable) / (cfg.steps - stable))
     span = max(1, cfg.steps - cfg.warmup)
     progress = min(1.0, (step - cfg.warmup) / span)
     return floor + (cfg.lr - floor) * 0.5 * (1 + math.cos(math.pi * progress))
