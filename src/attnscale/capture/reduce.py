@@ -53,7 +53,7 @@ def _plan(B: int, H: int, G: int, T: int, S: int, memory: int) -> tuple[int, int
 def _pick_rows(T: int, sample_rows: int | None, device, seed: int) -> torch.Tensor | None:
     if sample_rows is None or sample_rows >= T:
         return None
-    g = torch.Generator(device="cpu").manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)
     return torch.randperm(T, generator=g)[:sample_rows].sort().values.to(device)
 
 
