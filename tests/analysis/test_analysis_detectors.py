@@ -568,3 +568,56 @@ def test_a_paired_lead_whose_interval_ends_at_zero_is_inconclusive():
 ])
 def test_a_lead_verdict_is_earlier_or_later_only_where_the_interval_leaves_out_zero(ci, verdict):
     assert det.lead_verdict(ci) == verdict
+
+
+# ---- the break rule and the detectors' signals at their edges, from their definitions -------------------
+
+
+def test_a_loss_exactly_on_the_spike_line_is_no_spike():
+    """'More than six robust SDs above the median': a flat history (MAD 0, the SD floored at 1e-3) draws the
+    line at 1 + 6e-3; a loss exactly on it neither starts a spike nor keeps one going."""
+    line = 1.0 + 6.0 * 1e-3
+    at_line_then_up = [1.0] * 50 + [line] + [2.0] * 30
+    assert det.break_point(_series(at_line_then_up, final=None), None) == det.Break(51, "spike")  # not at 50
+    up_then_at_line = [1.0] * 50 + [2.0] + [line] * 30
+    assert det.break_point(_series(up_then_at_line, final=None), None) is None  # it never stays above
+
+
+def test_a_spike_must_hold_from_the_very_next_step():
+    back_for_one = [1.0] * 50 + [2.0, 1.0] + [2.0] * 30
+    # step 50 comes back under the line at 51: no spike there; from 52 on it holds (the one 2.0 before is
+    # no more than one in fifty, so the median and MAD of the history are still 1 and 0)
+    assert det.break_point(_series(back_for_one, final=None), None) == det.Break(52, "spike")
+
+
+def test_a_loss_that_is_not_finite_ends_the_search_for_a_spike_there():
+    """Nothing after the first non-finite loss is read: the run broke there."""
+    losses = [1.0] * 30 + [None] + [1.0] * 40
+    assert det.break_point(_series(losses, final=None), None) == det.Break(30, "non-finite")
+
+
+def test_the_losss_own_detector_reads_from_step_5_and_past_a_loss_that_is_not_finite():
+    assert det.signal("loss_spike", _series([1.0, 1.0, None])) == []  # fewer than 5 steps: not read
+    got = det.signal("loss_spike", _series([1.0] * 10 + [None] + [1.0] * 10))
+    assert [s for s, _ in got] == list(range(5, 21))
+    assert dict(got)[10] == math.inf and all(v == 0.0 for s, v in got if s != 10)
+
+
+def _probes(*values_by_probe):
+    """A probe every 5 steps, each with the heads' max scores given."""
+    return tuple((5 * i, {"max_score": list(vs)}) for i, vs in enumerate(values_by_probe))
+
+
+def test_a_head_whose_score_is_not_finite_is_left_out_and_the_others_still_read():
+    probes = _probes(*[(1.0, 1.0)] * 5, (math.nan, 8.0))
+    # head 1: 8 over its value 4 probes before, 1; head 0, NaN, is left out (non_finite's business)
+    assert det.signal("growth", _series([1.0] * 30, probes=probes))[-1] == (25, 8.0)
+    z = det.signal("head_spike", _series([1.0] * 30, probes=probes))[-1]
+    assert z[0] == 25 and z[1] == pytest.approx((8.0 - 1.0) / 1e-6, rel=1e-9)  # a flat history: SD floored at 1e-6
+
+
+def test_growth_over_a_score_of_zero_is_not_read_and_a_spike_over_zeros_is_huge():
+    probes = _probes(*[(0.0,)] * 5, (1.0,))
+    assert det.signal("growth", _series([1.0] * 30, probes=probes)) == []  # read only over a score above 0
+    # a history of zeros: the SD floored at 1e-12, so one step to 1 is 1e12 SDs
+    assert det.signal("head_spike", _series([1.0] * 30, probes=probes)) == [(25, pytest.approx(1e12, rel=1e-9))]
