@@ -3,6 +3,7 @@ alarm, hits, false alarms and lead times, the threshold sweep and choice, quanti
 and the held-out split; every number worked out by hand in the comments."""
 
 import math
+import random
 
 import pytest
 
@@ -483,6 +484,11 @@ def test_a_tie_in_hits_goes_to_the_longer_median_lead_then_to_the_earlier_thresh
     none = [_broke(0, None), _broke(1, None), _broke(2, None), held]  # no hit: no median lead
     assert det.choose_threshold({1.0: none, 2.0: missed}) == 2.0
     assert det.choose_threshold({1.0: none, 2.0: list(none)}) == 1.0
+    # the median, not another quantile: leads 1, 30, 100 (median 30) lose to 35, 35, 36 (median 35), though
+    # their upper quantiles are higher
+    spread_out = [_broke(0, 499), _broke(1, 470), _broke(2, 400), held]
+    steady = [_broke(0, 465), _broke(1, 465), _broke(2, 464), held]
+    assert det.choose_threshold({1.0: spread_out, 2.0: steady}) == 2.0
 
 
 def test_cross_fitting_names_each_folds_choosing_and_judged_seeds_and_its_choice():
@@ -506,6 +512,11 @@ def test_the_auc_interval_resamples_seeds_with_their_runs_as_often_as_told():
     assert det.auc_interval(scored) == {"auc": pytest.approx(11 / 16), "ci": by_seed}
     assert det.auc_interval(scored, draws=50)["ci"] == det.bootstrap(scored, stat, seed_of=lambda t: t[0], draws=50)
     assert by_seed != det.bootstrap(scored, stat, seed_of=lambda t: t[1], draws=1000)  # by run, not by seed
+    # 1,000 resamples by default, told apart from any other count where the resampled AUCs rarely tie
+    rng = random.Random(3)
+    many = [(seed, rng.random(), positive) for seed in range(40) for positive in (True, False, rng.random() < 0.5)]
+    assert det.auc_interval(many)["ci"] == det.bootstrap(many, stat, seed_of=lambda t: t[0], draws=1000)
+    assert det.auc_interval(many)["ci"] != det.bootstrap(many, stat, seed_of=lambda t: t[0], draws=1001)
 
 
 def test_a_paired_lead_reads_earlier_later_or_inconclusive_from_its_seed_interval_and_its_sign_test_by_hand():

@@ -518,13 +518,13 @@ def choose_threshold(by_threshold: Mapping[float, Sequence[Watched]],
     whose false alarms per 1,000 at-risk steps are at most ``max_per_1000``; ties go to the longer median
     lead, then to the earlier threshold. None where none qualifies. Meant for the choosing half only."""
     best, key = None, None
-    for i, (threshold, runs) in enumerate(by_threshold.items()):
+    for threshold, runs in by_threshold.items():
         rate = _per_1000(runs)
         if rate is None or rate > max_per_1000:
             continue
-        median = quantile([r.lead for r in runs if r.hit], 0.5)
-        k = (sum(r.hit for r in runs), -math.inf if median is None else median, -i)
-        if key is None or k > key:
+        # the median lead is None exactly where there is no hit, so it is only ever compared with another None
+        k = (sum(r.hit for r in runs), quantile([r.lead for r in runs if r.hit], 0.5))
+        if key is None or k > key:  # strictly: of equal keys the earlier threshold stays
             best, key = threshold, k
     return best
 
