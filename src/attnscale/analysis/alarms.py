@@ -56,7 +56,7 @@ def series_of(run: TrainRun, probe_every: int = 5) -> det.Series:
     by_step = {x["step"]: x for x in lines}
     if run.results.losses:  # every step's loss (records before it: the recording steps' alone)
         losses = tuple(run.results.losses)
-        if run.status == "diverged" and run.results.diverged_at == len(losses):
+        if run.results.diverged_at == len(losses):  # set on diverged runs alone
             losses += (None,)  # the step whose loss was not finite ended the run before it was kept
     else:
         losses = tuple(by_step[s].get("loss") if s in by_step else None
