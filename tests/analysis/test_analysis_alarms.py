@@ -217,3 +217,30 @@ def test_the_default_rule_is_the_best_one_with_non_finite_beside_it_in_the_watch
     # a best rule with a part the watch cannot raise falls back to the alerts that warned
     assert alarms.default_parts(detectors, {"parts": [("growth", 3)]}) == [
         ("max_score", 1e3), ("fewest_words", 1.1), ("non_finite", 0.5)]
+
+
+def _row(seed: int, broken: bool, warned: bool):
+    """200 steps. A broken run stays on the unigram plateau (held-out 3.3 against the floor 3.237: broken at
+    step 19); a warned one has a head's max score at 5,000 and its fewest effective words at 1 from step 10.
+    Every other probe reads 50 and 3 words."""
+    losses = tuple([3.5] * 200) if broken else tuple(4.0 - 1.5 * i / 199 for i in range(200))
+    probes = tuple((s, {"max_score": [5000.0 if warned and s >= 10 else 50.0, 20.0],
+                        "effective_words": [1.0 if warned and s >= 10 else 3.0, 4.0], "frozen_fraction": [0.0, 0.0]})
+                   for s in range(0, 200, 5))
+    cell = {"scale": "none", "norm": "post", "warmup": 0, "lr": 0.1, "seed": seed}
+    return alarms.row(cell, f"{seed}-{broken}-{warned}", det.Series(losses, probes, 3.3 if broken else 2.5), 3.237)
+
+
+def test_thresholds_are_chosen_on_one_half_of_the_seeds_and_read_on_the_other_and_the_rows_left_as_they_were():
+    # seeds 0 and 2 choose, 1 and 3 are held out; every choosing break is warned, one held-out break is not
+    rows = [_row(s, True, s != 3) for s in range(4)] + [_row(s, False, False) for s in range(4)]
+    signals = [dict(r["signals"]) for r in rows]
+    got = alarms.analyse_rows(rows, 3.237)
+    assert (got["choosing_seeds"], got["held_out_seeds"], got["probe_every"]) == ((0, 2), (1, 3), 5)
+    for name, threshold in (("max_score", 100), ("fewest_words", 1.001)):  # the first that warns all it can
+        warn = got["detectors"][name]["warn"]
+        assert warn["choosing"]["threshold"] == threshold and warn["choosing"]["hits"] == 2
+        # held out: seed 1's break warned at step 10 (lead 9), seed 3's not; no healthy run warned
+        assert (warn["hits"], warn["broken"], warn["false_alarms"], warn["healthy"]) == (1, 2, 0, 2)
+        assert warn["lead_median"] == 9
+    assert [r["signals"] for r in got["rows"]] == signals  # judging adds nothing to the rows

@@ -118,15 +118,16 @@ def analyse_rows(rows: list[dict[str, Any]], floor: float | None, probe_every: i
 
 
 def _runs(rows, seeds) -> list[tuple]:
-    return [(r["seed"], r["steps"], r["break"], r["signals"]) for r in rows if r["seed"] in seeds]
+    """(seed, steps, break, signals, first alarms so far) of the rows of ``seeds``: the last, a dict by
+    (detector, threshold), spares the pair search asking again, and leaves the rows as they were."""
+    return [(r["seed"], r["steps"], r["break"], r["signals"], {}) for r in rows if r["seed"] in seeds]
 
 
 _BELOW = {d.name: d.below for d in det.DETECTORS}
 
 
-def _alarm(sig, name: str, threshold: float) -> int | None:
-    """The first alarm of ``name`` at ``threshold``, kept in the run's ``sig`` (the pair search asks often)."""
-    memo = sig.setdefault("_alarms", {})
+def _alarm(sig, memo: dict, name: str, threshold: float) -> int | None:
+    """The first alarm of ``name`` at ``threshold`` in the run's signals ``sig``, kept in its ``memo``."""
     if (name, threshold) not in memo:
         memo[name, threshold] = det.first_alarm(sig[name], threshold, _BELOW[name])
     return memo[name, threshold]
@@ -134,7 +135,8 @@ def _alarm(sig, name: str, threshold: float) -> int | None:
 
 def _rule_outcomes(runs, parts: Sequence[tuple[str, float]]) -> list[det.Outcome]:
     return [det.Outcome(seed, steps, None if b is None else b.step,
-                        det.combine_alarms(*(_alarm(sig, n, th) for n, th in parts))) for seed, steps, b, sig in runs]
+                        det.combine_alarms(*(_alarm(sig, memo, n, th) for n, th in parts)))
+            for seed, steps, b, sig, memo in runs]
 
 
 def _held_out(runs, parts) -> dict[str, Any]:
@@ -173,7 +175,7 @@ def _judged(rows, choosing, held_out) -> dict[str, Any]:
     pick, judge_on = _runs(rows, choosing), _runs(rows, held_out)
     detectors, chosen, stop = {}, {}, {}
     for d in det.DETECTORS:
-        curve_choose, curve_held = det.sweep(pick, d.name), det.sweep(judge_on, d.name)
+        curve_choose, curve_held = (det.sweep([r[:4] for r in runs], d.name) for runs in (pick, judge_on))
         warn, halt = det.choose(curve_choose, TARGET_FALSE_ALARMS), det.choose(curve_choose, STOP_FALSE_ALARMS)
         detectors[d.name] = {"curve_choosing": curve_choose, "curve_held_out": curve_held,
                              "warn": None if warn is None else {"choosing": warn,
