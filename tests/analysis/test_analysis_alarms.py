@@ -244,3 +244,64 @@ def test_thresholds_are_chosen_on_one_half_of_the_seeds_and_read_on_the_other_an
         assert (warn["hits"], warn["broken"], warn["false_alarms"], warn["healthy"]) == (1, 2, 0, 2)
         assert warn["lead_median"] == 9
     assert [r["signals"] for r in got["rows"]] == signals  # judging adds nothing to the rows
+
+
+def _probed_row(seed: int, broken: bool, tag: str = "", **from_step):
+    """As ``_row``; each measure given (``max_score``, ``words``, ``frozen``) as {step: value} holds that value
+    from that step on in one head (before the first: 50, 3 and 0, as in every other head)."""
+    def at(measure, s, before):
+        steps = [k for k in from_step.get(measure, {}) if k <= s]
+        return from_step[measure][max(steps)] if steps else before
+
+    losses = tuple([3.5] * 200) if broken else tuple(4.0 - 1.5 * i / 199 for i in range(200))
+    probes = tuple((s, {"max_score": [at("max_score", s, 50.0), 50.0], "effective_words": [at("words", s, 3.0), 3.0],
+                        "frozen_fraction": [at("frozen", s, 0.0), 0.0]}) for s in range(0, 200, 5))
+    cell = {"scale": "none", "norm": "post", "warmup": 0, "lr": 0.1, "seed": seed}
+    return alarms.row(cell, f"{seed}-{broken}-{tag}", det.Series(losses, probes, 3.3 if broken else 2.5), 3.237)
+
+
+@pytest.mark.parametrize(("first", "second", "thresholds"), [
+    ("words", "frozen", [("fewest_words", 3), ("frozen", 0.25)]),  # neighbours in the detectors' order
+    ("max_score", "words", [("max_score", 100), ("fewest_words", 3)]),  # the first detector and the third
+])
+def test_two_detectors_each_warning_the_breaks_the_other_misses_are_combined(first, second, thresholds):
+    """Seeds 0-39; the even ones choose. Of each seed's two breaks one is seen by one detector alone, from
+    step 10, the other by the other, and the one-word collapse from step 5 already at 2.5 words (under 3: a
+    longer lead at the last threshold). Of the healthy runs, seed 0's sits at 1 word (one false alarm in 20
+    for fewest words: the 5% allowed) and seeds 2 and 4 at a frozen share of 0.2 (two in 20: too many under
+    0.2)."""
+    seen = {"words": {5: 2.5, 10: 1.0}, "frozen": {10: 0.99}, "max_score": {10: 5000.0}}
+    rows = []
+    for s in range(40):
+        rows += [_probed_row(s, True, tag="a", **{first: seen[first]}),
+                 _probed_row(s, True, tag="b", **{second: seen[second]}),
+                 _probed_row(s, False, words={10: 1.0 if s == 0 else 3.0}, frozen={10: 0.2 if s in (2, 4) else 0.0})]
+    got = alarms.analyse_rows(rows, 3.237)
+    assert got["choosing_seeds"] == tuple(range(0, 40, 2))
+    combined = got["combined"]
+    # the first pair in the detectors' order that warns all 40 choosing breaks, within the false alarms allowed,
+    # each part at the threshold with the longest median lead (leads 9 and 14: median 11.5) and, of those, the first
+    assert combined["parts"] == thresholds
+    c = combined["choosing"]
+    fa = 1 if "words" in (first, second) else 0
+    assert (c["hits"], c["broken"], c["false_alarms"], c["healthy"], c["lead_median"]) == (
+        40, 40, fa, 20, 11.5 if "words" in (first, second) else 9)
+    assert (combined["hits"], combined["false_alarms"]) == (40, 0)  # held out: seeds 1 to 39
+    assert got["best"] is combined
+
+
+def test_of_two_single_rules_as_good_the_longer_lead_is_the_best():
+    """Every break is seen by both; fewest words from step 10 (lead 9), the frozen share from step 5 (14)."""
+    rows = [_probed_row(s, True, words={10: 1.0}, frozen={5: 0.99}) for s in range(4)] + [
+        _probed_row(s, False) for s in range(4)]
+    got = alarms.analyse_rows(rows, 3.237)
+    assert got["combined"] is None  # no pair warns more
+    assert got["best"]["parts"] == [("frozen", 0.1)] and got["best"]["lead_median"] == 14
+    assert got["detectors"]["frozen"]["stop"]["choosing"]["threshold"] == 0.1  # 0 false alarms: under 1% too
+
+
+def test_a_study_where_nothing_warns_has_no_best_rule():
+    rows = [_probed_row(s, broken) for s in range(4) for broken in (True, False)]
+    got = alarms.analyse_rows(rows, 3.237)
+    assert got["best"] is None and got["combined"] is None
+    assert got["default"]["parts"] == [("non_finite", 0.5)]  # NonFinite alone

@@ -165,8 +165,9 @@ def _best_pair(runs, chosen: dict[str, dict], target: float):
                     j = det.judge(_rule_outcomes(runs, ((a, ta), (b, tb))))
                     if j["false_alarm_rate"] is None or j["false_alarm_rate"] > target:
                         continue
-                    key = (j["hits"], j["lead_median"] if j["lead_median"] is not None else -math.inf)
-                    if best is None or key > best[0]:
+                    # the median lead is None exactly where there is no hit: only ever compared with another None
+                    key = (j["hits"], j["lead_median"])
+                    if best is None or key > best[0]:  # strictly: of equal keys the first pair stays
                         best = (key, ((a, ta), (b, tb)), j)
     return best
 
@@ -184,11 +185,10 @@ def _judged(rows, choosing, held_out) -> dict[str, Any]:
                                                                 **_held_out(judge_on, ((d.name, halt["threshold"]),))}}
         if warn is not None:
             chosen[d.name] = warn
-    singles = [(name, c) for name, c in chosen.items()]
-    # the watch's own rules: the loss's spike detector is the baseline they are held to, not one of them
-    singles = [(name, c) for name, c in singles if c["hits"] > 0 and name != BASELINE]  # no hit: no rule
-    best_single = max(singles, key=lambda nc: (nc[1]["hits"], nc[1]["lead_median"] if nc[1]["lead_median"] is not None
-                                               else -math.inf)) if singles else None
+    # the watch's own rules: the loss's spike detector is the baseline they are held to, not one of them; no hit,
+    # no rule (so every single has a median lead)
+    singles = [(name, c) for name, c in chosen.items() if c["hits"] > 0 and name != BASELINE]
+    best_single = max(singles, key=lambda nc: (nc[1]["hits"], nc[1]["lead_median"])) if singles else None
     pair = _best_pair(pick, chosen, TARGET_FALSE_ALARMS)
     combined = None
     if pair is not None and pair[2]["hits"] > (best_single[1]["hits"] if best_single else 0):
