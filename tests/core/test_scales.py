@@ -118,3 +118,27 @@ def test_one_rule_names_a_scheme_before_any_is_built():
         check_scale("inv_sqrtd")
     with pytest.raises(ConfigError, match="unknown scale 'inv_sqrtd'"):
         get_scale("inv_sqrtd", 64)
+
+
+def test_a_scale_registered_at_run_time_is_listed_under_its_name_with_its_words_and_floor(monkeypatch):
+    from attnscale.core import scales
+
+    for table in ("SCALES", "DISPLAY_NAMES", "FLOORS"):  # the registry as it was, restored after the test
+        monkeypatch.setattr(scales, table, type(getattr(scales, table))(getattr(scales, table)))
+
+    @scales.register_scale("test_half", display="half the product", floor=True)
+    class Half(scales.ScoreScale):
+        def factor(self):
+            return 0.5
+
+    @scales.register_scale("test_plain")
+    class Plain(scales.ScoreScale):
+        def factor(self):
+            return 1.0
+
+    assert scales.SCALES["test_half"] is Half and Half.name == "test_half" and Plain.name == "test_plain"
+    assert scales.DISPLAY_NAMES["test_half"] == "half the product" and scales.DISPLAY_NAMES["test_plain"] == "test_plain"
+    assert "test_half" in scales.FLOORS and "test_plain" not in scales.FLOORS and None not in scales.FLOORS
+    assert scales.get_scale("test_half", 4).factor() == 0.5
+    with pytest.raises(ValueError, match="^scale 'test_half' is already registered$"):
+        scales.register_scale("test_half")(Plain)

@@ -78,15 +78,15 @@ def spread(scores: torch.Tensor, mask: torch.Tensor | None = None, dim=None) -> 
     x, mask = _measurable(scores).double(), _measurable(mask)
     keep = _counted(x, mask)
     x = torch.where(keep, x, 0.0)
-    n = keep.sum(dim=dim) if dim is not None else keep.sum()
-    total = x.sum(dim=dim) if dim is not None else x.sum()
+    n = keep.sum(dim=dim)  # dim None: over everything
+    total = x.sum(dim=dim)
     mean = total / n
     if dim is not None:
         dims = (dim,) if isinstance(dim, int) else dim
         for d in sorted(d % x.ndim for d in dims):
             mean = mean.unsqueeze(d)
     dev = torch.where(keep, x - mean, 0.0)
-    sq = dev.pow(2).sum(dim=dim) if dim is not None else dev.pow(2).sum()
+    sq = dev.pow(2).sum(dim=dim)
     return (sq / n).sqrt().float()
 
 
