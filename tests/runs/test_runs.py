@@ -91,6 +91,19 @@ def test_a_damaged_record_is_set_aside_with_what_the_run_made(tmp_path, capsys):
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == {f"{n}.damaged-1": d for n, d in made.items()}
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "record.json is not valid JSON" in err and "record.json.damaged-1" in err
+    # the line in full: the reason (the record error's first clause, without its advice), each file moved in
+    # the order moved (the record last), the folder, what happens next
+    (tmp_path / "record.json").write_bytes(made["record.json"])
+    (tmp_path / "metrics.jsonl").write_bytes(made["metrics.jsonl"])
+    with pytest.raises(record.RecordError) as e:
+        record.read(tmp_path)
+    assert "; " in str(e.value)
+    store.set_aside(tmp_path, _config())
+    assert capsys.readouterr().err == (
+        f"attnscale: {str(e.value)[:str(e.value).index('; ')]}; set aside as metrics.jsonl.damaged-2, "
+        f"record.json.damaged-2 in {tmp_path}; this run is trained again\n")
+    for name in ("record.json", "metrics.jsonl"):
+        (tmp_path / f"{name}.damaged-2").unlink()
     # damaged again on a later resume: the first set stays, the second is numbered after it
     (tmp_path / "record.json").write_bytes(b"[1, 2]")
     assert [p.name for p in store.set_aside(tmp_path, _config())] == ["record.json.damaged-2"]

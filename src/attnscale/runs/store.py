@@ -111,5 +111,5 @@ def set_aside(run_dir: Path, config: Any) -> list[Path]:
         if (run_dir / name).exists():
             moved.append((run_dir / name).rename(run_dir / f"{name}.damaged-{n}"))
     print(f"attnscale: {why}; set aside as {', '.join(p.name for p in moved)} in {run_dir}; "
-          "this run is trained again", file=sys.stderr, flush=True)
+          "this run is trained again", file=sys.stderr)  # a line: stderr writes it out at its end
     return moved
