@@ -46,7 +46,7 @@ def comparable_config(config: Any) -> dict[str, Any]:
             cfg.get(section, {}).pop(key, None)
     for section, defaults in _ADDED_LATER.items():
         for key, before in defaults.items():
-            if cfg.get(section, {}).get(key, before) == before:
+            if cfg.get(section, {}).get(key) == before:  # absent: nothing to drop
                 cfg.get(section, {}).pop(key, None)
     corpus = cfg.get("corpus")
     if isinstance(corpus, dict) and any(k in corpus for k in _CORPUS_IDENTITY):
