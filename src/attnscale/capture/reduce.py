@@ -217,7 +217,7 @@ def dense(call: AttentionCall, factor=None) -> tuple[torch.Tensor, torch.Tensor]
     elif bias is not None:
         scores = scores + bias
     visible = torch.ones_like(scores, dtype=torch.bool) if visible is None else visible.expand_as(scores)
-    scores = scores.masked_fill(~visible, float("-inf"))
+    scores = scores.masked_fill(~visible, -math.inf)
     if call.sink is None:
         return scores, masked_softmax(scores, visible)
     sink = call.sink.detach().float().to(scores.device).view(1, H, 1, 1).expand(*scores.shape[:-1], 1)

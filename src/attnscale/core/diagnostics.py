@@ -18,6 +18,8 @@ of query rows) is ``capture.reduce``; the rules here are its definitions, row by
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 __all__ = [
@@ -188,13 +190,13 @@ def reduce_heads(values_LH, how: str = "mean", *, per_layer: bool = False, weigh
     def one(vals, weights=None):
         pairs = [(v, 1 if weights is None else weights[i]) for i, v in enumerate(vals) if v is not None]
         if not pairs:
-            return float("nan")
+            return math.nan
         if how != "mean":
             return (max if how == "max" else min)(v for v, _ in pairs)
         if weights is None:
             return sum(v for v, _ in pairs) / len(pairs)
         total = sum(w for _, w in pairs)
-        return sum(v * w for v, w in pairs) / total if total else float("nan")
+        return sum(v * w for v, w in pairs) / total if total else math.nan
 
     if weights_LH is None:
         weights_LH = [None] * len(values_LH)
