@@ -72,11 +72,15 @@ $(error PART=$(PART) is no part of make mutation; choose one of: $(MUTATION_PART
 endif
 endif
 MUTANTS ?= $(if $(PART),$(PART_$(PART)),$(foreach part,$(MUTATION_PARTS),$(PART_$(part))))
+MUTATION_LOCK := $(shell command -v flock >/dev/null 2>&1 && echo flock --nonblock --conflict-exit-code 75 $(VENV)/.mutation.lock)
 mutation: setup-dev
 	$(BIN)/pip install -q -e '.[mutation]'
 	# one torch thread a mutant: with a thread per core, 34 of the first 73 capture/reduce mutants ran out of
 	# their time (SIGXCPU) though each, run by hand, fails its test in 6 s; with one, none did
-	OMP_NUM_THREADS=1 nice -n 10 $(BIN)/mutmut run --max-children 2 $(MUTANTS)
+	# one run at a time: two mutmut runs on one mutants/ regenerate each other's files and overwrite each
+	# other's results (flock where the system has it: util-linux)
+	OMP_NUM_THREADS=1 nice -n 10 $(MUTATION_LOCK) $(BIN)/mutmut run --max-children 2 $(MUTANTS) || { rc=$$?; \
+		[ $$rc -ne 75 ] || echo "make mutation: another run is using mutants/; wait for it to end (two would overwrite each other's results)" >&2; exit $$rc; }
 	$(BIN)/mutmut results
 
 bench: setup
