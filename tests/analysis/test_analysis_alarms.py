@@ -288,6 +288,12 @@ def test_two_detectors_each_warning_the_breaks_the_other_misses_are_combined(fir
         40, 40, fa, 20, 11.5 if "words" in (first, second) else 9)
     assert (combined["hits"], combined["false_alarms"]) == (40, 0)  # held out: seeds 1 to 39
     assert got["best"] is combined
+    assert got["default"]["parts"] == thresholds + [("non_finite", 0.5)]  # the watch's default: the best and NonFinite
+    # the watch's former defaults, each read on the held-out seeds, and all of them together
+    assert {n: f["parts"] for n, f in got["former"].items()} == {
+        "max_score": [("max_score", 100)], "fewest_words": [("fewest_words", 2)], "frozen": [("frozen", 0.5)],
+        "head_spike": [("head_spike", 6)], "together": [("max_score", 100), ("fewest_words", 2), ("frozen", 0.5),
+                                                         ("head_spike", 6), ("non_finite", 0.5)]}
 
 
 def test_of_two_single_rules_as_good_the_longer_lead_is_the_best():
@@ -297,11 +303,24 @@ def test_of_two_single_rules_as_good_the_longer_lead_is_the_best():
     got = alarms.analyse_rows(rows, 3.237)
     assert got["combined"] is None  # no pair warns more
     assert got["best"]["parts"] == [("frozen", 0.1)] and got["best"]["lead_median"] == 14
+    assert got["default"]["parts"] == [("frozen", 0.1), ("non_finite", 0.5)]  # the best alone, not every alert that warns
     assert got["detectors"]["frozen"]["stop"]["choosing"]["threshold"] == 0.1  # 0 false alarms: under 1% too
 
 
 def test_a_study_where_nothing_warns_has_no_best_rule():
-    rows = [_probed_row(s, broken) for s in range(4) for broken in (True, False)]
+    # a healthy run's max score of a million: every max-score threshold fires on it, so that detector has no rule
+    rows = [_probed_row(s, broken) for s in range(4) for broken in (True, False)] + [
+        _probed_row(0, False, max_score={0: 1e6})]
     got = alarms.analyse_rows(rows, 3.237)
-    assert got["best"] is None and got["combined"] is None
+    assert got["best"] is None and got["combined"] is None and got["detectors"]["max_score"]["warn"] is None
     assert got["default"]["parts"] == [("non_finite", 0.5)]  # NonFinite alone
+    # each detector with a rule against the loss's own (itself and max score have none): neither warns
+    assert set(got["versus_loss"]) == {d.name for d in det.DETECTORS} - {"max_score", "loss_spike"}
+    assert {v["verdict"] for v in got["versus_loss"].values()} == {"neither warns"}
+
+
+def test_a_single_rule_that_warns_one_break_is_a_rule():
+    rows = [_probed_row(s, True, words={10: 1.0} if s == 0 else {}) for s in range(4)] + [
+        _probed_row(s, False) for s in range(4)]
+    got = alarms.analyse_rows(rows, 3.237)
+    assert got["best"]["parts"] == [("fewest_words", 1.001)] and got["best"]["choosing"]["hits"] == 1

@@ -154,7 +154,7 @@ def _held_out(runs, parts) -> dict[str, Any]:
             "lead_share_median_ci": det.bootstrap(out, rate("lead_share_median")), "outcomes": out}
 
 
-def _best_pair(runs, chosen: dict[str, dict], target: float):
+def _best_pair(runs, target: float):
     """The OR of two detectors, each at one of its thresholds, with the most hits on ``runs`` under ``target``."""
     best = None
     names = [d.name for d in det.DETECTORS if d.name != BASELINE]
@@ -189,9 +189,10 @@ def _judged(rows, choosing, held_out) -> dict[str, Any]:
     # no rule (so every single has a median lead)
     singles = [(name, c) for name, c in chosen.items() if c["hits"] > 0 and name != BASELINE]
     best_single = max(singles, key=lambda nc: (nc[1]["hits"], nc[1]["lead_median"])) if singles else None
-    pair = _best_pair(pick, chosen, TARGET_FALSE_ALARMS)
+    pair = _best_pair(pick, TARGET_FALSE_ALARMS)
     combined = None
-    if pair is not None and pair[2]["hits"] > (best_single[1]["hits"] if best_single else 0):
+    # a pair within the false alarms allowed has each part within them, so a pair that warns has a single that does
+    if pair is not None and best_single is not None and pair[2]["hits"] > best_single[1]["hits"]:
         combined = {"choosing": pair[2], **_held_out(judge_on, pair[1])}
     best = combined if combined is not None else (detectors[best_single[0]]["warn"] if best_single else None)
     baseline = detectors[BASELINE]["warn"]
