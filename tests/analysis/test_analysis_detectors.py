@@ -632,3 +632,27 @@ def test_growth_over_a_score_of_zero_is_not_read_and_a_spike_over_zeros_is_huge(
     assert det.signal("growth", _series([1.0] * 30, probes=probes)) == []  # read only over a score above 0
     # a history of zeros: the SD floored at 1e-12, so one step to 1 is 1e12 SDs
     assert det.signal("head_spike", _series([1.0] * 30, probes=probes)) == [(25, pytest.approx(1e12, rel=1e-9))]
+
+
+def test_the_bootstrap_interval_is_the_2_5th_and_97_5th_percentiles_of_1000_seed_resamples_by_hand():
+    rng = random.Random(5)
+    items = [det.Watched(seed, 0, 100, 100, 100 - rng.randrange(1, 90)) for seed in range(30)]
+
+    def stat(sample):
+        return sum(w.lead for w in sample) / len(sample)
+
+    # by hand: 1,000 draws of 30 seeds with replacement from random.Random(0), each seed bringing its runs
+    draw, seeds, values = random.Random(0), sorted({w.seed for w in items}), []
+    for _ in range(1000):
+        picked = [draw.choice(seeds) for _ in seeds]
+        values.append(stat([w for s in picked for w in items if w.seed == s]))
+    values.sort()
+
+    def pct(q):  # numpy's default: linear between order statistics
+        pos = q * (len(values) - 1)
+        lo = math.floor(pos)
+        return values[lo] + (values[min(lo + 1, len(values) - 1)] - values[lo]) * (pos - lo)
+
+    got = det.bootstrap(items, stat)
+    assert got == pytest.approx((pct(0.025), pct(0.975)), rel=1e-12)
+    assert got != det.bootstrap(items, stat, rng_seed=1) and got != det.bootstrap(items, stat, draws=1001)
