@@ -175,8 +175,9 @@ def _best_pair(runs, target: float):
 def _judged(rows, choosing, held_out) -> dict[str, Any]:
     pick, judge_on = _runs(rows, choosing), _runs(rows, held_out)
     detectors, chosen, stop = {}, {}, {}
+    swept = [[r[:4] for r in runs] for runs in (pick, judge_on)]  # the runs without their memo, as sweep takes them
     for d in det.DETECTORS:
-        curve_choose, curve_held = (det.sweep([r[:4] for r in runs], d.name) for runs in (pick, judge_on))
+        curve_choose, curve_held = (det.sweep(runs, d.name) for runs in swept)
         warn, halt = det.choose(curve_choose, TARGET_FALSE_ALARMS), det.choose(curve_choose, STOP_FALSE_ALARMS)
         detectors[d.name] = {"curve_choosing": curve_choose, "curve_held_out": curve_held,
                              "warn": None if warn is None else {"choosing": warn,

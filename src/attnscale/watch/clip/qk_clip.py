@@ -87,8 +87,9 @@ def clip_factors(s_max_H: torch.Tensor, kv_heads: int, tau: float) -> tuple[torc
     S_max of its group of H / K query heads (query head h reads key head h // (H / K)). A head whose S_max is
     not a finite number is left alone: no factor brings NaN under tau."""
     s_max_H = s_max_H.float()
-    gamma_q = torch.where(torch.isfinite(s_max_H), tau / s_max_H.clamp_min(tau), 1.0)  # S_max <= tau: 1
-    group_max = torch.where(torch.isfinite(s_max_H), s_max_H, tau).view(kv_heads, -1).amax(1)  # not finite: no say
+    finite = torch.isfinite(s_max_H)
+    gamma_q = torch.where(finite, tau / s_max_H.clamp_min(tau), 1.0)  # S_max <= tau: 1
+    group_max = torch.where(finite, s_max_H, tau).view(kv_heads, -1).amax(1)  # not finite: no say
     return gamma_q, tau / group_max.clamp_min(tau)
 
 
