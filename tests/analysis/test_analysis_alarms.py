@@ -219,21 +219,27 @@ def test_the_default_rule_is_the_best_one_with_non_finite_beside_it_in_the_watch
         ("max_score", 1e3), ("fewest_words", 1.1), ("non_finite", 0.5)]
 
 
-def _row(seed: int, broken: bool, warned: bool):
+def _probed_row(seed: int, broken: bool, tag: str = "", **from_step):
     """200 steps. A broken run stays on the unigram plateau (held-out 3.3 against the floor 3.237: broken at
-    step 19); a warned one has a head's max score at 5,000 and its fewest effective words at 1 from step 10.
-    Every other probe reads 50 and 3 words."""
+    step 19), a healthy one learns (held-out 2.5). Each measure given (``max_score``, ``words``, ``frozen``)
+    as {step: value} holds that value from that step on in one head (before the first: 50, 3 and 0, as in
+    every other head)."""
+    def at(measure, s, before):
+        steps = [k for k in from_step.get(measure, {}) if k <= s]
+        return from_step[measure][max(steps)] if steps else before
+
     losses = tuple([3.5] * 200) if broken else tuple(4.0 - 1.5 * i / 199 for i in range(200))
-    probes = tuple((s, {"max_score": [5000.0 if warned and s >= 10 else 50.0, 20.0],
-                        "effective_words": [1.0 if warned and s >= 10 else 3.0, 4.0], "frozen_fraction": [0.0, 0.0]})
-                   for s in range(0, 200, 5))
+    probes = tuple((s, {"max_score": [at("max_score", s, 50.0), 50.0], "effective_words": [at("words", s, 3.0), 3.0],
+                        "frozen_fraction": [at("frozen", s, 0.0), 0.0]}) for s in range(0, 200, 5))
     cell = {"scale": "none", "norm": "post", "warmup": 0, "lr": 0.1, "seed": seed}
-    return alarms.row(cell, f"{seed}-{broken}-{warned}", det.Series(losses, probes, 3.3 if broken else 2.5), 3.237)
+    return alarms.row(cell, f"{seed}-{broken}-{tag}", det.Series(losses, probes, 3.3 if broken else 2.5), 3.237)
 
 
 def test_thresholds_are_chosen_on_one_half_of_the_seeds_and_read_on_the_other_and_the_rows_left_as_they_were():
     # seeds 0 and 2 choose, 1 and 3 are held out; every choosing break is warned, one held-out break is not
-    rows = [_row(s, True, s != 3) for s in range(4)] + [_row(s, False, False) for s in range(4)]
+    warned = {"max_score": {10: 5000.0}, "words": {10: 1.0}}  # a head's max score and fewest words from step 10
+    rows = [_probed_row(s, True, **(warned if s != 3 else {})) for s in range(4)] + [
+        _probed_row(s, False) for s in range(4)]
     signals = [dict(r["signals"]) for r in rows]
     got = alarms.analyse_rows(rows, 3.237)
     assert (got["choosing_seeds"], got["held_out_seeds"], got["probe_every"]) == ((0, 2), (1, 3), 5)
@@ -244,20 +250,6 @@ def test_thresholds_are_chosen_on_one_half_of_the_seeds_and_read_on_the_other_an
         assert (warn["hits"], warn["broken"], warn["false_alarms"], warn["healthy"]) == (1, 2, 0, 2)
         assert warn["lead_median"] == 9
     assert [r["signals"] for r in got["rows"]] == signals  # judging adds nothing to the rows
-
-
-def _probed_row(seed: int, broken: bool, tag: str = "", **from_step):
-    """As ``_row``; each measure given (``max_score``, ``words``, ``frozen``) as {step: value} holds that value
-    from that step on in one head (before the first: 50, 3 and 0, as in every other head)."""
-    def at(measure, s, before):
-        steps = [k for k in from_step.get(measure, {}) if k <= s]
-        return from_step[measure][max(steps)] if steps else before
-
-    losses = tuple([3.5] * 200) if broken else tuple(4.0 - 1.5 * i / 199 for i in range(200))
-    probes = tuple((s, {"max_score": [at("max_score", s, 50.0), 50.0], "effective_words": [at("words", s, 3.0), 3.0],
-                        "frozen_fraction": [at("frozen", s, 0.0), 0.0]}) for s in range(0, 200, 5))
-    cell = {"scale": "none", "norm": "post", "warmup": 0, "lr": 0.1, "seed": seed}
-    return alarms.row(cell, f"{seed}-{broken}-{tag}", det.Series(losses, probes, 3.3 if broken else 2.5), 3.237)
 
 
 @pytest.mark.parametrize(("first", "second", "thresholds"), [
