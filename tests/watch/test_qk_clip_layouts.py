@@ -736,7 +736,7 @@ def test_sharded_weights_are_scaled_as_whole_ones(mesh, dim, shard, hsdp):
 
 
 
-def _tensor_parallel_worker(rank: int, out: str) -> None:
+def _tensor_parallel_worker(rank: int, out: str, layouts=((None, False), ({"": [0]}, True))) -> None:
     """Each of two ranks holds 4 heads of its own (TensorParallel's default: rank t holds global heads 4t..4t+3)
     and sees its own batch: its heads are clipped by its own S_max, by hand, never maxed with the other rank's;
     then a ``heads`` layout of one index for 4 local heads is refused, naming the layer."""
@@ -744,7 +744,7 @@ def _tensor_parallel_worker(rank: int, out: str) -> None:
     from attnscale.watch import TensorParallel
 
     x = torch.randn(2, 5, C, generator=torch.Generator().manual_seed(10 + rank)) * (1 + 3 * rank)
-    for heads, refused in ((None, False), ({"": [0]}, True)):
+    for heads, refused in layouts:
         model = init(Grouped())
         with torch.no_grad():
             q, k = model.qk(x)
@@ -767,7 +767,13 @@ def _tensor_parallel_worker(rank: int, out: str) -> None:
             clip.close()
 
 
-def test_tensor_parallel_ranks_clip_their_own_heads_and_refuse_heads_that_do_not_fit(tmp_path_factory):
+def test_tensor_parallel_ranks_clip_their_own_heads_as_one_process_does_and_refuse_heads_that_do_not_fit(
+        tmp_path_factory):
+    """One process first (no group: TensorParallel lays its heads out as rank 0 of one, and a layout is read only
+    across ranks), then each of two ranks.
+    The first part also runs the clip in this process: mutmut links a test to the functions it calls in its own
+    process only, so without it the two ranks' test would never judge the clip's mutants."""
     from gloo import spawned_into
 
+    _tensor_parallel_worker(0, "", layouts=((None, False),))
     spawned_into(tmp_path_factory, "tensor_parallel", _tensor_parallel_worker)
