@@ -2,6 +2,8 @@
 bad input, and the report section with its figures."""
 
 import collections
+import contextlib
+import io
 import json
 import math
 import re
@@ -44,17 +46,19 @@ def test_defaults_are_the_study():
 
 @pytest.fixture(scope="module")
 def study(tmp_path_factory):
+    """The tiny study, run once here (each test that reads it may run alone), with what it printed."""
     out = tmp_path_factory.mktemp("schemes")
     args = ["schemes", "--widths", "8", "16", "--scale", "none", "qk_norm", "--lrs", "1e-3", "3e-2",
             "--seeds", "0", "1", *TINY, "--out", str(out)]
-    return out, args
+    printed, told = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(printed), contextlib.redirect_stderr(told):
+        assert main(args) == 0
+    return out, args, printed.getvalue(), told.getvalue()
 
 
 def test_tiny_study_end_to_end_then_resume(study, capsys):
-    out, args = study
-    assert main(args) == 0
-    first = capsys.readouterr()
-    assert "LR sensitivity" in first.out and "[16/16]" in first.err
+    out, args, printed, told = study
+    assert "LR sensitivity" in printed and "[16/16]" in told
     records = sorted(out.glob("*/record.json"))
     assert len(records) == 16
     rec = json.loads(records[0].read_text())
@@ -75,7 +79,7 @@ def test_tiny_study_end_to_end_then_resume(study, capsys):
 
 def test_the_printed_reading_flags_the_unigram_plateau_as_the_report_does(study, capsys):
     # a unigram model on the embedded corpus by hand: add-one counts over the training split, mean -log p on held-out
-    out, args = study
+    out, args, *_ = study
     corpus = CorpusSpec("default").load()
     counts, n = collections.Counter(corpus.train.tolist()), len(corpus.train)
     floor = math.fsum(-math.log((counts[t] + 1) / (n + corpus.vocab_size)) for t in corpus.valid.tolist()) / len(corpus.valid)
@@ -94,7 +98,7 @@ def test_the_printed_reading_flags_the_unigram_plateau_as_the_report_does(study,
 
 
 def test_report_has_the_section_and_its_images(study, tmp_path):
-    out, _ = study
+    out, *_ = study
     paths = report.build(out, tmp_path / "report")
     assert {"schemes-loss-lr", "schemes-sensitivity", "schemes-max-logit", "schemes-theory"} <= set(paths)
     html = paths["html"].read_text()
