@@ -11,7 +11,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "examples"))
 
 
-@pytest.mark.slow
 @pytest.mark.hf
 @pytest.mark.parametrize("how", ["torch.compile(model)", "model.compile()"])
 def test_a_compiled_llama_with_qk_clip_never_recompiles_after_its_first_step(how):
