@@ -88,7 +88,7 @@ def _blocks(call: AttentionCall, memory: int, device, sample_rows: int | None = 
                 nb, nh, R = qb.shape[0], qb.shape[1], qb.shape[2]
                 kb = kv[seqs][:, :, keys]
                 # each kv head serves its G query heads: (b, kv, G·R, D) @ (b, kv, D, S), k never repeated
-                raw = (qb.reshape(nb, kv.shape[1], -1, qb.shape[-1]) @ kb.transpose(-2, -1)).view(nb, nh, R, kb.shape[-2])
+                raw = (qb.reshape(nb, kv.shape[1], -1, qb.shape[-1]) @ kb.mT).view(nb, nh, R, kb.shape[-2])
                 scores = raw.mul_(factor)
                 if cap is not None:
                     scores = cap(scores)
@@ -207,7 +207,7 @@ def dense(call: AttentionCall, factor=None) -> tuple[torch.Tensor, torch.Tensor]
     H, K = call.heads, call.kv_heads
     q, k = call.q.detach().float(), call.k.detach().float().repeat_interleave(H // K, dim=1)
     f = call.factor if factor is None else factor
-    scores = (q @ k.transpose(-2, -1)) * (f.detach() if isinstance(f, torch.Tensor) else f)
+    scores = (q @ k.mT) * (f.detach() if isinstance(f, torch.Tensor) else f)
     cap = call.squash()
     scores = cap(scores) if cap is not None else scores
     bias = call.bias_rows(device=scores.device)

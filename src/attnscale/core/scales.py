@@ -62,7 +62,7 @@ class ScoreScale(nn.Module):
     def scores(self, q_BHTD: torch.Tensor, k_BHTD: torch.Tensor) -> torch.Tensor:
         """Scaled scores before masking: cap(factor * q' @ k'ᵀ)."""
         q_BHTD, k_BHTD = self.prepare(q_BHTD, k_BHTD)
-        return self.cap((q_BHTD @ k_BHTD.transpose(-2, -1)) * self.factor())
+        return self.cap((q_BHTD @ k_BHTD.mT) * self.factor())
 
     def pair_scores(self, q_ND: torch.Tensor, k_ND: torch.Tensor) -> torch.Tensor:
         """Scaled score of each (q, k) pair, row by row: cap(factor * Σ q'_i k'_i)."""
@@ -223,7 +223,7 @@ class Uniform(ScoreScale):
         return False
 
     def scores(self, q_BHTD: torch.Tensor, k_BHTD: torch.Tensor) -> torch.Tensor:
-        return q_BHTD.new_zeros(q_BHTD.shape[:-1] + k_BHTD.shape[-2:-1])
+        return q_BHTD.new_zeros(q_BHTD.shape[:-1] + (k_BHTD.shape[-2],))
 
     def pair_scores(self, q_ND: torch.Tensor, k_ND: torch.Tensor) -> torch.Tensor:
         return q_ND.new_zeros(torch.broadcast_shapes(q_ND.shape, k_ND.shape)[:-1])
