@@ -297,6 +297,22 @@ def test_of_two_single_rules_as_good_the_longer_lead_is_the_best():
     assert got["best"]["parts"] == [("frozen", 0.1)] and got["best"]["lead_median"] == 14
     assert got["default"]["parts"] == [("frozen", 0.1), ("non_finite", 0.5)]  # the best alone, not every alert that warns
     assert got["detectors"]["frozen"]["stop"]["choosing"]["threshold"] == 0.1  # 0 false alarms: under 1% too
+    # the default rule on the choosing seeds (0 and 2): both breaks warned at step 5 (lead 14), no healthy run
+    c = got["default"]["choosing"]
+    assert (c["hits"], c["broken"], c["false_alarms"], c["healthy"], c["lead_median"]) == (2, 2, 0, 2, 14)
+    # every point of a detector's curves names that detector
+    for name, d in got["detectors"].items():
+        assert {p["detector"] for p in d["curve_choosing"] + d["curve_held_out"]} == {name}
+
+
+def test_the_longer_lead_is_the_best_whichever_detector_has_it():
+    """As above with the leads the other way round: fewest words from step 5 (lead 14), the frozen share from
+    step 10 (9). The best is chosen by hits, then lead, never by the detector's name."""
+    rows = [_probed_row(s, True, words={5: 1.0}, frozen={10: 0.99}) for s in range(4)] + [
+        _probed_row(s, False) for s in range(4)]
+    got = alarms.analyse_rows(rows, 3.237)
+    assert got["combined"] is None
+    assert [n for n, _ in got["best"]["parts"]] == ["fewest_words"] and got["best"]["lead_median"] == 14
 
 
 def test_a_study_where_nothing_warns_has_no_best_rule():
