@@ -146,6 +146,8 @@ def test_a_bf16_weights_step_casts_no_weight_and_no_activation(corpus):
 def test_weights_bf16_needs_a_bf16_precision():
     with pytest.raises(ConfigError, match="weights 'bf16' need dtype bf16"):
         tcfg(dtype="fp32")
+    # bf16 and auto are taken, whether or not this CPU has native bf16 (auto resolves at train time)
+    assert tcfg(dtype="bf16").weights == tcfg(dtype="auto").weights == "bf16"
     with pytest.raises(ConfigError, match="weights 'fp8'"):
         tcfg(weights="fp8")
 
