@@ -130,14 +130,12 @@ def reduce_call(call: AttentionCall, sums: HeadSums | None = None, *, factor=Non
     with torch.no_grad():
         sink = None if call.sink is None else call.sink.detach().to(sums.device).float().flatten()
         for heads, _, scores, visible, bias, logits in _blocks(call, memory, sums.device, sample_rows, seed):
-            block = (scores, _keep(visible, scores), bias, True, logits, None if sink is None else sink[heads])
-            if heads == slice(0, sums.heads):
-                sums.add_block(*block)
-            else:  # a group of heads: their own sums, written back into theirs
-                part = HeadSums(heads.stop - heads.start, sums.threshold, sums.device)
-                part.data.copy_(sums.data[:, heads])
-                part.add_block(*block)
-                sums.data[:, heads] = part.data
+            # the block's heads (all, or a group) add to their own sums, written back into theirs: a copy of
+            # a few numbers a head, beside the block's scores
+            part = HeadSums(heads.stop - heads.start, sums.threshold, sums.device)
+            part.data.copy_(sums.data[:, heads])
+            part.add_block(scores, _keep(visible, scores), bias, True, logits, None if sink is None else sink[heads])
+            sums.data[:, heads] = part.data
     return sums
 
 
