@@ -286,15 +286,16 @@ def test_sampled_rows_carry_their_standard_errors():
 
 def test_sampled_rows_are_the_rows_the_seed_draws():
     """sample_rows takes the rows a CPU generator seeded with ``seed`` permutes first, sorted: the measures are
-    those of exactly those rows, by the reference; another seed, other rows."""
+    those of exactly those rows, by the reference (seed 0 where none is given); another seed, other rows."""
     q, k = _qk(23, B=1, T=40)
     i, j = torch.arange(40)[:, None], torch.arange(40)[None, :]
     window = ((j <= i) & (i - j < 6))[None, None]  # causal and a window: each row's keys are its own range
     call = AttentionCall(q, k, is_causal=True, window=6)
-    for seed in (3, 4):
-        rows = torch.randperm(40, generator=torch.Generator().manual_seed(seed))[:7].sort().values
+    for seed in (None, 3, 4):
+        rows = torch.randperm(40, generator=torch.Generator().manual_seed(seed or 0))[:7].sort().values
         for memory in BUDGETS:  # blocks of several sampled rows, and of one
-            got = reduce_call(call, sample_rows=7, seed=seed, memory=memory).measures()
+            given = {} if seed is None else {"seed": seed}
+            got = reduce_call(call, sample_rows=7, memory=memory, **given).measures()
             _close(got, call_measures(q[:, :, rows], k, 16 ** -0.5, window[:, :, rows]), rel=1e-5)
     assert not torch.equal(reduce_call(call, sample_rows=7, seed=3).measures(),
                            reduce_call(call, sample_rows=7, seed=4).measures())
