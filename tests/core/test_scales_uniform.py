@@ -67,11 +67,14 @@ def test_the_floor_is_registered_but_left_out_of_every_scheme_study():
 
 
 def test_uniform_scores_have_the_shapes_of_every_scales_scores():
-    """All zeros, shaped as the unscaled scores are: (B, H, T, S) for a call, one per broadcast pair."""
+    """All zeros, shaped as the unscaled scores are: (B, H, T, S) for a call (and without its leading dims),
+    one per broadcast pair."""
     g = torch.Generator().manual_seed(1)
     q, k = torch.randn(2, 3, 5, 4, generator=g), torch.randn(2, 3, 7, 4, generator=g)
     s, plain = get_scale("uniform", 4), get_scale("none", 4)
     assert s.scores(q, k).shape == plain.scores(q, k).shape == (2, 3, 5, 7) and not s.scores(q, k).any()
+    for q_, k_ in ((q[0], k[0]), (q[0, 0], k[0, 0])):  # a head's rows and keys, without the batch or the heads
+        assert s.scores(q_, k_).shape == plain.scores(q_, k_).shape == (*q_.shape[:-1], 7) and not s.scores(q_, k_).any()
     for q_ND, k_ND in ((q[0, 0], q[1, 0]), (q[0, 0], k[0, 0, :1]), (q[0, 0, :1], q[0, 0]), (q, q)):
         got = s.pair_scores(q_ND, k_ND)
         assert got.shape == plain.pair_scores(q_ND, k_ND).shape and not got.any()
