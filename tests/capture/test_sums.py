@@ -87,3 +87,25 @@ def test_blocks_whose_first_row_sees_no_key_keep_their_digits():
         m = math.fsum(vals) / len(vals)
         want.append(math.sqrt(math.fsum((v - m) ** 2 for v in vals) / len(vals)))
     assert got[0].tolist() == pytest.approx(want, rel=1e-6)
+
+
+@pytest.mark.parametrize("memory", (1 << 30, 3 * H * T * BYTES_PER_ENTRY))
+def test_the_shift_is_each_heads_own_first_row_that_sees_a_key(memory):
+    """The shift comes from the first row that sees a key in each head, across sequences: here the first
+    sequence sees nothing (all padding), and in the second, head h sees only its own key (a row of one key)
+    from row 2h on. A shift from a row that sees nothing would be 0, 10⁴ spreads from the scores, and the
+    float32 deviations would lose the spread's digits."""
+    q1, k1 = _qk(5e4, seed=4)
+    q, k = torch.cat([q1.flip(2), q1]), torch.cat([k1.flip(2), k1])  # two sequences
+    i = torch.arange(T)
+    visible = torch.zeros(2, H, T, T, dtype=torch.bool)
+    for h in range(H):
+        visible[1, h, i[2 * h:], i[2 * h:]] = True
+    got = reduce_call(AttentionCall(q, k, scale=1.0, mask=visible), memory=memory).measures()
+    want = []
+    for h in range(H):
+        vals = [sum(float(a) * float(b) for a, b in zip(q[1, h, t], k[1, h, t])) for t in range(2 * h, T)]
+        m = math.fsum(vals) / len(vals)
+        assert m / math.sqrt(math.fsum((v - m) ** 2 for v in vals) / len(vals)) > 1e3  # a large mean
+        want.append(math.sqrt(math.fsum((v - m) ** 2 for v in vals) / len(vals)))
+    assert got[0].tolist() == pytest.approx(want, rel=1e-6)
