@@ -97,10 +97,10 @@ class HeadSums:
         n = keep.sum((0, 2, 3)).double()
         # the first row that sees a key, per head: a row of padding first would make the shift 0, far from the mean
         B, H, R, _ = scores.shape
-        at = (keep.sum(-1) > 0).transpose(0, 1).reshape(H, B * R).int().argmax(-1)
+        at = (keep.sum(-1) > 0).transpose(0, 1).reshape(H, B * R).int().argmax(1)
         heads = torch.arange(H, device=scores.device)
-        row, row_keep = scores[at // R, heads, at % R], keep[at // R, heads, at % R]
-        first = row.masked_fill(~row_keep, 0.0).sum(-1).double() / row_keep.sum(-1).clamp_min(1)
+        row, row_keep = scores[at // R, heads, at % R], keep[at // R, heads, at % R]  # H×S
+        first = row.masked_fill(~row_keep, 0.0).sum(1).double() / row_keep.sum(1).clamp_min(1)
         shift = torch.where(self.entries > 0, self.mean, first).float()[None, :, None, None]
         d = (scores - shift).masked_fill_(hidden, 0.0)
         # the shift lies within the visible scores seen so far, so the hidden zeros (|shift|) never raise the max
