@@ -130,8 +130,8 @@ class HeadSums:
         del filled
         e = y.exp()
         e.scatter_(-1, top_key, 0.0)  # the other keys' e (the top's is exactly 1): sums without cancellation
-        ones = torch.ones(e.shape[-1], 1, dtype=e.dtype, device=e.device)
-        e1 = (e @ ones)[..., 0]  # row sums as matrix products: one pass each, no B×H×R×S temporaries
+        ones = torch.ones(e.shape[-1], dtype=e.dtype, device=e.device)
+        e1 = e @ ones  # row sums as matrix products: one pass each, no B×H×R×S temporaries
         e_y = (e.unsqueeze(-2) @ y.unsqueeze(-1))[..., 0, 0]
         e2 = (e.unsqueeze(-2) @ e.unsqueeze(-1))[..., 0, 0]
         e3 = (e.unsqueeze(-2) @ torch.mul(e, e, out=y).unsqueeze(-1))[..., 0, 0]  # y's memory holds e²
