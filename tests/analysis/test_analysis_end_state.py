@@ -3,7 +3,7 @@
 import pytest
 
 from attnscale.analysis import end_state as rule
-from attnscale.analysis.gaps import course_shares, gap_table, share_of_value, value_shares
+from attnscale.analysis.gaps import course_shares, floor_ppl, gap_table, share_of_value, value_shares
 
 
 def row(w, scale, seed, ppl, series=()):
@@ -69,6 +69,24 @@ def test_the_share_of_what_attention_is_worth_by_hand():
     assert value_shares(gap_table(rows), 10.25) == {128: pytest.approx(2.25 / 4)}
     # the course's gaps over its 17.5-point plateau: 2 points at 128 is 0.114, 17.5 at 1,024 is 1
     assert course_shares()[128] == pytest.approx(2 / 17.5) and course_shares()[1024] == 1.0 and course_shares()[32] == 0
+
+
+def test_a_share_needs_a_floor_above_the_scaled_model_and_is_read_at_the_first_learning_rate():
+    assert share_of_value(2.0, 6.2, 6.2) is None  # a floor equal to the scaled model: attention worth nothing
+    assert value_shares({"rows": []}, 10.0) == {}
+    # two learning rates: the table's first (1e-3, listed first) gives the share, the other is left out
+    rows = [{"lr": lr, "head_dim": 64, "scale": s, "seed": 0, "valid_ppl": p, "status": "done"}
+            for lr, s, p in ((1e-3, "none", 9.0), (1e-3, "inv_sqrt_d", 6.0), (3e-3, "none", 7.0), (3e-3, "inv_sqrt_d", 6.5))]
+    table = gap_table(rows)
+    assert [r["lr"] for r in table["rows"]] == [1e-3, 3e-3]
+    assert value_shares(table, 10.0) == {64: pytest.approx(3 / 4)}  # (9 − 6) / (10 − 6)
+
+
+def test_the_floor_is_the_mean_of_the_finished_uniform_runs():
+    rows = [{"scale": "uniform", "valid_ppl": 10.0}, {"scale": "uniform", "valid_ppl": 11.5},
+            {"scale": "uniform", "valid_ppl": None}, {"scale": "none", "valid_ppl": 3.0}]
+    assert floor_ppl(rows) == pytest.approx(10.75) and floor_ppl(rows, scale="none") == 3.0
+    assert floor_ppl(rows[2:3]) is None and floor_ppl([]) is None
 
 
 def test_two_seeds_give_the_gap_a_t_interval_with_one_degree_of_freedom():
