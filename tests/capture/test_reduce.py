@@ -438,7 +438,6 @@ def test_per_head_numbers_and_single_key_rows_left_out():
     assert reduce_scores(soft).measures()[3].tolist() == [0.0]
 
 
-
 def test_a_head_that_sees_one_score_has_spread_zero_and_that_score_as_its_largest():
     """One row that sees one key (a one-token call): the population spread of a single score is 0 and its
     largest |score| is |q·k|/√d, written out here; the row measures are NaN (a row with one key is left out,

@@ -27,13 +27,19 @@ def _qk(mean: float, seed=0):
     return q, k
 
 
+def _spread_and_mean(vals: list[float]) -> tuple[float, float]:
+    """The population standard deviation and the mean of ``vals``, in float64 with exact sums (fsum)."""
+    m = math.fsum(vals) / len(vals)
+    return math.sqrt(math.fsum((v - m) ** 2 for v in vals) / len(vals)), m
+
+
 def _by_hand(q, k):
-    """Per head: (population spread, largest |score|) over the causal scores, in float64 from the numbers."""
+    """Per head: (population spread, largest |score|, mean) over the causal scores, in float64 from the numbers."""
     out = []
     for h in range(H):
         vals = [sum(float(a) * float(b) for a, b in zip(q[0, h, i], k[0, h, j])) for i in range(T) for j in range(i + 1)]
-        m = math.fsum(vals) / len(vals)
-        out.append((math.sqrt(math.fsum((v - m) ** 2 for v in vals) / len(vals)), max(abs(v) for v in vals), m))
+        spread, m = _spread_and_mean(vals)
+        out.append((spread, max(abs(v) for v in vals), m))
     return out
 
 
@@ -84,8 +90,7 @@ def test_blocks_whose_first_row_sees_no_key_keep_their_digits():
     want = []
     for h in range(H):
         vals = [sum(float(a) * float(b) for a, b in zip(q[0, h, i], k[0, h, j])) for i in range(4, T) for j in range(4, i + 1)]
-        m = math.fsum(vals) / len(vals)
-        want.append(math.sqrt(math.fsum((v - m) ** 2 for v in vals) / len(vals)))
+        want.append(_spread_and_mean(vals)[0])
     assert got[0].tolist() == pytest.approx(want, rel=1e-6)
 
 
@@ -105,7 +110,7 @@ def test_the_shift_is_each_heads_own_first_row_that_sees_a_key(memory):
     want = []
     for h in range(H):
         vals = [sum(float(a) * float(b) for a, b in zip(q[1, h, t], k[1, h, t])) for t in range(2 * h, T)]
-        m = math.fsum(vals) / len(vals)
-        assert m / math.sqrt(math.fsum((v - m) ** 2 for v in vals) / len(vals)) > 1e3  # a large mean
-        want.append(math.sqrt(math.fsum((v - m) ** 2 for v in vals) / len(vals)))
+        spread, m = _spread_and_mean(vals)
+        assert m / spread > 1e3  # a large mean
+        want.append(spread)
     assert got[0].tolist() == pytest.approx(want, rel=1e-6)
