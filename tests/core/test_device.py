@@ -792,10 +792,15 @@ print(kept, resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
 """
 
 
-def _faults(how: str, **env) -> tuple[str, int]:
-    out = subprocess.run([sys.executable, "-c", _FAULTS, how], capture_output=True, text=True, check=True,
+def _printed(script: str, how: str, **env) -> list[str]:
+    """What ``script`` prints, run in a fresh process with no ``MALLOC_`` variable but those in ``env``."""
+    out = subprocess.run([sys.executable, "-c", script, how], capture_output=True, text=True, check=True,
                          env={k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")} | env)
-    kept, faults = out.stdout.split()
+    return out.stdout.split()
+
+
+def _faults(how: str, **env) -> tuple[str, int]:
+    kept, faults = _printed(_FAULTS, how, **env)
     return kept, int(faults)
 
 
@@ -821,9 +826,7 @@ print(kept, held.hblkhd - before.hblkhd, freed.arena - before.arena)
 
 
 def _heap(how: str, **env) -> tuple[str, int, int]:
-    out = subprocess.run([sys.executable, "-c", _HEAP, how], capture_output=True, text=True, check=True,
-                         env={k: v for k, v in os.environ.items() if not k.startswith("MALLOC_")} | env)
-    kept, mapped, heap = out.stdout.split()
+    kept, mapped, heap = _printed(_HEAP, how, **env)
     return kept, int(mapped), int(heap)
 
 
