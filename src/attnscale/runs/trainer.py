@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from attnscale.errors import ConfigError
 from attnscale.runs import record as rec
 
 __all__ = ["train_run", "mark_running"]
@@ -43,15 +44,19 @@ def _trainer(model_cfg) -> Callable:
 
 def train_run(model_cfg, train_cfg, corpus, run_dir: Path, *, group: str | None = None,
               on_step: Callable[[int, int, dict], None] | None = None,
-              should_stop: Callable[[], bool] | None = None) -> rec.TrainRun:
+              should_stop: Callable[[], bool] | None = None, watch: Any = None) -> rec.TrainRun:
     """Train ``model_cfg`` on ``corpus`` with ``train_cfg`` into ``run_dir``; return the run as read back.
 
     Resumes from ``run_dir/checkpoint.pt`` when ``train_cfg.checkpoint_every`` saved
     one for this very config; a checkpoint that could not be used is said on
-    stderr and in the record's notes."""
+    stderr and in the record's notes. ``watch``: an ``attnscale.watch.Attached`` for the tiny LM's loop
+    (``lm.train.train``'s); the actions its alerts took are in the record's results."""
     from attnscale.lm.checkpoint import run_config
 
     train = _trainer(model_cfg)
+    if watch is not None and train.__module__ != "attnscale.lm.train":
+        raise ConfigError(f"train_run's watch= follows the tiny LM's own loop, not {type(model_cfg).__name__}'s "
+                          "Trainer; give that Trainer attnscale.watch.WatchCallback instead")
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -61,8 +66,9 @@ def train_run(model_cfg, train_cfg, corpus, run_dir: Path, *, group: str | None 
             metrics.write(json.dumps(line) + "\n")
             metrics.flush()
 
+        extra = {} if watch is None else {"watch": watch}
         results = train(model_cfg, train_cfg, corpus, log=log, checkpoint=run_dir / rec.CHECKPOINT,
-                        weights=run_dir / rec.WEIGHTS, on_step=on_step, should_stop=should_stop)
+                        weights=run_dir / rec.WEIGHTS, on_step=on_step, should_stop=should_stop, **extra)
     for note in results.get("notes", ()):
         print(f"attnscale: {run_dir.name}: {note}", file=sys.stderr, flush=True)
     record = rec.new("train", run_config(model_cfg, train_cfg, corpus), results, status=results["status"],
