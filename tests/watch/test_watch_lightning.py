@@ -157,9 +157,9 @@ def test_in_the_training_forward_every_accumulated_batch_counts_and_no_forward_i
     calls = []
     real_start = callback.start
 
-    def start(model, step=0):  # count the module's forwards from the moment the watch is made
+    def start(model, step=0, **given):  # count the module's forwards from the moment the watch is made
         model.register_forward_pre_hook(lambda *_: calls.append(1))
-        return real_start(model, step)
+        return real_start(model, step, **given)
 
     callback.start = start
     trainer = _fit(tmp_path, callback, False, steps=4, accumulate=2)
