@@ -221,3 +221,33 @@ def test_a_run_resumed_after_an_action_goes_on_as_the_uninterrupted_one(corpus, 
                 for line in read_log(tmp_path / name)]
 
     assert lines("first.jsonl") + lines("resumed.jsonl") == lines("whole.jsonl")
+
+
+def test_a_held_out_evaluation_between_steps_is_no_step_of_the_clip_and_bf16_weights_cannot_be_clipped(corpus, tmp_path):
+    """The evaluations of eval_every run the model between steps: the clip does not count their scores, so the
+    run's weights are those of the run without them. A bf16 copy of the weights, refreshed from the fp32
+    masters at every step, would undo any clip: refused before the first step."""
+    from attnscale.errors import ConfigError
+
+    def clipped(name, **changes):
+        path = tmp_path / f"{name}.safetensors"
+        train(MODEL, replace(TRAIN, **changes), corpus, weights=path,
+              watch=Attached(every=2, alerts=[MaxScore(tau=ANY, action=ClipQK(0.5))]))
+        return load_file(path)
+
+    plain, evaluated = clipped("plain"), clipped("evaluated", eval_every=1)
+    assert all(torch.equal(plain[k], evaluated[k]) for k in plain)
+    with pytest.raises(ConfigError, match="^QK-Clip scales the weights a step computes on, and weights 'bf16'"):
+        clipped("bf16", dtype="bf16", weights="bf16")
+
+
+def test_a_checkpoint_s_watch_resumes_only_with_the_alerts_it_had(corpus, tmp_path):
+    from attnscale.errors import ConfigError
+
+    cfg = TrainConfig(**{**TRAIN.__dict__, "checkpoint_every": 3})
+    calls = iter(range(100))
+    train(MODEL, cfg, corpus, checkpoint=tmp_path / "c.pt", should_stop=lambda: next(calls) >= 3,
+          watch=Attached(every=2, alerts=[MaxScore(tau=ANY, action=SkipStep())]))
+    with pytest.raises(ConfigError, match=r"^the checkpoint's watch had the alerts \['max_score'\], this one "
+                                          r"\['non_finite'\]; resume with the alerts the run started with$"):
+        train(MODEL, cfg, corpus, checkpoint=tmp_path / "c.pt", watch=Attached(every=2))

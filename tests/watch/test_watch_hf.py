@@ -237,3 +237,5 @@ def test_a_trainer_resumed_from_its_checkpoint_after_an_action_goes_on_as_the_un
     assert _lines(tmp_path / "resumed.jsonl", (4, 6)) == _lines(tmp_path / "whole.jsonl", (4, 6))
     _, alone, _ = _acting(tmp_path, "alone", (), steps=6)
     assert not _equal(alone[6], whole[6])  # the actions changed the run
+    with pytest.raises(ConfigError, match="^restore_callback_states_from_checkpoint makes a WatchCallback without"):
+        _acting(tmp_path, "restored", alerts, steps=6, resume=str(checkpoint), restore_callback_states_from_checkpoint=True)
