@@ -193,15 +193,17 @@ def test_a_run_without_a_watch_took_no_action_and_its_record_keeps_those_a_watch
     assert rec.TrainResults.from_json({"status": "done", "steps_done": 3}).actions == ()  # a record from before
 
 
-@pytest.mark.parametrize("actions", [(ClipQK(5.0), ScaleLR(0.5, steps=2)), (SkipStep(2),)],
-                         ids=["clip-and-rate", "skip"])
-def test_a_run_resumed_after_an_action_goes_on_as_the_uninterrupted_one(corpus, tmp_path, actions):
+@pytest.mark.parametrize("actions, qk_clip", [((ClipQK(5.0), ScaleLR(0.5, steps=2)), None), ((SkipStep(2),), None),
+                                              ((), 5.0)], ids=["clip-and-rate", "skip", "qk_clip-from-the-start"])
+def test_a_run_resumed_after_an_action_goes_on_as_the_uninterrupted_one(corpus, tmp_path, actions, qk_clip):
     """Actions taken at probe step 2 still in force at the checkpoint (step 3): the resumed run's losses,
-    records, final weights, actions and watch log equal the uninterrupted run's, to the bit."""
+    records, final weights, actions and watch log equal the uninterrupted run's, to the bit (the clip's counts
+    since probe 2 too, for a ClipQK's clip and for qk_clip='s)."""
     cfg = TrainConfig(**{**TRAIN.__dict__, "checkpoint_every": 3})
 
     def attached(log):
-        return Attached(every=2, sinks=[JsonlSink(log)], alerts=[MaxScore(tau=ANY, action=a) for a in actions])
+        return Attached(every=2, sinks=[JsonlSink(log)], alerts=[MaxScore(tau=ANY, action=a) for a in actions],
+                        qk_clip=qk_clip)
 
     whole = train(MODEL, cfg, corpus, watch=attached(tmp_path / "whole.jsonl"), weights=tmp_path / "whole.st")
     calls = iter(range(100))
