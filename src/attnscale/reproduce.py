@@ -209,7 +209,12 @@ def run(out: Path, *, seed: int = 0, preset: str = "default", corpus: str = "def
 
     ``executor="ray"``: the training stages run as Ray tasks, in one Ray session
     (a local instance, or the cluster at ``ray_address``) opened for the first of them."""
+    from attnscale.report.assemble import check_out as check_report
+    from attnscale.runs.writers import check_runs_folder
+
     out = Path(out)
+    check_runs_folder(out)  # before any stage: its folders of runs go under it, never beside a record
+    check_report(out / "report")  # the report is written last, and over nothing another command wrote
     todo = stages(seed=seed, preset=preset, corpus=corpus, jobs=jobs, executor=executor, ray_address=ray_address,
                   device=device, dtype=dtype)
     started = time.time()
