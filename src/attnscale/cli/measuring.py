@@ -144,11 +144,12 @@ def _reproduce(preset, out, args):
     from attnscale import reproduce
 
     if args.end_state:
-        reproduce.end_state(out, jobs=args.jobs, corpus=args.corpus, device=args.device)
+        reproduce.end_state(out, jobs=args.jobs, corpus=args.corpus, device=args.device, dtype=args.dtype,
+                            **executor_kwargs(args))
         return
 
     # reproduce prints its own scoreboard and paths as it ends: nothing is left to show
-    reproduce.run(out, seed=args.seed, preset=preset, corpus=args.corpus, jobs=args.jobs, **executor_kwargs(args),
+    reproduce.run(out, seed=0 if args.seed is None else args.seed, preset=preset, corpus=args.corpus, jobs=args.jobs, **executor_kwargs(args),
                   device=args.device, dtype=args.dtype)
 
 
@@ -157,6 +158,9 @@ def _preset(args) -> str:
 
     if args.end_state and (args.quick or args.full):
         raise UsageError("--end-state is its own run; drop --quick and --full")
+    if args.end_state and args.seed is not None:
+        raise UsageError("--seed has no effect with --end-state, whose seeds are fixed by its rule "
+                         "(docs/end-state.md); leave it out")
     return preset_name(args.quick, args.full)
 
 
@@ -165,7 +169,7 @@ def add_reproduce(sub) -> None:
     p.add_argument("--out", type=Path, default=Path("attnscale-out"),
                    help="folder for every run record and the report; rerun with the same folder to resume "
                         "(default: %(default)s)")
-    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of every experiment (default: %(default)s)")
+    p.add_argument("--seed", type=nonneg_int, help="seed of every experiment (default: 0; not with --end-state)")
     p.add_argument("--quick", action="store_true",
                    help="a small preset that finishes in about two minutes; its report says so and is not "
                         "the course's comparison")
