@@ -3,8 +3,8 @@
 Every file a command writes carries a mark of who wrote it: a record.json its ``experiment`` (spread, fresh,
 inspect; "train" for a training run, whose ``group`` says which command trained it), a page a ``<meta
 name="generator">`` naming the command (``page_mark``). A command refuses to replace a file that bears another
-command's mark, or none of ours (``check_out``); its figures and markdown carry no mark, and are known as its own
-by the marked file beside them. Pages and reports written before the marks are known by the titles they have
+command's mark, or none of ours (``check_out``); a report's markdown is known by its title, and figures, which
+carry no mark, are a command's own only beside a marked file of its own. Pages and reports written before the marks are known by the titles they have
 always had. Rewriting one's own files (a rerun, a resumed study) stays allowed: that is how folders resume.
 """
 
@@ -23,7 +23,7 @@ __all__ = ["page_mark", "written_by", "check_out", "check_file", "check_runs_fol
 _OLD_HEADS = {"watch-report": ("<!DOCTYPE html>", "<title>Attention watch: "),
               "report": ("<!DOCTYPE html>", "<title>The score scale in attention: the course")}
 _MARKED = re.compile(r'<meta name="generator" content="attnscale ([^"]+)">')
-_OLD_MARKDOWN = {"report": "# The score scale in attention: the course"}
+_MARKDOWN_TITLES = {"report": "# The score scale in attention: the course"}  # markdown has no head: its title
 
 
 def page_mark(command: str) -> str:
@@ -57,7 +57,7 @@ def written_by(path: Path | str) -> str | None:
         old = [c for c, (start, title) in _OLD_HEADS.items() if head.startswith(start) and title in head]
         return marked.group(1) if marked else next(iter(old), None)
     if path.suffix == ".md":
-        return next((c for c, title in _OLD_MARKDOWN.items() if head.startswith(title)), None)
+        return next((c for c, title in _MARKDOWN_TITLES.items() if head.startswith(title)), None)
     return None
 
 
