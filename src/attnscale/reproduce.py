@@ -209,7 +209,12 @@ def run(out: Path, *, seed: int = 0, preset: str = "default", corpus: str = "def
 
     ``executor="ray"``: the training stages run as Ray tasks, in one Ray session
     (a local instance, or the cluster at ``ray_address``) opened for the first of them."""
+    from attnscale.report.assemble import check_out as check_report
+    from attnscale.runs.writers import check_runs_folder
+
     out = Path(out)
+    check_runs_folder(out)  # before any stage: its folders of runs go under it, never beside a record
+    check_report(out / "report")  # the report is written last, and over nothing another command wrote
     todo = stages(seed=seed, preset=preset, corpus=corpus, jobs=jobs, executor=executor, ray_address=ray_address,
                   device=device, dtype=dtype)
     started = time.time()
@@ -253,16 +258,19 @@ def run(out: Path, *, seed: int = 0, preset: str = "default", corpus: str = "def
     return paths["html"]
 
 
-def end_state(out: Path, *, jobs: int = 2, corpus: str = "default", device: str | None = None) -> list[str]:
+def end_state(out: Path, *, jobs: int = 2, corpus: str = "default", device: str | None = None,
+              dtype: str | None = None, executor: str = "local", ray_address: str | None = None) -> list[str]:
     """The long run designed to reach the course's end of training (``experiments.end_state``), trained
     where not on disk (a killed run resumes), then judged by the rule written before it ran
-    (``analysis.end_state``); returns the verdict's lines, which it prints."""
+    (``analysis.end_state``); returns the verdict's lines, which it prints. ``dtype``, when given, the
+    precision the runs train in instead of the budget's; ``executor``: as ``run``'s."""
     from attnscale.analysis import end_state as rule
     from attnscale.experiments import end_state as experiment
 
     cfg = experiment.EndStateConfig(corpus=corpus, device=device)
+    cfg = cfg if dtype is None else replace(cfg, train=replace(cfg.train, dtype=dtype))
     started = time.time()
-    runs = experiment.run_records(cfg, Path(out), jobs=jobs)
+    runs = experiment.run_records(cfg, Path(out), jobs=jobs, executor=executor, ray_address=ray_address)
     lines = rule.verdict_lines(rule.judge([rule.summary(r) for r in runs]))
     _say(f"end state: {time.time() - started:.0f} s")
     print("\n".join(lines))

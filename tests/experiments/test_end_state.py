@@ -33,3 +33,23 @@ def test_the_command_refuses_to_mix_it_with_a_preset(tmp_path, capsys):
     assert main(["reproduce", "--end-state", "--quick", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--end-state is its own run; drop --quick and --full" in err
+
+
+def test_the_command_trains_in_the_dtype_and_where_it_is_told_and_refuses_a_seed(tmp_path, capsys, monkeypatch):
+    """--dtype and --executor reach every run; --seed is refused, the seeds being the rule's (nothing trains)."""
+    seen = {}
+
+    def execute(specs, corpus_spec, out, **kwargs):
+        seen.update(specs=specs, **kwargs)
+        raise KeyboardInterrupt  # stop before anything trains: main's one line for an interrupted run
+
+    monkeypatch.setattr(end_state, "execute", execute)
+    args = ["reproduce", "--end-state", "--out", str(tmp_path)]
+    assert main([*args, "--dtype", "fp32", "--executor", "ray", "--ray-address", "h:1", "-j", "3"]) == 130
+    assert {s.train.dtype for s in seen["specs"]} == {"fp32"} and len(seen["specs"]) == 9
+    assert (seen["executor"], seen["ray_address"], seen["jobs"]) == ("ray", "h:1", 3)
+    capsys.readouterr()
+    assert main([*args, "--seed", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("attnscale: error: --seed has no effect with --end-state, whose seeds are fixed by its rule "
+                   "(docs/end-state.md); leave it out\n")

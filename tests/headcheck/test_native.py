@@ -244,3 +244,35 @@ def test_a_run_still_training_is_said_so_with_its_latest_checkpoint(checkpoint, 
     else:
         assert "it has saved no checkpoint yet" in err
     assert {p.name: p.read_bytes() for p in run.iterdir()} == before
+
+
+@pytest.mark.parametrize("status", ["diverged", "done"])
+def test_a_run_without_final_weights_says_why(status, tmp_path, capsys):
+    # a diverged run keeps no weights (train saves them only when a run ends "done"): training it again
+    # "with this version" would not keep them either, so the message says the run diverged
+    run = tmp_path / "run"
+    results = {"status": status, "steps_done": 37, "diverged_at": 37 if status == "diverged" else None}
+    record.write(run, record.new("train", {"model": asdict(_cfg())}, results, status=status))
+    rc = main(["inspect", "--model", str(run), "--text", "hi there"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err
+    if status == "diverged":
+        assert f"--model: {str(run)!r} diverged at step 37" in err and "has no final weights" in err
+        assert "this version" not in err
+    else:
+        assert "kept no final weights; train it again with this version of attnscale" in err
+
+
+def test_a_text_file_with_a_byte_order_mark_reads_as_the_same_text(tmp_path, capsys):
+    """The mark is not text: with it the file reads as the same tokens, hence the same numbers, as without."""
+    from attnscale.lm.data import load_corpus
+
+    corpus = load_corpus("default")
+    _run_dir(tmp_path / "run", _cfg(vocab_size=corpus.vocab_size), corpus=corpus)
+    (tmp_path / "plain.txt").write_text(TEXT * 3, encoding="utf-8")
+    (tmp_path / "marked.txt").write_bytes(b"\xef\xbb\xbf" + (TEXT * 3).encode("utf-8"))
+    args = ["inspect", "--model", str(tmp_path / "run"), "--max-tokens", "16", "--json", "--file"]
+    assert main([*args, str(tmp_path / "plain.txt")]) == 0
+    plain = json.loads(capsys.readouterr().out)
+    assert main([*args, str(tmp_path / "marked.txt")]) == 0
+    assert json.loads(capsys.readouterr().out)["rows"] == plain["rows"]

@@ -145,6 +145,17 @@ def test_a_killed_runs_log_is_read_to_its_last_complete_record(log, capsys):
     assert log.read_bytes() == before
 
 
+@pytest.mark.parametrize("lines", [1, 3])
+def test_a_log_that_starts_with_a_byte_order_mark_is_read_as_text(log, lines, capsys):
+    """An editor's save or a Windows tool puts a UTF-8 byte-order mark first: text, not a line cut short."""
+    text = "".join(line + "\n" for line in log.read_text().splitlines()[:lines])
+    log.write_bytes(b"\xef\xbb\xbf" + text.encode("utf-8"))
+    assert main(["watch-report", str(log)]) == 0
+    assert capsys.readouterr().err == ""  # no note: nothing was cut, and one run
+    page = log.with_suffix(".html").read_text()
+    assert f"{lines} probe steps, 10 to {10 * lines}" in page
+
+
 def test_a_run_resumed_after_a_kill_is_read_past_the_cut_line(tmp_path):
     """A run killed mid-line, then started again on the same log: its first record is glued to the cut one."""
     from attnscale.watch.logs.line import read_watch_log

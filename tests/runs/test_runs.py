@@ -142,6 +142,19 @@ def test_a_record_round_trips_through_its_schema(tmp_path):
     assert record.find(tmp_path) == [tmp_path]
 
 
+def test_a_record_and_its_metrics_saved_with_a_byte_order_mark_read_as_they_are(tmp_path):
+    """A record re-saved by an editor that writes a UTF-8 byte-order mark is the same record, not a damaged one
+    (which a resume would set aside and train again); its metrics lines likewise."""
+    written = record.new("train", _config(), {"status": "done", "steps_done": 3}, status="done")
+    record.write(tmp_path, written)
+    bom = b"\xef\xbb\xbf"
+    (tmp_path / "record.json").write_bytes(bom + (tmp_path / "record.json").read_bytes())
+    (tmp_path / "metrics.jsonl").write_bytes(bom + b'{"step": 1, "loss": 2.5}\n{"step": 2, "loss": 2.25}\n')
+    assert record.read(tmp_path) == written
+    assert store.run_state(tmp_path, _config()) == "finished"
+    assert record.read_metrics(tmp_path) == ([{"step": 1, "loss": 2.5}, {"step": 2, "loss": 2.25}], 0)
+
+
 def test_every_record_says_whether_the_cpu_has_native_bf16(monkeypatch):
     from attnscale.core import device
 

@@ -27,15 +27,16 @@ def _spread_config(args):
 def _measured(experiment: str, figures: Callable[[Any], list]) -> Callable:
     """The run of a measurement: ``experiments.<experiment>.run``, then, with --out, the figures of what it
     returned, drawn by report/ (experiments only return data): ``figures(result)`` lists each as
-    (a ``report.plots`` function, its data, the file)."""
+    (a ``report.plots`` function, its data), drawn into the experiment's ``FIGURES`` in turn."""
     def run(cfg, out, args):
         from attnscale.experiments import fresh, spread  # here, not at the top: torch loads with them
 
-        result = {"fresh": fresh, "spread": spread}[experiment].run(cfg, out=out)
+        module = {"fresh": fresh, "spread": spread}[experiment]
+        result = module.run(cfg, out=out)  # it refuses a folder of another command's, figures included
         if out:
             from attnscale.report import plots
 
-            for name, data, file in figures(result):
+            for (name, data), file in zip(figures(result), module.FIGURES, strict=True):
                 getattr(plots, name)(data, out / file)
         return result
     return run
@@ -67,7 +68,7 @@ def add_spread(sub) -> None:
     p.add_argument("--scale", type=scale_name, nargs="+", default=list(scales), dest="scales",
                    help=f"score-scale schemes whose scaled spread is shown beside the raw one (default: {words(scales)})")
     _seed_json_out(p, SpreadConfig)
-    p.set_defaults(run=Command(_spread_config, _measured("spread", lambda rows: [("spread_plot", rows, "spread.png")]),
+    p.set_defaults(run=Command(_spread_config, _measured("spread", lambda rows: [("spread_plot", rows)]),
                                table_of("spread")))
 
 
@@ -96,8 +97,7 @@ def add_fresh(sub) -> None:
     p.add_argument("--threshold", type=probability, default=default_of(FreshConfig, "threshold"),
                    help="max weight above which a row is frozen (default: %(default)s)")
     _seed_json_out(p, FreshConfig)
-    figures = lambda result: [("fresh_plot", result["rows"], "fresh.png"),
-                              ("illustration", result["illustration"], "illustration.png")]
+    figures = lambda result: [("fresh_plot", result["rows"]), ("illustration", result["illustration"])]
     p.set_defaults(run=Command(_fresh_config, _measured("fresh", figures), table_of("fresh"),
                                as_json=lambda result: result["rows"]))
 
@@ -144,11 +144,12 @@ def _reproduce(preset, out, args):
     from attnscale import reproduce
 
     if args.end_state:
-        reproduce.end_state(out, jobs=args.jobs, corpus=args.corpus, device=args.device)
+        reproduce.end_state(out, jobs=args.jobs, corpus=args.corpus, device=args.device, dtype=args.dtype,
+                            **executor_kwargs(args))
         return
 
     # reproduce prints its own scoreboard and paths as it ends: nothing is left to show
-    reproduce.run(out, seed=args.seed, preset=preset, corpus=args.corpus, jobs=args.jobs, **executor_kwargs(args),
+    reproduce.run(out, seed=0 if args.seed is None else args.seed, preset=preset, corpus=args.corpus, jobs=args.jobs, **executor_kwargs(args),
                   device=args.device, dtype=args.dtype)
 
 
@@ -157,6 +158,9 @@ def _preset(args) -> str:
 
     if args.end_state and (args.quick or args.full):
         raise UsageError("--end-state is its own run; drop --quick and --full")
+    if args.end_state and args.seed is not None:
+        raise UsageError("--seed has no effect with --end-state, whose seeds are fixed by its rule "
+                         "(docs/end-state.md); leave it out")
     return preset_name(args.quick, args.full)
 
 
@@ -165,7 +169,7 @@ def add_reproduce(sub) -> None:
     p.add_argument("--out", type=Path, default=Path("attnscale-out"),
                    help="folder for every run record and the report; rerun with the same folder to resume "
                         "(default: %(default)s)")
-    p.add_argument("--seed", type=nonneg_int, default=0, help="seed of every experiment (default: %(default)s)")
+    p.add_argument("--seed", type=nonneg_int, help="seed of every experiment (default: 0; not with --end-state)")
     p.add_argument("--quick", action="store_true",
                    help="a small preset that finishes in about two minutes; its report says so and is not "
                         "the course's comparison")

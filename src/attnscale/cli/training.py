@@ -235,12 +235,17 @@ def _study_of_pilot(args) -> list:
     from attnscale.errors import ConfigError
     from attnscale.experiments import recipe_study
 
-    if args.pilot or args.family != "tiny" or args.scales or args.norms or args.warmups or args.lrs or args.seeds:
+    if (args.pilot or args.family != "tiny" or args.scales or args.norms or args.warmups or args.lrs or args.seeds
+            or args.lr is not None):
         raise ConfigError("--study trains the recipe's arms on the ladder and rungs its pilot chose, on seeds "
-                          "fixed in advance: drop --pilot, --family, --scale, --norm, --warmup, --lrs and --seeds")
+                          "fixed in advance: drop --pilot, --family, --scale, --norm, --warmup, --lr, --lrs and --seeds")
+    if not args.study.is_dir():
+        raise UsageError(f"--study: {str(args.study)!r} is not a folder; give the folder of a finished pilot "
+                         "(attnscale warn-study --pilot --out DIR)")
     cfg = recipe_study.study_preset(args.study, "smoke" if args.quick else "full", corpus=args.corpus,
                                     tokenizer=args.tokenizer)
-    return [dataclasses.replace(cfg, device=args.device)]
+    model, train = overrides(cfg.model, cfg.train, args)  # as the pilot takes them: give the pilot's own
+    return [dataclasses.replace(cfg, model=model, train=train, device=args.device)]
 
 
 def _warn_config(args) -> list:
@@ -321,7 +326,8 @@ def add_warn_study(sub) -> None:
                    help="the study proper: the recipe's four arms on the pilot's ladder, seeds 0–23 on the two "
                         "rungs the finished pilot in PILOT_DIR chose and 0 on the others (run ids 'study-'); each "
                         "detector judged within each cell, thresholds cross-fitted over the seeds; with --quick, "
-                        "on a --quick pilot, a smoke check")
+                        "on a --quick pilot, a smoke check; --steps, --batch, --context, --dtype and --weights as the pilot was given "
+                        "them")
     training_options(p, "attnscale-out/warn-study",
                      quick="the smoke size: 4 runs a family, a check that the study works, not a measurement")
     jobs_option(p)

@@ -73,12 +73,14 @@ def specs(cfg: EndStateConfig, vocab_size: int) -> list[RunSpec]:
                     replace(cfg.train, seed=seed, **device), GROUP) for w, s, seed in plan]
 
 
-def run_records(cfg: EndStateConfig, out: Path, jobs: int = 2, progress: bool = True) -> list[TrainRun]:
-    """Train every run not yet finished under ``out``; every run as read back."""
+def run_records(cfg: EndStateConfig, out: Path, jobs: int = 2, progress: bool = True, executor: str = "local",
+                ray_address: str | None = None) -> list[TrainRun]:
+    """Train every run not yet finished under ``out`` (``executor``: where, as ``runs.runner.execute`` takes
+    it); every run as read back."""
     from attnscale.experiments.sweep import write_floors
 
     corpus = cfg.corpus_spec.load()
     runs = execute(specs(cfg, corpus.vocab_size), cfg.corpus_spec, Path(out), jobs=jobs, progress=progress,
-                   corpus=corpus)
+                   corpus=corpus, executor=executor, ray_address=ray_address)
     write_floors(corpus, out)  # the counted floors, beside the trained one
     return runs

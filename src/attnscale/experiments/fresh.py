@@ -132,17 +132,23 @@ def illustration(words: int = 64, multipliers=(0.25, 1, 4, 16, 32), seed: int = 
     }
 
 
+FIGURES = ("fresh.png", "illustration.png")  # drawn beside the record by the command line, from the result
+
+
 def run(cfg: FreshConfig, out: Path | None = None) -> dict:
     """Every width × scheme; with ``out``, the record (``report`` draws the figures from it).
-    Returns {"rows", "illustration"}."""
+    Returns {"rows", "illustration"}. A folder holding another command's record (or figures) is refused
+    before anything is measured."""
     started = time.time()
+    if out is not None:
+        from attnscale.runs import record as rec, writers
+
+        writers.check_out(out, "fresh", (rec.RECORD, *FIGURES))
     rows = [measure(w, s, cfg) for w in cfg.head_dims for s in cfg.scales]
     result = {"rows": rows, "illustration": illustration(cfg.words, seed=cfg.seed)}
     if cfg.init == "model":
         result["model_init"] = model_init_name()
     if out is not None:
-        from attnscale.runs import record as rec
-
         rec.write(out, rec.new("fresh", cfg, result, started=started))
     return result
 

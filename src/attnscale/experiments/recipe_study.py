@@ -147,7 +147,7 @@ def write_pilot(out: Path, pilot: dict[str, Any]) -> dict[str, Any]:
     kept = {k: pilot[k] for k in PILOT_KEYS}
     path = out / PILOT_FILE
     if path.exists():
-        before = json.loads(path.read_text(encoding="utf-8"))
+        before = json.loads(path.read_text(encoding="utf-8-sig"))
         if {k: before.get(k) for k in ("chosen", "level", "floor")} != {k: kept[k] for k in ("chosen", "level", "floor")}:
             raise ConfigError(f"{path} keeps another pilot's rungs and level ({before.get('chosen')}, "
                               f"{before.get('level')}): give the study a fresh --out")
@@ -161,7 +161,7 @@ def read_kept_pilot(folder: Path) -> dict[str, Any] | None:
     import json
 
     path = Path(folder) / PILOT_FILE
-    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+    return json.loads(path.read_text(encoding="utf-8-sig")) if path.exists() else None
 
 
 def judged(rows: list[dict[str, Any]], pilot: dict[str, Any], probe_every: int) -> dict[str, Any]:

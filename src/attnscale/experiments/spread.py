@@ -85,13 +85,19 @@ def measure(head_dim: int, pairs: int, scales: tuple[str, ...], seed: int) -> li
     return rows
 
 
+FIGURES = ("spread.png",)  # drawn beside the record by the command line, from the rows
+
+
 def run(cfg: SpreadConfig, out: Path | None = None) -> list[dict]:
-    """Measure every width; with ``out``, write the record there (``report`` draws the figure from it)."""
+    """Measure every width; with ``out``, write the record there (``report`` draws the figure from it).
+    A folder holding another command's record (or figure) is refused before anything is measured."""
     started = time.time()
+    if out is not None:
+        from attnscale.runs import record as rec, writers
+
+        writers.check_out(out, "spread", (rec.RECORD, *FIGURES))
     rows = [row for w in cfg.head_dims for row in measure(w, cfg.pairs, cfg.scales, cfg.seed)]
     if out is not None:
-        from attnscale.runs import record as rec
-
         rec.write(out, rec.new("spread", cfg, rows, started=started))
     return rows
 

@@ -26,6 +26,7 @@ __all__ = ["DEFAULT_TOKENS", "default_max_tokens", "inspect_model", "run", "runs
 # and a longer sequence costs T² memory per head on a CPU for little more to read.
 DEFAULT_TOKENS = 128
 SHOWN_RUNS = 6  # runs named in the error for a folder of runs
+HEATMAPS = "heatmaps.png"  # beside the record, with --out
 
 
 def default_max_tokens(model: nn.Module) -> int:
@@ -138,15 +139,19 @@ def _inspect(cfg: InspectConfig, model: str | Path | nn.Module, texts, target: t
 
 def run(cfg: InspectConfig, texts: str | Sequence[str], out: Path | None = None) -> InspectResult:
     """The CLI's call: load, inspect, and with ``out`` write record.json and heatmaps.png."""
+    from attnscale.runs import record as rec, writers
+
     started = time.time()
+    if out is not None:  # before the model loads: a folder of another command's is never written over
+        writers.check_out(out, "inspect", (rec.RECORD, HEATMAPS))
     device = resolve_device(cfg.device)  # once: the model is moved there and measured there
     result = _inspect(dataclasses.replace(cfg, device=str(device)), cfg.model, texts, device)
     if out is not None:
         from attnscale.headcheck.show import plot_heatmaps
-        from attnscale.runs import record as rec
 
-        plot_heatmaps(result, Path(out) / "heatmaps.png")
+        # the record first: it marks the folder as inspect's, so a run killed before the figure can be redone
         # the scores are recomputed from q and k in fp32, whatever the weights are in
         cfg = dataclasses.replace(cfg, max_tokens=result.max_tokens)  # the length it read, not "the default"
         rec.write(out, rec.new("inspect", cfg, result, started=started, device=describe_device(device, "fp32")))
+        plot_heatmaps(result, Path(out) / HEATMAPS)
     return result

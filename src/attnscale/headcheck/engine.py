@@ -224,7 +224,7 @@ def read_text(path: Path) -> str:
     if not path.is_file():
         raise ConfigError(f"--file: {str(path)!r} {'is a folder' if path.is_dir() else 'does not exist'}; give a UTF-8 text file")
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")  # a byte-order mark is not the text's first token
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"--file: cannot read {str(path)!r} as UTF-8 text ({getattr(e, 'reason', None) or e.strerror}); give a UTF-8 text file") from None
 

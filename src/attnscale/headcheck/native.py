@@ -140,6 +140,19 @@ def _refuse_running(run_dir: Path) -> None:
                       f"before it ended says so too), so it has no final weights yet; {latest}")
 
 
+def _refuse_no_weights(run_dir: Path, weights: Path) -> None:
+    """Why a run folder holds no final weights, in one ``ConfigError``: a diverged run never keeps them (its
+    weights were no longer finite), a run written before runs kept them can be trained again to keep them."""
+    record = _read_record(run_dir)
+    if record.status == "diverged":
+        at = record.results.get("diverged_at") if isinstance(record.results, dict) else None
+        raise ConfigError(f"--model: {str(run_dir)!r} diverged{f' at step {at}' if at is not None else ''} "
+                          "(its record.json says so), so it has no final weights: a run that diverges keeps "
+                          "none; give a run that finished")
+    raise ConfigError(f"--model: {str(weights)!r} does not exist: this run kept no final weights; "
+                      "train it again with this version of attnscale to keep them")
+
+
 def load_run(run_dir: Path) -> tuple[nn.Module, Encoder | None]:
     """A run folder's TinyLM: its final weights (``model.safetensors``, built from
     ``record.json``'s model config) or, where the run was interrupted, its ``checkpoint.pt``."""
@@ -156,8 +169,7 @@ def load_run(run_dir: Path) -> tuple[nn.Module, Encoder | None]:
                           "give the whole folder of an attnscale training run")
     cfg = _model_config_from_run(run_dir)  # a bad record is named before a missing weights file
     if not weights.is_file():
-        raise ConfigError(f"--model: {str(weights)!r} does not exist: this run kept no final weights; "
-                          "train it again with this version of attnscale to keep them")
+        _refuse_no_weights(run_dir, weights)
     model = build_model(cfg, seed=0)  # a fixed seed: building must not draw from the caller's generator
     _load_weights(model, weights)
     corpus = _corpus_from_run(run_dir)

@@ -153,20 +153,33 @@ def verdicts(runs: Runs) -> list[course.Verdict]:
     return out
 
 
+FILES = ("index.html", "report.md", "*.png")  # what a report folder holds: the page marks it as the report's
+
+
+def check_out(out: Path) -> None:
+    """A ``ConfigError`` where ``out`` holds files the report did not write (``runs.writers.check_out``)."""
+    from attnscale.runs import writers
+
+    writers.check_out(out, "report", FILES)
+
+
 def build(runs_dir: Path, out_dir: Path | None = None) -> dict[str, Path]:
     """Write index.html, report.md and PNGs for the records under ``runs_dir``.
 
     Returns {"html", "markdown", <plot name>: png path}. Raises ConfigError when
-    ``runs_dir`` holds no record, or none that can be read."""
-    runs = load_runs(Path(runs_dir))  # every record skipped is an error there: an empty report would look like a result
+    ``runs_dir`` holds no record, or none that can be read, and before anything is written where ``out_dir``
+    holds files the report did not write (``runs.writers``: its index.html is marked as the report's)."""
     out = Path(out_dir) if out_dir is not None else Path(runs_dir) / "report"
+    check_out(out)
+    runs = load_runs(Path(runs_dir))  # every record skipped is an error there: an empty report would look like a result
     try:
         out.mkdir(parents=True, exist_ok=True)
         blocks, pngs = sections.document(runs, verdicts(runs), out, EXPERIMENTS)
         images = {p.name: p.read_bytes() for p in pngs.values()}
         paths = {"html": out / "index.html", "markdown": out / "report.md", **pngs}
         # no figure shown so small that its smallest text falls under 9 px (plots.SMALLEST_SHOWN)
-        paths["html"].write_text(render.to_html(blocks, images, plots.SMALLEST_SHOWN), encoding="utf-8")
+        paths["html"].write_text(render.to_html(blocks, images, plots.SMALLEST_SHOWN, generator="report"),
+                                 encoding="utf-8")
         paths["markdown"].write_text(render.to_markdown(blocks), encoding="utf-8")
     except PermissionError as e:
         raise ConfigError(f"cannot write the report to {str(out)!r} ({e.strerror}); give a writable --out") from None

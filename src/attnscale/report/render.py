@@ -28,6 +28,7 @@ import math
 import re
 from typing import Any
 
+from attnscale.runs.writers import page_mark
 from attnscale.report.blocks import Banner, Block, Bullets, Details, Heading, Image, Para, Scoreboard, Table
 
 __all__ = ["to_html", "to_markdown"]
@@ -82,11 +83,14 @@ def png_width(png: bytes) -> int:
     return int.from_bytes(png[16:20], "big")
 
 
-def to_html(blocks: list[Block], images: dict[str, bytes], min_scale: float = 0.0, refresh: float | None = None) -> str:
+def to_html(blocks: list[Block], images: dict[str, bytes], min_scale: float = 0.0, refresh: float | None = None,
+            generator: str | None = None) -> str:
     """One self-contained page; ``images`` maps each Image block's file name to its PNG bytes.
     No figure is shown narrower than ``min_scale`` × its own width (its box scrolls instead).
-    ``refresh``: the browser reloads the page every that many seconds (a meta refresh, no script)."""
-    return _page(_html_blocks(blocks, images, min_scale), blocks, refresh)
+    ``refresh``: the browser reloads the page every that many seconds (a meta refresh, no script).
+    ``generator``: the command that writes the page, marked in its head (``runs.writers.page_mark``), so
+    that no other command writes over it."""
+    return _page(_html_blocks(blocks, images, min_scale), blocks, refresh, generator)
 
 
 def _html_table(blk: Table) -> str:
@@ -133,10 +137,11 @@ def _html_blocks(blocks: list[Block], images: dict[str, bytes], min_scale: float
     return out
 
 
-def _page(out: list[str], blocks: list[Block], refresh: float | None = None) -> str:
+def _page(out: list[str], blocks: list[Block], refresh: float | None = None, generator: str | None = None) -> str:
     title = html.escape(_plain(next((str(b.text) for b in blocks if isinstance(b, Heading) and b.level == 1),
                                     "attnscale report")))
     reload = "" if refresh is None else f"<meta http-equiv=\"refresh\" content=\"{refresh:g}\">"
+    reload += "" if generator is None else page_mark(generator)
     # the CSP forbids every script and every fetch: the page is data, and stays offline
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">" + reload +
             "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; img-src data:; style-src 'unsafe-inline'\">"

@@ -34,23 +34,13 @@ from attnscale.errors import ConfigError
 from attnscale.files import atomic_write_bytes
 from attnscale.report import render
 from attnscale.report.blocks import Heading, Para, Image, Table
+from attnscale.runs import writers
 from attnscale.watch.logs.line import EmptyLogError, WatchLine, WatchLog, read_log, read_watch_log  # noqa: F401  read_log: as before
 
 __all__ = ["build", "follow", "check_out", "check_follow", "page", "reference_words", "first_firings", "grid_over_steps", "MARK"]
 
-MARK = '<meta name="generator" content="attnscale watch-report">'  # how check_out knows a page of its own
+MARK = writers.page_mark("watch-report")  # how check_out knows a page of its own (runs.writers)
 DRAWN = ("spread", "max_score", "effective_words", "frozen_fraction")  # the measures the page reads
-
-
-def _own_page(path: Path) -> bool:
-    """Whether ``path`` is a page watch-report wrote: the marker, or (pages written before it) the
-    title this module gives, in the file's head."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(4096).decode("utf-8", "replace")
-    except OSError:
-        return False
-    return MARK in head or (head.startswith("<!DOCTYPE html>") and "<title>Attention watch: " in head)
 
 
 def check_out(log: Path | str, out: Path | str) -> None:
@@ -63,9 +53,7 @@ def check_out(log: Path | str, out: Path | str) -> None:
                           "(default: the log's name with .html)")
     if out.is_dir():
         raise ConfigError(f"--out {str(out)!r} is a folder; give the page's file name, e.g. {str(out / 'watch.html')!r}")
-    if out.exists() and not _own_page(out):
-        raise ConfigError(f"--out {str(out)!r} exists and is not a page attnscale watch-report wrote; "
-                          "give another file, or move that one away first")
+    writers.check_file(out, "watch-report", what="page")  # the one rule every command writes by
 
 
 def _check_drawn(records: list[WatchLine], where: Path) -> None:
@@ -217,7 +205,7 @@ def build(log: Path | str, out: Path | str | None = None, causal: bool = True, r
     blocks, images = page(records, causal=causal, title=f"Attention watch: {log.name}")
     blocks[1:1] = [Para(note) for note in notes]  # under the title: the page shows one run of several
     out.parent.mkdir(parents=True, exist_ok=True)
-    html = render.to_html(blocks, images, refresh=refresh).replace("<head>", "<head>" + MARK, 1)
+    html = render.to_html(blocks, images, refresh=refresh, generator="watch-report")
     atomic_write_bytes(out, html.encode("utf-8"))
     return out
 

@@ -238,7 +238,7 @@ def read(run_dir: Path) -> Record:
     """The record in ``run_dir``; ``RecordError`` (one line, naming the file) when it cannot be read."""
     path = Path(run_dir) / RECORD
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is text, not damage
     except FileNotFoundError:
         raise RecordError(f"{path} does not exist: no run record there") from None
     except (OSError, UnicodeDecodeError) as e:
@@ -262,7 +262,7 @@ def read_metrics(run_dir: Path) -> tuple[list[dict[str, Any]], int]:
     lines, bad = [], 0
     path = Path(run_dir) / METRICS
     if path.exists():
-        for text in path.read_text(encoding="utf-8", errors="replace").splitlines():
+        for text in path.read_text(encoding="utf-8-sig", errors="replace").splitlines():
             try:
                 line = json.loads(text)
             except json.JSONDecodeError:
@@ -374,7 +374,7 @@ def read_floors(folder: Path) -> Floors | None:
     if not path.exists():
         return None
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError):
         raise RecordError(f"{path} cannot be read; delete it to count the floors again") from None
     return Floors.from_json(data, str(path))

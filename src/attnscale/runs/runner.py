@@ -48,7 +48,7 @@ from attnscale import files, limits
 from attnscale.files import to_jsonable
 from attnscale.runs import record as rec
 from attnscale.runs import pace as pace_mod
-from attnscale.runs import store
+from attnscale.runs import store, writers
 from attnscale.errors import ConfigError
 from attnscale.lm.model import ModelConfig
 from attnscale.runs.progress import make_progress
@@ -222,11 +222,13 @@ def execute(
     if executor not in EXECUTORS:
         raise ConfigError(f"executor {executor!r} is unknown; choose one of: {', '.join(EXECUTORS)}")
     out = Path(out)
+    writers.check_runs_folder(out)
     corpus = corpus if corpus is not None else corpus_spec.load()
     _check(specs, corpus, executor)
     configs = {s.run_id: _config(s, corpus) for s in specs}
-    # every folder is checked before anything is trained: a clash stops the sweep at once
-    states = {s.run_id: store.run_state(out / s.run_id, configs[s.run_id]) for s in specs}
+    # every folder is checked before anything is trained: a clash (another config, another command's run) stops
+    # the sweep at once
+    states = {s.run_id: store.run_state(out / s.run_id, configs[s.run_id], group=s.group) for s in specs}
     for s in specs:  # before a copy or a new run writes into the folder
         if states[s.run_id] == "damaged":
             store.set_aside(out / s.run_id, configs[s.run_id])

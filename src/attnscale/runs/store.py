@@ -54,7 +54,7 @@ def _differences(a: Any, b: Any, prefix: str = "") -> list[str]:
     return [] if a == b else [f"{prefix[:-1] or 'config'} {a!r} on disk, {b!r} asked"]
 
 
-def run_state(run_dir: Path, config: Any, experiment: str = "train") -> str:
+def run_state(run_dir: Path, config: Any, experiment: str = "train", group: str | None = None) -> str:
     """What to do with ``run_dir`` for a run of ``config``.
 
     "finished": a record with status done or diverged and the same config (keep it);
@@ -63,7 +63,8 @@ def run_state(run_dir: Path, config: Any, experiment: str = "train") -> str:
     that cannot be read, which ``set_aside`` moves out of the way before the run is
     trained again (this function changes nothing on disk: ``run_dir`` may be another
     folder's, read for reuse); raises ``ConfigError`` when the folder holds a run of another config or
-    experiment, so two experiments never mix in one folder."""
+    experiment, or (where ``group`` is given) a run another command trained (another group: a record written
+    before groups, with none, is taken as this one's), so two experiments never mix in one folder."""
     if not (Path(run_dir) / rec.RECORD).exists():
         return "restart"
     try:
@@ -74,6 +75,9 @@ def run_state(run_dir: Path, config: Any, experiment: str = "train") -> str:
         return "damaged"  # records are written atomically: only a foreign hand, or a failing disk, leaves half of one
     if record.experiment != experiment:
         raise ConfigError(f"{run_dir} holds a {record.experiment!r} run, not {experiment!r}; use another --out")
+    if group is not None and record.group not in (None, group):
+        raise ConfigError(f"{run_dir} holds a run of {record.group!r}, not of {group!r}: another command trained it, "
+                          "and this one would take it for its own or train over it; use another --out")
     diff = _differences(comparable_config(record.config), comparable_config(config))
     if diff:
         raise ConfigError(

@@ -246,7 +246,7 @@ def read_watch_log(path: Path | str) -> WatchLog:
     ``EmptyLogError``."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (an editor's save) is not a cut line
     except (OSError, UnicodeDecodeError) as e:
         reason = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
         raise ConfigError(f"cannot read watch log {str(path)!r} ({reason}); give the JSONL file a Watch wrote") from None

@@ -1,0 +1,106 @@
+"""Which command wrote a file, and the one check made before any command writes over one.
+
+Every file a command writes carries a mark of who wrote it: a record.json its ``experiment`` (spread, fresh,
+inspect; "train" for a training run, whose ``group`` says which command trained it), a page a ``<meta
+name="generator">`` naming the command (``page_mark``). A command refuses to replace a file that bears another
+command's mark, or none of ours (``check_out``); a report's markdown is known by its title, and figures, which
+carry no mark, are a command's own only beside a marked file of its own. Pages and reports written before the marks are known by the titles they have
+always had. Rewriting one's own files (a rerun, a resumed study) stays allowed: that is how folders resume.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from pathlib import Path
+
+from attnscale.errors import ConfigError
+from attnscale.runs import record as rec
+
+__all__ = ["page_mark", "written_by", "check_out", "check_file", "check_runs_folder"]
+
+# the heads of the pages written before the generator mark, by the command that wrote them
+_OLD_HEADS = {"watch-report": ("<!DOCTYPE html>", "<title>Attention watch: "),
+              "report": ("<!DOCTYPE html>", "<title>The score scale in attention: the course")}
+_MARKED = re.compile(r'<meta name="generator" content="attnscale ([^"]+)">')
+_MARKDOWN_TITLES = {"report": "# The score scale in attention: the course"}  # markdown has no head: its title
+
+
+def page_mark(command: str) -> str:
+    """The mark an HTML page written by ``attnscale command`` carries in its head."""
+    return f'<meta name="generator" content="attnscale {command}">'
+
+
+def _head(path: Path) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4096).decode("utf-8-sig", "replace")
+    except OSError:
+        return ""
+
+
+def written_by(path: Path | str) -> str | None:
+    """The attnscale command whose mark ``path`` bears: a record.json's experiment ("train" for a training run),
+    a page's generator (or its title, for pages written before the marks), a report's markdown title; None for a
+    file without one of ours (a record that cannot be read, a page of someone else's), or no file."""
+    path = Path(path)
+    if not path.is_file():
+        return None
+    if path.name == rec.RECORD:
+        try:
+            return rec.read(path.parent).experiment
+        except rec.RecordError:
+            return None
+    head = _head(path)
+    if path.suffix == ".html":
+        marked = _MARKED.search(head)
+        old = [c for c, (start, title) in _OLD_HEADS.items() if head.startswith(start) and title in head]
+        return marked.group(1) if marked else next(iter(old), None)
+    if path.suffix == ".md":
+        return next((c for c, title in _MARKDOWN_TITLES.items() if head.startswith(title)), None)
+    return None
+
+
+def check_file(path: Path | str, command: str, option: str = "--out", what: str = "file") -> None:
+    """A ``ConfigError`` where ``path`` exists and ``attnscale command`` did not write it (``written_by``):
+    one line naming the file, who wrote it where that is known, and the way out."""
+    path = Path(path)
+    if not path.exists():
+        return
+    writer = written_by(path)
+    if writer != command:
+        whose = f"is a {what} attnscale {writer} wrote" if writer else f"is not a {what} attnscale {command} wrote"
+        raise ConfigError(f"{option} {str(path)!r} exists and {whose}; give another file, or move that one away first")
+
+
+def check_out(folder: Path | str, command: str, files: Sequence[str], option: str = "--out") -> None:
+    """A ``ConfigError`` before anything is written where writing ``files`` into ``folder`` would replace a file
+    ``attnscale command`` did not write. ``files[0]`` bears the mark (record.json, a page); the others (figures,
+    markdown; a name may be a glob such as ``*.png``) are ``command``'s only beside a first file of its own."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    first = folder / files[0]
+    if first.exists():
+        writer = written_by(first)
+        if writer != command:
+            whose = f"that attnscale {writer} wrote" if writer else f"that is not one attnscale {command} writes"
+            raise ConfigError(f"{option} {str(folder)!r} holds a {files[0]} {whose}, which {command} would replace; "
+                              "give another folder, or move that one away first")
+        return
+    for pattern in files[1:]:
+        found = sorted(p for p in folder.glob(pattern) if written_by(p) != command)
+        if found:
+            raise ConfigError(f"{option} {str(folder)!r} holds {found[0].name} but no {files[0]} of attnscale "
+                              f"{command}'s, so it is not its folder; give another folder, or move that one away first")
+
+
+def check_runs_folder(out: Path | str, option: str = "--out") -> None:
+    """A ``ConfigError`` where ``out``, where runs are trained into folders of their own (OUT/<run_id>), is itself
+    one run's folder, or one that a measurement wrote its record to: its runs would be mixed into it."""
+    out = Path(out)
+    if (out / rec.RECORD).exists():
+        writer = written_by(out / rec.RECORD)
+        what = f"the record of an attnscale {writer} run" if writer else f"a {rec.RECORD} that is not a run's"
+        raise ConfigError(f"{option} {str(out)!r} holds {what}: runs are trained into folders of their own under "
+                          "--out, never beside a record; give another folder (e.g. the one above it)")
