@@ -153,3 +153,14 @@ def test_in_the_training_forward_per_layer_numbers_reach_tensorboard(tmp_path):
         for layer in range(2):
             want = {r.step: layer_table(r)[layer][m] for r in records}
             assert tb[f"train/attn/layer_{layer}/{measure}"] == pytest.approx(want, rel=1e-6)
+
+
+def test_one_callback_given_to_a_second_trainer_of_another_model_is_refused_before_its_first_step(tmp_path):
+    """It would keep probing the first model and log the second run with the first's numbers."""
+    callback = WatchCallback(every=1, alerts=(), report=False)
+    _trainer(tmp_path / "a", callback, "none", steps=1).train()
+    second = _trainer(tmp_path / "b", callback, "none", steps=2)
+    with pytest.raises(ConfigError, match=r"this WatchCallback already followed LlamaForCausalLM; a watch follows one "
+                                          r"model: give each model its own WatchCallback\(\.\.\.\)"):
+        second.train()
+    assert second.state.global_step == 0

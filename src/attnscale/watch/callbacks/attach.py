@@ -18,8 +18,10 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from attnscale.capture.probe import unwrap
 from attnscale.capture.reduce import DEFAULT_MEMORY
 from attnscale.core.diagnostics import FROZEN_THRESHOLD
+from attnscale.errors import ConfigError
 from attnscale.watch.alerts import Alert
 from attnscale.watch.loop import EVERY, PROBE_SEQUENCES, Watch
 from attnscale.watch.logs.sinks import Sink
@@ -48,8 +50,17 @@ class Attached:
         self.latest: tuple[int, dict[str, float]] | None = None
 
     def start(self, model, step: int = 0) -> Watch:
-        """The run's Watch, made on ``model`` the first time (a second fit on the same callback goes on with it);
-        ``step``: the optimizer steps already taken (a resumed run's), so the next is ``step + 1``."""
+        """The run's Watch, made on ``model`` the first time; a second fit of the same model goes on (in a Watch
+        made again, its sinks reopened, where the first fit's ended), and another model is refused: a watch follows
+        one model. ``step``: the optimizer steps already taken (a resumed run's), so the next is ``step + 1``."""
+        if self.watch is not None and unwrap(self.watch.model) is not unwrap(model):
+            name = type(self).__name__
+            raise ConfigError(f"this {name} already followed {type(unwrap(self.watch.model)).__name__}; a watch "
+                              f"follows one model: give each model its own {name}(...)")
+        if self.watch is not None and self.watch.closed:
+            for sink in self.options["sinks"]:
+                sink.reopen()
+            self.watch = None
         if self.watch is None:
             self.watch = Watch(model, **self.options)
         self.watch.expect(step + 1)
