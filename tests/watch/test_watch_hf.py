@@ -164,3 +164,27 @@ def test_one_callback_given_to_a_second_trainer_of_another_model_is_refused_befo
                                           r"model: give each model its own WatchCallback\(\.\.\.\)"):
         second.train()
     assert second.state.global_step == 0
+
+
+def test_an_integration_that_fails_at_the_end_costs_neither_the_run_nor_the_watchs_log(tmp_path, monkeypatch, caplog):
+    """TensorBoard's writer on a full disk: the watch's copy fails when it closes; the Trainer's run ends, and
+    the watch's own log is closed with every probe."""
+    import errno
+
+    from transformers.integrations import TensorBoardCallback
+
+    own_end = TensorBoardCallback.on_train_end
+
+    def full(self, *args, **kwargs):
+        own_end(self, *args, **kwargs)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    callback = WatchCallback(every=2, alerts=(), sinks=[JsonlSink(tmp_path / "w.jsonl")])
+    trainer = _trainer(tmp_path, callback, ["tensorboard"])
+    monkeypatch.setattr(callback, "_integrations", lambda args: [type("Full", (TensorBoardCallback,),
+                                                                      {"on_train_end": full})()])
+    trainer.train()
+    assert trainer.state.global_step == 4 and callback.watch.closed
+    assert [line.step for line in read_log(tmp_path / "w.jsonl")] == [2, 4]
+    said = [r.getMessage() for r in caplog.records if "failed in on_train_end" in r.getMessage()]
+    assert len(said) == 1 and "No space left on device" in said[0]
