@@ -330,8 +330,8 @@ def watch_rows(device, kernels=None, steps: int = 40, T: int = 256) -> list[tupl
         with Watch(model, every=10, probe=probe, alerts=(), qk_clip=tau) as watch:
             clipped = _train_ms(model, ids, steps, watch)
             last = measure_heads(model, probe).get("max_score").nan_to_num(0).max().item()
-            with torch.no_grad():  # one more clip on the weights as they are: the probe must then read tau at most
-                model(probe)
+            model(probe)  # one more clip on the weights as they are, from a training forward (gradients on; an
+            # evaluation's would not count): the probe must then read tau at most
             watch.clip.step()
         after_LH = measure_heads(model, probe).get("max_score").nan_to_num(0)
         # the first layer's input is the same after the clip: its S_max is tau at most; a later layer's input

@@ -101,3 +101,64 @@ def test_by_hand_an_inf_head_a_nan_head_and_an_absent_head():
     s = table([5.0, 3.0, 2.0], [math.nan, 3.0, 2.5], [math.nan, 0.0, 0.0], [10.0, 30.0, 20.0]).summary()
     assert s["attn/max_score"] == 5.0 and s["attn/nonfinite_heads"] == 1.0
     assert math.isnan(s["attn/min_effective_words"]) and math.isnan(s["attn/frozen_fraction"])
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_an_attnscale_model_with_a_bad_q_weight_reads_non_finite_in_every_place_its_numbers_go(bad, tmp_path):
+    """attnscale's own attention hands over the scores it masked with -inf (a broken head's hidden keys NaN):
+    a NaN score is no hidden key. Head 0 of layer 1 counts its rows and reads non-finite per head, in the
+    summary, in a Watch's record and in the training run's own step measures; the heads beside it keep their
+    numbers, as the same model with head 0 healthy gives them."""
+    from attnscale.capture.reduce import reduce_scores
+    from attnscale.core.hooks import hooked
+    from attnscale.lm.model import ModelConfig, build_model
+    from attnscale.watch.loop import Watch
+    from attnscale.watch.logs.line import read_log
+    from attnscale.watch.logs.sinks import JsonlSink
+
+    cfg = ModelConfig(vocab_size=30, context=T, d_model=H * D, n_layers=2, n_heads=H, head_dim=D)
+    model = build_model(cfg, seed=0)
+    healthy = watch.measure_heads(model, IDS).values_LMH
+    with torch.no_grad():
+        model.blocks[1].attn.q_proj.weight[:D].fill_(bad)  # head 0's q rows
+    stats = watch.measure_heads(model, IDS)
+    assert stats.rows_LH.tolist() == [[2 * (T - 1)] * H] * 2  # causal: every row but the first sees two keys
+    assert stats.nonfinite_LH().tolist() == [[False] * H, [True] + [False] * (H - 1)]
+    assert torch.equal(stats.values_LMH[1, :, 1:], healthy[1, :, 1:]) and torch.equal(stats.values_LMH[0], healthy[0])
+    s = stats.summary()
+    assert math.isnan(s["attn/max_score"]) and math.isnan(s["attn/frozen_fraction"])
+    assert s["attn/nonfinite_heads"] == 1.0
+    with Watch(model, every=1, probe=IDS, alerts=(), sinks=[JsonlSink(tmp_path / "w.jsonl")]) as w:
+        numbers = w.step(1)
+    assert numbers["attn/nonfinite_heads"] == 1.0 and math.isnan(numbers["attn/max_score"])
+    assert read_log(tmp_path / "w.jsonl")[0].summary["attn/nonfinite_heads"] == 1.0
+    with torch.no_grad(), hooked(model, "blocks.*.attn.hook_scores") as cache:  # the training run's step measures
+        model(IDS)
+    sums = reduce_scores(cache["blocks.1.attn.hook_scores"])
+    assert sums.rows.tolist() == [2 * (T - 1)] * H
+    assert torch.isnan(sums.measures()[2:, 0]).all() and torch.isfinite(sums.measures()[:, 1:]).all()
+
+
+def test_a_nan_in_multihead_attentions_float_mask_reads_non_finite_not_hidden():
+    """torch gives the model's output NaN there; the key is no hidden one (a hidden key is -inf, or at or below
+    HIDDEN_AT), and its rows read NaN."""
+    torch.manual_seed(0)
+    mha = nn.MultiheadAttention(16, 2, batch_first=True)
+    x = torch.randn(2, 5, 16)
+    mask = torch.zeros(5, 5)
+    mask[3, 1] = math.nan
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.attn = mha
+
+        def forward(self, x):
+            return self.attn(x, x, x, attn_mask=mask, need_weights=False)[0]
+
+    assert torch.isnan(Net()(x)).any()
+    stats = watch.measure_heads(Net(), x)
+    assert stats.rows_LH.tolist() == [[10.0, 10.0]]  # every row of both sequences sees five keys
+    assert stats.nonfinite_LH().tolist() == [[True, True]]
+    s = stats.summary()
+    assert s["attn/nonfinite_heads"] == 2.0 and math.isnan(s["attn/min_effective_words"])

@@ -279,3 +279,13 @@ def test_inputs_go_to_the_input_embedding_of_a_model_spread_over_devices():
 
     assert input_device(Spread()).type == "meta" and input_device(SDPAModel()).type == "cpu"
     assert input_device(nn.ReLU()).type == "cpu"
+
+
+def test_float_token_ids_are_refused_at_the_call_naming_the_fix():
+    """An input embedding takes integer ids: float ids would fail deep inside torch's embedding."""
+    model = build_model(ModelConfig(vocab_size=40, context=12, d_model=16, n_layers=1, n_heads=2, head_dim=8), seed=0)
+    ids = torch.randint(0, 40, (2, 12), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ConfigError, match=r"^the embedding 'tok_emb' of TinyLM takes integer token ids, got "
+                                          r"torch.float32 ones; give the ids as integers: ids.long\(\)$"):
+        watch.measure(model, ids.float())
+    assert watch.measure(model, ids)["attn/max_score"] > 0  # the same ids as integers: measured

@@ -276,3 +276,21 @@ def test_a_text_file_with_a_byte_order_mark_reads_as_the_same_text(tmp_path, cap
     plain = json.loads(capsys.readouterr().out)
     assert main([*args, str(tmp_path / "marked.txt")]) == 0
     assert json.loads(capsys.readouterr().out)["rows"] == plain["rows"]
+
+
+def test_a_head_with_nan_q_weights_reads_non_finite_and_its_neighbours_keep_their_numbers():
+    """inspect reads attnscale's own scores as the watch does: a broken head's NaN scores hide no key, so it
+    counts its rows and reads non-finite, and the heads beside it read as the healthy model's do."""
+    import math
+
+    from attnscale.headcheck.engine import MODEL
+
+    model = build_model(_cfg(), seed=0)
+    healthy = inspect_model(model, _ids(), max_tokens=32).stats[MODEL]
+    with torch.no_grad():
+        model.blocks[0].attn.q_proj.weight[:model.cfg.head_dim].fill_(math.nan)  # head 0's q rows
+    stats = inspect_model(model, _ids(), max_tokens=32).stats[MODEL]
+    assert stats.rows_LH[0].tolist() == healthy.rows_LH[0].tolist()
+    assert stats.nonfinite_LH()[0].tolist() == [True] + [False] * (stats.heads - 1)
+    assert torch.equal(stats.values_LMH[0, :, 1:], healthy.values_LMH[0, :, 1:])
+    assert stats.summary()["attn/nonfinite_heads"] >= 1.0 and math.isnan(stats.summary()["attn/max_score"])

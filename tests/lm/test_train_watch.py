@@ -253,3 +253,47 @@ def test_a_checkpoint_s_watch_resumes_only_with_the_alerts_it_had(corpus, tmp_pa
     with pytest.raises(ConfigError, match=r"^the checkpoint's watch had the alerts \['max_score'\], this one "
                                           r"\['non_finite'\]; resume with the alerts the run started with$"):
         train(MODEL, cfg, corpus, checkpoint=tmp_path / "c.pt", watch=Attached(every=2))
+
+
+class FullDisk(Sink):
+    """A sink on a full disk: every write and its close fail with ENOSPC."""
+
+    def write(self, record):
+        raise OSError(28, "No space left on device")
+
+    def close(self):
+        raise OSError(28, "No space left on device")
+
+
+def test_a_sink_on_a_full_disk_never_costs_the_run_its_results(corpus, caplog):
+    res = train(MODEL, TRAIN, corpus, watch=Attached(every=2, sinks=[FullDisk()], alerts=()))
+    assert res["status"] == "done" and len(res["losses"]) == TRAIN.steps
+    said = [r.getMessage() for r in caplog.records if "FullDisk" in r.getMessage()]
+    assert len(said) == 2 and "lost 3 of 3 records" in said[1]
+
+
+def test_a_watch_that_is_no_attached_is_refused_before_anything_is_built(corpus, monkeypatch):
+    from attnscale.errors import ConfigError
+    from attnscale.lm import train as train_module
+    from attnscale.watch import Watch
+
+    monkeypatch.setattr(train_module, "build_run", lambda *a, **k: pytest.fail("the run was built"))
+    with pytest.raises(ConfigError, match=r"^train's watch= takes an attnscale.watch.Attached\(\.\.\.\)"):
+        train(MODEL, TRAIN, corpus, watch=Watch(TinyLM(MODEL)))
+    with pytest.raises(ConfigError, match="got str"):
+        train(MODEL, TRAIN, corpus, watch="watch.jsonl")
+
+
+def test_qk_clip_counts_none_of_the_held_out_evaluations_between_steps(corpus):
+    """The run evaluates its held-out split between steps (eval mode, no gradients): those forwards are no
+    training step, and the S_max each probe logs is that of the training forwards alone, as a run with no
+    evaluation between its steps logs it."""
+    cfg = TrainConfig(**{**TRAIN.__dict__, "eval_every": 1})
+    got = []
+    for c in (TRAIN, cfg):
+        kept = Kept()
+        kept.write = lambda record, kept=kept: kept.steps.append(record.qk_clip["s_max"])
+        res = train(MODEL, c, corpus, watch=Attached(every=2, sinks=[kept], alerts=(), qk_clip=1e9))
+        got.append(kept.steps)
+        assert [e["step"] for e in res["evals"]][:2] == ([1, 2] if c is cfg else [])
+    assert got[0] == got[1]

@@ -167,6 +167,7 @@ def test_gpt2_right_padded_clips_c_attn_by_the_real_rows():
     clip = QKClip(model, tau)
     try:
         assert torch.overrides._get_current_function_mode_stack()  # the functions are read too, until a step
+        model.train()  # a training forward (no dropout in this config): an evaluation's would not count
         model(input_ids=ids.masked_fill(~pad, token), attention_mask=pad.long())
         factors = clip.step()
         # the calls went through the interface: the SDPA interception (a mode on every torch call) is gone

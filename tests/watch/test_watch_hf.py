@@ -240,3 +240,38 @@ def test_a_trainer_resumed_from_its_checkpoint_after_actions_goes_on_as_the_unin
     assert _lines(tmp_path / "resumed.jsonl", (4, 6)) == _lines(tmp_path / "whole.jsonl", (4, 6))
     with pytest.raises(ConfigError, match="^restore_callback_states_from_checkpoint makes a WatchCallback without"):
         _acting(tmp_path, "restored", alerts, steps=6, resume=str(checkpoint), restore_callback_states_from_checkpoint=True)
+
+
+def test_one_callback_given_to_a_second_trainer_of_another_model_is_refused_before_its_first_step(tmp_path):
+    """It would keep probing the first model and log the second run with the first's numbers."""
+    callback = WatchCallback(every=1, alerts=(), report=False)
+    _trainer(tmp_path / "a", callback, "none", steps=1).train()
+    second = _trainer(tmp_path / "b", callback, "none", steps=2)
+    with pytest.raises(ConfigError, match=r"this WatchCallback already followed LlamaForCausalLM; a watch follows one "
+                                          r"model: give each model its own WatchCallback\(\.\.\.\)"):
+        second.train()
+    assert second.state.global_step == 0
+
+
+def test_an_integration_that_fails_at_the_end_costs_neither_the_run_nor_the_watchs_log(tmp_path, monkeypatch, caplog):
+    """TensorBoard's writer on a full disk: the watch's copy fails when it closes; the Trainer's run ends, and
+    the watch's own log is closed with every probe."""
+    import errno
+
+    from transformers.integrations import TensorBoardCallback
+
+    own_end = TensorBoardCallback.on_train_end
+
+    def full(self, *args, **kwargs):
+        own_end(self, *args, **kwargs)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    callback = WatchCallback(every=2, alerts=(), sinks=[JsonlSink(tmp_path / "w.jsonl")])
+    trainer = _trainer(tmp_path, callback, ["tensorboard"])
+    monkeypatch.setattr(callback, "_integrations", lambda args: [type("Full", (TensorBoardCallback,),
+                                                                      {"on_train_end": full})()])
+    trainer.train()
+    assert trainer.state.global_step == 4 and callback.watch.closed
+    assert [line.step for line in read_log(tmp_path / "w.jsonl")] == [2, 4]
+    said = [r.getMessage() for r in caplog.records if "failed in on_train_end" in r.getMessage()]
+    assert len(said) == 1 and "No space left on device" in said[0]

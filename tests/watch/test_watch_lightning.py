@@ -263,3 +263,23 @@ def test_a_fit_resumed_from_its_checkpoint_after_an_action_goes_on_as_the_uninte
     assert lines("resumed.jsonl") == lines("whole.jsonl") and len(lines("whole.jsonl")) == 2
     alone = _acting(tmp_path, "alone", (), steps=6)[1]
     assert not _equal(alone.weights[6], whole.weights[6])  # the actions changed the run
+
+
+def test_one_callback_is_refused_on_another_module_and_goes_on_with_a_second_fit_of_its_own(tmp_path):
+    """Given to a fit of another module it would probe the first and log the second fit with its numbers; a
+    second fit of the same module goes on, into the same log."""
+    import lightning.pytorch as pl
+    import torch
+
+    callback = WatchCallback(every=1, alerts=(), report=False, sinks=[JsonlSink(tmp_path / "w.jsonl")])
+    trainer = _fit(tmp_path / "a", callback, False, steps=1)
+    module = trainer.lightning_module
+    with pytest.raises(ConfigError, match=r"this WatchCallback already followed LanguageModel; a watch follows one "
+                                          r"model: give each model its own WatchCallback\(\.\.\.\)"):
+        _fit(tmp_path / "b", callback, False, steps=1)
+    loader = torch.utils.data.DataLoader(Shifted(load_corpus("default").train, 16), batch_size=4)
+    again = pl.Trainer(max_steps=2, accelerator="cpu", devices=1, callbacks=[callback], logger=False,
+                       enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                       default_root_dir=str(tmp_path / "c"))
+    again.fit(module, loader)
+    assert [line.step for line in read_log(tmp_path / "w.jsonl")] == [1, 1, 2]

@@ -1,8 +1,11 @@
 """Watch in a plain PyTorch loop, end to end: the tiny LM on the embedded corpus, real sinks read back."""
 
+from pathlib import Path
+
 import torch
 
 from attnscale.core import hooks
+from attnscale.errors import ConfigError
 from attnscale.core.diagnostics import HEAD_MEASURES
 from reference import head_summary
 from attnscale.lm.data import batches, load_corpus
@@ -121,3 +124,100 @@ def test_a_given_probe_is_used_and_no_hook_is_left():
 def test_bad_options_name_themselves(kw, says):
     with pytest.raises(ValueError, match=says):
         Watch(_model(), **kw)
+
+
+def _small():
+    from watch_models import CONFIG
+
+    return build_model(CONFIG, seed=0)
+
+
+def _ids():
+    from watch_models import IDS
+
+    return IDS
+
+
+class Full(JsonlSink):
+    """A JSONL log on a full disk: its file's writes fail with ENOSPC (as /dev/full's do), its close too."""
+
+    def __init__(self, path, close_fails=True):
+        super().__init__(path)
+        self.close_fails = close_fails
+
+    def write(self, record):
+        import errno
+
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    def close(self):
+        import errno
+
+        super().close()
+        if self.close_fails:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_sink_on_a_full_disk_is_said_once_with_its_lost_records_and_never_ends_the_loop(tmp_path, caplog):
+    kept = JsonlSink(tmp_path / "kept.jsonl")
+    with Watch(_small(), every=1, probe=_ids(), alerts=(), sinks=[Full(tmp_path / "full.jsonl"), kept]) as watch:
+        numbers = [watch.step(step) for step in (1, 2, 3)]  # every probe's numbers still come back
+    assert all(n is not None and "attn/max_score" in n for n in numbers)
+    assert [line.step for line in read_log(tmp_path / "kept.jsonl")] == [1, 2, 3]  # the other sink lost nothing
+    said = [r.getMessage() for r in caplog.records if "full.jsonl" in r.getMessage()]
+    assert len(said) == 2, said  # when it first fails, and at the close with its count
+    assert "failed at step 1 (OSError: [Errno 28] No space left on device)" in said[0]
+    assert "lost 3 of 3 records" in said[1] and "its close failed too" in said[1]
+
+
+def test_a_sink_whose_close_fails_is_said_and_the_with_block_ends(tmp_path, caplog):
+    class CloseFails(JsonlSink):
+        def close(self):
+            super().close()
+            raise OSError(28, "No space left on device")
+
+    with Watch(_small(), every=1, probe=_ids(), alerts=(), sinks=[CloseFails(tmp_path / "w.jsonl")]) as watch:
+        watch.step(1)
+    said = [r.getMessage() for r in caplog.records if "w.jsonl" in r.getMessage()]
+    assert len(said) == 1 and "its close failed (OSError: [Errno 28] No space left on device)" in said[0]
+    assert [line.step for line in read_log(tmp_path / "w.jsonl")] == [1]
+
+
+@pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
+def test_a_log_on_dev_full_loses_its_records_not_the_run(caplog):
+    with Watch(_small(), every=1, probe=_ids(), alerts=(), sinks=[JsonlSink("/dev/full")]) as watch:
+        assert watch.step(1) is not None and watch.step(2) is not None
+    assert any("lost 2 of 2 records" in r.getMessage() for r in caplog.records)
+
+
+def test_sinks_a_closed_watch_closed_are_refused_by_the_next_one(tmp_path):
+    """Two runs sharing one list of sinks: the first closes them, and every probe of the second would fail."""
+    sinks = [JsonlSink(tmp_path / "w.jsonl")]
+    with Watch(_small(), every=1, probe=_ids(), alerts=(), sinks=sinks) as watch:
+        watch.step(1)
+    with pytest.raises(ConfigError, match=r"^a sink is closed \(JsonlSink\('.*w\.jsonl'\)\): a watch closes its sinks "
+                                          r"when it ends; give each Watch sinks of its own$"):
+        Watch(_small(), every=1, probe=_ids(), sinks=sinks)
+    closed = JsonlSink(tmp_path / "x.jsonl")
+    closed.close()
+    with pytest.raises(ConfigError, match="a sink is closed"):
+        Watch(_small(), sinks=[closed])
+
+
+@pytest.mark.parametrize("step", ["2", 2.0, True, torch.tensor(2)])
+def test_a_step_that_is_not_an_int_is_refused_at_the_call(step):
+    watch = Watch(_small(), every=1, probe=_ids(), alerts=())
+    with pytest.raises(ConfigError, match=r"^Watch.step takes the step's number, an int, got "):
+        watch.step(step)
+    assert watch.step(1) is not None and not watch.failures  # the watch goes on measuring
+
+
+def test_a_probe_on_which_no_row_sees_two_keys_is_refused_when_tried():
+    """A first call of one token would become the probe, and every head would read as measuring nothing."""
+    one = _ids()[:, :1]
+    with pytest.raises(ConfigError, match=r"no query row of the watch's probe batch sees two keys.*give probe="):
+        Watch(_small(), every=1, probe=one)
+    model = _small()
+    Watch(model, every=1)
+    with pytest.raises(ConfigError, match=r"no query row of the watch's probe batch sees two keys.*give probe="):
+        model(one)

@@ -63,14 +63,15 @@ HOSTILE = [
     ({"probe": {"input_idz": IDS}}, r"'input_idz' are no arguments of TinyLM.forward \(it takes idx_BT\)"),  # model
     ({"probe": {0: IDS}}, "keys are the forward's keyword arguments"),
     ({"probe": {"input_ids": IDS.float()}}, r"input_ids holds torch.float32 values; token ids are integers"),
-    ({"probe": IDS.float()}, "probe batch does not run on TinyLM"),  # model
+    ({"probe": IDS.float()}, "the embedding .tok_emb. of TinyLM takes integer token ids"),  # model
     ({"probe": IDS[:0]}, r"probe batch is empty \(shape \(0, 12\)\)"),
     ({"probe": IDS[:, :0]}, r"probe batch is empty \(shape \(3, 0\)\)"),
     ({"probe": "some text"}, "a probe batch is a tensor"),
 ]
 
 
-NEED_THE_MODEL = ("input_idz", "does not run on")  # found by trying the probe on the model: callbacks do at set-up
+# found by trying the probe on the model: callbacks do at set-up
+NEED_THE_MODEL = ("input_idz", "does not run on", "integer token ids")
 
 
 @pytest.mark.parametrize("kw, says", HOSTILE)

@@ -1,6 +1,7 @@
 """QK-Clip: the factors, the weights it scales (separate, fused, grouped, with biases) checked against scores
 recomputed by hand, and training runs whose heads stay at tau where the same run without it passes tau."""
 
+import contextlib
 import dataclasses
 import math
 import sys
@@ -410,3 +411,30 @@ def test_closing_a_hugging_face_clip_twice_is_harmless():
     clip.close()
     clip.close()
     assert not model._forward_pre_hooks and not model._forward_hooks
+
+
+@pytest.mark.parametrize("mode", ["eval, no_grad", "eval", "no_grad"])
+def test_an_evaluation_between_two_steps_is_no_training_forward_and_counts_for_no_clip(mode):
+    """A forward in eval mode or without gradients (a held-out evaluation) between two steps would count toward
+    the next step's S_max, and the next step would shrink heads whose training scores stayed under tau. Only the
+    training forwards count: here the step after the evaluation clips by the training batch's scores alone."""
+    attn, model = _grouped_net(5)
+    x = torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(5))
+    loud = x * 3  # every score nine times the training batch's: past tau, where the training ones stay under
+    before = by_hand(attn, x)
+    tau = sorted(before)[1]
+    clip = QKClip(model, tau)
+    try:
+        model(x).sum().backward()
+        assert clip.step()["attn"].tolist() == pytest.approx(_expected(before, tau), rel=1e-5)
+        after = by_hand(attn, x)
+        assert max(after) <= tau * (1 + 1e-5) < min(by_hand(attn, loud))
+        model.eval() if "eval" in mode else None
+        with torch.no_grad() if "no_grad" in mode else contextlib.nullcontext():
+            model(loud)
+        model.train()
+        model(x).sum().backward()
+        assert clip.step()["attn"].tolist() == pytest.approx(_expected(after, tau), rel=1e-5)  # all 1: under tau
+        assert clip.take()["s_max"][0] == pytest.approx([max(a, b) for a, b in zip(before, after)], rel=1e-5)
+    finally:
+        clip.close()

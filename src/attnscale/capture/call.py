@@ -11,7 +11,8 @@ excludes it, or where an additive mask holds -inf or any value at or below
 ``finfo.min`` in transformers). No softmax gives such a key any weight beside a
 visible one (e^-10,000 underflows even float64), so reading it as hidden loses
 nothing of the weights, and keeps the fill out of every score measure. Additive
-values above the line are a bias: they enter the weights, never the scores.
+values above the line are a bias: they enter the weights, never the scores. A NaN
+hides nothing: the model's softmax makes its row NaN, and the row reads NaN here too.
 
 A flex_attention ``score_mod`` mixes the two (ALiBi, a soft-cap, a mask written
 as -inf): its output is what the weights read, and the score measures read the
@@ -23,6 +24,7 @@ score: it takes weight from every row and nothing else.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -30,7 +32,7 @@ from typing import Any
 import torch
 from torch import nn
 
-__all__ = ["HIDDEN_AT", "AttentionCall", "OnCall", "named"]
+__all__ = ["HIDDEN_AT", "AttentionCall", "OnCall", "hidden_keys", "named"]
 
 HIDDEN_AT = -1e4
 
@@ -133,7 +135,7 @@ class AttentionCall:
         out = None
         if self.mask is not None:
             out = _rows(self.mask, rows, T, keys, S, seqs, heads).to(device)
-            out = out if out.dtype == torch.bool else out > HIDDEN_AT
+            out = out if out.dtype == torch.bool else ~(out <= HIDDEN_AT)  # NaN: no hidden key, a bias of NaN
         if self.is_causal or self.window is not None:
             i = r[:, None] + self.diagonal
             structure = j[None, :] <= i if self.is_causal else torch.ones(len(r), len(j), dtype=torch.bool, device=device)
@@ -175,10 +177,20 @@ class AttentionCall:
         """True where something beside q·kᵀ enters the scores: a bias, or an additive mask with values
         other than 0 over the keys it leaves visible (a ``score_mod`` is told apart: it may be anything)."""
         return self.bias is not None or self.bias_mod is not None or (self.mask is not None and self.mask.dtype != torch.bool
-                                         and bool(((self.mask > HIDDEN_AT) & (self.mask != 0)).any()))
+                                         and bool((~(self.mask <= HIDDEN_AT) & (self.mask != 0)).any()))
 
 
 OnCall = Callable[[AttentionCall], None]
+
+
+def hidden_keys(scores_BHTS: torch.Tensor) -> torch.Tensor:
+    """B×1×T×S: the keys a model hid itself in scores it computed (-inf), one mask for all its heads, as
+    attnscale's models make it. A key is hidden where any head holds -inf: a broken head's score at a hidden key
+    is NaN (NaN + -inf), and its visible NaN and inf scores stay visible, to read non-finite."""
+    hidden = scores_BHTS[:, :1] == -math.inf
+    for h in range(1, scores_BHTS.shape[1]):
+        hidden |= scores_BHTS[:, h:h + 1] == -math.inf
+    return hidden
 
 
 def named(modules: Iterable[tuple[str, nn.Module]]) -> dict[int, str]:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
-from attnscale.capture.call import AttentionCall, OnCall
+from attnscale.capture.call import AttentionCall, OnCall, hidden_keys
 from attnscale.core.attention import Attention
 from attnscale.core.hooks import hooked
 from attnscale.core.scales import ScoreScale
@@ -36,7 +36,7 @@ def _hook(name: str, point: str) -> str:
 def capture_hooks(model: nn.Module, on_call: OnCall) -> Iterator[None]:
     """attnscale's own models: q and k from ``hook_q``/``hook_k`` (prepared as the
     scale prepares them, e.g. qk-norm), the scale's factor and cap, and the mask
-    the model applied (the entries its ``hook_scores`` holds as -inf)."""
+    the model applied (the entries its ``hook_scores`` holds as -inf, ``hidden_keys``)."""
     attns = attention_modules(model)
     if not attns:
         raise ConfigError(f"{type(model).__name__} has no attnscale Attention module to read q and k from")
@@ -51,7 +51,7 @@ def capture_hooks(model: nn.Module, on_call: OnCall) -> Iterator[None]:
             return
         q_BHTD, k_BHTD = m.scale.prepare(seen.pop((name, "q")), seen.pop((name, "k")))
         custom = type(m.scale).cap is not ScoreScale.cap
-        on_call(AttentionCall(q_BHTD, k_BHTD, scale=m.scale.factor(), mask=torch.isfinite(tensor[:, :1]),
+        on_call(AttentionCall(q_BHTD, k_BHTD, scale=m.scale.factor(), mask=~hidden_keys(tensor),
                               softcap=getattr(m.scale, "cap_value", None), cap=m.scale.cap if custom else None, name=name,
                               module=m))
 

@@ -146,6 +146,26 @@ def unwrap(model: nn.Module) -> nn.Module:
             return model
 
 
+@contextlib.contextmanager
+def _integer_ids(model: nn.Module) -> Iterator[None]:
+    """A ConfigError naming the fix where one of ``model``'s embeddings is handed ids that are no integers, at
+    the call that hands them (torch's own error comes from deep inside the embedding)."""
+    names = {m: n for n, m in model.named_modules() if isinstance(m, nn.Embedding)}
+
+    def check(module: nn.Module, args: tuple) -> None:
+        ids = args[0] if args else None
+        if torch.is_tensor(ids) and (ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool):
+            raise ConfigError(f"the embedding {names[module]!r} of {type(model).__name__} takes integer token ids, "
+                              f"got {ids.dtype} ones; give the ids as integers: ids.long()")
+
+    hooks = [m.register_forward_pre_hook(check) for m in names]
+    try:
+        yield
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
 class _Layers:
     """The probe's calls as they come: each reduced at once into its own ``HeadSums``, on one device (the first
     call's; the CPU for MPS)."""
@@ -193,7 +213,7 @@ def measure_heads(model: nn.Module, batch: Any, *, threshold: float = FROZEN_THR
     while True:
         layers = _Layers(threshold, padding_of(batch), memory, sample_rows)
         remembered = capture == "auto" and route.through_interface
-        with probing(model), capturing(model, layers, capture, adapter, route) as kind:
+        with probing(model), _integer_ids(model), capturing(model, layers, capture, adapter, route) as kind:
             forward(model, batch)
         if layers.sums or not remembered:
             break

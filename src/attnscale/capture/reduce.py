@@ -27,7 +27,7 @@ import math
 
 import torch
 
-from attnscale.capture.call import HIDDEN_AT, AttentionCall
+from attnscale.capture.call import HIDDEN_AT, AttentionCall, hidden_keys
 from attnscale.capture.sums import HeadSums
 from attnscale.core.diagnostics import FROZEN_THRESHOLD
 
@@ -102,13 +102,13 @@ def _blocks(call: AttentionCall, memory: int, device, sample_rows: int | None = 
 
 def _modded(call: AttentionCall, scores: torch.Tensor, visible, bias, index):
     """A block under the call's score_mod: (visible, what was added to the scores, logits). A key the score_mod
-    takes to -inf, or ``HIDDEN_AT`` or further below its score, is hidden (and NaN is no logit)."""
+    takes to -inf, or ``HIDDEN_AT`` or further below its score, is hidden (a NaN logit is not: it reads NaN)."""
     logits = torch.as_tensor(call.score_mod(scores.clone(), *index), dtype=torch.float32, device=scores.device)
     logits = logits.expand_as(scores)
     if bias is not None:
         logits = logits + bias
     added = logits - scores
-    shown = added > HIDDEN_AT
+    shown = ~(added <= HIDDEN_AT)
     visible = shown if visible is None else visible & shown
     return visible, added, logits
 
@@ -170,8 +170,8 @@ def with_padding(call: AttentionCall, padding_BT: torch.Tensor | None) -> Attent
 
 def reduce_scores(scores_BHTT: torch.Tensor, sums: HeadSums | None = None, *, threshold: float = FROZEN_THRESHOLD,
                   memory: int = DEFAULT_MEMORY) -> HeadSums:
-    """Scores a model computed itself (hidden keys -inf, the weights their softmax) folded into ``sums``,
-    a block of rows at a time: training's step measures, on the step's own forward."""
+    """Scores a model computed itself (hidden keys -inf in every head, ``hidden_keys``; the weights their
+    softmax) folded into ``sums``, a block of rows at a time: training's step measures, on the step's own forward."""
     if sums is None:
         sums = HeadSums(scores_BHTT.shape[1], threshold, scores_BHTT.device)
     x = scores_BHTT.detach().to(sums.device)
@@ -181,7 +181,7 @@ def reduce_scores(scores_BHTT: torch.Tensor, sums: HeadSums | None = None, *, th
         for b0 in range(0, B, bs):
             for r0 in range(0, T, rs):
                 block = x[b0:b0 + bs, :, r0:r0 + rs].float()
-                sums.add_block(block, torch.isfinite(block))
+                sums.add_block(block, ~hidden_keys(block))  # a NaN or inf score is no hidden key
     return sums
 
 

@@ -276,6 +276,12 @@ def train(
     used: the run starts from step 0 and ``results["notes"]`` says why. The file is
     removed when the run ends "done" or "diverged". ``weights``: where a run that
     ends "done" saves its final weights (safetensors, the model's state_dict)."""
+    if watch is not None:
+        from attnscale.watch.callbacks.attach import Attached
+
+        if not isinstance(watch, Attached):  # found now, not once the run is built
+            raise ConfigError(f"train's watch= takes an attnscale.watch.Attached(...) (a Watch's options: train "
+                              f"builds the model, and the Watch on it), got {type(watch).__name__}")
     if getattr(watch, "watch", None) is not None:  # its Watch follows a model this call would not build
         raise ConfigError("this Attached already followed a training run, whose model is gone; give each train() "
                           "call its own Attached(...), a resumed run too")

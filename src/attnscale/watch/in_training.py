@@ -37,9 +37,15 @@ from attnscale.capture.sums import HeadSums
 from attnscale.capture.route import Route, capturing
 from attnscale.errors import ConfigError
 
-__all__ = ["TrainingForward"]
+__all__ = ["TrainingForward", "training_forward"]
 
 AUTOCAST_TYPES = ("cpu", "cuda", "mps", "xpu")
+
+
+def training_forward(module: nn.Module) -> bool:
+    """Whether a forward of ``module`` starting now is a training one: the module in train mode with gradients
+    on. An evaluation between two steps (eval mode, or ``torch.no_grad``) is none; QK-Clip counts by it too."""
+    return module.training and torch.is_grad_enabled()
 
 
 def _batch_shape(args: tuple, kwargs: dict) -> tuple[int, int] | None:
@@ -95,7 +101,7 @@ class TrainingForward:
                            self.model.register_forward_hook(self._leave, always_call=True)]
 
     def _enter(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
-        if self._open is not None or not (module.training and torch.is_grad_enabled()):
+        if self._open is not None or not training_forward(module):
             return
         self._padding = padding_of(Inputs(tuple(args), dict(kwargs)))
         self._call = 0

@@ -42,6 +42,7 @@ measures it, and the watch writes its own cost in every record (``watch/seconds`
 from __future__ import annotations
 
 import contextlib
+import numbers
 import time
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -83,6 +84,9 @@ def _outputs(sinks: Any, alerts: Any) -> tuple[list[Sink], tuple[Alert, ...] | N
         if not isinstance(sink, Sink):
             example = f"JsonlSink({str(sink)!r})" if isinstance(sink, (str, Path)) else "JsonlSink('watch.jsonl')"
             raise ConfigError(f"a sink is one of attnscale.watch's sinks, got {sink!r}; wrap it: sinks=[{example}]")
+        if sink.closed:  # another watch's, closed when it ended: every probe of this one would fail to write
+            raise ConfigError(f"a sink is closed ({sink!r}): a watch closes its sinks when it ends; give each Watch "
+                              "sinks of its own")
     if alerts is None:
         return list(sinks), None
     alert_example = "MaxScore(tau=100), NonFinite()"
@@ -93,6 +97,14 @@ def _outputs(sinks: Any, alerts: Any) -> tuple[list[Sink], tuple[Alert, ...] | N
             raise ConfigError(f"an alert is one of attnscale.watch's alerts, got {alert!r}; give e.g. "
                               f"alerts=[{alert_example}] (or Collapsed(...), Frozen(...), Spike(...))")
     return list(sinks), tuple(alerts)
+
+
+def _step_number(step: Any) -> int:
+    """``step`` as an int, or a ConfigError naming it (a step of another type would make every probe fail)."""
+    if isinstance(step, bool) or not isinstance(step, numbers.Integral):
+        raise ConfigError(f"Watch.step takes the step's number, an int, got {step!r} ({type(step).__name__}); "
+                          "give the optimizer step's count, e.g. watch.step(int(step))")
+    return int(step)
 
 
 def _reason(e: BaseException) -> str:
@@ -165,6 +177,8 @@ class Watch:
         self.stage, self.layer_offset = stage, layer_offset
         self.seconds = 0.0  # the watch's own time: probes, alerts and sinks
         self.failures: list[tuple[int, str]] = []  # (step, reason) of each probe that failed during training
+        self.lost: dict[int, list] = {}  # index of a sink that failed to write -> [reason, its first lost step, lost]
+        self._records = 0  # records written (or tried) to the sinks
         self.measuring = True  # False once a failed probe stopped the watch (on_error="stop")
         self._started: float | None = None
         self._tried = False  # the probe has run once on the model
@@ -224,12 +238,16 @@ class Watch:
         name = type(unwrap(self.model)).__name__
         check_batch(self.probe, unwrap(self.model))
         try:
-            self._probe(across_ranks=False)  # no collective: ranks may try at different times
+            stats = self._probe(across_ranks=False)  # no collective: ranks may try at different times
         except ConfigError:
             raise
         except Exception as e:
             raise ConfigError(f"the watch's probe batch does not run on {name} ({_reason(e)}); give probe= a batch "
                               "its forward takes, or leave probe out to use the first training batch") from e
+        if not bool((stats.rows_LH > 0).any()):  # e.g. a first call of one token: every head would measure nothing
+            raise ConfigError(f"no query row of the watch's probe batch sees two keys ({self._probe_shape()} on "
+                              f"{name}), so no head can be measured on it; give probe= a batch of sequences of two "
+                              "tokens or more")
         self._tried = True
 
     @property
@@ -255,6 +273,7 @@ class Watch:
         forwards if it is a probe step (or the first step, where the capture is tried), else disarm it. ``step``
         does this for the step after its own, the Watch for step 1; a loop that resumes at step s calls
         ``expect(s + 1)`` before its first forward."""
+        step = _step_number(step)
         if self.training is None:
             return
         if self.measuring and (step % self.every == 0 or not self._tried):
@@ -266,7 +285,9 @@ class Watch:
         """Call after the optimizer step. With QK-Clip, clip every head the step's forward took past tau.
         At a probe step (a multiple of ``every``), measure, check the alerts, write the record to every
         sink and return its flat numbers (as ``detail`` says); else return None. A probe that fails does as
-        ``on_error`` says, once the probe has run on the model; the first try raises whatever it is."""
+        ``on_error`` says, once the probe has run on the model; the first try raises whatever it is. A sink that
+        fails to write (a full disk) costs its records, never the run (``lost``; said at once and at ``close``)."""
+        step = _step_number(step)
         now = time.perf_counter()
         if self._started is None:
             self._started = now
@@ -301,9 +322,23 @@ class Watch:
                    "share": (self.seconds + seconds) / wall if wall > 0 else 0.0},
             probe=probe, threshold=self.threshold, qk_clip=clipped,
             bias=stats.bias_LH2.tolist() if stats.bias_LH2 is not None else [], actions=taken)
-        for sink in self.sinks if writer else ():
-            sink.write(record)
+        self._records += writer
+        for i, sink in enumerate(self.sinks if writer else ()):
+            self._write(i, sink, record)
         return record
+
+    def _write(self, i: int, sink: Sink, record: WatchLine) -> None:
+        """One record to one sink. A sink that fails (a full disk) is said once, at once, and written no more:
+        each record it loses from then on is counted (``lost``), and ``close`` says the count."""
+        if i in self.lost:
+            self.lost[i][2] += 1
+            return
+        try:
+            sink.write(record)
+        except Exception as e:
+            self.lost[i] = [_reason(e), record.step, 1]
+            LOGGER.warning(f"the watch's sink {sink!r} failed at step {record.step} ({_reason(e)}); it is written no "
+                           "more and training goes on; the records it loses are counted when the watch closes")
 
     def _act(self, step: int, action, firing) -> dict:
         """Take ``action`` (its alert fired at probe step ``step``) from the next step on; its record."""
@@ -437,8 +472,14 @@ class Watch:
         ids = next((v for v in values if torch.is_tensor(v) and v.ndim >= 2), None)
         return self._sampled({} if ids is None else {"sequences": int(ids.shape[0]), "tokens": int(ids.shape[1])})
 
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
     def close(self) -> None:
-        """Flush and close every sink and remove the probe hook; closing twice does nothing."""
+        """Flush and close every sink and remove the probe hook; closing twice does nothing. A sink that fails
+        to close, or failed to write, is said once with the records it lost: nothing raises out of here (nor out
+        of a ``with`` block), so a finished run keeps its results."""
         if self._closed:
             return
         self._closed = True
@@ -450,8 +491,22 @@ class Watch:
         if self.clip is not None:
             self.clip.close()
         self.acting.close()
-        for sink in self.sinks:
-            sink.close()
+        for i, sink in enumerate(self.sinks):
+            try:
+                sink.close()
+                failed = None
+            except Exception as e:
+                failed = _reason(e)
+            sink.closed = True
+            if i in self.lost or failed is not None:
+                self._said_lost(sink, self.lost.get(i), failed)
+
+    def _said_lost(self, sink: Sink, lost: list | None, failed: str | None) -> None:
+        """A sink's failures, said once at the close: the records it lost, and its close's own failure."""
+        what = (f"lost {lost[2]} of {self._records} records, from step {lost[1]} on ({lost[0]})" if lost else
+                f"wrote its {self._records} records")
+        closing = "" if failed is None else f"; its close failed{' too' if lost else ''} ({failed})"
+        LOGGER.warning(f"the watch's sink {sink!r} {what}{closing}; the run went on and its results are kept")
 
     def __enter__(self) -> "Watch":
         return self

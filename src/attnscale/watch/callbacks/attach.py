@@ -22,8 +22,10 @@ from __future__ import annotations
 import contextlib
 from typing import Any, Callable, Sequence
 
+from attnscale.capture.probe import unwrap
 from attnscale.capture.reduce import DEFAULT_MEMORY
 from attnscale.core.diagnostics import FROZEN_THRESHOLD
+from attnscale.errors import ConfigError
 from attnscale.watch.actions import ClipQK
 from attnscale.watch.alerts import Alert
 from attnscale.watch.loop import EVERY, PROBE_SEQUENCES, Watch
@@ -54,9 +56,18 @@ class Attached:
         self._state: dict | None = None  # loaded before the Watch was made
 
     def start(self, model, step: int = 0, optimizer=None) -> Watch:
-        """The run's Watch, made on ``model`` the first time (a second fit on the same callback goes on with it);
-        ``step``: the optimizer steps already taken (a resumed run's), so the next is ``step + 1``; ``optimizer``:
-        the run's, which an alert's ScaleLR or SkipStep acts on."""
+        """The run's Watch, made on ``model`` the first time; a second fit of the same model goes on (in a Watch
+        made again, its sinks reopened, where the first fit's ended), and another model is refused: a watch follows
+        one model. ``step``: the optimizer steps already taken (a resumed run's), so the next is ``step + 1``;
+        ``optimizer``: the run's, which an alert's ScaleLR or SkipStep acts on."""
+        if self.watch is not None and unwrap(self.watch.model) is not unwrap(model):
+            name = type(self).__name__
+            raise ConfigError(f"this {name} already followed {type(unwrap(self.watch.model)).__name__}; a watch "
+                              f"follows one model: give each model its own {name}(...)")
+        if self.watch is not None and self.watch.closed:  # its alerts and actions go on in the new Watch
+            for sink in self.options["sinks"]:
+                sink.reopen()
+            self._state, self.watch = self.watch.state_dict(), None
         if self.watch is None:
             self.watch = Watch(model, **self.options, optimizer=optimizer)
             if self._state is not None:

@@ -33,6 +33,7 @@ except ImportError:  # pragma: no cover - the extra is missing
     raise ImportError("attnscale.watch.callbacks.hf needs transformers; install the extra from the clone: pip install -e '.[watch]'") from None
 
 from attnscale.errors import ConfigError
+from attnscale.watch.alerts import LOGGER
 from attnscale.watch.callbacks.attach import Attached
 
 __all__ = ["WatchCallback"]
@@ -119,11 +120,23 @@ class WatchCallback(Attached, TrainerCallback, ExportableState):
         if self._pending is None or self._pending[0] != state.global_step:
             return
         numbers, self._pending = dict(self._pending[1]), None
-        for cb in self._relay:
-            cb.on_log(args, state, control, logs=dict(numbers), model=model, **kwargs)
+        for cb in list(self._relay):
+            self._relayed(cb, "on_log", args, state, control, logs=dict(numbers), model=model, **kwargs)
+
+    def _relayed(self, cb, event: str, *args, **kwargs) -> None:
+        """One event to one integration copy; one that fails (a full disk) is said once and relayed no more:
+        the run and the watch's own sinks go on."""
+        try:
+            getattr(cb, event)(*args, **kwargs)
+        except Exception as e:
+            self._relay.remove(cb)
+            LOGGER.warning(f"the watch's copy of {type(cb).__name__} failed in {event} ({type(e).__name__}: {e}); "
+                           "the watch's numbers go to it no more, and training goes on")
 
     def on_train_end(self, args, state, control, **kwargs):
-        for cb in self._relay:
-            cb.on_train_end(args, state, control, **kwargs)  # the TensorBoard copy closes its writer here
-        self._relay = []
-        self.finish()
+        try:
+            for cb in list(self._relay):
+                self._relayed(cb, "on_train_end", args, state, control, **kwargs)  # TensorBoard's closes its writer
+        finally:
+            self._relay = []
+            self.finish()

@@ -19,9 +19,12 @@ the keys the mask leaves visible, a finite fill such as -1e9 read as hidden, and
 without any bias, which no scaling of W_q and W_k can shrink) in the step's own
 training forward: the calls are captured while the model trains (the capture a
 probe uses, left in place for the whole run) and each reduced at once to H
-numbers, a block of query rows at a time (``capture.reduce.head_max``). That is
-the clip's cost: one more q·kᵀ in float32 per attention call per step,
-and, for attnscale's own models, its explicit attention path instead of SDPA
+numbers, a block of query rows at a time (``capture.reduce.head_max``). Only
+training forwards count, by the rule the watch's training forward keeps
+(``in_training.training_forward``: the model in train mode, gradients on): a
+forward in eval mode or under no_grad, an evaluation between two steps, is
+ignored, and never makes the next step clip. That is the clip's cost: one more
+q·kᵀ in float32 per attention call per step, and, for attnscale's own models, its explicit attention path instead of SDPA
 (the hook points need the scores); ``benchmarks/qk_clip_overhead.py`` measures it.
 The clip acts on the S_max of the weights before the step, as Kimi's does: the
 step's own update can carry the next forward slightly past tau. Under data
@@ -63,6 +66,7 @@ from attnscale.capture.reduce import DEFAULT_MEMORY, head_max, with_padding
 from attnscale.capture.route import capture_functions, capturing, choose
 from attnscale.errors import ConfigError
 from attnscale.watch.clip.projections import QKProjections, qk_projections
+from attnscale.watch.in_training import training_forward
 
 __all__ = ["QKClip", "clip_factors", "check_tau"]
 
@@ -138,6 +142,7 @@ class QKClip:
         self._told: set[str] = set()  # layers already warned about: a week-long run is told once
         self._paused = False
         self._padding: torch.Tensor | None = None  # the running forward's B×T padding (True = a real token)
+        self._kept: list | None = None  # during a forward that is no training one: what the step had before it
         self._hooks: list = []
         self._stack = contextlib.ExitStack()
         self._functions: contextlib.ExitStack | None = None
@@ -168,9 +173,21 @@ class QKClip:
 
     def _enter(self, module: nn.Module, args: tuple, kwargs: dict) -> None:
         self._padding = padding_of(Inputs(tuple(args), dict(kwargs)))
+        # an evaluation between two steps (eval mode or no gradients) is no training forward: what its calls add
+        # is taken back when it ends. The mode is read here, in the eager hook, and the calls inside a compiled
+        # graph read nothing new, so a graph recompiles no more for it
+        self._kept = None if training_forward(module) else [(dict(s.s_max), dict(s.calls))
+                                                             for s in (self._seen, self._fallback)]
 
     def _leave(self, module: nn.Module, args: tuple, output) -> None:
         self._padding = None
+        if self._kept is not None:
+            for seen, (s_max, calls) in zip((self._seen, self._fallback), self._kept):
+                seen.s_max.clear()
+                seen.s_max.update(s_max)
+                seen.calls.clear()
+                seen.calls.update(calls)
+            self._kept = None
 
     def _on_call(self, call: AttentionCall, seen: _Seen) -> None:
         # Under torch.compile this runs inside the compiled graph: it reads no state that changes from one

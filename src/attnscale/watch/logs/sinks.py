@@ -1,9 +1,10 @@
 """Where a watch's records go: a JSONL log, a CSV table, TensorBoard event files, W&B.
 
 Every sink takes a ``WatchLine`` per probe step (``write``) and is closed once
-(``close``, which flushes). TensorBoard and W&B get the flat scalars a reader
-plots beside the loss: ``attn/layer_{l}/head_{h}/{measure}``, the model-wide
-``attn/...`` summaries and the watch's own ``watch/seconds`` and ``watch/share``.
+(``close``, which flushes). A Watch refuses a sink that is closed (``closed``), and the
+callbacks ``reopen`` theirs for a second fit of the same model (a file sink appends).
+TensorBoard and W&B get the flat scalars a reader plots beside the loss:
+``attn/layer_{l}/head_{h}/{measure}``, the model-wide ``attn/...`` summaries and the watch's own ``watch/seconds`` and ``watch/share``.
 ``detail`` ("heads", "layers" or "summary", ``detail.py``) says how much of that a
 TensorBoard, W&B or CSV sink writes; made without one, a sink takes the detail of the
 Watch it is given to. The JSONL log keeps every head whatever the detail.
@@ -73,12 +74,21 @@ class Sink:
     sink of scalars writes (None: the detail of the Watch it is given to, which sets it)."""
 
     detail: str | None = None
+    closed = False  # True once closed, by its own close or the Watch's: a new Watch refuses it
 
     def write(self, record: WatchLine) -> None:
         raise NotImplementedError
 
     def close(self) -> None:
         pass
+
+    def reopen(self) -> None:
+        """Open again after ``close``, for the next fit of the model it followed (a file sink appends)."""
+        self.closed = False
+
+    def __repr__(self) -> str:
+        where = getattr(self, "path", None) or getattr(self, "log_dir", None)
+        return f"{type(self).__name__}({'' if where is None else repr(str(where))})"
 
 
 def _opened(path: Path | str, what: str):
@@ -102,7 +112,12 @@ class JsonlSink(Sink):
         self._file.flush()
 
     def close(self) -> None:
+        self.closed = True
         self._file.close()
+
+    def reopen(self) -> None:
+        self.path, self._file = _opened(self.path, "JsonlSink")
+        self.closed = False
 
 
 class CsvSink(Sink):
@@ -114,9 +129,13 @@ class CsvSink(Sink):
         if detail is not None:
             check_detail(detail)
         self.detail = detail
-        self.path, self._file = _opened(path, "CsvSink")
+        self.reopen(path)
+
+    def reopen(self, path: Path | str | None = None) -> None:
+        self.path, self._file = _opened(self.path if path is None else path, "CsvSink")
         self._writer = csv.writer(self._file)
         self._header = self.path.stat().st_size > 0  # appending to a table that has its header
+        self.closed = False
 
     def _rows(self, record: WatchLine, detail: str) -> tuple[list, list[list]]:
         """(the header, the rows) of one record."""
@@ -144,6 +163,7 @@ class CsvSink(Sink):
         self._file.flush()
 
     def close(self) -> None:
+        self.closed = True
         self._file.close()
 
 
@@ -194,7 +214,7 @@ class WandbSink(Sink):
         except ImportError:
             raise ConfigError("WandbSink needs wandb; install the extra from the clone: pip install -e '.[watch]'") from None
         self.detail, self.images = _shown(detail, images)
-        self._owned = wandb.run is None
+        self._owned, self._init = wandb.run is None, init
         self.run = wandb.init(**init) if self._owned else wandb.run
         self._step = step
         self._image = wandb.Image
@@ -211,5 +231,13 @@ class WandbSink(Sink):
             self.run.log({**values, "watch/step": record.step})
 
     def close(self) -> None:
+        self.closed = True
         if self._owned:
             self.run.finish()
+
+    def reopen(self) -> None:
+        if self._owned:  # a run of its own again (a finished W&B run takes no more)
+            import wandb
+
+            self.run = wandb.init(**self._init)
+        self.closed = False
