@@ -19,10 +19,14 @@ the keys the mask leaves visible, a finite fill such as -1e9 read as hidden, and
 without any bias, which no scaling of W_q and W_k can shrink) in the step's own
 training forward: the calls are captured while the model trains (the capture a
 probe uses, left in place for the whole run) and each reduced at once to H
-numbers, a block of query rows at a time (``capture.reduce.head_max``). That is
-the clip's cost: one more q·kᵀ in float32 per attention call per step,
-and, for attnscale's own models, its explicit attention path instead of SDPA
-(the hook points need the scores); ``benchmarks/qk_clip_overhead.py`` measures it.
+numbers, a block of query rows at a time (``capture.reduce.head_max``: over a
+causal, windowed or key-padded call each block is one product, its hidden part
+cut off in place, the factor and soft-cap put on the H maxima). That is the
+clip's cost: one more q·kᵀ in float32 per attention call per step, without
+autograd; attnscale's own models keep their fused path (SDPA), their q and k read
+as each call begins (``Attention.listen``). ``benchmarks/qk_clip_overhead.py``
+measures it. Each layer's S_max says how it was had (``take``'s ``method``:
+``EXACT``, every score over the visible keys; a bound is never logged as a max).
 The clip acts on the S_max of the weights before the step, as Kimi's does: the
 step's own update can carry the next forward slightly past tau. Under data
 parallelism every rank clips with the largest S_max of any rank (one all-reduce
@@ -59,12 +63,16 @@ from attnscale.capture.adapter import Adapter
 from attnscale.capture.call import AttentionCall
 from attnscale.capture.probe import Inputs, padding_of, unwrap
 from attnscale.capture.ranks import TensorParallel, reduce_max
-from attnscale.capture.reduce import DEFAULT_MEMORY, head_max, with_padding
+from attnscale.capture.reduce import DEFAULT_MEMORY, head_max
 from attnscale.capture.route import capture_functions, capturing, choose
 from attnscale.errors import ConfigError
 from attnscale.watch.clip.projections import QKProjections, qk_projections
 
-__all__ = ["QKClip", "clip_factors", "check_tau"]
+__all__ = ["EXACT", "QKClip", "clip_factors", "check_tau"]
+
+# How a layer's S_max was had (``take``'s "method"): every score of the call over its visible keys, a block of
+# query rows at a time (``capture.reduce.head_max``). Never a bound: a bound is no max.
+EXACT = "exact"
 
 
 def check_tau(tau) -> None:
@@ -108,10 +116,12 @@ class _Seen:
     def __init__(self) -> None:
         self.s_max: dict[str, torch.Tensor] = {}
         self.calls: dict[str, tuple] = {}
+        self.method: dict[str, str] = {}
 
     def clear(self) -> None:
         self.s_max.clear()
         self.calls.clear()
+        self.method.clear()
 
 
 class QKClip:
@@ -134,6 +144,7 @@ class QKClip:
         self._seen, self._fallback = _Seen(), _Seen()
         self._projections: dict[str, QKProjections] = {}
         self._since: dict[str, list[torch.Tensor]] = {}  # name -> [smallest gamma, largest S_max, steps clipped]
+        self._method: dict[str, set[str]] = {}  # name -> how its S_max were had since the last take
         self._clipped: set[str] = set()  # every layer a step has clipped (or found under tau)
         self._told: set[str] = set()  # layers already warned about: a week-long run is told once
         self._paused = False
@@ -185,8 +196,9 @@ class QKClip:
                               "scores, and the clip cannot tell a bias from a score there; train it without qk_clip, or "
                               "give the bias to SDPA as an additive mask")
         seen.calls[name] = (call.module, call.heads, call.q.shape[-1])  # for step() to find the rows
-        s_max = head_max(with_padding(call, self._padding), self.memory)  # padded rows and keys are no score
+        s_max = head_max(call, self.memory, self._padding)  # padded rows and keys are no score
         seen.s_max[name] = torch.maximum(seen.s_max[name], s_max) if name in seen.s_max else s_max
+        seen.method[name] = EXACT
 
     def _chain(self, name: str, module: nn.Module | None) -> list[tuple[str, nn.Module]]:
         """The call's module and every module above it, innermost first, by name."""
@@ -276,27 +288,32 @@ class QKClip:
         for name, s_max_H in zip(names, reduce_max([seen.s_max[n] for n in names], names, self.tensor_parallel)):
             rows = self._projections[name]
             gamma_q, gamma_k = clip_factors(s_max_H, rows.k.heads, self.tau)
-            rows.q.scale_(gamma_q.sqrt())
-            rows.k.scale_(gamma_k.sqrt())
             factor_H = (gamma_q * gamma_k.repeat_interleave(rows.q.heads // rows.k.heads)).sqrt()
+            # a factor of 1 leaves a row as it is: on the CPU (no device to wait for) rows under tau are not touched
+            if factor_H.device.type != "cpu" or bool((factor_H < 1).any()):
+                rows.q.scale_(gamma_q.sqrt())
+                rows.k.scale_(gamma_k.sqrt())
             scores_factor[name] = factor_H
             since = self._since.setdefault(name, [torch.ones_like(factor_H), torch.zeros_like(factor_H),
                                                   torch.zeros_like(factor_H)])
             since[0] = torch.minimum(since[0], factor_H)
             since[1] = torch.fmax(since[1], s_max_H.float())
             since[2] = since[2] + (factor_H < 1).float()
+            self._method.setdefault(name, set()).add(seen.method.get(name, EXACT))
             self._clipped.add(name)
         return scores_factor
 
     def take(self) -> dict:
         """Since the last ``take``, per layer (in the order the model first called them) and query head: the
-        smallest factor on the scores (``gamma``), the largest S_max and the steps that clipped, as lists;
-        then starts over."""
+        smallest factor on the scores (``gamma``), the largest S_max and the steps that clipped, as lists, and
+        how each layer's S_max was had (``method``: ``EXACT``; several joined by "+"); then starts over."""
         names = list(self._since)
         rows = [torch.stack(self._since[n]).tolist() for n in names]
+        methods = ["+".join(sorted(self._method.get(n, {EXACT}))) for n in names]
         self._since.clear()
+        self._method.clear()
         return {"tau": self.tau, "layers": names, "gamma": [r[0] for r in rows], "s_max": [r[1] for r in rows],
-                "clipped_steps": [r[2] for r in rows]}
+                "clipped_steps": [r[2] for r in rows], "method": methods}
 
     def close(self) -> None:
         for hook in self._hooks:
