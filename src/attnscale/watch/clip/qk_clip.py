@@ -65,14 +65,17 @@ from attnscale.capture.probe import Inputs, padding_of, unwrap
 from attnscale.capture.ranks import TensorParallel, reduce_max
 from attnscale.capture.reduce import DEFAULT_MEMORY, head_max
 from attnscale.capture.route import capture_functions, capturing, choose
+from attnscale.capture.te import capture_te_max
 from attnscale.errors import ConfigError
 from attnscale.watch.clip.projections import QKProjections, qk_projections
 
-__all__ = ["EXACT", "QKClip", "clip_factors", "check_tau"]
+__all__ = ["EXACT", "KERNEL", "QKClip", "clip_factors", "check_tau"]
 
 # How a layer's S_max was had (``take``'s "method"): every score of the call over its visible keys, a block of
-# query rows at a time (``capture.reduce.head_max``). Never a bound: a bound is no max.
-EXACT = "exact"
+# query rows at a time (``capture.reduce.head_max``); or the kernel's own largest score (flex_attention's
+# max_scores where the device gives them, Transformer Engine's max_logit), the largest signed score as Kimi K2
+# reads S_max. Never a bound: a bound is no max.
+EXACT, KERNEL = "exact", "kernel"
 
 
 def check_tau(tau) -> None:
@@ -124,6 +127,28 @@ class _Seen:
         self.method.clear()
 
 
+def _rows_max(max_BHT: torch.Tensor, padding_BT: torch.Tensor | None) -> torch.Tensor:
+    """Each head's largest score from a kernel's per-row largest (B×H×T), the padded rows left out."""
+    rows = max_BHT.detach().float()
+    if padding_BT is not None and tuple(padding_BT.shape) == (rows.shape[0], rows.shape[-1]):
+        rows = rows.masked_fill(~padding_BT.to(rows.device).bool()[:, None, :], -math.inf)
+    return rows.amax((0, 2))
+
+
+class _Reader:
+    """The clip's reader of one capture's calls (``seen``): each call, or the kernel's own max after it."""
+
+    def __init__(self, clip: "QKClip", seen: _Seen):
+        self.clip, self.seen = clip, seen
+
+    def __call__(self, call: AttentionCall) -> None:
+        self.clip._on_call(call, self.seen)
+
+    def kernel_max(self, call: AttentionCall, max_BHT: torch.Tensor) -> None:
+        """``max_BHT``: each row's largest score (B×H×T), or each head's (H,)."""
+        self.clip._on_call(call, self.seen, max_BHT.reshape(1, -1, 1) if max_BHT.ndim == 1 else max_BHT)
+
+
 class QKClip:
     """QK-Clip at ``tau`` on ``model`` (see the module's docstring). ``step()`` after each optimizer step;
     ``close()`` when training ends. ``capture``/``adapter``: as ``measure_heads`` takes them; ``tensor_parallel``
@@ -158,13 +183,13 @@ class QKClip:
                 # modules call themselves; both are read until a step shows which carries the model's calls
                 from attnscale.capture.hf import capture_hf
 
-                self._stack.enter_context(capture_hf(self.model, lambda call: self._on_call(call, self._seen)))
+                self._stack.enter_context(capture_hf(self.model, _Reader(self, self._seen)))
                 self._functions = contextlib.ExitStack()
-                self._functions.enter_context(capture_functions(self.model,
-                                                                lambda call: self._on_call(call, self._fallback)))
+                self._functions.enter_context(capture_functions(self.model, _Reader(self, self._fallback)))
             else:
-                self._stack.enter_context(capturing(self.model, lambda call: self._on_call(call, self._seen),
-                                                    self.kind, adapter))
+                self._stack.enter_context(capturing(self.model, _Reader(self, self._seen), self.kind, adapter))
+            # Transformer Engine's attention built with return_max_logit: its own max, after each call
+            self._stack.enter_context(capture_te_max(self.model, _Reader(self, self._seen).kernel_max))
             # on the module the user calls (a compiled or DDP wrapper too): its hooks run eagerly, with its kwargs
             self._hooks = [model.register_forward_pre_hook(self._enter, with_kwargs=True),
                            model.register_forward_hook(self._leave, always_call=True)]
@@ -183,7 +208,9 @@ class QKClip:
     def _leave(self, module: nn.Module, args: tuple, output) -> None:
         self._padding = None
 
-    def _on_call(self, call: AttentionCall, seen: _Seen) -> None:
+    def _on_call(self, call: AttentionCall, seen: _Seen, kernel_max: torch.Tensor | None = None) -> None:
+        """Note one call's S_max per query head: from ``kernel_max`` (B×H×T, the kernel's largest score of each
+        row) where the kernel gave it, else every score of the call (``head_max``)."""
         # Under torch.compile this runs inside the compiled graph: it reads no state that changes from one
         # step to the next (the dicts are empty when each step's forward starts), so nothing recompiles.
         if self._paused:
@@ -196,9 +223,12 @@ class QKClip:
                               "scores, and the clip cannot tell a bias from a score there; train it without qk_clip, or "
                               "give the bias to SDPA as an additive mask")
         seen.calls[name] = (call.module, call.heads, call.q.shape[-1])  # for step() to find the rows
-        s_max = head_max(call, self.memory, self._padding)  # padded rows and keys are no score
+        if kernel_max is None:
+            s_max = head_max(call, self.memory, self._padding)  # padded rows and keys are no score
+        else:
+            s_max = _rows_max(kernel_max, self._padding)
         seen.s_max[name] = torch.maximum(seen.s_max[name], s_max) if name in seen.s_max else s_max
-        seen.method[name] = EXACT
+        seen.method[name] = EXACT if kernel_max is None else KERNEL
 
     def _chain(self, name: str, module: nn.Module | None) -> list[tuple[str, nn.Module]]:
         """The call's module and every module above it, innermost first, by name."""
