@@ -37,8 +37,8 @@ __all__ = ["BYTES_PER_ENTRY", "DEFAULT_MEMORY", "dense", "head_max", "reduce_cal
 DEFAULT_MEMORY = 256 << 20
 # Peak bytes of one (row, key, head) entry of a block: fp32 scores and logits, float64 exponentials, temporaries.
 BYTES_PER_ENTRY = 40
-# head_max's tiled blocks: the fp32 product, and a reduction's temporary.
-TILED_BYTES_PER_ENTRY = 8
+# head_max's tiled blocks: the fp32 product (one buffer, reused), and room for q and k's copies beside it.
+TILED_BYTES_PER_ENTRY = 16
 
 
 def _plan(B: int, H: int, G: int, T: int, S: int, memory: int, per_entry: int = BYTES_PER_ENTRY) -> tuple[int, int, int]:
@@ -258,6 +258,7 @@ def head_max(call: AttentionCall, memory: int = DEFAULT_MEMORY, padding_BT: torc
     G, S = H // k.shape[1], k.shape[-2]
     out = torch.zeros(H, device=q.device)
     bs, hs, rs = _plan(B, H, G, T, S, memory, TILED_BYTES_PER_ENTRY)
+    buffer = None
     with torch.no_grad():
         for h0, b0, r0 in itertools.product(range(0, H, hs), range(0, B, bs), range(0, T, rs)):
             heads, seqs, r1 = slice(h0, min(H, h0 + hs)), slice(b0, min(B, b0 + bs)), min(T, r0 + rs)
@@ -266,7 +267,12 @@ def head_max(call: AttentionCall, memory: int = DEFAULT_MEMORY, padding_BT: torc
                 continue
             qb, kb = q[seqs, heads, r0:r1], k[seqs, h0 // G:(heads.stop - 1) // G + 1, keys]
             nb, nh, R = qb.shape[0], qb.shape[1], r1 - r0
-            s = (qb.reshape(nb, kb.shape[1], -1, D) @ kb.mT).view(nb, nh, R, kb.shape[-2])
+            shape = (nb, kb.shape[1], nh // kb.shape[1] * R, kb.shape[-2])
+            if buffer is None or buffer.numel() < math.prod(shape):  # one buffer for every block: no page faults
+                buffer = torch.empty(bs * hs * rs * S, device=q.device)
+            s = buffer[:math.prod(shape)].view(shape)
+            torch.matmul(qb.reshape(*shape[:3], D), kb.mT, out=s)
+            s = s.view(nb, nh, R, kb.shape[-2])
             first = r0 + call.diagonal - keys.start  # the block's key j is seen from its row i where j <= i + first
             if call.is_causal:
                 s.tril_(first)
