@@ -441,3 +441,4 @@ def test_attnscale_models_keep_sdpa_under_the_clip_and_the_training_capture_and_
     record = read_log(tmp_path / "w.jsonl")[-1].qk_clip
     assert record["method"] == ["exact", "exact"]
     assert record["s_max"][0] == pytest.approx(want, rel=1e-5)
+    assert record["gamma"] == [[1.0, 1.0]] * 2 and record["clipped_steps"] == [[0.0, 0.0]] * 2  # all under tau

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import threading
 
 import torch
 
@@ -188,12 +189,12 @@ def reduce_scores(scores_BHTT: torch.Tensor, sums: HeadSums | None = None, *, th
     return sums
 
 
-def _plain_factor(call: AttentionCall, H: int) -> torch.Tensor | None:
-    """|factor| per query head (H,) float32 where the factor is one number per head (a float, or a tensor of
-    one entry or of one per head), else None."""
+def _plain_factor(call: AttentionCall, H: int) -> torch.Tensor | float | None:
+    """|factor|, one number or one per query head (H,) float32, where the factor is one number per head (a
+    float, or a tensor of one entry or of one per head), else None."""
     f = call.factor
     if not isinstance(f, torch.Tensor):
-        return torch.full((H,), abs(float(f)), device=call.q.device)
+        return abs(float(f))
     f = f.detach().float()
     if f.numel() == 1:
         return f.abs().reshape(1).expand(H).to(call.q.device)
@@ -227,7 +228,7 @@ def _tiled(call: AttentionCall, padding_BT: torch.Tensor | None) -> tuple | None
     factor, keys = _plain_factor(call, H), _key_mask(call, H, K)
     if factor is None or keys is False or H % K:
         return None
-    q, k = call.q.detach().float(), call.k.detach().float()
+    q, k = call.q.float(), call.k.float()  # (run under no_grad)
     if keys is not None:  # a hidden key scores 0 (where, never a product: 0·inf is NaN)
         k = torch.where(keys.to(k.device), k, 0.0)
     if padding_BT is not None:
@@ -237,6 +238,25 @@ def _tiled(call: AttentionCall, padding_BT: torch.Tensor | None) -> tuple | None
         if pad.shape[0] == B and pad.shape[1] == S:
             k = torch.where(pad[:, None, :, None], k, 0.0)
     return q, k, factor, call.squash()
+
+
+# Each thread's last small head_max buffer, by device: the calls of every training step reuse it, where a fresh
+# one (over malloc's mmap threshold) page-faults its way in at each call.
+_KEPT = threading.local()
+KEPT_BYTES = 16 << 20
+
+
+def _buffer(entries: int, device: torch.device) -> torch.Tensor:
+    """An fp32 buffer of at least ``entries``: this thread's kept one where it is at most ``KEPT_BYTES``."""
+    if entries * 4 > KEPT_BYTES:
+        return torch.empty(entries, device=device)
+    kept = getattr(_KEPT, "buffers", None)
+    if kept is None:
+        kept = _KEPT.buffers = {}
+    buffer = kept.get(device)
+    if buffer is None or buffer.numel() < entries:
+        buffer = kept[device] = torch.empty(entries, device=device)
+    return buffer
 
 
 def head_max(call: AttentionCall, memory: int = DEFAULT_MEMORY, padding_BT: torch.Tensor | None = None) -> torch.Tensor:
@@ -254,33 +274,40 @@ def head_max(call: AttentionCall, memory: int = DEFAULT_MEMORY, padding_BT: torc
         if tiled is None:
             return _head_max_blocks(with_padding(call, padding_BT), memory)
         q, k, factor, cap = tiled
-    B, H, T, D = q.shape
-    G, S = H // k.shape[1], k.shape[-2]
-    out = torch.zeros(H, device=q.device)
-    bs, hs, rs = _plan(B, H, G, T, S, memory, TILED_BYTES_PER_ENTRY)
-    buffer = None
-    with torch.no_grad():
-        for h0, b0, r0 in itertools.product(range(0, H, hs), range(0, B, bs), range(0, T, rs)):
-            heads, seqs, r1 = slice(h0, min(H, h0 + hs)), slice(b0, min(B, b0 + bs)), min(T, r0 + rs)
-            keys = call.key_range(r0, r1 - 1)
-            if keys.stop <= keys.start:  # rows that see no key
-                continue
-            qb, kb = q[seqs, heads, r0:r1], k[seqs, h0 // G:(heads.stop - 1) // G + 1, keys]
-            nb, nh, R = qb.shape[0], qb.shape[1], r1 - r0
-            shape = (nb, kb.shape[1], nh // kb.shape[1] * R, kb.shape[-2])
-            if buffer is None or buffer.numel() < math.prod(shape):  # one buffer for every block: no page faults
-                buffer = torch.empty(bs * hs * rs * S, device=q.device)
-            s = buffer[:math.prod(shape)].view(shape)
-            torch.matmul(qb.reshape(*shape[:3], D), kb.mT, out=s)
-            s = s.view(nb, nh, R, kb.shape[-2])
-            first = r0 + call.diagonal - keys.start  # the block's key j is seen from its row i where j <= i + first
-            if call.is_causal:
-                s.tril_(first)
-            if call.window is not None:
-                s.triu_(first - call.window + 1)
-            out[heads] = torch.maximum(out[heads], torch.maximum(s.amax((0, 2, 3)), s.amin((0, 2, 3)).neg_()))
-    out = out * factor
-    return out if cap is None else cap(out)
+        B, H, T, _ = q.shape
+        G, S = H // k.shape[1], k.shape[-2]
+        bs, hs, rs = _plan(B, H, G, T, S, memory, TILED_BYTES_PER_ENTRY)
+        buffer = _buffer(bs * hs * rs * S, q.device)  # one buffer for every block: no page faults
+        if bs >= B and hs >= H and rs >= T:  # the whole call in one block
+            out = _block_top(call, q, k, 0, buffer)
+        else:
+            out = torch.zeros(H, device=q.device)
+            for h0, b0, r0 in itertools.product(range(0, H, hs), range(0, B, bs), range(0, T, rs)):
+                heads, seqs = slice(h0, min(H, h0 + hs)), slice(b0, min(B, b0 + bs))
+                top = _block_top(call, q[seqs, heads, r0:r0 + rs], k[seqs, h0 // G:(heads.stop - 1) // G + 1], r0, buffer)
+                out[heads] = torch.maximum(out[heads], top)
+        out = out.mul_(factor)
+        return out if cap is None else cap(out)
+
+
+def _block_top(call: AttentionCall, qb: torch.Tensor, kb: torch.Tensor, r0: int, buffer: torch.Tensor) -> torch.Tensor:
+    """The largest |q·k| of each of the block's heads over its visible keys: ``qb`` the block's rows from row
+    ``r0`` on (hidden rows 0), ``kb`` every key of its key heads (hidden keys 0); 0 where the rows see none."""
+    nb, nh, R, D = qb.shape
+    keys = call.key_range(r0, r0 + R - 1)
+    if keys.stop <= keys.start:  # rows that see no key
+        return torch.zeros(nh, device=qb.device)
+    kb = kb[:, :, keys]
+    shape = (nb, kb.shape[1], nh // kb.shape[1] * R, kb.shape[-2])
+    s = buffer[:math.prod(shape)].view(shape)
+    torch.matmul(qb.reshape(*shape[:3], D), kb.mT, out=s)
+    s = s.view(nb, nh, R, shape[-1])
+    first = r0 + call.diagonal - keys.start  # the block's key j is seen from its row i where j <= i + first
+    if call.is_causal:
+        s.tril_(first)
+    if call.window is not None:
+        s.triu_(first - call.window + 1)
+    return torch.maximum(s.amax((0, 2, 3)), s.amin((0, 2, 3)).neg_())
 
 
 def _head_max_blocks(call: AttentionCall, memory: int) -> torch.Tensor:

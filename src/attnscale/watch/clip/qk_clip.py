@@ -317,18 +317,22 @@ class QKClip:
         # the same on every rank that holds the head
         for name, s_max_H in zip(names, reduce_max([seen.s_max[n] for n in names], names, self.tensor_parallel)):
             rows = self._projections[name]
-            gamma_q, gamma_k = clip_factors(s_max_H, rows.k.heads, self.tau)
-            factor_H = (gamma_q * gamma_k.repeat_interleave(rows.q.heads // rows.k.heads)).sqrt()
-            # a factor of 1 leaves a row as it is: on the CPU (no device to wait for) rows under tau are not touched
-            if factor_H.device.type != "cpu" or bool((factor_H < 1).any()):
+            s_max_H = s_max_H.float()
+            since = self._since.setdefault(name, [torch.ones_like(s_max_H), torch.zeros_like(s_max_H),
+                                                  torch.zeros_like(s_max_H)])
+            since[1] = torch.fmax(since[1], s_max_H)
+            # no head over tau (NaN is none): every factor is 1, and a factor of 1 leaves a row and the record as
+            # they are; told on the CPU only, where reading it waits for no device
+            if s_max_H.device.type == "cpu" and not bool((s_max_H > self.tau).any()):
+                scores_factor[name] = torch.ones_like(s_max_H)
+            else:
+                gamma_q, gamma_k = clip_factors(s_max_H, rows.k.heads, self.tau)
                 rows.q.scale_(gamma_q.sqrt())
                 rows.k.scale_(gamma_k.sqrt())
-            scores_factor[name] = factor_H
-            since = self._since.setdefault(name, [torch.ones_like(factor_H), torch.zeros_like(factor_H),
-                                                  torch.zeros_like(factor_H)])
-            since[0] = torch.minimum(since[0], factor_H)
-            since[1] = torch.fmax(since[1], s_max_H.float())
-            since[2] = since[2] + (factor_H < 1).float()
+                factor_H = (gamma_q * gamma_k.repeat_interleave(rows.q.heads // rows.k.heads)).sqrt()
+                scores_factor[name] = factor_H
+                since[0] = torch.minimum(since[0], factor_H)
+                since[2] = since[2] + (factor_H < 1).float()
             self._method.setdefault(name, set()).add(seen.method.get(name, EXACT))
             self._clipped.add(name)
         return scores_factor
