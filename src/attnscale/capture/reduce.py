@@ -247,8 +247,9 @@ KEPT_BYTES = 16 << 20
 
 
 def _buffer(entries: int, device: torch.device) -> torch.Tensor:
-    """An fp32 buffer of at least ``entries``: this thread's kept one where it is at most ``KEPT_BYTES``."""
-    if entries * 4 > KEPT_BYTES:
+    """An fp32 buffer of at least ``entries``: this thread's kept one where it is at most ``KEPT_BYTES`` (never
+    inside a compiled graph, where reading the kept one would be a guard that fails at the next step)."""
+    if entries * 4 > KEPT_BYTES or torch.compiler.is_compiling():
         return torch.empty(entries, device=device)
     kept = getattr(_KEPT, "buffers", None)
     if kept is None:
