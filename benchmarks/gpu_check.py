@@ -20,7 +20,9 @@ For the day a GPU is lent (sized to finish within 8 minutes on one GPU):
 7. the watch and QK-Clip on a CUDA model, once per attention kernel (SDPA,
    flex_attention, and flash-attn where it is installed): milliseconds per training
    step bare, with the watch and with the watch and QK-Clip, the probe's max_score
-   against the same probe of a CPU copy, and whether the clip held S_max at tau;
+   against the same probe of a CPU copy, whether the clip held S_max at tau, and the
+   clip's S_max by the method each call allows (flex's own max_scores on CUDA) against
+   the exact replay of the same calls;
    the figures docs/devices.md takes. Without CUDA it says so in one line.
 
 On a machine without a GPU it runs what it can on the CPU and says what it skipped
@@ -297,6 +299,33 @@ def _train_ms(model, ids, steps: int, watch=None) -> float:
     return (time.perf_counter() - t) * 1000 / max(1, steps - 1)
 
 
+def clip_against_replay(model, ids) -> tuple[list[str], float]:
+    """QK-Clip's S_max of one training forward on ``ids``, by the method each call allows (the kernel's own max
+    where it gives one: flex's max_scores on CUDA, Transformer Engine's max_logit), against the exact replay of
+    the same calls (every score, in float32: the signed max for a kernel's number, the |max| for the exact
+    method): (the methods, the largest relative gap)."""
+    from attnscale.capture.reduce import dense, head_max
+    from attnscale.capture.route import capturing
+    from attnscale.watch.clip.qk_clip import KERNEL, QKClip
+
+    clip = QKClip(model, 1e9)
+    try:
+        model(ids).float().sum().backward()
+        clip.step()
+        got = clip.take()
+    finally:
+        clip.close()
+    model.zero_grad()
+    calls = []
+    with torch.no_grad(), capturing(model, calls.append, "functions"):
+        model(ids)
+    gap = 0.0
+    for method, s_max, call in zip(got["method"], got["s_max"], calls):
+        want = dense(call)[0].amax((0, 2, 3)) if method == KERNEL else head_max(call)
+        gap = max(gap, float(((torch.tensor(s_max) - want.cpu()).abs() / want.cpu().abs().clamp_min(1e-12)).max()))
+    return got["method"], gap
+
+
 def watch_rows(device, kernels=None, steps: int = 40, T: int = 256) -> list[tuple[str, str, str]]:
     """One row per kernel: the watch and QK-Clip on ``device`` (see the module's docstring, check 7)."""
     from attnscale.watch import Watch, measure_heads
@@ -338,13 +367,16 @@ def watch_rows(device, kernels=None, steps: int = 40, T: int = 256) -> list[tupl
         # moved with the clip of the layers below it
         after, first = after_LH.max().item(), after_LH[0].max().item()
         held = first <= tau * (1 + 1e-3)
+        methods, replay = clip_against_replay(model, probe)
         tf32 = device.type == "cuda" and torch.backends.cuda.matmul.allow_tf32  # the training check may turn it on
         close = gap <= (5e-2 if dtype is torch.bfloat16 else 5e-3 if tf32 else 1e-4)  # rounded q and k against fp32
-        rows.append(("ok" if held and close else "FAIL", label,
+        replayed = replay <= (5e-2 if dtype is torch.bfloat16 else 5e-3 if tf32 else 1e-5)
+        rows.append(("ok" if held and close and replayed else "FAIL", label,
                      f"{bare:.1f} ms/step bare, {watched:.1f} with the watch (every 10), {clipped:.1f} with QK-Clip; "
                      f"max_score {here:.4g} vs {there:.4g} on the CPU (rel. {gap:.1e}); after {steps} steps S_max "
                      f"{free:.4g} free, {last:.4g} clipped at tau {tau:.4g}, {after:.4g} after one more clip, "
-                     f"{first:.4g} in layer 0 ({'held' if held else 'NOT held'}); T={T}, {'bf16' if dtype is torch.bfloat16 else 'fp32 with TF32' if tf32 else 'fp32'}"))
+                     f"{first:.4g} in layer 0 ({'held' if held else 'NOT held'}); T={T}, {'bf16' if dtype is torch.bfloat16 else 'fp32 with TF32' if tf32 else 'fp32'}; "
+                     f"S_max by {'/'.join(sorted(set(methods)))} against the exact replay: rel. {replay:.1e}"))
     return rows
 
 

@@ -450,3 +450,59 @@ def test_a_head_that_sees_one_score_has_spread_zero_and_that_score_as_its_larges
     assert all(math.isnan(x) for x in m[2:].flatten().tolist())
     with pytest.raises(AttributeError, match="^not_a_field$"):
         HeadSums(2).not_a_field
+
+
+def _s_max_by_hand(q, k, factor, visible, cap=None):
+    """Each head's largest |cap(q·kᵀ × factor)| over the visible keys, every score in float64 (0 where none)."""
+    k = k.double().repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    s = (q.double() @ k.transpose(-2, -1)) * factor
+    s = cap(s) if cap is not None else s
+    return s.abs().masked_fill(~visible.expand_as(s), 0).amax((0, 2, 3))
+
+
+WINDOW = CAUSAL & (torch.arange(23)[:, None] - torch.arange(23)[None, :] < 5)
+
+
+@pytest.mark.parametrize("memory", BUDGETS)
+def test_head_max_of_causal_windowed_padded_gqa_and_capped_calls_is_the_float64_max(memory):
+    """The calls whose mask is their structure and a key padding mask (each block one product, the structure cut
+    off in place, the factor and cap put on the H maxima): every case against each score in float64."""
+    qc, kc = _qk(31, K=2, sharp=4.0)
+    q, k = qc.clone(), kc.clone()
+    q[1, :, 20] = math.nan  # a padded query row's NaN, and a padded key's inf, are no score
+    k[1, :, 19] = math.inf
+    cases = [
+        (AttentionCall(q[:1], k[:1], is_causal=True), None, 0.25, CAUSAL, None),
+        (AttentionCall(q, k, is_causal=True, window=5), PAD_BT, 0.25, WINDOW & PADDED, None),
+        (AttentionCall(q, k, scale=-0.3, window=5), PAD_BT, 0.3, (torch.arange(23)[:, None] - torch.arange(23) < 5)
+         & PAD_BT[:, None, None, :] & PAD_BT[:, None, :, None], None),
+        (AttentionCall(qc, kc, is_causal=True, window=1), None, 0.25, torch.eye(23, dtype=torch.bool), None),
+        (AttentionCall(q, k, is_causal=True, softcap=2.0), PAD_BT, 0.25, PADDED, lambda s: 2.0 * torch.tanh(s / 2.0)),
+        (AttentionCall(qc, kc, mask=PAD_BT[:, None, None, :], is_causal=True), None, 0.25,
+         CAUSAL & PAD_BT[:, None, None, :], None),
+        (AttentionCall(q, k, mask=torch.where(PAD_BT, 0.0, -1e9)[:, None, None, :], is_causal=True), PAD_BT, 0.25,
+         PADDED, None),
+        (AttentionCall(q, k, scale=torch.tensor([0.1, 0.2, 0.3, 0.4]).view(1, 4, 1, 1), is_causal=True), PAD_BT,
+         torch.tensor([0.1, 0.2, 0.3, 0.4]).view(1, 4, 1, 1).double(), PADDED, None),
+    ]
+    for call, pad, factor, visible, cap in cases:
+        q_, k_ = call.q, call.k
+        if pad is not None:  # the reference sees the padding as hidden: no NaN or inf of it reaches a score
+            q_, k_ = q_.masked_fill(~pad[:, None, :, None], 0), k_.masked_fill(~pad[:, None, :, None], 0)
+        want = _s_max_by_hand(q_, k_, factor, visible, cap)
+        assert torch.isfinite(want).all()
+        torch.testing.assert_close(head_max(call, memory, pad).double(), want, rtol=2e-6, atol=0)
+
+
+def test_head_max_with_more_keys_than_queries_aligns_the_causal_diagonal_bottom_right():
+    q, k = _qk(32, T=7, S=23)
+    visible = torch.arange(23)[None, :] <= torch.arange(7)[:, None] + 16
+    got = head_max(AttentionCall(q, k, is_causal=True, diagonal=16), 1)
+    torch.testing.assert_close(got.double(), _s_max_by_hand(q, k, 0.25, visible), rtol=2e-6, atol=0)
+
+
+def test_head_max_takes_the_general_blocks_for_a_mask_with_rows_and_gives_the_same_numbers():
+    q, k = _qk(33, K=2)
+    rows = PADDED & (torch.rand(2, 1, 23, 23, generator=torch.Generator().manual_seed(0)) < 0.7)
+    torch.testing.assert_close(head_max(AttentionCall(q, k, mask=rows)).double(),
+                               _s_max_by_hand(q, k, 0.25, rows), rtol=2e-6, atol=0)

@@ -153,3 +153,23 @@ def test_bf16_scores_softmax_in_fp32_and_gradients_as_a_cast_before_it_gives():
     assert results[0][2].dtype == torch.float32 and results[0][3].dtype == torch.bfloat16
     for a, b in zip(*results):
         assert torch.equal(a, b)
+
+
+def test_a_listener_sees_q_k_and_the_padding_on_the_fused_path_and_is_removed(monkeypatch):
+    torch.manual_seed(3)
+    attn = Attention(16, 2, 8, causal=True, impl="fused")
+    fused = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", lambda *a, **k: fused.append(1) or sdpa(*a, **k))
+    heard = []
+    handle = attn.listen(lambda q, k, pad: heard.append((q, k, pad)))
+    x, keep = torch.randn(2, 5, 16), torch.tensor([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]], dtype=torch.bool)
+    attn(x, keep)
+    with hooked(attn, ["hook_q", "hook_k"]) as c:  # a hook point takes the explicit path: the same q and k
+        attn(x, keep)
+    assert fused == [1] and len(heard) == 2 and heard[0][2] is keep
+    torch.testing.assert_close(heard[0][0], c["hook_q"])
+    torch.testing.assert_close(heard[0][1], c["hook_k"])
+    handle.remove()
+    attn(x)
+    assert len(heard) == 2

@@ -28,3 +28,6 @@ def test_its_row_on_the_cpu_with_sdpa():
     assert found, detail
     here, there, tau, first = (float(x) for x in found.groups())
     assert here == there and abs(tau - 0.8 * there) <= 1e-3 * tau and first <= tau * 1.001
+    # the CPU's SDPA gives no max of its own: the exact method, equal to the replay of the same calls
+    replay = re.search(r"S_max by exact against the exact replay: rel\. ([0-9.e+-]+)$", detail)
+    assert replay and float(replay.group(1)) <= 1e-5, detail

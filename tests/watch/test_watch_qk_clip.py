@@ -438,3 +438,35 @@ def test_an_evaluation_between_two_steps_is_no_training_forward_and_counts_for_n
         assert clip.take()["s_max"][0] == pytest.approx([max(a, b) for a, b in zip(before, after)], rel=1e-5)
     finally:
         clip.close()
+
+
+@pytest.mark.parametrize("in_training_forward", [False, True])
+def test_attnscale_models_keep_sdpa_under_the_clip_and_the_training_capture_and_log_the_method(
+        tmp_path, monkeypatch, in_training_forward):
+    """The clip reads q and k as each Attention makes them: the model still calls SDPA in every training
+    forward, the S_max it logs is each head's largest |score| over the causal entries in float64, and every
+    layer says how it was had."""
+    from attnscale.lm.model import ModelConfig, build_model
+
+    model = build_model(ModelConfig(vocab_size=40, context=8, d_model=16, n_layers=2, n_heads=2, head_dim=8), seed=0)
+    ids = torch.randint(0, 40, (3, 8), generator=torch.Generator().manual_seed(0))
+    from attnscale.core.hooks import hooked
+
+    with torch.no_grad(), hooked(model, ["blocks.0.attn.hook_q", "blocks.0.attn.hook_k"]) as c:  # by hand, in float64
+        model(ids)
+    s = (c["blocks.0.attn.hook_q"].double() @ c["blocks.0.attn.hook_k"].double().mT) / math.sqrt(8)
+    want = s.masked_fill(~torch.ones(8, 8, dtype=torch.bool).tril(), 0).abs().amax((0, 2, 3)).tolist()
+    calls = []
+    sdpa = F.scaled_dot_product_attention
+    monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k))
+    with Watch(model, every=1, probe=None if in_training_forward else ids, alerts=(),
+               sinks=[JsonlSink(tmp_path / "w.jsonl")], qk_clip=1e9, in_training_forward=in_training_forward) as watch:
+        model.train()
+        calls.clear()
+        model(ids).sum().backward()
+        assert calls == [1, 1]  # both layers fused, with the clip's (and the watch's) capture in place
+        watch.step(1)
+    record = read_log(tmp_path / "w.jsonl")[-1].qk_clip
+    assert record["method"] == ["exact", "exact"]
+    assert record["s_max"][0] == pytest.approx(want, rel=1e-5)
+    assert record["gamma"] == [[1.0, 1.0]] * 2 and record["clipped_steps"] == [[0.0, 0.0]] * 2  # all under tau

@@ -15,24 +15,35 @@ for the weights (the score measures read the score before it: ``call.py``); the 
 kernels read it, a key visible where its block is a full block, or a partial block whose ``mask_mod`` holds
 (``block_mask_mod``; a mask made by ``create_block_mask`` reads the same as its mask_mod; flex's unfused eager
 path reads the mask_mod alone); GQA with ``enable_gqa``; a key batch of 1 serves every query.
+
+The kernel's own max (``KernelMax``): a reader with a ``kernel_max(call, max_BHT)`` method (QK-Clip's) is not
+handed the call before it runs; flex is asked for its per-row largest score as well
+(``return_aux=AuxRequest(max_scores=True)``, added to whatever the model asked for, which it gets back as it
+asked), and the reader gets the call with that B×H×T tensor after. flex refuses the request on the CPU and MPS
+(``MAX_SCORES_REFUSED``; a NotImplementedError elsewhere is taken the same way): the call is then handed over
+before it runs, as to any reader.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import importlib
 import sys
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 
 from attnscale.capture.call import AttentionCall, OnCall
-from attnscale.capture.intercept import Namer, original_of, wrapper, wrapping
+from attnscale.capture.intercept import Namer, is_paused, original_of, paused, wrapper, wrapping
 
-__all__ = ["block_mask_mod", "capture_flex", "flex_call"]
+__all__ = ["MAX_SCORES_REFUSED", "KernelMax", "block_mask_mod", "capture_flex", "flex_call"]
+
+# The device types on which flex_attention refuses to return max_scores (torch 2.13: NotImplementedError).
+MAX_SCORES_REFUSED = ("cpu", "mps")
 
 FLEX_MODULE = "torch.nn.attention.flex_attention"
 
@@ -91,6 +102,55 @@ def _read(args: tuple, kwargs: dict, namer) -> AttentionCall | None:
     return flex_call(*args, **kwargs, name=namer()) if _readable(*args, **kwargs) else None
 
 
+class KernelMax(Protocol):
+    """A reader that takes the kernel's own per-row largest score where the kernel gives one."""
+
+    def __call__(self, call: AttentionCall) -> None: ...
+
+    def kernel_max(self, call: AttentionCall, max_BHT: torch.Tensor) -> None: ...
+
+
+def _kernel_wrapper(original: Callable) -> Callable:
+    """``wrapper``'s stand-in for flex_attention, asking the kernel for max_scores where the reader takes them."""
+    plain = wrapper(original, _ACTIVE, _read)
+    refused: set[str] = set()  # device types where the request was refused once: not asked again
+
+    @functools.wraps(original, updated=())
+    def attention(*args, **kwargs):
+        got = _ACTIVE.get()
+        take = getattr(got[0], "kernel_max", None) if got is not None and not is_paused() else None
+        query = args[0] if args else kwargs.get("query")
+        if (take is None or len(args) > 7 or not torch.is_tensor(query)  # return_lse given by position: not asked
+                or query.device.type in MAX_SCORES_REFUSED or query.device.type in refused
+                or not hasattr(_library(), "AuxRequest")):
+            return plain(*args, **kwargs)
+        call = _read(args, kwargs, got[1])
+        if call is None or call.score_mod is not None:  # the reader says what it makes of a score_mod
+            if call is not None:
+                got[0](call)
+            with paused():
+                return original(*args, **kwargs)
+        library = _library()
+        asked, lse = kwargs.get("return_aux"), bool(kwargs.get("return_lse", False))
+        want_lse = lse or bool(asked is not None and asked.lse)
+        request = {k: v for k, v in kwargs.items() if k not in ("return_aux", "return_lse")}
+        try:
+            with paused():
+                out, aux = original(*args, **request, return_aux=library.AuxRequest(lse=want_lse, max_scores=True))
+        except NotImplementedError:
+            refused.add(query.device.type)
+            got[0](call)
+            with paused():
+                return original(*args, **kwargs)
+        take(call, aux.max_scores)
+        if asked is not None:
+            return out, library.AuxOutput(lse=aux.lse if asked.lse else None,
+                                          max_scores=aux.max_scores if asked.max_scores else None)
+        return (out, aux.lse) if lse else out
+
+    return attention
+
+
 def _library() -> Any:
     """torch's flex_attention module, imported if it is not yet; None where this torch has none."""
     library = sys.modules.get(FLEX_MODULE)
@@ -109,6 +169,6 @@ def capture_flex(model: nn.Module | None, on_call: OnCall, where: list[str] | No
     number (``where``: the names a capture around this one keeps)."""
     library = _library()
     targets = [] if library is None else [
-        ((original_of(library.flex_attention),), [(library, "flex_attention")], lambda f: wrapper(f, _ACTIVE, _read))]
+        ((original_of(library.flex_attention),), [(library, "flex_attention")], _kernel_wrapper)]
     with wrapping(model, targets, _ACTIVE, on_call, "flex_attention", where):
         yield

@@ -2,7 +2,7 @@
 
 ``capture_hooks`` hands every attention call to ``on_call`` as an ``AttentionCall``
 (q and k as the scale prepares them, its factor and cap, the mask the model
-applied); ``capture_weights`` hands over the scores and weights the model
+applies), read as the call begins: the model keeps its fused path; ``capture_weights`` hands over the scores and weights the model
 computes itself, for training's step measures on the step's own forward.
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import nn
 
-from attnscale.capture.call import AttentionCall, OnCall, hidden_keys
+from attnscale.capture.call import AttentionCall, OnCall
 from attnscale.core.attention import Attention
 from attnscale.core.hooks import hooked
 from attnscale.core.scales import ScoreScale
@@ -34,29 +34,33 @@ def _hook(name: str, point: str) -> str:
 
 @contextlib.contextmanager
 def capture_hooks(model: nn.Module, on_call: OnCall) -> Iterator[None]:
-    """attnscale's own models: q and k from ``hook_q``/``hook_k`` (prepared as the
-    scale prepares them, e.g. qk-norm), the scale's factor and cap, and the mask
-    the model applied (the entries its ``hook_scores`` holds as -inf, ``hidden_keys``)."""
+    """attnscale's own models: q and k as each ``Attention`` makes them (``Attention.listen``), prepared as
+    the scale prepares them (e.g. qk-norm), the scale's factor and cap, and the mask the model applies (its
+    causal structure and the keys its ``key_padding_BT`` hides). Nothing needs the scores, so the model keeps
+    its fused path (SDPA) where it has one."""
     attns = attention_modules(model)
     if not attns:
         raise ConfigError(f"{type(model).__name__} has no attnscale Attention module to read q and k from")
-    module_of = {_hook(n, p): (n, m) for n, m in attns for p in ("q", "k", "scores")}
-    seen: dict[tuple[str, str], torch.Tensor] = {}
 
-    def fn(hook: str, tensor: torch.Tensor) -> None:
-        name, m = module_of[hook]
-        point = hook.rsplit("_", 1)[-1]
-        if point != "scores":
-            seen[(name, point)] = tensor
-            return
-        q_BHTD, k_BHTD = m.scale.prepare(seen.pop((name, "q")), seen.pop((name, "k")))
+    def listener(name: str, m: Attention):
         custom = type(m.scale).cap is not ScoreScale.cap
-        on_call(AttentionCall(q_BHTD, k_BHTD, scale=m.scale.factor(), mask=~hidden_keys(tensor),
-                              softcap=getattr(m.scale, "cap_value", None), cap=m.scale.cap if custom else None, name=name,
-                              module=m))
 
-    with hooked(model, list(module_of), fn=fn):
+        def fn(q_BHTD: torch.Tensor, k_BHTD: torch.Tensor, key_padding_BT: torch.Tensor | None) -> None:
+            with torch.no_grad():
+                q_BHTD, k_BHTD = m.scale.prepare(q_BHTD.detach(), k_BHTD.detach())
+            mask = None if key_padding_BT is None else key_padding_BT.bool()[:, None, None, :]
+            on_call(AttentionCall(q_BHTD, k_BHTD, scale=m.scale.factor(), mask=mask, is_causal=m.causal,
+                                  softcap=getattr(m.scale, "cap_value", None), cap=m.scale.cap if custom else None,
+                                  name=name, module=m))
+
+        return fn
+
+    handles = [m.listen(listener(n, m)) for n, m in attns]
+    try:
         yield
+    finally:
+        for handle in handles:
+            handle.remove()
 
 
 @contextlib.contextmanager

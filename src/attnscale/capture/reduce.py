@@ -23,7 +23,9 @@ query rows; the row measures then carry their standard errors.
 
 from __future__ import annotations
 
+import itertools
 import math
+import threading
 
 import torch
 
@@ -36,18 +38,20 @@ __all__ = ["BYTES_PER_ENTRY", "DEFAULT_MEMORY", "dense", "head_max", "reduce_cal
 DEFAULT_MEMORY = 256 << 20
 # Peak bytes of one (row, key, head) entry of a block: fp32 scores and logits, float64 exponentials, temporaries.
 BYTES_PER_ENTRY = 40
+# head_max's tiled blocks: the fp32 product (one buffer, reused), and room for q and k's copies beside it.
+TILED_BYTES_PER_ENTRY = 16
 
 
-def _plan(B: int, H: int, G: int, T: int, S: int, memory: int) -> tuple[int, int, int]:
+def _plan(B: int, H: int, G: int, T: int, S: int, memory: int, per_entry: int = BYTES_PER_ENTRY) -> tuple[int, int, int]:
     """(sequences, query heads, rows) per block: whole sequences while they fit, else rows of one sequence,
     and groups of query heads (whole GQA groups of ``G``) only where one row of every head is over budget."""
-    per_row = max(1, H * S * BYTES_PER_ENTRY)
+    per_row = max(1, H * S * per_entry)
     if per_row * T <= memory:
         return max(1, min(B, memory // (per_row * T))), H, T
     if per_row <= memory:
         return 1, H, min(T, memory // per_row)
-    heads = max(G, (memory // max(1, S * BYTES_PER_ENTRY)) // G * G)
-    return 1, min(H, heads), max(1, min(T, memory // max(1, heads * S * BYTES_PER_ENTRY)))
+    heads = max(G, (memory // max(1, S * per_entry)) // G * G)
+    return 1, min(H, heads), max(1, min(T, memory // max(1, heads * S * per_entry)))
 
 
 def _pick_rows(T: int, sample_rows: int | None, device, seed: int) -> torch.Tensor | None:
@@ -185,9 +189,129 @@ def reduce_scores(scores_BHTT: torch.Tensor, sums: HeadSums | None = None, *, th
     return sums
 
 
-def head_max(call: AttentionCall, memory: int = DEFAULT_MEMORY) -> torch.Tensor:
+def _plain_factor(call: AttentionCall, H: int) -> torch.Tensor | float | None:
+    """|factor|, one number or one per query head (H,) float32, where the factor is one number per head (a
+    float, or a tensor of one entry or of one per head), else None."""
+    f = call.factor
+    if not isinstance(f, torch.Tensor):
+        return abs(float(f))
+    f = f.detach().float()
+    if f.numel() == 1:
+        return f.abs().reshape(1).expand(H).to(call.q.device)
+    shape = ([1] * (4 - f.ndim) + list(f.shape)) if f.ndim <= 4 else None
+    if shape is None or shape[0] != 1 or shape[2] != 1 or shape[3] != 1 or shape[1] != H:
+        return None
+    return f.abs().reshape(H).to(call.q.device)
+
+
+def _key_mask(call: AttentionCall, H: int, K: int) -> torch.Tensor | None | bool:
+    """The call's mask as which keys each key head's rows see (B'×K'×S×1 boolean, B' and K' 1 or whole),
+    where it holds no row dim (a key padding mask), None where there is no mask, False where it has rows or
+    parts of a group of query heads."""
+    if call.mask is None:
+        return None
+    m = call.mask
+    while m.ndim < 4:
+        m = m[None]
+    if m.shape[2] != 1 or not (m.shape[1] == 1 or m.shape[1] == H == K):
+        return False
+    seen = m if m.dtype == torch.bool else m > HIDDEN_AT
+    return seen[:, :, 0, :, None]
+
+
+def _tiled(call: AttentionCall, padding_BT: torch.Tensor | None) -> tuple | None:
+    """(q, k, |factor| per head, cap) with every hidden row of q and hidden key of k set to 0, for a call whose
+    visible keys are its causal/window structure alone once those rows and keys are out, else None."""
+    if call.mask_mod is not None or call.score_mod is not None or call.cap is not None:
+        return None
+    B, H, T, S, K = call.q.shape[0], call.heads, call.q.shape[-2], call.k.shape[-2], call.kv_heads
+    factor, keys = _plain_factor(call, H), _key_mask(call, H, K)
+    if factor is None or keys is False or H % K:
+        return None
+    q, k = call.q.float(), call.k.float()  # (run under no_grad)
+    if keys is not None:  # a hidden key scores 0 (where, never a product: 0·inf is NaN)
+        k = torch.where(keys.to(k.device), k, 0.0)
+    if padding_BT is not None:
+        pad = padding_BT.to(q.device).bool()
+        if pad.shape[0] == B and pad.shape[1] == T:
+            q = torch.where(pad[:, None, :, None], q, 0.0)
+        if pad.shape[0] == B and pad.shape[1] == S:
+            k = torch.where(pad[:, None, :, None], k, 0.0)
+    return q, k, factor, call.squash()
+
+
+# Each thread's last small head_max buffer, by device: the calls of every training step reuse it, where a fresh
+# one (over malloc's mmap threshold) page-faults its way in at each call.
+_KEPT = threading.local()
+KEPT_BYTES = 16 << 20
+
+
+def _buffer(entries: int, device: torch.device) -> torch.Tensor:
+    """An fp32 buffer of at least ``entries``: this thread's kept one where it is at most ``KEPT_BYTES`` (never
+    inside a compiled graph, where reading the kept one would be a guard that fails at the next step)."""
+    if entries * 4 > KEPT_BYTES or torch.compiler.is_compiling():
+        return torch.empty(entries, device=device)
+    kept = getattr(_KEPT, "buffers", None)
+    if kept is None:
+        kept = _KEPT.buffers = {}
+    buffer = kept.get(device)
+    if buffer is None or buffer.numel() < entries:
+        buffer = kept[device] = torch.empty(entries, device=device)
+    return buffer
+
+
+def head_max(call: AttentionCall, memory: int = DEFAULT_MEMORY, padding_BT: torch.Tensor | None = None) -> torch.Tensor:
     """Per head, the largest |cap(q·kᵀ × factor)| over the visible keys, biases left out: (H,) float32 on the
-    call's device, in blocks of at most ``memory`` bytes. QK-Clip's S_max, from every training step."""
+    call's device, in blocks of at most ``memory`` bytes, without autograd; ``padding_BT`` (True = a real
+    token) hides padded rows and keys as ``with_padding`` does. QK-Clip's S_max, from every training step.
+
+    Where the call's mask is its causal/window structure and a key padding mask (SDPA's, flash-attn's, attnscale's
+    own models), a block of query rows is one product with the hidden rows and keys of q and k set to 0 and the
+    structure cut off by ``tril_``/``triu_`` in place; the factor (one number a head) and the soft-cap, both
+    monotone in |q·k|, are applied to the H maxima (rounding is monotone too, so the number is the one every
+    score would give). Any other call (a mask with rows, a mask_mod, a custom cap) takes the general blocks."""
+    with torch.no_grad():
+        tiled = _tiled(call, padding_BT)
+        if tiled is None:
+            return _head_max_blocks(with_padding(call, padding_BT), memory)
+        q, k, factor, cap = tiled
+        B, H, T, _ = q.shape
+        G, S = H // k.shape[1], k.shape[-2]
+        bs, hs, rs = _plan(B, H, G, T, S, memory, TILED_BYTES_PER_ENTRY)
+        buffer = _buffer(bs * hs * rs * S, q.device)  # one buffer for every block: no page faults
+        if bs >= B and hs >= H and rs >= T:  # the whole call in one block
+            out = _block_top(call, q, k, 0, buffer)
+        else:
+            out = torch.zeros(H, device=q.device)
+            for h0, b0, r0 in itertools.product(range(0, H, hs), range(0, B, bs), range(0, T, rs)):
+                heads, seqs = slice(h0, min(H, h0 + hs)), slice(b0, min(B, b0 + bs))
+                top = _block_top(call, q[seqs, heads, r0:r0 + rs], k[seqs, h0 // G:(heads.stop - 1) // G + 1], r0, buffer)
+                out[heads] = torch.maximum(out[heads], top)
+        out = out.mul_(factor)
+        return out if cap is None else cap(out)
+
+
+def _block_top(call: AttentionCall, qb: torch.Tensor, kb: torch.Tensor, r0: int, buffer: torch.Tensor) -> torch.Tensor:
+    """The largest |q·k| of each of the block's heads over its visible keys: ``qb`` the block's rows from row
+    ``r0`` on (hidden rows 0), ``kb`` every key of its key heads (hidden keys 0); 0 where the rows see none."""
+    nb, nh, R, D = qb.shape
+    keys = call.key_range(r0, r0 + R - 1)
+    if keys.stop <= keys.start:  # rows that see no key
+        return torch.zeros(nh, device=qb.device)
+    kb = kb[:, :, keys]
+    shape = (nb, kb.shape[1], nh // kb.shape[1] * R, kb.shape[-2])
+    s = buffer[:math.prod(shape)].view(shape)
+    torch.matmul(qb.reshape(*shape[:3], D), kb.mT, out=s)
+    s = s.view(nb, nh, R, shape[-1])
+    first = r0 + call.diagonal - keys.start  # the block's key j is seen from its row i where j <= i + first
+    if call.is_causal:
+        s.tril_(first)
+    if call.window is not None:
+        s.triu_(first - call.window + 1)
+    return torch.maximum(s.amax((0, 2, 3)), s.amin((0, 2, 3)).neg_())
+
+
+def _head_max_blocks(call: AttentionCall, memory: int) -> torch.Tensor:
     out = torch.zeros(call.heads, device=call.q.device)
     with torch.no_grad():
         for heads, _, scores, visible, _, _ in _blocks(call, memory, call.q.device):

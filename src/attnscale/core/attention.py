@@ -13,7 +13,9 @@ visible key gets all-zero weights rather than NaN.
 
 The fused path, ``F.scaled_dot_product_attention``, serves when nothing is
 recorded and the scheme allows it; ``test_attention.py`` checks that both give
-the same outputs and gradients. ``Attention`` defaults to it (fp32 inference,
+the same outputs and gradients; a reader that needs only q, k and the mask
+(``Attention.listen``: the watch's capture, QK-Clip) leaves it in place.
+``Attention`` defaults to it (fp32 inference,
 what a library user calls); the tiny model's training presets pick the explicit
 path under bf16 autocast, and fp32 training takes the fused one on the steps
 that do not record (``lm.train``). The timings behind both choices:
@@ -21,6 +23,9 @@ docs/design-notes.md.
 """
 
 from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -107,7 +112,8 @@ class Attention(nn.Module):
     (the length of q and k) can be large while the residual stream stays small.
     ``impl``: "explicit" always writes the steps out; "fused" uses SDPA when
     nothing is recorded and the scheme is fusable; recording always forces
-    the explicit path.
+    the explicit path. ``listen(fn)``: ``fn(q_BHTD, k_BHTD, key_padding_BT)`` at every call, on either
+    path (q and k as ``hook_q``/``hook_k`` see them, before the scale prepares them).
     """
 
     def __init__(
@@ -135,6 +141,14 @@ class Attention(nn.Module):
         self.hook_scores = HookPoint()
         self.hook_pattern = HookPoint()
         self.hook_z = HookPoint()
+        self._listeners: OrderedDict[int, Callable] = OrderedDict()
+
+    def listen(self, fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor | None], None]):
+        """Call ``fn(q_BHTD, k_BHTD, key_padding_BT)`` at every forward, before the attention; the fused path
+        stays (nothing here needs the scores). Returns a handle whose ``remove()`` stops it."""
+        handle = torch.utils.hooks.RemovableHandle(self._listeners)
+        self._listeners[handle.id] = fn
+        return handle
 
     def _split(self, x_BTI: torch.Tensor) -> torch.Tensor:
         B, T, _ = x_BTI.shape
@@ -149,6 +163,8 @@ class Attention(nn.Module):
         q_BHTD = self.hook_q(self._split(self.q_proj(x_BTC)))
         k_BHTD = self.hook_k(self._split(self.k_proj(x_BTC)))
         v_BHTD = self._split(self.v_proj(x_BTC))
+        for fn in getattr(self, "_listeners", {}).values():  # (a module pickled before listeners had none)
+            fn(q_BHTD, k_BHTD, key_padding_BT)
         if self.impl == "fused" and self.scale.fusable and not self.recording:
             z_BHTD = self._fused(q_BHTD, k_BHTD, v_BHTD, key_padding_BT)
         else:

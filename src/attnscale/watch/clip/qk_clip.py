@@ -19,13 +19,18 @@ the keys the mask leaves visible, a finite fill such as -1e9 read as hidden, and
 without any bias, which no scaling of W_q and W_k can shrink) in the step's own
 training forward: the calls are captured while the model trains (the capture a
 probe uses, left in place for the whole run) and each reduced at once to H
-numbers, a block of query rows at a time (``capture.reduce.head_max``). Only
+numbers, a block of query rows at a time (``capture.reduce.head_max``: over a
+causal, windowed or key-padded call each block is one product, its hidden part
+cut off in place, the factor and soft-cap put on the H maxima). Only
 training forwards count, by the rule the watch's training forward keeps
 (``in_training.training_forward``: the model in train mode, gradients on): a
 forward in eval mode or under no_grad, an evaluation between two steps, is
-ignored, and never makes the next step clip. That is the clip's cost: one more
-q·kᵀ in float32 per attention call per step, and, for attnscale's own models, its explicit attention path instead of SDPA
-(the hook points need the scores); ``benchmarks/qk_clip_overhead.py`` measures it.
+ignored, and never makes the next step clip. That is the
+clip's cost: one more q·kᵀ in float32 per attention call per step, without
+autograd; attnscale's own models keep their fused path (SDPA), their q and k read
+as each call begins (``Attention.listen``). ``benchmarks/qk_clip_overhead.py``
+measures it. Each layer's S_max says how it was had (``take``'s ``method``:
+``EXACT``, every score over the visible keys; a bound is never logged as a max).
 The clip acts on the S_max of the weights before the step, as Kimi's does: the
 step's own update can carry the next forward slightly past tau. Under data
 parallelism every rank clips with the largest S_max of any rank (one all-reduce
@@ -62,13 +67,20 @@ from attnscale.capture.adapter import Adapter
 from attnscale.capture.call import AttentionCall
 from attnscale.capture.probe import Inputs, padding_of, unwrap
 from attnscale.capture.ranks import TensorParallel, reduce_max
-from attnscale.capture.reduce import DEFAULT_MEMORY, head_max, with_padding
+from attnscale.capture.reduce import DEFAULT_MEMORY, head_max
 from attnscale.capture.route import capture_functions, capturing, choose
+from attnscale.capture.te import capture_te_max
 from attnscale.errors import ConfigError
 from attnscale.watch.clip.projections import QKProjections, qk_projections
 from attnscale.watch.in_training import training_forward
 
-__all__ = ["QKClip", "clip_factors", "check_tau"]
+__all__ = ["EXACT", "KERNEL", "QKClip", "clip_factors", "check_tau"]
+
+# How a layer's S_max was had (``take``'s "method"): every score of the call over its visible keys, a block of
+# query rows at a time (``capture.reduce.head_max``); or the kernel's own largest score (flex_attention's
+# max_scores where the device gives them, Transformer Engine's max_logit), the largest signed score as Kimi K2
+# reads S_max. Never a bound: a bound is no max.
+EXACT, KERNEL = "exact", "kernel"
 
 
 def check_tau(tau) -> None:
@@ -112,10 +124,34 @@ class _Seen:
     def __init__(self) -> None:
         self.s_max: dict[str, torch.Tensor] = {}
         self.calls: dict[str, tuple] = {}
+        self.method: dict[str, str] = {}
 
     def clear(self) -> None:
         self.s_max.clear()
         self.calls.clear()
+        self.method.clear()
+
+
+def _rows_max(max_BHT: torch.Tensor, padding_BT: torch.Tensor | None) -> torch.Tensor:
+    """Each head's largest score from a kernel's per-row largest (B×H×T), the padded rows left out."""
+    rows = max_BHT.detach().float()
+    if padding_BT is not None and tuple(padding_BT.shape) == (rows.shape[0], rows.shape[-1]):
+        rows = rows.masked_fill(~padding_BT.to(rows.device).bool()[:, None, :], -math.inf)
+    return rows.amax((0, 2))
+
+
+class _Reader:
+    """The clip's reader of one capture's calls (``seen``): each call, or the kernel's own max after it."""
+
+    def __init__(self, clip: "QKClip", seen: _Seen):
+        self.clip, self.seen = clip, seen
+
+    def __call__(self, call: AttentionCall) -> None:
+        self.clip._on_call(call, self.seen)
+
+    def kernel_max(self, call: AttentionCall, max_BHT: torch.Tensor) -> None:
+        """``max_BHT``: each row's largest score (B×H×T), or each head's (H,)."""
+        self.clip._on_call(call, self.seen, max_BHT.reshape(1, -1, 1) if max_BHT.ndim == 1 else max_BHT)
 
 
 class QKClip:
@@ -138,6 +174,7 @@ class QKClip:
         self._seen, self._fallback = _Seen(), _Seen()
         self._projections: dict[str, QKProjections] = {}
         self._since: dict[str, list[torch.Tensor]] = {}  # name -> [smallest gamma, largest S_max, steps clipped]
+        self._method: dict[str, set[str]] = {}  # name -> how its S_max were had since the last take
         self._clipped: set[str] = set()  # every layer a step has clipped (or found under tau)
         self._told: set[str] = set()  # layers already warned about: a week-long run is told once
         self._paused = False
@@ -152,13 +189,13 @@ class QKClip:
                 # modules call themselves; both are read until a step shows which carries the model's calls
                 from attnscale.capture.hf import capture_hf
 
-                self._stack.enter_context(capture_hf(self.model, lambda call: self._on_call(call, self._seen)))
+                self._stack.enter_context(capture_hf(self.model, _Reader(self, self._seen)))
                 self._functions = contextlib.ExitStack()
-                self._functions.enter_context(capture_functions(self.model,
-                                                                lambda call: self._on_call(call, self._fallback)))
+                self._functions.enter_context(capture_functions(self.model, _Reader(self, self._fallback)))
             else:
-                self._stack.enter_context(capturing(self.model, lambda call: self._on_call(call, self._seen),
-                                                    self.kind, adapter))
+                self._stack.enter_context(capturing(self.model, _Reader(self, self._seen), self.kind, adapter))
+            # Transformer Engine's attention built with return_max_logit: its own max, after each call
+            self._stack.enter_context(capture_te_max(self.model, _Reader(self, self._seen).kernel_max))
             # on the module the user calls (a compiled or DDP wrapper too): its hooks run eagerly, with its kwargs
             self._hooks = [model.register_forward_pre_hook(self._enter, with_kwargs=True),
                            model.register_forward_hook(self._leave, always_call=True)]
@@ -189,7 +226,9 @@ class QKClip:
                 seen.calls.update(calls)
             self._kept = None
 
-    def _on_call(self, call: AttentionCall, seen: _Seen) -> None:
+    def _on_call(self, call: AttentionCall, seen: _Seen, kernel_max: torch.Tensor | None = None) -> None:
+        """Note one call's S_max per query head: from ``kernel_max`` (B×H×T, the kernel's largest score of each
+        row) where the kernel gave it, else every score of the call (``head_max``)."""
         # Under torch.compile this runs inside the compiled graph: it reads no state that changes from one
         # step to the next (the dicts are empty when each step's forward starts), so nothing recompiles.
         if self._paused:
@@ -202,8 +241,12 @@ class QKClip:
                               "scores, and the clip cannot tell a bias from a score there; train it without qk_clip, or "
                               "give the bias to SDPA as an additive mask")
         seen.calls[name] = (call.module, call.heads, call.q.shape[-1])  # for step() to find the rows
-        s_max = head_max(with_padding(call, self._padding), self.memory)  # padded rows and keys are no score
+        if kernel_max is None:
+            s_max = head_max(call, self.memory, self._padding)  # padded rows and keys are no score
+        else:
+            s_max = _rows_max(kernel_max, self._padding)
         seen.s_max[name] = torch.maximum(seen.s_max[name], s_max) if name in seen.s_max else s_max
+        seen.method[name] = EXACT if kernel_max is None else KERNEL
 
     def _chain(self, name: str, module: nn.Module | None) -> list[tuple[str, nn.Module]]:
         """The call's module and every module above it, innermost first, by name."""
@@ -292,28 +335,37 @@ class QKClip:
         # the same on every rank that holds the head
         for name, s_max_H in zip(names, reduce_max([seen.s_max[n] for n in names], names, self.tensor_parallel)):
             rows = self._projections[name]
-            gamma_q, gamma_k = clip_factors(s_max_H, rows.k.heads, self.tau)
-            rows.q.scale_(gamma_q.sqrt())
-            rows.k.scale_(gamma_k.sqrt())
-            factor_H = (gamma_q * gamma_k.repeat_interleave(rows.q.heads // rows.k.heads)).sqrt()
-            scores_factor[name] = factor_H
-            since = self._since.setdefault(name, [torch.ones_like(factor_H), torch.zeros_like(factor_H),
-                                                  torch.zeros_like(factor_H)])
-            since[0] = torch.minimum(since[0], factor_H)
-            since[1] = torch.fmax(since[1], s_max_H.float())
-            since[2] = since[2] + (factor_H < 1).float()
+            s_max_H = s_max_H.float()
+            since = self._since.setdefault(name, [torch.ones_like(s_max_H), torch.zeros_like(s_max_H),
+                                                  torch.zeros_like(s_max_H)])
+            since[1] = torch.fmax(since[1], s_max_H)
+            # no head over tau (NaN is none): every factor is 1, and a factor of 1 leaves a row and the record as
+            # they are; told on the CPU only, where reading it waits for no device
+            if s_max_H.device.type == "cpu" and not bool((s_max_H > self.tau).any()):
+                scores_factor[name] = torch.ones_like(s_max_H)
+            else:
+                gamma_q, gamma_k = clip_factors(s_max_H, rows.k.heads, self.tau)
+                rows.q.scale_(gamma_q.sqrt())
+                rows.k.scale_(gamma_k.sqrt())
+                factor_H = (gamma_q * gamma_k.repeat_interleave(rows.q.heads // rows.k.heads)).sqrt()
+                scores_factor[name] = factor_H
+                since[0] = torch.minimum(since[0], factor_H)
+                since[2] = since[2] + (factor_H < 1).float()
+            self._method.setdefault(name, set()).add(seen.method.get(name, EXACT))
             self._clipped.add(name)
         return scores_factor
 
     def take(self) -> dict:
         """Since the last ``take``, per layer (in the order the model first called them) and query head: the
-        smallest factor on the scores (``gamma``), the largest S_max and the steps that clipped, as lists;
-        then starts over."""
+        smallest factor on the scores (``gamma``), the largest S_max and the steps that clipped, as lists, and
+        how each layer's S_max was had (``method``: ``EXACT``; several joined by "+"); then starts over."""
         names = list(self._since)
         rows = [torch.stack(self._since[n]).tolist() for n in names]
+        methods = ["+".join(sorted(self._method.get(n, {EXACT}))) for n in names]
         self._since.clear()
+        self._method.clear()
         return {"tau": self.tau, "layers": names, "gamma": [r[0] for r in rows], "s_max": [r[1] for r in rows],
-                "clipped_steps": [r[2] for r in rows]}
+                "clipped_steps": [r[2] for r in rows], "method": methods}
 
     def close(self) -> None:
         for hook in self._hooks:

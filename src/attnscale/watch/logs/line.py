@@ -10,7 +10,7 @@ A watch log (``JsonlSink``) is JSON Lines; each line is one ``WatchLine``:
      "watch": {"seconds": 0.012, "total_seconds": 0.05, "share": 0.004},
      "probe": {"sequences": 4, "tokens": 64}, "threshold": 0.99,
      "qk_clip": {"tau": 100.0, "layers": ["model.layers.0.self_attn", ...], "gamma": [[...heads] ...layers],
-                 "s_max": [[...]], "clipped_steps": [[...]]}}
+                 "s_max": [[...]], "clipped_steps": [[...]], "method": ["exact", ...]}}
 
 ``values`` is ``HeadStats.values_LMH`` as nested lists (layer, measure, head);
 ``watch`` is the watch's own cost: this probe's seconds, its seconds so far and
@@ -21,7 +21,8 @@ a bias to its scores (ALiBi, a float mask's finite part): per layer and head the
 smallest and largest bias over the visible keys (null: none). ``qk_clip``, only where QK-Clip
 is on (``qk_clip.py``): per layer and query head since the probe before, the
 smallest factor the clip put on the head's scores, the largest S_max of its
-training forwards and the steps that clipped. Non-finite numbers are written as
+training forwards and the steps that clipped, and per layer how its S_max were had
+(``method``: "exact", every score over the visible keys). Non-finite numbers are written as
 null (strict JSON, as run records do); an alert keeps the value it saw in its
 message. A line of a newer version than this attnscale knows is refused with a
 one-line ``ConfigError`` naming both versions, as is a record whose fields are not
