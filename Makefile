@@ -63,8 +63,8 @@ PART_model := 'attnscale.lm.model.*'
 PART_train := 'attnscale.lm.train.*' 'attnscale.lm.precision.*'
 PART_clip := 'attnscale.watch.clip.*'
 PART_analysis := 'attnscale.analysis.detectors.*' 'attnscale.analysis.alarms.*'
-# the one definition of a break and the studies' judging (cross-fitting, hits, false alarms, paired leads)
-PART_judging := 'attnscale.analysis.outcomes.*' 'attnscale.analysis.recipe_judging.*'
+# the one definition of a break and the studies' judging (cross-fitting, hits, false alarms, paired leads, the re-read)
+PART_judging := 'attnscale.analysis.outcomes.*' 'attnscale.analysis.recipe_judging.*' 'attnscale.analysis.warning.*'
 PART_records := 'attnscale.lm.checkpoint.*' 'attnscale.runs.store.*'
 PART_report := 'attnscale.analysis.estimates.*' 'attnscale.analysis.gaps.*' 'attnscale.analysis.budget.*' \
 	'attnscale.report.course.*' 'attnscale.analysis.schemes.*' 'attnscale.analysis.setups.*'

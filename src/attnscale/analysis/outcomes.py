@@ -35,7 +35,7 @@ from typing import Iterable, Sequence
 from attnscale.errors import ConfigError
 
 __all__ = ["MAD_TO_SD", "SD_FLOOR", "robust_z", "FirstRoundRule", "first_round_break", "WINDOW", "RISE", "HOLD", "HOLD_STEPS", "BEGIN", "LEARNED_SHARE", "DEGRADED_MARGIN", "window_means",
-           "learned_level", "no_attention_floor", "bigram_loss", "learned_at", "mid_run_break", "Break",
+           "learned_level", "no_attention_floor", "bigram_loss", "learned_at", "rise_of", "mid_run_break", "Break",
            "degraded", "arm_best", "RunOutcome", "classify", "tally"]
 
 WINDOW = 20  # steps in the running mean that every rule reads: one step's loss is too noisy to judge
@@ -126,10 +126,11 @@ def _bad_from(losses: Sequence[float | None]) -> int:
     return next((i for i, x in enumerate(losses) if not _finite(x)), len(losses))
 
 
-def mid_run_break(losses: Sequence[float | None], level: float, window: int = WINDOW) -> Break | None:
-    """The break of a learned run (the module's docstring), or None: for a run that never learnt, or
-    learnt and held. A rise whose hold is cut short by the end of the series is no break (it cannot
-    be told from a spike that heals); one cut short by a non-finite loss is, from where it began."""
+def rise_of(losses: Sequence[float | None], level: float, window: int = WINDOW) -> tuple[int, float] | None:
+    """The first held rise of a learned run: (the step its ``window``-step mean first stood ``RISE`` above its
+    running minimum from the step it learnt, that minimum), or None. Held: the mean stays ``HOLD`` above the
+    minimum for ``HOLD_STEPS`` steps from the crossing, or the loss goes non-finite during them; a hold the
+    series' end cuts short is none."""
     start = learned_at(losses, level, window)
     if start is None:
         return None
@@ -138,12 +139,25 @@ def mid_run_break(losses: Sequence[float | None], level: float, window: int = WI
     low = math.inf
     for c in range(start, bad):
         low = min(low, means[c])
-        if means[c] < low + RISE:
-            continue
-        if _holds(means, c, low, bad):
-            # the minimum is a mean of losses, so one of them lies at or under it: the set is not empty
-            began = max(i for i in range(c) if losses[i] <= low + BEGIN) + 1
-            return Break(began, "rise")
+        if means[c] >= low + RISE and _holds(means, c, low, bad):
+            return c, low
+    return None
+
+
+def mid_run_break(losses: Sequence[float | None], level: float, window: int = WINDOW,
+                  begin: float = BEGIN) -> Break | None:
+    """The break of a learned run (the module's docstring), or None: for a run that never learnt, or
+    learnt and held. A rise whose hold is cut short by the end of the series is no break (it cannot
+    be told from a spike that heals); one cut short by a non-finite loss is, from where it began: the
+    step after the last one before the crossing whose own loss was within ``begin`` of the minimum."""
+    if learned_at(losses, level, window) is None:
+        return None
+    rise = rise_of(losses, level, window)
+    if rise is not None:
+        c, low = rise
+        # the minimum is a mean of losses, so one of them lies at or under it: the set is not empty
+        return Break(max(i for i in range(c) if losses[i] <= low + begin) + 1, "rise")
+    bad = _bad_from(losses)
     return Break(bad, "non-finite") if bad < len(losses) else None
 
 

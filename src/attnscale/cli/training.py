@@ -246,6 +246,9 @@ def _study_of_pilot(args) -> list:
 def _warn_config(args) -> list:
     from attnscale.experiments import warn_study
 
+    if args.reread is not None or args.published is not None:
+        args.out = None  # the re-read trains nothing and writes no folder
+        return [("reread", args.reread, args.published)]
     if args.study is not None:
         return _study_of_pilot(args)
     if args.pilot:
@@ -268,6 +271,10 @@ def _warn_config(args) -> list:
 def _warn(cfgs, out, args) -> list:
     from attnscale.experiments import warn_study
 
+    if cfgs and cfgs[0][0] == "reread":
+        from attnscale.experiments import warn_reread
+
+        return [warn_reread.reread_files(cfgs[0][1], cfgs[0][2])]
     if args.study is not None:
         from attnscale.experiments import recipe_study
 
@@ -279,16 +286,20 @@ def _warn(cfgs, out, args) -> list:
 
 
 def _warn_table(results) -> str:
-    from attnscale.experiments import recipe_study, warn_study
+    from attnscale.experiments import recipe_study, warn_reread, warn_study
 
+    if results and results[0].get("reread"):
+        return warn_reread.format_reread(results[0])
     if results and results[0].get("study"):
         return recipe_study.format_study(results[0])
     return warn_study.format_tables(results)
 
 
 def _warn_json(results) -> dict:
-    from attnscale.experiments import recipe_study, warn_study
+    from attnscale.experiments import recipe_study, warn_reread, warn_study
 
+    if results and results[0].get("reread"):
+        return warn_reread.reread_json(results[0])
     if results and results[0].get("study"):
         return recipe_study.study_json(results[0])
     return warn_study.as_json_all(results)
@@ -322,6 +333,14 @@ def add_warn_study(sub) -> None:
                         "rungs the finished pilot in PILOT_DIR chose and 0 on the others (run ids 'study-'); each "
                         "detector judged within each cell, thresholds cross-fitted over the seeds; with --quick, "
                         "on a --quick pilot, a smoke check")
+    reread = ("train nothing: re-derive the warning's figures from a published series file (e.g. "
+              "docs/act-study-series.json.gz; arms A and E): leads from a landmark 200 steps after learning, breakers "
+              "against holders there, the share of held runs that alarm, and the break-dating rules' sensitivity; "
+              "with --json, every number")
+    published = ("with or without --reread: the study's own numbers (docs/warn-study.json) read again: its leads "
+                 "beside each run's survival after learning, its silenced detectors, its AUC count")
+    for flag, metavar, text in (("--reread", "SERIES", reread), ("--published", "JSON", published)):
+        p.add_argument(flag, type=Path, metavar=metavar, help=text)
     training_options(p, "attnscale-out/warn-study",
                      quick="the smoke size: 4 runs a family, a check that the study works, not a measurement")
     jobs_option(p)
