@@ -70,3 +70,15 @@ def test_the_reread_refuses_a_file_that_is_not_a_series(tmp_path, capsys):
     (tmp_path / "junk").write_bytes(b"\x1f\x8bnot gzip")
     assert main(["warn-study", "--reread", str(tmp_path / "junk")]) == 2
     assert "is not JSON or gzip'd JSON" in capsys.readouterr().err
+    assert main(["warn-study", "--published", str(ROOT / "docs" / "warn-study.json"), "--pilot"]) == 2
+    assert "train nothing: drop --pilot and --study" in capsys.readouterr().err
+
+
+def test_the_published_reread_kept_in_the_json_is_what_the_command_derives():
+    from attnscale.experiments import warn_reread
+
+    path = ROOT / "docs" / "warn-study.json"
+    kept = json.loads(path.read_text())["reread"]["published"]
+    got = warn_reread.reread_json(warn_reread.reread_files(None, path))["published"]
+    got.pop("path")
+    assert got == kept

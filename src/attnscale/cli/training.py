@@ -247,8 +247,13 @@ def _warn_config(args) -> list:
     from attnscale.experiments import warn_study
 
     if args.reread is not None or args.published is not None:
+        if args.pilot or args.study is not None:
+            from attnscale.errors import ConfigError
+
+            raise ConfigError("--reread and --published read published numbers and train nothing: drop --pilot "
+                              "and --study")
         args.out = None  # the re-read trains nothing and writes no folder
-        return [("reread", args.reread, args.published)]
+        return []
     if args.study is not None:
         return _study_of_pilot(args)
     if args.pilot:
@@ -271,10 +276,10 @@ def _warn_config(args) -> list:
 def _warn(cfgs, out, args) -> list:
     from attnscale.experiments import warn_study
 
-    if cfgs and cfgs[0][0] == "reread":
+    if args.reread is not None or args.published is not None:
         from attnscale.experiments import warn_reread
 
-        return [warn_reread.reread_files(cfgs[0][1], cfgs[0][2])]
+        return [warn_reread.reread_files(args.reread, args.published)]
     if args.study is not None:
         from attnscale.experiments import recipe_study
 
