@@ -227,3 +227,29 @@ def test_the_published_study_read_again_from_its_json():
     assert sorted(wr.silenced(r, 1500)) == ["entropy_collapse", "grad_norm_spike", "qk_rms_growth"]
     auc = wr.auc_readings(r, 1500, 500)
     assert (auc["intervals"], auc["excluding_half"], auc["distinct_excluding_half"]) == (72, 7, 4)
+
+
+def test_the_hazard_rows_run_from_the_landmark_in_100_step_intervals_to_the_break_or_the_end():
+    breaker = run("b", 600, 1050, lambda t: 1000.0 if t >= 900 else 10.0)  # landmark 800
+    holder = run("h", 600, None, low, steps=1100)
+    # intervals from 800: [800, 900) reads the probe at 800 (10), [900, 1000) and [1000, 1100) the 1000 at 900
+    # and 1000; the break at 1050 falls in the last. The holder: 800, 900 and 1000, all at 10, no event
+    assert wr.hazard_rows([breaker, holder]) == [(1.0, 0), (3.0, 0), (3.0, 1), (1.0, 0), (1.0, 0), (1.0, 0)]
+    assert wr.hazard_rows([run("n", None, None, high)]) == []
+
+
+def test_the_logistic_hazard_is_the_log_odds_ratio_for_a_covariate_of_two_values():
+    # x = 0: 2 events in 10 intervals; x = 1: 5 in 10. With two values of x the fit is the 2 × 2 table's:
+    # b = log((5/5) / (2/8)) = log 4, its Wald SE √(1/5 + 1/5 + 1/2 + 1/8)
+    rows = [(0.0, 1)] * 2 + [(0.0, 0)] * 8 + [(1.0, 1)] * 5 + [(1.0, 0)] * 5
+    got = wr.logistic(rows)
+    se = math.sqrt(1 / 5 + 1 / 5 + 1 / 2 + 1 / 8)
+    assert (got["intervals"], got["events"]) == (20, 7)
+    assert got["b"] == pytest.approx(math.log(4)) and got["se"] == pytest.approx(se)
+    assert got["ci"] == (pytest.approx(math.log(4) - 1.959964 * se), pytest.approx(math.log(4) + 1.959964 * se))
+    assert got["odds_ratio"] == pytest.approx(4.0)
+    # no estimate: no event, every interval an event, one value of x, or the events separated by x
+    assert wr.logistic([(0.0, 0), (1.0, 0)])["b"] is None
+    assert wr.logistic([(0.0, 1), (1.0, 1)])["b"] is None
+    assert wr.logistic([(1.0, 0), (1.0, 1)])["b"] is None
+    assert wr.logistic([(0.0, 0)] * 5 + [(1.0, 1)] * 5)["b"] is None

@@ -45,6 +45,9 @@ def test_the_reread_command_derives_its_numbers_from_a_series_file(tmp_path, cap
     assert lm["lead"]["median"] == 100 and lm["survival"]["median"] == 300  # 1000 − 900; 1000 − 700
     assert lm["holders_alarmed"]["k"] == 1 and e["held_alarmed"]["1000"]["k"] == 0
     assert e["held_alarmed"]["1000"]["at_risk_steps"] == 1100 - 30
+    # from the landmark (700) in 100-step intervals: the breaker's 700, 800, 900 and 1000 (its break in the last;
+    # no break at 50, so the events are separated by max |score|: no estimate), the holder's 700 … 1000
+    assert (a["hazard"]["intervals"], a["hazard"]["events"]) == (4 + 4, 1)
     # the smoothed rule: the mean at 999 + n holds n losses of 1.5, within 0.1 of 1.0 up to n = 4: 1004
     assert a["dating"]["runs"]["z0-A-0"] == {"study": 1000, "smoothed": 1004, "crossing": 1019, "raw_0.2": 1000}
     assert got["series"]["groups"]["all, E"]["dating"] == {"breaks": 0, "runs": {}, "rules": {
@@ -53,6 +56,7 @@ def test_the_reread_command_derives_its_numbers_from_a_series_file(tmp_path, cap
     assert main(["warn-study", "--reread", str(series), "--published", str(ROOT / "docs" / "warn-study.json")]) == 0
     text = capsys.readouterr().out
     assert "z0, A: 2 runs (1 pilot), 2 learned, 1 mid-run breaks, 0 never learned" in text
+    assert "Hazard from the landmark: 1 breaks in 8 100-step intervals; no estimate" in text
     assert "AUC intervals leaving out 0.5: 7 of 72 (4 distinct readings of 48)" in text
     assert not (tmp_path / "attnscale-out").exists()  # it trains nothing, so it makes no --out folder
 

@@ -18,6 +18,9 @@ at every step, None where not finite), ``probes`` (a list of {"step", "max_score
   Welch's t interval, and a sentence saying whether any interval leaves out 0.
 - **Alarms in runs that held** (``alarm_share``, ``curve``): the share of held runs that alarm, with Wilson's
   interval and their at-risk steps beside it, and hits against that share over thresholds.
+- **A discrete-time hazard** (``hazard_rows``, ``logistic``): each run from its landmark in 100-step
+  intervals, the chance of a break within one regressed on log10 max |score| at its start, the odds ratio
+  per decade with Wald's interval.
 - **Break dating** (``dates``, ``dating_sensitivity``): the study's rule beside a smoothed one (the 20-step
   mean's own departure from its minimum) and two others, and how many break steps each moves.
 - **The published numbers read again** (``old_leads``, ``silenced``, ``auc_readings``): over the study's
@@ -36,7 +39,7 @@ from attnscale.analysis import outcomes as oc
 __all__ = ["LANDMARK", "WINDOW", "WARMUP", "LEVELS", "CURVE_LEVELS", "KEYS", "probes", "points", "landmark",
            "fired", "landmark_leads", "welch", "level_at", "slope_at", "compare_at_landmark", "separation_text",
            "alarm_share", "curve", "DATINGS", "dates", "dating_sensitivity", "old_leads", "silenced",
-           "auc_readings", "reread"]
+           "auc_readings", "INTERVAL", "hazard_rows", "logistic", "reread"]
 
 LANDMARK = 200  # steps after a run learnt at which it is looked at
 WINDOW = 200  # steps of history a slope is fitted over (and kept clear of the warm-up)
@@ -302,6 +305,66 @@ def dating_sensitivity(runs: Iterable[Mapping[str, Any]], level: float) -> dict[
     return out
 
 
+# ---- a discrete-time hazard with max |score| as a time-varying covariate -------------------------------------
+
+INTERVAL = 100  # steps a hazard interval spans
+
+
+def hazard_rows(runs: Iterable[Mapping[str, Any]], key: str = "max_score", interval: int = INTERVAL,
+                offset: int = LANDMARK, warmup: int = WARMUP, window: int = WINDOW) -> list[tuple[float, int]]:
+    """(log10 of ``key`` at the last probe at or before the interval's start, whether the run broke within it)
+    for each ``interval``-step span of each run from its landmark (``landmark``) to its break or its end; a span
+    whose reading is missing or not a positive finite number is left out."""
+    rows = []
+    for r in runs:
+        at = landmark(r, offset, warmup, window)
+        if at is None:
+            continue
+        broke, end = _outcome(r)[1], _steps(r)
+        pts = points(r, key)
+        for t in range(at, broke + 1 if broke is not None else end, interval):
+            last = [v for s, v in pts if s <= t]
+            event = broke is not None and t <= broke < t + interval
+            if last and math.isfinite(last[-1]) and last[-1] > 0:
+                rows.append((math.log10(last[-1]), int(event)))
+            if event:
+                break
+    return rows
+
+
+def logistic(rows: Sequence[tuple[float, int]], iterations: int = 100) -> dict[str, Any]:
+    """The logistic regression of the events on the covariate, P(event) = 1 / (1 + exp(−(a + b x))), fitted by
+    Newton's method, with Wald's 95% interval for b (and for exp(b), the odds ratio per unit of x). No estimate
+    where there are no events or no non-events, the covariate does not vary, or the fit does not converge to a
+    finite b (the events separated by the covariate)."""
+    n, events = len(rows), sum(y for _, y in rows)
+    out: dict[str, Any] = {"intervals": n, "events": events, "b": None, "se": None, "ci": None, "odds_ratio": None,
+                           "odds_ratio_ci": None}
+    if not events or events == n or len({x for x, _ in rows}) < 2:
+        return out
+    a = math.log(events / (n - events))
+    b = 0.0
+    for _ in range(iterations):
+        ga = gb = haa = hab = hbb = 0.0
+        for x, y in rows:
+            p = 1 / (1 + math.exp(-(a + b * x)))
+            w = p * (1 - p)
+            ga, gb = ga + y - p, gb + (y - p) * x
+            haa, hab, hbb = haa + w, hab + w * x, hbb + w * x * x
+        det_ = haa * hbb - hab * hab
+        if det_ <= 0 or abs(b) > 50:
+            return out
+        da, db = (hbb * ga - hab * gb) / det_, (haa * gb - hab * ga) / det_
+        a, b = a + da, b + db
+        if abs(da) < 1e-12 and abs(db) < 1e-12:
+            se = math.sqrt(haa / det_)
+            z = 1.959963984540054
+            out.update(b=b, se=se, ci=(b - z * se, b + z * se), odds_ratio=math.exp(b),
+                       odds_ratio_ci=(math.exp(b - z * se), math.exp(b + z * se)))
+            return out
+    return out
+
+
 # ---- the published study read again (its JSON: learned and break steps, no series) -----------------------
 
 
@@ -411,5 +474,6 @@ def reread(runs: Sequence[Mapping[str, Any]], level: float, arms: Sequence[str] 
             "landmark": {f"{lv:g}": landmark_leads(rs, lv, offset=offset, warmup=warmup, window=window) for lv in levels},
             "compare": compared, "separation": separation_text(compared),
             "held_alarmed": {f"{lv:g}": alarm_share(rs, lv) for lv in levels},
-            "curve": curve(rs), "dating": dating_sensitivity(rs, level)}
+            "curve": curve(rs), "dating": dating_sensitivity(rs, level),
+            "hazard": logistic(hazard_rows(rs, offset=offset, warmup=warmup, window=window))}
     return out

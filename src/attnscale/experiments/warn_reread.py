@@ -3,7 +3,7 @@
 Reads a series file (``docs/act-study-series.json.gz``: gzip'd or plain JSON, {"learned_level": …,
 "runs": [...]}) and, with ``--published``, the warning study's own JSON (``docs/warn-study.json``), and
 returns what ``analysis.warning`` makes of them: landmark leads, breakers against holders, alarms in the
-runs that held, the dating rules' sensitivity; the published study's leads read as survival, its silenced
+runs that held, the hazard of a break against max |score|, the dating rules' sensitivity; the published study's leads read as survival, its silenced
 detectors and its AUC readings counted again. Nothing is trained.
 """
 
@@ -124,6 +124,12 @@ def format_reread(result: dict[str, Any]) -> str:
                      f"{c['held_alarmed']['at_risk_steps']:,}"] for c in g["curve"]]
             lines += table(("max |score| over", "breaks warned", "held runs that alarm", "their at-risk steps"),
                            rows, "<>>>")
+            h = g["hazard"]
+            lines.append(f"Hazard from the landmark: {h['events']} breaks in {h['intervals']} 100-step intervals; "
+                         + ("no estimate of the odds ratio per decade of max |score| (no events, no variation, or "
+                            "the events separated by it)" if h["b"] is None else
+                            f"odds ratio of a break per decade of max |score| {h['odds_ratio']:.3g} "
+                            f"[{h['odds_ratio_ci'][0]:.3g}, {h['odds_ratio_ci'][1]:.3g}] (Wald)") + ".")
             dating = g["dating"]
             if dating["breaks"]:
                 lines.append(f"Dating {dating['breaks']} breaks: " + "; ".join(
