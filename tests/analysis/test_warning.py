@@ -233,23 +233,65 @@ def test_the_hazard_rows_run_from_the_landmark_in_100_step_intervals_to_the_brea
     breaker = run("b", 600, 1050, lambda t: 1000.0 if t >= 900 else 10.0)  # landmark 800
     holder = run("h", 600, None, low, steps=1100)
     # intervals from 800: [800, 900) reads the probe at 800 (10), [900, 1000) and [1000, 1100) the 1000 at 900
-    # and 1000; the break at 1050 falls in the last. The holder: 800, 900 and 1000, all at 10, no event
-    assert wr.hazard_rows([breaker, holder]) == [(1.0, 0), (3.0, 0), (3.0, 1), (1.0, 0), (1.0, 0), (1.0, 0)]
+    # and 1000; the break at 1050 falls in the last. The holder: 800, 900 and 1000, all at 10, no event. Beside
+    # each reading, the interval's count from the landmark
+    assert wr.hazard_rows([breaker, holder]) == [((1.0, 0.0), 0), ((3.0, 1.0), 0), ((3.0, 2.0), 1),
+                                                 ((1.0, 0.0), 0), ((1.0, 1.0), 0), ((1.0, 2.0), 0)]
     assert wr.hazard_rows([run("n", None, None, high)]) == []
 
 
 def test_the_logistic_hazard_is_the_log_odds_ratio_for_a_covariate_of_two_values():
     # x = 0: 2 events in 10 intervals; x = 1: 5 in 10. With two values of x the fit is the 2 × 2 table's:
     # b = log((5/5) / (2/8)) = log 4, its Wald SE √(1/5 + 1/5 + 1/2 + 1/8)
-    rows = [(0.0, 1)] * 2 + [(0.0, 0)] * 8 + [(1.0, 1)] * 5 + [(1.0, 0)] * 5
+    rows = [((0.0,), 1)] * 2 + [((0.0,), 0)] * 8 + [((1.0,), 1)] * 5 + [((1.0,), 0)] * 5
     got = wr.logistic(rows)
     se = math.sqrt(1 / 5 + 1 / 5 + 1 / 2 + 1 / 8)
     assert (got["intervals"], got["events"]) == (20, 7)
-    assert got["b"] == pytest.approx(math.log(4)) and got["se"] == pytest.approx(se)
+    assert got["b"] == pytest.approx(math.log(4)) and got["se"][1] == pytest.approx(se)
     assert got["ci"] == (pytest.approx(math.log(4) - 1.959964 * se), pytest.approx(math.log(4) + 1.959964 * se))
     assert got["odds_ratio"] == pytest.approx(4.0)
     # no estimate: no event, every interval an event, one value of x, or the events separated by x
-    assert wr.logistic([(0.0, 0), (1.0, 0)])["b"] is None
-    assert wr.logistic([(0.0, 1), (1.0, 1)])["b"] is None
-    assert wr.logistic([(1.0, 0), (1.0, 1)])["b"] is None
-    assert wr.logistic([(0.0, 0)] * 5 + [(1.0, 1)] * 5)["b"] is None
+    assert wr.logistic([((0.0,), 0), ((1.0,), 0)])["b"] is None
+    assert wr.logistic([((0.0,), 1), ((1.0,), 1)])["b"] is None
+    assert wr.logistic([((1.0,), 0), ((1.0,), 1)])["b"] is None
+    assert wr.logistic([((0.0,), 0)] * 5 + [((1.0,), 1)] * 5)["b"] is None
+    assert wr.logistic([((0.0, 1.0), 0), ((1.0, 1.0), 1), ((2.0, 1.0), 0)])["b"] is None  # time does not vary
+
+
+def test_the_hazard_with_time_beside_the_score_is_the_likelihoods_maximum_with_its_curvature_for_errors():
+    # no closed form with two covariates: the fit must zero the score equations Σ (y − p) x = 0, and its SEs must
+    # be the square roots of the inverse of the log-likelihood's curvature, here taken by finite differences
+    rows = [((x, t), y) for x, t, y in [(1, 0, 0), (1, 1, 0), (2, 2, 1), (1, 0, 0), (2, 1, 0), (3, 2, 1), (2, 3, 0),
+                                        (1, 0, 1), (3, 1, 0), (2, 0, 0), (3, 3, 1), (1, 2, 0), (2, 1, 1), (1, 3, 0)]]
+    got = wr.logistic(rows)
+    beta = got["coefficients"]
+
+    def loglik(c):
+        total = 0.0
+        for (x, t), y in rows:
+            eta = c[0] + c[1] * x + c[2] * t
+            total += y * eta - math.log1p(math.exp(eta))
+        return total
+
+    def p(c, x, t):
+        return 1 / (1 + math.exp(-(c[0] + c[1] * x + c[2] * t)))
+
+    for j in range(3):
+        assert math.fsum((y - p(beta, x, t)) * (1.0, x, t)[j] for (x, t), y in rows) == pytest.approx(0, abs=1e-9)
+    h = 1e-4
+    curv = [[0.0] * 3 for _ in range(3)]
+    for i in range(3):
+        for j in range(3):
+            def at(di, dj):
+                c = list(beta)
+                c[i] += di
+                c[j] += dj
+                return loglik(c)
+            curv[i][j] = -(at(h, h) - at(h, -h) - at(-h, h) + at(-h, -h)) / (4 * h * h)
+    # the inverse of a 3 × 3 by cofactors: the variance of the score's coefficient is its (1, 1) cofactor / det
+    m = curv
+    det3 = (m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1]) - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
+            + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0]))
+    var_b = (m[0][0] * m[2][2] - m[0][2] * m[2][0]) / det3
+    assert got["se"][1] == pytest.approx(math.sqrt(var_b), rel=1e-4)
+    assert got["b"] == beta[1] and got["odds_ratio"] == pytest.approx(math.exp(beta[1]))

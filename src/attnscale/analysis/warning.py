@@ -19,8 +19,8 @@ at every step, None where not finite), ``probes`` (a list of {"step", "max_score
 - **Alarms in runs that held** (``alarm_share``, ``curve``): the share of held runs that alarm, with Wilson's
   interval and their at-risk steps beside it, and hits against that share over thresholds.
 - **A discrete-time hazard** (``hazard_rows``, ``logistic``): each run from its landmark in 100-step
-  intervals, the chance of a break within one regressed on log10 max |score| at its start, the odds ratio
-  per decade with Wald's interval.
+  intervals, the chance of a break within one regressed on log10 max |score| at its start and on the
+  interval's count (time), the odds ratio per decade of the score with Wald's interval.
 - **Break dating** (``dates``, ``dating_sensitivity``): the study's rule beside a smoothed one (the 20-step
   mean's own departure from its minimum) and two others, and how many break steps each moves.
 - **The published numbers read again** (``old_leads``, ``silenced``, ``auc_readings``): over the study's
@@ -311,10 +311,11 @@ INTERVAL = 100  # steps a hazard interval spans
 
 
 def hazard_rows(runs: Iterable[Mapping[str, Any]], key: str = "max_score", interval: int = INTERVAL,
-                offset: int = LANDMARK, warmup: int = WARMUP, window: int = WINDOW) -> list[tuple[float, int]]:
-    """(log10 of ``key`` at the last probe at or before the interval's start, whether the run broke within it)
-    for each ``interval``-step span of each run from its landmark (``landmark``) to its break or its end; a span
-    whose reading is missing or not a positive finite number is left out."""
+                offset: int = LANDMARK, warmup: int = WARMUP, window: int = WINDOW) -> list[tuple[tuple[float, float], int]]:
+    """((log10 of ``key`` at the last probe at or before the interval's start, the interval's count from the
+    landmark), whether the run broke within it) for each ``interval``-step span of each run from its landmark
+    (``landmark``) to its break or its end; a span whose reading is missing or not a positive finite number is
+    left out. The count lets the hazard grow with time apart from the score, which grows with time too."""
     rows = []
     for r in runs:
         at = landmark(r, offset, warmup, window)
@@ -322,45 +323,65 @@ def hazard_rows(runs: Iterable[Mapping[str, Any]], key: str = "max_score", inter
             continue
         broke, end = _outcome(r)[1], _steps(r)
         pts = points(r, key)
-        for t in range(at, broke + 1 if broke is not None else end, interval):
+        for k, t in enumerate(range(at, broke + 1 if broke is not None else end, interval)):
             last = [v for s, v in pts if s <= t]
             event = broke is not None and t <= broke < t + interval
             if last and math.isfinite(last[-1]) and last[-1] > 0:
-                rows.append((math.log10(last[-1]), int(event)))
+                rows.append(((math.log10(last[-1]), float(k)), int(event)))
             if event:
                 break
     return rows
 
 
-def logistic(rows: Sequence[tuple[float, int]], iterations: int = 100) -> dict[str, Any]:
-    """The logistic regression of the events on the covariate, P(event) = 1 / (1 + exp(−(a + b x))), fitted by
-    Newton's method, with Wald's 95% interval for b (and for exp(b), the odds ratio per unit of x). No estimate
-    where there are no events or no non-events, the covariate does not vary, or the fit does not converge to a
-    finite b (the events separated by the covariate)."""
+def _solve(m: list[list[float]], v: list[float]) -> list[float] | None:
+    """m⁻¹ v by Gaussian elimination with partial pivoting; None for a singular m."""
+    n = len(v)
+    a = [row[:] + [v[i]] for i, row in enumerate(m)]
+    for c in range(n):
+        p = max(range(c, n), key=lambda r: abs(a[r][c]))
+        if abs(a[p][c]) < 1e-300:
+            return None
+        a[c], a[p] = a[p], a[c]
+        for r in range(n):
+            if r != c:
+                f = a[r][c] / a[c][c]
+                a[r] = [x - f * y for x, y in zip(a[r], a[c])]
+    return [a[i][n] / a[i][i] for i in range(n)]
+
+
+def logistic(rows: Sequence[tuple[Sequence[float], int]], iterations: int = 100) -> dict[str, Any]:
+    """The logistic regression of the events on the covariates, P(event) = 1 / (1 + exp(−(a + Σ bⱼ xⱼ))), fitted by
+    Newton's method: each coefficient with Wald's 95% interval (from the inverse of the information at the fit),
+    and the first covariate's as ``b`` with exp(b), the odds ratio per unit of it. No estimate where there are no
+    events or no non-events, a covariate does not vary, or the fit does not converge to finite coefficients (the
+    events separated by the covariates)."""
     n, events = len(rows), sum(y for _, y in rows)
-    out: dict[str, Any] = {"intervals": n, "events": events, "b": None, "se": None, "ci": None, "odds_ratio": None,
-                           "odds_ratio_ci": None}
-    if not events or events == n or len({x for x, _ in rows}) < 2:
+    k = len(rows[0][0]) if rows else 0
+    out: dict[str, Any] = {"intervals": n, "events": events, "coefficients": None, "se": None, "b": None, "ci": None,
+                           "odds_ratio": None, "odds_ratio_ci": None}
+    if not events or events == n or any(len({x[j] for x, _ in rows}) < 2 for j in range(k)):
         return out
-    a = math.log(events / (n - events))
-    b = 0.0
+    beta = [math.log(events / (n - events))] + [0.0] * k
+    z = 1.959963984540054
     for _ in range(iterations):
-        ga = gb = haa = hab = hbb = 0.0
+        grad = [0.0] * (k + 1)
+        info = [[0.0] * (k + 1) for _ in range(k + 1)]
         for x, y in rows:
-            p = 1 / (1 + math.exp(-(a + b * x)))
-            w = p * (1 - p)
-            ga, gb = ga + y - p, gb + (y - p) * x
-            haa, hab, hbb = haa + w, hab + w * x, hbb + w * x * x
-        det_ = haa * hbb - hab * hab
-        if det_ <= 0 or abs(b) > 50:
+            row = (1.0, *x)
+            p = 1 / (1 + math.exp(-math.fsum(c * v for c, v in zip(beta, row))))
+            for i in range(k + 1):
+                grad[i] += (y - p) * row[i]
+                for j in range(k + 1):
+                    info[i][j] += p * (1 - p) * row[i] * row[j]
+        step = _solve(info, grad)
+        if step is None or max(abs(c) for c in beta) > 50:
             return out
-        da, db = (hbb * ga - hab * gb) / det_, (haa * gb - hab * ga) / det_
-        a, b = a + da, b + db
-        if abs(da) < 1e-12 and abs(db) < 1e-12:
-            se = math.sqrt(haa / det_)
-            z = 1.959963984540054
-            out.update(b=b, se=se, ci=(b - z * se, b + z * se), odds_ratio=math.exp(b),
-                       odds_ratio_ci=(math.exp(b - z * se), math.exp(b + z * se)))
+        beta = [c + d for c, d in zip(beta, step)]
+        if max(abs(d) for d in step) < 1e-10:
+            se = [math.sqrt(_solve(info, [float(i == j) for i in range(k + 1)])[j]) for j in range(k + 1)]
+            b, s = beta[1], se[1]
+            out.update(coefficients=beta, se=se, b=b, ci=(b - z * s, b + z * s), odds_ratio=math.exp(b),
+                       odds_ratio_ci=(math.exp(b - z * s), math.exp(b + z * s)))
             return out
     return out
 

@@ -128,8 +128,9 @@ def format_reread(result: dict[str, Any]) -> str:
             lines.append(f"Hazard from the landmark: {h['events']} breaks in {h['intervals']} 100-step intervals; "
                          + ("no estimate of the odds ratio per decade of max |score| (no events, no variation, or "
                             "the events separated by it)" if h["b"] is None else
-                            f"odds ratio of a break per decade of max |score| {h['odds_ratio']:.3g} "
-                            f"[{h['odds_ratio_ci'][0]:.3g}, {h['odds_ratio_ci'][1]:.3g}] (Wald)") + ".")
+                            f"odds ratio of a break per decade of max |score|, time since the landmark beside it, "
+                            f"{h['odds_ratio']:.3g} [{h['odds_ratio_ci'][0]:.3g}, {h['odds_ratio_ci'][1]:.3g}] (Wald)")
+                         + ".")
             dating = g["dating"]
             if dating["breaks"]:
                 lines.append(f"Dating {dating['breaks']} breaks: " + "; ".join(
