@@ -137,6 +137,13 @@ def test_the_alarm_share_of_held_runs_with_its_at_risk_steps_and_the_curve():
     # from the step each learnt: b1 (at 600), b2 (1100), b4 (800) fire before their breaks; b3 only at its own
     assert (pts[1e3]["hits"]["k"], pts[1e3]["hits"]["n"]) == (3, 4)
     assert pts[1e4]["hits"]["k"] == 0 and pts[1e4]["held_alarmed"]["k"] == 0
+    # a run that learnt inside the warm-up is counted from its end: an alarm at 400 is not read, one at 500 is
+    early = [run("e", 300, None, lambda t: 5000.0 if t == 400 else 10.0),
+             run("f", 300, None, lambda t: 5000.0 if t == 500 else 10.0)]
+    got = wr.alarm_share(early, 1e3)
+    assert (got["k"], got["n"], got["at_risk_steps"]) == (1, 2, 2500 + 2500)
+    assert wr.alarm_share(early, 1e3, warmup=0)["k"] == 2
+    assert wr.curve([run("g", 300, 1000, lambda t: 5000.0 if t == 400 else 10.0)], (1e3,))[0]["hits"]["k"] == 0
 
 
 LEARNT = [3.0] * 20 + [1.0] * 60  # learns at step 30 (level 2); the 20-step mean is 1.0 from step 39 to 79

@@ -44,7 +44,7 @@ def test_the_reread_command_derives_its_numbers_from_a_series_file(tmp_path, cap
     assert (lm["breakers"], lm["holders"], lm["hits"]["k"], lm["fresh_crossings"]) == (1, 1, 1, 1)
     assert lm["lead"]["median"] == 100 and lm["survival"]["median"] == 300  # 1000 − 900; 1000 − 700
     assert lm["holders_alarmed"]["k"] == 1 and e["held_alarmed"]["1000"]["k"] == 0
-    assert e["held_alarmed"]["1000"]["at_risk_steps"] == 1100 - 30
+    assert e["held_alarmed"]["1000"]["at_risk_steps"] == 1100 - 500  # from the warm-up's end, after it learnt at 30
     # from the landmark (700) in 100-step intervals: the breaker's 700, 800, 900 and 1000 (its break in the last;
     # no break at 50, so the events are separated by max |score|: no estimate), the holder's 700 … 1000
     assert (a["hazard"]["intervals"], a["hazard"]["events"]) == (4 + 4, 1)

@@ -240,24 +240,32 @@ def separation_text(compared: Mapping[str, Any]) -> str:
 # ---- alarms in runs that held -----------------------------------------------------------------------------
 
 
-def alarm_share(runs: Iterable[Mapping[str, Any]], level: float, key: str = "max_score") -> dict[str, Any]:
-    """The runs that learnt and held: how many alarm (``key`` over ``level``) between the step each learnt and
-    its end, with Wilson's interval, and their at-risk steps (from learnt to end) summed beside it."""
+def _start(run, warmup: int) -> int:
+    """Where a learned run is at risk for the alarm counts: the step it learnt, or the warm-up's end if later."""
+    return max(_outcome(run)[0], warmup)
+
+
+def alarm_share(runs: Iterable[Mapping[str, Any]], level: float, key: str = "max_score",
+                warmup: int = WARMUP) -> dict[str, Any]:
+    """The runs that learnt and held: how many alarm (``key`` over ``level``) between the step each learnt (the
+    warm-up's end, if later) and its end, with Wilson's interval, and those at-risk steps summed beside it."""
     held = [r for r in runs if _outcome(r)[0] is not None and _outcome(r)[1] is None]
-    k = sum(fired(points(r, key), level, _outcome(r)[0], _steps(r)) is not None for r in held)
-    return {"level": level, **_share(k, len(held)), "at_risk_steps": sum(_steps(r) - _outcome(r)[0] for r in held)}
+    k = sum(fired(points(r, key), level, _start(r, warmup), _steps(r)) is not None for r in held)
+    return {"level": level, **_share(k, len(held)),
+            "at_risk_steps": sum(max(0, _steps(r) - _start(r, warmup)) for r in held)}
 
 
 def curve(runs: Iterable[Mapping[str, Any]], levels: Sequence[float] = CURVE_LEVELS,
-          key: str = "max_score") -> list[dict[str, Any]]:
-    """Per level: the breaks warned (a firing from the step the run learnt, strictly before its break) against
-    the share of held runs that alarm (``alarm_share``)."""
+          key: str = "max_score", warmup: int = WARMUP) -> list[dict[str, Any]]:
+    """Per level: the breaks warned (a firing from the step the run learnt, or the warm-up's end if later,
+    strictly before its break) against the share of held runs that alarm (``alarm_share``)."""
     runs = list(runs)
     broke = [r for r in runs if _outcome(r)[1] is not None and _outcome(r)[0] is not None]
     out = []
     for level in levels:
-        k = sum(fired(points(r, key), level, _outcome(r)[0], _outcome(r)[1]) is not None for r in broke)
-        out.append({"level": level, "hits": _share(k, len(broke)), "held_alarmed": alarm_share(runs, level, key)})
+        k = sum(fired(points(r, key), level, _start(r, warmup), _outcome(r)[1]) is not None for r in broke)
+        out.append({"level": level, "hits": _share(k, len(broke)),
+                    "held_alarmed": alarm_share(runs, level, key, warmup)})
     return out
 
 
@@ -494,7 +502,7 @@ def reread(runs: Sequence[Mapping[str, Any]], level: float, arms: Sequence[str] 
             "never_learned": len(rs) - len(learned),
             "landmark": {f"{lv:g}": landmark_leads(rs, lv, offset=offset, warmup=warmup, window=window) for lv in levels},
             "compare": compared, "separation": separation_text(compared),
-            "held_alarmed": {f"{lv:g}": alarm_share(rs, lv) for lv in levels},
-            "curve": curve(rs), "dating": dating_sensitivity(rs, level),
+            "held_alarmed": {f"{lv:g}": alarm_share(rs, lv, warmup=warmup) for lv in levels},
+            "curve": curve(rs, warmup=warmup), "dating": dating_sensitivity(rs, level),
             "hazard": logistic(hazard_rows(rs, offset=offset, warmup=warmup, window=window))}
     return out
