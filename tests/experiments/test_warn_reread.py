@@ -86,3 +86,21 @@ def test_the_published_reread_kept_in_the_json_is_what_the_command_derives():
     got = warn_reread.reread_json(warn_reread.reread_files(None, path))["published"]
     got.pop("path")
     assert got == kept
+
+
+def test_the_act_studys_reread_kept_in_the_json_is_what_the_command_derives_from_its_series():
+    """Where the act study's series file is the one read (its sha256), the figures kept are the command's."""
+    import hashlib
+
+    import pytest
+
+    from attnscale.experiments import warn_reread
+
+    kept = json.loads((ROOT / "docs" / "warn-study.json").read_text())["reread"]["series"]
+    path = ROOT / "docs" / "act-study-series.json.gz"
+    if not path.exists() or hashlib.sha256(path.read_bytes()).hexdigest() != kept["sha256"]:
+        pytest.skip("docs/act-study-series.json.gz is not the series file the re-read was made from")
+    got = warn_reread.reread_json(warn_reread.reread_files(path))["series"]
+    assert {k: v for k, v in got.items() if k != "path"} == {k: v for k, v in kept.items() if k not in ("path", "sha256")}
+    both = kept["groups"]["all, A"]["landmark"]["1000"]
+    assert (both["lead"]["median"], both["survival"]["median"], both["hits"]["k"], both["holders"]) == (427, 434, 13, 0)
