@@ -56,13 +56,15 @@ test-all: setup-dev
 # each mutant runs only the tests that reach the function it changes. PART runs one named part (each meant
 # to finish under an hour on 2 cores), e.g. make mutation PART=train; none runs every part. MUTANTS narrows
 # it further, e.g. make mutation MUTANTS='attnscale.analysis.gaps.*'; survivors and why: docs/mutation.md.
-MUTATION_PARTS := core capture model train clip analysis records report
+MUTATION_PARTS := core capture model train clip analysis judging records report
 PART_core := 'attnscale.core.diagnostics.*' 'attnscale.core.scales.*'
 PART_capture := 'attnscale.capture.reduce.*' 'attnscale.capture.sums.*'
 PART_model := 'attnscale.lm.model.*'
 PART_train := 'attnscale.lm.train.*' 'attnscale.lm.precision.*'
 PART_clip := 'attnscale.watch.clip.*'
 PART_analysis := 'attnscale.analysis.detectors.*' 'attnscale.analysis.alarms.*'
+# the one definition of a break and the studies' judging (cross-fitting, hits, false alarms, paired leads, the re-read)
+PART_judging := 'attnscale.analysis.outcomes.*' 'attnscale.analysis.recipe_judging.*' 'attnscale.analysis.warning.*'
 PART_records := 'attnscale.lm.checkpoint.*' 'attnscale.runs.store.*'
 PART_report := 'attnscale.analysis.estimates.*' 'attnscale.analysis.gaps.*' 'attnscale.analysis.budget.*' \
 	'attnscale.report.course.*' 'attnscale.analysis.schemes.*' 'attnscale.analysis.setups.*'

@@ -8,6 +8,7 @@ import pytest
 
 from attnscale.analysis import alarms
 from attnscale.analysis import detectors as det
+from attnscale.analysis import outcomes as oc
 from attnscale.runs import record as rec
 
 STEPS = 40
@@ -84,7 +85,7 @@ def test_a_diverged_runs_series_ends_with_the_step_whose_loss_was_not_finite(tmp
     run = _run(tmp_path, "r", status="diverged", losses=[3.5] * 30 + [None], valid_loss=None, diverged_at=30)
     s = alarms.series_of(run)
     assert s.losses == (3.5,) * 30 + (None,) and s.steps == 31 and s.final_loss is None
-    assert det.break_point(s, None) == det.Break(30, "non-finite")
+    assert oc.first_round_break(s.losses, s.final_loss, None) == oc.Break(30, "non-finite")
 
 
 def test_analyse_takes_the_finished_runs_of_the_family_asked_for(tmp_path):
@@ -98,7 +99,7 @@ def test_analyse_takes_the_finished_runs_of_the_family_asked_for(tmp_path):
     assert [r["run"] for r in alarms.analyse(runs, None, family="llama")["rows"]] == ["llama"]
     assert alarms.analyse(runs, None, family="llama")["family"] == "Llama under the HF Trainer"
     rows = {r["run"]: r for r in result["rows"]}
-    assert rows["diverged"]["break"] == det.Break(30, "non-finite") and rows["done"]["break"] is None
+    assert rows["diverged"]["break"] == oc.Break(30, "non-finite") and rows["done"]["break"] is None
     assert rows["done"]["seed"] == 0 and rows["done"]["lr"] == 0.1 and rows["done"]["norm"] == "pre"
 
 
@@ -106,11 +107,11 @@ def test_analyse_breaks_by_the_floor_and_the_rule_it_is_given_and_probes_at_its_
     runs = [_run(tmp_path, "plateau")]
     # a loss of 3.5 every step and 3.3 held out, against the line 3.237 - 0.1: no 20-step mean ever falls
     # under it, so the run is broken from its first window's last step, 19
-    assert alarms.analyse(runs, 3.237)["rows"][0]["break"] == det.Break(19, "floor")
+    assert alarms.analyse(runs, 3.237)["rows"][0]["break"] == oc.Break(19, "floor")
     assert alarms.analyse(runs, 3.237)["floor"] == 3.237
     assert alarms.analyse(runs, None)["rows"][0]["break"] is None
-    narrow = det.BreakRule(floor_window=10)
-    assert alarms.analyse(runs, 3.237, rule=narrow)["rows"][0]["break"] == det.Break(9, "floor")
+    narrow = oc.FirstRoundRule(floor_window=10)
+    assert alarms.analyse(runs, 3.237, rule=narrow)["rows"][0]["break"] == oc.Break(9, "floor")
     assert alarms.analyse(runs, 3.237, rule=narrow)["rule"] == narrow
     got = alarms.analyse(runs, None, probe_every=20)
     assert [p for p, _ in got["rows"][0]["series"].probes] == [0, 20] and got["probe_every"] == 20
@@ -187,7 +188,7 @@ def test_a_rule_reads_each_part_with_its_direction():
 def test_breaks_are_counted_by_cell_with_their_reasons_in_the_cells_order():
     def r(scale, lr, reason=None, norm="pre", warmup=20):
         return {"scale": scale, "norm": norm, "warmup": warmup, "lr": lr,
-                "break": None if reason is None else det.Break(5, reason)}
+                "break": None if reason is None else oc.Break(5, reason)}
 
     rows = [r("none", 0.1, "spike"), r("inv_sqrt_d", 0.1), r("none", 0.1, "floor"), r("none", 0.1, "spike"),
             r("none", 0.01), r("none", 0.1, norm="post"), r("none", 0.1, "non-finite", warmup=0), r("none", 0.1)]

@@ -11,6 +11,7 @@ import pytest
 
 from attnscale import report
 from attnscale.analysis import detectors as det
+from attnscale.analysis import outcomes as oc
 from attnscale.cli import main
 from attnscale.errors import ConfigError
 from attnscale.analysis import alarms
@@ -147,7 +148,7 @@ def _study():
 def test_analysis_chooses_on_half_the_seeds_and_reads_the_other_half():
     result = _study()
     assert result["choosing_seeds"] == (0, 2) and result["held_out_seeds"] == (1, 3)
-    assert all(r["break"] == det.Break(19, "floor") for r in result["rows"] if r["run"].endswith("True-0.1"))
+    assert all(r["break"] == oc.Break(19, "floor") for r in result["rows"] if r["run"].endswith("True-0.1"))
     ms = result["detectors"]["max_score"]["warn"]
     # healthy runs peak at 50: the most hits at no false alarm come first at 100, alarm at step 10, lead 9
     assert ms["parts"] == [("max_score", 100)]

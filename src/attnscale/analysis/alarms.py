@@ -1,6 +1,7 @@
 """The divergence study read: each run's series, its break, every detector judged on held-out seeds.
 
-Pure over run records (``runs.record.TrainRun``): what a run is (broken at a step, or healthy), each
+Pure over run records (``runs.record.TrainRun``): what a run is (broken at a step, or healthy) is the
+first round's rule in ``outcomes`` (``first_round_break``, withdrawn, kept to draw this round again); each
 alert's first alarm and their judging are ``detectors``; ``analyse`` applies them to the study's runs
 (``experiments.warn_study`` trains them): thresholds chosen on half the seeds (``detectors.split_seeds``) at
 a false-alarm target, rates and lead times read on the other half, with Wilson intervals for the rates and
@@ -14,6 +15,7 @@ import math
 from typing import Any, Sequence
 
 from attnscale.analysis import detectors as det
+from attnscale.analysis import outcomes as oc
 from attnscale.runs.record import TrainRun
 
 __all__ = ["GROUP", "FAMILY", "FAMILIES", "family_of", "TARGET_FALSE_ALARMS", "STOP_FALSE_ALARMS", "FORMER_DEFAULTS",
@@ -91,14 +93,15 @@ def cell_of(run: TrainRun) -> dict[str, Any]:
 
 
 def row(cell: dict[str, Any], run_id: str, series: det.Series, floor: float | None,
-        rule: det.BreakRule = det.BreakRule()) -> dict[str, Any]:
+        rule: oc.FirstRoundRule = oc.FirstRoundRule()) -> dict[str, Any]:
     """One run as ``analyse_rows`` takes it: its cell (scale, norm, warmup, lr, seed), break and every detector's signal."""
-    return {**cell, "run": run_id, "steps": series.steps, "break": det.break_point(series, floor, rule),
+    return {**cell, "run": run_id, "steps": series.steps,
+            "break": oc.first_round_break(series.losses, series.final_loss, floor, rule),
             "signals": {d.name: det.signal(d.name, series) for d in det.DETECTORS}, "series": series}
 
 
 def analyse(runs: Sequence[TrainRun], floor: float | None, probe_every: int = 5,
-            rule: det.BreakRule = det.BreakRule(), family: str = "tiny") -> dict[str, Any]:
+            rule: oc.FirstRoundRule = oc.FirstRoundRule(), family: str = "tiny") -> dict[str, Any]:
     """``analyse_rows`` of the finished runs of ``runs`` of ``family`` (``series_of`` each)."""
     rows = [row(cell_of(t), t.run_id, series_of(t, probe_every), floor, rule)
             for t in runs if t.status in ("done", "diverged") and family_of(t) == family]
@@ -106,7 +109,7 @@ def analyse(runs: Sequence[TrainRun], floor: float | None, probe_every: int = 5,
 
 
 def analyse_rows(rows: list[dict[str, Any]], floor: float | None, probe_every: int = 5,
-                 rule: det.BreakRule = det.BreakRule(), family: str = "tiny") -> dict[str, Any]:
+                 rule: oc.FirstRoundRule = oc.FirstRoundRule(), family: str = "tiny") -> dict[str, Any]:
     """``family``'s rows judged (its name in the result's "family", the key in "key"): per detector its curve,
     the threshold chosen on the choosing seeds at ``TARGET_FALSE_ALARMS`` and at ``STOP_FALSE_ALARMS``, and what those read on the held-out seeds (``detectors.judge``, with seed-bootstrap
     intervals); the best rule, single or a pair; each detector's lead against the loss's own."""

@@ -1,37 +1,26 @@
-"""Does a warning come before the break? Alerts judged as detectors: pure functions on plain series.
+"""Does a warning come before the break? Alerts as detectors: pure functions on plain series.
 
 A run is a ``Series``: the training loss at every step, the watch's per-head measures at its
-probe steps, and the held-out loss at the end. Everything here is arithmetic on those numbers:
+probe steps, and the held-out loss at the end. What a break is lives in ``analysis.outcomes``, once
+(the recipe study's rules, and the first round's withdrawn rule kept to redraw its numbers); here are
+the detectors that might warn of one:
 
-- the break rule (``break_point``), written once: a run is broken at the first step where
-  (a) the loss is not finite, or (b) the loss passes ``sigmas`` robust standard deviations
-  (1.4826 × the median absolute deviation) above the median of its last ``window`` steps and
-  does not come back under that line within ``recover`` steps, or, when its held-out loss at
-  the end is above ``floor`` − ``plateau`` (``floor``: a unigram model's held-out loss; within
-  ``plateau`` of it the run has learnt little beyond token frequencies), (c) from the step after
-  which the mean loss of the last ``floor_window`` steps never again falls below that line. A run
-  with none of these is healthy.
-- each alert as a detector (``signal``): one number per probe step (per step for the loss's own
-  spike detector), and its first alarm at a threshold (``first_alarm``): the first step whose
-  number passes the threshold (under it, for the ``below`` detectors).
-- judged over runs (``judge``): a hit is a broken run whose first alarm comes at or before its
-  break; its lead is break step − alarm step (and that share of the run's steps); a false alarm
-  is a healthy run with any alarm. ``sweep`` gives a curve of (false-alarm rate, hit rate) points
-  over thresholds, ``choose`` the threshold a target false-alarm rate allows, ``combine`` a rule
-  that fires when either of two does.
-- uncertainty: ``wilson`` for a rate (hits of the broken runs, alarms of the healthy ones), ``bootstrap``
-  for a lead time: it resamples seeds (each seed carries all its runs, since runs of one
-  seed share their init and batches) for percentile intervals; ``split_seeds`` holds half the seeds
-  out, so a threshold is chosen on one half and its rates read on the other.
+- each alert of the first round as a detector (``signal``): one number per probe step (per step for
+  the loss's own spike detector), and its first alarm at a threshold (``first_alarm``): the first step
+  whose number passes the threshold (under it, for the ``below`` detectors);
+- the first round's judging over runs: a hit is a broken run whose first alarm comes at or before its
+  break; its lead is break step − alarm step (and that share of the run's steps); a false alarm is a
+  healthy run with any alarm. ``sweep`` gives a curve of (false-alarm rate, hit rate) points over
+  thresholds, ``choose`` the threshold a target false-alarm rate allows;
+- uncertainty: ``wilson`` for a rate, ``bootstrap`` for a lead time (it resamples seeds, each seed
+  carrying all its runs, since runs of one seed share their init and batches), ``split_seeds`` for
+  the halves a threshold is chosen on and judged on;
+- the recipe study's detectors as first firing steps at or after the step a run became at risk
+  (``max_score_alarm`` … ``grad_norm_spike_alarm``); their judging within a cell is
+  ``analysis.recipe_judging``.
 
 References: entropy collapse (Zhai et al. 2023), attention-logit growth (Wortsman et al. 2023;
 Dehghani et al. 2023), loss spikes against the run's own history (OLMo, Groeneveld et al. 2024).
-
-The recipe study (issue 42; ``analysis.outcomes`` decides its breaks) reads its detectors as first
-firing steps (``max_score_alarm`` … ``grad_norm_spike_alarm``) and judges them within a cell (arm ×
-learning rate): hit rate on mid-run breaks, false alarms per 1,000 at-risk steps, lead paired against a
-baseline, thresholds cross-fitted over halves of the seeds, Holm's correction across detectors, and the
-AUC of an early reading for the final outcome with a seed-clustered interval.
 """
 
 from __future__ import annotations
@@ -41,16 +30,14 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
-__all__ = ["Series", "BreakRule", "Break", "Detector", "DETECTORS", "break_point", "robust_z", "signal", "first_alarm",
+from attnscale.analysis.outcomes import MAD_TO_SD, robust_z
+
+__all__ = ["Series", "Detector", "DETECTORS", "robust_z", "signal", "first_alarm",
            "Outcome", "judge", "lead_verdict", "sweep", "choose", "combine_alarms", "quantile", "bootstrap",
            "split_seeds", "wilson", "MAD_TO_SD",
-           # the recipe study's detectors and their judging within a cell
+           # the recipe study's detectors
            "LITERATURE_LEVELS", "max_score_alarm", "entropy_collapse_alarm", "qk_rms_growth_alarm",
-           "log_z_drift_alarm", "spike_scores", "spike_alarm", "loss_spike_alarm", "grad_norm_spike_alarm", "Watched", "hit_rate",
-           "false_alarms_per_1000", "FALSE_ALARMS_PER_1000", "choose_threshold", "sign_test", "paired_lead", "holm", "cross_fit", "auc", "auc_interval"]
-
-MAD_TO_SD = 1.4826  # a normal distribution's SD over its median absolute deviation
-SD_FLOOR = 1e-3  # nats: a loss history flatter than this still needs a jump of sigmas × 1e-3 to count
+           "log_z_drift_alarm", "spike_scores", "spike_alarm", "loss_spike_alarm", "grad_norm_spike_alarm"]
 
 
 def _finite(x) -> bool:
@@ -70,76 +57,6 @@ class Series:
     @property
     def steps(self) -> int:
         return len(self.losses)
-
-
-@dataclass(frozen=True)
-class BreakRule:
-    sigmas: float = 6.0
-    window: int = 50
-    recover: int = 20
-    min_history: int = 20
-    floor_window: int = 20
-    plateau: float = 0.1  # nats: analysis.schemes.PLATEAU_NATS, the unigram plateau of the scheme study
-
-    @property
-    def _plateau_text(self) -> str:
-        return f"within {self.plateau:g} nats of a unigram model's or above it" if self.plateau else "above a unigram model's"
-
-    def text(self) -> str:
-        return (f"broken at the first step where the training loss is not finite, or where it rises more than "
-                f"{self.sigmas:g} robust SDs (1.4826 × MAD) above the median of its last {self.window} steps and "
-                f"does not come back under that line within {self.recover} steps, or, for a run whose held-out "
-                f"loss at the end is {self._plateau_text} (on the unigram plateau: it has learnt little beyond token "
-                f"frequencies), from the step after which the mean training loss of the last {self.floor_window} "
-                f"steps never again falls under that line; healthy otherwise")
-
-
-@dataclass(frozen=True)
-class Break:
-    step: int
-    reason: str  # "non-finite", "spike" or "floor"
-
-
-def _median(xs: Sequence[float]) -> float:
-    s = sorted(xs)
-    n = len(s)
-    return s[n // 2] if n % 2 else (s[n // 2 - 1] + s[n // 2]) / 2
-
-
-def robust_z(history: Sequence[float], value: float) -> float:
-    """(value − median) / (1.4826 × MAD) of ``history``, the SD floored at ``SD_FLOOR``."""
-    med = _median(history)
-    sd = max(MAD_TO_SD * _median([abs(x - med) for x in history]), SD_FLOOR)
-    return (value - med) / sd
-
-
-def _limit(history: Sequence[float], sigmas: float) -> float:
-    med = _median(history)
-    return med + sigmas * max(MAD_TO_SD * _median([abs(x - med) for x in history]), SD_FLOOR)
-
-
-def break_point(series: Series, floor: float | None, rule: BreakRule = BreakRule()) -> Break | None:
-    """The run's break by ``rule`` (the module's docstring), or None for a healthy run."""
-    losses = series.losses
-    found: list[Break] = []
-    bad = [i for i, x in enumerate(losses) if not _finite(x)]
-    if bad:
-        found.append(Break(bad[0], "non-finite"))
-    end = bad[0] if bad else len(losses)
-    for t in range(rule.min_history, end - rule.recover):  # a spike needs `recover` steps after it to be judged
-        history = losses[max(0, t - rule.window):t]
-        line = _limit(history, rule.sigmas)
-        if losses[t] > line and all(x > line for x in losses[t + 1:t + 1 + rule.recover]):
-            found.append(Break(t, "spike"))
-            break
-    line = None if floor is None else floor - rule.plateau
-    if line is not None and not bad and series.final_loss is not None and series.final_loss > line:
-        w = rule.floor_window
-        means = [sum(losses[i - w + 1:i + 1]) / w for i in range(w - 1, len(losses))]
-        below = [i for i, m in enumerate(means) if m < line]
-        start = below[-1] + 1 if below else 0  # the first window after the last one under the floor
-        found.append(Break(min(start + w - 1, len(losses) - 1), "floor"))
-    return min(found, key=lambda b: b.step) if found else None
 
 
 # ---- detectors ---------------------------------------------------------------------------------
@@ -454,162 +371,9 @@ def grad_norm_spike_alarm(points, sigmas: float, start: int = 0) -> int | None:
     return spike_alarm(points, sigmas, GRAD_WINDOW, start)
 
 
-# ---- the recipe study: judging within a cell --------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Watched:
-    """One learned run under one detector: its seed, the span at risk [``start``, ``end``) (from where it
-    learnt to its break, or to its last step), its break step (None: it held) and the detector's first
-    alarm in the span (None: silent). A hit is an alarm strictly before the break: a warning at the
-    break's own step leaves no time to act on it."""
-
-    seed: int
-    start: int
-    end: int
-    broke: int | None
-    alarm: int | None
-
-    @property
-    def hit(self) -> bool:
-        return self.broke is not None and self.alarm is not None and self.alarm < self.broke
-
-    @property
-    def lead(self) -> int | None:
-        return self.broke - self.alarm if self.hit else None
-
-    @property
-    def false_alarm(self) -> bool:
-        return self.broke is None and self.alarm is not None
-
-
-def hit_rate(runs: Sequence[Watched]) -> dict:
-    """Hits of the mid-run breaks in ``runs`` (one cell: one run a seed, so the runs are independent)
-    with Wilson's interval."""
-    broke = [r for r in runs if r.broke is not None]
-    hits = sum(r.hit for r in broke)
-    return {"hits": hits, "breaks": len(broke), "rate": hits / len(broke) if broke else None,
-            "ci": wilson(hits, len(broke))}
-
-
-def false_alarms_per_1000(runs: Sequence[Watched]) -> dict:
-    """False alarms per 1,000 at-risk steps of the runs that held (each alarms at most once: its first),
-    with a percentile interval from resampling seeds (``bootstrap``). With none at all, every resample
-    gives 0, so the interval is instead the exact Poisson one for 0 events, [0, −ln(0.025) / steps]:
-    no alarm in few steps is not a rate shown to be 0."""
-    held = [r for r in runs if r.broke is None]
-    count, steps = sum(r.false_alarm for r in held), sum(r.end - r.start for r in held)
-    ci = (0.0, 1000 * -math.log(0.025) / steps) if steps and not count else bootstrap(runs, _per_1000)
-    return {"false_alarms": count, "at_risk_steps": steps, "per_1000": _per_1000(runs), "ci": ci}
-
-
-def _per_1000(runs: Sequence[Watched]) -> float | None:
-    held = [r for r in runs if r.broke is None]
-    steps = sum(r.end - r.start for r in held)
-    return 1000 * sum(r.false_alarm for r in held) / steps if steps else None
-
-
-FALSE_ALARMS_PER_1000 = 0.05  # a threshold chosen on data may false-alarm at most this often on its choosing half
-
-
-def choose_threshold(by_threshold: Mapping[float, Sequence[Watched]],
-                     max_per_1000: float = FALSE_ALARMS_PER_1000) -> float | None:
-    """The threshold (in ``by_threshold``'s order: the runs under each) with the most hits among those
-    whose false alarms per 1,000 at-risk steps are at most ``max_per_1000``; ties go to the longer median
-    lead, then to the earlier threshold. None where none qualifies. Meant for the choosing half only."""
-    best, key = None, None
-    for threshold, runs in by_threshold.items():
-        rate = _per_1000(runs)
-        if rate is None or rate > max_per_1000:
-            continue
-        # the median lead is None exactly where there is no hit, so it is only ever compared with another None
-        k = (sum(r.hit for r in runs), quantile([r.lead for r in runs if r.hit], 0.5))
-        if key is None or k > key:  # strictly: of equal keys the earlier threshold stays
-            best, key = threshold, k
-    return best
-
-
-def sign_test(differences: Sequence[float]) -> float | None:
-    """Two-sided exact sign test of a zero median: 2 · P(Binomial(n, ½) ≤ min(positives, negatives)),
-    capped at 1, zeros dropped; None with no non-zero difference."""
-    pos, neg = sum(d > 0 for d in differences), sum(d < 0 for d in differences)
-    n = pos + neg
-    if not n:
-        return None
-    tail = math.fsum(math.comb(n, i) for i in range(min(pos, neg) + 1)) / 2 ** n
-    return min(1.0, 2 * tail)
-
-
 def lead_verdict(ci: tuple[float, float] | None) -> str:
     """A lead difference's verdict by its interval: "earlier" where it lies above 0, "later" where below,
     "inconclusive" where it holds 0 or there is none."""
     return "inconclusive" if ci is None else "earlier" if ci[0] > 0 else "later" if ci[1] < 0 else "inconclusive"
 
 
-def paired_lead(a: Sequence[Watched], b: Sequence[Watched]) -> dict:
-    """Lead of detector ``a`` minus that of baseline ``b`` on the same broken runs (the lists in the same
-    run order; a miss counts 0, no warning): median with a seed-bootstrap interval, a sign test over the
-    seeds' mean differences (a seed's runs share batches and init), and "earlier", "later" or
-    "inconclusive" by the interval."""
-    if [(x.seed, x.broke) for x in a] != [(y.seed, y.broke) for y in b]:
-        raise ValueError("paired_lead needs the same runs, in the same order, under both detectors")
-    pairs = [(x.seed, (x.lead or 0) - (y.lead or 0)) for x, y in zip(a, b) if x.broke is not None]
-
-    def median(sample):
-        return quantile([d for _, d in sample], 0.5)
-
-    by_seed: dict[int, list[float]] = {}
-    for s, d in pairs:
-        by_seed.setdefault(s, []).append(d)
-    ci = bootstrap(pairs, median, seed_of=lambda p: p[0])
-    return {"runs": len(pairs), "median": median(pairs), "ci": ci, "verdict": lead_verdict(ci),
-            "p": sign_test([sum(ds) / len(ds) for ds in by_seed.values()])}
-
-
-def holm(pvalues: Mapping[str, float | None], alpha: float = 0.05) -> dict[str, dict]:
-    """Holm's step-down correction across detectors: sorted p₍₁₎ ≤ … ≤ p₍ₘ₎, adjusted p₍ᵢ₎ =
-    max over j ≤ i of min(1, (m − j + 1) p₍ⱼ₎); a detector's test holds where its adjusted p ≤ ``alpha``.
-    A detector without a p (no test) keeps None and is not counted in m."""
-    ranked = sorted((p, name) for name, p in pvalues.items() if p is not None)
-    m, running, out = len(ranked), 0.0, {}
-    for j, (p, name) in enumerate(ranked):
-        running = max(running, min(1.0, (m - j) * p))
-        out[name] = {"p": p, "p_holm": running, "holds": running <= alpha}
-    for name, p in pvalues.items():
-        if p is None:
-            out[name] = {"p": None, "p_holm": None, "holds": False}
-    return out
-
-
-def cross_fit(items: Sequence, choose: Callable[[list], object], judge_with: Callable[[list, object], list],
-              seed_of: Callable = lambda o: o.seed) -> dict:
-    """Choose on one half of the seeds (``split_seeds``), judge on the other, then swap: every item is
-    judged by a choice made without it. ``choose(items) -> choice``; ``judge_with(items, choice) -> list``.
-    Returns both folds' choices and the judged lists joined."""
-    first, second = split_seeds([seed_of(x) for x in items])
-    folds, judged = [], []
-    for pick, held in ((first, second), (second, first)):
-        choice = choose([x for x in items if seed_of(x) in pick])
-        judged += judge_with([x for x in items if seed_of(x) in held], choice)
-        folds.append({"choosing_seeds": pick, "judged_seeds": held, "choice": choice})
-    return {"folds": folds, "judged": judged}
-
-
-def auc(scored: Sequence[tuple[float, bool]]) -> float | None:
-    """Area under the ROC curve of (score, positive) pairs: the share of (positive, negative) pairs the
-    score orders rightly, ties counting half (Mann–Whitney); None without both kinds."""
-    pos = [s for s, y in scored if y]
-    neg = [s for s, y in scored if not y]
-    if not pos or not neg:
-        return None
-    right = math.fsum(1.0 if p > q else 0.5 if p == q else 0.0 for p in pos for q in neg)
-    return right / (len(pos) * len(neg))
-
-
-def auc_interval(scored: Sequence[tuple[int, float, bool]], draws: int = 1000) -> dict:
-    """``auc`` of (seed, score, positive) triples with a percentile interval from resampling seeds, each
-    seed bringing all its runs (runs of one seed share init and batches)."""
-    def stat(sample):
-        return auc([(s, y) for _, s, y in sample])
-
-    return {"auc": stat(scored), "ci": bootstrap(scored, stat, seed_of=lambda t: t[0], draws=draws)}

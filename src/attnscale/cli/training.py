@@ -251,6 +251,14 @@ def _study_of_pilot(args) -> list:
 def _warn_config(args) -> list:
     from attnscale.experiments import warn_study
 
+    if args.reread is not None or args.published is not None:
+        if args.pilot or args.study is not None:
+            from attnscale.errors import ConfigError
+
+            raise ConfigError("--reread and --published read published numbers and train nothing: drop --pilot "
+                              "and --study")
+        args.out = None  # the re-read trains nothing and writes no folder
+        return []
     if args.study is not None:
         return _study_of_pilot(args)
     if args.pilot:
@@ -273,6 +281,10 @@ def _warn_config(args) -> list:
 def _warn(cfgs, out, args) -> list:
     from attnscale.experiments import warn_study
 
+    if args.reread is not None or args.published is not None:
+        from attnscale.experiments import warn_reread
+
+        return [warn_reread.reread_files(args.reread, args.published)]
     if args.study is not None:
         from attnscale.experiments import recipe_study
 
@@ -284,16 +296,20 @@ def _warn(cfgs, out, args) -> list:
 
 
 def _warn_table(results) -> str:
-    from attnscale.experiments import recipe_study, warn_study
+    from attnscale.experiments import recipe_study, warn_reread, warn_study
 
+    if results and results[0].get("reread"):
+        return warn_reread.format_reread(results[0])
     if results and results[0].get("study"):
         return recipe_study.format_study(results[0])
     return warn_study.format_tables(results)
 
 
 def _warn_json(results) -> dict:
-    from attnscale.experiments import recipe_study, warn_study
+    from attnscale.experiments import recipe_study, warn_reread, warn_study
 
+    if results and results[0].get("reread"):
+        return warn_reread.reread_json(results[0])
     if results and results[0].get("study"):
         return recipe_study.study_json(results[0])
     return warn_study.as_json_all(results)
@@ -328,6 +344,14 @@ def add_warn_study(sub) -> None:
                         "detector judged within each cell, thresholds cross-fitted over the seeds; with --quick, "
                         "on a --quick pilot, a smoke check; --steps, --batch, --context, --dtype and --weights as the pilot was given "
                         "them")
+    reread = ("train nothing: re-derive the warning's figures from a published series file (e.g. "
+              "docs/act-study-series.json.gz; arms A and E): leads from a landmark 200 steps after learning, breakers "
+              "against holders there, the share of held runs that alarm, and the break-dating rules' sensitivity; "
+              "with --json, every number")
+    published = ("with or without --reread: the study's own numbers (docs/warn-study.json) read again: its leads "
+                 "beside each run's survival after learning, its silenced detectors, its AUC count")
+    for flag, metavar, text in (("--reread", "SERIES", reread), ("--published", "JSON", published)):
+        p.add_argument(flag, type=Path, metavar=metavar, help=text)
     training_options(p, "attnscale-out/warn-study",
                      quick="the smoke size: 4 runs a family, a check that the study works, not a measurement")
     jobs_option(p)

@@ -6,8 +6,8 @@ cell, at a constant rate after the warm-up so that no decay rescues a run at the
 records the loss at every step and every head's measures at every step (``record_every=1``); the
 watch is read at every ``probe_every``-th step (5), as a probe at that cadence would see it.
 
-What a run is (broken at a step, or healthy), each alert's first alarm, and their judging are
-``analysis.detectors``; ``analyse`` applies them: thresholds chosen on half the seeds
+What a run is (broken at a step, or healthy) is ``analysis.outcomes.first_round_break``; each alert's
+first alarm and their judging are ``analysis.detectors``; ``analyse`` applies them: thresholds chosen on half the seeds
 (``detectors.split_seeds``) at a false-alarm target, rates and lead times read on the other half,
 with Wilson intervals for the rates and percentile intervals from resampling seeds for the leads.
 The runs go through the runs/ layer like every

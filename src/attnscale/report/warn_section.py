@@ -1,8 +1,8 @@
 """The report section "Warning before the break", from the divergence study's run records (``attnscale warn-study``).
 
 ``blocks(runs, out, pngs)`` returns blocks like the other sections and draws its figures into ``out``.
-The numbers are ``analysis.alarms.analyse`` of the records (the break rule and the detectors
-are ``analysis.detectors``); this module only words and draws them.
+The numbers are ``analysis.alarms.analyse`` of the records (the first round's break rule is
+``analysis.outcomes.first_round_break``, the detectors ``analysis.detectors``); this module only words and draws them.
 """
 
 from __future__ import annotations
