@@ -267,7 +267,7 @@ def run_study(cfg: ActConfig, out: Path, jobs: int = 1, progress: bool = True, e
     corpus = cfg.corpus_spec.load()
     runs = _execute(study_specs(cfg, corpus.vocab_size), cfg, out, jobs, progress, executor, ray_address, corpus)
     rows = run_rows(runs)
-    return {"study": True, "level": cfg.level, **aj.judge(rows, FLOOR), "rows": rows}
+    return {"study": True, "level": cfg.level, **aj.judge(rows, FLOOR, arms=cfg.arms), "rows": rows}
 
 
 def read_rows(folder: Path, pilot: bool = False) -> list[dict[str, Any]]:
@@ -341,7 +341,8 @@ def format_result(result: dict[str, Any]) -> str:
                      "—" if br is None else f"b {br['b']}, c {br['c']}, p {p_text(br['p'])}",
                      "—" if "loss_vs_A" not in a else interval_text(a["loss_vs_A"]),
                      "—" if "loss_vs_E" not in a else interval_text(a["loss_vs_E"]), a.get("decision", "—")])
-    lines = [f"Alarm level L = {result['level']:g}; seeds read: {' '.join(map(str, result['seeds'])) or 'none'}"
+    level = "—" if result["level"] is None else f"{result['level']:g}"
+    lines = [f"Alarm level L = {level}; seeds read: {' '.join(map(str, result['seeds'])) or 'none'}"
              + (" (interim: block 1 alone)" if result.get("interim") else "") + "."]
     lines += table(("arm", "runs", "learned", "broke", "degraded", "never learned", "breaks vs A (exact)",
                     "loss − A [95%]", "loss − E [95%]", "decision"), rows, "<>>>>><<<<")
