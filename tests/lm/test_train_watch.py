@@ -2,7 +2,9 @@
 their steps with the numbers of the weights trained so far, the run's own numbers are untouched, and a "stop"
 alert ends the run as "stopped"."""
 
+import json
 import re
+from dataclasses import replace
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ from attnscale.lm.data import batches
 from attnscale.lm.model import ModelConfig, TinyLM
 from attnscale.lm.train import TrainConfig, train
 from attnscale.watch.alerts import MaxScore
-from attnscale.watch import Attached
+from attnscale.watch import Attached, ClipQK, ScaleLR, SkipStep
 from attnscale.watch.logs.line import read_log
 from attnscale.watch.logs.sinks import JsonlSink, Sink
 from reference import head_summary
@@ -106,3 +108,116 @@ def test_a_resumed_run_takes_a_watch_of_its_own_and_an_attached_that_followed_a_
     resumed = train(MODEL, cfg, corpus, checkpoint=tmp_path / "c.pt",
                     watch=Attached(every=2, sinks=[kept], in_training_forward=True))
     assert resumed["resumed_from"] == 3 and (first.steps, kept.steps) == ([2], [4, 6])
+
+
+# Alerts that act (watch/actions.py). A flat rate after the warm-up (min_lr_ratio 1) and no weight decay: the
+# first k steps of a run are those of a k-step run, so "the weights after step k" is a run of k steps. The
+# explicit attention path at every step, as QK-Clip's capture takes it: the runs differ by their actions only.
+FLAT = TrainConfig(steps=3, batch=4, lr=1e-2, warmup=2, min_lr_ratio=1.0, weight_decay=0.0, record_every=3,
+                   eval_batches=2, threads=1, attention="explicit")
+ANY = 1e-9  # a MaxScore level every head passes: the alert fires at the first probe
+
+
+def _weights(corpus, tmp_path, name, steps, watch=None):
+    path = tmp_path / f"{name}.safetensors"
+    res = train(MODEL, replace(FLAT, steps=steps), corpus, weights=path, watch=watch)
+    return res, load_file(path)
+
+
+def _s_max(weights, corpus, step):
+    """max |score| per (layer, head) in the forward of update ``step`` (1-based), on ``weights``: the batch is
+    the seed generator's ``step``-th draw."""
+    gen = torch.Generator().manual_seed(FLAT.seed)
+    for _ in range(step):
+        x_BT, _ = batches(corpus.train, FLAT.batch, MODEL.context, gen)
+    model = TinyLM(MODEL)
+    model.load_state_dict(weights)
+    with torch.no_grad(), hooked(model, "blocks.*.attn.hook_*") as cache:
+        model(x_BT)
+    return [head_summary(cache[f"blocks.{layer}.attn.hook_scores"].double(),
+                         cache[f"blocks.{layer}.attn.hook_pattern"].double())["max_score"]
+            for layer in range(MODEL.n_layers)]
+
+
+def test_clip_qk_taken_at_a_probe_clips_from_the_next_step_and_not_before(corpus, tmp_path):
+    """An alert firing at probe step 2 turns QK-Clip on: step 3's update is followed by the clip of each head at
+    tau, W_q and W_k rows of head h times sqrt(tau / S_max[h]) with S_max from step 3's own forward (on the
+    weights after step 2); steps 1 to 3 train as without it."""
+    _, after_2 = _weights(corpus, tmp_path, "two", 2)
+    s_max = _s_max(after_2, corpus, 3)
+    tau = 0.5 * min(min(heads) for heads in s_max)  # every head is clipped
+    alone, after_3 = _weights(corpus, tmp_path, "three", 3)
+    log = tmp_path / "watch.jsonl"
+    watch = Attached(every=2, sinks=[JsonlSink(log)], alerts=[MaxScore(tau=ANY, action=ClipQK(tau))])
+    clipped, got = _weights(corpus, tmp_path, "clipped", 3, watch)
+    assert clipped["losses"] == alone["losses"]  # the loss of step k comes from the weights before update k
+    probe = read_log(log)[0]
+    assert clipped["actions"] == [{"step": 2, "action": "clip_qk", "alert": "max_score", "layer": 0, "head": 0,
+                                   "value": probe.grid("max_score")[0][0], "tau": tau}]
+    assert probe.actions == clipped["actions"]  # the watch log keeps it at its probe step
+    d = MODEL.head_dim
+    for name, value in got.items():
+        want = after_3[name]
+        if ".q_proj." in name or ".k_proj." in name:
+            layer = int(name.split(".")[1])
+            gamma_H = torch.tensor([tau / s for s in s_max[layer]], dtype=torch.float64)
+            want = (want.double() * gamma_H.sqrt().repeat_interleave(d).view(-1, *[1] * (want.dim() - 1))).float()
+            torch.testing.assert_close(value, want, rtol=1e-5, atol=0)
+        else:
+            assert torch.equal(value, want), name
+
+
+def test_scale_lr_halves_the_update_of_the_steps_it_covers(corpus, tmp_path):
+    """ScaleLR(0.5, steps=1) at probe step 2: update 3 moves the weights half as far as the run without it (AdamW
+    without weight decay: the update is lr times a direction the rate does not change)."""
+    _, after_2 = _weights(corpus, tmp_path, "two", 2)
+    _, after_3 = _weights(corpus, tmp_path, "three", 3)
+    res, got = _weights(corpus, tmp_path, "scaled", 3,
+                        Attached(every=2, alerts=[MaxScore(tau=ANY, action=ScaleLR(0.5, steps=1))]))
+    assert [(a["step"], a["action"], a["factor"], a["steps"]) for a in res["actions"]] == [(2, "scale_lr", 0.5, 1)]
+    for name, value in got.items():
+        torch.testing.assert_close(value - after_2[name], (after_3[name] - after_2[name]) / 2, rtol=0, atol=2e-7)
+    assert res["history"][0]["lr"] == FLAT.lr / FLAT.warmup  # the schedule's own rates are untouched
+
+
+def test_a_run_without_a_watch_took_no_action_and_its_record_keeps_those_a_watch_took(corpus, tmp_path):
+    from attnscale.runs import record as rec
+    from attnscale.runs.trainer import train_run
+
+    assert train(MODEL, FLAT, corpus)["actions"] == []
+    run = train_run(MODEL, FLAT, corpus, tmp_path / "run",
+                    watch=Attached(every=2, alerts=[MaxScore(tau=ANY, action=ScaleLR(0.25))]))
+    kept = json.loads((tmp_path / "run" / rec.RECORD).read_text())["results"]["actions"]
+    assert [(a["step"], a["action"], a["factor"], a["steps"]) for a in kept] == [(2, "scale_lr", 0.25, None)]
+    assert list(run.results.actions) == kept
+    assert rec.TrainResults.from_json({"status": "done", "steps_done": 3}).actions == ()  # a record from before
+
+
+@pytest.mark.parametrize("actions", [(ClipQK(5.0), ScaleLR(0.5, steps=2)), (SkipStep(2),)],
+                         ids=["clip-and-rate", "skip"])
+def test_a_run_resumed_after_an_action_goes_on_as_the_uninterrupted_one(corpus, tmp_path, actions):
+    """Actions taken at probe step 2 still in force at the checkpoint (step 3): the resumed run's losses,
+    records, final weights, actions and watch log equal the uninterrupted run's, to the bit."""
+    cfg = TrainConfig(**{**TRAIN.__dict__, "checkpoint_every": 3})
+
+    def attached(log):
+        return Attached(every=2, sinks=[JsonlSink(log)], alerts=[MaxScore(tau=ANY, action=a) for a in actions])
+
+    whole = train(MODEL, cfg, corpus, watch=attached(tmp_path / "whole.jsonl"), weights=tmp_path / "whole.st")
+    calls = iter(range(100))
+    first = train(MODEL, cfg, corpus, checkpoint=tmp_path / "c.pt", watch=attached(tmp_path / "first.jsonl"),
+                  should_stop=lambda: next(calls) >= 3)
+    assert first["status"] == "stopped" and len(first["actions"]) == len(actions)
+    resumed = train(MODEL, cfg, corpus, checkpoint=tmp_path / "c.pt", watch=attached(tmp_path / "resumed.jsonl"),
+                    weights=tmp_path / "resumed.st")
+    assert resumed["resumed_from"] == 3
+    assert _numbers(resumed) == _numbers(whole) and resumed["actions"] == whole["actions"] == first["actions"]
+    w, r = load_file(tmp_path / "whole.st"), load_file(tmp_path / "resumed.st")
+    assert all(torch.equal(w[k], r[k]) for k in w)
+    assert _numbers(whole) != _numbers(train(MODEL, cfg, corpus))  # the actions changed the run
+
+    def lines(name):
+        return [{k: v for k, v in line.to_json().items() if k not in ("time", "watch")}
+                for line in read_log(tmp_path / name)]
+
+    assert lines("first.jsonl") + lines("resumed.jsonl") == lines("whole.jsonl")

@@ -248,4 +248,4 @@ def _train(model_cfg, cfg, corpus, log, weights, on_step, should_stop, device, p
             "threads": torch.get_num_threads(), "dtype": precision.name, "attention": "sdpa (transformers)",
             "device": dev.describe_device(device, precision),
             "start": summarize(probed[0]) if probed else None, "end": summarize(probed[-1]) if probed else None,
-            "history": state["lines"], "notes": []}
+            "history": state["lines"], "notes": [], "actions": []}

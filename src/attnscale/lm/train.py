@@ -264,7 +264,10 @@ def train(
     as the Trainer and Lightning callbacks attach it: its ``Watch`` is made on the model the steps run
     when training starts, follows every update, and an alert whose action is "stop" ends the run
     ("stopped"); its sinks are closed when training ends, however it ends. An Attached follows one call
-    (each builds its model): one that followed a run is refused.
+    (each builds its model): one that followed a run is refused. It is handed the run's optimizer, which an
+    alert's ``ScaleLR`` or ``SkipStep`` acts on; ``results["actions"]`` lists the actions its alerts took
+    (``watch/actions.py``; [] without a watch), and the checkpoint keeps the watch's state, so a run resumed
+    with an ``Attached`` of the same options goes on as the uninterrupted one would.
 
     ``checkpoint``: with ``checkpoint_every`` > 0, the model, optimiser and batch
     generator are saved there every that many steps; a later call with the same
@@ -308,6 +311,7 @@ class Run:
     losses: list[float] = field(default_factory=list)
     evals: list[dict[str, Any]] = field(default_factory=list)  # held-out loss every ``eval_every`` steps
     skipped: int = 0  # fp16 steps the gradient scaler skipped (inf/NaN gradients); they do not count
+    watch_state: dict | None = None  # a resumed run's watch, as its checkpoint kept it
     t0: float = field(default_factory=time.perf_counter)
 
     def log(self, row: dict[str, Any]) -> None:
@@ -377,6 +381,7 @@ def _resume(run: Run, ckpt: Checkpoint | None) -> tuple[int, list[str]]:
     run.skipped = state.get("skipped", 0)
     run.losses = state["losses"]
     run.evals = list(state.get("evals", []))
+    run.watch_state = state.get("watch")
     for row in state["history"]:
         run.log(row)
     return state["step"], []
@@ -484,13 +489,15 @@ def _train(model_cfg, cfg, corpus, log_line, on_step, should_stop, ckpt, weights
     run = build_run(model_cfg, cfg, log_line)
     start, notes = _resume(run, ckpt)
     if watch is None:
-        return _steps(run, corpus, start, notes, on_step, should_stop, ckpt, weights)
-    watch.start(run.net, start)
+        return {**_steps(run, corpus, start, notes, on_step, should_stop, ckpt, weights), "actions": []}
+    watch.load_state_dict(run.watch_state or {})
+    watch.start(run.net, start, optimizer=run.opt)
     try:
-        return _steps(run, corpus, start, notes, on_step,
-                      lambda: watch.should_stop or (should_stop is not None and should_stop()), ckpt, weights, watch)
+        results = _steps(run, corpus, start, notes, on_step,
+                         lambda: watch.should_stop or (should_stop is not None and should_stop()), ckpt, weights, watch)
     finally:
         watch.finish()
+    return {**results, "actions": watch.actions}
 
 
 def _steps(run: Run, corpus, start: int, notes: list[str], on_step, should_stop, ckpt, weights,
@@ -522,7 +529,7 @@ def _steps(run: Run, corpus, start: int, notes: list[str], on_step, should_stop,
         if ckpt is not None and step % cfg.checkpoint_every == 0 and step < cfg.steps:
             ckpt.save(step=step, model=run.model.state_dict(), opt=run.opt.state_dict(), gen=run.gen.get_state(),
                       scaler=run.scaler.state_dict(), skipped=run.skipped, losses=run.losses, history=run.history,
-                      evals=run.evals)
+                      evals=run.evals, watch=watch.state_dict() if watch is not None else None)
         if on_step is not None:
             on_step(step, cfg.steps, {"loss": value, "lr": lr, "grad_norm": grad_norm})
     if run.skipped:

@@ -310,6 +310,9 @@ class TrainResults:
     # held-out {"step", "valid_loss", "perplexity"} every ``eval_every`` steps; () in records written before
     evals: tuple[dict[str, Any], ...] = ()
     notes: tuple[str, ...] = ()
+    # the actions the watch's alerts took (``watch/actions.py``), {"step", "action", "alert", ...}; () in
+    # records written before, and of runs without a watch
+    actions: tuple[dict[str, Any], ...] = ()
 
     def __post_init__(self):
         if self.status != "done":  # one rule, here: only a finished, finite run has a perplexity
@@ -326,6 +329,7 @@ class TrainResults:
         kwargs["notes"] = tuple(kwargs.get("notes") or ())
         kwargs["evals"] = tuple(kwargs.get("evals") or ())
         kwargs["losses"] = tuple(kwargs.get("losses") or ())
+        kwargs["actions"] = tuple(kwargs.get("actions") or ())
         try:
             return cls(**kwargs)
         except TypeError as e:

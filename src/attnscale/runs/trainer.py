@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from attnscale.errors import ConfigError
 from attnscale.runs import record as rec
 
 __all__ = ["train_run", "mark_running", "record_config", "build_watch", "WATCH_KEYS"]
@@ -36,8 +37,6 @@ def record_config(model_cfg, train_cfg, corpus, watch: dict[str, Any] | None = N
 def _action(spec: Any):
     """An alert's action from plain data: "warn" or "stop" as they are; {"clip_qk": {...}}, {"scale_lr": {...}}
     or {"skip_step": {...}} as ``watch.actions``' ``ClipQK``, ``ScaleLR`` and ``SkipStep``."""
-    from attnscale.errors import ConfigError
-
     if spec in ("warn", "stop"):
         return spec
     if isinstance(spec, dict) and len(spec) == 1:
@@ -57,8 +56,6 @@ def build_watch(spec: dict[str, Any] | None):
     ``spec``: {"every": probe cadence, "probe": "records" (the run's records' own sequence, ``lm.train``) or
     None (the first batch), "qk_clip": tau or None, "alerts": [{"max_score": {"tau": ..., "action": ...}}]}
     (no "alerts": none; the watch's defaults are not taken, so that what acts is what the spec says)."""
-    from attnscale.errors import ConfigError
-
     if spec is None:
         return None
     unknown = sorted(set(spec) - set(WATCH_KEYS))
@@ -100,24 +97,20 @@ def _trainer(model_cfg) -> Callable:
 
 def train_run(model_cfg, train_cfg, corpus, run_dir: Path, *, group: str | None = None,
               on_step: Callable[[int, int, dict], None] | None = None,
-              should_stop: Callable[[], bool] | None = None, watch: dict[str, Any] | None = None) -> rec.TrainRun:
+              should_stop: Callable[[], bool] | None = None, watch: Any = None) -> rec.TrainRun:
     """Train ``model_cfg`` on ``corpus`` with ``train_cfg`` into ``run_dir``; return the run as read back.
 
     Resumes from ``run_dir/checkpoint.pt`` when ``train_cfg.checkpoint_every`` saved
     one for this very config; a checkpoint that could not be used is said on
-    stderr and in the record's notes. ``watch``: the run's watch as plain data (``build_watch``), kept in
-    its record's config; the tiny LM's own loop alone takes one."""
+    stderr and in the record's notes. ``watch``: for the tiny LM's loop (``lm.train.train``'s), an
+    ``attnscale.watch.Attached``, or the run's watch as plain data (``build_watch``), which its record's
+    config then keeps; the actions its alerts took are in the record's results."""
     train = _trainer(model_cfg)
-    extra = {}
-    if watch is not None:
-        from attnscale.lm.train import train as own
-
-        if train is not own:
-            from attnscale.errors import ConfigError
-
-            raise ConfigError("a run's watch is for the tiny LM's own loop; the Llama family is watched by its "
-                              "WatchCallback under the Trainer")
-        extra["watch"] = build_watch(watch)
+    if watch is not None and train.__module__ != "attnscale.lm.train":
+        raise ConfigError(f"train_run's watch= follows the tiny LM's own loop, not {type(model_cfg).__name__}'s "
+                          "Trainer; give that Trainer attnscale.watch.WatchCallback instead")
+    spec = watch if isinstance(watch, dict) else None
+    watch = build_watch(spec) if spec is not None else watch
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -127,11 +120,12 @@ def train_run(model_cfg, train_cfg, corpus, run_dir: Path, *, group: str | None 
             metrics.write(json.dumps(line) + "\n")
             metrics.flush()
 
+        extra = {} if watch is None else {"watch": watch}
         results = train(model_cfg, train_cfg, corpus, log=log, checkpoint=run_dir / rec.CHECKPOINT,
                         weights=run_dir / rec.WEIGHTS, on_step=on_step, should_stop=should_stop, **extra)
     for note in results.get("notes", ()):
         print(f"attnscale: {run_dir.name}: {note}", file=sys.stderr, flush=True)
-    record = rec.new("train", record_config(model_cfg, train_cfg, corpus, watch), results, status=results["status"],
+    record = rec.new("train", record_config(model_cfg, train_cfg, corpus, spec), results, status=results["status"],
                      started=started, group=group, notes=results.get("notes", ()), device=results.get("device"))
     rec.write(run_dir, record)
     return rec.TrainRun.load(run_dir, record)

@@ -6,7 +6,8 @@
 
 What a run attaches, over the capture floor (``attnscale.capture``, which reads
 q and k and reduces them): ``loop`` (``Watch``, for a plain loop), ``callbacks/``
-(a Trainer or Lightning ``WatchCallback``; ``Attached``, for attnscale's own loop), ``alerts``, ``logs/`` (the watch
+(a Trainer or Lightning ``WatchCallback``; ``Attached``, for attnscale's own loop), ``alerts``, ``actions`` (what
+an alert can do to the run: ``ClipQK``, ``ScaleLR``, ``SkipStep``), ``logs/`` (the watch
 log's line and the sinks), ``clip/`` (QK-Clip). Those names load on first use,
 so ``import attnscale.watch`` stays light.
 """
@@ -33,6 +34,7 @@ _LAZY = {
     **{name: "attnscale.watch.alerts" for name in ("Alert", "Alerts", "Firing", "default_alerts", "MaxScore", "Collapsed",
                                                    "Frozen", "NonFinite", "Spike")},
     **{name: "attnscale.watch.logs.line" for name in ("WatchLine", "read_log")},
+    **{name: "attnscale.watch.actions" for name in ("Action", "ClipQK", "ScaleLR", "SkipStep")},
 }
 
 __all__ = ["Adapter", "AttentionCall", "HeadStats", "Inputs", "TensorParallel", "capture_adapter", "capture_hooks", "capture_sdpa",

@@ -1,4 +1,5 @@
-"""Alerts on a head's measurements, each with an action: warn, stop, or a function of yours.
+"""Alerts on a head's measurements, each with an action: warn, stop, a function of yours, or an action on the
+run (``ClipQK``, ``ScaleLR``, ``SkipStep``: ``actions.py``).
 
 What each alert watches, and why its default:
 - ``MaxScore(tau=100)``: the largest |scaled score| of a head above tau. 100 is the
@@ -20,6 +21,11 @@ A firing is said (logged at WARNING on the ``attnscale.watch`` logger, or handed
 the action function) once per alert, layer and head: a head that stays collapsed for
 10,000 steps is named once, with its layer, head, step and value. Every firing still
 goes into the watch log's record of its step. ``stop`` also sets ``Alerts.should_stop``.
+
+An alert whose action acts on the run (``MaxScore(tau=1000, action=ClipQK(100))``) is said as a warning
+too, and its action is taken once per alert: at the first probe at which it fires on any head (the first
+head in layer, then head order), on every rank. ``Alerts.due`` lists the (action, firing) pairs a check
+took; the ``Watch`` carries them out from the next optimizer step and records each one.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ import torch
 
 from attnscale.core.diagnostics import HEAD_MEASURES
 from attnscale.errors import ConfigError
+from attnscale.watch.actions import Action
 
 __all__ = ["Firing", "Alert", "MaxScore", "Collapsed", "Frozen", "NonFinite", "Spike", "Alerts", "default_alerts",
            "ACTIONS", "LOGGER"]
@@ -51,7 +58,7 @@ class Firing:
     head: int
     step: int
     value: float
-    action: str  # "warn", "stop" or "call"
+    action: str  # "warn", "stop", "call", or the name of an Action ("clip_qk", "scale_lr", "skip_step")
     message: str
 
     def to_json(self) -> dict:
@@ -64,15 +71,16 @@ def _finite(x) -> bool:
 
 
 def _check_action(action) -> None:
-    if not (callable(action) or (isinstance(action, str) and action in ACTIONS)):
-        raise ConfigError(f"an alert's action is 'warn', 'stop' or a function of one Firing, got {action!r}")
+    if not (isinstance(action, Action) or callable(action) or (isinstance(action, str) and action in ACTIONS)):
+        raise ConfigError(f"an alert's action is 'warn', 'stop', a function of one Firing, or ClipQK(...), "
+                          f"ScaleLR(...) or SkipStep(...), got {action!r}")
 
 
 @dataclass(frozen=True)
 class Alert:
     """Base of the alerts: ``hits(values_MH, rows_H, measures)`` gives (head, value) pairs of one layer."""
 
-    action: str | Callable[[Firing], None] = "warn"
+    action: str | Callable[[Firing], None] | Action = "warn"
 
     name = "alert"
 
@@ -206,6 +214,8 @@ class Alerts:
         self.said: set[tuple[int, int, int]] = set()  # (alert index, layer, head)
         self.should_stop = False
         self._history: dict[tuple[int, int, int], deque] = {}
+        self.taken: set[int] = set()  # the alerts (by index) whose Action was taken
+        self.due: list[tuple[Action, Firing]] = []  # the actions the last check took, in order
 
     def check(self, stats, step: int, say: bool = True) -> list[Firing]:
         """Every firing at this step; each is said or acted on the first time for its alert, layer and head
@@ -213,7 +223,7 @@ class Alerts:
         values_LMH, rows_LH, measures = stats.values_LMH, stats.rows_LH, tuple(stats.measures)
         # where layers differ in heads the table is as wide as the widest: a head a layer lacks is no alarm
         heads = getattr(stats, "layer_heads", ()) or (values_LMH.shape[2],) * values_LMH.shape[0]
-        fired = []
+        fired, self.due = [], []
         for i, alert in enumerate(self.alerts):
             for layer, n in enumerate(heads):
                 if isinstance(alert, Spike):
@@ -221,17 +231,41 @@ class Alerts:
                 else:
                     hits = alert.hits(layer, values_LMH[layer, :, :n], rows_LH[layer, :n], measures)
                 for head, value in hits:
-                    action = alert.action if isinstance(alert.action, str) else "call"
+                    acts = isinstance(alert.action, Action)
+                    action = alert.action.name if acts else alert.action if isinstance(alert.action, str) else "call"
+                    taking = acts and i not in self.taken
                     message = (f"attention alert at step {step}: layer {layer} head {head}: "
-                               f"{alert.describe(value)}" + (" (stopping)" if action == "stop" else ""))
+                               f"{alert.describe(value)}" + (" (stopping)" if action == "stop" else "")
+                               + (f" (acting: {alert.action!r} from the next step)" if taking else ""))
                     firing = Firing(alert.name, layer, head, step, value, action, message)
                     fired.append(firing)
                     if alert.action == "stop":
                         self.should_stop = True
+                    if taking:  # on every rank: the ranks' runs stay one run
+                        self.taken.add(i)
+                        self.due.append((alert.action, firing))
                     if say and (i, layer, head) not in self.said:
                         self.said.add((i, layer, head))
-                        alert.action(firing) if callable(alert.action) else LOGGER.warning(message)
+                        alert.action(firing) if callable(alert.action) and not acts else LOGGER.warning(message)
         return fired
+
+    def state_dict(self) -> dict:
+        """What the checks so far leave for the next (a resumed run's): heads said, the stop, Spike's windows,
+        the actions taken."""
+        return {"alerts": [alert.name for alert in self.alerts], "said": sorted(list(k) for k in self.said),
+                "should_stop": self.should_stop, "taken": sorted(self.taken),
+                "history": [[*key, list(values)] for key, values in self._history.items()]}
+
+    def load_state_dict(self, state: dict) -> None:
+        names = [alert.name for alert in self.alerts]
+        if state["alerts"] != names:
+            raise ConfigError(f"the checkpoint's watch had the alerts {state['alerts']}, this one {names}; resume "
+                              "with the alerts the run started with")
+        self.said = {tuple(k) for k in state["said"]}
+        self.should_stop = bool(state["should_stop"])
+        self.taken = set(state["taken"])
+        self._history = {(i, layer, head): deque(values, maxlen=self.alerts[i].window)
+                         for i, layer, head, values in state["history"]}
 
     def _spikes(self, i: int, alert: Spike, layer: int, values_H: torch.Tensor) -> list[tuple[int, float]]:
         hits = []

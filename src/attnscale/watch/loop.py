@@ -57,6 +57,7 @@ from attnscale.capture.route import Route
 from attnscale.capture.stats import HeadStats
 from attnscale.core.diagnostics import FROZEN_THRESHOLD
 from attnscale.errors import ConfigError
+from attnscale.watch.actions import Acting, ClipQK
 from attnscale.watch.alerts import LOGGER, Alert, Alerts, default_alerts
 from attnscale.watch.clip.qk_clip import QKClip
 from attnscale.watch.in_training import TrainingForward
@@ -128,7 +129,11 @@ class Watch:
     (default: say it once on the ``attnscale.watch`` logger and try again at the next probe step), "stop" (say
     it and measure no more) or "raise". Training goes on in the first two; ``failures`` lists (step, reason).
     Under a process group, a probe that fails on some ranks only leaves the others waiting in the probe's
-    collective until its timeout: ``on_error`` acts on each rank's own failures and cannot prevent that."""
+    collective until its timeout: ``on_error`` acts on each rank's own failures and cannot prevent that.
+
+    ``optimizer``: the run's optimizer, which an alert's ``ScaleLR`` or ``SkipStep`` acts on (``actions.py``);
+    each action taken is a record in ``actions`` and in its probe step's record (``WatchLine.actions``).
+    ``state_dict``/``load_state_dict``: the alerts' and actions' state and the probe batch, for a resumed run."""
 
     def __init__(self, model: torch.nn.Module, every: int = EVERY, probe: Any = None, sinks: Sequence[Sink] = (),
                  alerts: Sequence[Alert] | None = None, threshold: float = FROZEN_THRESHOLD, *,
@@ -136,7 +141,7 @@ class Watch:
                  drop_keys: Sequence[str] = ("labels",), qk_clip: float | None = None, memory: int = DEFAULT_MEMORY,
                  sample_rows: int | None = None, detail: str = "heads", in_training_forward: bool = False,
                  stage: int | None = None, layer_offset: int | None = None,
-                 tensor_parallel: TensorParallel | None = None, on_error: str = "warn"):
+                 tensor_parallel: TensorParallel | None = None, on_error: str = "warn", optimizer: Any = None):
         if not isinstance(model, torch.nn.Module):
             raise ConfigError(f"Watch takes the torch.nn.Module being trained, got {type(model).__name__}")
         self.options = WatchOptions(
@@ -151,6 +156,10 @@ class Watch:
             if getattr(sink, "detail", "") is None:
                 sink.detail = detail
         self.alerts = Alerts(default_alerts() if alerts is None else alerts)
+        self._check_actions(optimizer, qk_clip)
+        self.acting = Acting(optimizer)
+        self.actions: list[dict] = []  # every action taken: {"step", "action", "alert", "layer", "head", "value", ...}
+        self.clip_since: int | None = None  # the first step a ClipQK action clipped
         self.probe_sequences, self.capture, self.adapter = probe_sequences, capture, adapter
         self.drop_keys = self.options.drop_keys
         self.stage, self.layer_offset = stage, layer_offset
@@ -172,6 +181,15 @@ class Watch:
         self._hook = model.register_forward_pre_hook(self._catch, with_kwargs=True) if catch else None
         self.clip = None if qk_clip is None else QKClip(model, qk_clip, capture, adapter, memory, tensor_parallel)
         self.expect(1)
+
+    def _check_actions(self, optimizer, qk_clip) -> None:
+        acts = [a.action for a in self.alerts.alerts]
+        needs = next((type(a).__name__ for a in acts if getattr(a, "needs_optimizer", False)), None)
+        if needs is not None and optimizer is None:
+            raise ConfigError(f"an alert's {needs} acts on the optimizer: give the Watch optimizer= (the callbacks "
+                              "and train() give theirs)")
+        if qk_clip is not None and any(isinstance(a, ClipQK) for a in acts):
+            raise ConfigError("qk_clip= clips from the first step and an alert's ClipQK from its alarm: give one")
 
     @staticmethod
     def check(every: int, threshold: float, probe_sequences: int, qk_clip: float | None = None,
@@ -267,6 +285,8 @@ class Watch:
         """The probe step's record, its alerts checked and said, written to every sink (rank 0's)."""
         writer = ranks.rank() == 0  # under DDP every rank probes, and rank 0 alone writes
         fired = self.alerts.check(stats, step, say=writer)
+        clipped = self.clip.take() if self.clip else {}
+        taken = [self._act(step, action, firing) for action, firing in self.alerts.due]
         seconds = time.perf_counter() - now + inside
         wall = time.perf_counter() - self._started
         record = WatchLine(
@@ -274,11 +294,56 @@ class Watch:
             rows=stats.rows_LH.tolist(), summary=stats.summary(), alerts=[f.to_json() for f in fired],
             watch={"seconds": seconds, "total_seconds": self.seconds + seconds,
                    "share": (self.seconds + seconds) / wall if wall > 0 else 0.0},
-            probe=probe, threshold=self.threshold, qk_clip=self.clip.take() if self.clip else {},
-            bias=stats.bias_LH2.tolist() if stats.bias_LH2 is not None else [])
+            probe=probe, threshold=self.threshold, qk_clip=clipped,
+            bias=stats.bias_LH2.tolist() if stats.bias_LH2 is not None else [], actions=taken)
         for sink in self.sinks if writer else ():
             sink.write(record)
         return record
+
+    def _act(self, step: int, action, firing) -> dict:
+        """Take ``action`` (its alert fired at probe step ``step``) from the next step on; its record."""
+        if isinstance(action, ClipQK):
+            if self.clip is None:
+                self.clip = QKClip(self.model, action.tau, self.capture, self.adapter, self.memory,
+                                   self.tensor_parallel)
+                self.clip_since = step + 1
+            self.clip.tau = min(self.clip.tau, float(action.tau))  # a second ClipQK: the tighter cap
+        else:
+            self.acting.take(action)
+        taken = {"step": step, "action": action.name, "alert": firing.alert, "layer": firing.layer,
+                 "head": firing.head, "value": firing.value, **action.to_json()}
+        self.actions.append(taken)
+        return taken
+
+    def state_dict(self) -> dict:
+        """What a resumed run needs to go on as this one would: the alerts' state, the actions taken and in force
+        (the rate factors and skips left, the clip and its counts since the last probe) and the probe batch."""
+        clip = None if self.clip_since is None else {
+            "tau": self.clip.tau, "since": self.clip_since, "clipped": sorted(self.clip._clipped),
+            "told": sorted(self.clip._told), "counts": {k: [t.clone() for t in v] for k, v in self.clip._since.items()}}
+        return {"alerts": self.alerts.state_dict(), "actions": [dict(a) for a in self.actions],
+                "acting": self.acting.state_dict(), "clip": clip, "probe": self.probe,
+                "measuring": self.measuring, "failures": [list(f) for f in self.failures]}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Go on from ``state_dict``'s state, before the resumed run's first step."""
+        self.alerts.load_state_dict(state["alerts"])
+        self.actions = [dict(a) for a in state["actions"]]
+        if self.acting.optimizer is not None:
+            self.acting.load_state_dict(state["acting"])
+        clip = state.get("clip")
+        if clip is not None and self.clip is None:
+            self.clip = QKClip(self.model, clip["tau"], self.capture, self.adapter, self.memory, self.tensor_parallel)
+            self.clip_since = clip["since"]
+            self.clip._clipped, self.clip._told = set(clip["clipped"]), set(clip["told"])
+            self.clip._since = {k: [t.clone() for t in v] for k, v in clip["counts"].items()}
+        self.measuring, self.failures = bool(state["measuring"]), [tuple(f) for f in state["failures"]]
+        if state["probe"] is not None and self.probe is None:
+            self.probe = state["probe"]
+            if self._hook is not None:  # the probe is the run's first batch, not the resumed run's
+                self._hook.remove()
+                self._hook = None
+            self._try()
 
     def _failed(self, step: int, e: Exception) -> None:
         """A probe that failed during training: said once per reason, and the watch goes on or stops measuring."""
@@ -377,6 +442,7 @@ class Watch:
             self.training.close()
         if self.clip is not None:
             self.clip.close()
+        self.acting.close()
         for sink in self.sinks:
             sink.close()
 

@@ -3,7 +3,7 @@
 The Hugging Face callback (``hf.py``) and the Lightning callback (``lightning.py``)
 each translate their framework's events into these four calls, and only that:
 
-    start(model, step) when training begins: the Watch is made on the model being trained
+    start(model, step, optimizer) when training begins: the Watch is made on the model being trained
     after_step(step)  after each optimizer step: QK-Clip (if on), then a probe at its cadence
     should_stop       an alert whose action is "stop" has fired
     finish()          when training ends: the sinks are flushed and closed
@@ -12,6 +12,9 @@ Their options are ``Watch``'s, checked when the callback is made, so a bad optio
 fails at the line that wrote it, not minutes later inside ``fit``/``train``; the probe
 is tried on the model when training begins (a given ``probe=``) or on the first batch,
 before its forward runs, so a probe the model cannot take ends the run before step 1.
+
+``state_dict``/``load_state_dict``: the Watch's state (``Watch.state_dict``) for a framework's checkpoint;
+one loaded before training begins is handed to the Watch when ``start`` makes it.
 """
 
 from __future__ import annotations
@@ -46,14 +49,36 @@ class Attached:
         Watch.check(**self.options)  # a bad option fails here, not at train()
         self.watch: Watch | None = None
         self.latest: tuple[int, dict[str, float]] | None = None
+        self._state: dict | None = None  # loaded before the Watch was made
 
-    def start(self, model, step: int = 0) -> Watch:
+    def start(self, model, step: int = 0, optimizer=None) -> Watch:
         """The run's Watch, made on ``model`` the first time (a second fit on the same callback goes on with it);
-        ``step``: the optimizer steps already taken (a resumed run's), so the next is ``step + 1``."""
+        ``step``: the optimizer steps already taken (a resumed run's), so the next is ``step + 1``; ``optimizer``:
+        the run's, which an alert's ScaleLR or SkipStep acts on."""
         if self.watch is None:
-            self.watch = Watch(model, **self.options)
+            self.watch = Watch(model, **self.options, optimizer=optimizer)
+            if self._state is not None:
+                self.watch.load_state_dict(self._state)
+                self._state = None
         self.watch.expect(step + 1)
         return self.watch
+
+    @property
+    def actions(self) -> list[dict]:
+        """The actions the alerts took (``Watch.actions``), restored ones included."""
+        return list(self.watch.actions) if self.watch is not None else list((self._state or {}).get("actions", []))
+
+    def state_dict(self) -> dict:
+        """The Watch's state (``Watch.state_dict``), or the one loaded and not yet handed to it; {} before both."""
+        return self.watch.state_dict() if self.watch is not None else dict(self._state or {})
+
+    def load_state_dict(self, state: dict) -> None:
+        if not state:
+            return
+        if self.watch is not None:
+            self.watch.load_state_dict(state)
+        else:
+            self._state = state
 
     def after_step(self, step: int) -> dict[str, float] | None:
         """``Watch.step``: the numbers of a probe step (kept as ``latest``), else None."""

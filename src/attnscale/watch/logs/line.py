@@ -77,6 +77,7 @@ class WatchLine:
     threshold: float | None = None
     qk_clip: dict = field(default_factory=dict)
     bias: list = field(default_factory=list)  # [layer][head][min, max] over the visible keys, where a layer has a bias
+    actions: list = field(default_factory=list)  # the actions an alert took at this step (``watch/actions.py``)
 
     @property
     def layers(self) -> int:
@@ -94,6 +95,7 @@ class WatchLine:
     def to_json(self) -> dict[str, Any]:
         clip = {"qk_clip": self.qk_clip} if self.qk_clip else {}  # a field of runs with QK-Clip only
         clip.update({"bias": self.bias} if self.bias else {})  # of models with a score bias only
+        clip.update({"actions": self.actions} if self.actions else {})  # of steps where an alert acted only
         return _finite_or_none({"schema": SCHEMA, "version": VERSION, "step": self.step, "time": self.time,
                                 "measures": list(self.measures), "values": self.values, "rows": self.rows,
                                 "summary": self.summary, "alerts": self.alerts, "watch": self.watch,
@@ -117,7 +119,8 @@ class WatchLine:
                          values=data["values"], rows=data["rows"], summary=dict(data["summary"]),
                          alerts=list(data.get("alerts", [])), watch=dict(data.get("watch", {})),
                          probe=dict(data.get("probe", {})), threshold=data.get("threshold"),
-                         qk_clip=dict(data.get("qk_clip") or {}), bias=list(data.get("bias") or []))
+                         qk_clip=dict(data.get("qk_clip") or {}), bias=list(data.get("bias") or []),
+                         actions=list(data.get("actions") or []))
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"{where} lacks a well-formed field ({str(e)[:200]}); give an unedited watch log") from None
         if not record.values or any(len(layer) != len(record.measures) for layer in record.values):

@@ -1,0 +1,109 @@
+"""Alerts that act (``watch/actions.py``), in a plain loop: each action's effect against a calculation of its own,
+taken once per alert, the options refused in one line, and the optimizer given back as it was."""
+
+import math
+
+import pytest
+import torch
+
+from attnscale.errors import ConfigError
+from attnscale.lm.data import batches, load_corpus
+from attnscale.lm.model import ModelConfig, build_model
+from attnscale.watch.actions import ClipQK, ScaleLR, SkipStep
+from attnscale.watch.alerts import MaxScore
+from attnscale.watch.loop import Watch
+
+ANY = 1e-9  # a MaxScore level every head passes: the alert fires at every probe
+
+
+def _model():
+    vocab = load_corpus("default").vocab_size
+    return build_model(ModelConfig(vocab_size=vocab, context=16, d_model=16, n_layers=1, n_heads=2), seed=0)
+
+
+def _loop(model, opt, steps, watch=None):
+    """A plain loop (batches of 4 windows of 16 characters); per step: (weights before, gradients, weights
+    after, the optimizer's state after, each group's lr after)."""
+    corpus = load_corpus("default")
+    gen = torch.Generator().manual_seed(0)
+    seen = []
+    for step in range(1, steps + 1):
+        x, y = batches(corpus.train, 4, 16, gen)
+        loss = torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
+        loss.backward()
+        before = [p.detach().clone() for p in model.parameters()]
+        grads = [p.grad.clone() for p in model.parameters()]
+        opt.step()
+        opt.zero_grad()
+        if watch is not None:
+            watch.step(step)
+        state = [{k: v.clone() for k, v in opt.state[p].items()} for p in model.parameters()]
+        seen.append((before, grads, [p.detach().clone() for p in model.parameters()], state,
+                     [g["lr"] for g in opt.param_groups]))
+    return seen
+
+
+@pytest.mark.parametrize("make, says", [
+    (lambda: ScaleLR(0), "ScaleLR's factor"), (lambda: ScaleLR(math.nan), "ScaleLR's factor"),
+    (lambda: ScaleLR(-0.5), "ScaleLR's factor"), (lambda: ScaleLR(math.inf), "ScaleLR's factor"),
+    (lambda: ScaleLR(True), "ScaleLR's factor"), (lambda: ScaleLR(0.5, steps=0), "ScaleLR's steps"),
+    (lambda: ScaleLR(0.5, steps=1.5), "ScaleLR's steps"), (lambda: ClipQK(0), "ClipQK's tau"),
+    (lambda: ClipQK(-1.0), "ClipQK's tau"), (lambda: ClipQK(math.inf), "ClipQK's tau"),
+    (lambda: SkipStep(0), "SkipStep's steps"), (lambda: SkipStep(True), "SkipStep's steps")])
+def test_an_action_that_cannot_act_is_a_config_error_naming_it(make, says):
+    with pytest.raises(ConfigError, match=f"^{says} takes"):
+        make()
+
+
+def test_an_action_on_the_optimizer_needs_one_and_a_clip_is_given_once():
+    model = _model()
+    with pytest.raises(ConfigError, match="^an alert's SkipStep acts on the optimizer: give the Watch optimizer="):
+        Watch(model, alerts=[MaxScore(tau=ANY, action=SkipStep())])
+    with pytest.raises(ConfigError, match="^qk_clip= clips from the first step and an alert's ClipQK"):
+        Watch(model, alerts=[MaxScore(tau=ANY, action=ClipQK(10))], qk_clip=10.0)
+    with pytest.raises(ConfigError, match="optimizer takes a torch.optim.Optimizer"):
+        Watch(model, alerts=[MaxScore(tau=ANY, action=SkipStep())], optimizer="adam")
+
+
+def test_scale_lr_under_sgd_moves_the_weights_by_exactly_the_scaled_update_for_its_steps():
+    """ScaleLR(0.5, steps=2) fires at probe 2: updates 3 and 4 are p - 0.05 g, the others p - 0.1 g, and each
+    group's lr reads 0.1 after every step. It is taken once, though the alert fires at probes 2 and 4."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, foreach=False)
+    watch = Watch(model, every=2, alerts=[MaxScore(tau=ANY, action=ScaleLR(0.5, steps=2))], optimizer=opt)
+    seen = _loop(model, opt, 5, watch)
+    for step, (before, grads, after, _, lrs) in enumerate(seen, 1):
+        rate = 0.05 if step in (3, 4) else 0.1
+        assert all(torch.equal(a, torch.add(b, g, alpha=-rate)) for b, g, a in zip(before, grads, after)), step
+        assert lrs == [0.1]
+    assert [(a["step"], a["action"], a["factor"], a["steps"]) for a in watch.actions] == [(2, "scale_lr", 0.5, 2)]
+    watch.close()
+    assert "step" not in vars(opt)  # the class's step again
+
+
+def test_skip_step_leaves_weights_and_optimizer_state_as_they_were_then_training_goes_on():
+    model = _model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    with Watch(model, every=2, alerts=[MaxScore(tau=ANY, action=SkipStep(2))], optimizer=opt) as watch:
+        seen = _loop(model, opt, 5, watch)
+    after_2, state_2 = seen[1][2], seen[1][3]
+    for step in (3, 4):
+        _, _, after, state, _ = seen[step - 1]
+        assert all(torch.equal(a, b) for a, b in zip(after, after_2))
+        assert all(s.keys() == t.keys() and all(torch.equal(s[k], t[k]) for k in s) for s, t in zip(state, state_2))
+    assert not torch.equal(seen[4][2][0], after_2[0]) and int(seen[4][3][0]["step"]) == 3
+    assert [(a["step"], a["action"], a["steps"]) for a in watch.actions] == [(2, "skip_step", 2)]
+
+
+def test_the_optimizer_step_a_scheduler_wrapped_is_put_back_at_close():
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    theirs = vars(opt)["step"]
+    watch = Watch(model, every=2, alerts=[MaxScore(tau=ANY, action=ScaleLR(0.5))], optimizer=opt)
+    _loop(model, opt, 3, watch)
+    assert vars(opt)["step"] is not theirs and opt._opt_called  # the scheduler still sees the step called
+    watch.close()
+    assert vars(opt)["step"] is theirs
+    sched.step()
+    assert opt.param_groups[0]["lr"] == 0.1 * 0.5  # its own value: the factor was put back after each step
