@@ -352,3 +352,59 @@ def format_result(result: dict[str, Any]) -> str:
 def as_json(result: dict[str, Any]) -> dict[str, Any]:
     """The numbers without the runs' series (those go to the series file)."""
     return {k: v for k, v in result.items() if k != "rows"}
+
+
+# ---- the figures, from the series file alone -----------------------------------------------------
+
+
+def figures(data: dict[str, Any]) -> dict[str, Any]:
+    """Every figure of the act study's section (docs/act-study.md) from a series file's contents alone
+    (``read_series``): each run's outcome judged again from its losses and held-out loss, the pilot's level
+    table (``choose_level``), the study's per-arm judging (``analysis.act_judging.judge``, on whole seeds), and
+    per pair each arm's outcome and alarm step. The step-time ratios are measured, not series: see
+    benchmarks/act_step_cost.py."""
+    from attnscale.analysis import act_judging as aj
+
+    rows = []
+    for run in data["runs"]:
+        row = dict(run)
+        row["outcome"] = aj.outcome_of(row, data["learned_level"], data["floor"])
+        rows.append(row)
+    pilot = [r for r in rows if r["pilot"]]
+    study = [r for r in rows if not r["pilot"]]
+    arms = [a for a in ARMS if any(r["arm"] == a for r in study)]
+    judged = aj.judge(study, data["floor"], arms=arms) if study else None
+    pairs = []
+    for cell, seed in sorted({(r["cell"], r["seed"]) for r in study}):
+        mine = {r["arm"]: r for r in study if (r["cell"], r["seed"]) == (cell, seed)}
+        pairs.append({"cell": cell, "seed": seed, **{a: {"kind": r["outcome"]["kind"], "break_step": r["outcome"]["break_step"],
+                                                         "alarm_step": r["alarm_step"], "valid_loss": r["valid_loss"]}
+                                                     for a, r in mine.items()}})
+    return {"pilot": choose_level(pilot) if pilot else None,
+            "pilot_cells": {c: aj.tally(r for r in pilot if r["cell"] == c) for c in dict.fromkeys(r["cell"] for r in pilot)},
+            "study": judged, "pairs": pairs}
+
+
+def format_figures(fig: dict[str, Any]) -> str:
+    """The figures as the doc shows them: the pilot's level table, the per-arm table, and the pairs."""
+    from attnscale.terminal import table
+
+    lines = []
+    if fig["pilot"] is not None:
+        lines.append(format_pilot({"runs": sum(t["runs"] for t in fig["pilot_cells"].values()),
+                                   "cells": fig["pilot_cells"], "choice": fig["pilot"]}))
+    if fig["study"] is not None:
+        lines += ["", format_result({"study": True, "level": None, **fig["study"]}).split("\n", 1)[1]]
+        lines.append(f"Seeds read: {' '.join(map(str, fig['study']['seeds']))}"
+                     + (" (interim)" if fig["study"]["interim"] else "") + ".")
+        arms = [a for a in ARMS if any(a in p for p in fig["pairs"])]
+
+        def what(o):
+            if o is None:
+                return "—"
+            kind = {"never learned": "never", "mid-run break": f"broke {o['break_step']}", "learned, held": "held"}[o["kind"]]
+            return kind + ("" if o["alarm_step"] is None else f", alarm {o['alarm_step']}")
+
+        rows = [[p["cell"], p["seed"], *(what(p.get(a)) for a in arms)] for p in fig["pairs"]]
+        lines += [""] + table(("cell", "seed", *arms), rows, "<>" + "<" * len(arms))
+    return "\n".join(lines)
