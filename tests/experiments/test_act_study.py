@@ -120,3 +120,9 @@ def test_the_command_refuses_what_it_cannot_do(tmp_path, capsys):
     assert "give it with --study" in capsys.readouterr().err
     assert main(["act-study", "--study", str(tmp_path / "none"), "--out", str(tmp_path / "x")]) == 2
     assert "no finished pilot in" in capsys.readouterr().err
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / act.PILOT_FILE).write_text(json.dumps({"level": 1e4, "corpus": "default"}))
+    assert act.read_pilot(tmp_path / "p") == 1e4
+    assert main(["act-study", "--study", str(tmp_path / "p"), "--corpus", "tinyshakespeare", "--out",
+                 str(tmp_path / "x")]) == 2
+    assert "chose its level on --corpus default, not tinyshakespeare" in capsys.readouterr().err

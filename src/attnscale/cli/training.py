@@ -340,7 +340,7 @@ def _act_config(args):
     size = "smoke" if args.quick else "full"
     if args.pilot:
         return act_study.preset(size, corpus=args.corpus, pilot=True)
-    return act_study.preset(size, corpus=args.corpus, level=act_study.read_pilot(args.study))
+    return act_study.preset(size, corpus=args.corpus, level=act_study.read_pilot(args.study, args.corpus))
 
 
 def _act(cfg, out, args):

@@ -245,18 +245,23 @@ def run_pilot(cfg: ActConfig, out: Path, jobs: int = 1, progress: bool = True, e
         r["train_seconds"] = t.results.train_seconds
     result = pilot_summary(rows)
     if len(rows) == len(runs):
-        keep = {"level": result["choice"]["level"], "runs": len(rows), "size": cfg.head_dim}
+        keep = {"level": result["choice"]["level"], "runs": len(rows), "size": cfg.head_dim, "corpus": cfg.corpus}
         (Path(out) / PILOT_FILE).write_text(json.dumps(keep, indent=1), encoding="utf-8")
     result["rows"] = rows
     return result
 
 
-def read_pilot(folder: Path) -> float:
-    """The level the finished pilot in ``folder`` chose; a ConfigError where there is none."""
+def read_pilot(folder: Path, corpus: str = "default") -> float:
+    """The level the finished pilot in ``folder`` chose; a ConfigError where there is none, or where it trained on
+    another corpus than ``corpus`` (a pilot file without one was the default corpus's)."""
     path = Path(folder) / PILOT_FILE
     if not path.is_file():
         raise ConfigError(f"no finished pilot in {folder}: run `attnscale act-study --pilot --out {folder}` first")
-    return float(json.loads(path.read_text(encoding="utf-8"))["level"])
+    kept = json.loads(path.read_text(encoding="utf-8"))
+    if kept.get("corpus", "default") != corpus:
+        raise ConfigError(f"the pilot in {folder} chose its level on --corpus {kept.get('corpus')}, not {corpus}: "
+                          "pilot on the study's corpus first")
+    return float(kept["level"])
 
 
 def run_study(cfg: ActConfig, out: Path, jobs: int = 1, progress: bool = True, executor: str = "local",
