@@ -73,3 +73,39 @@ def test_the_tables_print(series, capsys):
     out = capsys.readouterr().out
     assert "Alarm level L = 300 (the highest level every break crossed early enough)." in out
     assert "Seeds read: 0 1 (interim)." in out and "broke 250" in out and "held, alarm 200" in out
+
+
+def test_the_published_numbers_are_the_published_series(capsys):
+    """docs/warn-study.json's "act" per-arm numbers, re-derived from docs/act-study-series.json.gz by the tool."""
+    root = Path(__file__).resolve().parents[1]
+    assert _tool()([str(root / "docs" / "act-study-series.json.gz"), "--json"]) == 0
+    fig = json.loads(capsys.readouterr().out)
+    act = json.loads((root / "docs" / "warn-study.json").read_text(encoding="utf-8"))["act"]
+    assert fig["pilot"]["level"] == act["level"] and fig["study"]["seeds"] == act["seeds"]
+    for arm, got in fig["study"]["arms"].items():
+        kept = act["arms"][arm]
+        assert {k: kept[k] for k in got["tally"]} == got["tally"]
+        for key in ("breaks_vs_A", "loss_vs_A", "loss_vs_E"):
+            if key in got:
+                assert kept[key]["p"] == pytest.approx(got[key]["p"]) if got[key]["p"] is not None else kept[key]["p"] is None
+                if key != "breaks_vs_A":
+                    assert kept[key]["diff"] == pytest.approx(got[key]["diff"], abs=1e-4)  # the series rounds to 6 digits
+        assert kept.get("decision") == got.get("decision")
+
+
+def test_the_docs_table_holds_the_published_numbers():
+    root = Path(__file__).resolve().parents[1]
+    act = json.loads((root / "docs" / "warn-study.json").read_text(encoding="utf-8"))["act"]
+    doc = (root / "docs" / "act-study.md").read_text(encoding="utf-8")
+    for arm, a in act["arms"].items():
+        row = next(line for line in doc.splitlines() if line.startswith(f"| {arm} ("))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[1:6] == [str(a[k]) for k in ("runs", "learned", "mid_run_breaks", "degraded", "never_learned")]
+        if "breaks_vs_A" in a:
+            b = a["breaks_vs_A"]
+            assert cells[6] == f"{b['b']}, {b['c']}, p {b['p']:.3g}"
+        if "loss_vs_E" in a:
+            lo, hi = a["loss_vs_E"]["interval"]
+            assert cells[8].startswith(f"{a['loss_vs_E']['diff']:+.3f} [{lo:+.3f}, {hi:+.3f}]".replace("-", "−"))
+        if a.get("decision"):
+            assert cells[11] == a["decision"]
