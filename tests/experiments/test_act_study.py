@@ -34,6 +34,11 @@ def test_the_plan_runs_seed_by_seed_with_each_arms_watch():
     assert not {s.train.seed for s in pilot} & {s for block in act.BLOCKS for s in block}
     with pytest.raises(ConfigError, match="arms C and D need the alarm's level"):
         act.preset()
+    both = act.study_specs(act.preset(level=300.0, block=2), 104)
+    assert [s.train.seed for s in both][::10] == list(range(16)) and both[:40] == specs  # block 1's runs first
+    assert act.ALL_SEEDS == tuple(range(16))
+    with pytest.raises(ConfigError, match="blocks 1 and 2"):
+        act.preset(level=300.0, block=3)
 
 
 def _run(run_id, probes, losses):
@@ -118,6 +123,8 @@ def test_the_command_refuses_what_it_cannot_do(tmp_path, capsys):
     capsys.readouterr()
     assert main(["act-study", "--pilot", "--series", str(tmp_path / "s.gz"), "--out", str(tmp_path / "x")]) == 2
     assert "give it with --study" in capsys.readouterr().err
+    assert main(["act-study", "--pilot", "--block", "2", "--out", str(tmp_path / "x")]) == 2
+    assert "--block picks the study's seeds" in capsys.readouterr().err
     assert main(["act-study", "--study", str(tmp_path / "none"), "--out", str(tmp_path / "x")]) == 2
     assert "no finished pilot in" in capsys.readouterr().err
     (tmp_path / "p").mkdir()

@@ -337,10 +337,13 @@ def _act_config(args):
         raise ConfigError("act-study trains its pilot or its study: give --pilot, or --study PILOT_DIR (not both)")
     if args.series is not None and args.pilot:
         raise ConfigError("--series writes the pilot's and the study's runs together: give it with --study PILOT_DIR")
+    if args.block is not None and args.pilot:
+        raise ConfigError("--block picks the study's seeds; the pilot has its own: give it with --study PILOT_DIR")
     size = "smoke" if args.quick else "full"
     if args.pilot:
         return act_study.preset(size, corpus=args.corpus, pilot=True)
-    return act_study.preset(size, corpus=args.corpus, level=act_study.read_pilot(args.study, args.corpus))
+    return act_study.preset(size, corpus=args.corpus, level=act_study.read_pilot(args.study, args.corpus),
+                            block=args.block or 1)
 
 
 def _act(cfg, out, args):
@@ -374,6 +377,9 @@ def add_act_study(sub) -> None:
     p.add_argument("--study", type=Path, metavar="PILOT_DIR",
                    help="the study's block 1 (seeds 0–3, every arm of both cells, seed by seed) at the level the "
                         "finished pilot in PILOT_DIR chose")
+    p.add_argument("--block", type=int, choices=[1, 2],
+                   help="with --study: 1 (the default) trains seeds 0–3; 2 adds seeds 4–15 after them in the same "
+                        "folder and reads both blocks together (the reading is final only with every seed of both)")
     p.add_argument("--series", type=Path, metavar="FILE",
                    help="with --study: also write every run's series, the pilot's with them, to FILE (.json.gz)")
     p.add_argument("--corpus", default="default", help="the corpus (default: %(default)s, the warning study's)")

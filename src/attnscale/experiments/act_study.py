@@ -29,7 +29,7 @@ from attnscale.lm.train import TrainConfig
 from attnscale.runs.runner import RunSpec, execute
 
 __all__ = ["GROUP", "PILOT_GROUP", "CELLS", "LR", "ARMS", "ACTION_ARMS", "STEPS", "WARMUP", "PILOT_SEEDS", "BLOCKS",
-           "LEVELS", "DEFAULT_LEVEL", "MIN_LEAD", "TAU", "LR_FACTOR", "FLOOR", "LEARNED_LEVEL", "BEST_OF_ARM",
+           "ALL_SEEDS", "LEVELS", "DEFAULT_LEVEL", "MIN_LEAD", "TAU", "LR_FACTOR", "FLOOR", "LEARNED_LEVEL", "BEST_OF_ARM",
            "SIZES", "ActConfig", "preset", "watch_spec", "pilot_specs", "study_specs", "run_rows", "choose_level",
            "pilot_summary", "run_pilot", "read_pilot", "run_study", "PILOT_FILE"]
 
@@ -42,6 +42,7 @@ ACTION_ARMS = ("B", "C", "D")  # the arms judged by the decision rule
 STEPS, WARMUP = 3000, 500  # 3,000 >= 2 x the latest break seen (step 1,415)
 PILOT_SEEDS = (100, 101, 102, 103)
 BLOCKS = ((0, 1, 2, 3), tuple(range(4, 16)))  # block 1 now; block 2 declared for a later session
+ALL_SEEDS = BLOCKS[0] + BLOCKS[1]  # the study's reading is final on these alone; on fewer it is interim
 LEVELS = (1e2, 3e2, 1e3, 3e3, 1e4, 3e4, 1e5)  # the alarm's ladder
 DEFAULT_LEVEL = 1e3  # where no pilot run broke: the warning study's level
 MIN_LEAD = 100  # steps: every broken pilot run crossed L at least this long before its break
@@ -81,15 +82,21 @@ class ActConfig(TrainingConfig):
 
 
 def preset(size: str = "full", corpus: str = "default", tokenizer: str | None = None, pilot: bool = False,
-           level: float | None = None) -> ActConfig:
-    """The pilot (``pilot``: arm A on the pilot seeds) or the study's block 1 at ``level``; "smoke": a 16-wide
-    model, 60 steps, one seed, a check that the study works end to end, not a measurement."""
+           level: float | None = None, block: int = 1) -> ActConfig:
+    """The pilot (``pilot``: arm A on the pilot seeds) or the study at ``level``: block 1's seeds, or with
+    ``block`` 2 blocks 1 and 2 together (block 1's finished runs are kept, block 2's seeds follow in order);
+    "smoke": a 16-wide model, 60 steps, one seed a block, a check that the study works end to end, not a
+    measurement."""
     if size not in SIZES:
         raise ConfigError(f"unknown act-study size {size!r}; choose one of: {', '.join(SIZES)}")
+    if block not in (1, 2):
+        raise ConfigError(f"the act study has blocks 1 and 2, got {block!r}")
+    seeds = BLOCKS[0] if block == 1 else ALL_SEEDS
     base = ActConfig(corpus=corpus, tokenizer=tokenizer, model=dict(ws.PilotConfig().model), level=level,
-                     arms=("A",) if pilot else ARMS, seeds=PILOT_SEEDS if pilot else BLOCKS[0])
+                     arms=("A",) if pilot else ARMS, seeds=PILOT_SEEDS if pilot else seeds)
     if size == "smoke":
-        base = replace(base, head_dim=8, seeds=base.seeds[:1], model={**base.model, "context": 16, "d_model": 16},
+        few = base.seeds[:1] if pilot or block == 1 else (BLOCKS[0][0], BLOCKS[1][0])
+        base = replace(base, head_dim=8, seeds=few, model={**base.model, "context": 16, "d_model": 16},
                        train=replace(ws.recipe_train(steps=60, warmup=10), batch=2, eval_batches=2, checkpoint_every=0))
     return base
 
@@ -267,12 +274,19 @@ def read_pilot(folder: Path, corpus: str = "default") -> float:
 def run_study(cfg: ActConfig, out: Path, jobs: int = 1, progress: bool = True, executor: str = "local",
               ray_address: str | None = None) -> dict[str, Any]:
     """Train what is missing of the study, seed by seed; judge the seeds whose runs have all finished."""
-    from attnscale.analysis import act_judging as aj
-
     corpus = cfg.corpus_spec.load()
     runs = _execute(study_specs(cfg, corpus.vocab_size), cfg, out, jobs, progress, executor, ray_address, corpus)
     rows = run_rows(runs)
-    return {"study": True, "level": cfg.level, **aj.judge(rows, FLOOR, arms=cfg.arms), "rows": rows}
+    return {"study": True, "level": cfg.level, **_judged(rows, cfg.arms), "rows": rows}
+
+
+def _judged(rows: list[dict[str, Any]], arms, floor: float = FLOOR) -> dict[str, Any]:
+    """``act_judging.judge`` of the whole seeds, interim unless they are every seed of both blocks."""
+    from attnscale.analysis import act_judging as aj
+
+    cells = list(dict.fromkeys(r["cell"] for r in rows))
+    whole = aj.complete_seeds(rows, arms, cells)
+    return aj.judge(rows, floor, arms=arms, interim=tuple(whole) != ALL_SEEDS)
 
 
 def read_rows(folder: Path, pilot: bool = False) -> list[dict[str, Any]]:
@@ -348,7 +362,7 @@ def format_result(result: dict[str, Any]) -> str:
                      "—" if "loss_vs_E" not in a else interval_text(a["loss_vs_E"]), a.get("decision", "—")])
     level = "—" if result["level"] is None else f"{result['level']:g}"
     lines = [f"Alarm level L = {level}; seeds read: {' '.join(map(str, result['seeds'])) or 'none'}"
-             + (" (interim: block 1 alone)" if result.get("interim") else "") + "."]
+             + (" (interim: not every seed of both blocks)" if result.get("interim") else "") + "."]
     lines += table(("arm", "runs", "learned", "broke", "degraded", "never learned", "breaks vs A (exact)",
                     "loss − A [95%]", "loss − E [95%]", "decision"), rows, "<>>>>><<<<")
     return "\n".join(lines)
@@ -378,7 +392,7 @@ def figures(data: dict[str, Any]) -> dict[str, Any]:
     pilot = [r for r in rows if r["pilot"]]
     study = [r for r in rows if not r["pilot"]]
     arms = [a for a in ARMS if any(r["arm"] == a for r in study)]
-    judged = aj.judge(study, data["floor"], arms=arms) if study else None
+    judged = _judged(study, arms, data["floor"]) if study else None
     pairs = []
     for cell, seed in sorted({(r["cell"], r["seed"]) for r in study}):
         mine = {r["arm"]: r for r in study if (r["cell"], r["seed"]) == (cell, seed)}
