@@ -193,15 +193,17 @@ def test_a_run_without_a_watch_took_no_action_and_its_record_keeps_those_a_watch
     assert rec.TrainResults.from_json({"status": "done", "steps_done": 3}).actions == ()  # a record from before
 
 
-@pytest.mark.parametrize("actions", [(ClipQK(5.0), ScaleLR(0.5, steps=2)), (SkipStep(2),)],
-                         ids=["clip-and-rate", "skip"])
-def test_a_run_resumed_after_an_action_goes_on_as_the_uninterrupted_one(corpus, tmp_path, actions):
+@pytest.mark.parametrize("actions, qk_clip", [((ClipQK(5.0), ScaleLR(0.5, steps=2)), None), ((SkipStep(2),), None),
+                                              ((), 5.0)], ids=["clip-and-rate", "skip", "qk_clip-from-the-start"])
+def test_a_run_resumed_after_an_action_goes_on_as_the_uninterrupted_one(corpus, tmp_path, actions, qk_clip):
     """Actions taken at probe step 2 still in force at the checkpoint (step 3): the resumed run's losses,
-    records, final weights, actions and watch log equal the uninterrupted run's, to the bit."""
+    records, final weights, actions and watch log equal the uninterrupted run's, to the bit (the clip's counts
+    since probe 2 too, for a ClipQK's clip and for qk_clip='s)."""
     cfg = TrainConfig(**{**TRAIN.__dict__, "checkpoint_every": 3})
 
     def attached(log):
-        return Attached(every=2, sinks=[JsonlSink(log)], alerts=[MaxScore(tau=ANY, action=a) for a in actions])
+        return Attached(every=2, sinks=[JsonlSink(log)], alerts=[MaxScore(tau=ANY, action=a) for a in actions],
+                        qk_clip=qk_clip)
 
     whole = train(MODEL, cfg, corpus, watch=attached(tmp_path / "whole.jsonl"), weights=tmp_path / "whole.st")
     calls = iter(range(100))
@@ -221,3 +223,33 @@ def test_a_run_resumed_after_an_action_goes_on_as_the_uninterrupted_one(corpus, 
                 for line in read_log(tmp_path / name)]
 
     assert lines("first.jsonl") + lines("resumed.jsonl") == lines("whole.jsonl")
+
+
+def test_a_held_out_evaluation_between_steps_is_no_step_of_the_clip_and_bf16_weights_cannot_be_clipped(corpus, tmp_path):
+    """The evaluations of eval_every run the model between steps: the clip does not count their scores, so the
+    run's weights are those of the run without them. A bf16 copy of the weights, refreshed from the fp32
+    masters at every step, would undo any clip: refused before the first step."""
+    from attnscale.errors import ConfigError
+
+    def clipped(name, **changes):
+        path = tmp_path / f"{name}.safetensors"
+        train(MODEL, replace(TRAIN, **changes), corpus, weights=path,
+              watch=Attached(every=2, alerts=[MaxScore(tau=ANY, action=ClipQK(0.5))]))
+        return load_file(path)
+
+    plain, evaluated = clipped("plain"), clipped("evaluated", eval_every=1)
+    assert all(torch.equal(plain[k], evaluated[k]) for k in plain)
+    with pytest.raises(ConfigError, match="^QK-Clip scales the weights a step computes on, and weights 'bf16'"):
+        clipped("bf16", dtype="bf16", weights="bf16")
+
+
+def test_a_checkpoint_s_watch_resumes_only_with_the_alerts_it_had(corpus, tmp_path):
+    from attnscale.errors import ConfigError
+
+    cfg = TrainConfig(**{**TRAIN.__dict__, "checkpoint_every": 3})
+    calls = iter(range(100))
+    train(MODEL, cfg, corpus, checkpoint=tmp_path / "c.pt", should_stop=lambda: next(calls) >= 3,
+          watch=Attached(every=2, alerts=[MaxScore(tau=ANY, action=SkipStep())]))
+    with pytest.raises(ConfigError, match=r"^the checkpoint's watch had the alerts \['max_score'\], this one "
+                                          r"\['non_finite'\]; resume with the alerts the run started with$"):
+        train(MODEL, cfg, corpus, checkpoint=tmp_path / "c.pt", watch=Attached(every=2))

@@ -107,3 +107,45 @@ def test_the_optimizer_step_a_scheduler_wrapped_is_put_back_at_close():
     assert vars(opt)["step"] is theirs
     sched.step()
     assert opt.param_groups[0]["lr"] == 0.1 * 0.5  # its own value: the factor was put back after each step
+
+
+def test_a_plain_loop_resumed_from_the_watch_s_state_goes_on_as_the_uninterrupted_one(tmp_path):
+    """State saved (torch.save) after step 3, with a ScaleLR, a SkipStep and a clip still in force from probe 2:
+    a new model, optimizer and Watch loaded from it give the uninterrupted run's weights, optimizer state and
+    actions after step 6, to the bit; the probe is the first run's (its first batch), not the resumed run's."""
+    def alerts():
+        return [MaxScore(tau=ANY, action=ScaleLR(0.5, steps=3)), MaxScore(tau=ANY, action=SkipStep(2)),
+                MaxScore(tau=ANY, action=ClipQK(0.5))]
+
+    def run(steps, state=None, start=0):
+        model = _model()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+        if state is not None:
+            model.load_state_dict(state["model"])
+            opt.load_state_dict(state["opt"])
+        watch = Watch(model, every=2, alerts=alerts(), optimizer=opt)
+        if state is not None:
+            watch.load_state_dict(state["watch"])
+        corpus = load_corpus("default")
+        gen = torch.Generator().manual_seed(0)
+        for step in range(1, steps + 1):
+            x, y = batches(corpus.train, 4, 16, gen)
+            if step <= start:
+                continue  # the batches the first run took
+            torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
+            opt.step()
+            opt.zero_grad()
+            watch.step(step)
+        watch.close()
+        return model, opt, watch
+
+    whole = run(6)
+    model, opt, watch = run(3)
+    path = tmp_path / "state.pt"
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "watch": watch.state_dict()}, path)
+    resumed = run(6, torch.load(path, weights_only=False), start=3)
+    assert all(torch.equal(a, b) for a, b in zip(whole[0].state_dict().values(), resumed[0].state_dict().values()))
+    assert all(torch.equal(a, b) for s, t in zip(whole[1].state.values(), resumed[1].state.values())
+               for a, b in zip(s.values(), t.values()))
+    assert resumed[2].actions == whole[2].actions and len(whole[2].actions) == 3
+    assert torch.equal(resumed[2].probe, watch.probe)

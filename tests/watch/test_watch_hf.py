@@ -1,10 +1,12 @@
 """WatchCallback in a real Hugging Face Trainer: its numbers reach the run's own TensorBoard and W&B
 integrations beside the loss at the same steps, and a stop alert stops the Trainer at its step."""
 
+import json
 import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 pytest.importorskip("transformers")
 pytest.importorskip("tensorboard")
@@ -18,6 +20,7 @@ from transformers import TrainerCallback  # noqa: E402
 
 from attnscale.core.diagnostics import HEAD_MEASURES  # noqa: E402
 from attnscale.errors import ConfigError  # noqa: E402
+from attnscale.watch.actions import ClipQK, ScaleLR, SkipStep  # noqa: E402
 from attnscale.watch.alerts import MaxScore  # noqa: E402
 from attnscale.watch.callbacks.hf import WatchCallback  # noqa: E402
 from attnscale.watch.logs.line import read_log  # noqa: E402
@@ -40,16 +43,18 @@ def _offline(monkeypatch, tmp_path):
         sys.modules["wandb"].teardown()
 
 
-def _trainer(tmp_path, callback, report_to, steps=4, unscaled=False, init_std=0.02, head_dim=None, accumulate=1):
+def _trainer(tmp_path, callback, report_to, steps=4, unscaled=False, init_std=0.02, head_dim=None, accumulate=1,
+             **options):
     from transformers import Trainer, TrainingArguments
 
     data, vocab = corpus_windows(16)
     model = tiny_llama(vocab, layers=2, hidden=32, heads=4, kv_heads=2, head_dim=head_dim,
                        context=16, unscaled=unscaled, init_std=init_std)
+    options = {"learning_rate": 1e-3, "logging_steps": 1000, "save_strategy": "no", **options}
     args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=steps, per_device_train_batch_size=4,
-                             learning_rate=1e-3, logging_steps=1000, save_strategy="no", report_to=report_to,
+                             report_to=report_to,
                              use_cpu=True, disable_tqdm=True, dataloader_num_workers=0, seed=0,
-                             gradient_accumulation_steps=accumulate)
+                             gradient_accumulation_steps=accumulate, **options)
     return Trainer(model=model, args=args, train_dataset=data, callbacks=[callback])
 
 
@@ -153,3 +158,85 @@ def test_in_the_training_forward_per_layer_numbers_reach_tensorboard(tmp_path):
         for layer in range(2):
             want = {r.step: layer_table(r)[layer][m] for r in records}
             assert tb[f"train/attn/layer_{layer}/{measure}"] == pytest.approx(want, rel=1e-6)
+
+
+# Alerts that act (watch/actions.py) under the Trainer: plain SGD at a constant rate, every step's loss logged,
+# weights of SD 0.5 (scores in the tens: a ClipQK at tau 1 clips every head)
+ANY = 1e-9  # a MaxScore level every head passes: the alert fires at every probe
+ACTING = {"optim": "sgd", "lr_scheduler_type": "constant", "learning_rate": 1e-2, "logging_steps": 1}
+
+
+class Kept(TrainerCallback):
+    """The weights after each optimizer step (after the watch's own step, QK-Clip included)."""
+
+    def __init__(self):
+        self.weights = {}
+
+    def on_step_end(self, args, state, control, model=None, **kwargs):
+        self.weights[state.global_step] = {k: v.detach().clone() for k, v in model.state_dict().items()}
+
+
+def _acting(tmp_path, name, alerts, steps=4, resume=None, **options):
+    kept = Kept()
+    callback = WatchCallback(every=2, alerts=alerts, sinks=[JsonlSink(tmp_path / f"{name}.jsonl")], report=False)
+    trainer = _trainer(tmp_path / name, callback, "none", steps=steps, init_std=0.5, **ACTING, **options)
+    trainer.add_callback(kept)
+    trainer.train(resume_from_checkpoint=resume)
+    losses = {row["step"]: row["loss"] for row in trainer.state.log_history if "loss" in row}
+    return callback, kept.weights, losses
+
+
+def _equal(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _lines(path, steps):
+    return [{k: v for k, v in r.to_json().items() if k not in ("time", "watch")} for r in read_log(path)
+            if r.step in steps]
+
+
+def test_each_action_acts_on_the_trainer_from_the_step_after_its_probe(tmp_path):
+    """At probe 2: ScaleLR(0.5, steps=1) halves update 3; SkipStep() leaves the weights of step 2 after step 3;
+    ClipQK(1) clips from step 3 on (the log of probe 2 has no clip, that of probe 4 every head clipped)."""
+    _, alone, _ = _acting(tmp_path, "alone", ())
+    scaled_cb, scaled, _ = _acting(tmp_path, "scaled", [MaxScore(tau=ANY, action=ScaleLR(0.5, steps=1))])
+    skip_cb, skipped, _ = _acting(tmp_path, "skipped", [MaxScore(tau=ANY, action=SkipStep())])
+    clip_cb, clipped, _ = _acting(tmp_path, "clipped", [MaxScore(tau=ANY, action=ClipQK(1.0))])
+    for run in (scaled, skipped, clipped):
+        assert _equal(run[1], alone[1]) and _equal(run[2], alone[2])
+    for k, v in scaled[3].items():
+        # to the rounding of weights of size about 1 (float32 spacing 1.2e-7 there)
+        torch.testing.assert_close(v - alone[2][k], (alone[3][k] - alone[2][k]) / 2, rtol=0, atol=3e-7)
+    assert _equal(skipped[3], alone[2]) and not _equal(skipped[4], skipped[3])
+    assert not _equal(clipped[3], alone[3])
+    assert [[a["action"] for a in cb.actions] for cb in (scaled_cb, skip_cb, clip_cb)] == \
+        [["scale_lr"], ["skip_step"], ["clip_qk"]]
+    assert all(cb.actions[0]["step"] == 2 and cb.actions[0]["layer"] == cb.actions[0]["head"] == 0
+               for cb in (scaled_cb, skip_cb, clip_cb))
+    first, second = read_log(tmp_path / "clipped.jsonl")
+    assert first.actions == clip_cb.actions and not first.qk_clip and not second.actions
+    # every head (scores in the tens) clipped at step 3; at step 4 those the update left under tau are not
+    assert second.qk_clip["tau"] == 1.0 and all(c in (1.0, 2.0) for layer in second.qk_clip["clipped_steps"]
+                                                for c in layer)
+
+
+def test_a_trainer_resumed_from_its_checkpoint_after_actions_goes_on_as_the_uninterrupted_one(tmp_path):
+    """The checkpoint at step 3 (taken at probe 2: a clip, a rate cut for 3 steps and a skip of 2, all still in
+    force) holds the watch's state in its trainer_state.json; a Trainer resumed from it gives the uninterrupted
+    run's weights, losses, actions and watch log at steps 4 to 6, to the bit."""
+    alerts = [MaxScore(tau=ANY, action=a) for a in (ClipQK(1.0), ScaleLR(0.5, steps=3), SkipStep(2))]
+    whole_cb, whole, whole_losses = _acting(tmp_path, "whole", alerts, steps=6, save_strategy="steps", save_steps=3)
+    checkpoint = tmp_path / "whole" / "out" / "checkpoint-3"
+    saved = json.loads((checkpoint / "trainer_state.json").read_text())["stateful_callbacks"]["WatchCallback"]
+    assert saved["args"] == {} and saved["attributes"]["watch_state"]
+    resumed_cb, resumed, resumed_losses = _acting(tmp_path, "resumed", alerts, steps=6, resume=str(checkpoint))
+    assert sorted(resumed) == [4, 5, 6] and all(_equal(resumed[k], whole[k]) for k in resumed)
+    # the skip spanned the checkpoint: step 4 moved no weight but those the clip scales
+    unclipped = [k for k in whole[4] if "q_proj" not in k and "k_proj" not in k]
+    assert all(torch.equal(whole[4][k], whole[3][k]) for k in unclipped)
+    assert not all(torch.equal(whole[5][k], whole[4][k]) for k in unclipped)
+    assert {k: resumed_losses[k] for k in (4, 5, 6)} == {k: whole_losses[k] for k in (4, 5, 6)}
+    assert resumed_cb.actions == whole_cb.actions and len(whole_cb.actions) == 3
+    assert _lines(tmp_path / "resumed.jsonl", (4, 6)) == _lines(tmp_path / "whole.jsonl", (4, 6))
+    with pytest.raises(ConfigError, match="^restore_callback_states_from_checkpoint makes a WatchCallback without"):
+        _acting(tmp_path, "restored", alerts, steps=6, resume=str(checkpoint), restore_callback_states_from_checkpoint=True)

@@ -19,6 +19,7 @@ from attnscale.core.diagnostics import HEAD_MEASURES  # noqa: E402
 from attnscale.errors import ConfigError  # noqa: E402
 from attnscale.lm.data import load_corpus  # noqa: E402
 from attnscale.lm.model import ModelConfig  # noqa: E402
+from attnscale.watch.actions import ClipQK, ScaleLR, SkipStep  # noqa: E402
 from attnscale.watch.alerts import MaxScore  # noqa: E402
 from attnscale.watch.callbacks.lightning import WatchCallback  # noqa: E402
 from attnscale.watch.logs.line import read_log  # noqa: E402
@@ -157,9 +158,9 @@ def test_in_the_training_forward_every_accumulated_batch_counts_and_no_forward_i
     calls = []
     real_start = callback.start
 
-    def start(model, step=0):  # count the module's forwards from the moment the watch is made
+    def start(model, step=0, **given):  # count the module's forwards from the moment the watch is made
         model.register_forward_pre_hook(lambda *_: calls.append(1))
-        return real_start(model, step)
+        return real_start(model, step, **given)
 
     callback.start = start
     trainer = _fit(tmp_path, callback, False, steps=4, accumulate=2)
@@ -169,3 +170,96 @@ def test_in_the_training_forward_every_accumulated_batch_counts_and_no_forward_i
     assert [r.probe["forwards"] for r in records] == [2, 2] and records[0].probe["sequences"] == 2 * 4
     assert len(records[0].values[0][0]) == 4  # the log keeps every head whatever the detail
     assert callback.latest[0] == 4 and "attn/layer_1/max_score" in callback.latest[1]
+
+
+# Alerts that act (watch/actions.py) in a Lightning fit: AdamW (torch's weight decay 0.01) at a constant rate,
+# 3 batches an epoch, unshuffled, the checkpoint saved after the epoch's last batch (step 3): Lightning resumes a
+# plain DataLoader exactly only at an epoch's end
+ANY = 1e-9  # a MaxScore level every head passes: the alert fires at every probe
+
+
+def _acting(tmp_path, name, alerts, steps=4, resume=None, save=False):
+    import lightning.pytorch as pl
+    import torch
+    from lightning.pytorch.callbacks import ModelCheckpoint
+
+    class Kept(pl.Callback):
+        """The weights after each optimizer step (after the watch's own step) and each step's loss."""
+
+        def __init__(self):
+            self.weights, self.losses = {}, {}
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.weights[trainer.global_step] = {k: v.detach().clone() for k, v in pl_module.state_dict().items()}
+            self.losses[trainer.global_step] = outputs["loss"].detach().clone()
+
+    corpus = load_corpus("default")
+    config = ModelConfig(vocab_size=corpus.vocab_size, context=16, d_model=32, n_layers=2, n_heads=4, head_dim=8,
+                         init="unit")  # scores of SD about 1 at first
+    data = torch.utils.data.Subset(Shifted(corpus.train, 16), range(12))
+    loader = torch.utils.data.DataLoader(data, batch_size=4)
+    callback = WatchCallback(every=2, alerts=alerts, sinks=[JsonlSink(tmp_path / f"{name}.jsonl")], report=False)
+    kept = Kept()
+    saving = [ModelCheckpoint(dirpath=tmp_path / name, every_n_train_steps=3, save_top_k=-1)] if save else []
+    trainer = pl.Trainer(max_steps=steps, accelerator="cpu", devices=1, callbacks=[callback, kept, *saving],
+                         logger=False, enable_checkpointing=save, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=str(tmp_path / name))
+    trainer.fit(language_model(config, 1e-2), loader, ckpt_path=resume)
+    return callback, kept
+
+
+def _equal(a, b):
+    import torch
+
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_each_action_acts_on_the_fit_from_the_step_after_its_probe(tmp_path):
+    """At probe 2: ScaleLR(0.5, steps=1) halves update 3 (AdamW's decay and step both scale with the rate);
+    SkipStep() leaves the weights of step 2 after step 3 (Lightning's closure still runs: step 3 has its loss);
+    ClipQK clips every head from step 3 on (its capture takes the model's explicit attention path from then: the
+    loss of step 3 agrees to float rounding)."""
+    import torch
+
+    alone = _acting(tmp_path, "alone", ())[1]
+    scaled_cb, scaled = _acting(tmp_path, "scaled", [MaxScore(tau=ANY, action=ScaleLR(0.5, steps=1))])
+    skip_cb, skipped = _acting(tmp_path, "skipped", [MaxScore(tau=ANY, action=SkipStep())])
+    clip_cb, clipped = _acting(tmp_path, "clipped", [MaxScore(tau=ANY, action=ClipQK(0.5))])
+    for run in (scaled, skipped, clipped):
+        assert _equal(run.weights[1], alone.weights[1]) and _equal(run.weights[2], alone.weights[2])
+        assert [float(run.losses[k]) for k in (1, 2)] == [float(alone.losses[k]) for k in (1, 2)]
+    assert float(scaled.losses[3]) == float(skipped.losses[3]) == float(alone.losses[3])
+    assert float(clipped.losses[3]) == pytest.approx(float(alone.losses[3]), rel=1e-6)
+    before, after = alone.weights[2], alone.weights[3]
+    for k, v in scaled.weights[3].items():
+        torch.testing.assert_close(v - before[k], (after[k] - before[k]) / 2, rtol=0, atol=3e-7)
+    assert _equal(skipped.weights[3], before) and not _equal(skipped.weights[4], before)
+    assert not _equal(clipped.weights[3], after)
+    assert [[(a["step"], a["action"]) for a in cb.actions] for cb in (scaled_cb, skip_cb, clip_cb)] == \
+        [[(2, "scale_lr")], [(2, "skip_step")], [(2, "clip_qk")]]
+    first, second = read_log(tmp_path / "clipped.jsonl")
+    assert first.actions == clip_cb.actions and not first.qk_clip and second.qk_clip["tau"] == 0.5
+    assert all(c >= 1 for layer in second.qk_clip["clipped_steps"] for c in layer)  # each head clipped at step 3
+
+
+@pytest.mark.parametrize("actions", [(ClipQK(0.5), ScaleLR(0.5, steps=2)), (SkipStep(2),)], ids=["clip-and-rate", "skip"])
+def test_a_fit_resumed_from_its_checkpoint_after_an_action_goes_on_as_the_uninterrupted_one(tmp_path, actions):
+    """The checkpoint after step 3, the first epoch's last batch (actions taken at probe 2, still in force), holds the
+    watch's state; a fit resumed from it gives the uninterrupted fit's weights, losses, actions and watch log
+    at steps 4 to 6, to the bit."""
+    alerts = [MaxScore(tau=ANY, action=a) for a in actions]
+    whole_cb, whole = _acting(tmp_path, "whole", alerts, steps=6, save=True)
+    checkpoint = next((tmp_path / "whole").glob("epoch=0-step=3.ckpt"))
+    resumed_cb, resumed = _acting(tmp_path, "resumed", alerts, steps=6, resume=str(checkpoint))
+    assert sorted(resumed.weights) == [4, 5, 6]
+    assert all(_equal(resumed.weights[k], whole.weights[k]) for k in (4, 5, 6))
+    assert [float(resumed.losses[k]) for k in (4, 5, 6)] == [float(whole.losses[k]) for k in (4, 5, 6)]
+    assert resumed_cb.actions == whole_cb.actions and len(whole_cb.actions) == len(actions)
+
+    def lines(name):
+        return [{k: v for k, v in r.to_json().items() if k not in ("time", "watch")}
+                for r in read_log(tmp_path / name) if r.step > 3]
+
+    assert lines("resumed.jsonl") == lines("whole.jsonl") and len(lines("whole.jsonl")) == 2
+    alone = _acting(tmp_path, "alone", (), steps=6)[1]
+    assert not _equal(alone.weights[6], whole.weights[6])  # the actions changed the run

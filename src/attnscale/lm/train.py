@@ -488,6 +488,9 @@ def _train(model_cfg, cfg, corpus, log_line, on_step, should_stop, ckpt, weights
     """Build, resume, step, record the trained model, evaluate, keep the weights: the run's results."""
     run = build_run(model_cfg, cfg, log_line)
     start, notes = _resume(run, ckpt)
+    if run.compute is not None and getattr(watch, "clips", False):
+        raise ConfigError("QK-Clip scales the weights a step computes on, and weights 'bf16' refreshes that copy "
+                          "from its fp32 masters at every step, undoing the clip; train with weights 'fp32' to clip")
     if watch is None:
         return {**_steps(run, corpus, start, notes, on_step, should_stop, ckpt, weights), "actions": []}
     watch.load_state_dict(run.watch_state or {})
@@ -525,7 +528,8 @@ def _steps(run: Run, corpus, start: int, notes: list[str], on_step, should_stop,
                 _probe_the_record(run, corpus, watch)
             watch.after_step(step)
         if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:  # the last: the run's own evaluation
-            run.evals.append(_held_out(run, corpus, step))
+            with watch.aside() if watch is not None else contextlib.nullcontext():  # QK-Clip's scores are the steps'
+                run.evals.append(_held_out(run, corpus, step))
         if ckpt is not None and step % cfg.checkpoint_every == 0 and step < cfg.steps:
             ckpt.save(step=step, model=run.model.state_dict(), opt=run.opt.state_dict(), gen=run.gen.get_state(),
                       scaler=run.scaler.state_dict(), skipped=run.skipped, losses=run.losses, history=run.history,

@@ -207,8 +207,13 @@ class Watch:
                      tensor_parallel=tensor_parallel, on_error=on_error, probe=probe)
         _outputs(sinks, alerts)
 
+    def aside(self):
+        """A context: the forwards inside (a held-out evaluation between steps) are no training step, so QK-Clip
+        does not count their scores."""
+        return self.clip.paused() if self.clip is not None else contextlib.nullcontext()
+
     def _probe(self, across_ranks: bool) -> HeadStats:
-        with self.clip.paused() if self.clip is not None else contextlib.nullcontext():  # a probe is no training step
+        with self.aside():  # a probe is no training step
             return measure_heads(self.model, self.probe, threshold=self.threshold, capture=self.capture,
                                  adapter=self.adapter, across_ranks=across_ranks, memory=self.memory,
                                  sample_rows=self.sample_rows, route=self.route, tensor_parallel=self.tensor_parallel)
@@ -318,7 +323,7 @@ class Watch:
     def state_dict(self) -> dict:
         """What a resumed run needs to go on as this one would: the alerts' state, the actions taken and in force
         (the rate factors and skips left, the clip and its counts since the last probe) and the probe batch."""
-        clip = None if self.clip_since is None else {
+        clip = None if self.clip is None else {  # qk_clip='s (since None) or a ClipQK's
             "tau": self.clip.tau, "since": self.clip_since, "clipped": sorted(self.clip._clipped),
             "told": sorted(self.clip._told), "counts": {k: [t.clone() for t in v] for k, v in self.clip._since.items()}}
         return {"alerts": self.alerts.state_dict(), "actions": [dict(a) for a in self.actions],
@@ -332,9 +337,11 @@ class Watch:
         if self.acting.optimizer is not None:
             self.acting.load_state_dict(state["acting"])
         clip = state.get("clip")
-        if clip is not None and self.clip is None:
-            self.clip = QKClip(self.model, clip["tau"], self.capture, self.adapter, self.memory, self.tensor_parallel)
-            self.clip_since = clip["since"]
+        if clip is not None and (self.clip is None) == (clip["since"] is not None):  # a ClipQK's, or qk_clip='s
+            if self.clip is None:
+                self.clip = QKClip(self.model, clip["tau"], self.capture, self.adapter, self.memory,
+                                   self.tensor_parallel)
+            self.clip.tau, self.clip_since = clip["tau"], clip["since"]
             self.clip._clipped, self.clip._told = set(clip["clipped"]), set(clip["told"])
             self.clip._since = {k: [t.clone() for t in v] for k, v in clip["counts"].items()}
         self.measuring, self.failures = bool(state["measuring"]), [tuple(f) for f in state["failures"]]

@@ -19,10 +19,12 @@ one loaded before training begins is handed to the Watch when ``start`` makes it
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any, Callable, Sequence
 
 from attnscale.capture.reduce import DEFAULT_MEMORY
 from attnscale.core.diagnostics import FROZEN_THRESHOLD
+from attnscale.watch.actions import ClipQK
 from attnscale.watch.alerts import Alert
 from attnscale.watch.loop import EVERY, PROBE_SEQUENCES, Watch
 from attnscale.watch.logs.sinks import Sink
@@ -90,6 +92,16 @@ class Attached:
     @property
     def should_stop(self) -> bool:
         return self.watch is not None and self.watch.should_stop
+
+    @property
+    def clips(self) -> bool:
+        """Whether the watch may QK-Clip the model: ``qk_clip=`` or an alert's ``ClipQK``."""
+        return self.options["qk_clip"] is not None or any(isinstance(a.action, ClipQK)
+                                                          for a in self.options["alerts"] or ())
+
+    def aside(self):
+        """``Watch.aside``: forwards that are no training step (an evaluation between steps)."""
+        return self.watch.aside() if self.watch is not None else contextlib.nullcontext()
 
     def finish(self) -> None:
         if self.watch is not None:

@@ -10,19 +10,29 @@ own copies of the run's integration callbacks (``get_reporting_integration_callb
 with the watch's numbers at the same ``global_step``: nothing of the Trainer is read or
 patched. Why, and what that means for each integration: docs/watch.md. A "stop" alert
 sets ``control.should_training_stop``; ``qk_clip=tau`` clips after the optimizer and
-scheduler steps. transformers loads with this module, never with ``attnscale.watch``.
+scheduler steps. An alert's ``ScaleLR`` or ``SkipStep`` acts on the Trainer's optimizer
+(``watch/actions.py``). The watch's state (alerts said, actions taken and in force, the probe
+batch) is saved with each checkpoint, in trainer_state.json's ``stateful_callbacks`` (the
+callback is an ``ExportableState``), and read back from there by the callback of a run resumed
+with ``resume_from_checkpoint``. transformers loads with this module, never with ``attnscale.watch``.
 """
 
 from __future__ import annotations
 
+import base64
+import io
 import os
 from pathlib import Path
 
+import torch
+
 try:
     from transformers import TrainerCallback
+    from transformers.trainer_callback import ExportableState
 except ImportError:  # pragma: no cover - the extra is missing
     raise ImportError("attnscale.watch.callbacks.hf needs transformers; install the extra from the clone: pip install -e '.[watch]'") from None
 
+from attnscale.errors import ConfigError
 from attnscale.watch.callbacks.attach import Attached
 
 __all__ = ["WatchCallback"]
@@ -42,7 +52,18 @@ def _tensorboard_dir(args) -> str:
     return os.path.join(args.output_dir, default_logdir())
 
 
-class WatchCallback(Attached, TrainerCallback):
+def _encode(state: dict) -> str:
+    """The watch's state (tensors among it: the probe batch) as text trainer_state.json can hold."""
+    buffer = io.BytesIO()
+    torch.save(state, buffer)
+    return base64.b64encode(buffer.getvalue()).decode("ascii")
+
+
+def _decode(text: str) -> dict:
+    return torch.load(io.BytesIO(base64.b64decode(text)), weights_only=False, map_location="cpu")
+
+
+class WatchCallback(Attached, TrainerCallback, ExportableState):
     """A ``TrainerCallback`` that runs a ``Watch`` (same arguments) and reports to the run's integrations.
 
     ``report=False`` leaves the integrations alone (the numbers go to ``sinks`` only)."""
@@ -53,8 +74,26 @@ class WatchCallback(Attached, TrainerCallback):
         self._relay: list = []
         self._pending: tuple[int, dict[str, float]] | None = None
 
-    def on_train_begin(self, args, state, control, model=None, **kwargs):
-        self.start(model, state.global_step)
+    def state(self) -> dict:
+        """For the Trainer's checkpoint (``ExportableState``): the watch's state, readable only by a
+        ``WatchCallback`` of the resumed run; its options are the resumed run's own."""
+        return {"args": {}, "attributes": {"watch_state": _encode(self.state_dict())}}
+
+    def _resume(self, args, state) -> None:
+        """A run resumed from a checkpoint: the watch's state as the checkpoint's trainer_state.json kept it."""
+        saved = (state.stateful_callbacks or {}).get(type(self).__name__)
+        saved = saved[0] if isinstance(saved, list) else saved  # one watch per Trainer
+        text = (saved or {}).get("attributes", {}).get("watch_state")
+        if not text or self.watch is not None or not state.global_step:
+            return
+        if getattr(args, "restore_callback_states_from_checkpoint", False):
+            raise ConfigError("restore_callback_states_from_checkpoint makes a WatchCallback without your options; "
+                              "leave it off: the WatchCallback restores its own state on resume")
+        self.load_state_dict(_decode(text))
+
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+        self._resume(args, state)
+        self.start(model, state.global_step, optimizer=optimizer)
         if self.report and state.is_world_process_zero:
             self._relay = self._integrations(args)
 

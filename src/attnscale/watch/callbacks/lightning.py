@@ -20,7 +20,10 @@ batch its ``forward`` takes (it says so at the first step otherwise). With
 step's training batches (every accumulated batch of the step), with no extra one.
 
 An alert whose action is "stop" sets ``trainer.should_stop``: the fit ends after
-that batch. ``qk_clip=tau`` QK-Clips every head after each optimizer step
+that batch; an alert's ``ScaleLR`` or ``SkipStep`` acts on the run's optimizer (``watch/actions.py``;
+a skipped step still runs Lightning's closure: the forward and backward, no update). The watch's
+state (alerts said, actions taken and in force, the probe batch) goes into Lightning's checkpoint
+(``state_dict``) and is handed back to the Watch of a fit resumed with ``ckpt_path``. ``qk_clip=tau`` QK-Clips every head after each optimizer step
 (``qk_clip.py``); its per-head gamma reaches the loggers with the probes. lightning loads with this module, never with ``attnscale.watch``.
 """
 
@@ -47,7 +50,8 @@ class WatchCallback(Attached, Callback):
         self._last_step: int | None = None
 
     def on_train_start(self, trainer, pl_module):
-        self.start(pl_module, trainer.global_step)
+        optimizers = trainer.optimizers
+        self.start(pl_module, trainer.global_step, optimizer=optimizers[0] if len(optimizers) == 1 else None)
         self._last_step = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
