@@ -143,6 +143,35 @@ def test_runs_start_dearest_first_and_records_keep_the_order_given(tmp_path, cor
     assert runner.longest_first(specs[:3], {s.run_id: 1.0 for s in specs}) == specs[:3]  # ties keep their order
 
 
+def test_keep_order_starts_runs_as_given_and_a_watch_travels_to_the_worker(tmp_path, corpus, monkeypatch):
+    from dataclasses import replace
+
+    from attnscale.lm.checkpoint import run_config
+    from attnscale.runs import runner
+
+    started = []
+    real = runner.train_run
+    monkeypatch.setattr(runner, "train_run",
+                        lambda m, t, *a, **k: (started.append((m.head_dim, t.steps, k.get("watch"))),
+                                               real(m, t, *a, **k))[1])
+    watch = {"every": 2, "probe": "records", "qk_clip": 100.0}
+    specs = [spec(corpus, 8, "none"), replace(spec(corpus, 16, "none", steps=24), watch=watch)]
+    records = execute(specs, CORPUS, tmp_path, progress=False, corpus=corpus, keep_order=True)
+    assert started == [(8, 8, None), (16, 24, watch)]  # not dearest first
+    # a run without a watch keeps the config runs always had; one with a watch keeps it in its record
+    assert records[0].record.config == json.loads(json.dumps(run_config(specs[0].model, specs[0].train, corpus)))
+    assert records[1].record.config["watch"] == watch
+    # resumed: both found finished, nothing trained again; the same run with another watch is another config
+    started.clear()
+    execute(specs, CORPUS, tmp_path, progress=False, corpus=corpus, keep_order=True)
+    assert started == []
+    with pytest.raises(ConfigError):
+        execute([replace(specs[1], watch={**watch, "qk_clip": 50.0})], CORPUS, tmp_path, progress=False, corpus=corpus)
+    with pytest.raises(ConfigError, match="a run's watch takes every, probe, qk_clip, alerts"):
+        execute([replace(specs[0], run_id="bad", watch={"tau": 1})], CORPUS, tmp_path, progress=False, corpus=corpus)
+    assert not (tmp_path / "bad").exists()  # refused before any folder was written
+
+
 def test_parallel_workers_give_the_same_runs(tmp_path, corpus):
     specs = [spec(corpus, 8, "none"), spec(corpus, 8, "inv_sqrt_d"), spec(corpus, 16, "none")]
     records = execute(specs, CORPUS, tmp_path, jobs=2, progress=False, corpus=corpus)

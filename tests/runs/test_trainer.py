@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -140,3 +141,24 @@ def test_stopped_and_diverged_runs_keep_no_weights(tmp_path, corpus, monkeypatch
     assert res["status"] == "diverged" and res["diverged_at"] == 0
     assert not (tmp_path / "diverged" / record.WEIGHTS).exists()
     assert (tmp_path / "diverged" / record.RECORD).exists()  # the run is recorded; only its weights are not kept
+
+
+def test_a_runs_watch_is_built_from_plain_data_or_refused():
+    from attnscale.errors import ConfigError
+    from attnscale.runs.trainer import build_watch
+    from attnscale.watch import ClipQK, ScaleLR
+
+    assert build_watch(None) is None
+    w = build_watch({"every": 10, "probe": "records",
+                     "alerts": [{"max_score": {"tau": 1e4, "action": {"scale_lr": {"factor": 0.5, "steps": None}}}}]})
+    assert w.probe_records and w.options["every"] == 10 and w.options["qk_clip"] is None
+    (alert,) = w.options["alerts"]
+    assert alert.tau == 1e4 and alert.action == ScaleLR(0.5)
+    clip = build_watch({"alerts": [{"max_score": {"tau": 5.0, "action": {"clip_qk": {"tau": 100.0}}}}]})
+    assert clip.options["alerts"][0].action == ClipQK(100.0) and not clip.probe_records
+    assert build_watch({"qk_clip": 100.0}).options["qk_clip"] == 100.0
+    for bad, says in (({"probe": "first"}, "probe: 'records' or None"),
+                      ({"alerts": [{"spike": {}}]}, "alerts are {'max_score'"),
+                      ({"alerts": [{"max_score": {"tau": 1.0, "action": {"halve": {}}}}]}, "one of clip_qk, scale_lr")):
+        with pytest.raises(ConfigError, match=re.escape(says)):
+            build_watch(bad)

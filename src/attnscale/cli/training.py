@@ -359,4 +359,66 @@ def add_warn_study(sub) -> None:
     p.set_defaults(run=Command(_warn_config, _warn, _warn_table, as_json=_warn_json))
 
 
-COMMANDS = [add_train, add_dynamics, add_sweep, add_schemes, add_study, add_warn_study]
+def _act_config(args):
+    from attnscale.errors import ConfigError
+    from attnscale.experiments import act_study
+
+    if args.pilot == (args.study is not None):
+        raise ConfigError("act-study trains its pilot or its study: give --pilot, or --study PILOT_DIR (not both)")
+    if args.series is not None and args.pilot:
+        raise ConfigError("--series writes the pilot's and the study's runs together: give it with --study PILOT_DIR")
+    if args.block is not None and args.pilot:
+        raise ConfigError("--block picks the study's seeds; the pilot has its own: give it with --study PILOT_DIR")
+    size = "smoke" if args.quick else "full"
+    if args.pilot:
+        return act_study.preset(size, corpus=args.corpus, pilot=True)
+    return act_study.preset(size, corpus=args.corpus, level=act_study.read_pilot(args.study, args.corpus),
+                            block=args.block or 1)
+
+
+def _act(cfg, out, args):
+    from attnscale.experiments import act_study
+
+    if args.pilot:
+        return act_study.run_pilot(cfg, out, jobs=args.jobs)
+    result = act_study.run_study(cfg, out, jobs=args.jobs)
+    if args.series is not None:
+        act_study.write_series(args.series, act_study.read_rows(args.study, pilot=True) + result["rows"])
+    return result
+
+
+def _act_table(result) -> str:
+    from attnscale.experiments import act_study
+
+    return act_study.format_result(result)
+
+
+def _act_json(result) -> dict:
+    from attnscale.experiments import act_study
+
+    return act_study.as_json(result)
+
+
+def add_act_study(sub) -> None:
+    p = sub.add_parser("act-study", help="does acting on the watch save a run? QK-Clip and a rate cut switched on by "
+                                         "the alarm, against no action and qk-norm, on paired seeds (docs/act-study.md)")
+    p.add_argument("--pilot", action="store_true",
+                   help="the pilot: arm A on seeds 100–103 of both cells; it chooses the alarm's level")
+    p.add_argument("--study", type=Path, metavar="PILOT_DIR",
+                   help="the study's block 1 (seeds 0–3, every arm of both cells, seed by seed) at the level the "
+                        "finished pilot in PILOT_DIR chose")
+    p.add_argument("--block", type=int, choices=[1, 2],
+                   help="with --study: 1 (the default) trains seeds 0–3; 2 adds seeds 4–15 after them in the same "
+                        "folder and reads both blocks together (the reading is final only with every seed of both)")
+    p.add_argument("--series", type=Path, metavar="FILE",
+                   help="with --study: also write every run's series, the pilot's with them, to FILE (.json.gz)")
+    p.add_argument("--corpus", default="default", help="the corpus (default: %(default)s, the warning study's)")
+    p.add_argument("--quick", action="store_true",
+                   help="a smoke check: a 16-wide model, 60 steps, one seed; not a measurement")
+    p.add_argument("--out", type=Path, required=True, help="runs go to OUT/<run_id>")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    jobs_option(p)
+    p.set_defaults(run=Command(_act_config, _act, _act_table, as_json=_act_json))
+
+
+COMMANDS = [add_train, add_dynamics, add_sweep, add_schemes, add_study, add_warn_study, add_act_study]

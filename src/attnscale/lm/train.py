@@ -530,6 +530,8 @@ def _steps(run: Run, corpus, start: int, notes: list[str], on_step, should_stop,
             continue
         step += 1
         if watch is not None:
+            if getattr(watch, "probe_records", False) and step % cfg.record_every == 0:
+                _probe_the_record(run, corpus, watch)
             watch.after_step(step)
         if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:  # the last: the run's own evaluation
             with watch.aside() if watch is not None else contextlib.nullcontext():  # QK-Clip's scores are the steps'
@@ -560,6 +562,19 @@ def _steps(run: Run, corpus, start: int, notes: list[str], on_step, should_stop,
     if weights is not None and status == "done":
         save_weights(run.model, weights)
     return _results(run, status, diverged_at, start, steps_done, train_seconds, evaluation, notes)
+
+
+def _probe_the_record(run: Run, corpus, watch) -> None:
+    """Before a probe after ``k`` updates, a watch that probes the records' own sequence (``probe_records``) is
+    given the first ``record_sequences`` sequences of step ``k``'s batch: with the weights after ``k`` updates,
+    exactly what the record of step ``k`` measures in that step's forward. The batch is drawn from a copy of the
+    generator's state, so the run's own batches are untouched."""
+    from attnscale.capture.probe import first_sequences
+
+    state = run.gen.get_state()
+    x_BT, _ = run.batch(corpus)
+    run.gen.set_state(state)
+    watch.watch.probe = first_sequences(x_BT, run.cfg.record_sequences)
 
 
 def _held_out(run: Run, corpus, step: int) -> dict[str, Any]:

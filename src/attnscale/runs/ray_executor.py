@@ -168,7 +168,7 @@ def _train_task(spec, corpus, threads: int, hub) -> dict[str, bytes]:
     import ray
     import torch
 
-    from attnscale.lm.checkpoint import run_config
+    from attnscale.runs.trainer import record_config
     from attnscale.runs.trainer import train_run
 
     torch.set_num_threads(threads)
@@ -197,8 +197,8 @@ def _train_task(spec, corpus, threads: int, hub) -> dict[str, bytes]:
                 seen[0] = stamp
                 hub.put_checkpoint.remote(spec.run_id, step, checkpoint.read_bytes())
 
-        run = train_run(spec.model, train_cfg, corpus, scratch, group=spec.group, on_step=on_step)
-        asked = run_config(spec.model, spec.train, corpus)  # the record keeps the device the command asked for
+        run = train_run(spec.model, train_cfg, corpus, scratch, group=spec.group, on_step=on_step, watch=spec.watch)
+        asked = record_config(spec.model, spec.train, corpus, spec.watch)  # the device the command asked for
         rec.write(scratch, replace(run.record, config=asked).on_ray_node(node_of(context)))
         return {p.name: p.read_bytes() for p in scratch.iterdir()
                 if p.is_file() and p.name != rec.CHECKPOINT and not p.name.startswith(".")}

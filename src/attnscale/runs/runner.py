@@ -84,6 +84,9 @@ class RunSpec:
     model: ModelConfig
     train: TrainConfig
     group: str | None = None
+    # the run's watch as plain data (``trainer.build_watch`` makes the ``Attached`` where the run trains);
+    # None: no watch, and the run's config is what it was before runs had watches
+    watch: dict[str, Any] | None = None
 
 
 def estimate(specs: Sequence[RunSpec]) -> limits.Estimate:
@@ -105,9 +108,9 @@ def cores() -> int:
 
 
 def _config(spec: RunSpec, corpus) -> dict[str, Any]:
-    from attnscale.lm.checkpoint import run_config  # the shape the record holds, so run_state compares like with like
+    from attnscale.runs.trainer import record_config  # the shape the record holds, so run_state compares like with like
 
-    return run_config(spec.model, spec.train, corpus)
+    return record_config(spec.model, spec.train, corpus, spec.watch)
 
 
 def _check(specs: Sequence[RunSpec], corpus, executor: str) -> None:
@@ -123,7 +126,10 @@ def _check(specs: Sequence[RunSpec], corpus, executor: str) -> None:
 
     for device in sorted({s.train.device for s in specs}) if executor == "local" else ():
         resolve_device(device)  # a device this machine lacks stops the sweep before any folder is written
+    from attnscale.runs.trainer import build_watch
+
     for s in specs:
+        build_watch(s.watch)  # a watch its worker could not build stops the sweep before any folder is written
         check_length(corpus.train, s.model.context, "corpus's training split")
         check_length(corpus.valid, s.model.context, "corpus's held-out split")
         if s.model.vocab_size < corpus.vocab_size:
@@ -206,6 +212,7 @@ def execute(
     executor: str = "local",
     ray_address: str | None = None,
     pace: pace_mod.Pace | None = None,
+    keep_order: bool = False,
 ) -> list[rec.TrainRun]:
     """Train every run of ``specs`` not already finished under ``out``; return all
     their records, read back from disk, in the order given.
@@ -216,7 +223,8 @@ def execute(
     pair from the dynamics experiment: same seed, same budget, same numbers).
     ``executor``: "local" (worker processes) or "ray" (Ray tasks of cores/jobs CPUs
     each, on a local instance or the cluster at ``ray_address``). ``pace``: this machine's
-    ``runs.pace.Pace``, so that the runs' time left weighs their steps as the stage's does."""
+    ``runs.pace.Pace``, so that the runs' time left weighs their steps as the stage's does. ``keep_order``:
+    start the pending runs in the order given, not dearest first (a study cut short keeps whole groups)."""
     if not isinstance(jobs, int) or jobs < 1:
         raise ConfigError(f"jobs must be a positive integer, got {jobs!r}")
     if executor not in EXECUTORS:
@@ -240,7 +248,8 @@ def execute(
             states[s.run_id], copied[s.run_id] = "finished", source
     done = [s for s in specs if states[s.run_id] == "finished"]
     weights = {s.run_id: pace.step_seconds(s) if pace is not None else pace_mod.step_ops(s) for s in specs}
-    pending = longest_first([s for s in specs if states[s.run_id] != "finished"], weights)
+    pending = [s for s in specs if states[s.run_id] != "finished"]
+    pending = pending if keep_order else longest_first(pending, weights)
     bar = make_progress(
         progress,
         total_runs=len(specs),
@@ -284,7 +293,7 @@ def _run_here(pending, corpus, out, configs, bar) -> None:
             bar.step(_id, step, info.get("loss"))
 
         bar.finish(spec.run_id, _summary(train_run(spec.model, spec.train, corpus, run_dir, group=spec.group,
-                                                   on_step=on_step)))
+                                                   on_step=on_step, watch=spec.watch)))
 
 
 # ---- in worker processes --------------------------------------------------------------
@@ -344,7 +353,7 @@ def _worker(index: int, corpus_spec: CorpusSpec, threads: int, inbox, messages) 
                 messages.put(("step", index, _id, (step, info.get("loss"))))
 
         try:
-            train_run(spec.model, spec.train, corpus, Path(run_dir), group=spec.group, on_step=on_step)
+            train_run(spec.model, spec.train, corpus, Path(run_dir), group=spec.group, on_step=on_step, watch=spec.watch)
             messages.put(("done", index, spec.run_id, None))
         except _Orphaned:
             return

@@ -20,7 +20,60 @@ from typing import Any, Callable
 from attnscale.errors import ConfigError
 from attnscale.runs import record as rec
 
-__all__ = ["train_run", "mark_running"]
+__all__ = ["train_run", "mark_running", "record_config", "build_watch", "WATCH_KEYS"]
+
+WATCH_KEYS = ("every", "probe", "qk_clip", "alerts")  # what a run's watch may say (``build_watch``)
+
+
+def record_config(model_cfg, train_cfg, corpus, watch: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What a run is known by (``lm.checkpoint.run_config``), with its watch where it has one: a run without a
+    watch keeps the config it always had, so its finished folders are found again."""
+    from attnscale.lm.checkpoint import run_config
+
+    config = run_config(model_cfg, train_cfg, corpus)
+    return config if watch is None else {**config, "watch": watch}
+
+
+def _action(spec: Any):
+    """An alert's action from plain data: "warn" or "stop" as they are; {"clip_qk": {...}}, {"scale_lr": {...}}
+    or {"skip_step": {...}} as ``watch.actions``' ``ClipQK``, ``ScaleLR`` and ``SkipStep``."""
+    if spec in ("warn", "stop"):
+        return spec
+    if isinstance(spec, dict) and len(spec) == 1:
+        (name, args), = spec.items()
+        from attnscale.watch import actions
+
+        kinds = {"clip_qk": actions.ClipQK, "scale_lr": actions.ScaleLR, "skip_step": actions.SkipStep}
+        if name in kinds and isinstance(args, dict):
+            return kinds[name](**args)
+    raise ConfigError(f"a run's watch action must be 'warn', 'stop' or one of clip_qk, scale_lr, skip_step with its "
+                      f"numbers, e.g. {{'clip_qk': {{'tau': 100.0}}}}; got {spec!r}")
+
+
+def build_watch(spec: dict[str, Any] | None):
+    """The ``watch.Attached`` a run's plain-data watch describes (None: none), made where the run trains.
+
+    ``spec``: {"every": probe cadence, "probe": "records" (the run's records' own sequence, ``lm.train``) or
+    None (the first batch), "qk_clip": tau or None, "alerts": [{"max_score": {"tau": ..., "action": ...}}]}
+    (no "alerts": none; the watch's defaults are not taken, so that what acts is what the spec says)."""
+    if spec is None:
+        return None
+    unknown = sorted(set(spec) - set(WATCH_KEYS))
+    if unknown or spec.get("probe") not in (None, "records"):
+        raise ConfigError(f"a run's watch takes {', '.join(WATCH_KEYS)} (probe: 'records' or None); got {spec!r}")
+    from attnscale.watch import Attached, MaxScore
+
+    alerts = []
+    for alert in spec.get("alerts") or ():
+        if not (isinstance(alert, dict) and list(alert) == ["max_score"]):
+            raise ConfigError(f"a run's watch alerts are {{'max_score': {{'tau': ..., 'action': ...}}}}; got {alert!r}")
+        args = dict(alert["max_score"])
+        alerts.append(MaxScore(tau=float(args.pop("tau")), action=_action(args.pop("action", "warn")), **args))
+    attached = Attached(every=int(spec.get("every", 10)), alerts=alerts, qk_clip=spec.get("qk_clip"),
+                        probe_sequences=1)
+    attached.probe_records = spec.get("probe") == "records"
+    return attached
+
 
 
 def mark_running(run_dir: Path, config: dict[str, Any], group: str | None) -> None:
@@ -49,14 +102,15 @@ def train_run(model_cfg, train_cfg, corpus, run_dir: Path, *, group: str | None 
 
     Resumes from ``run_dir/checkpoint.pt`` when ``train_cfg.checkpoint_every`` saved
     one for this very config; a checkpoint that could not be used is said on
-    stderr and in the record's notes. ``watch``: an ``attnscale.watch.Attached`` for the tiny LM's loop
-    (``lm.train.train``'s); the actions its alerts took are in the record's results."""
-    from attnscale.lm.checkpoint import run_config
-
+    stderr and in the record's notes. ``watch``: for the tiny LM's loop (``lm.train.train``'s), an
+    ``attnscale.watch.Attached``, or the run's watch as plain data (``build_watch``), which its record's
+    config then keeps; the actions its alerts took are in the record's results."""
     train = _trainer(model_cfg)
     if watch is not None and train.__module__ != "attnscale.lm.train":
         raise ConfigError(f"train_run's watch= follows the tiny LM's own loop, not {type(model_cfg).__name__}'s "
                           "Trainer; give that Trainer attnscale.watch.WatchCallback instead")
+    spec = watch if isinstance(watch, dict) else None
+    watch = build_watch(spec) if spec is not None else watch
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -71,7 +125,7 @@ def train_run(model_cfg, train_cfg, corpus, run_dir: Path, *, group: str | None 
                         weights=run_dir / rec.WEIGHTS, on_step=on_step, should_stop=should_stop, **extra)
     for note in results.get("notes", ()):
         print(f"attnscale: {run_dir.name}: {note}", file=sys.stderr, flush=True)
-    record = rec.new("train", run_config(model_cfg, train_cfg, corpus), results, status=results["status"],
+    record = rec.new("train", record_config(model_cfg, train_cfg, corpus, spec), results, status=results["status"],
                      started=started, group=group, notes=results.get("notes", ()), device=results.get("device"))
     rec.write(run_dir, record)
     return rec.TrainRun.load(run_dir, record)

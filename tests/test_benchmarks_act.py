@@ -1,0 +1,30 @@
+"""benchmarks/act_step_cost.py at smoke size: every arm runs (C's and D's actions on), and its ratio interval is
+the t interval of the rounds' ratios, checked by hand."""
+
+import re
+
+import pytest
+
+from benchmark_scripts import load_benchmark
+
+
+@pytest.fixture(scope="module")
+def bench():
+    return load_benchmark("act_step_cost.py")
+
+
+def test_the_ratio_is_the_mean_of_the_rounds_with_a_t_interval(bench):
+    s = bench.ratio_summary([1.2, 1.3, 1.4])
+    half = 4.302652729749464 * 0.1 / 3 ** 0.5  # t(0.975, 2) from the tables, SD 0.1 over 3 rounds
+    assert s["mean"] == pytest.approx(1.3) and s["interval"] == pytest.approx((1.3 - half, 1.3 + half))
+    assert bench.ratio_summary([1.1])["interval"] is None
+
+
+def test_smoke_run_prints_every_arm(bench, capsys):
+    assert bench.main(["--rounds", "2", "--steps", "12", "--width", "16", "--batch", "2"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^A: median [\d.]+ ms a step \(the baseline\)$", out, re.M)
+    for arm in "BCDE":
+        assert re.search(rf"^{arm}: median [\d.]+ ms a step, ratio to A [\d.]+ \[-?[\d.]+, [\d.]+\]$", out, re.M)
+    with pytest.raises(SystemExit):
+        bench.main(["--arms", "B", "C"])
