@@ -27,28 +27,33 @@ LIBRARY = [("attnscale.reproduce", "run"), ("attnscale.reproduce", "end_state"),
            ("attnscale.experiments.spread", "run"), ("attnscale.experiments.fresh", "run"),
            ("attnscale.headcheck.check", "run"), ("attnscale.report", "build"),
            ("attnscale.report.watch_page", "build"), ("attnscale.report.watch_page", "follow"),
-           ("attnscale.experiments.recipe_study", "run_study")]
+           ("attnscale.experiments.recipe_study", "run_study"), ("attnscale.experiments.warn_reread", "reread_files")]
 EXECUTE = ("attnscale.runs.runner", "execute")
 
 # options that change how the result is printed, not what runs, with the test that checks them
-PRINTING = {"json": "tests/cli/test_measuring.py and tests/cli/test_cli_training.py read the JSON printed"}
+PRINTING = {"json": "tests/cli/test_measuring.py and tests/cli/test_cli_training.py read the JSON printed",
+            "series": "tests/experiments/test_act_study.py writes the series file after the study and reads it back"}
 
 # the modes of a command: option lines that change which other options apply (each walked on its own too)
-MODES = {"reproduce": [["--end-state"]], "warn-study": [["--pilot"], ["--study", "{pilot}"]],
-         "watch-report": [["--follow", "1"]]}
+MODES = {"reproduce": [["--end-state"]], "warn-study": [["--pilot"], ["--study", "{pilot}"], ["--reread", "{series}"]],
+         "watch-report": [["--follow", "1"]], "act-study": [["--pilot"], ["--study", "{act_pilot}"]]}
+# commands that run in one of their modes only: never walked bare, and tried with the first mode where a test needs one
+NEEDS_MODE = {"act-study"}
 
 # values for what a type does not say: required arguments and positionals by dest, then options by dest
-REQUIRED = {"model": "{run}", "text": "to be or not to be", "runs_dir": "{runs}", "log": "{log}"}
+REQUIRED = {"model": "{run}", "text": "to be or not to be", "runs_dir": "{runs}", "log": "{log}", "out": "{tmp}/out"}
 VALUES = {"out": "{tmp}/elsewhere", "file": "{text_file}", "reuse": "{runs}", "study": "{pilot}",
           "corpus": "{corpus}", "model": "{run2}", "text": "that is the question", "ray_address": "127.0.0.1:6379",
-          "steps": "301", "seeds": "101"}  # steps past every preset's warm-up; a seed outside the warn study's
+          "steps": "301", "seeds": "101", "reread": "{series}", "published": "{published}",
+          "series": "{tmp}/series.json.gz"}  # steps past every preset's warm-up; a seed outside the warn study's
 # a bad value of each typed option: by the name of its type, then (paths) by dest
 BAD_BY_TYPE = {"positive_int": "0", "nonneg_int": "-1", "at_least_two": "1", "positive_float": "nan",
                "probability": "1.5", "scale_name": "bogus", "scale_or_all": "bogus", "device_name": "tpu9",
                "dtype_name": "fp8", "tokenizer_name": "bytes", "study_axis": "nope=1", "study_combination": "lr=1",
                "seconds": "-1"}
 BAD_PATHS = {"out": "{tmp}/a-file/below", "file": "{tmp}/missing.txt", "reuse": "{tmp}/missing",
-             "study": "{tmp}/missing"}
+             "study": "{tmp}/missing", "reread": "{tmp}/missing.json.gz", "published": "{tmp}/missing.json",
+             "series": "{tmp}/a-file/below.json.gz"}
 GOOD_BY_TYPE = {"positive_int": 3, "nonneg_int": 3, "at_least_two": 3, "positive_float": "0.0123",
                 "probability": "0.5", "scale_name": "inv_d", "scale_or_all": "inv_d", "device_name": "cpu",
                 "dtype_name": "bf16", "tokenizer_name": "char", "study_axis": "lr=0.001,0.002",
@@ -102,13 +107,18 @@ def places(tmp_path_factory):
     sink.write(watch_line(10))
     sink.close()
     (tmp / "pilot").mkdir()
+    (tmp / "act-pilot").mkdir()  # a finished act-study pilot: the level its rule chose
+    (tmp / "act-pilot" / "act-pilot.json").write_text('{"level": 10000.0, "runs": 8, "corpus": "default"}')
+    (tmp / "series.json.gz").write_bytes(b"")  # read by the captured re-read only
+    (tmp / "published.json").write_text("{}")
     (tmp / "a-file").write_text("")
     (tmp / "text.txt").write_text("a text read from a file, not given on the line", encoding="utf-8")
     words = "the score scale in attention keeps the softmax from freezing as heads grow wide".split()
     (tmp / "corpus.txt").write_text(" ".join(words[i * 7 % len(words)] for i in range(30000)), encoding="utf-8")
     return {"tmp": str(tmp), "run": str(tmp / "run"), "run2": str(tmp / "run2"), "runs": str(tmp / "runs"),
             "log": str(tmp / "watch.jsonl"), "pilot": str(tmp / "pilot"), "text_file": str(tmp / "text.txt"),
-            "corpus": str(tmp / "corpus.txt")}
+            "corpus": str(tmp / "corpus.txt"), "act_pilot": str(tmp / "act-pilot"),
+            "series": str(tmp / "series.json.gz"), "published": str(tmp / "published.json")}
 
 
 @pytest.fixture
@@ -222,7 +232,7 @@ def _call(argv, capsys, built):
 def _walk():
     cases = []
     for command, parser in sorted(_subparsers().items()):
-        modes = [[], *MODES.get(command, [])]
+        modes = ([] if command in NEEDS_MODE else [[]]) + MODES.get(command, [])
         mode_flags = {m[0] for m in modes if m}
         for mode in modes:
             for action in _options(parser):
@@ -294,7 +304,10 @@ def test_a_bad_value_is_one_line_and_exit_2_before_any_work(command, dest, place
         bad = BAD_BY_TYPE[kind]
     else:
         pytest.fail(f"{command} {action.option_strings[-1]}: no bad value for its type {kind!r}; add one to BAD_BY_TYPE")
-    argv = _without_group_siblings(_base(command, parser, places), parser, action) + [action.option_strings[-1], bad]
+    is_mode = bool(set(action.option_strings) & {m[0] for m in MODES.get(command, [])})
+    mode = MODES[command][0] if command in NEEDS_MODE and not is_mode else []  # a mode flag is tried alone
+    base = _base(command, parser, places) + [_fill(w, places) for w in mode]
+    argv = _without_group_siblings(base, parser, action) + [action.option_strings[-1], bad]
     try:
         problem = _refused_naming(argv, action, capsys)
     except Captured as c:

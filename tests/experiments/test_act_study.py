@@ -126,7 +126,10 @@ def test_the_command_refuses_what_it_cannot_do(tmp_path, capsys):
     assert main(["act-study", "--pilot", "--block", "2", "--out", str(tmp_path / "x")]) == 2
     assert "--block picks the study's seeds" in capsys.readouterr().err
     assert main(["act-study", "--study", str(tmp_path / "none"), "--out", str(tmp_path / "x")]) == 2
-    assert "no finished pilot in" in capsys.readouterr().err
+    assert "--study: " in (err := capsys.readouterr().err) and "is not a folder" in err
+    (tmp_path / "empty").mkdir()
+    assert main(["act-study", "--study", str(tmp_path / "empty"), "--out", str(tmp_path / "x")]) == 2
+    assert "--study: no finished pilot in" in capsys.readouterr().err
     (tmp_path / "p").mkdir()
     (tmp_path / "p" / act.PILOT_FILE).write_text(json.dumps({"level": 1e4, "corpus": "default"}))
     assert act.read_pilot(tmp_path / "p") == 1e4

@@ -70,7 +70,7 @@ def test_the_reread_refuses_a_file_that_is_not_a_series(tmp_path, capsys):
     assert main(["warn-study", "--reread", str(bad)]) == 2
     assert "names no learned_level" in capsys.readouterr().err
     assert main(["warn-study", "--reread", str(tmp_path / "missing.json.gz")]) == 2
-    assert "cannot read" in capsys.readouterr().err
+    assert "--reread: no file" in capsys.readouterr().err
     (tmp_path / "junk").write_bytes(b"\x1f\x8bnot gzip")
     assert main(["warn-study", "--reread", str(tmp_path / "junk")]) == 2
     assert "is not JSON or gzip'd JSON" in capsys.readouterr().err
@@ -104,3 +104,12 @@ def test_the_act_studys_reread_kept_in_the_json_is_what_the_command_derives_from
     assert {k: v for k, v in got.items() if k != "path"} == {k: v for k, v in kept.items() if k not in ("path", "sha256")}
     both = kept["groups"]["all, A"]["landmark"]["1000"]
     assert (both["lead"]["median"], both["survival"]["median"], both["hits"]["k"], both["holders"]) == (427, 434, 13, 0)
+
+
+def test_the_library_names_a_series_file_it_cannot_read(tmp_path):
+    """The command refuses a missing file before any work; the library call names it too."""
+    from attnscale.errors import ConfigError
+    from attnscale.experiments import warn_reread
+
+    with pytest.raises(ConfigError, match="^cannot read .*missing.json.gz"):
+        warn_reread.reread_files(tmp_path / "missing.json.gz")

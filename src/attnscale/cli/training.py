@@ -257,6 +257,13 @@ def _warn_config(args) -> list:
 
             raise ConfigError("--reread and --published read published numbers and train nothing: drop --pilot "
                               "and --study")
+        for flag, path in (("--reread", args.reread), ("--published", args.published)):
+            if path is not None and not path.is_file():
+                raise UsageError(f"{flag}: no file {str(path)!r}; give a published file (e.g. "
+                                 f"{'docs/act-study-series.json.gz' if flag == '--reread' else 'docs/warn-study.json'})")
+        given = _given(args, "warn-study", ("reread", "published", "json"))
+        if given:
+            raise UsageError(f"{given[0]} has no effect with --reread or --published, which train nothing; leave it out")
         args.out = None  # the re-read trains nothing and writes no folder
         return []
     if args.study is not None:
@@ -359,12 +366,28 @@ def add_warn_study(sub) -> None:
     p.set_defaults(run=Command(_warn_config, _warn, _warn_table, as_json=_warn_json))
 
 
+def _given(args, command: str, allowed) -> list[str]:
+    """The options of ``command`` given a value other than their default, but for ``allowed`` (by dest), by flag."""
+    from attnscale.cli import build_parser
+
+    parser = next(a for a in build_parser()._actions if hasattr(a, "choices") and isinstance(a.choices, dict)
+                  and command in a.choices).choices[command]
+    return [a.option_strings[-1] for a in parser._actions
+            if a.option_strings and a.dest not in allowed and a.dest != "help"
+            and getattr(args, a.dest, a.default) != a.default]
+
+
 def _act_config(args):
     from attnscale.errors import ConfigError
     from attnscale.experiments import act_study
 
     if args.pilot == (args.study is not None):
         raise ConfigError("act-study trains its pilot or its study: give --pilot, or --study PILOT_DIR (not both)")
+    if args.study is not None and not args.study.is_dir():
+        raise UsageError(f"--study: {str(args.study)!r} is not a folder; give the folder of a finished pilot "
+                         "(attnscale act-study --pilot --out DIR)")
+    if args.series is not None and not args.series.parent.is_dir():
+        raise UsageError(f"--series: {str(args.series.parent)!r} is not a folder; give a file in a folder that exists")
     if args.series is not None and args.pilot:
         raise ConfigError("--series writes the pilot's and the study's runs together: give it with --study PILOT_DIR")
     if args.block is not None and args.pilot:
@@ -372,8 +395,11 @@ def _act_config(args):
     size = "smoke" if args.quick else "full"
     if args.pilot:
         return act_study.preset(size, corpus=args.corpus, pilot=True)
-    return act_study.preset(size, corpus=args.corpus, level=act_study.read_pilot(args.study, args.corpus),
-                            block=args.block or 1)
+    try:
+        level = act_study.read_pilot(args.study, args.corpus)
+    except ConfigError as e:
+        raise ConfigError(f"--study: {e}") from None
+    return act_study.preset(size, corpus=args.corpus, level=level, block=args.block or 1)
 
 
 def _act(cfg, out, args):
