@@ -5,6 +5,8 @@ import gzip
 import json
 from pathlib import Path
 
+import pytest
+
 from attnscale.cli import main
 
 ROOT = Path(__file__).resolve().parents[2]
