@@ -63,8 +63,10 @@ PART_model := 'attnscale.lm.model.*'
 PART_train := 'attnscale.lm.train.*' 'attnscale.lm.precision.*'
 PART_clip := 'attnscale.watch.clip.*'
 PART_analysis := 'attnscale.analysis.detectors.*' 'attnscale.analysis.alarms.*'
-# the one definition of a break and the studies' judging (cross-fitting, hits, false alarms, paired leads, the re-read)
-PART_judging := 'attnscale.analysis.outcomes.*' 'attnscale.analysis.recipe_judging.*' 'attnscale.analysis.warning.*'
+# the one definition of a break and the studies' judging (cross-fitting, hits, false alarms, paired leads, the re-read,
+# the act study's paired tests and decision rule)
+PART_judging := 'attnscale.analysis.outcomes.*' 'attnscale.analysis.recipe_judging.*' 'attnscale.analysis.warning.*' \
+	'attnscale.analysis.act_judging.*'
 PART_records := 'attnscale.lm.checkpoint.*' 'attnscale.runs.store.*'
 PART_report := 'attnscale.analysis.estimates.*' 'attnscale.analysis.gaps.*' 'attnscale.analysis.budget.*' \
 	'attnscale.report.course.*' 'attnscale.analysis.schemes.*' 'attnscale.analysis.setups.*'
