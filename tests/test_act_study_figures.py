@@ -109,3 +109,24 @@ def test_the_docs_table_holds_the_published_numbers():
             assert cells[8].startswith(f"{a['loss_vs_E']['diff']:+.3f} [{lo:+.3f}, {hi:+.3f}]".replace("-", "−"))
         if a.get("decision"):
             assert cells[11] == a["decision"]
+
+
+def test_the_warn_study_page_s_act_table_holds_the_published_numbers():
+    """docs/warn-study.md repeats the per-arm table at its top: every cell read from docs/warn-study.json's "act"."""
+    root = Path(__file__).resolve().parents[1]
+    act = json.loads((root / "docs" / "warn-study.json").read_text(encoding="utf-8"))["act"]
+    doc = (root / "docs" / "warn-study.md").read_text(encoding="utf-8")
+    top = doc[:doc.index("## The answer, from the study")]
+
+    def cell(x):
+        lo, hi = x["interval"]
+        return f"{x['diff']:+.3f} [{lo:+.3f}, {hi:+.3f}]".replace("-", "−")
+
+    for arm, a in act["arms"].items():
+        row = next(line for line in top.splitlines() if line.startswith(f"| {arm} |"))
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[1:6] == [str(a[k]) for k in ("runs", "learned", "mid_run_breaks", "degraded", "never_learned")]
+        b = a.get("breaks_vs_A")
+        assert cells[6] == ("—" if b is None else f"{b['b']}, {b['c']}, p {b['p']:.3g}")
+        assert cells[7] == (cell(a["loss_vs_A"]) if "loss_vs_A" in a else "—")
+        assert cells[8] == (cell(a["loss_vs_E"]) if "loss_vs_E" in a else "—")

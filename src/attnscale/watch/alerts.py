@@ -200,9 +200,12 @@ def default_alerts(action: str | Callable[[Firing], None] = "warn") -> tuple[Ale
     """``NonFinite`` alone, with one action ("warn" unless told): a NaN or inf score is a broken run
     whatever else is true, so it is the one alert that needs no study to stand on.
 
-    The attention alerts (``MaxScore``, ``Collapsed``, ``Frozen``, ``Spike``) stay opt-in: in the warning
-    study (``attnscale warn-study --study``, docs/warn-study.md) the max-score levels that fired before a
-    run broke fired as often in runs that held, and no threshold within its false-alarm budget warned."""
+    The attention alerts (``MaxScore``, ``Collapsed``, ``Frozen``, ``Spike``) stay opt-in, and so do the
+    actions. Without qk-norm at a high rate a max |score| over 1e4 marks a regime, not a run: in the act
+    study every learned run of that regime without an action broke, and with qk-norm no run went past 1e2
+    (docs/warn-study.md, its re-read). Acting on the alarm, ``MaxScore(tau=1e4, action=ClipQK(100))``,
+    stopped every break of the act study's first block but changes the weights the user trains and ended
+    0.16-0.29 nats above qk-norm (docs/act-study.md): a choice to make knowingly, not a default."""
     return (NonFinite(action),)
 
 
