@@ -74,4 +74,4 @@ def test_the_smoke_study_trains_judges_and_prints(tmp_path, monkeypatch, capsys)
         st.write_pilot(tmp_path / "study", {**pilot, "chosen": [3e-3]})
     # the command refuses a ladder of its own before reading anything
     assert main(["warn-study", "--study", str(tmp_path / "pilot"), "--lrs", "0.1", "--out", str(tmp_path / "x")]) == 2
-    assert "drop --pilot, --family, --scale, --norm, --warmup, --lrs and --seeds" in capsys.readouterr().err
+    assert "drop --pilot, --family, --scale, --norm, --warmup, --lr, --lrs and --seeds" in capsys.readouterr().err

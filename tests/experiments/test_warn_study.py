@@ -366,24 +366,44 @@ def test_the_readme_and_docs_give_the_recipe_studys_numbers_as_its_record_has_th
     warned = {n: sum(c["detectors"][n]["hits"]["hits"] for c in cells) for n in ("max_score>1000", "loss_spike",
                                                                                   "grad_norm_spike", "log_z_drift")}
     qk_on = [a for name, a in study["arms"].items() if name.startswith("qk-on")]
-    readme = " ".join((STUDY.parents[1] / "README.md").read_text(encoding="utf-8").split())
-    assert (breaks, warned["max_score>1000"], warned["loss_spike"], warned["grad_norm_spike"], warned["log_z_drift"]) \
-        == (22, 22, 1, 0, 0)
-    assert f"220 runs, {breaks} that learnt and then broke" in readme and sum(a["runs"] for a in study["arms"].values()) == 220
     def lead(d):  # the interval's ends widened to whole steps, as the report prints them
         return f"{d['median']:g} [{math.floor(d['ci'][0])}, {math.ceil(d['ci'][1])}]"
 
     def rate(f):
         return f"{f['per_1000']:.2f} [{f['ci'][0]:.2f}, {f['ci'][1]:.2f}]"
 
-    assert f"median leads by cell from {lead(leads[0])} to {lead(leads[-1])} steps" in readme
-    assert f"{rate(fa[0])} to {rate(fa[-1])} false alarms per 1,000 steps" in readme
-    assert earlier == [0.08, 0.08] and "Holm-corrected, in both cells at 8e-2" in readme
-    assert f"warned {warned['loss_spike']} of {breaks} breaks" in readme
-    assert f"none of {sum(a['runs'] for a in qk_on)} runs broke" in readme and sum(a["mid_run_breaks"] for a in qk_on) == 0
+    assert (breaks, warned["max_score>1000"], warned["loss_spike"], warned["grad_norm_spike"], warned["log_z_drift"]) \
+        == (22, 22, 1, 0, 0)
+    assert sum(a["runs"] for a in study["arms"].values()) == 220
+    assert [lead(d) for d in (leads[0], leads[-1])] == ["320.5 [135, 390]", "596 [369, 698]"]  # docs/warn-study.md's
+    assert [rate(f) for f in (fa[0], fa[-1])] == ["1.39 [1.32, 1.50]", "1.80 [1.69, 1.93]"]
+    assert earlier == [0.08, 0.08] and sum(a["mid_run_breaks"] for a in qk_on) == 0
     quiet = [c["detectors"][n]["false_alarms"] for c in study["cells"] if c["lr"] in chosen and c["arm"].startswith("qk-on")
              for n in ("max_score>100", "max_score>1000", "max_score>10000", "max_score", "entropy_collapse")]
     assert len(quiet) == 20 and {f["false_alarms"] for f in quiet} == {0}
-    assert {tuple(round(x, 2) for x in f["ci"]) for f in quiet} == {(0.0, 0.17)} and "no attention alert fired (0 per 1,000 steps, [0, 0.17] in each cell)" in readme
+    assert {tuple(round(x, 2) for x in f["ci"]) for f in quiet} == {(0.0, 0.17)}
     # the defaults follow from the rule applied to these numbers
     assert study["verdict"]["defaults"] == [] and [type(a) for a in default_alerts()] == [NonFinite]
+
+
+def test_the_readme_says_what_the_alarm_meant_and_what_acting_did_as_the_act_study_has_it():
+    """The README's watch paragraph, each figure from docs/warn-study.json's "act" and the published series."""
+    import gzip
+
+    act = json.loads(STUDY.read_text(encoding="utf-8"))["act"]
+    series = json.loads(gzip.decompress((STUDY.parent / "act-study-series.json.gz").read_bytes()))
+    readme = " ".join((STUDY.parents[1] / "README.md").read_text(encoding="utf-8").split())
+    a = [r for r in series["runs"] if r["arm"] == "A" and r["outcome"]["learned_at"] is not None]
+    assert all(r["outcome"]["break_step"] is not None for r in a)  # every learned run of arm A broke
+    last = max(r["outcome"]["break_step"] for r in a)
+    assert f"every learned run broke by step {last:,} of {act['steps']:,}" in readme
+    assert act["level"] == 1e4 and "max |score| > 1e4" in readme and "MaxScore(tau=1e4, action=ClipQK(100))" in readme
+    acting = [act["arms"][k] for k in ("B", "C", "D")]
+    b = {(x["breaks_vs_A"]["b"], x["breaks_vs_A"]["c"], x["breaks_vs_A"]["p"]) for x in acting}
+    assert len(b) == 1 and act["arms"]["A"]["mid_run_breaks"] == next(iter(b))[0]
+    (n, _, p), = b
+    pairs = acting[0]["breaks_vs_A"]["pairs"]
+    assert f"stopped all {n} breaks of the first {pairs} paired seeds (exact p {p:.2g})" in readme
+    lo, hi = min(x["loss_vs_E"]["diff"] for x in acting), max(x["loss_vs_E"]["diff"] for x in acting)
+    assert f"ended {lo:.2f}–{hi:.2f} nats above qk-norm" in readme
+    assert act["interim"] and "interim" in readme

@@ -193,8 +193,8 @@ def test_a_run_without_a_watch_took_no_action_and_its_record_keeps_those_a_watch
     assert rec.TrainResults.from_json({"status": "done", "steps_done": 3}).actions == ()  # a record from before
 
 
-@pytest.mark.parametrize("actions, qk_clip", [((ClipQK(5.0), ScaleLR(0.5, steps=2)), None), ((SkipStep(2),), None),
-                                              ((), 5.0)], ids=["clip-and-rate", "skip", "qk_clip-from-the-start"])
+@pytest.mark.parametrize("actions, qk_clip", [((ClipQK(0.05), ScaleLR(0.5, steps=2)), None), ((SkipStep(2),), None),
+                                              ((), 0.05)], ids=["clip-and-rate", "skip", "qk_clip-from-the-start"])
 def test_a_run_resumed_after_an_action_goes_on_as_the_uninterrupted_one(corpus, tmp_path, actions, qk_clip):
     """Actions taken at probe step 2 still in force at the checkpoint (step 3): the resumed run's losses,
     records, final weights, actions and watch log equal the uninterrupted run's, to the bit (the clip's counts

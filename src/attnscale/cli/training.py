@@ -359,6 +359,7 @@ def add_warn_study(sub) -> None:
                  "beside each run's survival after learning, its silenced detectors, its AUC count")
     for flag, metavar, text in (("--reread", "SERIES", reread), ("--published", "JSON", published)):
         p.add_argument(flag, type=Path, metavar=metavar, help=text)
+    _PARSERS["warn-study"] = p
     training_options(p, "attnscale-out/warn-study",
                      quick="the smoke size: 4 runs a family, a check that the study works, not a measurement")
     jobs_option(p)
@@ -366,12 +367,12 @@ def add_warn_study(sub) -> None:
     p.set_defaults(run=Command(_warn_config, _warn, _warn_table, as_json=_warn_json))
 
 
+_PARSERS: dict = {}  # command -> its parser, kept as each is built: what a mode's refusal reads the defaults from
+
+
 def _given(args, command: str, allowed) -> list[str]:
     """The options of ``command`` given a value other than their default, but for ``allowed`` (by dest), by flag."""
-    from attnscale.cli import build_parser
-
-    parser = next(a for a in build_parser()._actions if hasattr(a, "choices") and isinstance(a.choices, dict)
-                  and command in a.choices).choices[command]
+    parser = _PARSERS[command]
     return [a.option_strings[-1] for a in parser._actions
             if a.option_strings and a.dest not in allowed and a.dest != "help"
             and getattr(args, a.dest, a.default) != a.default]

@@ -222,8 +222,11 @@ def inspect(model: nn.Module, texts, cfg: InspectConfig, on_layer: OnLayer | Non
     check = HeadCheck(cfg, on_layer)
 
     def on_call(call: AttentionCall) -> None:
-        # q and k as the scale prepares them; the mask is the model's own (the -inf entries of its hook_scores)
-        check.add(index[id(call.module)], _layer(call.module), call.q, call.k, call.mask)
+        # q and k as the scale prepares them; the keys each row sees as the model sees them (its causal structure)
+        T, S = call.q.shape[-2], call.k.shape[-2]
+        seen = call.visible()
+        mask_B1TS = torch.ones(1, 1, T, S, dtype=torch.bool, device=call.q.device) if seen is None else seen
+        check.add(index[id(call.module)], _layer(call.module), call.q, call.k, mask_B1TS)
 
     # Sequences of one length go together: the attnscale models take no padding mask.
     by_len: dict[int, list[list[int]]] = {}
