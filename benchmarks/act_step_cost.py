@@ -66,13 +66,27 @@ def main(argv=None) -> int:
     p.add_argument("--width", type=int, default=64, help="d_model and head width (the study's: 64)")
     p.add_argument("--batch", type=int, default=16)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--flush-denormal", action="store_true",
+                   help="flush subnormal floats to zero (torch.set_flush_denormal): the arms' weights drift apart after "
+                        "the alarm, and a run whose numbers turn subnormal computes slower on a CPU whatever its action")
     args = p.parse_args(argv)
     if "A" not in args.arms:
         p.error("--arms must include A, the baseline every ratio is taken against")
     torch.set_num_threads(args.threads)
+    if args.flush_denormal and not torch.set_flush_denormal(True):
+        p.error("--flush-denormal: this CPU cannot flush subnormal floats (no SSE3)")
+    try:
+        return _measure(args)
+    finally:
+        if args.flush_denormal:
+            torch.set_flush_denormal(False)  # the process's arithmetic as it was (a caller's tests run on after)
+
+
+def _measure(args) -> int:
     corpus = load_corpus("default")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); {args.rounds} rounds of {args.steps} steps "
-          f"an arm, width {args.width}, batch {args.batch}; CPU time a step")
+          f"an arm, width {args.width}, batch {args.batch}; CPU time a step"
+          + ("; subnormal floats flushed to zero" if args.flush_denormal else ""))
     for arm in args.arms:
         one_arm(arm, argparse.Namespace(**{**vars(args), "steps": min(args.steps, 20)}), corpus)  # warm-up: first calls
     times: dict[str, list[float]] = {a: [] for a in args.arms}

@@ -4,6 +4,7 @@ the t interval of the rounds' ratios, checked by hand."""
 import re
 
 import pytest
+import torch
 
 from benchmark_scripts import load_benchmark
 
@@ -28,3 +29,21 @@ def test_smoke_run_prints_every_arm(bench, capsys):
         assert re.search(rf"^{arm}: median [\d.]+ ms a step, ratio to A [\d.]+ \[-?[\d.]+, [\d.]+\]$", out, re.M)
     with pytest.raises(SystemExit):
         bench.main(["--arms", "B", "C"])
+
+
+def test_flush_denormal_flushes_while_it_measures_and_puts_the_arithmetic_back(bench, capsys, monkeypatch):
+    """A subnormal float reads 0 inside the measurement with --flush-denormal, and is a subnormal again after."""
+    tiny = torch.tensor([1e-40], dtype=torch.float32)  # under float32's smallest normal, 1.18e-38
+    seen = []
+    real = bench.one_arm
+
+    def spying(arm, args, corpus):
+        seen.append((tiny * 1.0).item())
+        return real(arm, args, corpus)
+
+    monkeypatch.setattr(bench, "one_arm", spying)
+    assert bench.main(["--rounds", "1", "--steps", "12", "--width", "16", "--batch", "2", "--arms", "A", "D",
+                       "--flush-denormal"]) == 0
+    assert "subnormal floats flushed to zero" in capsys.readouterr().out
+    assert seen and set(seen) == {0.0}
+    assert (tiny * 1.0).item() == pytest.approx(1e-40, rel=1e-3)
