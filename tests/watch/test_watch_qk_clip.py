@@ -440,6 +440,26 @@ def test_an_evaluation_between_two_steps_is_no_training_forward_and_counts_for_n
         clip.close()
 
 
+def test_an_evaluation_between_two_steps_leaves_the_method_of_the_training_calls():
+    """What an evaluation adds is taken back whole: the S_max, the calls and how each S_max was had, so a step
+    logs the method of its training calls (here one marked as the kernel's, as flex's or TE's max would be)."""
+    _, model = _grouped_net(5)
+    x = torch.randn(2, 6, 16, generator=torch.Generator().manual_seed(5))
+    clip = QKClip(model, 1e9)
+    try:
+        model(x).sum().backward()
+        s_max = clip._seen.s_max["attn"].clone()
+        clip._seen.method["attn"] = "kernel"  # the training call's S_max came from the kernel
+        model.eval()
+        model(x * 3)
+        model.train()
+        assert clip._seen.method == {"attn": "kernel"} and torch.equal(clip._seen.s_max["attn"], s_max)
+        clip.step()
+        assert clip.take()["method"] == ["kernel"]
+    finally:
+        clip.close()
+
+
 @pytest.mark.parametrize("in_training_forward", [False, True])
 def test_attnscale_models_keep_sdpa_under_the_clip_and_the_training_capture_and_log_the_method(
         tmp_path, monkeypatch, in_training_forward):

@@ -213,17 +213,16 @@ class QKClip:
         # an evaluation between two steps (eval mode or no gradients) is no training forward: what its calls add
         # is taken back when it ends. The mode is read here, in the eager hook, and the calls inside a compiled
         # graph read nothing new, so a graph recompiles no more for it
-        self._kept = None if training_forward(module) else [(dict(s.s_max), dict(s.calls))
+        self._kept = None if training_forward(module) else [(dict(s.s_max), dict(s.calls), dict(s.method))
                                                              for s in (self._seen, self._fallback)]
 
     def _leave(self, module: nn.Module, args: tuple, output) -> None:
         self._padding = None
         if self._kept is not None:
-            for seen, (s_max, calls) in zip((self._seen, self._fallback), self._kept):
-                seen.s_max.clear()
-                seen.s_max.update(s_max)
-                seen.calls.clear()
-                seen.calls.update(calls)
+            for seen, kept in zip((self._seen, self._fallback), self._kept):
+                for now, before in zip((seen.s_max, seen.calls, seen.method), kept):
+                    now.clear()
+                    now.update(before)
             self._kept = None
 
     def _on_call(self, call: AttentionCall, seen: _Seen, kernel_max: torch.Tensor | None = None) -> None:
