@@ -130,3 +130,6 @@ def test_the_warn_study_page_s_act_table_holds_the_published_numbers():
         assert cells[6] == ("—" if b is None else f"{b['b']}, {b['c']}, p {b['p']:.3g}")
         assert cells[7] == (cell(a["loss_vs_A"]) if "loss_vs_A" in a else "—")
         assert cells[8] == (cell(a["loss_vs_E"]) if "loss_vs_E" in a else "—")
+        st = a["step_time_ratio"]
+        assert cells[9] == ("1" if st["interval"] is None
+                            else f"{st['mean']:.2f} [{st['interval'][0]:.2f}, {st['interval'][1]:.2f}]")
