@@ -534,8 +534,7 @@ def _steps(run: Run, corpus, start: int, notes: list[str], on_step, should_stop,
                 _probe_the_record(run, corpus, watch)
             watch.after_step(step)
         if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:  # the last: the run's own evaluation
-            with watch.aside() if watch is not None else contextlib.nullcontext():  # QK-Clip's scores are the steps'
-                run.evals.append(_held_out(run, corpus, step))
+            run.evals.append(_held_out(run, corpus, step))  # eval mode, no gradients: no step of QK-Clip's
         if ckpt is not None and step % cfg.checkpoint_every == 0 and step < cfg.steps:
             ckpt.save(step=step, model=run.model.state_dict(), opt=run.opt.state_dict(), gen=run.gen.get_state(),
                       scaler=run.scaler.state_dict(), skipped=run.skipped, losses=run.losses, history=run.history,

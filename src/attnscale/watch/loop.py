@@ -221,13 +221,8 @@ class Watch:
                      tensor_parallel=tensor_parallel, on_error=on_error, probe=probe)
         _outputs(sinks, alerts)
 
-    def aside(self):
-        """A context: the forwards inside (a held-out evaluation between steps) are no training step, so QK-Clip
-        does not count their scores."""
-        return self.clip.paused() if self.clip is not None else contextlib.nullcontext()
-
     def _probe(self, across_ranks: bool) -> HeadStats:
-        with self.aside():  # a probe is no training step
+        with self.clip.paused() if self.clip is not None else contextlib.nullcontext():  # a probe is no training step
             return measure_heads(self.model, self.probe, threshold=self.threshold, capture=self.capture,
                                  adapter=self.adapter, across_ranks=across_ranks, memory=self.memory,
                                  sample_rows=self.sample_rows, route=self.route, tensor_parallel=self.tensor_parallel)

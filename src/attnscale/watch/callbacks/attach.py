@@ -19,7 +19,6 @@ one loaded before training begins is handed to the Watch when ``start`` makes it
 
 from __future__ import annotations
 
-import contextlib
 from typing import Any, Callable, Sequence
 
 from attnscale.capture.probe import unwrap
@@ -109,10 +108,6 @@ class Attached:
         """Whether the watch may QK-Clip the model: ``qk_clip=`` or an alert's ``ClipQK``."""
         return self.options["qk_clip"] is not None or any(isinstance(a.action, ClipQK)
                                                           for a in self.options["alerts"] or ())
-
-    def aside(self):
-        """``Watch.aside``: forwards that are no training step (an evaluation between steps)."""
-        return self.watch.aside() if self.watch is not None else contextlib.nullcontext()
 
     def finish(self) -> None:
         if self.watch is not None:
