@@ -297,3 +297,20 @@ def test_qk_clip_counts_none_of_the_held_out_evaluations_between_steps(corpus):
         got.append(kept.steps)
         assert [e["step"] for e in res["evals"]][:2] == ([1, 2] if c is cfg else [])
     assert got[0] == got[1]
+
+
+def test_a_records_probe_is_named_and_refused_where_it_cannot_probe_the_records(corpus, monkeypatch):
+    """``Attached(probe="records")`` probes the sequence the records measure, at record steps: the Watch itself
+    gets no probe batch, and a cadence off the record steps (or a training-forward capture) is refused before the
+    run is built."""
+    from attnscale.errors import ConfigError
+    from attnscale.lm import train as train_module
+
+    kept = Attached(every=6, probe="records")
+    assert kept.probe_records and kept.options["probe"] is None
+    assert not Attached(every=6).probe_records
+    with pytest.raises(ConfigError, match="in_training_forward=True measures the step's own forward"):
+        Attached(probe="records", in_training_forward=True)
+    monkeypatch.setattr(train_module, "build_run", lambda *a, **k: pytest.fail("the run was built"))
+    with pytest.raises(ConfigError, match=r"every=4 must be a multiple of record_every=3"):
+        train(MODEL, TRAIN, corpus, watch=Attached(every=4, probe="records"))

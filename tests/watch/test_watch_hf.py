@@ -122,6 +122,8 @@ def test_bad_options_fail_when_the_callback_is_made():
         WatchCallback(sinks="watch.jsonl")
     with pytest.raises(ConfigError, match=r"MaxScore\(tau=100\)"):
         WatchCallback(alerts=["max_score"])
+    with pytest.raises(ConfigError, match=r"probe='records' is for attnscale's train\(\)"):
+        WatchCallback(probe="records")
 
 
 def test_a_probe_the_model_cannot_take_fails_when_training_begins_not_at_step_every(tmp_path):

@@ -142,6 +142,8 @@ def test_bad_options_fail_when_the_callback_is_made():
         WatchCallback(every=0)
     with pytest.raises(ConfigError, match="tensor_parallel takes an attnscale.watch.TensorParallel"):
         WatchCallback(tensor_parallel="tp")
+    with pytest.raises(ConfigError, match=r"probe='records' is for attnscale's train\(\)"):
+        WatchCallback(probe="records")
 
 
 def test_a_model_with_no_attention_fails_before_the_first_step_of_the_fit():

@@ -282,6 +282,9 @@ def train(
         if not isinstance(watch, Attached):  # found now, not once the run is built
             raise ConfigError(f"train's watch= takes an attnscale.watch.Attached(...) (a Watch's options: train "
                               f"builds the model, and the Watch on it), got {type(watch).__name__}")
+        if watch.probe_records and watch.options["every"] % train_cfg.record_every:
+            raise ConfigError(f"Attached(probe='records') probes at record steps: its every={watch.options['every']} "
+                              f"must be a multiple of record_every={train_cfg.record_every}")
     if getattr(watch, "watch", None) is not None:  # its Watch follows a model this call would not build
         raise ConfigError("this Attached already followed a training run, whose model is gone; give each train() "
                           "call its own Attached(...), a resumed run too")
@@ -530,7 +533,7 @@ def _steps(run: Run, corpus, start: int, notes: list[str], on_step, should_stop,
             continue
         step += 1
         if watch is not None:
-            if getattr(watch, "probe_records", False) and step % cfg.record_every == 0:
+            if watch.probe_records and step % cfg.record_every == 0:
                 _probe_the_record(run, corpus, watch)
             watch.after_step(step)
         if cfg.eval_every and step % cfg.eval_every == 0 and step < cfg.steps:  # the last: the run's own evaluation
@@ -564,7 +567,7 @@ def _steps(run: Run, corpus, start: int, notes: list[str], on_step, should_stop,
 
 
 def _probe_the_record(run: Run, corpus, watch) -> None:
-    """Before a probe after ``k`` updates, a watch that probes the records' own sequence (``probe_records``) is
+    """Before a probe after ``k`` updates, a watch that probes the records' own sequence (``Attached(probe="records")``) is
     given the first ``record_sequences`` sequences of step ``k``'s batch: with the weights after ``k`` updates,
     exactly what the record of step ``k`` measures in that step's forward. The batch is drawn from a copy of the
     generator's state, so the run's own batches are untouched."""

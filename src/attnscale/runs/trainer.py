@@ -69,10 +69,8 @@ def build_watch(spec: dict[str, Any] | None):
             raise ConfigError(f"a run's watch alerts are {{'max_score': {{'tau': ..., 'action': ...}}}}; got {alert!r}")
         args = dict(alert["max_score"])
         alerts.append(MaxScore(tau=float(args.pop("tau")), action=_action(args.pop("action", "warn")), **args))
-    attached = Attached(every=int(spec.get("every", 10)), alerts=alerts, qk_clip=spec.get("qk_clip"),
-                        probe_sequences=1)
-    attached.probe_records = spec.get("probe") == "records"
-    return attached
+    return Attached(every=int(spec.get("every", 10)), probe=spec.get("probe"), alerts=alerts,
+                    qk_clip=spec.get("qk_clip"), probe_sequences=1)
 
 
 

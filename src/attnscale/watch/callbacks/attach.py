@@ -30,12 +30,22 @@ from attnscale.watch.alerts import Alert
 from attnscale.watch.loop import EVERY, PROBE_SEQUENCES, Watch
 from attnscale.watch.logs.sinks import Sink
 
-__all__ = ["Attached"]
+__all__ = ["RECORDS", "Attached"]
+
+# ``Attached(probe=RECORDS)``: under attnscale's own ``train()``, probe the sequence the run's records measure.
+RECORDS = "records"
 
 
 class Attached:
     """A ``Watch`` made when training starts, driven by a framework's events; same options as ``Watch``.
-    ``latest``: the last probe, as (step, its flat numbers), or None before the first."""
+    ``latest``: the last probe, as (step, its flat numbers), or None before the first.
+
+    ``probe="records"`` (``RECORDS``), under attnscale's own ``lm.train.train`` only: at each probe step the
+    probe is the first ``record_sequences`` sequences of that step's batch, with the weights after that step's
+    update, the very numbers the run's record of that step holds (an alarm then reads what the published series
+    holds); ``every`` must be a multiple of the run's ``record_every``. A framework's callback refuses it."""
+
+    takes_records = True  # the framework callbacks have no record steps to probe
 
     def __init__(self, every: int = EVERY, probe: Any = None, sinks: Sequence[Sink] = (),
                  alerts: Sequence[Alert] | None = None, threshold: float = FROZEN_THRESHOLD, *,
@@ -44,7 +54,14 @@ class Attached:
                  sample_rows: int | None = None, detail: str = "heads", in_training_forward: bool = False,
                  stage: int | None = None, layer_offset: int | None = None, tensor_parallel=None,
                  on_error: str = "warn"):
-        self.options = dict(every=every, probe=probe, sinks=sinks, alerts=alerts, threshold=threshold,
+        self.probe_records = isinstance(probe, str) and probe == RECORDS
+        if self.probe_records and not type(self).takes_records:
+            raise ConfigError(f"probe='records' is for attnscale's train() (its record steps); a {type(self).__name__} "
+                              "takes a probe batch, or probe=None for the first batch it sees")
+        if self.probe_records and in_training_forward:
+            raise ConfigError("probe='records' probes the records' sequence after the step; in_training_forward=True "
+                              "measures the step's own forward instead: choose one")
+        self.options = dict(every=every, probe=None if self.probe_records else probe, sinks=sinks, alerts=alerts, threshold=threshold,
                             probe_sequences=probe_sequences, capture=capture, adapter=adapter, drop_keys=drop_keys,
                             qk_clip=qk_clip, memory=memory, sample_rows=sample_rows, detail=detail,
                             in_training_forward=in_training_forward, stage=stage, layer_offset=layer_offset,

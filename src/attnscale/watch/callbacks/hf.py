@@ -69,6 +69,8 @@ class WatchCallback(Attached, TrainerCallback, ExportableState):
 
     ``report=False`` leaves the integrations alone (the numbers go to ``sinks`` only)."""
 
+    takes_records = False
+
     def __init__(self, *args, report: bool = True, **options):
         super().__init__(*args, **options)
         self.report = report

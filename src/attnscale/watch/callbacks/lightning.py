@@ -44,6 +44,8 @@ class WatchCallback(Attached, Callback):
 
     ``report=False`` leaves the loggers alone (the numbers go to ``sinks`` only)."""
 
+    takes_records = False
+
     def __init__(self, *args, report: bool = True, **options):
         super().__init__(*args, **options)
         self.report = report
