@@ -110,7 +110,9 @@ def test_the_smoke_pilot_and_study_end_to_end(tmp_path, capsys):
     assert len(data["runs"]) == 2 + 10 and sum(r["pilot"] for r in data["runs"]) == 2
     r = next(r for r in data["runs"] if r["run_id"] == "study-z0-B-seed0")
     assert set(r) >= {"run_id", "cell", "arm", "seed", "losses", "probes", "outcome", "valid_loss", "alarm_step",
-                      "action_steps"}
+                      "action_steps", "code"}
+    kept = json.loads((study / "study-z0-B-seed0" / "record.json").read_text())["environment"].get("git")
+    assert r["code"] == kept  # the commit that trained the run, as its record says
     assert len(r["losses"]) == 60 and [p["step"] for p in r["probes"]][:3] == [0, 10, 20]
     assert set(r["probes"][0]) == {"step", "max_score", "min_effective_words", "grad_norm", "log_z", "qk_rms_max"}
     assert all(math.isfinite(x) for x in r["losses"])

@@ -159,7 +159,8 @@ def _flat(line: dict, key: str) -> list:
 def run_rows(runs, pilot: bool = False) -> list[dict[str, Any]]:
     """Each finished run as the series file keeps it (docs/act-study.md): run_id, cell, arm, seed, pilot, the
     loss at every step, per probe its detector values, the held-out loss, the alarm's step and the actions'
-    steps (from the record), and the outcome (``analysis.act_judging.outcome_of``)."""
+    steps (from the record), the outcome (``analysis.act_judging.outcome_of``), and the commit of the code that
+    trained it (``code``, from the record's environment; None where it was not in a git checkout)."""
     from attnscale.analysis.act_judging import outcome_of
 
     rows = []
@@ -188,7 +189,8 @@ def run_rows(runs, pilot: bool = False) -> list[dict[str, Any]]:
         alarm = min((a["step"] for a in actions if a.get("alert")), default=None)
         row = {"run_id": t.run_id, "cell": cell, "arm": arm, "seed": seed, "pilot": pilot, "steps": steps,
                "losses": losses, "probes": probes, "valid_loss": _number(t.results.valid_loss),
-               "alarm_step": alarm, "action_steps": sorted({a["step"] for a in actions}), "actions": actions}
+               "alarm_step": alarm, "action_steps": sorted({a["step"] for a in actions}), "actions": actions,
+               "code": t.record.environment.get("git")}
         row["outcome"] = outcome_of(row)
         rows.append(row)
     return rows
@@ -298,7 +300,7 @@ def read_rows(folder: Path, pilot: bool = False) -> list[dict[str, Any]]:
 
 
 SERIES_KEYS = ("run_id", "cell", "arm", "seed", "pilot", "steps", "losses", "probes", "outcome", "valid_loss",
-               "alarm_step", "action_steps", "actions")
+               "alarm_step", "action_steps", "actions", "code")
 
 
 def write_series(path: Path, rows: list[dict[str, Any]]) -> None:
@@ -313,7 +315,7 @@ def write_series(path: Path, rows: list[dict[str, Any]]) -> None:
 
     runs = []
     for row in rows:
-        keep = {k: row[k] for k in SERIES_KEYS}
+        keep = {k: row.get(k) for k in SERIES_KEYS}
         keep["losses"] = [r(x, 6) for x in row["losses"]]
         keep["probes"] = [{k: (v if k == "step" else r(v, 5)) for k, v in p.items()} for p in row["probes"]]
         runs.append(keep)
