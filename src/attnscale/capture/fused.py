@@ -197,7 +197,7 @@ def _score_measures(call: AttentionCall, sums: HeadSums, q: torch.Tensor, k: tor
         if seen is not None:
             shown = seen[seqs if seen.shape[0] > 1 else slice(None), heads if seen.shape[1] > 1 else slice(None)]
             s.masked_fill_(~shown[:, :, None, k0:k0 + s.shape[-1]], 0.0)
-        sq = (s.unsqueeze(-2) @ s.unsqueeze(-1))[..., 0, 0].double()  # Σ (s - mu)² per row, no temporary
+        sq = torch.einsum("bhrs,bhrs->bhr", s, s).double()  # Σ (s - mu)² per row: a batched dot, no temporary
         total = n.sum((0, 2))
         mean = (n * mu).sum((0, 2)) / total.clamp_min(1)
         m2 = sq.sum((0, 2)) + (n * (mu - mean[None, :, None]) ** 2).sum((0, 2))
