@@ -5,7 +5,10 @@ meets are) at each ``--lengths`` T, one sequence. For each T, side by side:
 
 - ``train step``: forward, backward and an AdamW step on that sequence (what the probe is weighed against);
 - ``probe``: ``watch.measure_heads`` under the default memory budget (every head measure, every row);
-- ``probe, sampled``: the same with ``sample_rows=256`` (each row measure with its standard error);
+- ``probe, sampled``: the same with ``sample_rows=256`` (each row measure with its standard error): the fused
+  route where T > 256 (``capture.fused``: effective words, spread and max |score| from every row);
+- ``call: replay 256`` and ``call: fused 256``: the layer's call alone (no forward) measured both ways with
+  ``sample_rows=256``, the replay of the sampled rows (``reduce_call``) and the fused route (``measure_call``);
 - ``qk-clip S_max``: the per-step ``head_max`` QK-Clip runs on each attention call;
 - ``materialised``: the whole T×T scores and weights at once (``capture.reduce.dense``, the path the
   tests compare against), up to ``--dense-up-to``.
@@ -34,7 +37,9 @@ from torch import nn
 
 from attnscale import watch
 from attnscale.capture.call import AttentionCall
-from attnscale.capture.reduce import DEFAULT_MEMORY, dense, head_max
+from attnscale.capture.fused import measure_call
+from attnscale.capture.reduce import DEFAULT_MEMORY, dense, head_max, reduce_call
+from attnscale.capture.sums import HeadSums
 
 MIB = 1 << 20
 
@@ -100,6 +105,8 @@ def cases(model: OneLayer, ids: torch.Tensor, dense_up_to: int):
     yield "probe", lambda: watch.measure_heads(model, ids)
     yield "probe, sampled", lambda: watch.measure_heads(model, ids, sample_rows=min(256, T))
     c = call()
+    yield "call: replay 256", lambda: reduce_call(c, sample_rows=min(256, T))
+    yield "call: fused 256", lambda: measure_call(c, HeadSums(c.heads), sample_rows=min(256, T))
     yield "qk-clip S_max", lambda: head_max(c)
     if T <= dense_up_to:
         yield "materialised", lambda: dense(c)
@@ -122,12 +129,12 @@ def run(lengths, heads: int, repeat: int, dense_up_to: int) -> list[dict]:
 
 def table(rows: list[dict]) -> str:
     step = {r["T"]: r for r in rows if r["case"] == "train step"}
-    lines = [f"{'T':>6}  {'case':<16} {'seconds':>9} {'x step':>7} {'peak extra MiB':>15} {'x step':>7}"]
+    lines = [f"{'T':>6}  {'case':<17} {'seconds':>9} {'x step':>7} {'peak extra MiB':>15} {'x step':>7}"]
     for r in rows:
         s = step[r["T"]]
         t_ratio = r["seconds"] / s["seconds"] if s["seconds"] else float("nan")
         m_ratio = r["peak_extra_mib"] / s["peak_extra_mib"] if s["peak_extra_mib"] else float("nan")
-        lines.append(f"{r['T']:>6,}  {r['case']:<16} {r['seconds']:>9.3f} {t_ratio:>7.2f} {r['peak_extra_mib']:>15,.1f} {m_ratio:>7.2f}")
+        lines.append(f"{r['T']:>6,}  {r['case']:<17} {r['seconds']:>9.3f} {t_ratio:>7.2f} {r['peak_extra_mib']:>15,.1f} {m_ratio:>7.2f}")
     return "\n".join(lines)
 
 

@@ -241,6 +241,18 @@ def test_a_small_budget_and_sampled_rows_in_a_probe():
     assert float(sampled.rows_LH.max()) <= 3 * 8
 
 
+def test_a_sampled_probe_takes_the_fused_route_and_says_so():
+    """Through SDPA, causal, with padding: spread, max |score| and effective words from every row as the probe of
+    every row reads them; the other row measures from the sampled rows; each layer's method in the stats."""
+    model = PaddedSDPA(dropout=0.0)
+    batch = watch.Inputs((IDS,), {"attention_mask": torch.ones(3, 16, dtype=torch.long).index_fill_(1, torch.arange(12, 16), 0)})
+    whole = watch.measure_heads(model, batch)
+    sampled = watch.measure_heads(model, batch, sample_rows=5)
+    assert sampled.layer_methods == ("fused", "fused") and whole.layer_methods == ("replay", "replay")
+    torch.testing.assert_close(sampled.values_LMH[:, :3], whole.values_LMH[:, :3], rtol=1e-5, atol=0)
+    assert float(sampled.rows_LH.max()) <= 3 * 5
+
+
 def test_attention_call_reads_like_sdpa():
     q, k = torch.randn(2, 4, 5, 8), torch.randn(2, 2, 5, 8)
     call = AttentionCall(q, k, is_causal=True, softcap=3.0)

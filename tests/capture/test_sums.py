@@ -114,3 +114,26 @@ def test_the_shift_is_each_heads_own_first_row_that_sees_a_key(memory):
         assert m / spread > 1e3  # a large mean
         want.append(spread)
     assert got[0].tolist() == pytest.approx(want, rel=1e-6)
+
+
+def test_each_row_measure_keeps_its_own_rows_through_merge_and_standard_errors():
+    """Effective words over four rows, max weight over two (as the fused route adds them): each mean and standard
+    error over its own rows, by hand; a merge adds rows to rows."""
+    words, weights = [1.0, 2.0, 4.0, 5.0], [0.5, 0.9]
+    sums = HeadSums(1)
+    sums.add_rows("effective_words", torch.tensor(words, dtype=torch.float64).view(1, 1, 4), torch.ones(1, 1, 4, dtype=torch.bool))
+    sums.add_rows("max_weight", torch.tensor(weights + [math.nan], dtype=torch.float64).view(1, 1, 3),
+                  torch.tensor([True, True, False]).view(1, 1, 3))  # a row not counted may hold anything
+    def by_hand(v):
+        m = sum(v) / len(v)
+        return m, math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1) / len(v))
+    got, errors = sums.measures()[:, 0].tolist(), sums.standard_errors()[:, 0].tolist()
+    assert (got[2], errors[0]) == pytest.approx(by_hand(words), rel=1e-12)
+    assert (got[5], errors[3]) == pytest.approx(by_hand(weights), rel=1e-12)
+    assert math.isnan(got[3]) and math.isnan(got[4])  # frozen share and push: no row counted
+    assert sums.rows.tolist() == [0.0] and sums.rows_effective_words.tolist() == [4.0]
+    other = HeadSums(1)
+    other.add_rows("effective_words", torch.tensor([7.0]).view(1, 1, 1), torch.ones(1, 1, 1, dtype=torch.bool))
+    sums.merge(other)
+    assert sums.measures()[2, 0].item() == pytest.approx(sum(words + [7.0]) / 5, rel=1e-12)
+    assert sums.rows_max_weight.tolist() == [2.0]

@@ -212,15 +212,15 @@ def test_a_reduction_that_fails_inside_the_training_forward_never_reaches_it(mon
     import attnscale.watch.in_training as in_training
 
     model = _model()
-    real = in_training.reduce_call
+    real = in_training.measure_call
     broken = {"on": False}
 
-    def reduce_call(*a, **kw):
+    def measure_call(*a, **kw):
         if broken["on"]:
             raise FloatingPointError("reduction broke")
         return real(*a, **kw)
 
-    monkeypatch.setattr(in_training, "reduce_call", reduce_call)
+    monkeypatch.setattr(in_training, "measure_call", measure_call)
     watch = Watch(model, every=1, alerts=(), in_training_forward=True)
     with caplog.at_level(logging.WARNING, logger="attnscale.watch"):
         assert _train(model, watch, 4, before=lambda step: broken.update(on=step == 3)) == 4

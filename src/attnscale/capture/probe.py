@@ -29,7 +29,8 @@ from torch import nn
 from attnscale.capture.adapter import Adapter
 from attnscale.capture.options import WatchOptions, check_batch
 from attnscale.capture.ranks import TensorParallel, reduce_sums
-from attnscale.capture.reduce import DEFAULT_MEMORY, reduce_call
+from attnscale.capture.fused import measure_call
+from attnscale.capture.reduce import DEFAULT_MEMORY
 from attnscale.capture.sums import HeadSums
 from attnscale.capture.route import Route, capturing
 from attnscale.capture.stats import HeadStats, pack, unpack
@@ -174,24 +175,28 @@ class _Layers:
         self.threshold, self.padding, self.memory, self.sample_rows = threshold, padding, memory, sample_rows
         self.sums: list[HeadSums] = []
         self.names: list[str] = []
+        self.methods: list[str] = []
 
     def __call__(self, call) -> None:
         device = self.sums[0].device if self.sums else measuring_device(call.q.device)
         sums = HeadSums(call.heads, self.threshold, device)
-        reduce_call(call, sums, padding_BT=self.padding, memory=self.memory, sample_rows=self.sample_rows,
-                    seed=len(self.sums))
+        self.methods.append(measure_call(call, sums, padding_BT=self.padding, memory=self.memory,
+                                         sample_rows=self.sample_rows, seed=len(self.sums)))
         self.sums.append(sums)
         self.names.append(call.name or f"call {len(self.names)}")
 
     def stats(self) -> HeadStats:
-        return stats_of(self.sums, self.names, self.sample_rows)
+        return stats_of(self.sums, self.names, self.sample_rows, self.methods)
 
 
-def stats_of(sums: list[HeadSums], names: list[str], sample_rows: int | None = None) -> HeadStats:
+def stats_of(sums: list[HeadSums], names: list[str], sample_rows: int | None = None,
+             methods: list[str] | tuple[str, ...] = ()) -> HeadStats:
     """The ``HeadStats`` of layers reduced one ``HeadSums`` each (with its name), read back to the CPU in one
     transfer: a probe's own, or those of a caller that captures the forward itself (the watch in the
-    training forward). ``sample_rows``: whether rows were sampled (the row measures' standard errors)."""
-    return unpack(pack(sums).cpu(), tuple(names), tuple(s.heads for s in sums), errors=sample_rows is not None)
+    training forward). ``sample_rows``: whether rows were sampled (the row measures' standard errors);
+    ``methods``: how each layer was measured (``capture.fused``: "fused" or "replay"), where known."""
+    return unpack(pack(sums).cpu(), tuple(names), tuple(s.heads for s in sums), errors=sample_rows is not None,
+                  methods=tuple(methods))
 
 
 def measure_heads(model: nn.Module, batch: Any, *, threshold: float = FROZEN_THRESHOLD, capture: str = "auto",

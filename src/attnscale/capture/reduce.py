@@ -31,7 +31,7 @@ import torch
 
 from attnscale.capture.call import HIDDEN_AT, AttentionCall, hidden_keys
 from attnscale.capture.sums import HeadSums
-from attnscale.core.diagnostics import FROZEN_THRESHOLD
+from attnscale.core.diagnostics import FROZEN_THRESHOLD, HEAD_MEASURES
 
 __all__ = ["BYTES_PER_ENTRY", "DEFAULT_MEMORY", "dense", "head_max", "reduce_call", "reduce_scores", "with_padding"]
 
@@ -119,11 +119,12 @@ def _modded(call: AttentionCall, scores: torch.Tensor, visible, bias, index):
 
 def reduce_call(call: AttentionCall, sums: HeadSums | None = None, *, factor=None, threshold: float = FROZEN_THRESHOLD,
                 padding_BT: torch.Tensor | None = None, memory: int = DEFAULT_MEMORY, sample_rows: int | None = None,
-                seed: int = 0) -> HeadSums:
+                seed: int = 0, measures: tuple[str, ...] = HEAD_MEASURES) -> HeadSums:
     """Every head measure of ``call`` folded into ``sums`` (new ones on the call's device, the CPU for MPS,
     if None), in blocks of at most ``memory`` bytes. ``factor`` replaces the call's own (a what-if);
     ``padding_BT`` (True = a real token) takes padding out of the rows and keys where its length is the
-    batch's; ``sample_rows``: measure that many query rows of each sequence, drawn with ``seed``."""
+    batch's; ``sample_rows``: measure that many query rows of each sequence, drawn with ``seed``; ``measures``:
+    those of ``HEAD_MEASURES`` to add (``fused.py`` adds the rest from the fused call)."""
     if factor is not None:
         import dataclasses
 
@@ -138,7 +139,8 @@ def reduce_call(call: AttentionCall, sums: HeadSums | None = None, *, factor=Non
             # a few numbers a head, beside the block's scores
             part = HeadSums(heads.stop - heads.start, sums.threshold, sums.device)
             part.data.copy_(sums.data[:, heads])
-            part.add_block(scores, _keep(visible, scores), bias, True, logits, None if sink is None else sink[heads])
+            part.add_block(scores, _keep(visible, scores), bias, True, logits, None if sink is None else sink[heads],
+                           measures)
             sums.data[:, heads] = part.data
     return sums
 
@@ -275,40 +277,49 @@ def head_max(call: AttentionCall, memory: int = DEFAULT_MEMORY, padding_BT: torc
         if tiled is None:
             return _head_max_blocks(with_padding(call, padding_BT), memory)
         q, k, factor, cap = tiled
-        B, H, T, _ = q.shape
-        G, S = H // k.shape[1], k.shape[-2]
-        bs, hs, rs = _plan(B, H, G, T, S, memory, TILED_BYTES_PER_ENTRY)
-        buffer = _buffer(bs * hs * rs * S, q.device)  # one buffer for every block: no page faults
-        if bs >= B and hs >= H and rs >= T:  # the whole call in one block
-            out = _block_top(call, q, k, 0, buffer)
-        else:
-            out = torch.zeros(H, device=q.device)
-            for h0, b0, r0 in itertools.product(range(0, H, hs), range(0, B, bs), range(0, T, rs)):
-                heads, seqs = slice(h0, min(H, h0 + hs)), slice(b0, min(B, b0 + bs))
-                top = _block_top(call, q[seqs, heads, r0:r0 + rs], k[seqs, h0 // G:(heads.stop - 1) // G + 1], r0, buffer)
-                out[heads] = torch.maximum(out[heads], top)
+        out = torch.zeros(q.shape[1], device=q.device)
+        for heads, _, _, _, s in cut_blocks(call, q, k, memory):
+            out[heads] = torch.maximum(out[heads], torch.maximum(s.amax((0, 2, 3)), s.amin((0, 2, 3)).neg_()))
         out = out.mul_(factor)
         return out if cap is None else cap(out)
 
 
-def _block_top(call: AttentionCall, qb: torch.Tensor, kb: torch.Tensor, r0: int, buffer: torch.Tensor) -> torch.Tensor:
-    """The largest |q·k| of each of the block's heads over its visible keys: ``qb`` the block's rows from row
-    ``r0`` on (hidden rows 0), ``kb`` every key of its key heads (hidden keys 0); 0 where the rows see none."""
+def cut_blocks(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, memory: int = DEFAULT_MEMORY):
+    """(query heads, sequences, first row, first key, q·kᵀ of the block B'×h×R×S' float32) per block of ``call``'s q and k
+    as ``_tiled`` gives them (hidden rows and keys 0): one product into a buffer reused for every block, the keys
+    the rows cannot see left out and the causal/window part of the rest cut to 0 in place. The view is
+    overwritten by the next block."""
+    B, H, T, _ = q.shape
+    G, S = H // k.shape[1], k.shape[-2]
+    bs, hs, rs = _plan(B, H, G, T, S, memory, TILED_BYTES_PER_ENTRY)
+    buffer = _buffer(bs * hs * rs * S, q.device)  # one buffer for every block: no page faults
+    for h0, b0, r0 in itertools.product(range(0, H, hs), range(0, B, bs), range(0, T, rs)):
+        heads, seqs = slice(h0, min(H, h0 + hs)), slice(b0, min(B, b0 + bs))
+        keys = call.key_range(r0, min(T, r0 + rs) - 1)
+        if keys.stop > keys.start:  # else rows that see no key
+            kb = k[seqs, h0 // G:(heads.stop - 1) // G + 1, keys]
+            yield heads, seqs, r0, keys.start, _block_scores(call, q[seqs, heads, r0:r0 + rs], kb, r0, keys.start, buffer)
+
+
+def _block_scores(call: AttentionCall, qb: torch.Tensor, kb: torch.Tensor, r0: int, k0: int,
+                  buffer: torch.Tensor) -> torch.Tensor:
+    """q·k of the block's rows from row ``r0`` on (``qb``, hidden rows 0) over its keys from key ``k0`` on
+    (``kb``, hidden keys 0), in ``buffer``, the causal/window part cut to 0."""
     nb, nh, R, D = qb.shape
-    keys = call.key_range(r0, r0 + R - 1)
-    if keys.stop <= keys.start:  # rows that see no key
-        return torch.zeros(nh, device=qb.device)
-    kb = kb[:, :, keys]
     shape = (nb, kb.shape[1], nh // kb.shape[1] * R, kb.shape[-2])
     s = buffer[:math.prod(shape)].view(shape)
-    torch.matmul(qb.reshape(*shape[:3], D), kb.mT, out=s)
-    s = s.view(nb, nh, R, shape[-1])
-    first = r0 + call.diagonal - keys.start  # the block's key j is seen from its row i where j <= i + first
+    torch.matmul(qb.reshape(*shape[:3], D), kb.mT, out=s)  # each key head's G query heads in one product
+    return cut(call, s.view(nb, nh, R, shape[-1]), r0, k0)
+
+
+def cut(call: AttentionCall, s: torch.Tensor, r0: int, k0: int) -> torch.Tensor:
+    """``s`` (rows from ``r0``, keys from ``k0``) with what the causal/window structure hides set to 0, in place."""
+    first = r0 + call.diagonal - k0  # the block's key j is seen from its row i where j <= i + first
     if call.is_causal:
         s.tril_(first)
     if call.window is not None:
         s.triu_(first - call.window + 1)
-    return torch.maximum(s.amax((0, 2, 3)), s.amin((0, 2, 3)).neg_())
+    return s
 
 
 def _head_max_blocks(call: AttentionCall, memory: int) -> torch.Tensor:

@@ -32,7 +32,9 @@ class HeadStats:
     tensors are as wide as the widest). ``bias_LH2``: each head's smallest and
     largest bias over its visible keys (NaN: no bias), or None where no layer
     has one. ``errors_LRH``: where query rows were sampled, each row measure's
-    standard error (``capture.reduce.ROW_MEASURES`` order), else None."""
+    standard error (``capture.reduce.ROW_MEASURES`` order), else None. ``layer_methods``: how each layer
+    was measured, where the probe says (``capture.fused``: "fused", effective words from the kernel's
+    log-sum-exp of every row; "replay", every measure from the scores made again), else ()."""
 
     values_LMH: torch.Tensor
     rows_LH: torch.Tensor
@@ -41,6 +43,7 @@ class HeadStats:
     layer_heads: tuple[int, ...] = ()
     bias_LH2: torch.Tensor | None = None
     errors_LRH: torch.Tensor | None = None
+    layer_methods: tuple[str, ...] = ()
 
     @property
     def layers(self) -> int:
@@ -143,13 +146,14 @@ def pack(sums: list[HeadSums], dtype: torch.dtype = torch.float64, errors: bool 
 
 
 def unpack(parts: torch.Tensor, names: tuple[str, ...], layer_heads: tuple[int, ...],
-           errors: bool = False, dtype: torch.dtype = torch.float32) -> HeadStats:
+           errors: bool = False, dtype: torch.dtype = torch.float32, methods: tuple[str, ...] = ()) -> HeadStats:
     """The ``HeadStats`` of ``pack``'s tensor once on the CPU (``errors``: keep the standard errors, where rows
-    were sampled and ``pack`` took them), its values of ``dtype``."""
+    were sampled and ``pack`` took them), its values of ``dtype``; ``methods``: each layer's, where known."""
     M = len(HEAD_MEASURES)
     parts = parts.double()
     rows = torch.nan_to_num(parts[:, M], nan=0.0)
     bias = parts[:, M + 1:M + 3].transpose(1, 2)
     has_bias = bool(torch.isfinite(bias).any())
     return HeadStats(parts[:, :M].to(dtype), rows, HEAD_MEASURES, tuple(names), tuple(layer_heads),
-                     bias_LH2=bias if has_bias else None, errors_LRH=parts[:, M + 3:] if errors else None)
+                     bias_LH2=bias if has_bias else None, errors_LRH=parts[:, M + 3:] if errors else None,
+                     layer_methods=tuple(methods))

@@ -46,8 +46,8 @@ class HeadSums:
     Adding blocks in any split gives the numbers of the whole call to float64 rounding; ``merge`` adds
     another layer's sums (another batch, another rank) as if their blocks had been added here."""
 
-    FIELDS = ("entries", "mean", "m2", "max_abs", "rows", *(f"sum_{m}" for m in ROW_MEASURES),
-              *(f"sq_{m}" for m in ROW_MEASURES), "bias_min", "bias_max")
+    FIELDS = ("entries", "mean", "m2", "max_abs", *(f"rows_{m}" for m in ROW_MEASURES),
+              *(f"sum_{m}" for m in ROW_MEASURES), *(f"sq_{m}" for m in ROW_MEASURES), "bias_min", "bias_max")
 
     def __init__(self, heads: int, threshold: float = FROZEN_THRESHOLD, device: torch.device | str | None = None):
         self.threshold = threshold
@@ -62,6 +62,12 @@ class HeadSums:
         raise AttributeError(name)
 
     @property
+    def rows(self) -> torch.Tensor:
+        """(H,) float64: the rows the frozen share was counted over (each row measure keeps its own count,
+        ``rows_{measure}``: the fused route reads effective words from every row and the rest from a sample)."""
+        return self.rows_frozen_fraction
+
+    @property
     def heads(self) -> int:
         return self.data.shape[1]
 
@@ -70,24 +76,28 @@ class HeadSums:
         return self.data.device
 
     def add_block(self, scores_BHRS: torch.Tensor, keep: torch.Tensor, bias: torch.Tensor | None = None,
-                  rows: bool = True, logits: torch.Tensor | None = None, sink: torch.Tensor | None = None) -> None:
+                  rows: bool = True, logits: torch.Tensor | None = None, sink: torch.Tensor | None = None,
+                  measures: tuple[str, ...] = HEAD_MEASURES) -> None:
         """Fold one block in: ``scores`` (float32; any value where ``keep`` is False), ``keep`` (boolean,
         broadcastable: True = the key is visible to the row), ``bias`` (float32 or None) added for the weights.
         ``logits``: what the weights read where it is not scores + bias (a score_mod's output; ``bias`` then
         says what was added, for the range). ``sink``: the block's heads' sink logits (h,), or None.
-        Every visible key of a row must be in the block (``rows=False``: score measures only)."""
+        Every visible key of a row must be in the block (``rows=False``: score measures only). ``measures``:
+        those of ``HEAD_MEASURES`` to add (the score measures go together), where others come from elsewhere."""
         B, H, R, S = scores_BHRS.shape
         keep = keep.expand(B, H, R, S)
         hidden = ~keep
-        self._merge_scores(scores_BHRS, keep, hidden)
+        if "spread" in measures or "max_score" in measures:
+            self._merge_scores(scores_BHRS, keep, hidden)
         if bias is not None:
             b = bias.expand(B, H, R, S)
             self.bias_min.copy_(torch.fmin(self.bias_min, b.masked_fill(hidden, math.inf).amin((0, 2, 3)).double()))
             self.bias_max.copy_(torch.fmax(self.bias_max, b.masked_fill(hidden, -math.inf).amax((0, 2, 3)).double()))
-        if rows:
+        chosen = tuple(m for m in ROW_MEASURES if m in measures)
+        if rows and chosen:
             if logits is None:
                 logits = scores_BHRS if bias is None else scores_BHRS + bias
-            self._add_rows(logits, keep, hidden, sink)
+            self._add_rows(logits, keep, hidden, sink, chosen)
 
     def _merge_scores(self, scores: torch.Tensor, keep: torch.Tensor, hidden: torch.Tensor) -> None:
         """Count, mean and squared deviations of the block's visible scores, merged into the running ones.
@@ -112,6 +122,20 @@ class HeadSums:
         m2 = (s2 - s1**2 / n.clamp_min(1)).clamp_min(0)
         self._chan(n, mean, m2)
 
+    def add_moments(self, n: torch.Tensor, mean: torch.Tensor, m2: torch.Tensor, max_abs: torch.Tensor) -> None:
+        """Merge another part's score measures (float64 (H,) each: its count, mean, sum of squared deviations
+        and largest |score|), made elsewhere (the fused route's one-product blocks), as a block's would be."""
+        self._chan(n.to(self.data), mean.to(self.data), m2.to(self.data))
+        self.max_abs.copy_(torch.maximum(self.max_abs, max_abs.to(self.data)))
+
+    def add_rows(self, measure: str, values_BHR: torch.Tensor, counted_BHR: torch.Tensor) -> None:
+        """Add one row measure's per-row values, made elsewhere (the fused route's effective words of every row),
+        over the rows where ``counted`` (values elsewhere may be anything, NaN included)."""
+        v = torch.where(counted_BHR, values_BHR.to(self.data), 0.0)
+        getattr(self, f"rows_{measure}").add_(counted_BHR.sum((0, 2)).to(self.data))
+        getattr(self, f"sum_{measure}").add_(v.sum((0, 2)))
+        getattr(self, f"sq_{measure}").add_(v.pow(2).sum((0, 2)))
+
     def _chan(self, n: torch.Tensor, mean: torch.Tensor, m2: torch.Tensor) -> None:
         total = self.entries + n
         delta = mean - self.mean
@@ -121,7 +145,7 @@ class HeadSums:
         self.entries.copy_(total)
 
     def _add_rows(self, logits: torch.Tensor, keep: torch.Tensor, hidden: torch.Tensor,
-                  sink: torch.Tensor | None = None) -> None:
+                  sink: torch.Tensor | None = None, measures: tuple[str, ...] = ROW_MEASURES) -> None:
         counted = keep.sum(-1) >= MIN_KEYS  # B×H×R: a row with one choice is neither frozen nor free
         # hidden keys as a number no exp survives (e^-1e30 = 0, and 0 · -1e30 = 0, where -inf would give NaN)
         filled = logits.masked_fill(hidden, -1e30)
@@ -154,11 +178,8 @@ class HeadSums:
             "push": push_sq.sqrt(),
             "max_weight": max_weight,
         }
-        self.rows.add_(counted.sum((0, 2)).double())
-        for m in ROW_MEASURES:
-            v = torch.where(counted, per_row[m], 0.0)
-            getattr(self, f"sum_{m}").add_(v.sum((0, 2)))
-            getattr(self, f"sq_{m}").add_(v.pow(2).sum((0, 2)))
+        for m in measures:
+            self.add_rows(m, per_row[m], counted)
 
     def merge(self, other: "HeadSums") -> None:
         """Add ``other``'s sums (same heads) to these."""
@@ -168,25 +189,27 @@ class HeadSums:
         self.max_abs.copy_(torch.maximum(self.max_abs, o[i["max_abs"]]))
         self.bias_min.copy_(torch.fmin(self.bias_min, o[i["bias_min"]]))
         self.bias_max.copy_(torch.fmax(self.bias_max, o[i["bias_max"]]))
-        additive = [k for f, k in i.items() if f == "rows" or f.startswith(("sum_", "sq_"))]
+        additive = [k for f, k in i.items() if f.startswith(("rows_", "sum_", "sq_"))]
         self.data[additive] += o[additive]
 
     def measures(self) -> torch.Tensor:
         """float64 (len(HEAD_MEASURES), H) on the sums' device; NaN where a head saw no entry (score measures)
         or counted no row (row measures)."""
-        seen, rows = self.entries > 0, self.rows > 0
+        seen = self.entries > 0
         spread = torch.where(seen, (self.m2 / self.entries.clamp_min(1)).sqrt(), math.nan)
         out = [spread, torch.where(seen, self.max_abs, math.nan)]
-        out += [torch.where(rows, getattr(self, f"sum_{m}") / self.rows.clamp_min(1), math.nan) for m in ROW_MEASURES]
+        for m in ROW_MEASURES:
+            rows = getattr(self, f"rows_{m}")
+            out.append(torch.where(rows > 0, getattr(self, f"sum_{m}") / rows.clamp_min(1), math.nan))
         return torch.stack(out)
 
     def standard_errors(self) -> torch.Tensor:
         """float64 (len(ROW_MEASURES), H): each row measure's standard error as a mean over sampled rows
         (sample standard deviation / sqrt(rows)); NaN under two rows. For rows sampled from a sequence, an
         upper bound: the finite-population correction is left out."""
-        n = self.rows
         out = []
         for m in ROW_MEASURES:
+            n = getattr(self, f"rows_{m}")
             mean = getattr(self, f"sum_{m}") / n.clamp_min(1)
             var = (getattr(self, f"sq_{m}") - n * mean**2).clamp_min(0) / (n - 1).clamp_min(1)
             out.append(torch.where(n > 1, (var / n.clamp_min(1)).sqrt(), math.nan))

@@ -5,7 +5,7 @@ forward of step k runs between ``step(k - 1)`` and ``step(k)``: when k is a prob
 this capture (the Watch itself, for step 1) and ``step(k)`` reads it and disarms it. Armed, the model has a
 forward pre-hook and a forward hook, and each forward of the model in train mode with gradients on (a training
 forward: an evaluation between two steps is none) runs inside ``capture.route.capturing``, each attention call
-reduced at once (``capture.reduce.reduce_call``: without gradients, in float32 with autocast off, from the q
+reduced at once (``capture.fused.measure_call``, the probe's route: without gradients, in float32 with autocast off, from the q
 and k the model made in its own precision) into its layer's ``HeadSums``. So the numbers are those of the
 weights the step trained, in the training precision and mode; a model with dropout in its attention would be
 measured with it, where a probe turns it off.
@@ -32,7 +32,8 @@ from torch import nn
 
 from attnscale.capture.call import AttentionCall
 from attnscale.capture.probe import Inputs, padding_of, unwrap
-from attnscale.capture.reduce import DEFAULT_MEMORY, reduce_call
+from attnscale.capture.fused import measure_call
+from attnscale.capture.reduce import DEFAULT_MEMORY
 from attnscale.capture.sums import HeadSums
 from attnscale.capture.route import Route, capturing
 from attnscale.errors import ConfigError
@@ -148,8 +149,8 @@ class TrainingForward:
         with contextlib.ExitStack() as stack:  # the reduction in float32, whatever autocast the forward runs under
             for kind in sorted({"cpu", call.q.device.type} & set(AUTOCAST_TYPES)):
                 stack.enter_context(torch.autocast(kind, enabled=False))
-            reduce_call(call, self.sums[i], padding_BT=self._padding, memory=self.memory,
-                        sample_rows=self.sample_rows, seed=i)
+            measure_call(call, self.sums[i], padding_BT=self._padding, memory=self.memory,
+                         sample_rows=self.sample_rows, seed=i)
         self.seconds += time.perf_counter() - start
 
     def take(self) -> tuple[list[HeadSums], list[str], dict[str, int]]:
