@@ -55,7 +55,7 @@ def test_the_training_forward_gives_measure_heads_numbers_with_no_extra_forward(
     for r in records:
         torch.testing.assert_close(torch.tensor(r.values), expected[r.step].values_LMH, rtol=1e-5, atol=1e-6)
         assert r.rows == expected[r.step].rows_LH.tolist()
-        assert r.probe == {"forwards": 1, "sequences": 4, "tokens": 12}
+        assert r.probe == {"forwards": 1, "sequences": 4, "tokens": 12, "methods": ["replay", "replay"]}  # every row
     assert not watch.training.armed  # closed: nothing left hooked
 
 

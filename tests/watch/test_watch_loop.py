@@ -52,7 +52,7 @@ def test_a_plain_loop_writes_jsonl_and_tensorboard_at_the_probe_steps(tmp_path):
         assert _train(model, 6, watch) == [2, 4, 6]
     records = read_log(tmp_path / "w.jsonl")
     assert [r.step for r in records] == [2, 4, 6]
-    assert records[0].probe == {"sequences": 4, "tokens": 16}  # the first batch, cut to 4 sequences
+    assert records[0].probe == {"sequences": 4, "tokens": 16, "methods": ["replay"] * len(records[0].values)}  # the first batch, cut to 4 sequences, every row replayed
     tb = tensorboard_scalars(tmp_path / "tb")
     for layer in range(2):
         for head in range(2):

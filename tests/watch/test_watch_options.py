@@ -143,13 +143,16 @@ def test_sample_rows_beyond_the_sequence_logs_the_rows_really_measured(tmp_path)
                in_training_forward=True) as w:
         _train(model, w, 1)
     record, = read_log(tmp_path / "w.jsonl")
-    assert record.probe == {"sequences": 3, "tokens": 12, "sampled_rows": 12}  # 12 rows a sequence, not 1000
+    layers = len(record.values)
+    # 12 rows a sequence, not 1000; every row measured is every score replayed
+    assert record.probe == {"sequences": 3, "tokens": 12, "sampled_rows": 12, "methods": ["replay"] * layers}
     # every row was measured: the numbers are those of the probe without sampling, and each head counted
     # 3 sequences x 12 causal rows
     torch.testing.assert_close(torch.tensor(record.values), whole.values_LMH, rtol=1e-6, atol=1e-7)
     assert record.rows == whole.rows_LH.tolist()
     sampled, = read_log(tmp_path / "s.jsonl")
-    assert sampled.probe == {"forwards": 1, "sequences": 3, "tokens": 12, "sampled_rows": 5}
+    # 5 of 12 rows: each (causal SDPA) layer's effective words from the fused call, the rest from the 5 rows
+    assert sampled.probe == {"forwards": 1, "sequences": 3, "tokens": 12, "sampled_rows": 5, "methods": ["fused"] * layers}
     assert 0 < max(sampled.rows[0]) <= 3 * 5
 
 

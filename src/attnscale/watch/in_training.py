@@ -86,6 +86,7 @@ class TrainingForward:
     def _reset(self) -> None:
         self.sums: list[HeadSums] = []
         self.names: list[str] = []
+        self.methods: list[str] = []  # each layer's route (``capture.fused``), "mixed" where its calls differed
         self._seen = {"forwards": 0, "sequences": 0}
         self._padding: torch.Tensor | None = None
         self._call = 0
@@ -149,13 +150,18 @@ class TrainingForward:
         with contextlib.ExitStack() as stack:  # the reduction in float32, whatever autocast the forward runs under
             for kind in sorted({"cpu", call.q.device.type} & set(AUTOCAST_TYPES)):
                 stack.enter_context(torch.autocast(kind, enabled=False))
-            measure_call(call, self.sums[i], padding_BT=self._padding, memory=self.memory,
-                         sample_rows=self.sample_rows, seed=i)
+            method = measure_call(call, self.sums[i], padding_BT=self._padding, memory=self.memory,
+                                  sample_rows=self.sample_rows, seed=i)
+        if i == len(self.methods):
+            self.methods.append(method)
+        elif self.methods[i] != method:
+            self.methods[i] = "mixed"
         self.seconds += time.perf_counter() - start
 
     def take(self) -> tuple[list[HeadSums], list[str], dict[str, int]]:
         """Disarm; the sums of every layer over the forwards since ``arm``, their names, and what the forwards
-        were ({"forwards": n, "sequences": their sequences together, "tokens": the last one's length}).
+        were ({"forwards": n, "sequences": their sequences together, "tokens": the last one's length, "methods":
+        each layer's route, "fused" or "replay", or "mixed" where the forwards' calls of a layer took both}).
         ``failed`` is then the first error met in those forwards, or None."""
         for hook in self._hooks:
             hook.remove()
@@ -163,7 +169,7 @@ class TrainingForward:
         if self._open is not None:  # a forward that never came back (an error inside it)
             self._open.close()
             self._open = None
-        out = (self.sums, self.names, dict(self._seen))
+        out = (self.sums, self.names, {**self._seen, "methods": tuple(self.methods)})
         self.failed = self._error
         self._reset()
         return out

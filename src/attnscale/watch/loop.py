@@ -315,7 +315,8 @@ class Watch:
             rows=stats.rows_LH.tolist(), summary=stats.summary(), alerts=[f.to_json() for f in fired],
             watch={"seconds": seconds, "total_seconds": self.seconds + seconds,
                    "share": (self.seconds + seconds) / wall if wall > 0 else 0.0},
-            probe=probe, threshold=self.threshold, qk_clip=clipped,
+            probe={**probe, "methods": list(stats.layer_methods)} if stats.layer_methods else probe,
+            threshold=self.threshold, qk_clip=clipped,
             bias=stats.bias_LH2.tolist() if stats.bias_LH2 is not None else [], actions=taken)
         self._records += writer
         for i, sink in enumerate(self.sinks if writer else ()):
@@ -450,7 +451,9 @@ class Watch:
             model = type(self.training.model).__name__
             raise ConfigError(f"no attention call of any pipeline stage of {model} was seen before step {step} "
                               f"(capture {self.capture!r}); see attnscale.capture.route for what can be read")
-        return stats_of(sums, names, self.sample_rows), self._sampled(dict(seen))
+        seen = dict(seen)
+        methods = seen.pop("methods", ())  # per layer of this rank or stage: said only where the layers are its own
+        return stats_of(sums, names, self.sample_rows, methods if self.stage is None else ()), self._sampled(seen)
 
     def _sampled(self, shape: dict[str, int]) -> dict[str, int]:
         """What a probe measured, with the query rows of each sequence really sampled: ``sample_rows`` or,

@@ -8,7 +8,7 @@ A watch log (``JsonlSink``) is JSON Lines; each line is one ``WatchLine``:
      "alerts": [{"alert": "max_score", "layer": 0, "head": 3, "step": 200, "value": 131.2,
                  "action": "warn", "message": "..."}],
      "watch": {"seconds": 0.012, "total_seconds": 0.05, "share": 0.004},
-     "probe": {"sequences": 4, "tokens": 64}, "threshold": 0.99,
+     "probe": {"sequences": 4, "tokens": 64, "methods": ["replay", ...]}, "threshold": 0.99,
      "qk_clip": {"tau": 100.0, "layers": ["model.layers.0.self_attn", ...], "gamma": [[...heads] ...layers],
                  "s_max": [[...]], "clipped_steps": [[...]], "method": ["exact", ...]}}
 
@@ -16,7 +16,9 @@ A watch log (``JsonlSink``) is JSON Lines; each line is one ``WatchLine``:
 ``watch`` is the watch's own cost: this probe's seconds, its seconds so far and
 their share of the wall time since it started; ``probe``, what was measured: the
 probe batch's sequences and tokens, or, measured in the training forward
-(``in_training_forward``), the step's ``forwards`` and their sequences together. ``bias``, only where a layer adds
+(``in_training_forward``), the step's ``forwards`` and their sequences together, and per layer how its
+measures were had (``methods``: "replay", every score replayed; "fused", effective words from the fused
+call's log-sum-exp and the rest from the sampled rows, ``capture/fused.py``). ``bias``, only where a layer adds
 a bias to its scores (ALiBi, a float mask's finite part): per layer and head the
 smallest and largest bias over the visible keys (null: none). ``qk_clip``, only where QK-Clip
 is on (``qk_clip.py``): per layer and query head since the probe before, the
@@ -74,7 +76,7 @@ class WatchLine:
     summary: dict[str, float]
     alerts: list[dict] = field(default_factory=list)
     watch: dict[str, float] = field(default_factory=dict)
-    probe: dict[str, int] = field(default_factory=dict)
+    probe: dict[str, Any] = field(default_factory=dict)
     threshold: float | None = None
     qk_clip: dict = field(default_factory=dict)
     bias: list = field(default_factory=list)  # [layer][head][min, max] over the visible keys, where a layer has a bias
