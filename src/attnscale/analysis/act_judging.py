@@ -174,7 +174,7 @@ def _arm_results(rows, arm: str, floor: float) -> dict[str, Any]:
 def judge(rows: Sequence[dict[str, Any]], floor: float = FLOOR, arms: Sequence[str] = ("A", "B", "C", "D", "E"),
           interim: bool = True) -> dict[str, Any]:
     """Every endpoint per arm, pooled over the cells (the primary reading) and per cell, on the seeds whose runs
-    have all finished, and the decision for each action arm. ``interim``: block 1 read alone."""
+    have all finished, and the decision for each action arm. ``interim``: fewer seeds read than the study declared."""
     cells = list(dict.fromkeys(r["cell"] for r in rows))
     seeds = complete_seeds(rows, arms, cells)
     rows = [r for r in rows if r["seed"] in seeds and r["arm"] in arms]

@@ -41,7 +41,7 @@ ARMS = ("A", "B", "C", "D", "E")
 ACTION_ARMS = ("B", "C", "D")  # the arms judged by the decision rule
 STEPS, WARMUP = 3000, 500  # 3,000 >= 2 x the latest break seen (step 1,415)
 PILOT_SEEDS = (100, 101, 102, 103)
-BLOCKS = ((0, 1, 2, 3), tuple(range(4, 16)))  # block 1 now; block 2 declared for a later session
+BLOCKS = ((0, 1, 2, 3), tuple(range(4, 16)))  # block 1, then block 2 (declared before any seed ran)
 ALL_SEEDS = BLOCKS[0] + BLOCKS[1]  # the study's reading is final on these alone; on fewer it is interim
 LEVELS = (1e2, 3e2, 1e3, 3e3, 1e4, 3e4, 1e5)  # the alarm's ladder
 DEFAULT_LEVEL = 1e3  # where no pilot run broke: the warning study's level

@@ -204,8 +204,8 @@ def default_alerts(action: str | Callable[[Firing], None] = "warn") -> tuple[Ale
     actions. Without qk-norm at a high rate a max |score| over 1e4 marks a regime, not a run: in the act
     study every learned run of that regime without an action broke, and with qk-norm no run went past 1e2
     (docs/warn-study.md, its re-read). Acting on the alarm, ``MaxScore(tau=1e4, action=ClipQK(100))``,
-    stopped every break of the act study's first block but changes the weights the user trains and ended
-    0.16-0.29 nats above qk-norm (docs/act-study.md): a choice to make knowingly, not a default."""
+    stopped all 27 breaks of the act study's 32 paired seeds but changes the weights the user trains and ended
+    0.16-0.23 nats above qk-norm (docs/act-study.md): a choice to make knowingly, not a default."""
     return (NonFinite(action),)
 
 
