@@ -154,7 +154,7 @@ def test_keep_order_starts_runs_as_given_and_a_watch_travels_to_the_worker(tmp_p
     monkeypatch.setattr(runner, "train_run",
                         lambda m, t, *a, **k: (started.append((m.head_dim, t.steps, k.get("watch"))),
                                                real(m, t, *a, **k))[1])
-    watch = {"every": 2, "probe": "records", "qk_clip": 100.0}
+    watch = {"every": 4, "probe": "records", "qk_clip": 100.0}  # a probe at every record step
     specs = [spec(corpus, 8, "none"), replace(spec(corpus, 16, "none", steps=24), watch=watch)]
     records = execute(specs, CORPUS, tmp_path, progress=False, corpus=corpus, keep_order=True)
     assert started == [(8, 8, None), (16, 24, watch)]  # not dearest first
@@ -169,6 +169,10 @@ def test_keep_order_starts_runs_as_given_and_a_watch_travels_to_the_worker(tmp_p
         execute([replace(specs[1], watch={**watch, "qk_clip": 50.0})], CORPUS, tmp_path, progress=False, corpus=corpus)
     with pytest.raises(ConfigError, match="a run's watch takes every, probe, qk_clip, alerts"):
         execute([replace(specs[0], run_id="bad", watch={"tau": 1})], CORPUS, tmp_path, progress=False, corpus=corpus)
+    # a records probe off the record steps (every 3, records every 4) could not probe what the records measure
+    with pytest.raises(ConfigError, match="every=3 must be a multiple of record_every=4"):
+        execute([replace(specs[0], run_id="bad", watch={**watch, "every": 3})], CORPUS, tmp_path, progress=False,
+                corpus=corpus)
     assert not (tmp_path / "bad").exists()  # refused before any folder was written
 
 

@@ -53,7 +53,7 @@ from attnscale.lm.model import ModelConfig, TinyLM
 from attnscale.lm.precision import Bf16Copy, clip_, flat_grads, in_precision
 from attnscale.lm.step_measures import DIAGNOSTICS, probe_row, qk_weight_rms, read_back, recording, summarize
 
-__all__ = ["TrainConfig", "train", "Run", "build_run", "train_step", "loss_and_objective", "step_losses", "attention_impl", "run_config", "comparable_config", "save_weights", "lr_at", "evaluate", "sum_dtype", "DIAGNOSTICS", "summarize"]
+__all__ = ["TrainConfig", "train", "check_watch", "Run", "build_run", "train_step", "loss_and_objective", "step_losses", "attention_impl", "run_config", "comparable_config", "save_weights", "lr_at", "evaluate", "sum_dtype", "DIAGNOSTICS", "summarize"]
 
 ATTENTION = ("auto", "fused", "explicit")
 SCHEDULES = ("cosine", "wsd")
@@ -241,6 +241,20 @@ def finite(x: Any) -> float | None:
     return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
+def check_watch(watch: Any, train_cfg: TrainConfig) -> None:
+    """A ConfigError unless ``watch`` is an ``attnscale.watch.Attached`` that ``train_cfg``'s run can follow (a
+    records probe, ``Attached(probe="records")``, at a cadence of whole record steps): found before anything is
+    built, by ``train`` and by a sweep before it writes any folder."""
+    from attnscale.watch.callbacks.attach import Attached
+
+    if not isinstance(watch, Attached):
+        raise ConfigError(f"train's watch= takes an attnscale.watch.Attached(...) (a Watch's options: train "
+                          f"builds the model, and the Watch on it), got {type(watch).__name__}")
+    if watch.probe_records and watch.options["every"] % train_cfg.record_every:
+        raise ConfigError(f"Attached(probe='records') probes at record steps: its every={watch.options['every']} "
+                          f"must be a multiple of record_every={train_cfg.record_every}")
+
+
 def train(
     model_cfg: ModelConfig,
     train_cfg: TrainConfig,
@@ -277,14 +291,7 @@ def train(
     removed when the run ends "done" or "diverged". ``weights``: where a run that
     ends "done" saves its final weights (safetensors, the model's state_dict)."""
     if watch is not None:
-        from attnscale.watch.callbacks.attach import Attached
-
-        if not isinstance(watch, Attached):  # found now, not once the run is built
-            raise ConfigError(f"train's watch= takes an attnscale.watch.Attached(...) (a Watch's options: train "
-                              f"builds the model, and the Watch on it), got {type(watch).__name__}")
-        if watch.probe_records and watch.options["every"] % train_cfg.record_every:
-            raise ConfigError(f"Attached(probe='records') probes at record steps: its every={watch.options['every']} "
-                              f"must be a multiple of record_every={train_cfg.record_every}")
+        check_watch(watch, train_cfg)
     if getattr(watch, "watch", None) is not None:  # its Watch follows a model this call would not build
         raise ConfigError("this Attached already followed a training run, whose model is gone; give each train() "
                           "call its own Attached(...), a resumed run too")

@@ -126,10 +126,12 @@ def _check(specs: Sequence[RunSpec], corpus, executor: str) -> None:
 
     for device in sorted({s.train.device for s in specs}) if executor == "local" else ():
         resolve_device(device)  # a device this machine lacks stops the sweep before any folder is written
+    from attnscale.lm.train import check_watch
     from attnscale.runs.trainer import build_watch
 
     for s in specs:
-        build_watch(s.watch)  # a watch its worker could not build stops the sweep before any folder is written
+        if s.watch is not None:  # a watch its worker could not build or follow stops the sweep before any folder
+            check_watch(build_watch(s.watch), s.train)
         check_length(corpus.train, s.model.context, "corpus's training split")
         check_length(corpus.valid, s.model.context, "corpus's held-out split")
         if s.model.vocab_size < corpus.vocab_size:
