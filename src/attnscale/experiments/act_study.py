@@ -70,10 +70,7 @@ class ActConfig(TrainingConfig):
             bad = [v for v in getattr(self, name) if v not in known]
             if bad:
                 raise ConfigError(f"unknown act-study {name[:-1]} {bad[0]!r}; choose from: {', '.join(known)}")
-        for name in ("cells", "arms", "seeds"):
-            values = getattr(self, name)
-            if not values or len(set(values)) != len(values):
-                raise ConfigError(f"act-study {name} must be a non-empty list without repeats, got {list(values)}")
+        self.check_lists(("cells", "arms", "seeds"), "act-study")
         if self.level is not None and not (isinstance(self.level, (int, float)) and 0 < self.level < math.inf):
             raise ConfigError(f"the alarm's level must be a positive number, got {self.level!r}")
         if self.level is None and set(self.arms) & {"C", "D"}:

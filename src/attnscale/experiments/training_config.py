@@ -40,6 +40,16 @@ class TrainingConfig:
         if self.device is not None:
             check_device_spec(self.device)
 
+    def check_lists(self, names, what: str) -> None:
+        """A ConfigError naming the first of the fields ``names`` that is empty or repeats a value
+        (``what``: the command's words for the config, e.g. "act-study")."""
+        from attnscale.errors import ConfigError
+
+        for name in names:
+            values = getattr(self, name)
+            if not values or len(set(values)) != len(values):
+                raise ConfigError(f"{what} {name} must be a non-empty list without repeats, got {list(values)}")
+
     @property
     def corpus_spec(self) -> CorpusSpec:
         return CorpusSpec(self.corpus, self.tokenizer)

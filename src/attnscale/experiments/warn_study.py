@@ -106,10 +106,7 @@ class WarnConfig(TrainingConfig):
         if self.family == "llama" and (tuple(self.scales), tuple(self.norms)) != (("inv_sqrt_d",), ("pre",)):
             raise ConfigError("the llama family has Llama's own scale (inv_sqrt_d) and pre-norm: "
                               "--scale and --norm vary the tiny LM only; drop them, or use --family tiny or all")
-        for name in ("scales", "norms", "warmups", "lrs", "seeds"):
-            values = getattr(self, name)
-            if not values or len(set(values)) != len(values):
-                raise ConfigError(f"warn-study {name} must be a non-empty list without repeats, got {list(values)}")
+        self.check_lists(("scales", "norms", "warmups", "lrs", "seeds"), "warn-study")
         if len(self.seeds) < 2:  # analysis.detectors.split_seeds: every other seed chooses, the rest judge
             raise ConfigError(f"warn-study needs at least 2 seeds, got {list(self.seeds)}: half choose the thresholds "
                               "and the other half judge them; give e.g. --seeds 0 1")
@@ -318,10 +315,7 @@ class PilotConfig(TrainingConfig):
         unknown = [a for a in self.arms if a not in ARMS]
         if unknown:
             raise ConfigError(f"unknown pilot arm {unknown[0]!r}; choose from: {', '.join(ARMS)}")
-        for name in ("arms", "lrs", "seeds"):
-            values = getattr(self, name)
-            if not values or len(set(values)) != len(values):
-                raise ConfigError(f"warn-study pilot {name} must be a non-empty list without repeats, got {list(values)}")
+        self.check_lists(("arms", "lrs", "seeds"), "warn-study pilot")
         inside = sorted(set(self.seeds) & set(STUDY_SEEDS))
         if inside:
             raise ConfigError(f"pilot seeds must lie outside the study's seeds 0–{STUDY_SEEDS[-1]}, got {inside}; "
