@@ -304,7 +304,8 @@ def clip_against_replay(model, ids) -> tuple[list[str], float]:
     where it gives one: flex's max_scores on CUDA, Transformer Engine's max_logit), against the exact replay of
     the same calls (every score, in float32: the signed max for a kernel's number, the |max| for the exact
     method): (the methods, the largest relative gap)."""
-    from attnscale.capture.reduce import dense, head_max
+    from attnscale.capture.reduce import dense
+    from attnscale.capture.smax import head_max
     from attnscale.capture.route import capturing
     from attnscale.watch.clip.qk_clip import KERNEL, QKClip
 

@@ -38,7 +38,8 @@ from torch import nn
 from attnscale import watch
 from attnscale.capture.call import AttentionCall
 from attnscale.capture.fused import measure_call
-from attnscale.capture.reduce import DEFAULT_MEMORY, dense, head_max, reduce_call
+from attnscale.capture.reduce import DEFAULT_MEMORY, dense, reduce_call
+from attnscale.capture.smax import head_max
 from attnscale.capture.sums import HeadSums
 
 MIB = 1 << 20

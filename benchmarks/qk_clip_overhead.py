@@ -2,7 +2,7 @@
 
 QK-Clip needs every head's largest score from every step's own forward: the
 attention calls are captured while the model trains and each is reduced to H
-numbers with one more q·kᵀ in float32 (``capture.reduce.head_max``); attnscale's
+numbers with one more q·kᵀ (``capture.smax.head_max``: float32 at these sizes); attnscale's
 own models keep their fused path (SDPA), q and k read as each call begins.
 This measures that, side by side in one process: for each model, rounds of
 ``--steps`` training steps (same seed, same batches) without and with the clip,

@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from attnscale.capture.call import HIDDEN_AT, AttentionCall
-from attnscale.capture.reduce import BYTES_PER_ENTRY, _plan, dense, head_max, reduce_call, reduce_scores
+from attnscale.capture.reduce import BYTES_PER_ENTRY, _plan, dense, reduce_call, reduce_scores
+from attnscale.capture import smax
+from attnscale.capture.smax import head_max
 from attnscale.capture.sums import HeadSums
 from attnscale.core import diagnostics as D
 from attnscale.core.attention import build_mask, masked_softmax
@@ -348,7 +350,15 @@ def test_a_score_mod_by_sequence_and_head_beside_a_mask_and_a_bias(memory):
     assert len(set(round(x, 4) for x in hi.tolist())) == 4  # each head's range its own
 
 
-def test_head_max_without_a_mask_and_under_one_with_small_scores():
+@pytest.fixture(params=["float32", "screened"])
+def route(request, monkeypatch):
+    """head_max by its float32 blocks, or screened in bfloat16 first (forced at every size, on any CPU)."""
+    monkeypatch.setattr(smax, "SCREEN", request.param == "screened")
+    monkeypatch.setattr(smax, "SCREEN_FROM", 0)
+    return request.param
+
+
+def test_head_max_without_a_mask_and_under_one_with_small_scores(route):
     q, k = _qk(26)
     raw = (q @ k.transpose(-2, -1)).abs() * 0.01
     torch.testing.assert_close(head_max(AttentionCall(q, k, scale=0.01)), raw.amax((0, 2, 3)))
@@ -358,7 +368,7 @@ def test_head_max_without_a_mask_and_under_one_with_small_scores():
                                raw.masked_fill(~CAUSAL, 0).amax((0, 2, 3)))
 
 
-def test_head_max_is_the_score_max_over_visible_keys_without_the_bias():
+def test_head_max_is_the_score_max_over_visible_keys_without_the_bias(route):
     q, k = _qk(19, K=2)
     call = AttentionCall(q, k, mask=torch.where(CAUSAL, ALIBI, -1e9))
     want = call_measures(q, k, 16 ** -0.5, CAUSAL)[1]
@@ -464,7 +474,7 @@ WINDOW = CAUSAL & (torch.arange(23)[:, None] - torch.arange(23)[None, :] < 5)
 
 
 @pytest.mark.parametrize("memory", BUDGETS)
-def test_head_max_of_causal_windowed_padded_gqa_and_capped_calls_is_the_float64_max(memory):
+def test_head_max_of_causal_windowed_padded_gqa_and_capped_calls_is_the_float64_max(memory, route):
     """The calls whose mask is their structure and a key padding mask (each block one product, the structure cut
     off in place, the factor and cap put on the H maxima): every case against each score in float64."""
     qc, kc = _qk(31, K=2, sharp=4.0)
@@ -494,14 +504,14 @@ def test_head_max_of_causal_windowed_padded_gqa_and_capped_calls_is_the_float64_
         torch.testing.assert_close(head_max(call, memory, pad).double(), want, rtol=2e-6, atol=0)
 
 
-def test_head_max_with_more_keys_than_queries_aligns_the_causal_diagonal_bottom_right():
+def test_head_max_with_more_keys_than_queries_aligns_the_causal_diagonal_bottom_right(route):
     q, k = _qk(32, T=7, S=23)
     visible = torch.arange(23)[None, :] <= torch.arange(7)[:, None] + 16
     got = head_max(AttentionCall(q, k, is_causal=True, diagonal=16), 1)
     torch.testing.assert_close(got.double(), _s_max_by_hand(q, k, 0.25, visible), rtol=2e-6, atol=0)
 
 
-def test_head_max_takes_the_general_blocks_for_a_mask_with_rows_and_gives_the_same_numbers():
+def test_head_max_takes_the_general_blocks_for_a_mask_with_rows_and_gives_the_same_numbers(route):
     q, k = _qk(33, K=2)
     rows = PADDED & (torch.rand(2, 1, 23, 23, generator=torch.Generator().manual_seed(0)) < 0.7)
     torch.testing.assert_close(head_max(AttentionCall(q, k, mask=rows)).double(),

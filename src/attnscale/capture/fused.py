@@ -32,7 +32,7 @@ import math
 import torch
 
 from attnscale.capture.call import AttentionCall
-from attnscale.capture.reduce import DEFAULT_MEMORY, _key_mask, _tiled, cut, cut_blocks, reduce_call
+from attnscale.capture.reduce import DEFAULT_MEMORY, _key_mask, cut, cut_blocks, reduce_call, tiled
 from attnscale.capture.sums import ROW_MEASURES, HeadSums
 from attnscale.core.diagnostics import MIN_KEYS
 
@@ -62,7 +62,7 @@ def measure_call(call: AttentionCall, sums: HeadSums, *, padding_BT: torch.Tenso
 
 
 def qualifies(call: AttentionCall, padding_BT: torch.Tensor | None, device: torch.device | None = None) -> tuple | None:
-    """(q and k float32 with hidden rows and keys 0, as ``_tiled`` gives them, each query head's signed factor
+    """(q and k float32 with hidden rows and keys 0, as ``tiled`` gives them, each query head's signed factor
     (H,) float32, which keys the rows may see B'×H'×S boolean or None, which rows are real B×T boolean or None) where the kernel computes ``call`` as it is (see the module's docstring) on
     ``device`` (the sums'; the call's where None), else None."""
     if call.mask_mod is not None or call.score_mod is not None or call.cap is not None or call.softcap:
@@ -72,8 +72,8 @@ def qualifies(call: AttentionCall, padding_BT: torch.Tensor | None, device: torc
     if (device is not None and torch.device(device) != call.q.device) or call.q.device.type not in ("cpu", "cuda"):
         return None
     B, H, T, S, K = call.q.shape[0], call.heads, call.q.shape[-2], call.k.shape[-2], call.kv_heads
-    keys, tiled = _key_mask(call, H, K), _tiled(call, padding_BT)
-    if tiled is None or keys is False:
+    keys, qk = _key_mask(call, H, K), tiled(call, padding_BT)
+    if qk is None or keys is False:
         return None
     f = call.factor
     f = (f.detach().float().reshape(-1).to(call.q.device).expand(H) if isinstance(f, torch.Tensor)
@@ -86,7 +86,7 @@ def qualifies(call: AttentionCall, padding_BT: torch.Tensor | None, device: torc
             seen = pad[:, None] if seen is None else seen & pad[:, None]
         if pad.shape[0] == B and pad.shape[1] == T:
             rows = pad
-    return tiled[0], tiled[1], f, seen, rows
+    return qk[0], qk[1], f, seen, rows
 
 
 def _counts(call: AttentionCall, seen: torch.Tensor | None, rows: torch.Tensor | None) -> torch.Tensor:

@@ -33,7 +33,7 @@ from attnscale.capture.call import HIDDEN_AT, AttentionCall, hidden_keys
 from attnscale.capture.sums import HeadSums
 from attnscale.core.diagnostics import FROZEN_THRESHOLD, HEAD_MEASURES
 
-__all__ = ["BYTES_PER_ENTRY", "DEFAULT_MEMORY", "dense", "head_max", "reduce_call", "reduce_scores", "with_padding"]
+__all__ = ["BYTES_PER_ENTRY", "DEFAULT_MEMORY", "cut_blocks", "dense", "reduce_call", "reduce_scores", "tiled", "with_padding"]
 
 DEFAULT_MEMORY = 256 << 20
 # Peak bytes of one (row, key, head) entry of a block: fp32 scores and logits, float64 exponentials, temporaries.
@@ -221,7 +221,7 @@ def _key_mask(call: AttentionCall, H: int, K: int) -> torch.Tensor | None | bool
     return seen[:, :, 0, :, None]
 
 
-def _tiled(call: AttentionCall, padding_BT: torch.Tensor | None) -> tuple | None:
+def tiled(call: AttentionCall, padding_BT: torch.Tensor | None) -> tuple | None:
     """(q, k, |factor| per head, cap) with every hidden row of q and hidden key of k set to 0, for a call whose
     visible keys are its causal/window structure alone once those rows and keys are out, else None."""
     if call.mask_mod is not None or call.score_mod is not None or call.cap is not None:
@@ -248,67 +248,63 @@ _KEPT = threading.local()
 KEPT_BYTES = 16 << 20
 
 
-def _buffer(entries: int, device: torch.device) -> torch.Tensor:
-    """An fp32 buffer of at least ``entries``: this thread's kept one where it is at most ``KEPT_BYTES`` (never
-    inside a compiled graph, where reading the kept one would be a guard that fails at the next step)."""
-    if entries * 4 > KEPT_BYTES or torch.compiler.is_compiling():
-        return torch.empty(entries, device=device)
+def _buffer(entries: int, device: torch.device, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """A buffer of at least ``entries`` of ``dtype`` (float32 or a narrower one): this thread's kept float32 one
+    (viewed as ``dtype``) where it is at most ``KEPT_BYTES`` (never inside a compiled graph, where reading the
+    kept one would be a guard that fails at the next step)."""
+    per = 4 // dtype.itemsize  # entries of dtype a float32 holds
+    words = -(-entries // per)
+    if words * 4 > KEPT_BYTES or torch.compiler.is_compiling():
+        return torch.empty(words, device=device).view(dtype)
     kept = getattr(_KEPT, "buffers", None)
     if kept is None:
         kept = _KEPT.buffers = {}
     buffer = kept.get(device)
-    if buffer is None or buffer.numel() < entries:
-        buffer = kept[device] = torch.empty(entries, device=device)
-    return buffer
-
-
-def head_max(call: AttentionCall, memory: int = DEFAULT_MEMORY, padding_BT: torch.Tensor | None = None) -> torch.Tensor:
-    """Per head, the largest |cap(q·kᵀ × factor)| over the visible keys, biases left out: (H,) float32 on the
-    call's device, in blocks of at most ``memory`` bytes, without autograd; ``padding_BT`` (True = a real
-    token) hides padded rows and keys as ``with_padding`` does. QK-Clip's S_max, from every training step.
-
-    Where the call's mask is its causal/window structure and a key padding mask (SDPA's, flash-attn's, attnscale's
-    own models), a block of query rows is one product with the hidden rows and keys of q and k set to 0 and the
-    structure cut off by ``tril_``/``triu_`` in place; the factor (one number a head) and the soft-cap, both
-    monotone in |q·k|, are applied to the H maxima (rounding is monotone too, so the number is the one every
-    score would give). Any other call (a mask with rows, a mask_mod, a custom cap) takes the general blocks."""
-    with torch.no_grad():
-        tiled = _tiled(call, padding_BT)
-        if tiled is None:
-            return _head_max_blocks(with_padding(call, padding_BT), memory)
-        q, k, factor, cap = tiled
-        out = torch.zeros(q.shape[1], device=q.device)
-        for heads, _, _, _, s in cut_blocks(call, q, k, memory):
-            out[heads] = torch.maximum(out[heads], torch.maximum(s.amax((0, 2, 3)), s.amin((0, 2, 3)).neg_()))
-        out = out.mul_(factor)
-        return out if cap is None else cap(out)
+    if buffer is None or buffer.numel() < words:
+        buffer = kept[device] = torch.empty(words, device=device)
+    return buffer.view(dtype)
 
 
 def cut_blocks(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, memory: int = DEFAULT_MEMORY):
-    """(query heads, sequences, first row, first key, q·kᵀ of the block B'×h×R×S' float32) per block of ``call``'s q and k
-    as ``_tiled`` gives them (hidden rows and keys 0): one product into a buffer reused for every block, the keys
+    """(query heads, sequences, first row, first key, q·kᵀ of the block B'×h×R×S' in q's dtype) per block of ``call``'s
+    q and k as ``tiled`` gives them (hidden rows and keys 0): one product into a buffer reused for every block, the keys
     the rows cannot see left out and the causal/window part of the rest cut to 0 in place. The view is
     overwritten by the next block."""
     B, H, T, _ = q.shape
     G, S = H // k.shape[1], k.shape[-2]
-    bs, hs, rs = _plan(B, H, G, T, S, memory, TILED_BYTES_PER_ENTRY)
-    buffer = _buffer(bs * hs * rs * S, q.device)  # one buffer for every block: no page faults
+    # blocks no larger than the kept buffer: a fresh one page-faults its way in at every call
+    kept = KEPT_BYTES // q.element_size() * TILED_BYTES_PER_ENTRY
+    if q.dtype == torch.float32:
+        bs, hs, rs = _plan(B, H, G, T, S, min(memory, kept), TILED_BYTES_PER_ENTRY)
+    else:  # one sequence and one key head's group a block: one 2-D product each (``_block_scores``), of many rows
+        _, _, rs = _plan(1, G, G, T, S, min(memory, kept), TILED_BYTES_PER_ENTRY)
+        bs, hs = 1, G
+    buffer = _buffer(bs * hs * rs * S, q.device, q.dtype)  # one buffer for every block: no page faults
+    # kᵀ laid out once (B×K×D×S): a block's keys are then a slice the product reads as it is, where k's own
+    # transpose was copied into a contiguous kᵀ inside every block's product
+    k_t = k.transpose(-1, -2).contiguous()
     for h0, b0, r0 in itertools.product(range(0, H, hs), range(0, B, bs), range(0, T, rs)):
         heads, seqs = slice(h0, min(H, h0 + hs)), slice(b0, min(B, b0 + bs))
         keys = call.key_range(r0, min(T, r0 + rs) - 1)
         if keys.stop > keys.start:  # else rows that see no key
-            kb = k[seqs, h0 // G:(heads.stop - 1) // G + 1, keys]
-            yield heads, seqs, r0, keys.start, _block_scores(call, q[seqs, heads, r0:r0 + rs], kb, r0, keys.start, buffer)
+            kb_t = k_t[seqs, h0 // G:(heads.stop - 1) // G + 1, :, keys]
+            yield heads, seqs, r0, keys.start, _block_scores(call, q[seqs, heads, r0:r0 + rs], kb_t, r0, keys.start,
+                                                             buffer)
 
 
-def _block_scores(call: AttentionCall, qb: torch.Tensor, kb: torch.Tensor, r0: int, k0: int,
+def _block_scores(call: AttentionCall, qb: torch.Tensor, kb_t: torch.Tensor, r0: int, k0: int,
                   buffer: torch.Tensor) -> torch.Tensor:
     """q·k of the block's rows from row ``r0`` on (``qb``, hidden rows 0) over its keys from key ``k0`` on
-    (``kb``, hidden keys 0), in ``buffer``, the causal/window part cut to 0."""
+    (``kb_t``, their kᵀ, hidden keys 0), in ``buffer``, the causal/window part cut to 0."""
     nb, nh, R, D = qb.shape
-    shape = (nb, kb.shape[1], nh // kb.shape[1] * R, kb.shape[-2])
+    shape = (nb, kb_t.shape[1], nh // kb_t.shape[1] * R, kb_t.shape[-1])
     s = buffer[:math.prod(shape)].view(shape)
-    torch.matmul(qb.reshape(*shape[:3], D), kb.mT, out=s)  # each key head's G query heads in one product
+    q3 = qb.reshape(*shape[:3], D)  # each key head's G query heads in one product
+    if qb.dtype == torch.float32:
+        torch.matmul(q3, kb_t, out=s)
+    else:  # a batched bfloat16 product copies the strided kᵀ slice first (oneDNN); one head at a time reads it as it is
+        for b, h in itertools.product(range(shape[0]), range(shape[1])):
+            torch.mm(q3[b, h], kb_t[b, h], out=s[b, h])
     return cut(call, s.view(nb, nh, R, shape[-1]), r0, k0)
 
 

@@ -19,15 +19,17 @@ the keys the mask leaves visible, a finite fill such as -1e9 read as hidden, and
 without any bias, which no scaling of W_q and W_k can shrink) in the step's own
 training forward: the calls are captured while the model trains (the capture a
 probe uses, left in place for the whole run) and each reduced at once to H
-numbers, a block of query rows at a time (``capture.reduce.head_max``: over a
+numbers, a block of query rows at a time (``capture.smax.head_max``: over a
 causal, windowed or key-padded call each block is one product, its hidden part
 cut off in place, the factor and soft-cap put on the H maxima). Only
 training forwards count, by the rule the watch's training forward keeps
 (``in_training.training_forward``: the model in train mode, gradients on): a
 forward in eval mode or under no_grad, an evaluation between two steps, is
 ignored, and never makes the next step clip. That is the
-clip's cost: one more q·kᵀ in float32 per attention call per step, without
-autograd; attnscale's own models keep their fused path (SDPA), their q and k read
+clip's cost: one more q·kᵀ per attention call per step, without autograd, in
+float32, or on a CPU with bfloat16 arithmetic and a long call, screened in
+bfloat16 and only the rows that may hold the max made again in float32
+(``capture.smax``: the same number); attnscale's own models keep their fused path (SDPA), their q and k read
 as each call begins (``Attention.listen``). ``benchmarks/qk_clip_overhead.py``
 measures it. Each layer's S_max says how it was had (``take``'s ``method``:
 ``EXACT``, every score over the visible keys; a bound is never logged as a max).
@@ -67,7 +69,8 @@ from attnscale.capture.adapter import Adapter
 from attnscale.capture.call import AttentionCall
 from attnscale.capture.probe import Inputs, padding_of, unwrap
 from attnscale.capture.ranks import TensorParallel, reduce_max
-from attnscale.capture.reduce import DEFAULT_MEMORY, head_max
+from attnscale.capture.reduce import DEFAULT_MEMORY
+from attnscale.capture.smax import head_max
 from attnscale.capture.route import capture_functions, capturing, choose
 from attnscale.capture.te import capture_te_max
 from attnscale.errors import ConfigError
@@ -77,7 +80,7 @@ from attnscale.watch.in_training import training_forward
 __all__ = ["EXACT", "KERNEL", "QKClip", "clip_factors", "check_tau"]
 
 # How a layer's S_max was had (``take``'s "method"): every score of the call over its visible keys, a block of
-# query rows at a time (``capture.reduce.head_max``); or the kernel's own largest score (flex_attention's
+# query rows at a time (``capture.smax.head_max``); or the kernel's own largest score (flex_attention's
 # max_scores where the device gives them, Transformer Engine's max_logit), the largest signed score as Kimi K2
 # reads S_max. Never a bound: a bound is no max.
 EXACT, KERNEL = "exact", "kernel"

@@ -1,0 +1,157 @@
+"""Each head's largest |score| over the visible keys (QK-Clip's S_max), exact, in O(T) memory.
+
+``head_max`` runs on every attention call of every training step under QK-Clip.
+Where the call's mask is its causal/window structure and a key padding mask,
+each block of query rows is one float32 product (``reduce.cut_blocks``): the
+hidden rows and keys of q and k set to 0, the structure cut off in place, the
+factor and soft-cap (monotone in |q·k|) put on the H maxima. Any other call
+takes the general blocks of ``reduce``.
+
+On a CPU with bfloat16 arithmetic (AMX or AVX512-BF16), a long call is
+screened first (``screened``): the blocks are made in bfloat16, about twice as
+fast as float32 there, and each row's approximate largest |score| is read from
+them. The error of a bfloat16 score is bounded, per row, by
+
+    eps_i = C · (‖q_i‖ + t) · (max_j ‖k_j‖ + t),   C = 3u + 2⁻¹² + 4·D·2⁻²⁴,   u = 2⁻⁸,
+
+(q and k each rounded to 8 significant bits, the products exact in float32, D
+float32 additions, the result rounded to bfloat16 once; the 2⁻¹² and ``t``
+take up the second-order terms, the rounding of eps itself and values below
+bfloat16's normal range). With a_i the row's approximate largest |score|, no
+row can hold the head's largest unless a_i + eps_i >= max_r (a_r - eps_r), so
+only those rows (a few per head: about 0.1% of them on random and trained-like
+q and k, ``tests/capture/test_smax.py``) are made again in float32, and the
+number is the float32 one. Where the screen would not pay (a non-finite
+approximate score, or a quarter of the rows or more left in), the float32
+blocks run over every row. Either way every visible score is had: the method
+is ``exact``, never a bound.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from attnscale.capture.call import AttentionCall
+from attnscale.capture.reduce import DEFAULT_MEMORY, _head_max_blocks, tiled, cut_blocks, with_padding
+from attnscale.core.device import native_bf16
+
+__all__ = ["SCREEN_FROM", "approximate_rows", "float32_max", "head_max", "screened"]
+
+# The smallest call (query rows × keys × query heads × sequences) screened in bfloat16 first: below it the
+# screen's extra operations cost more than its cheaper product saves (benchmarks/smax_screen.py).
+SCREEN_FROM = 1 << 22
+# None: screen where the CPU has bfloat16 arithmetic (``bf16_arithmetic``); True/False: always, never.
+SCREEN: bool | None = None
+U = 2.0 ** -8  # bfloat16's unit roundoff (8 significant bits, round to nearest)
+TINY = 2.0 ** -50  # ``t`` above: what eps adds for values under bfloat16's normal range (and never NaN)
+LEFT_IN_AT_MOST = 0.25  # the share of rows the screen may leave to float32 before every row is made in float32
+
+
+# whether this CPU multiplies bfloat16 in hardware (AVX512-BF16 or AMX), read once
+bf16_arithmetic = functools.cache(native_bf16)
+
+
+def _screen(q: torch.Tensor, k: torch.Tensor) -> bool:
+    if q.device.type != "cpu" or torch.compiler.is_compiling():
+        return False
+    B, H, T, _ = q.shape
+    if B * H * T * k.shape[-2] < SCREEN_FROM:
+        return False
+    return bf16_arithmetic() if SCREEN is None else SCREEN
+
+
+def head_max(call: AttentionCall, memory: int = DEFAULT_MEMORY, padding_BT: torch.Tensor | None = None) -> torch.Tensor:
+    """Per head, the largest |cap(q·kᵀ × factor)| over the visible keys, biases left out: (H,) float32 on the
+    call's device, in blocks of at most ``memory`` bytes, without autograd; ``padding_BT`` (True = a real
+    token) hides padded rows and keys as ``with_padding`` does. QK-Clip's S_max, from every training step.
+
+    Where the call's mask is its causal/window structure and a key padding mask (SDPA's, flash-attn's, attnscale's
+    own models), a block of query rows is one product with the hidden rows and keys of q and k set to 0 and the
+    structure cut off by ``tril_``/``triu_`` in place, screened in bfloat16 first where that pays (see the
+    module); the factor (one number a head) and the soft-cap, both monotone in |q·k|, are applied to the H
+    maxima (rounding is monotone too, so the number is the one every score would give). Any other call (a mask
+    with rows, a mask_mod, a custom cap) takes the general blocks."""
+    with torch.no_grad():
+        plain = tiled(call, padding_BT)
+        if plain is None:
+            return _head_max_blocks(with_padding(call, padding_BT), memory)
+        q, k, factor, cap = plain
+        out = screened(call, q, k, memory) if _screen(q, k) else None
+        if out is None:
+            out = float32_max(call, q, k, memory)
+        out = out.mul_(factor)
+        return out if cap is None else cap(out)
+
+
+def float32_max(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, memory: int = DEFAULT_MEMORY) -> torch.Tensor:
+    """Each head's largest |q·kᵀ| (H,) float32 over every block in float32, ``q`` and ``k`` as ``tiled`` gives them."""
+    out = torch.zeros(q.shape[1], device=q.device)
+    for heads, _, _, _, s in cut_blocks(call, q, k, memory):
+        out[heads] = torch.maximum(out[heads], torch.maximum(s.amax((0, 2, 3)), s.amin((0, 2, 3)).neg_()))
+    return out
+
+
+def screened(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, memory: int = DEFAULT_MEMORY) -> torch.Tensor | None:
+    """Each head's largest |q·kᵀ| (H,) float32, with ``q`` and ``k`` as ``tiled`` gives them (float32, hidden
+    rows and keys 0): the bfloat16 screen, then the rows it leaves in made again in float32. None where the
+    screen does not pay (a non-finite approximate score, or ``LEFT_IN_AT_MOST`` of the rows or more left in)."""
+    approx, eps = approximate_rows(call, q, k, memory)
+    if not bool(torch.isfinite(approx).all()):
+        return None  # a NaN or inf, or a score past bfloat16's range: float32 says which
+    B, H, T, _ = q.shape
+    K = k.shape[1]
+    G = H // K
+    floor = (approx - eps).amax(dim=(0, 2))  # H: no head's largest |score| is below it
+    left = (approx + eps >= floor[None, :, None]).nonzero()  # (b, h, t) of the rows that may hold it
+    if left.shape[0] >= LEFT_IN_AT_MOST * B * H * T:
+        return None
+    out = torch.zeros(H, device=q.device)
+    groups = left[:, 0] * K + left[:, 1] // G  # each row's (sequence, key head)
+    for g in torch.unique(groups).tolist():
+        rows = left[groups == g]
+        heads, ts = rows[:, 1], rows[:, 2]
+        _rows_max(call, q[g // K, heads, ts], k[g // K, g % K], heads, ts, out, memory)
+    return out
+
+
+def approximate_rows(call: AttentionCall, q: torch.Tensor, k: torch.Tensor,
+                     memory: int = DEFAULT_MEMORY) -> tuple[torch.Tensor, torch.Tensor]:
+    """(approx, eps), both B×H×T float32: each row's largest |q·kᵀ| over its visible keys from bfloat16 q and k
+    (0 for a row that sees no key), and the bound on its error (see the module). ``q`` and ``k`` as ``tiled``
+    gives them."""
+    B, H, T, D = q.shape
+    G = H // k.shape[1]
+    bits = torch.zeros(B, H, T, dtype=torch.int16, device=q.device)
+    as_bf16 = dict(dtype=torch.bfloat16, memory_format=torch.contiguous_format)
+    for heads, seqs, r0, _, s in cut_blocks(call, q.to(**as_bf16), k.to(**as_bf16), memory):
+        # |x| of a bfloat16 is its bits less the sign, and the order of those bits (as int16) is the order of |x|
+        # (NaN above inf): one pass for the largest |x| of each row, in place in the block's buffer
+        bits[seqs, heads, r0:r0 + s.shape[2]] = s.view(torch.int16).bitwise_and_(0x7FFF).amax(-1)
+    C = 3 * U + 2.0 ** -12 + 4 * D * 2.0 ** -24
+    q_norm = torch.linalg.vector_norm(q, dim=-1)  # B×H×T
+    k_norm = torch.linalg.vector_norm(k, dim=-1).amax(-1).repeat_interleave(G, dim=1)  # B×H, hidden keys 0
+    return bits.view(torch.bfloat16).float(), C * (q_norm + TINY) * (k_norm[:, :, None] + TINY)
+
+
+def _rows_max(call: AttentionCall, q_nD: torch.Tensor, k_SD: torch.Tensor, heads: torch.Tensor, ts: torch.Tensor,
+              out: torch.Tensor, memory: int) -> None:
+    """The rows ``q_nD`` (query heads ``heads``, rows ``ts``) over the keys they see, in float32: each row's
+    largest |score| into ``out`` (H,) by head, in chunks of rows under ``memory`` bytes."""
+    S = k_SD.shape[0]
+    chunk = max(1, memory // max(1, 8 * S))
+    j = torch.arange(S, device=k_SD.device)
+    for c0 in range(0, q_nD.shape[0], chunk):
+        qc, hc, tc = q_nD[c0:c0 + chunk], heads[c0:c0 + chunk], ts[c0:c0 + chunk]
+        keys = call.key_range(int(tc.min()), int(tc.max()))
+        s = qc @ k_SD[keys].mT  # n × S' float32
+        first = tc[:, None] + call.diagonal  # key j is seen from row i where j <= i + diagonal
+        jj = j[keys][None, :]
+        hidden = torch.zeros_like(s, dtype=torch.bool)
+        if call.is_causal:
+            hidden |= jj > first
+        if call.window is not None:
+            hidden |= jj < first - call.window + 1
+        row = s.abs_().masked_fill_(hidden, 0.0).amax(-1)
+        out.scatter_reduce_(0, hc, row, reduce="amax")
