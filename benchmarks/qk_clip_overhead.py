@@ -8,7 +8,8 @@ This measures that, side by side in one process: for each model, rounds of
 ``--steps`` training steps (same seed, same batches) without and with the clip,
 the order flipped every round, medians of the CPU time of this process
 (``time.process_time``, which neighbours on shared cores disturb far less than
-wall time) and of the wall time. The watch never probes here (``every`` past the
+wall time) and of the wall time, and the median of each round's own ratio (its
+two runs adjacent in time). The watch never probes here (``every`` past the
 run): only the clip's own cost is measured. tau is set high (1e9) so no weight
 is ever scaled and both runs do the same arithmetic; scaling the rows is a few
 in-place multiplies per layer when it happens.
@@ -75,9 +76,11 @@ def one_round(name: str, args, corpus, clipped: bool) -> tuple[float, float]:
 
 
 def summarize(plain: list[float], clipped: list[float]) -> dict[str, float]:
-    """Medians and the ratio of the medians (clipped over plain)."""
+    """Medians, the ratio of the medians (clipped over plain) and the median of each round's own ratio
+    (``paired``: the two runs of a round are adjacent in time, so a drift of the machine's load between rounds
+    cancels out of it)."""
     a, b = statistics.median(plain), statistics.median(clipped)
-    return {"plain": a, "clipped": b, "ratio": b / a}
+    return {"plain": a, "clipped": b, "ratio": b / a, "paired": statistics.median(c / p for p, c in zip(plain, clipped))}
 
 
 def main(argv=None) -> int:
@@ -107,7 +110,8 @@ def main(argv=None) -> int:
                   f"wall without {times[False][-1][1]:.2f} s, with {times[True][-1][1]:.2f} s")
         cpu = summarize([t[0] for t in times[False]], [t[0] for t in times[True]])
         wall = summarize([t[1] for t in times[False]], [t[1] for t in times[True]])
-        print(f"{name} median: CPU without {cpu['plain']:.4f} s, with {cpu['clipped']:.4f} s, ratio {cpu['ratio']:.3f}; "
+        print(f"{name} median: CPU without {cpu['plain']:.4f} s, with {cpu['clipped']:.4f} s, ratio {cpu['ratio']:.3f} "
+              f"(median of the rounds' own ratios {cpu['paired']:.3f}); "
               f"wall without {wall['plain']:.2f} s, with {wall['clipped']:.2f} s, ratio {wall['ratio']:.3f}")
     return 0
 

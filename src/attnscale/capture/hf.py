@@ -64,7 +64,7 @@ __all__ = ["capture_hf", "hf_call", "implementations"]
 
 # (on_call, {id(module): name}, what the calls say of packed documents) of the capture in progress in this
 # context, or None.
-_ACTIVE: contextvars.ContextVar[tuple[OnCall, dict[int, str], Packing] | None] = contextvars.ContextVar(
+_ACTIVE: contextvars.ContextVar[tuple[OnCall, dict[int, str], Packing | None] | None] = contextvars.ContextVar(
     "attnscale_watch_hf", default=None)
 
 
@@ -145,7 +145,8 @@ def _wrap(original, impl: str):
         if active is not None and id(module) in active[1]:
             on_call, names, packing = active
             call = hf_call(module, impl, query.detach(), key.detach(), attention_mask, kwargs, names[id(module)])
-            packing.check(call, kwargs.get("position_ids"))
+            if packing is not None:
+                packing.check(call, kwargs.get("position_ids"))
             on_call(call)
         with paused():  # an SDPA interception in the same probe does not read this call twice
             return original(module, query, key, value, attention_mask, *args, **kwargs)
@@ -171,9 +172,11 @@ def _modeling_files(model: nn.Module) -> list[Any]:
 
 
 @contextlib.contextmanager
-def capture_hf(model: nn.Module, on_call: OnCall) -> Iterator[None]:
+def capture_hf(model: nn.Module, on_call: OnCall, packing: bool = True) -> Iterator[None]:
     """Every AttentionInterface call of ``model`` made inside, handed to ``on_call``
-    before the model's own function runs (see the module's docstring)."""
+    before the model's own function runs (see the module's docstring). ``packing``: warn, as the context
+    ends, where packed documents see each other (``packed.Packing``; a reader of the scores as the model makes
+    them, QK-Clip's, has no use for it and skips its look at every forward's position ids)."""
     transformers = _transformers()
     keys: list = []
     with installed(keys):
@@ -193,14 +196,15 @@ def capture_hf(model: nn.Module, on_call: OnCall) -> Iterator[None]:
                         interface, impl, wrap, lambda i=interface, n=impl: i[n],
                         lambda f, i=interface, n=impl: i.__setitem__(n, f),
                         lambda f, i=interface, n=impl: _put_back(i, n, f)))
-        packing = Packing()
-        token = _ACTIVE.set((on_call, named(model.named_modules()), packing))
+        packed = Packing() if packing else None
+        token = _ACTIVE.set((on_call, named(model.named_modules()), packed))
         try:
             yield
         finally:
             _ACTIVE.reset(token)
-        if packing.crossed is not None:  # one warning a forward, its text the same each step: the filter shows it once
-            warnings.warn(message(type(model).__name__, packing.crossed), PackedDocumentsWarning, stacklevel=1)
+        if packed is not None and packed.crossed is not None:  # one warning a forward, its text the same each
+            # step: the filter shows it once
+            warnings.warn(message(type(model).__name__, packed.crossed), PackedDocumentsWarning, stacklevel=1)
 
 
 def _put_back(interface, impl: str, original) -> None:

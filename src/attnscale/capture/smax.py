@@ -34,7 +34,8 @@ import functools
 import torch
 
 from attnscale.capture.call import AttentionCall
-from attnscale.capture.reduce import DEFAULT_MEMORY, _head_max_blocks, tiled, cut_blocks, with_padding
+from attnscale.capture.reduce import (DEFAULT_MEMORY, KEPT_BYTES, _buffer, _head_max_blocks, cut, cut_blocks, tiled,
+                                      with_padding)
 from attnscale.core.device import native_bf16
 
 __all__ = ["SCREEN_FROM", "approximate_rows", "float32_max", "head_max", "screened"]
@@ -87,7 +88,16 @@ def head_max(call: AttentionCall, memory: int = DEFAULT_MEMORY, padding_BT: torc
 
 def float32_max(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, memory: int = DEFAULT_MEMORY) -> torch.Tensor:
     """Each head's largest |q·kᵀ| (H,) float32 over every block in float32, ``q`` and ``k`` as ``tiled`` gives them."""
-    out = torch.zeros(q.shape[1], device=q.device)
+    B, H, T, D = q.shape
+    K, S = k.shape[1], k.shape[-2]
+    if B * H * T * S * 4 <= min(memory, KEPT_BYTES) and call.key_range(0, T - 1) == slice(0, S):
+        # the whole call in one product, as QK-Clip meets it at every step of a short context: the same
+        # arithmetic as ``cut_blocks``' one block, without its slicing and bookkeeping (a dozen small operations)
+        s = _buffer(B * H * T * S, q.device)[:B * H * T * S].view(B, K, H // K * T, S)
+        torch.matmul(q.reshape(B, K, H // K * T, D), k.mT, out=s)
+        s = cut(call, s.view(B, H, T, S), 0, 0)
+        return torch.maximum(s.amax((0, 2, 3)), s.amin((0, 2, 3)).neg_())
+    out = torch.zeros(H, device=q.device)
     for heads, _, _, _, s in cut_blocks(call, q, k, memory):
         out[heads] = torch.maximum(out[heads], torch.maximum(s.amax((0, 2, 3)), s.amin((0, 2, 3)).neg_()))
     return out

@@ -192,7 +192,8 @@ class QKClip:
                 # modules call themselves; both are read until a step shows which carries the model's calls
                 from attnscale.capture.hf import capture_hf
 
-                self._stack.enter_context(capture_hf(self.model, _Reader(self, self._seen)))
+                # (packed documents are the probe's warning: the clip reads the scores the model makes, crossing or not)
+                self._stack.enter_context(capture_hf(self.model, _Reader(self, self._seen), packing=False))
                 self._functions = contextlib.ExitStack()
                 self._functions.enter_context(capture_functions(self.model, _Reader(self, self._fallback)))
             else:
@@ -335,15 +336,19 @@ class QKClip:
                              "layer went unclipped; a layer skipped on purpose is told once")
         scores_factor = {}
         # the same on every rank that holds the head
-        for name, s_max_H in zip(names, reduce_max([seen.s_max[n] for n in names], names, self.tensor_parallel)):
+        s_maxes = [s.float() for s in reduce_max([seen.s_max[n] for n in names], names, self.tensor_parallel)]
+        # no head of any layer over tau (NaN is none): every factor is 1, and a factor of 1 leaves a row and the
+        # record as they are; told on the CPU only, where reading it waits for no device, in one look at every layer
+        calm = (bool(s_maxes) and all(s.device.type == "cpu" for s in s_maxes)
+                and not bool((torch.cat(s_maxes) > self.tau).any()))
+        for name, s_max_H in zip(names, s_maxes):
             rows = self._projections[name]
-            s_max_H = s_max_H.float()
-            since = self._since.setdefault(name, [torch.ones_like(s_max_H), torch.zeros_like(s_max_H),
-                                                  torch.zeros_like(s_max_H)])
-            since[1] = torch.fmax(since[1], s_max_H)
-            # no head over tau (NaN is none): every factor is 1, and a factor of 1 leaves a row and the record as
-            # they are; told on the CPU only, where reading it waits for no device
-            if s_max_H.device.type == "cpu" and not bool((s_max_H > self.tau).any()):
+            since = self._since.get(name)
+            if since is None:  # (not setdefault: its three new tensors would be made at every step)
+                since = self._since[name] = [torch.ones_like(s_max_H), torch.zeros_like(s_max_H),
+                                             torch.zeros_like(s_max_H)]
+            torch.fmax(since[1], s_max_H, out=since[1])
+            if calm:
                 scores_factor[name] = torch.ones_like(s_max_H)
             else:
                 gamma_q, gamma_k = clip_factors(s_max_H, rows.k.heads, self.tau)
