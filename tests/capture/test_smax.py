@@ -140,3 +140,20 @@ def test_the_screen_runs_on_a_cpu_from_its_size_on_and_never_on_another_device(m
     assert not smax._screen(q, k)
     monkeypatch.setattr(smax, "SCREEN", None)
     assert smax._screen(q, k) == smax.bf16_arithmetic()
+
+
+@pytest.mark.parametrize("window", [None, 5])
+def test_q_and_k_as_a_model_lays_them_out_give_the_float64_max_one_head_at_a_time(window):
+    """B×T×H×D underneath (the layout of a projection's output, transposed), GQA: each query head's product
+    reads its strided rows as they are; every head against float64, padding and a window included."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(3, 20, 4, 8, generator=g).transpose(1, 2)
+    k = torch.randn(3, 20, 2, 8, generator=g).transpose(1, 2)
+    pad = torch.ones(3, 20, dtype=torch.bool)
+    pad[2, 14:] = False
+    assert not q.is_contiguous()
+    got = smax.head_max(AttentionCall(q, k, scale=0.3, is_causal=True, window=window), padding_BT=pad)
+    i, j = torch.arange(20)[:, None], torch.arange(20)[None, :]
+    visible = (j <= i) & ((j > i - window) if window else True) & pad[:, None, None, :] & pad[:, None, :, None]
+    want = _exact_rows(q, k, visible).amax((0, 2)) * 0.3
+    torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=0)  # float32's product, then its factor

@@ -93,10 +93,19 @@ def float32_max(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, memory: i
     if B * H * T * S * 4 <= min(memory, KEPT_BYTES) and call.key_range(0, T - 1) == slice(0, S):
         # the whole call in one product, as QK-Clip meets it at every step of a short context: the same
         # arithmetic as ``cut_blocks``' one block, without its slicing and bookkeeping (a dozen small operations)
-        s = _buffer(B * H * T * S, q.device)[:B * H * T * S].view(B, K, H // K * T, S)
-        torch.matmul(q.reshape(B, K, H // K * T, D), k.mT, out=s)
-        s = cut(call, s.view(B, H, T, S), 0, 0)
-        return torch.maximum(s.amax((0, 2, 3)), s.amin((0, 2, 3)).neg_())
+        if q.is_contiguous() and k.is_contiguous():  # each key head's G query heads in one product
+            s = _buffer(B * H * T * S, q.device)[:B * H * T * S].view(B, K, H // K * T, S)
+            torch.matmul(q.view(B, K, H // K * T, D), k.mT, out=s)
+            s = cut(call, s.view(B, H, T, S), 0, 0)
+            return torch.maximum(s.amax((0, 2, 3)), s.amin((0, 2, 3)).neg_())
+        # q and k as a model hands them over (B×T×H×D underneath): one product a head, each reading its strided
+        # rows as they are, where one product for all would first copy q and k
+        s = _buffer(B * H * T * S, q.device)[:B * H * T * S].view(H, B, T, S)
+        keys = k.mT.unbind(1)
+        for h, (q_h, s_h) in enumerate(zip(q.unbind(1), s.unbind(0))):
+            torch.bmm(q_h, keys[h * K // H], out=s_h)
+        s = cut(call, s, 0, 0)
+        return torch.maximum(s.amax((1, 2, 3)), s.amin((1, 2, 3)).neg_())
     out = torch.zeros(H, device=q.device)
     for heads, _, _, _, s in cut_blocks(call, q, k, memory):
         out[heads] = torch.maximum(out[heads], torch.maximum(s.amax((0, 2, 3)), s.amin((0, 2, 3)).neg_()))
