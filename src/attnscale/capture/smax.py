@@ -19,12 +19,14 @@ float32 additions, the result rounded to bfloat16 once; the 2⁻¹² and ``t``
 take up the second-order terms, the rounding of eps itself and values below
 bfloat16's normal range). With a_i the row's approximate largest |score|, no
 row can hold the head's largest unless a_i + eps_i >= max_r (a_r - eps_r), so
-only those rows (a few per head: about 0.1% of them on random and trained-like
-q and k, ``tests/capture/test_smax.py``) are made again in float32, and the
+only those rows (0.1% of them on random q and k, 0.8% on a freshly initialised
+model's call at T = 8,192, ``docs/watch-measured.md``) are made again in float32, and the
 number is the float32 one. Where the screen would not pay (a non-finite
 approximate score, or a quarter of the rows or more left in), the float32
 blocks run over every row. Either way every visible score is had: the method
-is ``exact``, never a bound.
+is ``exact``, never a bound. The screen runs on the CPU only, whose bfloat16
+products (oneDNN) accumulate in float32; a GPU's may reduce in bfloat16, which
+the bound does not cover.
 """
 
 from __future__ import annotations
@@ -41,8 +43,9 @@ from attnscale.core.device import native_bf16
 __all__ = ["SCREEN_FROM", "approximate_rows", "float32_max", "head_max", "screened"]
 
 # The smallest call (query rows × keys × query heads × sequences) screened in bfloat16 first: below it the
-# screen's extra operations cost more than its cheaper product saves (benchmarks/smax_screen.py).
-SCREEN_FROM = 1 << 22
+# screen's extra operations cost about what its cheaper product saves (benchmarks/smax_screen.py, 8 heads of 64,
+# 2 threads of the AMX Xeon: screen/float32 0.8-1.4 at T = 1,024 to 3,072, 0.84-0.85 at 4,096, 0.53 at 8,192)
+SCREEN_FROM = 1 << 27
 # None: screen where the CPU has bfloat16 arithmetic (``bf16_arithmetic``); True/False: always, never.
 SCREEN: bool | None = None
 U = 2.0 ** -8  # bfloat16's unit roundoff (8 significant bits, round to nearest)
