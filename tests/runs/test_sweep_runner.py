@@ -270,11 +270,12 @@ def test_sigkill_mid_sweep_then_rerun_loses_and_redoes_nothing(tmp_path):
 
 
 def test_ctrl_c_with_workers_keeps_finished_runs_and_leaves_no_worker(tmp_path):
-    # kept short (40 steps) so it runs by default; six runs on two workers, so that once the first is done at
-    # least four are left to be interrupted, even where the longest start first and the shortest end together
+    # six runs on two workers, so that once the first is done at least four are left to be interrupted, even where
+    # the longest start first and the shortest end together; 300 steps (about a second a run here) leave the poll
+    # below 4 s between the first run done and the last, where 40 steps left 0.75 s and a loaded machine missed it
     out = tmp_path / "sweep"
     cmd = [sys.executable, "-m", "attnscale.cli", "sweep", "--widths", "8", "16", "32", "--scale", "none", "inv_sqrt_d",
-           "--quick", "--steps", "40", "--batch", "2", "--context", "16", "--out", str(out), "-j", "2"]
+           "--quick", "--steps", "300", "--batch", "2", "--context", "16", "--out", str(out), "-j", "2"]
     # a shell that starts the tests in the background (`cmd &`) leaves SIGINT ignored, and a child inherits that:
     # the sweep gets Ctrl-C's default, as it would from a terminal
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
