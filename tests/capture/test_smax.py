@@ -157,3 +157,25 @@ def test_q_and_k_as_a_model_lays_them_out_give_the_float64_max_one_head_at_a_tim
     visible = (j <= i) & ((j > i - window) if window else True) & pad[:, None, None, :] & pad[:, None, :, None]
     want = _exact_rows(q, k, visible).amax((0, 2)) * 0.3
     torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=0)  # float32's product, then its factor
+
+
+def test_rows_that_see_no_key_count_for_nothing_whatever_they_hold(monkeypatch):
+    """Bottom-right causal with more rows than keys: rows 0-15 see no key. Rows there a thousand times longer than
+    the rest (whose bound alone leaves them in), and then a NaN there, change no head's max, by either route."""
+    g = torch.Generator().manual_seed(6)
+    q, k = torch.randn(1, 2, 40, 16, generator=g), torch.randn(1, 2, 24, 16, generator=g)
+    q[0, :, :4] *= 1000
+    i, j = torch.arange(40)[:, None] - 16, torch.arange(24)[None, :]
+    want = _exact_rows(q, k, j <= i).amax((0, 2)) * 0.25
+    call = AttentionCall(q, k, is_causal=True, diagonal=-16)
+    qt, kt, approx, eps = _screen_parts(call)
+    floor = (approx - eps).amax(dim=(0, 2))
+    assert bool(((approx + eps)[0, :, :4] >= floor[:, None]).all())  # the long rows are left in
+    for memory in (smax.DEFAULT_MEMORY, 8 * 24):  # the rows made again all at once, and one at a time
+        torch.testing.assert_close(smax.screened(call, qt, kt, memory).double() * 0.25, want, rtol=1e-6, atol=0)
+    q[0, 1, 3] = math.nan
+    monkeypatch.setattr(smax, "SCREEN_FROM", 0)
+    for screen in (False, True):
+        monkeypatch.setattr(smax, "SCREEN", screen)
+        got = smax.head_max(AttentionCall(q, k, is_causal=True, diagonal=-16))
+        torch.testing.assert_close(got.double(), want, rtol=1e-6, atol=0)

@@ -118,10 +118,13 @@ def float32_max(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, memory: i
 def screened(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, memory: int = DEFAULT_MEMORY) -> torch.Tensor | None:
     """Each head's largest |q·kᵀ| (H,) float32, with ``q`` and ``k`` as ``tiled`` gives them (float32, hidden
     rows and keys 0): the bfloat16 screen, then the rows it leaves in made again in float32. None where the
-    screen does not pay (a non-finite approximate score, or ``LEFT_IN_AT_MOST`` of the rows or more left in)."""
+    screen does not pay (a NaN or inf in q or k, a non-finite approximate score, or ``LEFT_IN_AT_MOST`` of the
+    rows or more left in)."""
+    if not (bool(torch.isfinite(q).all()) and bool(torch.isfinite(k).all())):
+        return None  # (a row that sees no key may hold one: its norm would say nothing of it)
     approx, eps = approximate_rows(call, q, k, memory)
     if not bool(torch.isfinite(approx).all()):
-        return None  # a NaN or inf, or a score past bfloat16's range: float32 says which
+        return None  # a score past bfloat16's range: float32 says what it is
     B, H, T, _ = q.shape
     K = k.shape[1]
     G = H // K
@@ -167,6 +170,8 @@ def _rows_max(call: AttentionCall, q_nD: torch.Tensor, k_SD: torch.Tensor, heads
     for c0 in range(0, q_nD.shape[0], chunk):
         qc, hc, tc = q_nD[c0:c0 + chunk], heads[c0:c0 + chunk], ts[c0:c0 + chunk]
         keys = call.key_range(int(tc.min()), int(tc.max()))
+        if keys.stop <= keys.start:  # rows that see no key (left in by their norm alone)
+            continue
         s = qc @ k_SD[keys].mT  # n × S' float32
         first = tc[:, None] + call.diagonal  # key j is seen from row i where j <= i + diagonal
         jj = j[keys][None, :]
