@@ -120,11 +120,11 @@ def screened(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, memory: int 
     rows and keys 0): the bfloat16 screen, then the rows it leaves in made again in float32. None where the
     screen does not pay (a NaN or inf in q or k, a non-finite approximate score, or ``LEFT_IN_AT_MOST`` of the
     rows or more left in)."""
-    if not (bool(torch.isfinite(q).all()) and bool(torch.isfinite(k).all())):
-        return None  # (a row that sees no key may hold one: its norm would say nothing of it)
     approx, eps = approximate_rows(call, q, k, memory)
-    if not bool(torch.isfinite(approx).all()):
-        return None  # a score past bfloat16's range: float32 says what it is
+    # a NaN or inf in q or k makes a norm, hence a bound, non-finite (even in a row that sees no key, which the
+    # bound would then say nothing of); a score past bfloat16's range makes an approximate max inf: float32 says
+    if not (bool(torch.isfinite(approx).all()) and bool(torch.isfinite(eps).all())):
+        return None
     B, H, T, _ = q.shape
     K = k.shape[1]
     G = H // K
