@@ -21,9 +21,9 @@ bfloat16's normal range). With a_i the row's approximate largest |score|, no
 row can hold the head's largest unless a_i + eps_i >= max_r (a_r - eps_r), so
 only those rows (0.1% of them on random q and k, 0.8% on a freshly initialised
 model's call at T = 8,192, ``docs/watch-measured.md``) are made again in float32, and the
-number is the float32 one. Where the screen would not pay (a non-finite
-approximate score, or a quarter of the rows or more left in), the float32
-blocks run over every row. Either way every visible score is had: the method
+number is the float32 one. Where the screen would not pay (a NaN or inf in q
+or k, a non-finite approximate score, or a quarter of the rows or more left
+in), the float32 blocks run over every row. Either way every visible score is had: the method
 is ``exact``, never a bound. The screen runs on the CPU only, whose bfloat16
 products (oneDNN) accumulate in float32; a GPU's may reduce in bfloat16, which
 the bound does not cover.
