@@ -17,24 +17,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 
 import torch
+from experiments_speed import median_time
 from probe_cost import cpu_features
 
 from attnscale.capture import smax
 from attnscale.capture.call import AttentionCall
 from attnscale.capture.reduce import tiled
-
-
-def timed(fn, repeat: int) -> float:
-    fn()  # warm: the kept buffer, first kernels
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def one(T: int, args) -> dict:
@@ -48,7 +38,7 @@ def one(T: int, args) -> dict:
     seconds = {name: [] for name in routes}
     for r in range(args.repeat):
         for name in (("float32", "screen") if r % 2 == 0 else ("screen", "float32")):
-            seconds[name].append(timed(routes[name], 1))
+            seconds[name].append(median_time(routes[name], 1))  # each warmed first
     row = {"T": T, "entries": args.batch * args.heads * T * T,
            **{name: statistics.median(s) for name, s in seconds.items()}}
     row["ratio"] = row["screen"] / row["float32"]

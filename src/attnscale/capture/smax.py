@@ -36,8 +36,8 @@ import functools
 import torch
 
 from attnscale.capture.call import AttentionCall
-from attnscale.capture.reduce import (DEFAULT_MEMORY, KEPT_BYTES, _buffer, _head_max_blocks, cut, cut_blocks, tiled,
-                                      with_padding)
+from attnscale.capture.reduce import (DEFAULT_MEMORY, KEPT_BYTES, _block_scores, _buffer, _head_max_blocks, cut,
+                                      cut_blocks, tiled, with_padding)
 from attnscale.core.device import native_bf16
 
 __all__ = ["SCREEN_FROM", "approximate_rows", "float32_max", "head_max", "screened"]
@@ -91,28 +91,30 @@ def head_max(call: AttentionCall, memory: int = DEFAULT_MEMORY, padding_BT: torc
 
 def float32_max(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, memory: int = DEFAULT_MEMORY) -> torch.Tensor:
     """Each head's largest |q·kᵀ| (H,) float32 over every block in float32, ``q`` and ``k`` as ``tiled`` gives them."""
-    B, H, T, D = q.shape
+    B, H, T, _ = q.shape
     K, S = k.shape[1], k.shape[-2]
     if B * H * T * S * 4 <= min(memory, KEPT_BYTES) and call.key_range(0, T - 1) == slice(0, S):
         # the whole call in one product, as QK-Clip meets it at every step of a short context: the same
         # arithmetic as ``cut_blocks``' one block, without its slicing and bookkeeping (a dozen small operations)
-        if q.is_contiguous() and k.is_contiguous():  # each key head's G query heads in one product
-            s = _buffer(B * H * T * S, q.device)[:B * H * T * S].view(B, K, H // K * T, S)
-            torch.matmul(q.view(B, K, H // K * T, D), k.mT, out=s)
-            s = cut(call, s.view(B, H, T, S), 0, 0)
-            return torch.maximum(s.amax((0, 2, 3)), s.amin((0, 2, 3)).neg_())
+        buffer = _buffer(B * H * T * S, q.device)
+        if q.is_contiguous() and k.is_contiguous():  # cut_blocks' one block, its kᵀ read as k's own transpose
+            return _largest_abs(_block_scores(call, q, k.mT, 0, 0, buffer), (0, 2, 3))
         # q and k as a model hands them over (B×T×H×D underneath): one product a head, each reading its strided
         # rows as they are, where one product for all would first copy q and k
-        s = _buffer(B * H * T * S, q.device)[:B * H * T * S].view(H, B, T, S)
+        s = buffer[:B * H * T * S].view(H, B, T, S)
         keys = k.mT.unbind(1)
         for h, (q_h, s_h) in enumerate(zip(q.unbind(1), s.unbind(0))):
             torch.bmm(q_h, keys[h * K // H], out=s_h)
-        s = cut(call, s, 0, 0)
-        return torch.maximum(s.amax((1, 2, 3)), s.amin((1, 2, 3)).neg_())
+        return _largest_abs(cut(call, s, 0, 0), (1, 2, 3))
     out = torch.zeros(H, device=q.device)
     for heads, _, _, _, s in cut_blocks(call, q, k, memory):
-        out[heads] = torch.maximum(out[heads], torch.maximum(s.amax((0, 2, 3)), s.amin((0, 2, 3)).neg_()))
+        out[heads] = torch.maximum(out[heads], _largest_abs(s, (0, 2, 3)))
     return out
+
+
+def _largest_abs(s: torch.Tensor, dims: tuple[int, ...]) -> torch.Tensor:
+    """The largest |s| over ``dims``, as the larger of the max and the negated min (no |s| is made)."""
+    return torch.maximum(s.amax(dims), s.amin(dims).neg_())
 
 
 def screened(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, memory: int = DEFAULT_MEMORY) -> torch.Tensor | None:
