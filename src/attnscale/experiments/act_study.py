@@ -153,18 +153,21 @@ def _flat(line: dict, key: str) -> list:
     return [v for layer in line.get(key) or () for v in layer]
 
 
-def run_rows(runs, pilot: bool = False) -> list[dict[str, Any]]:
+def run_rows(runs, pilot: bool = False, parts=None, outcome=None) -> list[dict[str, Any]]:
     """Each finished run as the series file keeps it (docs/act-study.md): run_id, cell, arm, seed, pilot, the
     loss at every step, per probe its detector values, the held-out loss, the alarm's step and the actions'
     steps (from the record), the outcome (``analysis.act_judging.outcome_of``), and the commit of the code that
-    trained it (``code``, from the record's environment; None where it was not in a git checkout)."""
+    trained it (``code``, from the record's environment; None where it was not in a git checkout). Another
+    paired study names its runs its own way: ``parts`` reads (cell, arm, seed) from a run id, ``outcome`` judges
+    a row (the act study's by default)."""
     from attnscale.analysis.act_judging import outcome_of
 
+    parts, outcome = parts or _parts, outcome or outcome_of
     rows = []
     for t in runs:
         if t.status not in ("done", "diverged"):
             continue
-        cell, arm, seed = _parts(t.run_id)
+        cell, arm, seed = parts(t.run_id)
         steps = t.train_config.steps
         every = t.train_config.record_every
         losses = [_number(x) for x in (t.results.losses or [])]
@@ -188,7 +191,7 @@ def run_rows(runs, pilot: bool = False) -> list[dict[str, Any]]:
                "losses": losses, "probes": probes, "valid_loss": _number(t.results.valid_loss),
                "alarm_step": alarm, "action_steps": sorted({a["step"] for a in actions}), "actions": actions,
                "code": t.record.environment.get("git")}
-        row["outcome"] = outcome_of(row)
+        row["outcome"] = outcome(row)
         rows.append(row)
     return rows
 

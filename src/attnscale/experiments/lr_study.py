@@ -1,0 +1,234 @@
+"""Learning-rate sensitivity of qk-norm, QK-Clip and the alarm, under AdamW and Muon (docs/lr-study.md, its rules
+committed before any of its runs trained).
+
+The recipe's tiny LM (the warn and act studies': pre-LN, 2 layers, 4 heads of width 64, 3,000 steps, a 500-step
+warm-up, then constant) at d_model 64 and 256, trained under each treatment at every rate of its optimizer's grid
+on seeds 0–2: ``none`` (1/sqrt(d)), ``qk-norm``, ``clip`` (QK-Clip at tau 100 from step 0), ``alarm-clip`` (QK-Clip
+from the first probe whose max |score| is over 1e4) and ``z-loss`` (1e-4 alone). ``alarm-clip`` is the ``none``
+run up to its alarm, so it is trained only where the ``none`` run's records crossed the level; elsewhere its row
+is the ``none`` run's, marked ``"same_as": "none"`` in the series.
+
+``block_specs`` lays a block's runs out (rate by rate, seed by seed); ``run_block`` trains what is missing of it,
+then the ``alarm-clip`` runs its ``none`` runs call for; ``run_muon_pilot`` and ``muon_grid`` fix Muon's grid;
+``rows`` reads the finished runs back; the endpoints are ``analysis.sensitivity``.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from attnscale.errors import ConfigError
+from attnscale.experiments import act_study
+from attnscale.experiments import warn_study as ws
+from attnscale.experiments.training_config import TrainingConfig
+from attnscale.lm.train import TrainConfig
+from attnscale.runs.runner import RunSpec, execute
+
+__all__ = ["GROUP", "PILOT_GROUP", "TREATMENTS", "OPTIMIZERS", "ADAMW_LRS", "MUON_PILOT_LRS", "SEEDS", "PILOT_SEED",
+           "LEVEL", "TAU", "Z_LOSS", "STEPS", "WARMUP", "BLOCKS", "LrConfig", "preset", "block_specs", "alarm_specs",
+           "crossed", "run_block", "muon_grid", "run_muon_pilot", "rows", "parse_run_id", "SIZES"]
+
+GROUP, PILOT_GROUP = "lr-study", "lr-muon-pilot"
+TREATMENTS = ("none", "qk-norm", "clip", "alarm-clip", "z-loss")
+_IN_ID = {"none": "none", "qk-norm": "qknorm", "clip": "clip", "alarm-clip": "alarmclip", "z-loss": "zloss"}
+_FROM_ID = {v: k for k, v in _IN_ID.items()}
+OPTIMIZERS = ("adamw", "muon")
+ADAMW_LRS = (5e-3, 1e-2, 2e-2, 4e-2, 8e-2, 1.6e-1)  # from the warn study's pilots (docs/lr-study.md)
+MUON_PILOT_LRS = tuple(2.5e-3 * 2 ** k for k in range(8))  # 2.5e-3 … 3.2e-1
+SEEDS = (0, 1, 2)
+PILOT_SEED = 100
+LEVEL = act_study.DEFAULT_LEVEL * 10  # 1e4: the act study's alarm level, chosen on its pilot
+TAU = act_study.TAU
+Z_LOSS = 1e-4
+STEPS, WARMUP = act_study.STEPS, act_study.WARMUP
+SIZES = ("smoke", "full")
+# block -> (optimizer, d_model, treatments); blocks 3 and 4 take three rates narrowed from blocks 1 and 2
+BLOCKS = {1: ("adamw", 64, ("none", "qk-norm", "clip", "alarm-clip")),
+          2: ("muon", 64, ("none", "qk-norm", "clip", "alarm-clip")),
+          3: ("adamw", 256, ("none", "qk-norm", "clip", "alarm-clip")),
+          4: ("muon", 256, ("none", "qk-norm", "clip", "alarm-clip")),
+          5: (None, None, ("z-loss",))}
+
+
+@dataclass(frozen=True)
+class LrConfig(TrainingConfig):
+    """Treatments × rates × seeds of the recipe's model under ``optimizer`` at width ``d_model`` (heads of 64)."""
+
+    optimizer: str = "adamw"
+    d_model: int = 64
+    head_dim: int = 64
+    treatments: tuple[str, ...] = BLOCKS[1][2]
+    lrs: tuple[float, ...] = ADAMW_LRS
+    seeds: tuple[int, ...] = SEEDS
+    level: float = LEVEL
+    train: TrainConfig = ws.recipe_train(STEPS, WARMUP)
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"unknown lr-study optimizer {self.optimizer!r}; choose one of: {', '.join(OPTIMIZERS)}")
+        bad = [t for t in self.treatments if t not in TREATMENTS]
+        if bad:
+            raise ConfigError(f"unknown lr-study treatment {bad[0]!r}; choose from: {', '.join(TREATMENTS)}")
+        self.check_lists(("treatments", "lrs", "seeds"), "lr-study")
+        for name in ("d_model", "head_dim"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ConfigError(f"lr-study {name} must be a positive integer, got {v!r}")
+        for lr in self.lrs:
+            if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 < lr < math.inf:
+                raise ConfigError(f"lr-study rates must be positive numbers, got {lr!r}")
+        if isinstance(self.level, bool) or not isinstance(self.level, (int, float)) or not 0 < self.level < math.inf:
+            raise ConfigError(f"lr-study level must be a positive number, got {self.level!r}")
+
+
+def preset(block: int = 1, size: str = "full", corpus: str = "default", lrs: tuple[float, ...] | None = None) -> LrConfig:
+    """Block ``block``'s config (docs/lr-study.md), on ``lrs`` where its grid comes from a pilot or an earlier block
+    (Muon's, the wider model's); "smoke": a 16-wide model, 60 steps, one seed, two rates: a check that the study works
+    end to end, not a measurement."""
+    if size not in SIZES:
+        raise ConfigError(f"unknown lr-study size {size!r}; choose one of: {', '.join(SIZES)}")
+    if block not in (1, 2, 3, 4):
+        raise ConfigError(f"lr-study trains blocks 1 to 4 (5, z-loss, is declared for later), got {block!r}")
+    optimizer, d_model, treatments = BLOCKS[block]
+    if lrs is None and block != 1:
+        raise ConfigError(f"block {block}'s rates come from {'the Muon pilot' if block == 2 else 'an earlier block'}: "
+                          "give them")
+    base = LrConfig(corpus=corpus, optimizer=optimizer, d_model=d_model, treatments=treatments,
+                    lrs=tuple(lrs) if lrs is not None else ADAMW_LRS, model=dict(ws.PilotConfig().model))
+    if size == "smoke":
+        base = replace(base, d_model=16, head_dim=8, seeds=(0,), lrs=base.lrs[-2:],
+                       model={**base.model, "context": 16},
+                       train=replace(ws.recipe_train(steps=60, warmup=10), batch=2, eval_batches=2, checkpoint_every=0))
+    return base
+
+
+def _rate(lr: float) -> str:
+    return f"{lr:.3g}"
+
+
+def run_id(prefix: str, optimizer: str, d_model: int, lr: float, treatment: str, seed: int) -> str:
+    return f"{prefix}-{optimizer}-w{d_model}-lr{_rate(lr)}-{_IN_ID[treatment]}-seed{seed}"
+
+
+_ID = re.compile(r"^(?P<prefix>[a-z]+)-(?P<opt>adamw|muon)-w(?P<w>\d+)-lr(?P<lr>[0-9.e+-]+)-(?P<t>[a-z]+)-seed(?P<s>\d+)$")
+
+
+def parse_run_id(text: str) -> dict[str, Any]:
+    """(optimizer, d_model, lr, treatment, seed) of a run id ``run_id`` made; a ConfigError for any other."""
+    m = _ID.match(text)
+    if m is None or m["t"] not in _FROM_ID:
+        raise ConfigError(f"{text!r} is not a run of the lr study (<prefix>-<optimizer>-w<width>-lr<rate>-<treatment>-seed<n>)")
+    return {"optimizer": m["opt"], "d_model": int(m["w"]), "lr": float(m["lr"]), "treatment": _FROM_ID[m["t"]],
+            "seed": int(m["s"])}
+
+
+def _spec(cfg: LrConfig, vocab_size: int, prefix: str, group: str, treatment: str, lr: float, seed: int) -> RunSpec:
+    from attnscale.lm.model import ModelConfig
+
+    train = cfg.train if cfg.device is None else replace(cfg.train, device=cfg.device)
+    train = replace(train, lr=lr, seed=seed, z_loss=Z_LOSS if treatment == "z-loss" else 0.0)
+    if cfg.optimizer != "adamw":  # AdamW runs' configs stay the act study's, field for field
+        train = replace(train, optimizer=cfg.optimizer)
+    model = ModelConfig(vocab_size=vocab_size, head_dim=cfg.head_dim,
+                        scale="qk_norm" if treatment == "qk-norm" else "inv_sqrt_d",
+                        **{**cfg.model, "d_model": cfg.d_model, "norm": "pre"})
+    watch = {"clip": act_study.watch_spec("B", None, train.record_every),
+             "alarm-clip": act_study.watch_spec("C", cfg.level, train.record_every)}.get(treatment)
+    return RunSpec(run_id(prefix, cfg.optimizer, cfg.d_model, lr, treatment, seed), model, train, group, watch=watch)
+
+
+def block_specs(cfg: LrConfig, vocab_size: int, prefix: str = "lr", group: str = GROUP) -> list[RunSpec]:
+    """Every run the block trains up front, rate by rate and seed by seed (a block cut short has whole points):
+    each treatment but ``alarm-clip``, whose runs follow from its ``none`` runs (``alarm_specs``)."""
+    return [_spec(cfg, vocab_size, prefix, group, t, lr, s) for lr in cfg.lrs for s in cfg.seeds
+            for t in cfg.treatments if t != "alarm-clip"]
+
+
+def crossed(row: dict[str, Any], level: float) -> int | None:
+    """The first probe step after training began whose max |score| is over ``level``: the step a watch probing the
+    records' sequence alarms at (it probes after a step, never at step 0); None where none is."""
+    return next((p["step"] for p in row["probes"]
+                 if p["step"] > 0 and p["max_score"] is not None and p["max_score"] > level), None)
+
+
+def alarm_specs(cfg: LrConfig, vocab_size: int, none_rows: list[dict[str, Any]], prefix: str = "lr",
+                group: str = GROUP) -> list[RunSpec]:
+    """The ``alarm-clip`` runs to train: at the (rate, seed) points whose ``none`` run crossed the level."""
+    if "alarm-clip" not in cfg.treatments:
+        return []
+    fired = {(r["lr"], r["seed"]) for r in none_rows if r["treatment"] == "none" and crossed(r, cfg.level) is not None}
+    return [_spec(cfg, vocab_size, prefix, group, "alarm-clip", lr, s) for lr in cfg.lrs for s in cfg.seeds
+            if (lr, s) in fired]
+
+
+def outcome_of(row: dict[str, Any]) -> dict[str, Any]:
+    """The act study's outcome rules (learned level, floor), "degraded" against the warn study's best run of the same
+    scheme and z-loss (docs/lr-study.md: the study reads breaks and never-learned runs, not "degraded")."""
+    from attnscale.analysis.act_judging import outcome_of as act_outcome
+
+    cell = "z1e-4" if row["treatment"] == "z-loss" else "z0"
+    return act_outcome({**row, "cell": cell, "arm": "E" if row["treatment"] == "qk-norm" else "A"})
+
+
+def rows(runs) -> list[dict[str, Any]]:
+    """The finished runs as the series keeps them: act_study's row (losses, probes, held-out loss, alarm and
+    action steps, outcome, code) under the lr study's names (optimizer, d_model, lr, treatment, seed)."""
+    def parts(text):
+        p = parse_run_id(text)
+        return f"{p['optimizer']}-w{p['d_model']}-lr{_rate(p['lr'])}", p["treatment"], p["seed"]
+
+    def outcome(row):
+        return outcome_of({**row, **parse_run_id(row["run_id"])})
+
+    out = []
+    for row in act_study.run_rows(runs, parts=parts, outcome=outcome):
+        row.update(parse_run_id(row["run_id"]))
+        for key in ("cell", "arm"):
+            row.pop(key, None)
+        out.append(row)
+    return out
+
+
+def _execute(specs, cfg, out, jobs, progress, corpus):
+    return execute(specs, cfg.corpus_spec, Path(out), jobs=jobs, progress=progress, corpus=corpus, keep_order=True)
+
+
+def run_block(cfg: LrConfig, out: Path, jobs: int = 1, progress: bool = True) -> list[dict[str, Any]]:
+    """Train what is missing of the block in ``out``: its up-front runs, then the ``alarm-clip`` runs they call
+    for. The rows of every finished run of the block."""
+    corpus = cfg.corpus_spec.load()
+    first = rows(_execute(block_specs(cfg, corpus.vocab_size), cfg, out, jobs, progress, corpus))
+    later = alarm_specs(cfg, corpus.vocab_size, first)
+    return first + (rows(_execute(later, cfg, out, jobs, progress, corpus)) if later else [])
+
+
+def muon_pilot_config(size: str = "full", corpus: str = "default") -> LrConfig:
+    base = replace(preset(1, size, corpus), optimizer="muon", treatments=("none", "qk-norm"))
+    if size == "smoke":
+        return replace(base, seeds=(PILOT_SEED,))
+    return replace(base, lrs=MUON_PILOT_LRS, seeds=(PILOT_SEED,))
+
+
+def run_muon_pilot(cfg: LrConfig, out: Path, jobs: int = 1, progress: bool = True) -> dict[str, Any]:
+    """Train the Muon pilot in ``out``; its rows and the grid it gives (``muon_grid``)."""
+    corpus = cfg.corpus_spec.load()
+    got = rows(_execute(block_specs(cfg, corpus.vocab_size, prefix="pilot", group=PILOT_GROUP), cfg, out, jobs,
+                        progress, corpus))
+    return {"pilot": True, "rows": got, "grid": muon_grid(got, cfg.lrs)}
+
+
+def muon_grid(pilot_rows: list[dict[str, Any]], ladder: tuple[float, ...] = MUON_PILOT_LRS) -> dict[str, Any]:
+    """The rule fixed before the pilot: r1, the lowest pilot rate whose ``none`` run broke mid-run or never learnt;
+    the grid r1 × 2^k, k = −4 … 1. Where every ``none`` run learnt and held, the ladder's top six rates."""
+    failed = sorted(r["lr"] for r in pilot_rows if r["treatment"] == "none"
+                    and (r["outcome"]["learned_at"] is None or r["outcome"]["break_step"] is not None))
+    if not failed:
+        return {"lrs": tuple(sorted(ladder)[-6:]), "r1": None, "why": "every none run learnt and held: the top six"}
+    r1 = failed[0]
+    return {"lrs": tuple(float(f"{r1 * 2.0 ** k:.6g}") for k in range(-4, 2)), "r1": r1,
+            "why": "the lowest rate whose none run broke mid-run or never learnt, as the grid's fifth"}
