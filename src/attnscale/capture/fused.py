@@ -6,7 +6,8 @@ log-sum-exp and o = softmax(s)·K, so its entropy without the weights:
     entropy = lse - E_p[s],   E_p[s] = scale · q·o,   effective words = exp(entropy)
 
 (lse and o in float32 from the kernel, the dot and the difference in float64,
-the entropy held within [0, log(visible keys)]). A sink z is one more entry of
+the entropy held within [0, log(visible keys)]; a row whose scores are past what
+float32 holds, ``LSE_TOLERANCE``, is replayed). A sink z is one more entry of
 the row's softmax: the keys keep the share w = exp(lse - logaddexp(lse, z)) and
 their entropy is w · (entropy - log w). The spread and max |score| come from the
 one-product blocks QK-Clip's S_max reads (``reduce.cut_blocks``): each row's
@@ -41,6 +42,12 @@ __all__ = ["FUSED", "REPLAY", "REPLAYED", "lse_attention", "measure_call", "qual
 FUSED, REPLAY = "fused", "replay"
 # the row measures the fused route leaves to the replay of the sampled rows
 REPLAYED = tuple(m for m in ROW_MEASURES if m != "effective_words")
+# A row's entropy read as lse - scale·q·o is off by at most about LSE_ERROR · (r + log n) nats, r = |scale|·‖q_i‖·
+# max_j ‖k_j‖ (>= every |score| of the row), n its keys: lse and o are float32 (u = 2⁻²⁴ each, of magnitude r)
+# and the kernel rescales o block by block; measured at most 3.7·u·r (tests/capture/test_fused.py), 16·u leaves
+# room. A row where that passes LSE_TOLERANCE (r over about 1,000) is replayed: its words exact at any score.
+LSE_ERROR = 16 * 2.0 ** -24
+LSE_TOLERANCE = 1e-3
 
 
 def measure_call(call: AttentionCall, sums: HeadSums, *, padding_BT: torch.Tensor | None = None,
@@ -136,11 +143,56 @@ def _effective_words(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, fact
     n = _counts(call, seen, rows).expand(B, H, T)
     entropy = lse.double() - _dots(q, o, memory)
     entropy = torch.minimum(entropy.clamp_min(0.0), n.clamp_min(1).double().log())  # within [0, log n]
-    if call.sink is not None:
-        z = call.sink.detach().to(q.device).double().view(1, H, 1)
-        log_share = lse.double() - torch.logaddexp(lse.double(), z)
+    sink = None if call.sink is None else call.sink.detach().to(q.device).double().view(1, H, 1)
+    if sink is not None:
+        log_share = lse.double() - torch.logaddexp(lse.double(), sink)
         entropy = log_share.exp() * (entropy - log_share)
-    return entropy.exp(), n >= MIN_KEYS
+    counted = n >= MIN_KEYS
+    # rows whose scores are past what the float32 lse and o hold (``LSE_ERROR``): replayed exactly
+    far = counted & (_entropy_error(q, k, n) > LSE_TOLERANCE)
+    if bool(far.any()):
+        entropy[far] = _replayed_entropy(call, q, k, seen, sink, far, memory)
+    return entropy.exp(), counted
+
+
+def _entropy_error(q: torch.Tensor, k: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """Each row's bound on the error of its entropy read from the float32 lse and o, B×H×T float64 (see
+    ``LSE_ERROR``), ``q`` with the factor on it, hidden keys of ``k`` 0."""
+    G = q.shape[1] // k.shape[1]
+    top = torch.linalg.vector_norm(k, dim=-1).amax(-1).repeat_interleave(G, dim=1)  # B×H: max ‖k_j‖
+    reach = torch.linalg.vector_norm(q, dim=-1).double() * top.double()[..., None]  # >= every |score| of the row
+    return LSE_ERROR * (reach + n.clamp_min(1).double().log())
+
+
+def _replayed_entropy(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, seen: torch.Tensor | None,
+                      sink: torch.Tensor | None, far: torch.Tensor, memory: int) -> torch.Tensor:
+    """The entropy of each row where ``far`` (B×H×T), in ``far.nonzero()``'s order, from its scores made again
+    in float32 (``q`` with the factor on it) and its softmax in float64, as the replay reads it: a frozen row
+    reads 0 at any score."""
+    G, S = q.shape[1] // k.shape[1], k.shape[-2]
+    at = far.nonzero()
+    out = torch.empty(at.shape[0], dtype=torch.float64, device=q.device)
+    j = torch.arange(S, device=q.device)
+    chunk = max(1, memory // max(1, 32 * S))
+    pair = at[:, 0] * q.shape[1] + at[:, 1]  # (sequence, head) of each row, in ``at``'s order
+    for g in torch.unique(pair).tolist():
+        b, h = divmod(g, q.shape[1])
+        mine = (pair == g).nonzero()[:, 0]
+        for c0 in range(0, len(mine), chunk):
+            idx = mine[c0:c0 + chunk]
+            t = at[idx, 2]
+            s = (q[b, h, t] @ k[b, h // G].mT).double()  # float32 products, as the replay's
+            i = t[:, None] + call.diagonal
+            hidden = (j[None] > i) if call.is_causal else torch.zeros_like(s, dtype=torch.bool)
+            if call.window is not None:
+                hidden |= j[None] <= i - call.window
+            if seen is not None:
+                hidden |= ~seen[b if seen.shape[0] > 1 else 0, h if seen.shape[1] > 1 else 0][None]
+            s.masked_fill_(hidden, -math.inf)
+            whole = s if sink is None else torch.cat([s, sink[0, h].expand(len(t), 1)], -1)
+            gap = s - whole.logsumexp(-1, keepdim=True)  # log p of each key
+            out[idx] = -torch.where(hidden, 0.0, gap.exp() * gap).sum(-1)
+    return out
 
 
 def _dots(q: torch.Tensor, o: torch.Tensor, memory: int) -> torch.Tensor:
