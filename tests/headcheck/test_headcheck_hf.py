@@ -16,7 +16,7 @@ os.environ["HF_DATASETS_OFFLINE"] = "1"
 
 from attnscale.cli import main
 from attnscale.headcheck.check import inspect_model
-from inspect_models import TEXTS, collect
+from inspect_models import TEXTS, collect, save_tiny_llama
 
 
 def _need(package):
@@ -106,6 +106,30 @@ def test_a_tiny_llama_with_gqa_matches_its_own_weights_and_scale_is_inv_sqrt_hea
     assert (result.layers, result.heads, result.kv_heads, result.head_dim, result.causal) == (2, 6, 2, 8, True)
     assert result.scale == pytest.approx(8**-0.5)
     _sane(result, T=max(len(minilm.tokenizer(t)["input_ids"]) for t in TEXTS))
+
+
+@pytest.mark.hf
+def test_cli_inspects_a_saved_hugging_face_folder_not_as_a_run(tmp_path, capsys):
+    """config.json and model.safetensors, what ``save_pretrained`` writes: a Hugging Face model, though an
+    attnscale run keeps its weights under the same name; read with the tokenizer saved beside it."""
+    pytest.importorskip("transformers")
+    folder = save_tiny_llama(tmp_path / "llama")
+    assert main(["inspect", "--model", str(folder), "--text", TEXTS[0], "--json"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["architecture"].startswith("LlamaModel") and (printed["layers"], printed["heads"], printed["kv_heads"]) == (2, 4, 2)
+    saved = pytest.importorskip("transformers").AutoTokenizer.from_pretrained(folder)
+    assert len(printed["rows"]) == 2 * 4 and printed["tokens"] == len(saved(TEXTS[0])["input_ids"])
+
+
+@pytest.mark.hf
+def test_a_hugging_face_folder_without_a_tokenizer_is_one_line_naming_the_fix(tmp_path, capsys):
+    pytest.importorskip("transformers")
+    folder = save_tiny_llama(tmp_path / "llama", tokenizer=False)
+    capsys.readouterr()  # the save's progress bar
+    assert main(["inspect", "--model", str(folder), "--text", TEXTS[0]]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    assert "holds a model but no tokenizer" in err and f"tokenizer.save_pretrained({str(folder)!r})" in err
 
 
 @pytest.mark.hf

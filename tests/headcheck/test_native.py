@@ -121,7 +121,7 @@ def _damage(run, how):
     ("bad record", "record.json is not valid JSON"),
     ("record without model", "names no model"),
     ("record with a bad model", "does not build a TinyLM"),
-    ("no record", "no record.json"),
+    ("no record", "neither record.json (an attnscale run's) nor config.json (a Hugging Face model's)"),
 ])
 def test_damaged_run_is_one_line_and_exit_2(how, words, tmp_path, capsys):
     run = tmp_path / "run"

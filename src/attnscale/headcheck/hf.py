@@ -94,7 +94,8 @@ def locate(name_or_path: str) -> tuple[Path, str | None]:
     if path.is_dir():
         found = _model_in(path)
         if found is None:
-            raise ConfigError(f"--model: {str(path)!r} holds no config.json or .gguf file; give a Hugging Face model folder, a .gguf file or a shortcut ({', '.join(SHORTCUTS)})")
+            raise ConfigError(f"--model: {str(path)!r} holds no config.json (a Hugging Face model), .gguf file or record.json "
+                              f"(an attnscale run); give the folder of one of those, a .gguf file or a shortcut ({', '.join(SHORTCUTS)})")
         return found
     if path.exists():
         raise ConfigError(f"--model: {str(path)!r} is not a model; give a Hugging Face model folder, a .gguf file or a shortcut ({', '.join(SHORTCUTS)})")
@@ -158,19 +159,57 @@ def load(name_or_path: str) -> HFModel:
     transformers = _import_transformers()
     extra = {"gguf_file": gguf} if gguf else {}
     try:
+        if not gguf:  # its config alone, cheap: a model type transformers lacks is named before a missing tokenizer
+            transformers.AutoConfig.from_pretrained(folder, local_files_only=True)
+    except (ValueError, KeyError, OSError, ImportError, NotImplementedError) as e:
+        _refuse_unread(transformers, folder, gguf, e)
+    _refuse_no_tokenizer(folder, gguf)  # before a load that may take half a minute
+    try:
         with _quiet(transformers), (_memo_gguf_names() if gguf else contextlib.nullcontext()):
             model = transformers.AutoModel.from_pretrained(
                 folder, local_files_only=True, dtype=torch.float32, **extra
             )
-            tokenizer = transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True, **extra)
     except (ValueError, KeyError, OSError, ImportError, NotImplementedError) as e:
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0].rstrip(".")
-        kind = "GGUF" if gguf else _model_type(folder)
-        raise ConfigError(
-            f"--model: transformers {transformers.__version__} cannot read the {kind} model at {str(folder)!r} ({first[:160]}); "
-            "give a model type it supports, or upgrade transformers"
-        ) from None
-    return HFModel(model.eval(), tokenizer, str(folder / gguf) if gguf else str(folder))
+        _refuse_unread(transformers, folder, gguf, e)
+    return HFModel(model.eval(), _tokenizer(transformers, folder, gguf), str(folder / gguf) if gguf else str(folder))
+
+
+# What a saved tokenizer leaves in a model folder, by the kinds transformers reads
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+
+
+def _refuse_unread(transformers, folder: Path, gguf: str | None, e: Exception):
+    kind = "GGUF" if gguf else _model_type(folder)
+    raise ConfigError(
+        f"--model: transformers {transformers.__version__} cannot read the {kind} model at {str(folder)!r} ({_first(e)}); "
+        "give a model type it supports, or upgrade transformers"
+    ) from None
+
+
+def _first(e: Exception) -> str:
+    """The first sentence of an error's message, short enough for a one-line error."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0].split(". ")[0].rstrip(".")[:160]
+
+
+def _refuse_no_tokenizer(folder: Path, gguf: str | None) -> None:
+    """inspect reads a text, and only the tokenizer the model was trained with gives it the tokens the model
+    knows: a folder that holds none (a Trainer's checkpoint saved without its ``processing_class``, a
+    ``model.save_pretrained`` alone) is refused with the line that saves one. A GGUF file carries its own."""
+    if not gguf and not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        raise ConfigError(f"--model: {str(folder)!r} holds a model but no tokenizer ({' or '.join(TOKENIZER_FILES[:2])}), "
+                          f"which inspect needs to turn the text into the model's tokens; save it beside the model: "
+                          f"tokenizer.save_pretrained({str(folder)!r})")
+
+
+def _tokenizer(transformers, folder: Path, gguf: str | None):
+    """The model's own tokenizer, or a one-line error where transformers cannot read the one saved there."""
+    extra = {"gguf_file": gguf} if gguf else {}
+    try:
+        with _quiet(transformers):
+            return transformers.AutoTokenizer.from_pretrained(folder, local_files_only=True, **extra)
+    except (ValueError, KeyError, OSError, ImportError, NotImplementedError) as e:
+        raise ConfigError(f"--model: transformers {transformers.__version__} cannot read the tokenizer in {str(folder)!r} "
+                          f"({_first(e)}); save the model's tokenizer there again with tokenizer.save_pretrained") from None
 
 
 def describe_scale(module, factor: float, head_dim: int) -> str:

@@ -30,16 +30,23 @@ __all__ = ["CHECKPOINT", "WEIGHTS", "inspect", "is_run", "load", "load_checkpoin
 WEIGHTS = run_record.WEIGHTS  # a finished run's final weights: TinyLM's state_dict
 CHECKPOINT = run_record.CHECKPOINT  # what an interrupted run leaves to resume from
 RECORD = run_record.RECORD
+HF_CONFIG = "config.json"  # what makes a folder a Hugging Face model's
 
 Encoder = Callable[[str], Any]
 
 
 def is_run(path: Path) -> bool:
-    """A training checkpoint (any ``.pt`` path) or a folder that holds a run's record or weights."""
+    """A training checkpoint (any ``.pt`` path) or a folder that holds a run's record or checkpoint; a
+    ``model.safetensors`` alone is a run's only beside no ``config.json``, which makes the folder a
+    Hugging Face model's (its weights go by the same name)."""
     path = Path(path)
     if path.suffix == ".pt":
         return True
-    return path.is_dir() and any((path / name).is_file() for name in (RECORD, WEIGHTS, CHECKPOINT))
+    if not path.is_dir():
+        return False
+    if (path / RECORD).is_file() or (path / CHECKPOINT).is_file():
+        return True
+    return (path / WEIGHTS).is_file() and not (path / HF_CONFIG).is_file()
 
 
 def load(path: Path) -> tuple[nn.Module, Encoder | None]:
@@ -165,8 +172,9 @@ def load_run(run_dir: Path) -> tuple[nn.Module, Encoder | None]:
     if not weights.exists() and (run_dir / CHECKPOINT).is_file():
         return load_checkpoint(run_dir / CHECKPOINT)
     if not (run_dir / RECORD).is_file():
-        raise ConfigError(f"--model: {str(run_dir)!r} has {WEIGHTS} but no {RECORD} to build its model from; "
-                          "give the whole folder of an attnscale training run")
+        raise ConfigError(f"--model: {str(run_dir)!r} holds {WEIGHTS} but neither {RECORD} (an attnscale run's) nor "
+                          f"{HF_CONFIG} (a Hugging Face model's) to build its model from; give the whole folder of "
+                          "either")
     cfg = _model_config_from_run(run_dir)  # a bad record is named before a missing weights file
     if not weights.is_file():
         _refuse_no_weights(run_dir, weights)
