@@ -26,8 +26,9 @@ def _train_config(args):
     from attnscale.experiments import sweep
 
     base = sweep.preset(quick=args.quick, full=args.full, corpus=args.corpus, seed=args.seed, tokenizer=args.tokenizer)
+    train = dataclasses.replace(base.train, optimizer=args.optimizer)
     return with_budget(sweep.SweepConfig(corpus=args.corpus, head_dims=(args.head_dim,), scales=(args.scale,),
-                                         seeds=(args.seed,), model=base.model, train=base.train), args)
+                                         seeds=(args.seed,), model=base.model, train=train), args)
 
 
 def _train(cfg, out, args) -> dict:
@@ -49,6 +50,9 @@ def add_train(sub) -> None:
     p.add_argument("--scale", type=scale_name, default="inv_sqrt_d",
                    help="score-scale scheme (default: %(default)s, the course's 1/sqrt(d))")
     p.add_argument("--seed", type=nonneg_int, default=0, help="seed of the weights and batches (default: %(default)s)")
+    p.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw",
+                   help="adamw (the default), or muon: Muon for the blocks' weight matrices, its update's RMS matched "
+                        "to AdamW's, and AdamW for the embeddings, read-out, norms, biases and the scale's gains")
     training_options(p, "attnscale-out/train")
     full_option(p)
     p.set_defaults(run=Command(_train_config, _train, _train_table, as_json=lambda result: result["rows"]))

@@ -29,6 +29,7 @@ _EXECUTION_ONLY = {"train": ("threads", "checkpoint_every", "device", "attention
 # a config that holds that value compares equal to one written before the setting existed.
 _ADDED_LATER = {"train": {"weights": "fp32", "schedule": "cosine", "eval_every": 0}}
 _ADDED_LATER["train"].update(z_loss=0.0, beta1=0.9, adam_eps=1e-8, independent_wd=False)  # the warn study's recipe
+_ADDED_LATER["train"]["optimizer"] = "adamw"  # Muon beside AdamW came after
 # What makes two corpora the same: the text's hash and how it was cut into tokens,
 # not the path or name it was read under ("wikitext-2" and its folder are one corpus).
 _CORPUS_IDENTITY = ("sha256", "tokenizer", "vocab_size", "train_tokens", "valid_tokens")

@@ -161,8 +161,8 @@ def check_train(train_cfg) -> None:
     if getattr(train_cfg, "weights", "fp32") != "fp32":
         raise ConfigError("the llama family's bf16 is the Trainer's autocast over fp32 weights: set weights to fp32")
     # the Trainer's own AdamW and loss: lm.train's recipe knobs would be ignored, so they are refused
-    recipe = [k for k, v in (("z_loss", 0.0), ("beta1", 0.9), ("adam_eps", 1e-8), ("independent_wd", False))
-              if getattr(train_cfg, k, v) != v]
+    recipe = [k for k, v in (("z_loss", 0.0), ("beta1", 0.9), ("adam_eps", 1e-8), ("independent_wd", False),
+                             ("optimizer", "adamw")) if getattr(train_cfg, k, v) != v]
     if recipe:
         raise ConfigError(f"the llama family trains without lm.train's recipe knobs: leave {', '.join(recipe)} "
                           "at the defaults")

@@ -1,6 +1,7 @@
 """Training loop that records the attention diagnostics through the hooks.
 
-``train(model_cfg, train_cfg, corpus)`` trains ``TinyLM`` with AdamW, a linear
+``train(model_cfg, train_cfg, corpus)`` trains ``TinyLM`` with AdamW (or Muon beside it:
+``lm.optimizers``), a linear
 warm-up then a named decay (``SCHEDULES``: cosine, or warm-up-stable-decay), and
 gradient clipping, and returns a plain dict. With ``eval_every`` the held-out
 loss is also measured every that many steps (``results["evals"]``).
@@ -50,6 +51,7 @@ from attnscale.errors import ConfigError, check_positive_ints
 from attnscale.core.scales import get_scale
 from attnscale.lm.checkpoint import Checkpoint, comparable_config, run_config, save_weights
 from attnscale.lm.model import ModelConfig, TinyLM
+from attnscale.lm.optimizers import OPTIMIZERS, MuonAdamW, build_optimizer
 from attnscale.lm.precision import Bf16Copy, clip_, flat_grads, in_precision
 from attnscale.lm.step_measures import DIAGNOSTICS, probe_row, qk_weight_rms, read_back, recording, summarize
 
@@ -84,6 +86,10 @@ class TrainConfig:
     the optimiser updates fp32 master weights, from which the copy is refreshed once a step, in one
     call; in fp32 (dtype "auto" on a CPU without native bf16) nothing changes. The master weights
     are the model: checkpoints, evaluation and saved weights read them.
+    ``optimizer``: "adamw" (every parameter) or "muon": ``torch.optim.Muon`` (rate matched to AdamW's RMS,
+    ``adjust_lr_fn="match_rms_adamw"``) for the blocks' 2-D matrices (q, k, v, output projections, MLP) and
+    AdamW, with these betas, eps and rate, for the embeddings, read-out, norms, biases and the score scale's
+    parameters; ``weight_decay`` on every matrix either way (``lm.optimizers``).
     ``device``, ``threads``, ``attention`` and ``checkpoint_every`` decide how a
     run executes, not what it measures: a run resumed with others is the same run."""
 
@@ -113,6 +119,7 @@ class TrainConfig:
     independent_wd: bool = False  # weight_decay shrinks by itself × lr_t/lr a step, not by itself × lr_t
     schedule: str = "cosine"
     eval_every: int = 0
+    optimizer: str = "adamw"  # or "muon": Muon on the blocks' matrices, AdamW on the rest (lm/optimizers.py)
 
     def __post_init__(self):
         check_positive_ints(self, ("steps", "batch", "record_every", "record_sequences"), "train")
@@ -144,6 +151,8 @@ class TrainConfig:
             raise ConfigError("train z_loss must be >= 0, beta1 in [0, 1) and adam_eps in (0, 1)")
         if not isinstance(self.independent_wd, bool):
             raise ConfigError(f"train independent_wd must be true or false, got {self.independent_wd!r}")
+        if not isinstance(self.optimizer, str) or self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"train optimizer {self.optimizer!r} is unknown; choose one of: {', '.join(OPTIMIZERS)}")
         if self.schedule not in SCHEDULES:
             raise ConfigError(f"train schedule {self.schedule!r} is unknown; choose one of: {', '.join(SCHEDULES)}")
         if self.schedule == "wsd" and self.warmup > int(WSD_STABLE * self.steps):
@@ -317,7 +326,7 @@ class Run:
     precision: Any  # core.device.Precision
     impl: str  # the attention path of steps that do not record
     model: TinyLM
-    opt: torch.optim.Optimizer
+    opt: "torch.optim.Optimizer | MuonAdamW"
     gen: torch.Generator
     scaler: Any
     log_line: Callable[[dict[str, Any]], None] | None
@@ -358,7 +367,8 @@ class Run:
 
 def build_run(model_cfg: ModelConfig, cfg: TrainConfig, log_line) -> Run:
     """Device and precision resolved once; the model built from the seed on the CPU, then moved, so every
-    device starts from the same weights; AdamW with weight decay on matrices only."""
+    device starts from the same weights; the optimiser ``lm.optimizers.build_optimizer`` makes: AdamW with weight
+    decay on matrices only, or Muon on the blocks' matrices beside it."""
     device = dev.resolve_device(cfg.device)
     precision = dev.resolve_precision(cfg.dtype, device)
     if device.type == "cpu":
@@ -368,17 +378,13 @@ def build_run(model_cfg: ModelConfig, cfg: TrainConfig, log_line) -> Run:
     model = TinyLM(replace(model_cfg, impl=impl)).to(device)
     grads = flat_grads(model)
     compute = Bf16Copy(model, grads) if cfg.weights == "bf16" and precision.autocast is torch.bfloat16 else None
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    # AdamW shrinks a weight by lr_t · weight_decay a step; independent decay (Wortsman et al. 2023) by
+    # AdamW (and Muon) shrink a weight by lr_t · weight_decay a step; independent decay (Wortsman et al. 2023) by
     # weight_decay · lr_t / lr, which follows the schedule's shape but not the rate's size
     wd = cfg.weight_decay / cfg.lr if cfg.independent_wd else cfg.weight_decay
-    opt = torch.optim.AdamW(
-        [{"params": decay, "weight_decay": wd}, {"params": no_decay, "weight_decay": 0.0}],
-        # one kernel per step (~4% faster than foreach on CPU), and it skips an update on the device where told to
-        # (found_inf), which MPS's fused kernel ignored until mid-2026 (PyTorch PR 186360): MPS keeps foreach
-        lr=cfg.lr, betas=(cfg.beta1, cfg.beta2), eps=cfg.adam_eps, fused=device.type in ("cpu", "cuda"),
-    )
+    # fused AdamW: one kernel per step (~4% faster than foreach on CPU), and it skips an update on the device where
+    # told to (found_inf), which MPS's fused kernel ignored until mid-2026 (PyTorch PR 186360): MPS keeps foreach
+    opt = build_optimizer(model, cfg.optimizer, lr=cfg.lr, weight_decay=wd, betas=(cfg.beta1, cfg.beta2),
+                          eps=cfg.adam_eps, fused=device.type in ("cpu", "cuda"))
     return Run(model_cfg, cfg, device, precision, impl, model, opt, torch.Generator().manual_seed(cfg.seed),
                 dev.grad_scaler(precision), log_line, grads, compute)
 
@@ -436,7 +442,7 @@ def train_step(run: Run, step: int, corpus) -> tuple[float, float, float, bool]:
         if on_device:
             _update(run, bad)
         (value, grad_norm, skipped, *probed), row = read_back(rec, loss, grad_norm, bad, *probed)  # the one sync
-        if not on_device:  # foreach AdamW (MPS) cannot skip on the device: the host decides
+        if not on_device:  # foreach AdamW (MPS) and Muon cannot skip on the device: the host decides
             _update(run, bool(skipped))
     skipped = bool(skipped)
     retried = skipped and math.isfinite(value) and run.scaler.is_enabled()  # fp16: the same step, the next batch
