@@ -162,3 +162,40 @@ def test_a_nan_in_multihead_attentions_float_mask_reads_non_finite_not_hidden():
     assert stats.nonfinite_LH().tolist() == [[True, True]]
     s = stats.summary()
     assert s["attn/nonfinite_heads"] == 2.0 and math.isnan(s["attn/min_effective_words"])
+
+
+@pytest.mark.parametrize("rows", [False, True], ids=["B×1×1×S", "B×1×T×S"])
+def test_a_nan_in_a_float_key_mask_is_a_visible_key_in_every_path(rows):
+    """One rule for a NaN in a float mask, whatever its shape and whichever path reads it: the key is visible
+    (only -inf or at or below HIDDEN_AT hides one), its score counts in max |score|, spread and QK-Clip's S_max,
+    and the rows that see it read NaN weights, as the model's softmax does. A B×1×1×S mask took head_max's
+    one-product path, which read the NaN key as hidden (S_max 1.62 where the B×1×T×S mask read 23.7)."""
+    from attnscale.capture.call import HIDDEN_AT, AttentionCall
+    from attnscale.capture.fused import measure_call
+    from attnscale.capture.smax import head_max
+    from attnscale.capture.sums import HeadSums
+
+    g = torch.Generator().manual_seed(3)
+    B, H_, T_ = 2, 2, 12
+    q, k = torch.randn(B, H_, T_, D, generator=g), torch.randn(B, H_, T_, D, generator=g)
+    k[0, :, 5] *= 30  # the key under the NaN holds each head's largest |score|
+    mask = torch.zeros(B, 1, 1, T_)
+    mask[0, ..., 5], mask[1, ..., 9] = math.nan, -math.inf
+    if rows:
+        mask = mask.expand(B, 1, T_, T_).clone()
+    call = AttentionCall(q, k, mask=mask, is_causal=True)
+    visible = torch.ones(T_, T_, dtype=torch.bool).tril() & ~(mask <= HIDDEN_AT)
+    s = (q.double() @ k.double().mT) * D ** -0.5
+    seen = [s[:, h][visible.expand_as(s)[:, h]] for h in range(H_)]
+    want_max = torch.stack([v.abs().max() for v in seen])
+    want_spread = torch.stack([v.std(unbiased=False) for v in seen])
+    assert float(want_max.min()) > 10 * float(s.masked_fill(~visible | mask.isnan(), 0).abs().max())
+    torch.testing.assert_close(head_max(call).double(), want_max, rtol=1e-6, atol=0)
+    for sample_rows in (None, 7):  # the replay of every row; the sampled probe, the fused route where it may
+        sums = HeadSums(H_)
+        measure_call(call, sums, sample_rows=sample_rows)
+        got = sums.measures()
+        if sample_rows is None:  # (sampled, the replay's scores are those of the sampled rows)
+            torch.testing.assert_close(got[1], want_max, rtol=1e-6, atol=0)
+            torch.testing.assert_close(got[0], want_spread, rtol=1e-5, atol=0)
+        assert torch.isnan(got[2:]).all()  # the rows that see the NaN key: NaN weights, every row measure NaN

@@ -217,7 +217,7 @@ def _key_mask(call: AttentionCall, H: int, K: int) -> torch.Tensor | None | bool
         m = m[None]
     if m.shape[2] != 1 or not (m.shape[1] == 1 or m.shape[1] == H == K):
         return False
-    seen = m if m.dtype == torch.bool else m > HIDDEN_AT
+    seen = m if m.dtype == torch.bool else ~(m <= HIDDEN_AT)  # NaN: a visible key, as ``AttentionCall.visible`` reads it
     return seen[:, :, 0, :, None]
 
 
