@@ -108,7 +108,7 @@ def places(tmp_path_factory):
     sink.close()
     (tmp / "pilot").mkdir()
     (tmp / "act-pilot").mkdir()  # a finished act-study pilot: the level its rule chose
-    (tmp / "act-pilot" / "act-pilot.json").write_text('{"level": 10000.0, "runs": 8, "corpus": "default"}')
+    (tmp / "act-pilot" / "act-pilot.json").write_text('{"level": 10000.0, "runs": 8, "size": 64, "corpus": "default"}')
     (tmp / "series.json.gz").write_bytes(b"")  # read by the captured re-read only
     (tmp / "published.json").write_text("{}")
     (tmp / "a-file").write_text("")
@@ -169,8 +169,10 @@ def _base(command: str, parser, places) -> list[str]:
     """The command with its required arguments: positionals, then required options and groups."""
     argv = [command]
     needed = [a for a in parser._actions if (not a.option_strings or a.required) and not isinstance(a, argparse._HelpAction)]
+    mode_flags = {m[0] for m in MODES.get(command, [])}
     for group in parser._mutually_exclusive_groups:
-        if group.required:
+        # a required group whose members are the command's modes is given by the mode each test adds
+        if group.required and not any(set(a.option_strings) & mode_flags for a in group._group_actions):
             needed.append(group._group_actions[0])
     for action in needed:
         if action.dest not in REQUIRED:

@@ -96,7 +96,10 @@ def test_the_alarm_reads_the_number_the_records_hold(tmp_path):
 
 
 def test_the_smoke_pilot_and_study_end_to_end(tmp_path, capsys):
-    pilot, study, series = tmp_path / "pilot", tmp_path / "study", tmp_path / "s.json.gz"
+    """The study trained into its pilot's own folder, as a user may: each run is in the series once (the study's
+    runs were once read as the pilot's too, and published twice)."""
+    pilot, series = tmp_path / "pilot", tmp_path / "s.json.gz"
+    study = pilot
     assert main(["act-study", "--pilot", "--quick", "--out", str(pilot), "-j", "1"]) == 0
     out = capsys.readouterr().out
     assert "Alarm level L = 1000 (no pilot run broke mid-run)" in out
@@ -120,9 +123,9 @@ def test_the_smoke_pilot_and_study_end_to_end(tmp_path, capsys):
 
 def test_the_command_refuses_what_it_cannot_do(tmp_path, capsys):
     assert main(["act-study", "--out", str(tmp_path / "x")]) == 2
-    assert "give --pilot, or --study PILOT_DIR" in capsys.readouterr().err
+    assert "one of the arguments --pilot --study is required" in capsys.readouterr().err
     assert main(["act-study", "--pilot", "--study", str(tmp_path), "--out", str(tmp_path / "x")]) == 2
-    capsys.readouterr()
+    assert "not allowed with argument" in capsys.readouterr().err
     assert main(["act-study", "--pilot", "--series", str(tmp_path / "s.gz"), "--out", str(tmp_path / "x")]) == 2
     assert "give it with --study" in capsys.readouterr().err
     assert main(["act-study", "--pilot", "--block", "2", "--out", str(tmp_path / "x")]) == 2
@@ -133,8 +136,86 @@ def test_the_command_refuses_what_it_cannot_do(tmp_path, capsys):
     assert main(["act-study", "--study", str(tmp_path / "empty"), "--out", str(tmp_path / "x")]) == 2
     assert "--study: no finished pilot in" in capsys.readouterr().err
     (tmp_path / "p").mkdir()
-    (tmp_path / "p" / act.PILOT_FILE).write_text(json.dumps({"level": 1e4, "corpus": "default"}))
+    (tmp_path / "p" / act.PILOT_FILE).write_text(json.dumps({"level": 1e4, "runs": 8, "size": 64, "corpus": "default"}))
     assert act.read_pilot(tmp_path / "p") == 1e4
     assert main(["act-study", "--study", str(tmp_path / "p"), "--corpus", "tinyshakespeare", "--out",
                  str(tmp_path / "x")]) == 2
     assert "chose its level on --corpus default, not tinyshakespeare" in capsys.readouterr().err
+
+
+def _no_training(monkeypatch):
+    """Any study or pilot that starts training fails the test at once (a refusal must come before any run)."""
+    def trained(*a, **k):
+        raise AssertionError("a run began training")
+
+    monkeypatch.setattr(act, "run_study", trained)
+    monkeypatch.setattr(act, "run_pilot", trained)
+
+
+FULL_PILOT = {"level": 1e4, "runs": 8, "size": 64, "corpus": "default"}
+
+
+@pytest.mark.parametrize("text, says", [
+    ('{"level": 1000.0, "ru', "cannot be read as the pilot's JSON"),  # cut short
+    ('[1000.0]', "holds no pilot"),
+    ('{"level": "high", "runs": 8, "size": 64}', "holds the level 'high'"),
+    ('{"level": true, "runs": 8, "size": 64}', "holds the level True"),  # once read as 1.0
+    ('{"level": NaN, "runs": 8, "size": 64}', "holds the level nan"),
+    ('{"level": 500, "runs": 8, "size": 64}', "not one of the ladder's 100, 300, 1000"),
+    ('{"level": 1000, "runs": 2, "size": 8}', "is a --quick pilot, not one for the full study"),
+    ('{"level": 1000, "runs": 5, "size": 64}', "a pilot of 5 runs of head width 64, which no act-study pilot trains"),
+])
+def test_a_pilot_file_is_read_like_user_input(tmp_path, capsys, monkeypatch, text, says):
+    """A cut, mistyped or other study's act-pilot.json is one line and exit 2, before any run, nothing written."""
+    _no_training(monkeypatch)
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / act.PILOT_FILE).write_text(text)
+    with pytest.raises(ConfigError, match=None) as got:
+        act.read_pilot(tmp_path / "p")
+    assert says in str(got.value)
+    assert main(["act-study", "--study", str(tmp_path / "p"), "--out", str(tmp_path / "x")]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1 and "Traceback" not in err
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_quick_study_needs_a_quick_pilot_and_a_full_one_a_full_pilot(tmp_path):
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / act.PILOT_FILE).write_text(json.dumps(FULL_PILOT))
+    assert act.read_pilot(tmp_path / "p") == 1e4
+    with pytest.raises(ConfigError, match="is a full pilot, not one for the --quick study"):
+        act.read_pilot(tmp_path / "p", size="smoke")
+    (tmp_path / "p" / act.PILOT_FILE).write_text(json.dumps({"level": 1000, "runs": 2, "size": 8}))
+    assert act.read_pilot(tmp_path / "p", size="smoke") == 1000.0  # no corpus: the default corpus's
+
+
+def test_series_writes_over_no_file_it_did_not_write(tmp_path, capsys, monkeypatch):
+    """--series: a folder, or a file act-study did not write, is refused before the study starts; a series it
+    wrote may be written again (a study resumed); a run is never written twice."""
+    from attnscale.runs.writers import written_by
+
+    _no_training(monkeypatch)
+    (tmp_path / "p").mkdir()
+    (tmp_path / "p" / act.PILOT_FILE).write_text(json.dumps(FULL_PILOT))
+    study = ["act-study", "--study", str(tmp_path / "p"), "--out", str(tmp_path / "x"), "--series"]
+    assert main(study + [str(tmp_path)]) == 2  # once an IsADirectoryError after the whole study
+    assert "is a folder; give the file to write" in capsys.readouterr().err
+    mine = tmp_path / "notes.json.gz"
+    mine.write_bytes(b"a user's own file")
+    assert main(study + [str(mine)]) == 2
+    assert "--series" in (err := capsys.readouterr().err) and "is not a series file attnscale act-study wrote" in err
+    assert mine.read_bytes() == b"a user's own file" and not (tmp_path / "x").exists()
+    row = {"run_id": "study-z0-A-seed0", "losses": [1.0], "probes": []}
+    act.write_series(tmp_path / "ours.json.gz", [row])
+    assert written_by(tmp_path / "ours.json.gz") == "act-study"
+    with pytest.raises(ValueError, match="run study-z0-A-seed0 is given twice"):
+        act.write_series(tmp_path / "twice.json.gz", [row, row])
+    assert not (tmp_path / "twice.json.gz").exists()
+
+
+def test_the_usage_shows_which_modes_are_required(capsys):
+    from attnscale.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if a.dest == "command").choices
+    assert "(--pilot | --study PILOT_DIR)" in sub["act-study"].format_usage()  # one of them is required
+    assert "[--pilot | --study PILOT_DIR]" in sub["warn-study"].format_usage()  # optional, but not both

@@ -115,3 +115,72 @@ def test_the_library_names_a_series_file_it_cannot_read(tmp_path):
 
     with pytest.raises(ConfigError, match="^cannot read .*missing.json.gz"):
         warn_reread.reread_files(tmp_path / "missing.json.gz")
+
+
+def _bad(path: Path, change) -> Path:
+    """The small series file with ``change`` made to its contents (a dict), written as plain JSON."""
+    data = json.loads(gzip.decompress(_series(path.with_suffix(".gz")).read_bytes()))
+    change(data)
+    path.write_text(json.dumps(data))  # json writes NaN as NaN, as a careless writer would
+    return path
+
+
+def _set(key, value, run=None):
+    def change(data):
+        (data if run is None else data["runs"][run])[key] = value
+    return change
+
+
+@pytest.mark.parametrize("change, says", [
+    (_set("learned_level", float("nan")), "holds NaN where a number is meant"),  # a line of the output once went
+    (_set("learned_level", True), "names no learned_level (a positive loss in nats; it has True)"),
+    (_set("learned_level", -1.0), "names no learned_level"),
+    (_set("study", "warn"), "is a series of the study 'warn', not the act study's"),
+    (_set("runs", []), "holds no runs"),
+    (_set("seed", "0", run=0), "run z0-A-0 has a run_id or cell that is not text, or a seed that is not"),
+    (_set("arm", "Z", run=1), "run z0-A-1 has the arm 'Z'"),
+    (_set("losses", [1.0, "x"], run=2), "run z0-E-0 has losses that are not a list of numbers"),
+    (_set("losses", [1.0, float("inf")], run=2), "holds Infinity where a number is meant"),
+    (_set("steps", 3, run=0), "run z0-A-0 has steps 3, not a whole number at least its 1100 losses"),
+    (_set("probes", [{"step": "ten", "max_score": 1.0}], run=0), "run z0-A-0 has probes that are not steps"),
+    (_set("probes", [{"step": 10, "max_score": "big"}], run=0), "run z0-A-0 has probes that are not steps"),
+    (_set("outcome", {"learned_at": 1.5, "break_step": None}, run=0), "has an outcome whose learned_at"),
+    (_set("outcome", {"learned_at": None, "break_step": 9}, run=0), "has a break but never learnt"),
+    (lambda d: d["runs"].append(dict(d["runs"][0])), "run z0-A-0 is there twice"),
+    (lambda d: d["runs"].append(7), "run number 5 is not a JSON object"),
+])
+def test_a_series_file_is_read_like_user_input(tmp_path, capsys, change, says):
+    bad = _bad(tmp_path / "bad.json", change)
+    assert main(["warn-study", "--reread", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert says in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_a_cut_or_corrupt_gzip_is_one_line(tmp_path, capsys):
+    """A series cut short (once an EOFError) or corrupt inside its stream (once a zlib.error)."""
+    whole = _series(tmp_path / "s.json.gz").read_bytes()
+    (tmp_path / "cut.gz").write_bytes(whole[: len(whole) // 2])
+    inside = bytearray(gzip.compress(json.dumps({"runs": [{"run_id": str(i)} for i in range(500)]}).encode()))
+    inside[40:60] = bytes(20)
+    (tmp_path / "corrupt.gz").write_bytes(bytes(inside))
+    for name in ("cut.gz", "corrupt.gz"):
+        assert main(["warn-study", "--reread", str(tmp_path / name)]) == 2
+        err = capsys.readouterr().err
+        assert f"{name} is not JSON or gzip'd JSON" in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("recipe, says", [
+    ({}, "its \"recipe\" study lacks pilot, cells, outcomes, folds, max_false_alarms_per_1000"),  # once a KeyError
+    (None, "has no \"recipe\" study"),
+    ("cut", "cells lacking their detectors"),
+])
+def test_a_published_json_is_read_like_user_input(tmp_path, capsys, recipe, says):
+    if recipe == "cut":  # the parts there, a key missing inside one
+        recipe = json.loads((ROOT / "docs" / "warn-study.json").read_text())["recipe"]
+        for cell in recipe["cells"]:
+            del cell["detectors"]
+        says = "its \"recipe\" study cannot be read (KeyError: 'detectors')"
+    (tmp_path / "w.json").write_text(json.dumps({"recipe": recipe}))
+    assert main(["warn-study", "--published", str(tmp_path / "w.json")]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "give docs/warn-study.json" in err and err.count("\n") == 1

@@ -344,17 +344,18 @@ def add_warn_study(sub) -> None:
                    help="norm placements of the tiny LM (default: post pre)")
     p.add_argument("--warmup", type=nonneg_int, nargs="+", dest="warmups",
                    help="warm-up steps (default: tiny 0 20, llama 0 40)")
-    p.add_argument("--pilot", action="store_true",
-                   help="the recipe's pilot instead (Wortsman et al. 2023: pre-LN, AdamW 0.9/0.95, independent weight "
-                        "decay, constant rate after a warm-up; qk-norm off × z-loss 0/1e-4, and the uniform-attention "
-                        "floor) on seeds outside the study: per rung, the runs that learnt, then broke mid-run (run "
-                        "ids 'pilot-'); with --quick 6 runs of 40 steps, a smoke check")
-    p.add_argument("--study", type=Path, metavar="PILOT_DIR",
-                   help="the study proper: the recipe's four arms on the pilot's ladder, seeds 0–23 on the two "
-                        "rungs the finished pilot in PILOT_DIR chose and 0 on the others (run ids 'study-'); each "
-                        "detector judged within each cell, thresholds cross-fitted over the seeds; with --quick, "
-                        "on a --quick pilot, a smoke check; --steps, --batch, --context, --dtype and --weights as the pilot was given "
-                        "them")
+    mode = p.add_mutually_exclusive_group()  # the usage shows that the two exclude each other
+    mode.add_argument("--pilot", action="store_true",
+                      help="the recipe's pilot instead (Wortsman et al. 2023: pre-LN, AdamW 0.9/0.95, independent weight "
+                           "decay, constant rate after a warm-up; qk-norm off × z-loss 0/1e-4, and the uniform-attention "
+                           "floor) on seeds outside the study: per rung, the runs that learnt, then broke mid-run (run "
+                           "ids 'pilot-'); with --quick 6 runs of 40 steps, a smoke check")
+    mode.add_argument("--study", type=Path, metavar="PILOT_DIR",
+                      help="the study proper: the recipe's four arms on the pilot's ladder, seeds 0–23 on the two "
+                           "rungs the finished pilot in PILOT_DIR chose and 0 on the others (run ids 'study-'); each "
+                           "detector judged within each cell, thresholds cross-fitted over the seeds; with --quick, "
+                           "on a --quick pilot, a smoke check; --steps, --batch, --context, --dtype and --weights as the pilot was given "
+                           "them")
     reread = ("train nothing: re-derive the warning's figures from a published series file (e.g. "
               "docs/act-study-series.json.gz; arms A and E): leads from a landmark 200 steps after learning, breakers "
               "against holders there, the share of held runs that alarm, and the break-dating rules' sensitivity; "
@@ -386,22 +387,29 @@ def _act_config(args):
     from attnscale.errors import ConfigError
     from attnscale.experiments import act_study
 
-    if args.pilot == (args.study is not None):
+    from attnscale.runs.writers import check_file
+
+    if args.pilot == (args.study is not None):  # the parser's group says so too; a library caller may not have it
         raise ConfigError("act-study trains its pilot or its study: give --pilot, or --study PILOT_DIR (not both)")
     if args.study is not None and not args.study.is_dir():
         raise UsageError(f"--study: {str(args.study)!r} is not a folder; give the folder of a finished pilot "
                          "(attnscale act-study --pilot --out DIR)")
+    if args.series is not None and args.series.is_dir():
+        raise UsageError(f"--series: {str(args.series)!r} is a folder; give the file to write (e.g. "
+                         f"{str(args.series / 'act-study-series.json.gz')!r})")
     if args.series is not None and not args.series.parent.is_dir():
         raise UsageError(f"--series: {str(args.series.parent)!r} is not a folder; give a file in a folder that exists")
     if args.series is not None and args.pilot:
         raise ConfigError("--series writes the pilot's and the study's runs together: give it with --study PILOT_DIR")
+    if args.series is not None:  # before any run trains: a file of someone else's is never replaced
+        check_file(args.series, "act-study", "--series", "series file")
     if args.block is not None and args.pilot:
         raise ConfigError("--block picks the study's seeds; the pilot has its own: give it with --study PILOT_DIR")
     size = "smoke" if args.quick else "full"
     if args.pilot:
         return act_study.preset(size, corpus=args.corpus, pilot=True)
     try:
-        level = act_study.read_pilot(args.study, args.corpus)
+        level = act_study.read_pilot(args.study, args.corpus, size)
     except ConfigError as e:
         raise ConfigError(f"--study: {e}") from None
     return act_study.preset(size, corpus=args.corpus, level=level, block=args.block or 1)
@@ -433,11 +441,12 @@ def _act_json(result) -> dict:
 def add_act_study(sub) -> None:
     p = sub.add_parser("act-study", help="does acting on the watch save a run? QK-Clip and a rate cut switched on by "
                                          "the alarm, against no action and qk-norm, on paired seeds (docs/act-study.md)")
-    p.add_argument("--pilot", action="store_true",
-                   help="the pilot: arm A on seeds 100–103 of both cells; it chooses the alarm's level")
-    p.add_argument("--study", type=Path, metavar="PILOT_DIR",
-                   help="the study's block 1 (seeds 0–3, every arm of both cells, seed by seed) at the level the "
-                        "finished pilot in PILOT_DIR chose")
+    mode = p.add_mutually_exclusive_group(required=True)  # the usage shows one of the two as required
+    mode.add_argument("--pilot", action="store_true",
+                      help="the pilot: arm A on seeds 100–103 of both cells; it chooses the alarm's level")
+    mode.add_argument("--study", type=Path, metavar="PILOT_DIR",
+                      help="the study's block 1 (seeds 0–3, every arm of both cells, seed by seed) at the level the "
+                           "finished pilot in PILOT_DIR chose")
     p.add_argument("--block", type=int, choices=[1, 2],
                    help="with --study: 1 (the default) trains seeds 0–3; 2 adds seeds 4–15 after them in the same "
                         "folder and reads both blocks together (the reading is final only with every seed of both)")

@@ -255,22 +255,52 @@ def run_pilot(cfg: ActConfig, out: Path, jobs: int = 1, progress: bool = True, e
     result = pilot_summary(rows)
     if len(rows) == len(runs):
         keep = {"level": result["choice"]["level"], "runs": len(rows), "size": cfg.head_dim, "corpus": cfg.corpus}
-        (Path(out) / PILOT_FILE).write_text(json.dumps(keep, indent=1), encoding="utf-8")
+        from attnscale.files import atomic_write_json  # whole or not at all: a cut write leaves no half a pilot
+
+        atomic_write_json(Path(out) / PILOT_FILE, keep)
     result["rows"] = rows
     return result
 
 
-def read_pilot(folder: Path, corpus: str = "default") -> float:
-    """The level the finished pilot in ``folder`` chose; a ConfigError where there is none, or where it trained on
-    another corpus than ``corpus`` (a pilot file without one was the default corpus's)."""
+def _real(x) -> bool:
+    """A finite number read from JSON: not a bool (``true`` is no level), not NaN or inf."""
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def read_pilot(folder: Path, corpus: str = "default", size: str = "full") -> float:
+    """The level the finished pilot in ``folder`` chose, read like any user input: a one-line ConfigError where
+    there is none, where its file is not what ``run_pilot`` writes (JSON holding a level of the ladder
+    ``LEVELS``, its whole count of runs and its head width), or where it is another study's pilot: another
+    corpus than ``corpus`` (a pilot file without one was the default corpus's), or another ``size`` (a smoke
+    pilot's level says nothing of the full study's runs, nor the other way round)."""
     path = Path(folder) / PILOT_FILE
     if not path.is_file():
         raise ConfigError(f"no finished pilot in {folder}: run `attnscale act-study --pilot --out {folder}` first")
-    kept = json.loads(path.read_text(encoding="utf-8"))
+    again = f"run the pilot again (`attnscale act-study --pilot --out {folder}`)"
+    try:
+        kept = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:  # ValueError: JSONDecodeError and UnicodeDecodeError
+        raise ConfigError(f"{path} cannot be read as the pilot's JSON ({e}): {again}") from None
+    if not isinstance(kept, dict):
+        raise ConfigError(f"{path} holds no pilot (a JSON object with its level): {again}")
+    level = kept.get("level")
+    if not _real(level) or float(level) not in LEVELS:
+        raise ConfigError(f"{path} holds the level {level!r}, not one of the ladder's "
+                          f"{', '.join(f'{x:g}' for x in LEVELS)}: {again}")
     if kept.get("corpus", "default") != corpus:
         raise ConfigError(f"the pilot in {folder} chose its level on --corpus {kept.get('corpus')}, not {corpus}: "
                           "pilot on the study's corpus first")
-    return float(kept["level"])
+    def kind(head_dim, runs) -> str | None:  # the size whose pilot trains ``runs`` runs of ``head_dim``
+        return next((s for s in SIZES for w in [preset(s, pilot=True)]
+                     if (head_dim, runs) == (w.head_dim, len(w.seeds) * len(w.cells))), None)
+
+    got = kind(kept.get("size"), kept.get("runs"))
+    if got != size:
+        what = {"smoke": "a --quick pilot", "full": "a full pilot"}.get(got) or (
+            f"a pilot of {kept.get('runs')!r} runs of head width {kept.get('size')!r}, which no act-study pilot trains")
+        raise ConfigError(f"the pilot in {folder} is {what}, not one for the {'--quick' if size == 'smoke' else 'full'} "
+                          f"study: run the study as its pilot was run (with --quick or without), or {again}")
+    return float(level)
 
 
 def run_study(cfg: ActConfig, out: Path, jobs: int = 1, progress: bool = True, executor: str = "local",
@@ -292,11 +322,12 @@ def _judged(rows: list[dict[str, Any]], arms, floor: float = FLOOR) -> dict[str,
 
 
 def read_rows(folder: Path, pilot: bool = False) -> list[dict[str, Any]]:
-    """The finished runs of ``folder`` as ``run_rows`` gives them (in run-id order)."""
+    """The finished runs of ``folder`` as ``run_rows`` gives them (in run-id order): the pilot's with ``pilot``,
+    else the study's; never both, so that a study trained into its pilot's folder is not read twice."""
     from attnscale.runs import record as rec
 
     runs = sorted((rec.TrainRun.load(p) for p in rec.find(Path(folder))), key=lambda t: t.run_id)
-    return run_rows([t for t in runs if t.group in (GROUP, PILOT_GROUP)], pilot=pilot)
+    return run_rows([t for t in runs if t.group == (PILOT_GROUP if pilot else GROUP)], pilot=pilot)
 
 
 SERIES_KEYS = ("run_id", "cell", "arm", "seed", "pilot", "steps", "losses", "probes", "outcome", "valid_loss",
@@ -313,6 +344,10 @@ def write_series(path: Path, rows: list[dict[str, Any]]) -> None:
     def r(x, digits):
         return None if x is None else float(f"{x:.{digits}g}")
 
+    ids = [r["run_id"] for r in rows]
+    twice = next((x for x in ids if ids.count(x) > 1), None)
+    if twice is not None:  # a run is published once: counted twice it would weigh twice in every figure
+        raise ValueError(f"run {twice} is given twice; a series holds each run once")
     runs = []
     for row in rows:
         keep = {k: row.get(k) for k in SERIES_KEYS}

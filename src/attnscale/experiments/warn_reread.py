@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -25,34 +26,132 @@ __all__ = ["RECIPE_STEPS", "RECIPE_WARMUP", "RECIPE_PROBE_EVERY", "read_series",
 RECIPE_STEPS, RECIPE_WARMUP, RECIPE_PROBE_EVERY = 1500, 500, 10  # the published study's runs (warn_study.recipe_train)
 
 
-def _load(path: Path) -> Any:
+class _NotFinite(ValueError):
+    pass
+
+
+def _not_finite(name: str):
+    raise _NotFinite(name)
+
+
+SERIES_HINT = "give a series file such as docs/act-study-series.json.gz"
+PUBLISHED_HINT = "give docs/warn-study.json as `attnscale warn-study --study` wrote it"
+
+
+def _load(path: Path, hint: str = SERIES_HINT) -> Any:
+    """``path``'s JSON (gzip'd or not), where every number is finite; a one-line ConfigError ending in ``hint``."""
     try:
         raw = Path(path).read_bytes()
     except OSError as e:
-        raise ConfigError(f"cannot read {path}: {e.strerror}; give the path of a series file "
-                          "(e.g. docs/act-study-series.json.gz)") from None
+        raise ConfigError(f"cannot read {path}: {e.strerror}; {hint}") from None
     try:
-        return json.loads(gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw)
-    except (OSError, ValueError) as e:
-        raise ConfigError(f"{path} is not JSON or gzip'd JSON ({e}); give a series file such as "
-                          "docs/act-study-series.json.gz") from None
+        text = gzip.decompress(raw) if raw[:2] == b"\x1f\x8b" else raw
+        return json.loads(text, parse_constant=_not_finite)
+    except _NotFinite as e:
+        raise ConfigError(f"{path} holds {e} where a number is meant: its numbers are finite or null; {hint}") from None
+    except (OSError, EOFError, zlib.error, ValueError) as e:  # a cut or corrupt gzip, not UTF-8, not JSON
+        raise ConfigError(f"{path} is not JSON or gzip'd JSON ({e}); {hint}") from None
+
+
+def _real(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)  # finite: _load refuses NaN and inf
+
+
+def _step(x) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= 0
+
+
+def _run_problem(r: Any, arms) -> str | None:
+    """What is wrong with one run of a series file, or None: the types and ranges the re-read reads."""
+    if not isinstance(r, dict):
+        return "is not a JSON object"
+    need = ("run_id", "cell", "arm", "seed", "losses", "probes", "outcome")
+    missing = [k for k in need if k not in r]
+    if missing:
+        return f"lacks {', '.join(missing)}; every run of a series file holds {', '.join(need)}"
+    if not (isinstance(r["run_id"], str) and isinstance(r["cell"], str) and _step(r["seed"])):
+        return "has a run_id or cell that is not text, or a seed that is not a whole number"
+    if r["arm"] not in arms:
+        return f"has the arm {r['arm']!r}, not one of the act study's {', '.join(arms)}"
+    losses, steps = r["losses"], r.get("steps")
+    if not isinstance(losses, list) or not losses or any(x is not None and not _real(x) for x in losses):
+        return "has losses that are not a list of numbers (or null)"
+    if steps is not None and not (_step(steps) and len(losses) <= steps):
+        return f"has steps {steps!r}, not a whole number at least its {len(losses)} losses"
+    probes = r["probes"]
+    if isinstance(probes, dict):  # the column layout (warning.probes reads both)
+        steps_of = probes.get("step")
+        values = [v for k, col in probes.items() if k != "step" for v in (col if isinstance(col, list) else [col])]
+        columns = all(isinstance(col, list) for col in probes.values())
+    else:
+        steps_of = [p.get("step") for p in probes] if isinstance(probes, list) and all(
+            isinstance(p, dict) for p in probes) else None
+        values = [v for p in probes for k, v in p.items() if k != "step"] if steps_of is not None else []
+        columns = True
+    if not (columns and isinstance(steps_of, list) and all(_step(t) for t in steps_of)
+            and all(v is None or _real(v) for v in values)):
+        return "has probes that are not steps (whole numbers) with numbers (or null)"
+    o = r["outcome"]
+    if not (isinstance(o, dict) and all(o.get(k) is None or _step(o[k]) for k in ("learned_at", "break_step"))):
+        return "has an outcome whose learned_at or break_step is not a step (or null)"
+    if o.get("break_step") is not None and o.get("learned_at") is None:
+        return "has a break but never learnt: a run breaks only after it learnt"
+    return None
 
 
 def read_series(path: Path) -> dict[str, Any]:
-    """A series file's contents: its ``runs`` and the ``learned_level`` its outcomes were judged at."""
+    """A series file's contents: its ``runs`` and the ``learned_level`` its outcomes were judged at, read like
+    any user input: a one-line ConfigError where it is not the act study's (``"study": "act"``), where its level
+    is not a positive number, or a run is not as ``act_study.write_series`` keeps it or is there twice."""
+    from attnscale.experiments.act_study import ARMS
+
     data = _load(path)
     if not isinstance(data, dict) or not isinstance(data.get("runs"), list):
         raise ConfigError(f"{path} holds no list of runs under \"runs\": it is not a series file "
                           "(docs/act-study-series.json.gz is one)")
-    if not isinstance(data.get("learned_level"), (int, float)):
-        raise ConfigError(f"{path} names no learned_level: the break dating needs the level its runs learnt at")
-    need = ("run_id", "cell", "arm", "seed", "losses", "probes", "outcome")
-    for r in data["runs"]:
-        missing = [k for k in need if k not in r]
-        if missing:
-            raise ConfigError(f"{path}: run {r.get('run_id', '?')} lacks {', '.join(missing)}; every run of a "
-                              f"series file holds {', '.join(need)}")
+    level = data.get("learned_level")
+    if not (_real(level) and level > 0):
+        raise ConfigError(f"{path} names no learned_level (a positive loss in nats; it has {level!r}): the break "
+                          "dating needs the level its runs learnt at")
+    if data.get("study") != "act":
+        raise ConfigError(f"{path} is a series of the study {data.get('study')!r}, not the act study's "
+                          "(\"study\": \"act\"); give the act study's series, e.g. docs/act-study-series.json.gz")
+    if not data["runs"]:
+        raise ConfigError(f"{path} holds no runs: nothing to re-read")
+    seen: set[str] = set()
+    for i, r in enumerate(data["runs"]):
+        problem = _run_problem(r, ARMS)
+        name = r.get("run_id", f"number {i + 1}") if isinstance(r, dict) else f"number {i + 1}"
+        if problem is None and name in seen:
+            problem = "is there twice: a series holds each run once"
+        if problem is not None:
+            raise ConfigError(f"{path}: run {name} {problem}")
+        seen.add(name)
     return data
+
+
+_RECIPE = {"pilot": dict, "cells": list, "outcomes": list, "folds": dict, "max_false_alarms_per_1000": (int, float)}
+
+
+def _published(path: Path) -> dict[str, Any]:
+    """The published study's figures read again, with a one-line ConfigError where its "recipe" study lacks
+    what they read (the parts in ``_RECIPE``, and within them the keys ``warning`` reads)."""
+    data = _load(path, PUBLISHED_HINT)
+    r = data.get("recipe") if isinstance(data, dict) else None
+    if not isinstance(r, dict):
+        raise ConfigError(f"{path} has no \"recipe\" study: {PUBLISHED_HINT}")
+    bad = [k for k, kind in _RECIPE.items() if not isinstance(r.get(k), kind) or isinstance(r.get(k), bool)]
+    if bad:
+        raise ConfigError(f"{path}: its \"recipe\" study lacks {', '.join(bad)} (or holds the wrong kind of "
+                          f"value there): {PUBLISHED_HINT}")
+    try:
+        return {"path": str(path), "leads": warning.old_leads(r, RECIPE_PROBE_EVERY, RECIPE_STEPS),
+                "silenced": warning.silenced(r, RECIPE_STEPS),
+                "auc": warning.auc_readings(r, RECIPE_STEPS, RECIPE_WARMUP)}
+    except (KeyError, TypeError, IndexError, AttributeError, ValueError, ZeroDivisionError) as e:
+        # deeper than the parts: a key missing or a value of the wrong kind inside one, named as Python met it
+        raise ConfigError(f"{path}: its \"recipe\" study cannot be read ({type(e).__name__}: {e}): "
+                          f"{PUBLISHED_HINT}") from None
 
 
 def reread_files(series: Path | None, published: Path | None = None) -> dict[str, Any]:
@@ -64,14 +163,7 @@ def reread_files(series: Path | None, published: Path | None = None) -> dict[str
         data = read_series(series)
         out["series"] = {"path": str(series), **warning.reread(data["runs"], data["learned_level"])}
     if published is not None:
-        data = _load(published)
-        if not isinstance(data, dict) or "recipe" not in data:
-            raise ConfigError(f"{published} has no \"recipe\" study: give docs/warn-study.json")
-        r = data["recipe"]
-        out["published"] = {"path": str(published),
-                            "leads": warning.old_leads(r, RECIPE_PROBE_EVERY, RECIPE_STEPS),
-                            "silenced": warning.silenced(r, RECIPE_STEPS),
-                            "auc": warning.auc_readings(r, RECIPE_STEPS, RECIPE_WARMUP)}
+        out["published"] = _published(published)
     return out
 
 

@@ -2,10 +2,11 @@
 
 Every file a command writes carries a mark of who wrote it: a record.json its ``experiment`` (spread, fresh,
 inspect; "train" for a training run, whose ``group`` says which command trained it), a page a ``<meta
-name="generator">`` naming the command (``page_mark``). A command refuses to replace a file that bears another
-command's mark, or none of ours (``check_out``); a report's markdown is known by its title, and figures, which
-carry no mark, are a command's own only beside a marked file of its own. Pages and reports written before the marks are known by the titles they have
-always had. Rewriting one's own files (a rerun, a resumed study) stays allowed: that is how folders resume.
+name="generator">`` naming the command (``page_mark``), act-study's series file the study it opens with. A
+command refuses to replace a file that bears another command's mark, or none of ours (``check_out``); a report's
+markdown is known by its title, and figures, which carry no mark, are a command's own only beside a marked file
+of its own. Pages and reports written before the marks are known by the titles they have always had. Rewriting
+one's own files (a rerun, a resumed study) stays allowed: that is how folders resume.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ _OLD_HEADS = {"watch-report": ("<!DOCTYPE html>", "<title>Attention watch: "),
               "report": ("<!DOCTYPE html>", "<title>The score scale in attention: the course")}
 _MARKED = re.compile(r'<meta name="generator" content="attnscale ([^"]+)">')
 _MARKDOWN_TITLES = {"report": "# The score scale in attention: the course"}  # markdown has no head: its title
+_SERIES_HEAD = b'{"study":"act",'  # how act-study's series file (experiments.act_study.write_series) opens
 
 
 def page_mark(command: str) -> str:
@@ -39,10 +41,23 @@ def _head(path: Path) -> str:
         return ""
 
 
+def _series_writer(path: Path) -> str | None:
+    """"act-study" for a series file it wrote (gzip'd JSON that opens ``{"study":"act"``), else None."""
+    import gzip
+    import zlib
+
+    try:
+        with gzip.open(path, "rb") as f:
+            head = f.read(len(_SERIES_HEAD))
+    except (OSError, EOFError, zlib.error):
+        return None
+    return "act-study" if head == _SERIES_HEAD else None
+
+
 def written_by(path: Path | str) -> str | None:
     """The attnscale command whose mark ``path`` bears: a record.json's experiment ("train" for a training run),
-    a page's generator (or its title, for pages written before the marks), a report's markdown title; None for a
-    file without one of ours (a record that cannot be read, a page of someone else's), or no file."""
+    a page's generator (or its title, for pages written before the marks), a report's markdown title, the study a
+    series file (.gz) names; None for a file without one of ours (a record that cannot be read, a page of someone else's), or no file."""
     path = Path(path)
     if not path.is_file():
         return None
@@ -51,6 +66,8 @@ def written_by(path: Path | str) -> str | None:
             return rec.read(path.parent).experiment
         except rec.RecordError:
             return None
+    if path.suffix == ".gz":
+        return _series_writer(path)
     head = _head(path)
     if path.suffix == ".html":
         marked = _MARKED.search(head)
