@@ -217,7 +217,7 @@ def test_a_probe_may_be_a_tuple_a_list_or_inputs(probe):
 
 
 def test_a_probe_of_anything_else_is_refused_by_name():
-    with pytest.raises(ConfigError, match="a probe batch is a tensor, a dict, tuple or list of tensors"):
+    with pytest.raises(ConfigError, match="a probe batch is a tensor, a dict, tuple, list or dataclass of tensors"):
         watch.Watch(SDPAModel(), probe="text")
 
 

@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from attnscale.capture.adapter import Adapter
+from attnscale.capture.batch import container, tensors_in
 from attnscale.capture.ranks import TensorParallel
 from attnscale.capture.reduce import DEFAULT_MEMORY
 from attnscale.capture.route import CAPTURES
@@ -140,8 +141,10 @@ def _parts(batch: Any) -> tuple[list, dict]:
     args, kwargs = getattr(batch, "args", None), getattr(batch, "kwargs", None)  # probe.Inputs
     if isinstance(args, tuple) and isinstance(kwargs, dict):
         return list(args), kwargs
-    raise ConfigError(f"a probe batch is a tensor, a dict, tuple or list of tensors, or attnscale.watch.Inputs, "
-                      f"got {type(batch).__name__}")
+    if container(batch):  # a dataclass: the forward's first argument
+        return [batch], {}
+    raise ConfigError(f"a probe batch is a tensor, a dict, tuple, list or dataclass of tensors, or "
+                      f"attnscale.watch.Inputs, got {type(batch).__name__}")
 
 
 def _refuse_unknown_keys(model: nn.Module, keys: list[str]) -> None:
@@ -172,7 +175,7 @@ def check_batch(batch: Any, model: nn.Module | None = None) -> None:
                                                                  or value.dtype == torch.bool):
             raise ConfigError(f"the probe's {key} holds {value.dtype} values; token ids are integers: give "
                               f"{key}.long()")
-    tensors = [v for v in args + list(kwargs.values()) if torch.is_tensor(v)]
+    tensors = list(tensors_in((args, kwargs)))  # at any depth: a dict or tuple the forward takes whole
     if not tensors:
         raise ConfigError(f"the probe batch holds no tensor ({type(batch).__name__}); give the model's input ids")
     first = next((v for v in tensors if v.ndim >= 2), tensors[0])

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from attnscale.capture.adapter import Adapter
+from attnscale.capture.batch import container, find_key, handed_padding, map_tensors, tensors_in
 from attnscale.capture.options import WatchOptions, check_batch
 from attnscale.capture.ranks import TensorParallel, reduce_sums
 from attnscale.capture.fused import measure_call
@@ -49,31 +50,18 @@ class Inputs:
     kwargs: dict = field(default_factory=dict)
 
 
-def _cut(x: Any, n: int, rows: int | None) -> Any:
-    if torch.is_tensor(x) and x.ndim and (rows is None or x.shape[0] == rows):
-        return x[:n].detach().clone()
-    return x
-
-
 def first_sequences(batch: Any, n: int) -> Any:
-    """The first ``n`` sequences of a batch (a tensor; a dict, tuple or list of them; ``Inputs``): detached
-    copies of every tensor that shares the batch dim, the rest as it is. The probe must not keep the training
-    step's graph or see later in-place changes."""
+    """The first ``n`` sequences of a batch (a tensor; ``Inputs``; a dict, tuple, list or dataclass of tensors,
+    at any depth: ``capture.batch``): detached copies of every tensor that shares the batch dim, the rest as
+    it is. The probe must not keep the training step's graph or see later in-place changes."""
     if torch.is_tensor(batch):
         return batch[:n].detach().clone()
-    tensors = (list(batch.args) + list(batch.kwargs.values()) if isinstance(batch, Inputs)
-               else list(batch.values()) if isinstance(batch, Mapping)
-               else list(batch) if isinstance(batch, (tuple, list)) else None)
-    if tensors is None:
-        raise TypeError(f"a probe batch is a tensor, a dict, tuple or list of tensors, or attnscale.watch.Inputs, "
-                        f"got {type(batch).__name__}")
-    sizes = [v.shape[0] for v in tensors if torch.is_tensor(v) and v.ndim]
+    if not container(batch):
+        raise TypeError(f"a probe batch is a tensor, a dict, tuple, list or dataclass of tensors, or "
+                        f"attnscale.watch.Inputs, got {type(batch).__name__}")
+    sizes = [v.shape[0] for v in tensors_in(batch) if v.ndim]
     rows = min(sizes) if sizes else None
-    if isinstance(batch, Inputs):
-        return Inputs(tuple(_cut(v, n, rows) for v in batch.args), {k: _cut(v, n, rows) for k, v in batch.kwargs.items()})
-    if isinstance(batch, Mapping):
-        return {k: _cut(v, n, rows) for k, v in batch.items()}
-    return type(batch)(_cut(v, n, rows) for v in batch)
+    return map_tensors(batch, lambda v: v[:n].detach().clone() if v.ndim and v.shape[0] == rows else v)
 
 
 def _modes(model: nn.Module) -> list[tuple[nn.Module, bool]]:
@@ -94,7 +82,7 @@ def input_device(model: nn.Module) -> torch.device:
 
 
 def _to(x: Any, device: torch.device) -> Any:
-    return x.to(device) if isinstance(x, torch.Tensor) else x
+    return map_tensors(x, lambda v: v.to(device))
 
 
 @contextlib.contextmanager
@@ -128,9 +116,9 @@ def forward(model: nn.Module, batch: Any) -> Any:
 
 
 def padding_of(batch: Any) -> torch.Tensor | None:
-    """The B×T padding mask of a dict batch or of ``Inputs`` (its ``attention_mask``, True = a real token), if any."""
-    kwargs = batch.kwargs if isinstance(batch, Inputs) else batch
-    mask = kwargs.get("attention_mask") if isinstance(kwargs, Mapping) else None
+    """The B×T padding mask of a batch (its ``attention_mask``, True = a real token, in a dict at any depth: a
+    keyword argument, or a dict the forward takes whole), if any."""
+    mask = find_key(batch, "attention_mask")
     return mask.bool() if isinstance(mask, torch.Tensor) and mask.ndim == 2 else None
 
 
@@ -177,6 +165,10 @@ class _Layers:
         self.names: list[str] = []
         self.methods: list[str] = []
 
+    def pad(self, mask: torch.Tensor) -> None:
+        """The padding mask the forward handed a submodule (``capture.batch.handed_padding``)."""
+        self.padding = mask
+
     def __call__(self, call) -> None:
         device = self.sums[0].device if self.sums else measuring_device(call.q.device)
         sums = HeadSums(call.heads, self.threshold, device)
@@ -218,7 +210,8 @@ def measure_heads(model: nn.Module, batch: Any, *, threshold: float = FROZEN_THR
     while True:
         layers = _Layers(threshold, padding_of(batch), memory, sample_rows)
         remembered = capture == "auto" and route.through_interface
-        with probing(model), _integer_ids(model), capturing(model, layers, capture, adapter, route) as kind:
+        with probing(model), _integer_ids(model), capturing(model, layers, capture, adapter, route) as kind, \
+                handed_padding(model, layers.pad) if layers.padding is None else contextlib.nullcontext():
             forward(model, batch)
         if layers.sums or not remembered:
             break

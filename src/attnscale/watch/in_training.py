@@ -30,6 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnscale.capture.batch import batch_shape, handed_padding
 from attnscale.capture.call import AttentionCall
 from attnscale.capture.probe import Inputs, padding_of, unwrap
 from attnscale.capture.fused import measure_call
@@ -47,14 +48,6 @@ def training_forward(module: nn.Module) -> bool:
     """Whether a forward of ``module`` starting now is a training one: the module in train mode with gradients
     on. An evaluation between two steps (eval mode, or ``torch.no_grad``) is none; QK-Clip counts by it too."""
     return module.training and torch.is_grad_enabled()
-
-
-def _batch_shape(args: tuple, kwargs: dict) -> tuple[int, int] | None:
-    """(sequences, tokens) of a forward's first tensor with two dims or more (ids, or a stage's activations)."""
-    for v in list(args) + list(kwargs.values()):
-        if torch.is_tensor(v) and v.ndim >= 2:
-            return int(v.shape[0]), int(v.shape[1])
-    return None
 
 
 def _compiled(model: nn.Module) -> bool:
@@ -107,7 +100,7 @@ class TrainingForward:
             return
         self._padding = padding_of(Inputs(tuple(args), dict(kwargs)))
         self._call = 0
-        shape = _batch_shape(args, kwargs)
+        shape = batch_shape((args, kwargs))  # at any depth: a dict the forward takes whole
         if shape is not None:
             self._seen["sequences"] += shape[0]
             self._seen["tokens"] = shape[1]
@@ -115,11 +108,16 @@ class TrainingForward:
         stack = contextlib.ExitStack()
         try:
             stack.enter_context(capturing(self.model, self._on_call, self.capture, self.adapter, self.route))
+            if self._padding is None:  # a batch the forward unpacks itself: the mask it hands its inner model
+                stack.enter_context(handed_padding(self.model, self._pad))
         except Exception as e:  # kept for ``take``: the training forward goes on without the capture
             self._error = self._error or e
             stack.close()
             return
         self._open = stack
+
+    def _pad(self, mask: torch.Tensor) -> None:
+        self._padding = mask
 
     def _leave(self, module: nn.Module, args: tuple, output: Any) -> None:
         if self._open is not None:

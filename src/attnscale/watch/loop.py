@@ -50,6 +50,7 @@ from typing import Any, Callable, Sequence
 import torch
 
 from attnscale.capture import ranks
+from attnscale.capture.batch import batch_shape
 from attnscale.capture.options import EVERY, PROBE_SEQUENCES, WatchOptions, check_batch
 from attnscale.capture.probe import Inputs, first_sequences, measure_heads, stats_of, unwrap
 from attnscale.capture.ranks import TensorParallel
@@ -464,11 +465,8 @@ class Watch:
         return {**shape, "sampled_rows": self.sample_rows if tokens is None else min(self.sample_rows, tokens)}
 
     def _probe_shape(self) -> dict[str, int]:
-        p = self.probe
-        values = ([p] if torch.is_tensor(p) else list(p.args) + list(p.kwargs.values()) if isinstance(p, Inputs)
-                  else list(p.values()) if isinstance(p, dict) else list(p))
-        ids = next((v for v in values if torch.is_tensor(v) and v.ndim >= 2), None)
-        return self._sampled({} if ids is None else {"sequences": int(ids.shape[0]), "tokens": int(ids.shape[1])})
+        shape = batch_shape(self.probe)
+        return self._sampled({} if shape is None else {"sequences": shape[0], "tokens": shape[1]})
 
     @property
     def closed(self) -> bool:
