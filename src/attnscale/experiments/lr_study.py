@@ -30,7 +30,7 @@ from attnscale.runs.runner import RunSpec, execute
 
 __all__ = ["GROUP", "PILOT_GROUP", "TREATMENTS", "OPTIMIZERS", "ADAMW_LRS", "MUON_PILOT_LRS", "SEEDS", "PILOT_SEED",
            "LEVEL", "TAU", "Z_LOSS", "STEPS", "WARMUP", "BLOCKS", "LrConfig", "preset", "block_specs", "alarm_specs",
-           "crossed", "run_block", "muon_grid", "run_muon_pilot", "rows", "parse_run_id", "SIZES"]
+           "crossed", "with_alarm_rows", "run_block", "muon_grid", "run_muon_pilot", "rows", "parse_run_id", "SIZES"]
 
 GROUP, PILOT_GROUP = "lr-study", "lr-muon-pilot"
 TREATMENTS = ("none", "qk-norm", "clip", "alarm-clip", "z-loss")
@@ -143,9 +143,10 @@ def _spec(cfg: LrConfig, vocab_size: int, prefix: str, group: str, treatment: st
 
 
 def block_specs(cfg: LrConfig, vocab_size: int, prefix: str = "lr", group: str = GROUP) -> list[RunSpec]:
-    """Every run the block trains up front, rate by rate and seed by seed (a block cut short has whole points):
-    each treatment but ``alarm-clip``, whose runs follow from its ``none`` runs (``alarm_specs``)."""
-    return [_spec(cfg, vocab_size, prefix, group, t, lr, s) for lr in cfg.lrs for s in cfg.seeds
+    """Every run the block trains up front, seed by seed and, within a seed, rate by rate (a block cut short has
+    whole curves: every rate of its first seeds): each treatment but ``alarm-clip``, whose runs follow from its
+    ``none`` runs (``alarm_specs``)."""
+    return [_spec(cfg, vocab_size, prefix, group, t, lr, s) for s in cfg.seeds for lr in cfg.lrs
             for t in cfg.treatments if t != "alarm-clip"]
 
 
@@ -162,7 +163,7 @@ def alarm_specs(cfg: LrConfig, vocab_size: int, none_rows: list[dict[str, Any]],
     if "alarm-clip" not in cfg.treatments:
         return []
     fired = {(r["lr"], r["seed"]) for r in none_rows if r["treatment"] == "none" and crossed(r, cfg.level) is not None}
-    return [_spec(cfg, vocab_size, prefix, group, "alarm-clip", lr, s) for lr in cfg.lrs for s in cfg.seeds
+    return [_spec(cfg, vocab_size, prefix, group, "alarm-clip", lr, s) for s in cfg.seeds for lr in cfg.lrs
             if (lr, s) in fired]
 
 
@@ -192,6 +193,17 @@ def rows(runs) -> list[dict[str, Any]]:
             row.pop(key, None)
         out.append(row)
     return out
+
+
+def with_alarm_rows(got: list[dict[str, Any]], level: float = LEVEL) -> list[dict[str, Any]]:
+    """``got`` with an ``alarm-clip`` row at every point whose ``none`` run never crossed ``level`` (every block
+    with a ``none`` treatment has ``alarm-clip``): that run, under the treatment's name, marked ``"same_as": "none"`` (the two are one
+    run: the alarm never fired). A point whose ``none`` run crossed the level keeps only what was trained."""
+    have = {(r["optimizer"], r["d_model"], r["lr"], r["seed"]) for r in got if r["treatment"] == "alarm-clip"}
+    extra = [{**r, "treatment": "alarm-clip", "same_as": "none"} for r in got
+             if r["treatment"] == "none" and (r["optimizer"], r["d_model"], r["lr"], r["seed"]) not in have
+             and crossed(r, level) is None]
+    return got + extra
 
 
 def _execute(specs, cfg, out, jobs, progress, corpus):
