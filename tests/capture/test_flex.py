@@ -51,6 +51,14 @@ def causal_by_score(score, b, h, q_idx, kv_idx):  # the older way to mask: a sco
     return torch.where(q_idx >= kv_idx, score, -float("inf"))
 
 
+def hide_every_third(score, b, h, q_idx, kv_idx):  # hides keys 1, 4, 7, … (not a row's own) beside the block mask
+    return torch.where((kv_idx % 3 == 1) & (kv_idx != q_idx), -float("inf"), score)
+
+
+def hide_and_alibi(score, b, h, q_idx, kv_idx):  # the same keys hidden, ALiBi's slope on the others
+    return hide_every_third(alibi(score, b, h, q_idx, kv_idx), b, h, q_idx, kv_idx)
+
+
 class FlexAttention(nn.Module):
     """A torchtitan-shaped attention layer: q, k, v from one projection, flex_attention imported by name."""
 
@@ -109,6 +117,9 @@ CASES = {
     "causal-softcap": dict(score_mod=softcap),
     "gqa-sliding-window": dict(kv_heads=2, mask_mod=sliding),
     "no-block-mask-causal-score-mod": dict(mask_mod=None, score_mod=causal_by_score),
+    # keys hidden by the score_mod and by the block mask both: a key is seen only where both show it
+    "causal-and-hiding-score-mod": dict(score_mod=hide_every_third),
+    "sliding-window-and-hiding-alibi": dict(mask_mod=sliding, score_mod=hide_and_alibi),
 }
 
 
@@ -130,7 +141,8 @@ def test_flex_calls_measure_as_flex_weighs(case, monkeypatch):
         eye = torch.eye(T).expand(B, layer.kv_heads, T, T)
         probs = flex_attention(q, k, eye, score_mod=layer.score_mod, block_mask=mask, enable_gqa=layer.kv_heads != H)
         torch.testing.assert_close(dense(call)[1], probs, rtol=1e-5, atol=1e-6)
-        memory = 1 if case == "sliding-window-alibi" else 256 << 20  # a row of a head at a time, or all at once
+        # a row of a head at a time, or all at once
+        memory = 1 if case in ("sliding-window-alibi", "sliding-window-and-hiding-alibi") else 256 << 20
         assert_close(reduce_call(call, memory=memory).measures(), reference(layer))
     if case == "causal":  # and through the probe
         assert_close(watch.measure_heads(model, IDS).values_LMH[0].double(), reference(model.blocks[0]))
@@ -150,6 +162,33 @@ def test_a_score_mod_that_writes_minus_inf_hides_the_key_from_every_measure():
     by_score = watch.measure_heads(net(mask_mod=None, score_mod=causal_by_score), IDS).values_LMH
     by_mask = watch.measure_heads(net(), IDS).values_LMH
     torch.testing.assert_close(by_score, by_mask, rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("mask_mod, score_mod", [(causal, hide_every_third), (sliding, hide_and_alibi)])
+def test_keys_hidden_by_a_score_mod_beside_a_block_mask_are_hidden_by_both(mask_mod, score_mod, monkeypatch):
+    """A key is seen where the block mask shows it and the score_mod leaves it finite. The probe reads the float64
+    reference of both together; a reading by either alone, or by either of the two, reads spread and max |score|
+    otherwise (and effective words where the mask is dropped), so the reference tells each mix-up apart."""
+    monkeypatch.setattr(flex_module, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", True)
+    model = net(layers=1, mask_mod=mask_mod, score_mod=score_mod)
+    got = watch.measure_heads(model, IDS).values_LMH[0].double()
+    layer = model.blocks[0]
+    q, k, _ = layer.seen
+    scores = scores_of(q, k, layer.hd ** -0.5)
+    logits = score_mod(scores, *dense_index(B, H, T, T))
+    mask, shown = densified(mask_mod), logits > -math.inf
+
+    def read(visible):
+        return pooled_measures([(scores, weights_of(logits.masked_fill(~visible, -math.inf), visible), visible)])
+
+    want = read(mask & shown)
+    assert_close(got, want)
+    # the score_mod's hidden keys read as seen: their scores in spread and max |score| (their weights are 0);
+    # the block mask's hidden keys read as seen (the mask dropped, or either one taken): all three move
+    for wrong, moved in ((mask, (0, 1)), (shown, (0, 1, 2)), (mask | shown, (0, 1, 2))):
+        other = read(wrong)
+        for m in moved:  # spread, max |score|, effective words
+            assert not torch.allclose(other[m], want[m], rtol=1e-3), (m, wrong.sum().item())
 
 
 def test_a_block_mask_is_read_as_the_kernels_read_it():
