@@ -40,10 +40,15 @@ class Attached:
     """A ``Watch`` made when training starts, driven by a framework's events; same options as ``Watch``.
     ``latest``: the last probe, as (step, its flat numbers), or None before the first.
 
-    ``probe="records"`` (``RECORDS``), under attnscale's own ``lm.train.train`` only: at each probe step the
-    probe is the first ``record_sequences`` sequences of that step's batch, with the weights after that step's
-    update, the very numbers the run's record of that step holds (an alarm then reads what the published series
-    holds); ``every`` must be a multiple of the run's ``record_every``. A framework's callback refuses it."""
+    ``probe="records"`` (``RECORDS``), under attnscale's own ``lm.train.train`` only: at each probe step after
+    the first update the probe is the first ``record_sequences`` sequences of that step's batch, with the weights
+    after that step's update: what the run's record of that step measures. In float32 (``dtype="fp32"``, as the
+    act study trains) these are the very numbers the record holds (to float32's summation order, under 1e-6), so
+    an alarm reads what the published series holds; under bf16 autocast the record's forward ran its q·k in
+    bfloat16 and the probe runs in float32, and they differ by bfloat16's rounding (3.8e-3 to 5.4e-3 relative in
+    max |score| on a two-layer tiny LM). The baseline at step 0 is the watch's own probe of the first batch (its
+    ``probe_sequences``), the record's only where ``record_sequences`` is as many. ``every`` must be a multiple of
+    the run's ``record_every``. A framework's callback refuses it."""
 
     takes_records = True  # the framework callbacks have no record steps to probe
 
