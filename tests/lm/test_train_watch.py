@@ -250,8 +250,10 @@ def test_a_checkpoint_s_watch_resumes_only_with_the_alerts_it_had(corpus, tmp_pa
     calls = iter(range(100))
     train(MODEL, cfg, corpus, checkpoint=tmp_path / "c.pt", should_stop=lambda: next(calls) >= 3,
           watch=Attached(every=2, alerts=[MaxScore(tau=ANY, action=SkipStep())]))
-    with pytest.raises(ConfigError, match=r"^the checkpoint's watch had the alerts \['max_score'\], this one "
-                                          r"\['non_finite'\]; resume with the alerts the run started with$"):
+    with pytest.raises(ConfigError, match=r"^the checkpoint's watch had the alerts \[MaxScore\(tau=1e-09, action="
+                                          r"SkipStep\(steps=1\)\)\], this one \[NonFinite\(action='warn'\)\]; resume "
+                                          r"with the alerts and actions the run started with, or give the watch "
+                                          r"resume_actions='new' to end the old ones and start these$"):
         train(MODEL, cfg, corpus, checkpoint=tmp_path / "c.pt", watch=Attached(every=2))
 
 
@@ -314,3 +316,42 @@ def test_a_records_probe_is_named_and_refused_where_it_cannot_probe_the_records(
     monkeypatch.setattr(train_module, "build_run", lambda *a, **k: pytest.fail("the run was built"))
     with pytest.raises(ConfigError, match=r"every=4 must be a multiple of record_every=3"):
         train(MODEL, TRAIN, corpus, watch=Attached(every=4, probe="records"))
+
+
+def _stopped_at_3(corpus, tmp_path, alerts):
+    """A run checkpointed every 3 steps and stopped after step 3, its alert's action taken at probe 2."""
+    cfg = TrainConfig(**{**TRAIN.__dict__, "checkpoint_every": 3})
+    calls = iter(range(100))
+    first = train(MODEL, cfg, corpus, checkpoint=tmp_path / "c.pt", should_stop=lambda: next(calls) >= 3,
+                  watch=Attached(every=2, alerts=alerts))
+    assert first["status"] == "stopped" and [a["step"] for a in first["actions"]] == [2]
+    return cfg
+
+
+def test_a_resume_with_another_action_is_refused_naming_both_unless_it_says_new(corpus, tmp_path, caplog):
+    """The checkpoint's alert carried ClipQK(100), the resumed run's ScaleLR: refused, naming both, before any
+    step; with resume_actions='new' the clip in force is said to end and the new action is taken at its alarm."""
+    from attnscale.errors import ConfigError
+
+    cfg = _stopped_at_3(corpus, tmp_path, [MaxScore(tau=ANY, action=ClipQK(100))])
+    scaled = [MaxScore(tau=ANY, action=ScaleLR(0.5))]
+    with pytest.raises(ConfigError, match=re.escape(
+            "the checkpoint's watch had the alerts [MaxScore(tau=1e-09, action=ClipQK(tau=100.0))], this one "
+            "[MaxScore(tau=1e-09, action=ScaleLR(factor=0.5, steps=None))]; resume with the alerts and actions the "
+            "run started with, or give the watch resume_actions='new'")):
+        train(MODEL, cfg, corpus, checkpoint=tmp_path / "c.pt", watch=Attached(every=2, alerts=scaled))
+    with caplog.at_level("WARNING", logger="attnscale.watch"):
+        resumed = train(MODEL, cfg, corpus, checkpoint=tmp_path / "c.pt",
+                        watch=Attached(every=2, alerts=scaled, resume_actions="new"))
+    assert resumed["resumed_from"] == 3
+    assert "what their actions had in force ends here: QK-Clip at tau 100 since step 3" in caplog.text
+    assert [(a["step"], a["action"]) for a in resumed["actions"]] == [(2, "clip_qk"), (4, "scale_lr")]
+
+
+def test_a_rate_cut_in_force_at_the_checkpoint_is_said_to_end_when_the_run_resumes_without_its_watch(corpus,
+                                                                                                     tmp_path):
+    cfg = _stopped_at_3(corpus, tmp_path, [MaxScore(tau=ANY, action=ScaleLR(0.5, steps=4))])
+    resumed = train(MODEL, cfg, corpus, checkpoint=tmp_path / "c.pt")
+    assert resumed["resumed_from"] == 3
+    assert ("resumed without the watch the checkpoint's run had: the rate times 0.5 for 3 more step(s) ended at "
+            "step 3") in resumed["notes"]

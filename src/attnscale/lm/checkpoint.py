@@ -81,7 +81,8 @@ class Checkpoint:
         if not self.path.exists():
             return None, None
         try:
-            state = torch.load(self.path, weights_only=False, map_location="cpu")
+            # data only: a pickled object in a checkpoint is refused, never run (the state is tensors and plain values)
+            state = torch.load(self.path, weights_only=True, map_location="cpu")
         except Exception as e:  # a torn or foreign file must not fail the run, but it must be said
             return None, (f"{self.path.name} could not be read ({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else 'no detail'}); "
                           "trained from step 0")

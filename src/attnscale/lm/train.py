@@ -514,6 +514,12 @@ def _train(model_cfg, cfg, corpus, log_line, on_step, should_stop, ckpt, weights
         raise ConfigError("QK-Clip scales the weights a step computes on, and weights 'bf16' refreshes that copy "
                           "from its fp32 masters at every step, undoing the clip; train with weights 'fp32' to clip")
     if watch is None:
+        if run.watch_state:  # the checkpoint's run was watched: what its actions had in force ends here
+            from attnscale.watch.state import in_force
+
+            ending = in_force(run.watch_state)
+            if ending:
+                notes.append(f"resumed without the watch the checkpoint's run had: {ending} ended at step {start}")
         return {**_steps(run, corpus, start, notes, on_step, should_stop, ckpt, weights), "actions": []}
     watch.load_state_dict(run.watch_state or {})
     watch.start(run.net, start, optimizer=run.opt)

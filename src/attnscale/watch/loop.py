@@ -66,6 +66,7 @@ from attnscale.watch.in_training import TrainingForward
 from attnscale.watch.logs.line import WatchLine
 from attnscale.watch.logs.sinks import Sink, scalars
 from attnscale.watch.stages import union_of_stages
+from attnscale.watch.state import check_resume_actions, plain_probe, plan_of, probe_like, probe_of, resumes
 
 __all__ = ["Watch", "EVERY", "PROBE_SEQUENCES"]
 
@@ -146,7 +147,9 @@ class Watch:
 
     ``optimizer``: the run's optimizer, which an alert's ``ScaleLR`` or ``SkipStep`` acts on (``actions.py``);
     each action taken is a record in ``actions`` and in its probe step's record (``WatchLine.actions``).
-    ``state_dict``/``load_state_dict``: the alerts' and actions' state and the probe batch, for a resumed run."""
+    ``state_dict``/``load_state_dict``: the alerts' and actions' state and the probe batch, for a resumed run,
+    which must have the alerts and actions (their every option) the run started with, or say
+    ``resume_actions="new"`` to end the old ones and take its own (``state.py``)."""
 
     def __init__(self, model: torch.nn.Module, every: int = EVERY, probe: Any = None, sinks: Sequence[Sink] = (),
                  alerts: Sequence[Alert] | None = None, threshold: float = FROZEN_THRESHOLD, *,
@@ -154,9 +157,12 @@ class Watch:
                  drop_keys: Sequence[str] = ("labels",), qk_clip: float | None = None, memory: int = DEFAULT_MEMORY,
                  sample_rows: int | None = None, detail: str = "heads", in_training_forward: bool = False,
                  stage: int | None = None, layer_offset: int | None = None,
-                 tensor_parallel: TensorParallel | None = None, on_error: str = "warn", optimizer: Any = None):
+                 tensor_parallel: TensorParallel | None = None, on_error: str = "warn", optimizer: Any = None,
+                 resume_actions: str = "same"):
         if not isinstance(model, torch.nn.Module):
             raise ConfigError(f"Watch takes the torch.nn.Module being trained, got {type(model).__name__}")
+        check_resume_actions(resume_actions)
+        self.resume_actions = resume_actions
         self.options = WatchOptions(
             every=every, threshold=threshold, probe_sequences=probe_sequences, capture=capture, adapter=adapter,
             drop_keys=tuple(drop_keys) if isinstance(drop_keys, (list, tuple)) else drop_keys, qk_clip=qk_clip,
@@ -169,6 +175,7 @@ class Watch:
             if getattr(sink, "detail", "") is None:
                 sink.detail = detail
         self.alerts = Alerts(default_alerts() if alerts is None else alerts)
+        self.plan = plan_of(self.alerts.alerts, qk_clip)  # what a resumed run must keep (``state.py``)
         self._check_actions(optimizer, qk_clip)
         self.acting = Acting(optimizer)
         self.actions: list[dict] = []  # every action taken: {"step", "action", "alert", "layer", "head", "value", ...}
@@ -187,6 +194,7 @@ class Watch:
         self.clip = None
         self.training = None
         self._hook = None
+        self._saved_probe = None  # a resumed run's probe, put in the containers of the first batch caught
         self.probe = None if probe is None else first_sequences(probe, probe_sequences)
         if self.probe is not None:
             self._try()
@@ -212,7 +220,7 @@ class Watch:
               in_training_forward: bool = False, stage: int | None = None, layer_offset: int | None = None,
               probe: Any = None, tensor_parallel: Any = None, sinks: Any = (), alerts: Any = None,
               capture: str = "auto", adapter: Any = None, drop_keys: Any = ("labels",),
-              on_error: str = "warn") -> None:
+              on_error: str = "warn", resume_actions: str = "same") -> None:
         """A ConfigError naming the option, for options no watch can run with (``capture.options``, and the
         sinks and alerts of their kinds)."""
         WatchOptions(every=every, threshold=threshold, probe_sequences=probe_sequences, capture=capture,
@@ -221,6 +229,7 @@ class Watch:
                      in_training_forward=in_training_forward, stage=stage, layer_offset=layer_offset,
                      tensor_parallel=tensor_parallel, on_error=on_error, probe=probe)
         _outputs(sinks, alerts)
+        check_resume_actions(resume_actions)
 
     def _probe(self, across_ranks: bool) -> HeadStats:
         with self.clip.paused() if self.clip is not None else contextlib.nullcontext():  # a probe is no training step
@@ -261,6 +270,8 @@ class Watch:
         self._hook.remove()
         self._hook = None
         self.probe = first_sequences(batch, self.probe_sequences)
+        if self._saved_probe is not None:  # the run's first batch, not the resumed run's; the live batch's types
+            self.probe, self._saved_probe = probe_like(self._saved_probe, self.probe), None
         if not ranks.active():
             self._try()
 
@@ -354,21 +365,25 @@ class Watch:
 
     def state_dict(self) -> dict:
         """What a resumed run needs to go on as this one would: the alerts' state, the actions taken and in force
-        (the rate factors and skips left, the clip and its counts since the last probe) and the probe batch."""
+        (the rate factors and skips left, the clip and its counts since the last probe), the probe batch and the
+        plan (every alert's and action's configuration): tensors and plain data only (``state.py``)."""
         clip = None if self.clip is None else {  # qk_clip='s (since None) or a ClipQK's
             "tau": self.clip.tau, "since": self.clip_since, "clipped": sorted(self.clip._clipped),
             "told": sorted(self.clip._told), "counts": {k: [t.clone() for t in v] for k, v in self.clip._since.items()}}
         return {"alerts": self.alerts.state_dict(), "actions": [dict(a) for a in self.actions],
-                "acting": self.acting.state_dict(), "clip": clip, "probe": self.probe,
-                "measuring": self.measuring, "failures": [list(f) for f in self.failures]}
+                "acting": self.acting.state_dict(), "clip": clip, "probe": plain_probe(self.probe),
+                "measuring": self.measuring, "failures": [list(f) for f in self.failures], "plan": self.plan}
 
     def load_state_dict(self, state: dict) -> None:
-        """Go on from ``state_dict``'s state, before the resumed run's first step."""
-        self.alerts.load_state_dict(state["alerts"])
-        self.actions = [dict(a) for a in state["actions"]]
-        if self.acting.optimizer is not None:
+        """Go on from ``state_dict``'s state, before the resumed run's first step: with the same plan, or with
+        resume_actions="new" a plan of its own, what the checkpoint's had in force ended (``state.resumes``)."""
+        same = resumes(state, self.plan, [a.name for a in self.alerts.alerts], self.resume_actions)
+        if same:
+            self.alerts.load_state_dict(state["alerts"])
+        self.actions = [dict(a) for a in state["actions"]]  # taken in this run, whichever plan goes on
+        if self.acting.optimizer is not None and same:
             self.acting.load_state_dict(state["acting"])
-        clip = state.get("clip")
+        clip = state.get("clip") if same else None
         if clip is not None and (self.clip is None) == (clip["since"] is not None):  # a ClipQK's, or qk_clip='s
             if self.clip is None:
                 self.clip = QKClip(self.model, clip["tau"], self.capture, self.adapter, self.memory,
@@ -378,11 +393,11 @@ class Watch:
             self.clip._since = {k: [t.clone() for t in v] for k, v in clip["counts"].items()}
         self.measuring, self.failures = bool(state["measuring"]), [tuple(f) for f in state["failures"]]
         if state["probe"] is not None and self.probe is None:
-            self.probe = state["probe"]
-            if self._hook is not None:  # the probe is the run's first batch, not the resumed run's
-                self._hook.remove()
-                self._hook = None
-            self._try()
+            if self._hook is not None:  # the run's first batch, in the containers of the one caught (``_catch``)
+                self._saved_probe = probe_of(state["probe"])
+            else:
+                self.probe = probe_of(state["probe"])
+                self._try()
 
     def _failed(self, step: int, e: Exception) -> None:
         """A probe that failed during training: said once per reason, and the watch goes on or stops measuring."""

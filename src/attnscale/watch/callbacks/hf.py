@@ -61,7 +61,15 @@ def _encode(state: dict) -> str:
 
 
 def _decode(text: str) -> dict:
-    return torch.load(io.BytesIO(base64.b64decode(text)), weights_only=False, map_location="cpu")
+    """The state ``_encode`` wrote, read as data only (``weights_only``): a checkpoint folder is a file a user
+    hands in, and a pickled object in it is refused, never run."""
+    try:
+        return torch.load(io.BytesIO(base64.b64decode(text)), weights_only=True, map_location="cpu")
+    except Exception as e:
+        reason = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
+        raise ConfigError(f"the checkpoint's WatchCallback state (trainer_state.json) is not plain data a watch wrote "
+                          f"({reason}); it is not read: resume from a checkpoint this version wrote, or remove "
+                          "the WatchCallback entry of its stateful_callbacks to start the watch afresh") from None
 
 
 class WatchCallback(Attached, TrainerCallback, ExportableState):
