@@ -111,3 +111,56 @@ def test_spike_waits_for_history_and_watches_its_direction():
         watch.check(stats(effective_words=[(0, 0, 10.0 + step % 2), (0, 1, 10.0 + step % 2)]), step=step)
     rise_and_drop = stats(effective_words=[(0, 0, 30.0), (0, 1, 1.0)])  # +39 SD on head 0, -19 SD on head 1
     assert [(f.head, f.step) for f in watch.check(rise_and_drop, step=4)] == [(1, 4)]
+
+
+@pytest.mark.parametrize("alert, measure, base, still, moved", [
+    # a sink head at 1.5 words from the start: 1.0 is under 2 but not a halving; 0.7 is both
+    (Collapsed(relative=True), "effective_words", 1.5, 1.0, 0.7),
+    # a head born at 150: 250 is over tau but not double; 320 is both
+    (MaxScore(relative=True), "max_score", 150.0, 250.0, 320.0),
+    # 60% frozen from the start (40% not frozen): 70% is over the limit; 85% leaves 15%, under half of 40%
+    (Frozen(relative=True), "frozen_fraction", 0.6, 0.7, 0.85),
+])
+def test_a_relative_alert_fires_on_a_head_past_its_line_and_moved_from_its_own_baseline(alert, measure, base,
+                                                                                        still, moved, caplog):
+    alerts = Alerts([alert])
+    absolute = Alerts([type(alert)()])
+    first = stats(**{measure: [(1, 2, base)]})
+    assert alerts.check(first, step=0) == [] and absolute.check(first, step=0) != []  # the baseline itself
+    assert alerts.check(stats(**{measure: [(1, 2, still)]}), step=1) == []
+    # a head of 10 words (3 max |score|, 0 frozen) that moved past the line fires from its own baseline too
+    healthy = {"effective_words": 1.9, "max_score": 101.0, "frozen_fraction": 0.51}[measure]
+    with caplog.at_level(logging.WARNING, logger="attnscale.watch"):
+        fired = alerts.check(stats(**{measure: [(1, 2, moved), (0, 0, healthy)]}), step=2)
+    assert sorted((f.layer, f.head) for f in fired) == [(0, 0), (1, 2)]
+    assert "2-fold from its baseline" in caplog.text
+
+
+def test_a_relative_alerts_baseline_is_its_first_check_and_goes_with_its_state():
+    alerts = Alerts([Collapsed(relative=True, factor=4)])
+    alerts.check(stats(effective_words=[(0, 0, 6.0)]), step=0)
+    resumed = Alerts([Collapsed(relative=True, factor=4)])
+    resumed.load_state_dict(alerts.state_dict())
+    assert resumed.check(stats(effective_words=[(0, 0, 1.9)]), step=5) == []  # 6 / 1.9 < 4
+    assert [f.head for f in resumed.check(stats(effective_words=[(0, 0, 1.4)]), step=6)] == [0]
+    fresh = Alerts([Collapsed(relative=True, factor=4)])  # with no state, 1.4 would be its own baseline
+    assert fresh.check(stats(effective_words=[(0, 0, 1.4)]), step=6) == []
+
+
+@pytest.mark.parametrize("options, says", [({"factor": 1.0}, "factor takes a finite number above 1"),
+                                           ({"relative": "yes"}, "relative takes True or False")])
+def test_a_relative_alerts_options_are_checked(options, says):
+    from attnscale.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=says):
+        Collapsed(**options)
+
+
+def test_a_check_that_does_not_act_says_and_returns_its_firings_but_neither_stops_nor_takes_an_action():
+    from attnscale.watch.actions import ScaleLR
+
+    alerts = Alerts([MaxScore(tau=100, action="stop"), MaxScore(tau=100, action=ScaleLR(0.5))])
+    fired = alerts.check(stats(max_score=[(0, 0, 131.0)]), step=0, act=False)
+    assert len(fired) == 2 and not alerts.should_stop and alerts.due == [] and alerts.taken == set()
+    alerts.check(stats(max_score=[(0, 0, 131.0)]), step=2)
+    assert alerts.should_stop and [f.step for _, f in alerts.due] == [2]

@@ -12,6 +12,14 @@ What each alert watches, and why its default:
   watch's threshold) is above ``limit``: softmax no longer moves under a nudge.
 - ``NonFinite()``: a NaN or inf among a head's measures, or a head with no row left to
   count (every score of a row non-finite drops the row), the usual first sign of a blow-up.
+- ``relative=True`` on ``MaxScore``, ``Collapsed`` and ``Frozen``: the alert fires only on a head that is
+  past its line *and* has moved from its own baseline (its reading at the watch's first probe, the baseline
+  record at step 0) by ``factor`` (default 2) the way the alert watches: its max |score| grew ``factor``-fold,
+  its effective words fell ``factor``-fold, or its share of rows not frozen fell ``factor``-fold. A trained
+  model's sink and previous-token heads sit under 2 effective words from the start (SmolLM2-135M has 7-31
+  such heads): ``Collapsed()`` names them at the first probe, ``Collapsed(relative=True)`` only if they fall
+  further, or a healthy head falls to them. 2 is a change of kind rather than of degree (a head's reading
+  halved or doubled on the same probe batch); a run that drifts more while healthy takes a larger factor.
 - ``Spike(measure, sigmas=6, window=20)``: a value more than ``sigmas`` standard
   deviations away from the mean of the head's own last ``window`` probe values,
   as OLMo's spike score does for the loss: an alarm relative to the run's history,
@@ -33,7 +41,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
@@ -104,9 +112,16 @@ class _Threshold(Alert):
     below = False
     # the range a limit may take: past it the alert could never fire (or would fire on every head)
     lowest, highest, lowest_allowed = 0.0, math.inf, False
+    relative: bool = field(default=False, kw_only=True)  # fire only on a head moved ``factor``-fold from its baseline
+    factor: float = field(default=2.0, kw_only=True)
 
     def __post_init__(self):
         super().__post_init__()
+        if not isinstance(self.relative, bool):
+            raise ConfigError(f"{type(self).__name__}'s relative takes True or False, got {self.relative!r}")
+        if not _finite(self.factor) or not self.factor > 1:
+            raise ConfigError(f"{type(self).__name__}'s factor takes a finite number above 1 (how many-fold a head "
+                              f"must move from its baseline), got {self.factor!r}")
         limit = getattr(self, self.limit_field)
         if not _finite(limit) or not (limit >= self.lowest if self.lowest_allowed else limit > self.lowest) \
                 or not limit < self.highest:
@@ -118,6 +133,13 @@ class _Threshold(Alert):
         values_H, limit = values_MH[measures.index(self.measure)], getattr(self, self.limit_field)
         hit = values_H < limit if self.below else values_H > limit
         return [(int(h), float(values_H[h])) for h in torch.nonzero(hit).flatten()]
+
+    def moved(self, value: float, base: float) -> bool:
+        """Whether ``value`` has moved ``factor``-fold from the head's baseline ``base``, the way this alert
+        watches (a baseline that is not finite moves nowhere: ``NonFinite`` names it)."""
+        if not math.isfinite(base):
+            return False
+        return value * self.factor < base if self.below else value > self.factor * base
 
 
 @dataclass(frozen=True)
@@ -148,6 +170,11 @@ class Frozen(_Threshold):
 
     def describe(self, value):
         return f"{100 * value:.1f}% of rows frozen (above {100 * self.limit:g}%)"
+
+    def moved(self, value: float, base: float) -> bool:
+        """The share of rows not frozen fell ``factor``-fold (a share of 0.6 cannot grow 2-fold; what is left
+        unfrozen can shrink)."""
+        return math.isfinite(base) and (1 - value) * self.factor < 1 - base
 
 
 @dataclass(frozen=True)
@@ -219,30 +246,39 @@ class Alerts:
         self._history: dict[tuple[int, int, int], deque] = {}
         self.taken: set[int] = set()  # the alerts (by index) whose Action was taken
         self.due: list[tuple[Action, Firing]] = []  # the actions the last check took, in order
+        self.baseline: torch.Tensor | None = None  # values_LMH of the first check: what relative=True moves from
 
-    def check(self, stats, step: int, say: bool = True) -> list[Firing]:
+    def check(self, stats, step: int, say: bool = True, act: bool = True) -> list[Firing]:
         """Every firing at this step; each is said or acted on the first time for its alert, layer and head
-        (``say=False``: neither, but a stop still stops; a rank other than 0 checks so)."""
+        (``say=False``: neither, but a stop still stops; a rank other than 0 checks so). ``act=False`` (the
+        baseline record's check): said and returned, but no action is taken and a stop does not stop."""
         values_LMH, rows_LH, measures = stats.values_LMH, stats.rows_LH, tuple(stats.measures)
         # where layers differ in heads the table is as wide as the widest: a head a layer lacks is no alarm
         heads = getattr(stats, "layer_heads", ()) or (values_LMH.shape[2],) * values_LMH.shape[0]
         fired, self.due = [], []
+        if self.baseline is None:
+            self.baseline = values_LMH.detach().clone()
         for i, alert in enumerate(self.alerts):
             for layer, n in enumerate(heads):
                 if isinstance(alert, Spike):
                     hits = self._spikes(i, alert, layer, values_LMH[layer, measures.index(alert.measure), :n])
                 else:
                     hits = alert.hits(layer, values_LMH[layer, :, :n], rows_LH[layer, :n], measures)
+                relative = getattr(alert, "relative", False)
+                if relative:
+                    base_H = self.baseline[layer, measures.index(alert.measure)].tolist()
+                    hits = [(head, value) for head, value in hits if alert.moved(value, base_H[head])]
                 for head, value in hits:
                     acts = isinstance(alert.action, Action)
                     action = alert.action.name if acts else alert.action if isinstance(alert.action, str) else "call"
-                    taking = acts and i not in self.taken
-                    message = (f"attention alert at step {step}: layer {layer} head {head}: "
-                               f"{alert.describe(value)}" + (" (stopping)" if action == "stop" else "")
+                    taking = act and acts and i not in self.taken
+                    message = (f"attention alert at step {step}: layer {layer} head {head}: {alert.describe(value)}"
+                               + (f", {alert.factor:g}-fold from its baseline {base_H[head]:.4g}" if relative else "")
+                               + (" (stopping)" if action == "stop" else "")
                                + (f" (acting: {alert.action!r} from the next step)" if taking else ""))
                     firing = Firing(alert.name, layer, head, step, value, action, message)
                     fired.append(firing)
-                    if alert.action == "stop":
+                    if alert.action == "stop" and act:
                         self.should_stop = True
                     if taking:  # on every rank: the ranks' runs stay one run
                         self.taken.add(i)
@@ -254,10 +290,11 @@ class Alerts:
 
     def state_dict(self) -> dict:
         """What the checks so far leave for the next (a resumed run's): heads said, the stop, Spike's windows,
-        the actions taken."""
+        the actions taken, the baseline."""
         return {"alerts": [alert.name for alert in self.alerts], "said": sorted(list(k) for k in self.said),
                 "should_stop": self.should_stop, "taken": sorted(self.taken),
-                "history": [[*key, list(values)] for key, values in self._history.items()]}
+                "history": [[*key, list(values)] for key, values in self._history.items()],
+                "baseline": self.baseline}
 
     def load_state_dict(self, state: dict) -> None:
         names = [alert.name for alert in self.alerts]
@@ -269,6 +306,7 @@ class Alerts:
         self.taken = set(state["taken"])
         self._history = {(i, layer, head): deque(values, maxlen=self.alerts[i].window)
                          for i, layer, head, values in state["history"]}
+        self.baseline = state.get("baseline")  # a state saved before baselines: the next check's reading
 
     def _spikes(self, i: int, alert: Spike, layer: int, values_H: torch.Tensor) -> list[tuple[int, float]]:
         hits = []
