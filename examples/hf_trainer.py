@@ -2,7 +2,7 @@
 
     python examples/hf_trainer.py                       # 200 steps, a minute or two on a 2-core CPU
     python examples/hf_trainer.py --unscaled --init-std 0.5 --stop   # no 1/sqrt(d): the alert stops the Trainer
-    tensorboard --logdir watch-out/hf/runs              # the heads beside the Trainer's loss
+    tensorboard --logdir watch-out/hf/runs              # with pip install -e '.[watch]': beside the Trainer's loss
     attnscale watch-report watch-out/hf/watch.jsonl
 
 The only line the watch adds to a training script is ``callbacks=[WatchCallback(...)]``;
@@ -18,7 +18,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here downloads
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from options import run_options  # noqa: E402
+from options import run_options, tensorboard_here  # noqa: E402
 from tiny_llama import corpus_windows, tiny_llama  # noqa: E402
 
 from attnscale.watch.alerts import Collapsed, MaxScore  # noqa: E402
@@ -44,16 +44,17 @@ def main(argv=None) -> int:
     action = "stop" if args.stop else "warn"
     callback = WatchCallback(every=args.every, alerts=[MaxScore(action), Collapsed(action)],
                              sinks=[JsonlSink(args.out / "watch.jsonl")], qk_clip=args.qk_clip)
+    tensorboard = tensorboard_here(args.out / "runs")
     training = TrainingArguments(output_dir=str(args.out), max_steps=args.steps, per_device_train_batch_size=args.batch,
                                  learning_rate=3e-3, logging_steps=args.every, save_strategy="no",
-                                 report_to=["tensorboard"], use_cpu=True, disable_tqdm=True, seed=0)
+                                 report_to=["tensorboard"] if tensorboard else "none", use_cpu=True, disable_tqdm=True, seed=0)
     trainer = Trainer(model=model, args=training, train_dataset=data, callbacks=[callback])
     trainer.train()
     step, numbers = callback.latest or (0, {})
     print(f"trained {trainer.state.global_step} steps; at step {step}: max |score| "
           f"{numbers.get('attn/max_score', float('nan')):.3g}, fewest words {numbers.get('attn/min_effective_words', float('nan')):.3g}, "
           f"watch {100 * numbers.get('watch/share', float('nan')):.2f}% of time")
-    print(f"watch log: {args.out / 'watch.jsonl'}; TensorBoard: {args.out / 'runs'}")
+    print(f"watch log: {args.out / 'watch.jsonl'}" + (f"; TensorBoard: {args.out / 'runs'}" if tensorboard else ""))
     return 0
 
 

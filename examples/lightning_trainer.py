@@ -2,7 +2,7 @@
 
     python examples/lightning_trainer.py                 # 200 steps, about a minute on a 2-core CPU
     python examples/lightning_trainer.py --scale none --width 1024 --init unit --stop   # unscaled: the alert stops the fit
-    tensorboard --logdir watch-out/lightning/tb          # the heads beside the loss
+    tensorboard --logdir watch-out/lightning/tb          # with pip install -e '.[watch]': the heads beside the loss
     attnscale watch-report watch-out/lightning/watch.jsonl
 
 The only thing the watch adds to a Lightning script is ``callbacks=[WatchCallback(...)]``:
@@ -14,11 +14,12 @@ steps, beside the loss, and to the JSONL log given as a sink. (The file is not n
 from __future__ import annotations
 
 import argparse
+import sys
 
 import torch
 import torch.nn.functional as F
 
-from options import run_options, tiny_lm_options
+from options import WATCH_EXTRA, run_options, tensorboard_here, tiny_lm_options
 
 from attnscale.lm.data import load_corpus
 from attnscale.lm.model import ModelConfig, build_model
@@ -66,7 +67,12 @@ def language_model(config: ModelConfig, lr: float):
 
 
 def main(argv=None) -> int:
-    import lightning.pytorch as pl
+    try:
+        import lightning.pytorch as pl
+    except ImportError:  # `make reproduce`'s set-up installs it; a pip install without the extra may not
+        print(f"this example needs Lightning, which is not installed: {WATCH_EXTRA} (from the clone) installs it",
+              file=sys.stderr)
+        return 2
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
     from attnscale.watch.callbacks.lightning import WatchCallback
@@ -85,15 +91,18 @@ def main(argv=None) -> int:
                              sinks=[JsonlSink(args.out / "watch.jsonl")], qk_clip=args.qk_clip)
     loader = torch.utils.data.DataLoader(Shifted(corpus.train, args.context), batch_size=args.batch, shuffle=True,
                                          generator=torch.Generator().manual_seed(0))
-    trainer = pl.Trainer(max_steps=args.steps, accelerator="cpu", devices=1, callbacks=[callback],
-                         logger=[TensorBoardLogger(args.out, name="tb", version=""), CSVLogger(args.out, name="csv", version="")],
+    loggers = [CSVLogger(args.out, name="csv", version="")]
+    if tensorboard_here(args.out / "tb"):
+        loggers.insert(0, TensorBoardLogger(args.out, name="tb", version=""))
+    trainer = pl.Trainer(max_steps=args.steps, accelerator="cpu", devices=1, callbacks=[callback], logger=loggers,
                          log_every_n_steps=args.every, enable_checkpointing=False, enable_progress_bar=False,
                          enable_model_summary=False)
     trainer.fit(module, loader)
     step, numbers = callback.latest or (0, {})
     print(f"trained {trainer.global_step} steps; at step {step}: max |score| {numbers.get('attn/max_score', float('nan')):.3g}, "
           f"fewest words {numbers.get('attn/min_effective_words', float('nan')):.3g}")
-    print(f"watch log: {args.out / 'watch.jsonl'}; TensorBoard: {args.out / 'tb'}; CSV: {args.out / 'csv' / 'metrics.csv'}")
+    tensorboard = f"; TensorBoard: {args.out / 'tb'}" if len(loggers) > 1 else ""
+    print(f"watch log: {args.out / 'watch.jsonl'}{tensorboard}; CSV: {args.out / 'csv' / 'metrics.csv'}")
     return 0
 
 

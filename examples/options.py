@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 from pathlib import Path
+
+# What the extra attnscale[watch] adds to these examples; `make reproduce`'s set-up installs the rest
+WATCH_EXTRA = "pip install -e '.[watch]'"
 
 
 def run_options(p: argparse.ArgumentParser, out: str) -> None:
@@ -25,3 +29,13 @@ def tiny_lm_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scale", default="inv_sqrt_d", help="inv_sqrt_d (the course's), none, ...")
     p.add_argument("--init", default="torch", help="torch, gpt2 or unit (q and k entries of variance 1)")
     p.add_argument("--lr", type=float, default=3e-3)
+
+
+def tensorboard_here(logdir: Path) -> bool:
+    """Whether TensorBoard is installed; where it is not (`make reproduce`'s set-up leaves it out), say in one
+    line that the heads go to the watch log alone and what installing it adds, and carry on."""
+    if importlib.util.find_spec("tensorboard") is not None:
+        return True
+    print(f"TensorBoard is not installed: every head goes to watch.jsonl alone; {WATCH_EXTRA} adds "
+          f"TensorBoard event files in {logdir}")
+    return False

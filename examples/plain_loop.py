@@ -2,7 +2,7 @@
 
     python examples/plain_loop.py                       # 200 steps, a minute or two on a 2-core CPU
     python examples/plain_loop.py --scale none --width 1024 --init unit   # the unscaled model: alerts fire
-    tensorboard --logdir watch-out/plain/tb             # the heads beside the loss
+    tensorboard --logdir watch-out/plain/tb             # with pip install -e '.[watch]': the heads beside the loss
     attnscale watch-report watch-out/plain/watch.jsonl  # one HTML page
 
 The watch measures every head every ``--every`` steps on the first batch it sees,
@@ -18,7 +18,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from options import run_options, tiny_lm_options
+from options import run_options, tensorboard_here, tiny_lm_options
 
 from attnscale.lm.data import batches, load_corpus
 from attnscale.lm.model import ModelConfig, build_model
@@ -41,7 +41,8 @@ def main(argv=None) -> int:
     gen = torch.Generator().manual_seed(0)
     action = "stop" if args.stop else "warn"
     alerts = [MaxScore(action), Collapsed(action), Spike("warn", measure="max_score")]
-    sinks = [JsonlSink(args.out / "watch.jsonl"), TensorBoardSink(args.out / "tb")]
+    tensorboard = tensorboard_here(args.out / "tb")
+    sinks = [JsonlSink(args.out / "watch.jsonl"), *([TensorBoardSink(args.out / "tb")] if tensorboard else [])]
     with Watch(model, every=args.every, sinks=sinks, alerts=alerts, qk_clip=args.qk_clip) as watch:
         for step in range(1, args.steps + 1):
             x, y = batches(corpus.train, args.batch, args.context, gen)
@@ -57,7 +58,7 @@ def main(argv=None) -> int:
             if watch.should_stop:
                 print(f"stopped at step {step} by an alert")
                 break
-    print(f"watch log: {args.out / 'watch.jsonl'}; TensorBoard: {args.out / 'tb'}")
+    print(f"watch log: {args.out / 'watch.jsonl'}" + (f"; TensorBoard: {args.out / 'tb'}" if tensorboard else ""))
     return 0
 
 

@@ -2,6 +2,8 @@
 
 import importlib.util
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -30,6 +32,55 @@ def run(tmp_path, monkeypatch, capsys):
         return capsys.readouterr().out
 
     return _run
+
+
+# `python examples/X.py` as a newcomer runs it after `make reproduce`, whose set-up leaves out the extra
+# attnscale[watch]: its modules are made unimportable first (an entry of None in sys.modules), then the script runs
+# as a script (its folder first on the path, __name__ "__main__")
+AS_A_SCRIPT = ("import os, runpy, sys\n"
+               "for name in sys.argv[1].split(','): sys.modules[name] = None\n"
+               "sys.argv = sys.argv[2:]; sys.path[0] = os.path.dirname(sys.argv[0])\n"
+               "runpy.run_path(sys.argv[0], run_name='__main__')")
+CORE_LACKS = "tensorboard,wandb"  # the extra attnscale[watch], less what the core set-up also installs
+
+
+def newcomer(cwd, script, *args, lacking=CORE_LACKS):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    return subprocess.run([sys.executable, "-c", AS_A_SCRIPT, lacking, str(EXAMPLES / script), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+TINY = ("--steps", "4", "--every", "2", "--batch", "4", "--context", "16")
+
+
+@pytest.mark.parametrize("script, extra", [("plain_loop.py", ()),
+                                           pytest.param("hf_trainer.py", ("--hidden", "32"), marks=pytest.mark.hf),
+                                           ("lightning_trainer.py", ())])
+def test_each_readme_example_runs_after_the_core_set_up_and_writes_its_log_without_tensorboard(tmp_path, script, extra):
+    """Without the watch extra an example said ``ConfigError: TensorBoardSink needs tensorboard`` and left an empty
+    log; now it says in one line what the extra adds and writes its JSONL, in watch-out/ by default."""
+    if script != "plain_loop.py":
+        pytest.importorskip("transformers" if script == "hf_trainer.py" else "lightning")
+    done = newcomer(tmp_path, script, *TINY, *extra)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    folder = tmp_path / "watch-out" / script.split("_")[0]  # plain, hf, lightning
+    assert [r.step for r in read_log(folder / "watch.jsonl")] == [2, 4]
+    said = [line for line in done.stdout.splitlines() if "TensorBoard is not installed" in line]
+    assert len(said) == 1 and "pip install -e '.[watch]' adds TensorBoard event files" in said[0]
+    assert not any(p.name.startswith("events.out.tfevents") for p in folder.rglob("*"))
+
+
+def test_the_lightning_example_without_lightning_says_so_in_one_line(tmp_path):
+    done = newcomer(tmp_path, "lightning_trainer.py", *TINY, lacking=f"{CORE_LACKS},lightning")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.count("\n") == 1 and "needs Lightning, which is not installed: pip install -e '.[watch]'" in done.stderr
+
+
+def test_the_core_set_up_installs_lightning_and_the_examples_output_is_ignored_by_git():
+    root = EXAMPLES.parent
+    core = next(line for line in (root / "Makefile").read_text().splitlines() if "pip install -q -e '.[report" in line)
+    assert "lightning" in core.split("'")[1]
+    assert "/watch-out/" in (root / ".gitignore").read_text().splitlines()
 
 
 def test_plain_loop_example_logs_every_probe_to_jsonl_and_tensorboard(tmp_path, run):
