@@ -13,9 +13,11 @@ from typing import Any, Iterable, Sequence
 
 from attnscale.analysis import intervals
 from attnscale.analysis import outcomes as oc
+from attnscale.analysis import paired
+from attnscale.analysis.paired import mcnemar_exact, paired_t
 
 __all__ = ["FLOOR", "LEARNED_LEVEL", "BEST_OF_ARM", "ALPHA", "MARGIN", "REFERENCE", "BASELINE", "outcome_of", "tally",
-           "mcnemar_exact", "paired_breaks", "paired_loss", "attention_share", "break_leg", "loss_leg", "decide",
+           "mcnemar_exact", "paired_breaks", "paired_loss", "seed_loss", "attention_share", "break_leg", "loss_leg", "decide",
            "judge", "complete_seeds", "interval_text", "p_text"]
 
 # the outcome rules' numbers, the warning study's (docs/warn-study.json "recipe"): its pilot's no-attention floor
@@ -26,6 +28,7 @@ BEST_OF_ARM = {("z0", False): 1.593292909860611, ("z1e-4", False): 1.58850279450
                ("z0", True): 1.6185084223747253, ("z1e-4", True): 1.6003541827201844}  # (cell, qk-norm)
 ALPHA = 0.05  # the exact test's level
 MARGIN = 0.05  # nats: how much worse than the reference's final loss an arm may be and still "save" runs
+EQUIVALENCE = 0.02  # nats: the margin within which clipping on the alarm and clipping always are read as one (a re-read)
 REFERENCE = "E"  # qk-norm at the same rate
 BASELINE = "A"  # no action
 
@@ -53,18 +56,6 @@ def tally(rows: Iterable[dict[str, Any]]) -> dict[str, int]:
     return out
 
 
-def mcnemar_exact(b: int, c: int) -> float:
-    """McNemar's exact test, two-sided, on the discordant pairs: ``b`` where the baseline broke and the arm did
-    not, ``c`` the other way. p = min(1, 2 · P(Bin(b + c, ½) ≤ min(b, c))); 1 where there is no discordant pair."""
-    if b < 0 or c < 0:
-        raise ValueError(f"counts must be non-negative, got {b}, {c}")
-    n, k = b + c, min(b, c)
-    if n == 0:
-        return 1.0
-    tail = math.fsum(math.comb(n, i) for i in range(k + 1)) / 2.0 ** n
-    return min(1.0, 2.0 * tail)
-
-
 def _by_pair(rows: Sequence[dict[str, Any]], arm: str) -> dict[tuple[str, int], dict[str, Any]]:
     return {(r["cell"], r["seed"]): r for r in rows if r["arm"] == arm}
 
@@ -89,18 +80,25 @@ def _finite(v) -> bool:
 
 
 def paired_loss(rows: Sequence[dict[str, Any]], arm: str, other: str) -> dict[str, Any]:
-    """The final held-out loss of ``arm`` minus ``other``'s, paired: ``intervals.paired`` over the pairs where both
+    """The final held-out loss of ``arm`` minus ``other``'s, paired: ``paired.paired_t`` over the pairs where both
     runs have a finite loss (mean, SE, n, t interval at n − 1 df), ``left_out``: pairs without one; ``reading``:
     "lower", "higher" or "inconclusive" (the interval holds 0, or there is none)."""
     a, x = _by_pair(rows, other), _by_pair(rows, arm)
-    keys = sorted(set(a) & set(x))
-    both = [k for k in keys if _finite(x[k]["valid_loss"]) and _finite(a[k]["valid_loss"])]
-    test = intervals.paired({k: x[k]["valid_loss"] for k in both}, {k: a[k]["valid_loss"] for k in both})
-    ci = test["interval"]
-    reading = ("inconclusive" if ci is None or ci[0] <= 0 <= ci[1] else "higher" if ci[0] > 0 else "lower")
-    if ci is None and test["n"] >= 2 and test["se"] == 0:  # every pair differs by the same amount
-        reading = "lower" if test["diff"] < 0 else "higher" if test["diff"] > 0 else "inconclusive"
-    return {**test, "left_out": len(keys) - len(both), "reading": reading}
+    return paired_t({k: r["valid_loss"] for k, r in x.items()}, {k: r["valid_loss"] for k, r in a.items()})
+
+
+def seed_loss(rows: Sequence[dict[str, Any]], arm: str, other: str) -> dict[str, Any]:
+    """``paired_loss`` with the seed as the unit: each seed's (arm − other) averaged over its cells first (a seed's
+    cells share its initial weights and batches, so they are not independent pairs), then the t interval over the
+    seeds at n − 1 degrees of freedom. A seed any of whose cells has no finite loss in either arm is left out."""
+    def per_seed(a: str):
+        return paired.by_seed([r for r in rows if r["arm"] == a], lambda r: r["valid_loss"])
+
+    mine, theirs = per_seed(arm), per_seed(other)
+    cells = {s: {r["cell"] for r in rows if r["seed"] == s and r["arm"] in (arm, other)} for s in mine}
+    both = {s for s in mine if s in theirs and all(any(r["seed"] == s and r["cell"] == c and r["arm"] == a for r in rows)
+                                                   for c in cells[s] for a in (arm, other))}
+    return paired.paired_t({s: mine[s] for s in both}, {s: theirs[s] for s in both})
 
 
 def attention_share(test: dict[str, Any], reference_losses: Sequence[float], floor: float = FLOOR) -> dict[str, Any] | None:
@@ -168,6 +166,10 @@ def _arm_results(rows, arm: str, floor: float) -> dict[str, Any]:
     if arm != REFERENCE:
         out["loss_vs_E"] = vs = paired_loss(rows, arm, REFERENCE)
         out["share_vs_E"] = attention_share(vs, ref_losses, floor)
+    if arm != BASELINE:
+        out["seed_loss_vs_A"] = seed_loss(rows, arm, BASELINE)
+    if arm != REFERENCE:
+        out["seed_loss_vs_E"] = seed_loss(rows, arm, REFERENCE)
     return out
 
 
@@ -184,8 +186,14 @@ def judge(rows: Sequence[dict[str, Any]], floor: float = FLOOR, arms: Sequence[s
         if a not in (BASELINE, REFERENCE):
             pooled[a]["decision"] = decide(pooled[a]["breaks_vs_A"], pooled[a]["loss_vs_E"])
     per_cell = {c: {a: _arm_results([r for r in rows if r["cell"] == c], a, floor) for a in present} for c in cells}
-    return {"seeds": seeds, "cells": cells, "interim": interim, "arms": pooled, "per_cell": per_cell,
-            "alpha": ALPHA, "margin": MARGIN, "floor": floor}
+    out = {"seeds": seeds, "cells": cells, "interim": interim, "arms": pooled, "per_cell": per_cell,
+           "alpha": ALPHA, "margin": MARGIN, "floor": floor}
+    if {"B", "C"} <= set(present):  # clipping on the alarm against clipping always, the seed as the unit
+        def per_seed(a):
+            return paired.by_seed([r for r in rows if r["arm"] == a], lambda r: r["valid_loss"])
+
+        out["C_vs_B"] = paired.equivalence(per_seed("C"), per_seed("B"), EQUIVALENCE)
+    return out
 
 
 def p_text(p: float | None) -> str:
@@ -196,12 +204,4 @@ def p_text(p: float | None) -> str:
 def interval_text(test: dict[str, Any], unit: str = "") -> str:
     """A paired difference as "mean [lo, hi]" at the precision its SE sets (never "± 0.00"); "identical" where every
     pair agrees, "n=1, no interval" for one pair, "—" for none."""
-    if test["diff"] is None:
-        return "—"
-    if test["n"] < 2 or test["se"] is None:
-        return f"{test['diff']:+.3f}{unit} (n=1, no interval)"
-    if test["se"] == 0:
-        return f"{test['diff']:+.3f}{unit} (every pair alike)"
-    d = intervals.decimals_for(test["se"], 2)
-    lo, hi = test["interval"]
-    return f"{test['diff']:+.{d}f}{unit} [{lo:+.{d}f}, {hi:+.{d}f}]"
+    return paired.estimate_text(test["diff"], test["se"], test["n"], test["interval"], signed=True, unit=unit)

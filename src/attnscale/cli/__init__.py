@@ -13,14 +13,14 @@ from __future__ import annotations
 import os
 import sys
 
-from attnscale.cli import measuring, training
+from attnscale.cli import measuring, studies, training
 from attnscale.cli.options import ERROR, Parser, UsageError
 from attnscale.errors import ConfigError
 
 __all__ = ["main", "build_parser", "UsageError"]
 
 COMMANDS = [measuring.add_spread, measuring.add_fresh, measuring.add_reproduce, measuring.add_report,
-            *training.COMMANDS, measuring.add_inspect, measuring.add_watch_report]
+            *training.COMMANDS, *studies.COMMANDS, measuring.add_inspect, measuring.add_watch_report]
 
 
 def build_parser() -> Parser:

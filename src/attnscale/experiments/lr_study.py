@@ -244,3 +244,92 @@ def muon_grid(pilot_rows: list[dict[str, Any]], ladder: tuple[float, ...] = MUON
     r1 = failed[0]
     return {"lrs": tuple(float(f"{r1 * 2.0 ** k:.6g}") for k in range(-4, 2)), "r1": r1,
             "why": "the lowest rate whose none run broke mid-run or never learnt, as the grid's fifth"}
+
+
+def narrowed(width64_rows: list[dict[str, Any]], optimizer: str) -> tuple[float, ...]:
+    """The wider model's rates, by the rule fixed before block 1 (docs/lr-study.md): three consecutive rates of the
+    width-64 grid centred on the width-64 ``qk-norm`` curve's best rate (at an end of the grid, the three at that
+    end), and the next rate up where the width-64 ``none`` curve failed (a mid-run break or never learnt) at none
+    of the three."""
+    from attnscale.analysis import sensitivity
+
+    mine = [r for r in width64_rows if r["optimizer"] == optimizer and r["d_model"] == 64]
+    qk = [r for r in mine if r["treatment"] == "qk-norm"]
+    if not qk:
+        raise ConfigError(f"no finished width-64 qk-norm runs under {optimizer}: finish its block first")
+    grid = sorted({r["lr"] for r in mine})
+    best = sensitivity.curve(qk, act_study.FLOOR)["best_lr"]
+    i = min(max(grid.index(best), 1), len(grid) - 2)
+    three = grid[i - 1:i + 2]
+    failed = {r["lr"] for r in mine if r["treatment"] == "none"
+              and (r["outcome"]["learned_at"] is None or r["outcome"]["break_step"] is not None)}
+    if not failed & set(three) and grid.index(three[-1]) + 1 < len(grid):
+        three.append(grid[grid.index(three[-1]) + 1])
+    return tuple(three)
+
+
+def read_rows(folders, group: str = GROUP) -> list[dict[str, Any]]:
+    """The finished runs of ``group`` in ``folders`` (in run-id order), a run id found twice refused."""
+    from attnscale.runs import record as rec
+
+    runs = []
+    for folder in folders:
+        if not Path(folder).is_dir():
+            raise ConfigError(f"{str(folder)!r} is not a folder of lr-study runs; give the --out of `attnscale lr-study`")
+        runs += [t for t in (rec.TrainRun.load(p) for p in rec.find(Path(folder))) if t.group == group]
+    ids = [t.run_id for t in runs]
+    twice = next((x for x in ids if ids.count(x) > 1), None)
+    if twice is not None:
+        raise ConfigError(f"run {twice} is in more than one folder; publish each run once")
+    return rows(sorted(runs, key=lambda t: t.run_id))
+
+
+SERIES_KEYS = ("run_id", "optimizer", "d_model", "lr", "treatment", "seed", "same_as", "steps", "losses", "probes",
+               "outcome", "valid_loss", "alarm_step", "action_steps", "code")
+
+
+def block(got: list[dict[str, Any]], command: str | None = None) -> dict[str, Any]:
+    """The JSON block "sensitivity" (docs/lr-study.md): ``analysis.sensitivity.judge`` of the rows with their
+    alarm-clip rows read in, every group labelled interim unless it has all of ``SEEDS`` at every rate."""
+    from attnscale.analysis import sensitivity
+
+    judged = sensitivity.judge(with_alarm_rows(got), act_study.FLOOR)
+    for g in judged["groups"]:
+        g["interim"] = any(tuple(c["seeds"]) != SEEDS for c in g["curves"].values())
+    return {"command": command, "level": LEVEL, "tau": TAU, "steps": STEPS, **judged}
+
+
+def publish(folders, json_out: Path | None, series: Path | None, command: str | None = None) -> dict[str, Any]:
+    """The block from the finished runs in ``folders``, written into the studies' JSON ``json_out`` (key
+    "sensitivity") and every run's series into ``series``; both checked before anything is written."""
+    from attnscale.experiments import publish as pub
+    from attnscale.runs.writers import check_file
+
+    if json_out is not None:
+        pub.check_json(json_out)
+    if series is not None:
+        if Path(series).is_dir():
+            raise ConfigError(f"--series: {str(series)!r} is a folder; give the file to write (e.g. docs/lr-study-series.json.gz)")
+        check_file(series, "lr-study", "--series", "series file")
+    got = read_rows(folders)
+    if not got:
+        raise ConfigError(f"no finished lr-study runs in {', '.join(map(str, folders))}")
+    out = block(got, command)
+    if json_out is not None:
+        pub.write_block(json_out, "sensitivity", out)
+    if series is not None:
+        pub.write_series(series, "lr", [{k: r.get(k) for k in SERIES_KEYS} for r in with_alarm_rows(got)
+                                        if r.get("same_as") is None],
+                         {"floor": act_study.FLOOR, "learned_level": act_study.LEARNED_LEVEL, "level": LEVEL})
+    return {"publish": True, **out}
+
+
+def block_from_series(data: dict[str, Any], command: str | None = None) -> dict[str, Any]:
+    """The "sensitivity" block again from a series file's contents alone: each run's outcome judged again from its
+    losses and held-out loss, then ``block``."""
+    got = []
+    for r in data["runs"]:
+        row = dict(r)
+        row["outcome"] = outcome_of(row)
+        got.append(row)
+    return block(got, command)

@@ -25,7 +25,8 @@ _OLD_HEADS = {"watch-report": ("<!DOCTYPE html>", "<title>Attention watch: "),
               "report": ("<!DOCTYPE html>", "<title>The score scale in attention: the course")}
 _MARKED = re.compile(r'<meta name="generator" content="attnscale ([^"]+)">')
 _MARKDOWN_TITLES = {"report": "# The score scale in attention: the course"}  # markdown has no head: its title
-_SERIES_HEAD = b'{"study":"act",'  # how act-study's series file (experiments.act_study.write_series) opens
+_SERIES_HEAD = re.compile(rb'^\{"study":"(act|lr|alarm)",')  # how a study's series file opens
+_SERIES_READ = 24  # bytes enough for the longest study name
 
 
 def page_mark(command: str) -> str:
@@ -42,16 +43,18 @@ def _head(path: Path) -> str:
 
 
 def _series_writer(path: Path) -> str | None:
-    """"act-study" for a series file it wrote (gzip'd JSON that opens ``{"study":"act"``), else None."""
+    """"<name>-study" for a series file a study wrote (gzip'd JSON that opens ``{"study":"<name>",``: act-study,
+    lr-study, alarm-study), else None."""
     import gzip
     import zlib
 
     try:
         with gzip.open(path, "rb") as f:
-            head = f.read(len(_SERIES_HEAD))
+            head = f.read(_SERIES_READ)
     except (OSError, EOFError, zlib.error):
         return None
-    return "act-study" if head == _SERIES_HEAD else None
+    m = _SERIES_HEAD.match(head)
+    return f"{m.group(1).decode()}-study" if m else None
 
 
 def written_by(path: Path | str) -> str | None:

@@ -1,0 +1,59 @@
+"""The learning-rate study's printout: per optimizer and width, each treatment's best loss, best rate, LR
+sensitivity and stable range, then per rate its mean loss with the breaks and never-learned runs."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attnscale.analysis import paired
+
+__all__ = ["format_result", "mean_text"]
+
+
+def mean_text(m: dict[str, Any]) -> str:
+    """A mean with its t interval at the precision its SE sets (never "± 0.00"); "n=1, no interval" for one seed."""
+    return paired.estimate_text(m["mean"], m["se"], m["n"], m["interval"], alike="every seed alike")
+
+
+def _group(g: dict[str, Any]) -> list[str]:
+    from attnscale.terminal import table
+
+    state = "interim" if g["interim"] else "final"
+    lines = [f"{g['optimizer']}, d_model {g['d_model']} ({state}: seeds "
+             f"{', '.join(str(s) for s in next(iter(g['curves'].values()))['seeds']) or 'none whole'})"]
+    rows = []
+    for t, c in g["curves"].items():
+        st = c.get("stable")
+        rows.append([t, mean_text(c["best"]), "—" if "best_lr" not in c else f"{c['best_lr']:g}",
+                     mean_text(c["sensitivity"]),
+                     "—" if st is None else f"{st['low']:g}–{st['high']:g} (×{st['ratio']:g})"])
+    lines += table(("treatment", "best loss [95%]", "best rate", "LR sensitivity [95%]", "within 0.05 nats"), rows, "<<><<")
+    lrs = sorted({p["lr"] for c in g["curves"].values() for p in c["per_rate"]})
+    per = []
+    for t, c in g["curves"].items():
+        at = {p["lr"]: p for p in c["per_rate"]}
+        per.append([t] + ["—" if lr not in at or at[lr]["mean"] is None else
+                          f"{at[lr]['mean']:.3f} b{at[lr]['mid_run_breaks']} n{at[lr]['never_learned']}" for lr in lrs])
+    lines += table(("mean loss (b: breaks, n: never learned)", *[f"{lr:g}" for lr in lrs]), per, "<" + ">" * len(lrs))
+    eq = g.get("alarm_clip_vs_clip")
+    if eq is not None and eq["diff"] is not None:
+        ci = eq["interval_90"]
+        lines.append(f"alarm-clip − clip, best loss: {eq['diff']:+.4f} nats, 90% "
+                     f"{'—' if ci is None else f'[{ci[0]:+.4f}, {ci[1]:+.4f}]'}: {eq['verdict']} at ±{eq['margin']:g}")
+    return lines
+
+
+def format_result(result: dict[str, Any]) -> str:
+    if result.get("pilot"):
+        g = result["grid"]
+        r1 = "none" if g["r1"] is None else f"{g['r1']:g}"
+        return (f"Muon pilot: {len(result['rows'])} runs; r1 = {r1} ({g['why']}); Muon's grid: "
+                f"{', '.join(f'{x:g}' for x in g['lrs'])}")
+    if "groups" not in result:  # a block trained: its rows, judged as they stand
+        from attnscale.experiments.lr_study import block
+
+        result = block(result["rows"])
+    lines = []
+    for g in result["groups"]:
+        lines += _group(g) + [""]
+    return "\n".join(lines).rstrip() or "no finished runs"

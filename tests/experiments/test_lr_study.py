@@ -1,0 +1,183 @@
+"""The learning-rate study's plan (docs/lr-study.md): its runs, its rules, and one smoke block end to end."""
+
+import dataclasses
+
+import pytest
+
+from attnscale.errors import ConfigError
+from attnscale.experiments import act_study
+from attnscale.experiments import lr_study as ls
+
+
+def test_grids_are_the_documented_ones():
+    assert ls.ADAMW_LRS == (5e-3, 1e-2, 2e-2, 4e-2, 8e-2, 1.6e-1)
+    assert ls.MUON_PILOT_LRS == pytest.approx((2.5e-3, 5e-3, 1e-2, 2e-2, 4e-2, 8e-2, 1.6e-1, 3.2e-1))
+    assert ls.LEVEL == 1e4 and ls.TAU == 100.0 and ls.SEEDS == (0, 1, 2)
+
+
+def test_adamw_runs_are_the_act_study_runs_at_the_same_rate():
+    """At 8e-2 the lr study's none, clip, alarm-clip and qk-norm runs are the act study's arms A, B, C and E of the
+    z-loss 0 cell, field for field: the two studies' runs are comparable."""
+    lr = ls.preset(1)
+    act = dataclasses.replace(act_study.preset("full", level=1e4), seeds=(1,))
+    mine = {s.run_id: s for s in ls.block_specs(dataclasses.replace(lr, lrs=(8e-2,), seeds=(1,)), 99)}
+    none = [{"treatment": "none", "lr": 8e-2, "seed": 1, "probes": [{"step": 20, "max_score": 2e4}]}]
+    mine.update({s.run_id: s for s in ls.alarm_specs(dataclasses.replace(lr, lrs=(8e-2,), seeds=(1,)), 99, none)})
+    theirs = {s.run_id: s for s in act_study.study_specs(act, 99)}
+    for t, arm in (("none", "A"), ("clip", "B"), ("alarm-clip", "C"), ("qk-norm", "E")):
+        a = mine[ls.run_id("lr", "adamw", 64, 8e-2, t, 1)]
+        b = theirs[f"study-z0-{arm}-seed1"]
+        assert (a.model, a.train, a.watch) == (b.model, b.train, b.watch), t
+
+
+def test_block_specs_go_seed_by_seed_then_rate_by_rate():
+    cfg = dataclasses.replace(ls.preset(1), seeds=(0, 1))
+    ids = [s.run_id for s in ls.block_specs(cfg, 99)]
+    assert len(ids) == 2 * 6 * 3 and all("alarmclip" not in i for i in ids)
+    assert [ls.parse_run_id(i)["seed"] for i in ids] == [0] * 18 + [1] * 18
+    assert [ls.parse_run_id(i)["lr"] for i in ids[:6]] == [5e-3, 5e-3, 5e-3, 1e-2, 1e-2, 1e-2]
+
+
+def test_alarm_specs_only_where_the_none_run_crossed_after_step_0():
+    cfg = dataclasses.replace(ls.preset(1), lrs=(1e-2, 8e-2), seeds=(0, 1))
+    rows = [{"treatment": "none", "lr": 8e-2, "seed": 0, "probes": [{"step": 10, "max_score": 5.0},
+                                                                     {"step": 700, "max_score": 1.5e4}]},
+            {"treatment": "none", "lr": 8e-2, "seed": 1, "probes": [{"step": 10, "max_score": 1e4}]},  # not over
+            {"treatment": "none", "lr": 1e-2, "seed": 0, "probes": [{"step": 0, "max_score": 2e4}]},  # step 0: no alarm
+            {"treatment": "clip", "lr": 1e-2, "seed": 1, "probes": [{"step": 10, "max_score": 2e4}]}]
+    specs = ls.alarm_specs(cfg, 99, rows)
+    assert [s.run_id for s in specs] == [ls.run_id("lr", "adamw", 64, 8e-2, "alarm-clip", 0)]
+    assert specs[0].watch["alerts"][0]["max_score"]["tau"] == 1e4
+    assert ls.crossed(rows[0], 1e4) == 700
+
+
+def test_with_alarm_rows_reads_the_none_run_where_no_alarm_fired():
+    base = {"optimizer": "adamw", "d_model": 64, "seed": 0}
+    quiet = {**base, "lr": 1e-2, "treatment": "none", "probes": [{"step": 10, "max_score": 50.0}], "valid_loss": 1.6}
+    loud = {**base, "lr": 8e-2, "treatment": "none", "probes": [{"step": 10, "max_score": 5e4}], "valid_loss": 2.8}
+    got = ls.with_alarm_rows([quiet, loud])
+    extra = [r for r in got if r["treatment"] == "alarm-clip"]
+    assert len(extra) == 1 and extra[0]["lr"] == 1e-2 and extra[0]["same_as"] == "none" and extra[0]["valid_loss"] == 1.6
+    trained = {**loud, "treatment": "alarm-clip", "valid_loss": 1.8}
+    assert [r for r in ls.with_alarm_rows([quiet, loud, trained]) if r["treatment"] == "alarm-clip" and r["lr"] == 8e-2] == [trained]
+
+
+def test_muon_grid_rule():
+    def row(lr, learned, broke=None):
+        return {"treatment": "none", "lr": lr, "outcome": {"learned_at": 5 if learned else None, "break_step": broke}}
+
+    pilot = [row(lr, True) for lr in ls.MUON_PILOT_LRS[:4]] + [row(4e-2, True, broke=1200), row(8e-2, False),
+                                                             row(1.6e-1, False), row(3.2e-1, False)]
+    pilot.append({"treatment": "qk-norm", "lr": 2.5e-3, "outcome": {"learned_at": None, "break_step": None}})
+    g = ls.muon_grid(pilot)
+    assert g["r1"] == 4e-2
+    assert g["lrs"] == pytest.approx((2.5e-3, 5e-3, 1e-2, 2e-2, 4e-2, 8e-2))
+    held = ls.muon_grid([row(lr, True) for lr in ls.MUON_PILOT_LRS])
+    assert held["r1"] is None and held["lrs"] == pytest.approx(ls.MUON_PILOT_LRS[-6:])
+
+
+@pytest.mark.parametrize("text", ["", "lr-adamw-w64-lr0.01-bogus-seed0", "study-z0-A-seed1",
+                                  "lr-sgd-w64-lr0.01-none-seed0", "lr-adamw-w64-lr0.01-none-seedx"])
+def test_parse_run_id_refuses_other_names(text):
+    with pytest.raises(ConfigError, match="not a run of the lr study"):
+        ls.parse_run_id(text)
+
+
+def test_run_ids_round_trip():
+    for t in ls.TREATMENTS:
+        text = ls.run_id("lr", "muon", 256, 1.6e-1, t, 2)
+        assert ls.parse_run_id(text) == {"optimizer": "muon", "d_model": 256, "lr": 1.6e-1, "treatment": t, "seed": 2}
+
+
+@pytest.mark.parametrize("change, match", [
+    ({"optimizer": "sgd"}, "optimizer"), ({"optimizer": ""}, "optimizer"), ({"treatments": ("nope",)}, "treatment"),
+    ({"treatments": ()}, "treatments"), ({"lrs": (1e-2, 1e-2)}, "lrs"), ({"lrs": (float("nan"),)}, "rates"),
+    ({"lrs": (0,)}, "rates"), ({"lrs": (True,)}, "rates"), ({"seeds": ()}, "seeds"), ({"d_model": 0}, "d_model"),
+    ({"d_model": 64.0}, "d_model"), ({"head_dim": True}, "head_dim"), ({"level": float("nan")}, "level"),
+    ({"level": 0}, "level"), ({"level": "1e4"}, "level")])
+def test_config_refuses_hostile_values(change, match):
+    with pytest.raises(ConfigError, match=match):
+        dataclasses.replace(ls.preset(1), **change)
+
+
+@pytest.mark.parametrize("kwargs, match", [({"block": 5}, "blocks 1 to 4"), ({"block": 0}, "blocks 1 to 4"),
+                                           ({"size": "huge"}, "size"), ({"block": 2}, "Muon pilot"),
+                                           ({"block": 3}, "earlier block")])
+def test_preset_refusals(kwargs, match):
+    with pytest.raises(ConfigError, match=match):
+        ls.preset(**kwargs)
+
+
+@pytest.fixture(scope="module")
+def smoke_block(tmp_path_factory):
+    """One rate, one seed, at the smoke size, with the alarm's level low enough to fire."""
+    out = tmp_path_factory.mktemp("lr") / "out"
+    cfg = dataclasses.replace(ls.preset(1, "smoke"), lrs=(8e-2,), level=1.0)
+    return out, ls.run_block(cfg, out, progress=False)
+
+
+def test_smoke_block_end_to_end(smoke_block):
+    """The alarm-clip run is trained, and its loss equals the none run's at every step up to its alarm (what lets
+    the study not retrain it where the alarm never fires)."""
+    _, got = smoke_block
+    by = {r["treatment"]: r for r in got}
+    assert set(by) == {"none", "qk-norm", "clip", "alarm-clip"}
+    alarm = by["alarm-clip"]["alarm_step"]
+    assert alarm is not None and alarm == ls.crossed(by["none"], 1.0)
+    assert by["alarm-clip"]["losses"][:alarm] == by["none"]["losses"][:alarm]
+    assert by["alarm-clip"]["losses"][alarm + 1:] != by["none"]["losses"][alarm + 1:]
+
+
+def test_publish_writes_what_the_series_re_derives(smoke_block, tmp_path):
+    import json
+
+    from attnscale.cli import main
+    from attnscale.experiments import publish
+
+    out, _ = smoke_block
+    studies, series = tmp_path / "studies.json", tmp_path / "lr.json.gz"
+    studies.write_text(json.dumps({"act": {"kept": 1}}))
+    assert main(["lr-study", "--publish", str(out), "--json-out", str(studies), "--series", str(series)]) == 0
+    data = json.loads(studies.read_text())
+    assert data["act"] == {"kept": 1}  # the other blocks are kept as they were
+    again = ls.block_from_series(publish.read_series(series, "lr"), data["sensitivity"]["command"])
+    assert json.loads(json.dumps(again)) == data["sensitivity"]
+    runs = publish.read_series(series, "lr")["runs"]
+    assert sorted(r["treatment"] for r in runs) == ["alarm-clip", "clip", "none", "qk-norm"]
+    # a second publish over its own files is allowed; a run in two folders is refused
+    assert main(["lr-study", "--publish", str(out), "--series", str(series)]) == 0
+    assert main(["lr-study", "--publish", str(out), str(out), "--series", str(series)]) == 2
+
+
+@pytest.mark.parametrize("argv", [
+    ["lr-study"], ["lr-study", "--block", "1"], ["lr-study", "--block", "5", "--out", "X"],
+    ["lr-study", "--block", "1", "--lrs", "0.1", "--out", "X"], ["lr-study", "--block", "2", "--out", "X"],
+    ["lr-study", "--block", "1", "--out", "X", "--series", "S.json.gz"], ["lr-study", "--publish", "NOPE", "--series", "S"],
+    ["lr-study", "--publish", "X"], ["lr-study", "--muon-pilot", "--lrs", "0.1", "--out", "X"],
+    ["lr-study", "--block", "2", "--from", "NOPE", "--out", "X"], ["lr-study", "--block", "1", "--muon-pilot", "--out", "X"],
+    ["lr-study", "--block", "2", "--lrs", "nan", "--out", "X"], ["lr-study", "--block", "2", "--lrs", "0", "--out", "X"]])
+def test_cli_refusals_are_one_line_and_exit_2(argv, tmp_path, monkeypatch, capsys):
+    from attnscale.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "X").mkdir()
+    try:
+        code = main(argv)
+    except SystemExit as e:  # argparse's own refusals
+        code = e.code
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) >= 1 and "Traceback" not in "\n".join(err)
+    assert not (tmp_path / "X" / "lr-adamw-w64-lr0.005-none-seed0").exists()
+
+
+def test_publish_refuses_a_file_it_did_not_write(smoke_block, tmp_path):
+    from attnscale.cli import main
+
+    out, _ = smoke_block
+    mine = tmp_path / "thesis.json.gz"
+    mine.write_bytes(b"not ours")
+    other = tmp_path / "notes.json"
+    other.write_text('{"x": 1}')
+    assert main(["lr-study", "--publish", str(out), "--series", str(mine)]) == 2
+    assert main(["lr-study", "--publish", str(out), "--json-out", str(other)]) == 2
+    assert mine.read_bytes() == b"not ours" and other.read_text() == '{"x": 1}'
