@@ -52,7 +52,7 @@ def test_inspect_rewrites_its_own_folder_and_refuses_a_figure_without_its_record
     assert main(argv) == 0 and record.read(out).experiment == "inspect"
     assert main(argv) == 0  # its own folder: written again
     (out / "record.json").unlink()  # a heatmaps.png alone is not known as inspect's
-    _refused(argv, capsys, "holds heatmaps.png but no record.json of attnscale inspect's")
+    _refused(argv, capsys, "holds heatmaps.png, none of them attnscale's")
 
 
 def test_spread_and_fresh_refuse_each_others_folder_and_rewrite_their_own(tmp_path, capsys):
@@ -72,8 +72,69 @@ def test_spread_and_fresh_refuse_each_others_folder_and_rewrite_their_own(tmp_pa
 def test_a_folder_of_someone_elses_figure_is_refused(tmp_path, capsys):
     (tmp_path / "spread.png").write_bytes(b"my own figure")
     _refused(["spread", "--widths", "4", "--pairs", "200", "--out", str(tmp_path)], capsys,
+             "holds spread.png, none of them attnscale's")
+    record.write(tmp_path / "fresh", record.new("fresh", {"head_dims": [8]}, []))  # beside a folder of attnscale's
+    _refused(["spread", "--widths", "4", "--pairs", "200", "--out", str(tmp_path)], capsys,
              "holds spread.png but no record.json of attnscale spread's")
     assert (tmp_path / "spread.png").read_bytes() == b"my own figure"
+
+
+THESIS = {"thesis.txt": b"my thesis", "photos/one.jpg": b"a photo"}
+
+
+def _thesis(folder):
+    """A user's folder: a text and a folder of photos, nothing of attnscale's."""
+    for name, data in THESIS.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data)
+    return folder
+
+
+# every command that writes into a folder, at its smallest: each is refused before it makes or writes anything
+WRITING = {
+    "spread": ["spread"], "fresh": ["fresh"], "train": ["train", "--steps", "2"], "dynamics": ["dynamics", "--quick"],
+    "sweep": ["sweep", "--quick"], "schemes": ["schemes", "--quick"], "study": ["study", "--quick"],
+    "warn-study": ["warn-study", "--pilot", "--quick"], "act-study": ["act-study", "--pilot", "--quick"],
+    "reproduce": ["reproduce", "--quick"], "inspect": ["inspect", "--model", "{run}", "--text", "to be or not"],
+    "report": ["report", "{runs}"],
+}
+
+
+@pytest.mark.parametrize("command", WRITING)
+def test_every_writing_command_refuses_a_folder_of_the_users_naming_a_new_or_empty_one(command, run, tmp_path, capsys):
+    """The one folder rule: a folder that holds files and none of attnscale's is refused (reproduce --quick wrote
+    about 100 files beside a thesis.txt), in one line naming what it holds and the fix; nothing is written there."""
+    runs = tmp_path / "runs"
+    record.write(runs / "spread", record.new("spread", {"head_dims": [4]}, []))
+    thesis = _thesis(tmp_path / "thesis")
+    argv = [a.replace("{run}", str(run)).replace("{runs}", str(runs)) for a in WRITING[command]]
+    _refused([*argv, "--out", str(thesis)], capsys, f"--out {str(thesis)!r} holds photos/ and thesis.txt, none of them "
+             f"attnscale's, and {command} would write", f"give a new or empty folder, e.g. --out {thesis / 'attnscale-out'}")
+    assert _snapshot(thesis) == THESIS and sorted(p.name for p in thesis.iterdir()) == ["photos", "thesis.txt"]
+
+
+def test_the_report_refuses_its_default_folder_where_it_holds_only_the_users_files(tmp_path, capsys):
+    runs = tmp_path / "runs"
+    record.write(runs / "spread", record.new("spread", {"head_dims": [4]}, []))
+    _thesis(runs / "report")
+    _refused(["report", str(runs)], capsys, f"{str(runs / 'report')!r} holds photos/ and thesis.txt, none of them")
+    assert _snapshot(runs / "report") == THESIS
+
+
+def test_an_empty_folder_or_one_of_hidden_files_is_written_into(tmp_path, capsys):
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "hidden").mkdir()
+    (tmp_path / "hidden" / ".DS_Store").write_bytes(b"")
+    for name in ("empty", "hidden"):
+        assert main(["spread", "--widths", "4", "--pairs", "200", "--out", str(tmp_path / name)]) == 0
+        assert writers.written_by(tmp_path / name / "record.json") == "spread"
+
+
+def test_a_folder_holding_attnscale_files_deep_down_beside_the_users_is_attnscales(tmp_path):
+    _thesis(tmp_path)
+    record.write(tmp_path / "dynamics" / "d8-none-s0", record.new("train", {"head_dims": [8]}, None))
+    writers.check_folder(tmp_path, "reproduce")  # reproduce's OUT/<stage>/<run>: its own, resumed
+    assert writers.holds_ours(tmp_path) and not writers.holds_ours(tmp_path, depth=2)
 
 
 def test_report_never_writes_over_a_page_it_did_not_write(tmp_path, capsys):
@@ -82,7 +143,9 @@ def test_report_never_writes_over_a_page_it_did_not_write(tmp_path, capsys):
     site = tmp_path / "site"
     site.mkdir()
     (site / "index.html").write_text("<!DOCTYPE html><title>my site</title>")
-    _refused(["report", str(runs), "--out", str(site)], capsys, "holds a index.html that is not one attnscale report")
+    _refused(["report", str(runs), "--out", str(site)], capsys, "holds index.html, none of them attnscale's")
+    record.write(site / "spread", record.new("spread", {"head_dims": [4]}, []))  # a folder with attnscale's files
+    _refused(["report", str(runs), "--out", str(site)], capsys, "holds an index.html that is not one attnscale report")
     assert (site / "index.html").read_text() == "<!DOCTYPE html><title>my site</title>"
     # nor over a measurement's figure: the report draws its own spread.png
     _refused(["report", str(runs), "--out", str(runs / "spread")], capsys, "holds spread.png but no index.html")
@@ -128,6 +191,7 @@ def test_reproduce_refuses_a_report_folder_it_did_not_write_before_any_stage(tmp
     monkeypatch.setattr(reproduce, "stages", lambda **kw: pytest.fail("a stage was planned before the check"))
     (tmp_path / "report").mkdir()
     (tmp_path / "report" / "report.md").write_text("# my notes\n")
+    record.write(tmp_path / "spread", record.new("spread", {"head_dims": [4]}, []))  # reproduce's folder, resumed
     _refused(["reproduce", "--quick", "--out", str(tmp_path)], capsys,
-             f"--out {str(tmp_path / 'report')!r} holds report.md but no index.html of attnscale report's")
+             f"--out {str(tmp_path / 'report')!r} holds report.md, none of them attnscale's")
     assert (tmp_path / "report" / "report.md").read_text() == "# my notes\n"

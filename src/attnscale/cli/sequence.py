@@ -57,6 +57,10 @@ class Command:
         if getattr(args, "device", None) is not None:
             usable_device(args.device, executor, getattr(args, "dtype", None))  # Ray nodes' are checked there
         cfg = self.config(args)
+        if getattr(args, "out", None) is not None:
+            from attnscale.runs.writers import check_folder
+
+            check_folder(args.out, args.command)  # the one folder rule, before the folder is made
         out = writable_dir(args.out) if getattr(args, "out", None) is not None else None
         result = self.run(cfg, out, args)
         if getattr(args, "json", False):

@@ -157,9 +157,11 @@ FILES = ("index.html", "report.md", "*.png")  # what a report folder holds: the 
 
 
 def check_out(out: Path) -> None:
-    """A ``ConfigError`` where ``out`` holds files the report did not write (``runs.writers.check_out``)."""
+    """A ``ConfigError`` where ``out`` holds files the report did not write (``runs.writers.check_out``), or
+    only files that are not attnscale's (``runs.writers.check_folder``)."""
     from attnscale.runs import writers
 
+    writers.check_folder(out, "report")
     writers.check_out(out, "report", FILES)
 
 

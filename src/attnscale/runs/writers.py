@@ -18,7 +18,9 @@ from pathlib import Path
 from attnscale.errors import ConfigError
 from attnscale.runs import record as rec
 
-__all__ = ["page_mark", "written_by", "check_out", "check_file", "check_runs_folder"]
+__all__ = ["page_mark", "written_by", "holds_ours", "check_folder", "check_out", "check_file", "check_runs_folder"]
+
+OURS_DEPTH = 3  # how deep a folder of ours holds its marked files: reproduce's OUT/<stage>/<run>/record.json
 
 # the heads of the pages written before the generator mark, by the command that wrote them
 _OLD_HEADS = {"watch-report": ("<!DOCTYPE html>", "<title>Attention watch: "),
@@ -93,6 +95,40 @@ def check_file(path: Path | str, command: str, option: str = "--out", what: str 
         raise ConfigError(f"{option} {str(path)!r} exists and {whose}; give another file, or move that one away first")
 
 
+def _a(word: str) -> str:
+    return f"an {word}" if word[:1].lower() in "aeiou" else f"a {word}"
+
+
+def _visible(folder: Path) -> list[Path]:
+    """A folder's entries less hidden ones (a .DS_Store, attnscale's own temporary files and locks)."""
+    return sorted(p for p in folder.iterdir() if not p.name.startswith("."))
+
+
+def holds_ours(folder: Path, depth: int = OURS_DEPTH) -> bool:
+    """Whether ``folder`` holds, at most ``depth`` levels down, a file an attnscale command wrote (``written_by``)."""
+    entries = _visible(folder)
+    if any(p.is_file() and written_by(p) is not None for p in entries):
+        return True
+    return depth > 1 and any(p.is_dir() and holds_ours(p, depth - 1) for p in entries)
+
+
+def check_folder(folder: Path | str, command: str, option: str = "--out") -> None:
+    """The one folder rule, before anything is made or written: a command writes into a new or empty folder, or
+    one that holds attnscale's files (``written_by``: its own to rewrite or resume, another command's to be refused
+    file by file); a folder that holds something else and nothing of attnscale's is a ``ConfigError``, since what
+    is in it is the user's and a command would write its files among them. Hidden entries do not count."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return
+    entries = _visible(folder)
+    if not entries or holds_ours(folder):
+        return
+    names = [p.name + ("/" if p.is_dir() else "") for p in entries[:2]]
+    held = " and ".join(names) + (f" and {len(entries) - 2} more" if len(entries) > 2 else "")
+    raise ConfigError(f"{option} {str(folder)!r} holds {held}, none of them attnscale's, and {command} would write "
+                      f"its files among them; give a new or empty folder, e.g. {option} {str(folder / 'attnscale-out')}")
+
+
 def check_out(folder: Path | str, command: str, files: Sequence[str], option: str = "--out") -> None:
     """A ``ConfigError`` before anything is written where writing ``files`` into ``folder`` would replace a file
     ``attnscale command`` did not write. ``files[0]`` bears the mark (record.json, a page); the others (figures,
@@ -105,7 +141,7 @@ def check_out(folder: Path | str, command: str, files: Sequence[str], option: st
         writer = written_by(first)
         if writer != command:
             whose = f"that attnscale {writer} wrote" if writer else f"that is not one attnscale {command} writes"
-            raise ConfigError(f"{option} {str(folder)!r} holds a {files[0]} {whose}, which {command} would replace; "
+            raise ConfigError(f"{option} {str(folder)!r} holds {_a(files[0])} {whose}, which {command} would replace; "
                               "give another folder, or move that one away first")
         return
     for pattern in files[1:]:
