@@ -95,6 +95,7 @@ WRITING = {
     "spread": ["spread"], "fresh": ["fresh"], "train": ["train", "--steps", "2"], "dynamics": ["dynamics", "--quick"],
     "sweep": ["sweep", "--quick"], "schemes": ["schemes", "--quick"], "study": ["study", "--quick"],
     "warn-study": ["warn-study", "--pilot", "--quick"], "act-study": ["act-study", "--pilot", "--quick"],
+    "lr-study": ["lr-study", "--block", "1", "--quick"],
     "reproduce": ["reproduce", "--quick"], "inspect": ["inspect", "--model", "{run}", "--text", "to be or not"],
     "report": ["report", "{runs}"],
 }
