@@ -39,3 +39,15 @@ def test_copies_are_called_copies_and_say_which_stage_trained_them(tmp_path, cap
     assert err == [f"attnscale: 2 of 12 runs are copies of runs the dynamics stage trained ({dynamics}): "
                    "same config, not trained again",
                    f"attnscale: 1 of 12 runs already finished in {tmp_path / 'out' / 'sweep'}; they are kept"]
+
+
+def test_a_resumed_run_says_from_which_step_once_and_a_fresh_one_says_nothing(tmp_path, capsys):
+    bar = Plain(total_runs=2, total_steps=6000, done_runs=0, done_steps=0, out=tmp_path)
+    bar.start("resumed", 3000)
+    bar.start("fresh", 3000)
+    capsys.readouterr()
+    for step in (1001, 1002):  # a checkpoint held the first 1,000 steps
+        bar.step("resumed", step)
+    bar.step("fresh", 1)
+    bar.step("fresh", 2)
+    assert capsys.readouterr().err.splitlines() == ["attnscale: resumed: resuming from step 1,000 of 3,000 (its checkpoint)"]

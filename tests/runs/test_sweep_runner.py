@@ -47,6 +47,21 @@ def test_trains_every_run_then_keeps_them(tmp_path, corpus):
     assert [r.perplexity for r in again] == [r.perplexity for r in records]
 
 
+def test_a_run_cut_short_says_from_which_step_it_resumes(tmp_path, corpus, capsys):
+    """Rerun after Ctrl-C, a run said only "training 8 steps" and went on from its checkpoint unannounced."""
+    from attnscale.runs.trainer import train_run
+
+    s = spec(corpus, checkpoint_every=2)
+    done = []
+    train_run(s.model, s.train, corpus, tmp_path / s.run_id, group=s.group, should_stop=lambda: len(done) >= 5,
+              on_step=lambda *a: done.append(a))
+    capsys.readouterr()
+    [rec] = execute([s], CORPUS, tmp_path, progress=True, corpus=corpus)
+    err = capsys.readouterr().err
+    assert rec.status == "done" and rec.record.results["resumed_from"] == 4
+    assert f"attnscale: {s.run_id}: resuming from step 4 of 8 (its checkpoint)" in err.splitlines()
+
+
 def test_half_finished_run_restarts_with_a_fresh_log(tmp_path, corpus):
     s = spec(corpus)
     run_dir = tmp_path / s.run_id

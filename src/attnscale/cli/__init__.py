@@ -34,6 +34,21 @@ def build_parser() -> Parser:
     return parser
 
 
+# the commands whose --out keeps finished runs and a checkpoint of each run cut short: run again, they go on
+RESUMING = {"reproduce", "train", "dynamics", "sweep", "schemes", "study", "warn-study", "act-study", "lr-study"}
+
+
+def _interrupted(argv: list[str]) -> str:
+    """What Ctrl-C leaves, and the command that goes on from it (or starts again), ready to paste."""
+    import shlex
+
+    again = shlex.join(["attnscale", *argv])
+    if next((a for a in argv if not a.startswith("-")), None) in RESUMING:
+        return (f"attnscale: interrupted; finished runs are kept on disk, and a run cut short goes on from its last "
+                f"checkpoint: to resume, run the same command again: {again}")
+    return f"attnscale: interrupted before it finished; to run it again: {again}"
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
@@ -42,7 +57,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{ERROR}{e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("attnscale: interrupted; finished runs are kept on disk", file=sys.stderr)
+        print(_interrupted(sys.argv[1:] if argv is None else list(argv)), file=sys.stderr)
         return 130
     except BrokenPipeError:  # e.g. `attnscale spread | head`
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -71,6 +71,13 @@ class Silent:
         self._totals[run_id] = steps
         self._started[run_id] = self._clock()
 
+    def resuming(self, run_id: str, step: int) -> str | None:
+        """At a run's first report past step 1, the line that says from which step of its checkpoint it went on;
+        else None. Said once, with the first step trained after it."""
+        if run_id in self._first or step <= 1:
+            return None
+        return f"{run_id}: resuming from step {step - 1:,} of {self._totals.get(run_id, step):,} (its checkpoint)"
+
     def step(self, run_id: str, step: int, loss: float | None = None) -> int:
         """Record that ``run_id`` reached ``step``; return the steps gained since its last report."""
         gained = max(0, step - self._steps.get(run_id, 0))
@@ -133,6 +140,8 @@ class Plain(Silent):
         print(f"attnscale: {text}", file=sys.stderr, flush=True)
 
     def step(self, run_id, step, loss=None):
+        if (line := self.resuming(run_id, step)) is not None:
+            self._say(line)
         gained = super().step(run_id, step, loss)
         if self._clock() - self._last_said >= self.heartbeat_s:
             left = self.seconds_left()
@@ -187,6 +196,8 @@ class Live(Silent):
         self._tasks[run_id] = self._bar.add_task(f"  {run_id}", total=steps, info="", steps=f"{0:>5}/{steps:<5} steps")
 
     def step(self, run_id, step, loss=None):
+        if (line := self.resuming(run_id, step)) is not None:
+            self._console.print(line)
         gained = super().step(run_id, step, loss)
         info = f"loss {loss:.3f}" if loss is not None else ""
         if run_id in self._tasks:
