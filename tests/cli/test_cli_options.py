@@ -50,6 +50,22 @@ def test_every_option_has_help(command, capsys):
         assert ".py" not in (action.help or ""), f"{command} {action.option_strings} names a file: {action.help}"
 
 
+@pytest.mark.parametrize("command", sorted(_commands()))
+def test_required_options_look_required_in_every_synopsis(command):
+    """What a command cannot run without stands outside the synopsis's [ ]: a required option bare, a required
+    choice of several in ( | ) (act-study showed [--pilot | --study PILOT_DIR], one of which it needs)."""
+    import re
+
+    parser = _commands()[command]
+    bare = " ".join(parser.format_usage().split())
+    while re.search(r"\[[^\[\]]*\]", bare):  # the optional parts, innermost first
+        bare = re.sub(r"\[[^\[\]]*\]", "", bare)
+    needed = [a for a in parser._actions if a.option_strings and a.required]
+    needed += [a for g in parser._mutually_exclusive_groups if g.required for a in g._group_actions]
+    for action in needed:
+        assert re.search(re.escape(action.option_strings[0]) + r"(?![\w-])", bare), (command, action.option_strings, bare)
+
+
 def test_defaults_are_the_librarys():
     from attnscale.core.diagnostics import FROZEN_THRESHOLD
     from attnscale.experiments.fresh import FreshConfig
