@@ -2,6 +2,7 @@
 line, exit 2."""
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -281,3 +282,49 @@ def test_follow_says_once_when_a_second_run_starts_in_the_log(log):
     out = watch_page.follow(log, every=0.01, say=said.append, warn=warned.append, stop=stop)
     assert said == [f"page: {out} (3 probe steps, the last at step 30)", f"page: {out} (1 probe steps, the last at step 10)"]
     assert len(warned) == 1 and warned[0].startswith(f"{log} holds 2 runs") and "lines 4 to 4, steps 10 to 10" in warned[0]
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """Every figure the page draws, by file name, kept as it is saved."""
+    drawn = {}
+    save = watch_page.drawing.save
+
+    def keep(fig, path):
+        drawn[Path(path).name] = fig
+        return save(fig, path)
+
+    monkeypatch.setattr(watch_page.drawing, "save", keep)
+    return drawn
+
+
+def test_the_last_probe_names_measures_as_the_readme_does_and_shares_as_percents(log, tmp_path):
+    text = watch_page.build(log, tmp_path / "page.html").read_text()
+    cells = re.findall(r"<tr><td>([^<]+)</td><td class=\"num\">([^<]+)</td><td>([^<]+)</td></tr>", text)
+    assert ("frozen share of rows (all heads)", "5.00%", "attn/frozen_fraction") in cells  # the log's 0.05
+    assert ("max |score| (the largest of any head)", "38", "attn/max_score") in cells
+    assert [row[0] for row in watch_page.summary_rows({"attn/min_effective_words": 1.5, "new/key": 2.0})] == [
+        "effective words (the fewest of any head)", "new/key"]  # a key it does not know keeps its own name
+
+
+def test_the_alerts_panel_is_drawn_only_where_an_alert_fired(tmp_path, figures):
+    quiet = JsonlSink(tmp_path / "quiet.jsonl")
+    for step in (10, 20):
+        quiet.write(_record(step))
+    quiet.close()
+    watch_page.build(tmp_path / "quiet.jsonl", tmp_path / "quiet.html")
+    assert len(figures["steps.png"].axes) == 2 and "No alert fired." in (tmp_path / "quiet.html").read_text()
+    fired = JsonlSink(tmp_path / "fired.jsonl")
+    fired.write(_record(10, [_alert(10, 0, 0)]))
+    fired.close()
+    watch_page.build(tmp_path / "fired.jsonl", tmp_path / "fired.html")
+    assert [ax.get_title() for ax in figures["steps.png"].axes][2] == "Alerts (one mark per head and step)"
+
+
+def test_the_colour_bars_read_round_numbers_written_plainly(log, tmp_path, figures):
+    watch_page.build(log, tmp_path / "page.html")
+    labels = [t.get_text() for ax in figures["heads.png"].axes if ax.get_label() == "<colorbar>"
+              for t in ax.get_yticklabels() if t.get_text()]
+    assert labels and all(re.fullmatch(r"[\d,]+(\.\d+)?", t) for t in labels), labels  # never 6×10⁰
+    assert watch_page.round_ticks(1.37, 13.7) == [2, 5, 10] and watch_page.round_ticks(5.1, 8.3) == [6, 7, 8]
+    assert watch_page.round_ticks(3, 3e4) == [10, 100, 1000, 10000]

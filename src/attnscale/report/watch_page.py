@@ -114,41 +114,95 @@ def _heatmaps(records, path: Path) -> Path:
         ax.set_xticks(list(ticks), [str(steps[i]) for i in ticks])
         ax.set_yticks(range(L * H), [f"{l}.{h}" for l in range(L) for h in range(H)], fontsize=7)
         ax.set(xlabel="step", ylabel="layer.head", title=f"{label}, every head over steps")
-        fig.colorbar(im, ax=ax, shrink=0.8)
+        bar = fig.colorbar(im, ax=ax, shrink=0.8)
+        if norm is not None:  # a log bar labels its minor ticks as 6×10⁰: round numbers instead, written plainly
+            bar.ax.minorticks_off()
+            marks = round_ticks(norm.vmin, norm.vmax)
+            bar.set_ticks(marks, labels=[f"{t:,.0f}" if t >= 1 else f"{t:g}" for t in marks])
     return drawing.save(fig, path)
+
+
+def round_ticks(lo: float, hi: float) -> list[float]:
+    """Round numbers between ``lo`` and ``hi`` for a log colour bar: 1, 2 and 5 times a power of ten over up to
+    two decades, the powers of ten alone (every other one past six) over more, else (a range too narrow to hold
+    two of them) matplotlib's own round steps."""
+    from matplotlib.ticker import MaxNLocator
+
+    first, last = math.floor(math.log10(lo)), math.ceil(math.log10(hi))
+    steps = (1, 2, 5) if last - first <= 2 else (1,)
+    marks = [m * 10.0 ** e for e in range(first, last + 1) for m in steps]
+    marks = [t for t in marks if lo <= t <= hi]
+    marks = marks[::2] if len(marks) > 6 else marks
+    if len(marks) < 2:
+        marks = [float(t) for t in MaxNLocator(nbins=4, steps=[1, 2, 2.5, 5, 10]).tick_values(lo, hi) if lo <= t <= hi]
+    return marks
 
 
 def _over_steps(records, causal: bool, path: Path) -> Path:
     plt = drawing.pyplot()
+    from matplotlib.ticker import MaxNLocator, PercentFormatter
+
     steps = [r.step for r in records]
-    fig, (ax1, ax2, ax3) = plt.subplots(1, 3, figsize=(16, 4.3))
+    names = sorted({a["alert"] for r in records for a in r.alerts})
+    # the alerts' panel only where one fired: the section below says "No alert fired" in words
+    fig, axes = plt.subplots(1, 3 if names else 2, figsize=(16 if names else 11, 4.3))
+    ax1, ax2 = axes[:2]
     frozen = grid_over_steps(records, "frozen_fraction")
     H = records[-1].heads
     for layer in range(records[-1].layers):
         ax1.plot(steps, np.nanmean(frozen[layer * H:(layer + 1) * H], axis=0), lw=1.2, label=f"layer {layer}")
     ax1.plot(steps, [r.summary.get("attn/frozen_fraction", math.nan) for r in records], "k--", lw=1.5, label="model")
     ax1.set(xlabel="step", ylabel="share of rows frozen", title="Frozen share (mean of heads)", ylim=(-0.02, 1.02))
+    ax1.yaxis.set_major_formatter(PercentFormatter(1.0))
     ax1.legend(fontsize=7)
     pairs = [reference_words(r, causal) for r in records]
     ax2.plot(steps, [p[0] for p in pairs], "-", color="#2471a3", lw=1.6, label="measured (mean of heads)")
     ax2.plot(steps, [p[1] for p in pairs], "--", color="#888888", lw=1.2, label="random scores at each head's spread")
     ax2.set(xlabel="step", ylabel="effective words per row", title="Effective words beside random scores")
     ax2.legend(fontsize=7)
-    names = sorted({a["alert"] for r in records for a in r.alerts})
     for i, name in enumerate(names):
         hits = [(a["step"], a["layer"] * H + a["head"]) for r in records for a in r.alerts if a["alert"] == name]
-        ax3.scatter([s for s, _ in hits], [i + 0.6 * (lh / max(records[-1].layers * H, 1) - 0.5) for _, lh in hits],
-                    s=10, label=name)
-    ax3.set_yticks(range(len(names)), names)
-    ax3.set_xlim(min(steps) - 1, max(steps) + 1)
-    ax3.set(xlabel="step", title="Alerts (one mark per head and step)" if names else "No alert fired")
-    for ax in (ax1, ax2, ax3):
+        axes[2].scatter([s for s, _ in hits], [i + 0.6 * (lh / max(records[-1].layers * H, 1) - 0.5) for _, lh in hits],
+                        s=10, label=name)
+    if names:
+        axes[2].set_yticks(range(len(names)), names)
+        axes[2].set_xlim(min(steps) - 1, max(steps) + 1)
+        axes[2].set(xlabel="step", title="Alerts (one mark per head and step)")
+    for ax in axes:
         ax.grid(alpha=0.3)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps are whole numbers
     return drawing.save(fig, path)
 
 
 def _number(x) -> str:
     return "—" if x is None or (isinstance(x, float) and not math.isfinite(x)) else f"{x:,.4g}"
+
+
+def _percent(x) -> str:
+    return "—" if x is None or not math.isfinite(x) else f"{100 * x:.2f}%"
+
+
+# The model-wide numbers of a record, named as the README names the measures, each written as it reads: a share
+# as a percent, a count of heads as a whole number. A key not here (a newer watch's) is shown by its own name.
+SUMMARY = {
+    "attn/max_score": ("max |score| (the largest of any head)", _number),
+    "attn/min_effective_words": ("effective words (the fewest of any head)", _number),
+    "attn/frozen_fraction": ("frozen share of rows (all heads)", _percent),
+    "attn/collapsed_heads": ("heads under 2 effective words", _number),
+    "attn/nonfinite_heads": ("heads that read NaN or inf", _number),
+    "attn/alerts": ("alerts at this step", _number),
+    "qk_clip/min_gamma": ("QK-Clip's smallest factor", _number),
+    "qk_clip/clipped_heads": ("heads QK-Clip scaled down", _number),
+}
+
+
+def summary_rows(summary: dict) -> list[list[str]]:
+    """The last probe's table: each measure's name, its value as it reads, and its key in the log."""
+    rows = []
+    for key, value in summary.items():
+        name, written = SUMMARY.get(key, (key, _number))
+        rows.append([name, written(value), key])
+    return rows
 
 
 def page(records: list[WatchLine], causal: bool = True, title: str = "Attention watch") -> tuple[list, dict[str, bytes]]:
@@ -165,7 +219,7 @@ def page(records: list[WatchLine], causal: bool = True, title: str = "Attention 
         blocks.append(Para(f"The watch's own time: {watch.get('total_seconds', math.nan):.3g} s in all, "
                             f"{100 * watch.get('share', math.nan):.2f}% of the wall time since it started."))
     blocks.append(Heading(2, "The last probe"))
-    blocks.append(Table(["summary", f"step {last.step}"], [[k, _number(v)] for k, v in last.summary.items()]))
+    blocks.append(Table(["measure", f"step {last.step}", "key in the log"], summary_rows(last.summary)))
     images = {}
     with tempfile.TemporaryDirectory() as tmp:
         for name, draw, caption in (("heads.png", lambda p: _heatmaps(records, p),
