@@ -316,7 +316,8 @@ def test_the_watch_in_the_training_forward_reads_an_encoder(tmp_path):
         enc(**batch).sum().backward()
         opt.step()
         w.step(1)
-    [record] = read_log(tmp_path / "w.jsonl")
+    [baseline, record] = read_log(tmp_path / "w.jsonl")  # lr 0: the baseline reads what step 1 reads
+    assert baseline.step == 0 and baseline.values == record.values
     for l, name in enumerate(("layers.0.self_attn", "layers.1.self_attn")):
         assert_close(torch.tensor(record.values[l]), want[name])
     assert record.rows == [[(T - 1) + 3] * H] * 2

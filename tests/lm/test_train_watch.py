@@ -39,7 +39,7 @@ def test_the_watch_probes_the_weights_trained_so_far_and_leaves_the_runs_numbers
     assert _numbers(watched) == _numbers(alone) and watched["notes"] == alone["notes"] == []
     assert steps == list(range(1, TRAIN.steps + 1))  # on_step is still told every step
     lines = read_log(log)
-    assert [line.step for line in lines] == [2, 4, 6]
+    assert [line.step for line in lines] == [0, 2, 4, 6]  # the baseline, then the probe steps
     # the probe is the first batch the model saw (the seed's generator's first draw), cut to 3 sequences,
     # measured on the weights after step 6: the run's final weights
     x_BT, _ = batches(corpus.train, TRAIN.batch, MODEL.context, torch.Generator().manual_seed(TRAIN.seed))
@@ -74,8 +74,8 @@ def test_a_stop_alert_ends_the_run_at_its_probe_and_the_sinks_are_closed(corpus,
                                                      alerts=[MaxScore(tau=1e-6, action="stop")]))
     assert (res["status"], res["steps_done"], len(res["losses"])) == ("stopped", 2, 2)
     lines = read_log(log)
-    assert [line.step for line in lines] == [2] and lines[0].alerts
-    assert kept.steps == [2] and kept.closed
+    assert [line.step for line in lines] == [0, 2] and lines[0].alerts and lines[1].alerts
+    assert kept.steps == [0, 2] and kept.closed  # said at the baseline, stopped at the first probe of training
 
 
 def test_a_watched_run_still_stops_when_asked_and_keeps_its_checkpoint_to_resume(corpus, tmp_path):
@@ -107,7 +107,7 @@ def test_a_resumed_run_takes_a_watch_of_its_own_and_an_attached_that_followed_a_
         train(MODEL, cfg, corpus, checkpoint=tmp_path / "c.pt", watch=used)
     resumed = train(MODEL, cfg, corpus, checkpoint=tmp_path / "c.pt",
                     watch=Attached(every=2, sinks=[kept], in_training_forward=True))
-    assert resumed["resumed_from"] == 3 and (first.steps, kept.steps) == ([2], [4, 6])
+    assert resumed["resumed_from"] == 3 and (first.steps, kept.steps) == ([0, 2], [4, 6])  # one baseline a run
 
 
 # Alerts that act (watch/actions.py). A flat rate after the warm-up (min_lr_ratio 1) and no weight decay: the
@@ -151,7 +151,7 @@ def test_clip_qk_taken_at_a_probe_clips_from_the_next_step_and_not_before(corpus
     watch = Attached(every=2, sinks=[JsonlSink(log)], alerts=[MaxScore(tau=ANY, action=ClipQK(tau))])
     clipped, got = _weights(corpus, tmp_path, "clipped", 3, watch)
     assert clipped["losses"] == alone["losses"]  # the loss of step k comes from the weights before update k
-    probe = read_log(log)[0]
+    probe = read_log(log)[1]  # after the baseline, whose firings act on nothing
     assert clipped["actions"] == [{"step": 2, "action": "clip_qk", "alert": "max_score", "layer": 0, "head": 0,
                                    "value": probe.grid("max_score")[0][0], "tau": tau}]
     assert probe.actions == clipped["actions"]  # the watch log keeps it at its probe step
@@ -271,7 +271,7 @@ def test_a_sink_on_a_full_disk_never_costs_the_run_its_results(corpus, caplog):
     res = train(MODEL, TRAIN, corpus, watch=Attached(every=2, sinks=[FullDisk()], alerts=()))
     assert res["status"] == "done" and len(res["losses"]) == TRAIN.steps
     said = [r.getMessage() for r in caplog.records if "FullDisk" in r.getMessage()]
-    assert len(said) == 2 and "lost 3 of 3 records" in said[1]
+    assert len(said) == 2 and "lost 4 of 4 records" in said[1]  # the baseline's and three probes'
 
 
 def test_a_watch_that_is_no_attached_is_refused_before_anything_is_built(corpus, monkeypatch):

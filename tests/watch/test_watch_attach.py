@@ -53,5 +53,5 @@ def test_a_second_fit_of_the_same_model_goes_on_into_the_same_sinks(tmp_path):
     numbers = callback.after_step(2)
     callback.finish()
     lines = read_log(tmp_path / "w.jsonl")
-    assert [line.step for line in lines] == [1, 2]
+    assert [line.step for line in lines] == [0, 1, 2]  # one baseline: the second fit goes on the first's run
     assert numbers["attn/max_score"] == pytest.approx(measure(model, ids)["attn/max_score"], rel=1e-6)

@@ -93,10 +93,11 @@ def test_a_sink_without_a_detail_takes_the_watch_s_and_the_jsonl_keeps_every_hea
         numbers = watch.step(1)
     assert set(numbers) == SUMMARY_KEYS | {"attn/nonfinite_heads"}  # a live probe counts non-finite heads too
     assert inherits.detail == "summary" and own.detail == "heads"
-    [line] = read_log(tmp_path / "w.jsonl")
-    assert len(line.values) == 2 and len(line.values[0][0]) == 2  # every layer and head
-    assert len(list(csv.DictReader((tmp_path / "heads.csv").open()))) == 2 * 2
-    [row] = list(csv.DictReader((tmp_path / "summary.csv").open()))
+    [baseline, line] = read_log(tmp_path / "w.jsonl")
+    assert baseline.step == 0 and len(line.values) == 2 and len(line.values[0][0]) == 2  # every layer and head
+    assert len(list(csv.DictReader((tmp_path / "heads.csv").open()))) == 2 * 2 * 2  # the baseline's too
+    [first, row] = list(csv.DictReader((tmp_path / "summary.csv").open()))
+    assert first["step"] == "0"
     assert float(row["attn/max_score"]) == pytest.approx(numbers["attn/max_score"]) and row["step"] == "1"
 
 

@@ -66,7 +66,7 @@ def test_the_numbers_reach_tensorboard_and_wandb_beside_the_loss(tmp_path):
     _trainer(tmp_path, callback, ["tensorboard", "wandb"]).train()
     wandb.finish()  # the Trainer leaves the run open; finishing it writes the last rows out
     records = read_log(tmp_path / "w.jsonl")
-    assert [r.step for r in records] == [2, 4]
+    assert [r.step for r in records] == [0, 2, 4]  # the baseline, relayed with the first log after it
     assert records[0].layers == 2 and records[0].heads == 4  # 4 query heads over 2 kv heads
 
     tb = tensorboard_scalars(tmp_path / "out" / "runs")
@@ -79,9 +79,9 @@ def test_the_numbers_reach_tensorboard_and_wandb_beside_the_loss(tmp_path):
     assert tb["train/attn/max_score"] == pytest.approx({r.step: r.summary["attn/max_score"] for r in records})
     assert len(list((tmp_path / "out" / "runs").iterdir())) == 1  # one run folder, as the Trainer's
 
-    rows = wandb_history(tmp_path, rows=4)  # the Trainer's two loss rows and the watch's two
+    rows = wandb_history(tmp_path, rows=5)  # the Trainer's two loss rows and the watch's three
     watched = [r for r in rows if "train/attn/layer_1/head_3/effective_words" in r]
-    assert [r["train/global_step"] for r in watched] == [2, 4]
+    assert [r["train/global_step"] for r in watched] == [0, 2, 4]
     losses = [r["train/global_step"] for r in rows if "train/loss" in r]
     assert losses == [2, 4]
     assert [r["train/attn/layer_1/head_3/effective_words"] for r in watched] == pytest.approx(
@@ -153,7 +153,7 @@ def test_in_the_training_forward_per_layer_numbers_reach_tensorboard(tmp_path):
                              detail="layers")
     _trainer(tmp_path, callback, ["tensorboard"], accumulate=2).train()
     records = read_log(tmp_path / "w.jsonl")
-    assert [r.step for r in records] == [2, 4] and [r.probe["forwards"] for r in records] == [2, 2]
+    assert [r.step for r in records] == [0, 2, 4] and [r.probe["forwards"] for r in records] == [2, 2, 2]
     tb = tensorboard_scalars(tmp_path / "out" / "runs")
     assert not any("/head_" in tag for tag in tb)
     for m, measure in enumerate(HEAD_MEASURES):
@@ -215,7 +215,8 @@ def test_each_action_acts_on_the_trainer_from_the_step_after_its_probe(tmp_path)
         [["scale_lr"], ["skip_step"], ["clip_qk"]]
     assert all(cb.actions[0]["step"] == 2 and cb.actions[0]["layer"] == cb.actions[0]["head"] == 0
                for cb in (scaled_cb, skip_cb, clip_cb))
-    first, second = read_log(tmp_path / "clipped.jsonl")
+    baseline, first, second = read_log(tmp_path / "clipped.jsonl")
+    assert baseline.alerts and not baseline.actions  # fired at the baseline, acting only from a probe of training
     assert first.actions == clip_cb.actions and not first.qk_clip and not second.actions
     # every head (scores in the tens) clipped at step 3; at step 4 those the update left under tau are not
     assert second.qk_clip["tau"] == 1.0 and all(c in (1.0, 2.0) for layer in second.qk_clip["clipped_steps"]
@@ -274,6 +275,6 @@ def test_an_integration_that_fails_at_the_end_costs_neither_the_run_nor_the_watc
                                                                       {"on_train_end": full})()])
     trainer.train()
     assert trainer.state.global_step == 4 and callback.watch.closed
-    assert [line.step for line in read_log(tmp_path / "w.jsonl")] == [2, 4]
+    assert [line.step for line in read_log(tmp_path / "w.jsonl")] == [0, 2, 4]
     said = [r.getMessage() for r in caplog.records if "failed in on_train_end" in r.getMessage()]
     assert len(said) == 1 and "No space left on device" in said[0]

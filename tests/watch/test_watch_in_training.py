@@ -45,13 +45,13 @@ def test_the_training_forward_gives_measure_heads_numbers_with_no_extra_forward(
     batches = _batches(4)
     with Watch(model, every=2, alerts=(), in_training_forward=True, sinks=[JsonlSink(tmp_path / "w.jsonl")]) as watch:
         def before(step, batch):
-            if step % 2 == 0:  # the weights the step's forward sees
-                expected[step] = measure_heads(model, batch)
+            if step % 2 == 0 or step == 1:  # the weights the step's forward sees (step 1's: the baseline's)
+                expected[0 if step == 1 else step] = measure_heads(model, batch)
                 forwards.pop()  # measure_heads' own forward, not the watch's
         _train(model, watch, batches, before=before)
     assert len(forwards) == 4  # one forward a step: the watch ran none
     records = read_log(tmp_path / "w.jsonl")
-    assert [r.step for r in records] == [2, 4]
+    assert [r.step for r in records] == [0, 2, 4]
     for r in records:
         torch.testing.assert_close(torch.tensor(r.values), expected[r.step].values_LMH, rtol=1e-5, atol=1e-6)
         assert r.rows == expected[r.step].rows_LH.tolist()
@@ -124,7 +124,8 @@ def test_with_qk_clip_both_read_the_same_training_forward(tmp_path):
     before = {}
     with Watch(model, every=1, alerts=(), in_training_forward=True, qk_clip=2.0, sinks=[JsonlSink(tmp_path / "w.jsonl")]) as watch:
         _train(model, watch, batches, before=lambda step, batch: before.setdefault(step, measure_heads(model, batch)))
-    records = read_log(tmp_path / "w.jsonl")
+    baseline, *records = read_log(tmp_path / "w.jsonl")
+    assert baseline.step == 0 and baseline.qk_clip == {}  # step 1's forward, before its clip
     for r in records:
         s_max = torch.tensor(r.qk_clip["s_max"])
         torch.testing.assert_close(s_max, before[r.step].get("max_score"), rtol=1e-5, atol=1e-6)

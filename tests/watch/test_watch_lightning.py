@@ -63,12 +63,12 @@ def test_every_logger_holds_the_per_head_numbers_at_the_probe_steps(tmp_path):
     _fit(tmp_path, callback, loggers)
     wandb.finish()
     records = read_log(tmp_path / "w.jsonl")
-    assert [r.step for r in records] == [2, 4] and records[0].layers == 2 and records[0].heads == 4
+    assert [r.step for r in records] == [0, 2, 4] and records[0].layers == 2 and records[0].heads == 4
 
     tb = tensorboard_scalars(tmp_path / "tb")
     with open(tmp_path / "csv" / "metrics.csv", newline="") as f:
         table = [row for row in csv.DictReader(f) if row.get("attn/max_score")]
-    assert [int(row["step"]) for row in table] == [2, 4]
+    assert [int(row["step"]) for row in table] == [0, 2, 4]  # the baseline at step 0
     # Lightning logs the loss of the k-th batch at step k - 1: the loss at step 2 is the one made with the
     # weights the probe of step 2 measured (after 2 optimizer steps), in the same run
     assert set(tb["loss"]) == {0, 1, 2, 3}
@@ -81,8 +81,8 @@ def test_every_logger_holds_the_per_head_numbers_at_the_probe_steps(tmp_path):
                 assert {int(row["step"]): float(row[key]) for row in table} == pytest.approx(want, rel=1e-6)
     assert tb["attn/max_score"] == pytest.approx({r.step: r.summary["attn/max_score"] for r in records})
 
-    rows = [r for r in wandb_history(tmp_path, rows=2) if "attn/layer_1/head_3/effective_words" in r]
-    assert [r["trainer/global_step"] for r in rows] == [2, 4]
+    rows = [r for r in wandb_history(tmp_path, rows=3) if "attn/layer_1/head_3/effective_words" in r]
+    assert [r["trainer/global_step"] for r in rows] == [0, 2, 4]
     assert [r["attn/layer_1/head_3/effective_words"] for r in rows] == pytest.approx(
         [r.values[1][HEAD_MEASURES.index("effective_words")][3] for r in records], rel=1e-6)
 
@@ -100,7 +100,7 @@ def test_a_stop_alert_stops_the_fit_at_its_step(tmp_path):
 def test_steps_are_optimizer_steps_under_gradient_accumulation(tmp_path):
     callback = WatchCallback(every=2, alerts=(), sinks=[JsonlSink(tmp_path / "w.jsonl")], report=False)
     trainer = _fit(tmp_path, callback, False, steps=4, accumulate=2)
-    assert trainer.global_step == 4 and [r.step for r in read_log(tmp_path / "w.jsonl")] == [2, 4]
+    assert trainer.global_step == 4 and [r.step for r in read_log(tmp_path / "w.jsonl")] == [0, 2, 4]
 
 
 def _fit_fails(inner, training_step, callback, says: str):
@@ -167,9 +167,9 @@ def test_in_the_training_forward_every_accumulated_batch_counts_and_no_forward_i
     callback.start = start
     trainer = _fit(tmp_path, callback, False, steps=4, accumulate=2)
     records = read_log(tmp_path / "w.jsonl")
-    assert trainer.global_step == 4 and [r.step for r in records] == [2, 4]
-    assert len(calls) == 4 * 2  # the training forwards alone
-    assert [r.probe["forwards"] for r in records] == [2, 2] and records[0].probe["sequences"] == 2 * 4
+    assert trainer.global_step == 4 and [r.step for r in records] == [0, 2, 4]
+    assert len(calls) == 4 * 2  # the training forwards alone: the baseline read step 1's
+    assert [r.probe["forwards"] for r in records] == [2, 2, 2] and records[0].probe["sequences"] == 2 * 4
     assert len(records[0].values[0][0]) == 4  # the log keeps every head whatever the detail
     assert callback.latest[0] == 4 and "attn/layer_1/max_score" in callback.latest[1]
 
@@ -239,7 +239,7 @@ def test_each_action_acts_on_the_fit_from_the_step_after_its_probe(tmp_path):
     assert not _equal(clipped.weights[3], after)
     assert [[(a["step"], a["action"]) for a in cb.actions] for cb in (scaled_cb, skip_cb, clip_cb)] == \
         [[(2, "scale_lr")], [(2, "skip_step")], [(2, "clip_qk")]]
-    first, second = read_log(tmp_path / "clipped.jsonl")
+    _, first, second = read_log(tmp_path / "clipped.jsonl")  # after the baseline
     assert first.actions == clip_cb.actions and not first.qk_clip and second.qk_clip["tau"] == 0.5
     assert all(c >= 1 for layer in second.qk_clip["clipped_steps"] for c in layer)  # each head clipped at step 3
 
@@ -284,4 +284,4 @@ def test_one_callback_is_refused_on_another_module_and_goes_on_with_a_second_fit
                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                        default_root_dir=str(tmp_path / "c"))
     again.fit(module, loader)
-    assert [line.step for line in read_log(tmp_path / "w.jsonl")] == [1, 1, 2]
+    assert [line.step for line in read_log(tmp_path / "w.jsonl")] == [0, 1, 1, 2]  # one baseline: the first fit's

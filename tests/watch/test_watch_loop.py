@@ -51,7 +51,7 @@ def test_a_plain_loop_writes_jsonl_and_tensorboard_at_the_probe_steps(tmp_path):
     with Watch(model, every=2, sinks=[JsonlSink(tmp_path / "w.jsonl"), TensorBoardSink(tmp_path / "tb")]) as watch:
         assert _train(model, 6, watch) == [2, 4, 6]
     records = read_log(tmp_path / "w.jsonl")
-    assert [r.step for r in records] == [2, 4, 6]
+    assert [r.step for r in records] == [0, 2, 4, 6]  # the baseline, then the probe steps
     assert records[0].probe == {"sequences": 4, "tokens": 16, "methods": ["replay"] * len(records[0].values)}  # the first batch, cut to 4 sequences, every row replayed
     tb = tensorboard_scalars(tmp_path / "tb")
     for layer in range(2):
@@ -99,7 +99,8 @@ def test_an_unscaled_wide_model_fires_max_score_and_stop_ends_the_loop(tmp_path,
     with Watch(unscaled, every=2, alerts=[MaxScore(action="stop")], sinks=[JsonlSink(tmp_path / "w.jsonl")]) as watch:
         measured = _train(unscaled, 10, watch)
     assert measured == [2] and watch.should_stop
-    record = read_log(tmp_path / "w.jsonl")[0]
+    baseline, record = read_log(tmp_path / "w.jsonl")
+    assert baseline.step == 0 and baseline.alerts  # said and recorded at the baseline, stopped at step 2
     worst = max(max(layer[HEAD_MEASURES.index("max_score")]) for layer in record.values)
     assert worst > 100 and record.alerts and all(a["step"] == 2 for a in record.alerts)
     assert "attention alert at step 2" in caplog.text
@@ -163,11 +164,11 @@ def test_a_sink_on_a_full_disk_is_said_once_with_its_lost_records_and_never_ends
     with Watch(_small(), every=1, probe=_ids(), alerts=(), sinks=[Full(tmp_path / "full.jsonl"), kept]) as watch:
         numbers = [watch.step(step) for step in (1, 2, 3)]  # every probe's numbers still come back
     assert all(n is not None and "attn/max_score" in n for n in numbers)
-    assert [line.step for line in read_log(tmp_path / "kept.jsonl")] == [1, 2, 3]  # the other sink lost nothing
+    assert [line.step for line in read_log(tmp_path / "kept.jsonl")] == [0, 1, 2, 3]  # the other sink lost nothing
     said = [r.getMessage() for r in caplog.records if "full.jsonl" in r.getMessage()]
     assert len(said) == 2, said  # when it first fails, and at the close with its count
-    assert "failed at step 1 (OSError: [Errno 28] No space left on device)" in said[0]
-    assert "lost 3 of 3 records" in said[1] and "its close failed too" in said[1]
+    assert "failed at step 0 (OSError: [Errno 28] No space left on device)" in said[0]  # the baseline's
+    assert "lost 4 of 4 records" in said[1] and "its close failed too" in said[1]
 
 
 def test_a_sink_whose_close_fails_is_said_and_the_with_block_ends(tmp_path, caplog):
@@ -180,14 +181,14 @@ def test_a_sink_whose_close_fails_is_said_and_the_with_block_ends(tmp_path, capl
         watch.step(1)
     said = [r.getMessage() for r in caplog.records if "w.jsonl" in r.getMessage()]
     assert len(said) == 1 and "its close failed (OSError: [Errno 28] No space left on device)" in said[0]
-    assert [line.step for line in read_log(tmp_path / "w.jsonl")] == [1]
+    assert [line.step for line in read_log(tmp_path / "w.jsonl")] == [0, 1]
 
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full")
 def test_a_log_on_dev_full_loses_its_records_not_the_run(caplog):
     with Watch(_small(), every=1, probe=_ids(), alerts=(), sinks=[JsonlSink("/dev/full")]) as watch:
         assert watch.step(1) is not None and watch.step(2) is not None
-    assert any("lost 2 of 2 records" in r.getMessage() for r in caplog.records)
+    assert any("lost 3 of 3 records" in r.getMessage() for r in caplog.records)  # the baseline's too
 
 
 def test_sinks_a_closed_watch_closed_are_refused_by_the_next_one(tmp_path):
@@ -221,3 +222,22 @@ def test_a_probe_on_which_no_row_sees_two_keys_is_refused_when_tried():
     Watch(model, every=1)
     with pytest.raises(ConfigError, match=r"no query row of the watch's probe batch sees two keys.*give probe="):
         model(one)
+
+
+def test_the_first_probe_is_counted_in_the_watchs_time_and_written_as_the_baseline_of_a_short_run(tmp_path):
+    """A probe forward made slow by 50 ms: the first one (on the first batch, before its forward) is the watch's
+    time and the baseline record's, which a run shorter than ``every`` still writes, at step 0."""
+    import time
+
+    model = _model()
+    model.register_forward_pre_hook(lambda m, args: None if m.training else time.sleep(0.05))  # the probe's alone
+    with Watch(model, every=100, alerts=(), sinks=[JsonlSink(tmp_path / "w.jsonl")]) as watch:
+        x = torch.randint(0, 40, (6, 16))
+        model(x)  # the first batch: the probe runs here, before this forward
+        assert watch.seconds >= 0.05  # counted at once, not only at the next probe step
+        assert _train(model, 3, watch) == []
+    [baseline] = read_log(tmp_path / "w.jsonl")
+    assert baseline.step == 0 and baseline.alerts == [] and baseline.probe["sequences"] == 4
+    assert 0.05 <= baseline.watch["seconds"] <= baseline.watch["total_seconds"] <= watch.seconds
+    assert 0 < baseline.watch["share"] <= 1
+    assert baseline.values == watch.baseline.values

@@ -142,7 +142,8 @@ def test_sample_rows_beyond_the_sequence_logs_the_rows_really_measured(tmp_path)
     with Watch(model, every=1, alerts=(), sample_rows=5, sinks=[JsonlSink(tmp_path / "s.jsonl")],
                in_training_forward=True) as w:
         _train(model, w, 1)
-    record, = read_log(tmp_path / "w.jsonl")
+    baseline, record = read_log(tmp_path / "w.jsonl")
+    assert baseline.step == 0 and baseline.probe == record.probe
     layers = len(record.values)
     # 12 rows a sequence, not 1000; every row measured is every score replayed
     assert record.probe == {"sequences": 3, "tokens": 12, "sampled_rows": 12, "methods": ["replay"] * layers}
@@ -150,7 +151,8 @@ def test_sample_rows_beyond_the_sequence_logs_the_rows_really_measured(tmp_path)
     # 3 sequences x 12 causal rows
     torch.testing.assert_close(torch.tensor(record.values), whole.values_LMH, rtol=1e-6, atol=1e-7)
     assert record.rows == whole.rows_LH.tolist()
-    sampled, = read_log(tmp_path / "s.jsonl")
+    first, sampled = read_log(tmp_path / "s.jsonl")  # the baseline and step 1: both read step 1's forward
+    assert first.step == 0 and first.values == sampled.values
     # 5 of 12 rows: each (causal SDPA) layer's effective words from the fused call, the rest from the 5 rows
     assert sampled.probe == {"forwards": 1, "sequences": 3, "tokens": 12, "sampled_rows": 5, "methods": ["fused"] * layers}
     assert 0 < max(sampled.rows[0]) <= 3 * 5

@@ -115,7 +115,7 @@ def ran(tmp_path_factory):
 def test_rank_0_writes_every_stage_s_layers_as_the_whole_model_measures_them(ran, log):
     whole = read_log(ran / "whole.jsonl")
     staged = read_log(ran / f"{log}.jsonl")  # rank 0 alone wrote
-    assert [r.step for r in staged] == [r.step for r in whole] == [1, 2, 3]
+    assert [r.step for r in staged] == [r.step for r in whole] == [0, 1, 2, 3]  # the baseline: step 1's forward
     for s, w in zip(staged, whole):
         assert len(s.values) == CONFIG.n_layers
         torch.testing.assert_close(torch.tensor(s.values), torch.tensor(w.values), rtol=1e-5, atol=1e-6)

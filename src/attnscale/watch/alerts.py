@@ -278,12 +278,14 @@ class Alerts:
                                + (f" (acting: {alert.action!r} from the next step)" if taking else ""))
                     firing = Firing(alert.name, layer, head, step, value, action, message)
                     fired.append(firing)
-                    if alert.action == "stop" and act:
+                    stopping = alert.action == "stop" and act and not self.should_stop
+                    if stopping:
                         self.should_stop = True
                     if taking:  # on every rank: the ranks' runs stay one run
                         self.taken.add(i)
                         self.due.append((alert.action, firing))
-                    if say and (i, layer, head) not in self.said:
+                    if say and ((i, layer, head) not in self.said or taking or stopping):  # said at a baseline:
+                        # the stop or action it takes later is said again
                         self.said.add((i, layer, head))
                         alert.action(firing) if callable(alert.action) and not acts else LOGGER.warning(message)
         return fired

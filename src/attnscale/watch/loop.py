@@ -188,7 +188,12 @@ class Watch:
         self.lost: dict[int, list] = {}  # index of a sink that failed to write -> [reason, its first lost step, lost]
         self._records = 0  # records written (or tried) to the sinks
         self.measuring = True  # False once a failed probe stopped the watch (on_error="stop")
-        self._started: float | None = None
+        self._started = time.perf_counter()  # watch/share's wall clock: from the watch's making, its first probe in
+        self._first: tuple | None = None  # the first probe not yet written: (stats, what it read, seconds, counted)
+        self.baseline: WatchLine | None = None  # the first probe's record (step 0 for a fresh run), once written
+        self._try_seconds = 0.0  # spent in _try, counted in ``seconds`` there
+        self._resumed = False  # load_state_dict ran: the run's baseline is in its earlier log
+        self._next = 1  # the step the next ``step`` call is for (``expect``)
         self._tried = False  # the probe has run once on the model
         self._closed = False
         self.clip = None
@@ -239,7 +244,9 @@ class Watch:
 
     def _try(self) -> None:
         """Run the probe on the model once, so that a probe the model cannot take, or a model whose attention
-        cannot be read, is a ConfigError now, before training, not at step ``every``."""
+        cannot be read, is a ConfigError now, before training, not at step ``every``. Its time is the watch's
+        (``seconds``) and its numbers the run's baseline record (``_write_baseline``)."""
+        start = time.perf_counter()
         name = type(unwrap(self.model)).__name__
         check_batch(self.probe, unwrap(self.model))
         try:
@@ -254,6 +261,11 @@ class Watch:
                               f"{name}), so no head can be measured on it; give probe= a batch of sequences of two "
                               "tokens or more")
         self._tried = True
+        seconds = time.perf_counter() - start
+        self.seconds += seconds
+        self._try_seconds += seconds
+        if not self._resumed:
+            self._first = (stats, self._probe_shape(), seconds, seconds)  # its seconds already in ``seconds``
 
     @property
     def should_stop(self) -> bool:
@@ -281,6 +293,7 @@ class Watch:
         does this for the step after its own, the Watch for step 1; a loop that resumes at step s calls
         ``expect(s + 1)`` before its first forward."""
         step = _step_number(step)
+        self._next = step
         if self.training is None:
             return
         if self.measuring and (step % self.every == 0 or not self._tried):
@@ -296,8 +309,8 @@ class Watch:
         fails to write (a full disk) costs its records, never the run (``lost``; said at once and at ``close``)."""
         step = _step_number(step)
         now = time.perf_counter()
-        if self._started is None:
-            self._started = now
+        tried = self._try_seconds
+        self._write_baseline()  # before this step's clip and record: the baseline is of the weights before it
         if self.clip is not None:
             self.clip.step()
         inside = 0.0
@@ -305,28 +318,43 @@ class Watch:
             measured = self._measure(step) if self.measuring else None
             if measured is not None:
                 inside = measured[2]
-                record = self._record(step, *measured, now)
+                record = self._record(step, *measured, now, counted=self._try_seconds - tried)
         except Exception as e:
             if not self._tried or self.on_error == "raise":
                 raise
             self._failed(step, e)
             measured = None
-        self.seconds += time.perf_counter() - now + inside  # sinks included: they are the watch's cost too
+        # sinks included: they are the watch's cost too; a first probe tried inside this call counted itself
+        self.seconds += time.perf_counter() - now + inside - (self._try_seconds - tried)
         return None if measured is None else scalars(record, self.detail)
 
-    def _record(self, step: int, stats: HeadStats, probe: dict[str, int], inside: float, now: float) -> WatchLine:
-        """The probe step's record, its alerts checked and said, written to every sink (rank 0's)."""
+    def _write_baseline(self) -> None:
+        """The first probe's record, once, before any later one: at the step the weights it read were at (0 in
+        a fresh run, the weights before any update), its alerts checked (the first check: every relative
+        alert's baseline), its ``watch.seconds`` the first probe's own time. A resumed run writes none: its
+        baseline is in the log it goes on."""
+        if self._first is None:
+            return
+        (stats, shape, seconds, counted), self._first = self._first, None
+        self.baseline = self._record(self._next - 1, stats, shape, seconds, time.perf_counter(), counted=counted,
+                                     act=False)
+
+    def _record(self, step: int, stats: HeadStats, probe: dict[str, int], inside: float, now: float,
+                counted: float = 0.0, act: bool = True) -> WatchLine:
+        """The probe step's record, its alerts checked and said, written to every sink (rank 0's). ``counted``:
+        seconds of ``inside`` or of this call already in ``seconds`` (a first probe's); ``act=False``: the
+        baseline's, whose firings are said and recorded but act on nothing (``Alerts.check``)."""
         writer = ranks.rank() == 0  # under DDP every rank probes, and rank 0 alone writes
-        fired = self.alerts.check(stats, step, say=writer)
-        clipped = self.clip.take() if self.clip else {}
+        fired = self.alerts.check(stats, step, say=writer, act=act)
+        clipped = self.clip.take() if self.clip and act else {}  # a baseline's: no step of the clip yet
         taken = [self._act(step, action, firing) for action, firing in self.alerts.due]
         seconds = time.perf_counter() - now + inside
         wall = time.perf_counter() - self._started
         record = WatchLine(
             step=step, time=time.time(), measures=tuple(stats.measures), values=stats.values_LMH.tolist(),
             rows=stats.rows_LH.tolist(), summary=stats.summary(), alerts=[f.to_json() for f in fired],
-            watch={"seconds": seconds, "total_seconds": self.seconds + seconds,
-                   "share": (self.seconds + seconds) / wall if wall > 0 else 0.0},
+            watch={"seconds": seconds, "total_seconds": self.seconds + seconds - counted,
+                   "share": (self.seconds + seconds - counted) / wall if wall > 0 else 0.0},
             probe={**probe, "methods": list(stats.layer_methods)} if stats.layer_methods else probe,
             threshold=self.threshold, qk_clip=clipped,
             bias=stats.bias_LH2.tolist() if stats.bias_LH2 is not None else [], actions=taken)
@@ -391,6 +419,7 @@ class Watch:
             self.clip.tau, self.clip_since = clip["tau"], clip["since"]
             self.clip._clipped, self.clip._told = set(clip["clipped"]), set(clip["told"])
             self.clip._since = {k: [t.clone() for t in v] for k, v in clip["counts"].items()}
+        self._resumed, self._first = True, None  # the run's baseline record is in the log it goes on
         self.measuring, self.failures = bool(state["measuring"]), [tuple(f) for f in state["failures"]]
         if state["probe"] is not None and self.probe is None:
             if self._hook is not None:  # the run's first batch, in the containers of the one caught (``_catch``)
@@ -424,6 +453,7 @@ class Watch:
                               "the watch)")
         if not self._tried:
             self._try()  # under a process group: every rank at the same step
+            self._write_baseline()
         if step % self.every:
             return None
         return self._probe(across_ranks=True), self._probe_shape(), 0.0
@@ -437,12 +467,17 @@ class Watch:
             inside, self.training.seconds = self.training.seconds, 0.0
             if taken is not None and self.training.failed is not None:
                 raise self.training.failed  # an error inside a forward, kept there so that the forward went on
-            if not self._tried:
+            first = not self._tried
+            if first:
                 self._check_seen(step, *taken)
                 self._tried = True
+            measured = self._in_training(step, *taken) if due or first else None
+            if first and not self._resumed:  # the first step's forward read the weights before any update
+                self._first = (*measured, inside, 0.0)  # inside: counted by ``step`` once
+                self._write_baseline()
         finally:
             self.expect(step + 1)
-        return (*self._in_training(step, *taken), inside) if due else None
+        return (*measured, inside) if due else None
 
     def _check_seen(self, step: int, sums: list, names: list[str], seen: dict[str, int]) -> None:
         model = type(self.training.model).__name__
@@ -493,6 +528,7 @@ class Watch:
         of a ``with`` block), so a finished run keeps its results."""
         if self._closed:
             return
+        self._write_baseline()  # a run that ended before its first step still has its baseline
         self._closed = True
         if self._hook is not None:
             self._hook.remove()

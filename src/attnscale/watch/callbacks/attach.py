@@ -28,7 +28,7 @@ from attnscale.errors import ConfigError
 from attnscale.watch.actions import ClipQK
 from attnscale.watch.alerts import Alert
 from attnscale.watch.loop import EVERY, PROBE_SEQUENCES, Watch
-from attnscale.watch.logs.sinks import Sink
+from attnscale.watch.logs.sinks import Sink, scalars
 
 __all__ = ["RECORDS", "Attached"]
 
@@ -74,6 +74,7 @@ class Attached:
         Watch.check(**self.options)  # a bad option fails here, not at train()
         self.watch: Watch | None = None
         self.latest: tuple[int, dict[str, float]] | None = None
+        self._baseline_given = False
         self._state: dict | None = None  # loaded before the Watch was made
 
     def start(self, model, step: int = 0, optimizer=None) -> Watch:
@@ -120,6 +121,16 @@ class Attached:
         if numbers is not None:
             self.latest = (step, numbers)
         return numbers
+
+    def take_baseline(self) -> tuple[int, dict[str, float]] | None:
+        """The baseline record (``Watch.baseline``, the first probe's, at step 0 of a fresh run) as (its step, its
+        flat numbers), the first time it is asked once written, else None: the callbacks hand it to the
+        framework's loggers at its own step."""
+        line = None if self.watch is None or self._baseline_given else self.watch.baseline
+        if line is None:
+            return None
+        self._baseline_given = True
+        return line.step, scalars(line, self.watch.detail)
 
     @property
     def should_stop(self) -> bool:

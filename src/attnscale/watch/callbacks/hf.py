@@ -20,6 +20,7 @@ with ``resume_from_checkpoint``. transformers loads with this module, never with
 from __future__ import annotations
 
 import base64
+import dataclasses
 import io
 import os
 from pathlib import Path
@@ -84,6 +85,7 @@ class WatchCallback(Attached, TrainerCallback, ExportableState):
         self.report = report
         self._relay: list = []
         self._pending: tuple[int, dict[str, float]] | None = None
+        self._baseline: tuple[int, dict[str, float]] | None = None  # the baseline record, not yet relayed
 
     def state(self) -> dict:
         """For the Trainer's checkpoint (``ExportableState``): the watch's state, readable only by a
@@ -119,6 +121,7 @@ class WatchCallback(Attached, TrainerCallback, ExportableState):
 
     def on_step_end(self, args, state, control, **kwargs):
         numbers = self.after_step(state.global_step)
+        self._baseline = self._baseline or self.take_baseline()
         if numbers is not None:
             self._pending = (state.global_step, numbers)
             control.should_log = True  # the loss is logged at the probe's step too
@@ -127,11 +130,22 @@ class WatchCallback(Attached, TrainerCallback, ExportableState):
         return control
 
     def on_log(self, args, state, control, logs=None, model=None, **kwargs):
+        self._relay_baseline(args, state, control, model=model, **kwargs)
         if self._pending is None or self._pending[0] != state.global_step:
             return
         numbers, self._pending = dict(self._pending[1]), None
         for cb in list(self._relay):
             self._relayed(cb, "on_log", args, state, control, logs=dict(numbers), model=model, **kwargs)
+
+    def _relay_baseline(self, args, state, control, **kwargs) -> None:
+        """The baseline record to every integration at its own step (0 in a fresh run), with the first log
+        after it was written (or at the end of a run that logged nothing after it)."""
+        if self._baseline is None:
+            return
+        (at, numbers), self._baseline = self._baseline, None
+        at_state = dataclasses.replace(state, global_step=at)
+        for cb in list(self._relay):
+            self._relayed(cb, "on_log", args, at_state, control, logs=dict(numbers), **kwargs)
 
     def _relayed(self, cb, event: str, *args, **kwargs) -> None:
         """One event to one integration copy; one that fails (a full disk) is said once and relayed no more:
@@ -145,6 +159,7 @@ class WatchCallback(Attached, TrainerCallback, ExportableState):
 
     def on_train_end(self, args, state, control, **kwargs):
         try:
+            self._relay_baseline(args, state, control, model=kwargs.get("model"))
             for cb in list(self._relay):
                 self._relayed(cb, "on_train_end", args, state, control, **kwargs)  # TensorBoard's closes its writer
         finally:

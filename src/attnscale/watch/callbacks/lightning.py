@@ -62,9 +62,10 @@ class WatchCallback(Attached, Callback):
             return
         self._last_step = step
         numbers = self.after_step(step)
-        if numbers is not None and self.report:
-            for logger in trainer.loggers:
-                logger.log_metrics(numbers, step=step)
+        for given in (self.take_baseline(), None if numbers is None else (step, numbers)) if self.report else ():
+            if given is not None:  # the baseline record first, at its own step (0 in a fresh fit)
+                for logger in trainer.loggers:
+                    logger.log_metrics(given[1], step=given[0])
         if self.should_stop:
             trainer.should_stop = True
 
