@@ -291,3 +291,28 @@ def test_the_end_state_paragraph_says_what_docs_end_state_says():
     assert len(figures) >= 14
     missing = sorted(f for f in figures if not re.search(rf"(?<![\d.,]){re.escape(f)}(?![\d])", page))
     assert not missing, f"README end-state figures not in docs/end-state.md: {missing}"
+
+
+def test_the_readme_says_whose_numbers_it_shows_as_docs_results_and_the_code_do():
+    """The machine, the precision and the commit of each column, how far another CPU moved them, and how a reader
+    tells which precision theirs trains in: each figure and commit stands in docs/results.md, each commit in the
+    history, and the CPU flags named are the ones ``native_bf16`` reads."""
+    import inspect
+    import subprocess
+
+    from attnscale.core.device import native_bf16
+
+    start = TEXT.index("Whose numbers:")
+    paragraph = " ".join(TEXT[start:TEXT.index("docs/results.md", start)].split())
+    results = " ".join((ROOT / "docs" / "results.md").read_text(encoding="utf-8").split())
+    assert "fp32" in paragraph and "bf16" in paragraph and "AMD EPYC" in paragraph
+    figures = set(re.findall(r"[+]\d+\.\d+|\b\d{3}\b", paragraph))
+    assert {"+2.19", "+2.84", "+6.96", "352"} <= figures
+    assert all(f in results for f in figures), sorted(f for f in figures if f not in results)
+    commits = re.findall(r"commit ([0-9a-f]{7,})", paragraph)
+    assert len(commits) == 2 and all(f"commit {c}" in results for c in commits)
+    if (ROOT / ".git").exists():  # a clone: each names a commit of its history
+        for c in commits:
+            assert subprocess.run(["git", "-C", str(ROOT), "cat-file", "-e", f"{c}^{{commit}}"]).returncode == 0, c
+    flags = re.findall(r"avx512_bf16|amx_bf16", paragraph)
+    assert set(flags) == {"avx512_bf16", "amx_bf16"} and all(f'"{f}"' in inspect.getsource(native_bf16) for f in flags)
