@@ -1,12 +1,14 @@
 """One self-contained HTML page from a watch log (``attnscale watch-report WATCH_LOG``).
 
 What a reader sees, from the log's records alone (``watch.logs.line.read_watch_log``):
+- the last probe's model-wide numbers, named as the README names the measures (each beside its key in the
+  log), a share as a percent;
 - heatmaps of every head (rows: layer.head) over the probe steps (columns) for
   effective words and max |score|, so a head that collapses or whose logits grow
   stands out as one row changing colour;
 - the frozen share of rows over steps, per layer (mean of its heads) and model-wide;
-- the alerts on the same step axis, one mark per firing, and a table of the first
-  firing of each alert and head;
+- the alerts on the same step axis, one mark per firing (a panel drawn only where one fired), and a table of
+  the first firing of each alert and head;
 - effective words over steps beside what random scores predict at the same spread
   (``core.gaussian_scores``: softmax over i.i.d. N(0, spread²) scores, rows of the
   probe's length, causal unless told otherwise): a head far below its reference
