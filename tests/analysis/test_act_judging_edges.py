@@ -111,3 +111,67 @@ def test_judge_of_one_arm_and_mcnemar_names_a_bad_count():
         "runs": 12, "learned": 12, "mid_run_breaks": 9, "degraded": 12, "never_learned": 0}
     with pytest.raises(ValueError, match="^counts must be non-negative, got -1, 2$"):
         aj.mcnemar_exact(-1, 2)
+
+
+T_975 = {2: 4.302652729749464, 3: 3.182446305284263}  # t(0.975, df), from tables
+T_95 = {2: 2.919985580355516}  # t(0.95, df): the 90% interval of the equivalence test
+
+
+def _seed_rows(arm_losses, ref_losses, arm="C", ref="E"):
+    """Per seed, each cell's final loss of ``arm`` and of ``ref`` ({seed: {cell: loss}}); a cell missing is no run."""
+    return [_row(cell, a, seed, False, v) for a, losses in ((arm, arm_losses), (ref, ref_losses))
+            for seed, by_cell in losses.items() for cell, v in by_cell.items()]
+
+
+def test_seed_loss_averages_each_seeds_cells_first_and_leaves_out_a_seed_without_every_cell():
+    arm = {0: {"z0": 1.90, "z1e-4": 1.70}, 1: {"z0": 2.00, "z1e-4": 1.80}, 2: {"z0": 2.30, "z1e-4": 1.90},
+           3: {"z0": 1.0}, 4: {"z0": 2.0, "z1e-4": float("nan")}, 6: {"z0": 2.0, "z1e-4": 2.0}, 7: {"z0": 2.0}}
+    ref = {0: {"z0": 1.80, "z1e-4": 1.60}, 1: {"z0": 1.80, "z1e-4": 1.70}, 2: {"z0": 1.80, "z1e-4": 1.70},
+           3: {"z0": 1.5, "z1e-4": 1.5}, 4: {"z0": 1.8, "z1e-4": 1.8}, 5: {"z0": 1.8, "z1e-4": 1.8}, 6: {"z0": 1.8},
+           7: {"z0": 1.8}}
+    # seed 3 lacks z1e-4 in C and seed 6 in E: not pairs; seed 4 diverged: a pair left out; seed 5 is not in C;
+    # seed 7 ran one cell in both arms: a pair of that one cell. Another arm's run is no run of either (seed 6)
+    got = aj.seed_loss(_seed_rows(arm, ref) + [_row("z1e-4", "A", 6, False, 1.8)], "C", "E")
+    diffs = [(1.90 + 1.70) / 2 - (1.80 + 1.60) / 2, (2.00 + 1.80) / 2 - (1.80 + 1.70) / 2,
+             (2.30 + 1.90) / 2 - (1.80 + 1.70) / 2, 2.0 - 1.8]  # 0.1, 0.15, 0.35, 0.2
+    mean = math.fsum(diffs) / 4
+    se = math.sqrt(math.fsum((d - mean) ** 2 for d in diffs) / 3) / 2
+    assert (got["n"], got["left_out"]) == (4, 1)
+    assert got["diff"] == pytest.approx(mean) and got["se"] == pytest.approx(se)
+    assert got["interval"] == pytest.approx((mean - T_975[3] * se, mean + T_975[3] * se))
+    # the seed as the unit is not the pairs as the unit: 6 pairs of cells give another SE and interval
+    cells = aj.paired_loss(_seed_rows({s: v for s, v in arm.items() if s < 3}, ref), "C", "E")
+    assert cells["n"] == 6 and cells["se"] != pytest.approx(se)
+
+
+def test_judge_adds_the_seed_as_the_unit_beside_each_paired_loss_and_c_against_b():
+    rows = _study(seeds=range(4))
+    for r in rows:  # C above B by 0.030, 0.031, 0.032, 0.033 in both cells: the difference beyond ±0.02
+        if r["arm"] == "C":
+            r["valid_loss"] = 1.81 + 0.030 + 0.001 * r["seed"]
+    got = aj.judge(rows, floor=2.3)
+    arms = got["arms"]
+    assert "seed_loss_vs_A" not in arms["A"] and "seed_loss_vs_E" not in arms["E"]
+    c = arms["C"]
+    assert c["seed_loss_vs_E"]["n"] == 4 and c["seed_loss_vs_E"]["diff"] == pytest.approx(0.0415)
+    assert c["seed_loss_vs_A"]["diff"] == pytest.approx(0.0415 + 1.80 - 2.5)
+    assert arms["A"]["seed_loss_vs_E"]["diff"] == pytest.approx(2.5 - 1.80)
+    assert arms["E"]["seed_loss_vs_A"]["diff"] == pytest.approx(1.80 - 2.5)
+    cb = got["C_vs_B"]
+    diffs = [0.030, 0.031, 0.032, 0.033]
+    se = math.sqrt(math.fsum((d - 0.0315) ** 2 for d in diffs) / 3) / 2
+    assert cb["margin"] == 0.02 and cb["n"] == 4 and cb["diff"] == pytest.approx(0.0315)
+    assert cb["interval_95"] == pytest.approx((0.0315 - T_975[3] * se, 0.0315 + T_975[3] * se))
+    assert cb["verdict"] == "different"  # the 95% interval excludes 0 and passes the margin
+    only = aj.judge([r for r in rows if r["arm"] in "BC"], arms=("B", "C"))  # both arms and nothing else
+    assert only["C_vs_B"]["diff"] == pytest.approx(0.0315) and "C_vs_B" not in aj.judge(rows, arms=("A", "C", "E"))
+
+
+def test_c_against_b_within_the_margin_is_equivalent():
+    rows = [r for r in _study(cells=("z0",), seeds=range(3)) if r["arm"] in "BC"]
+    for r in rows:  # 0.005, 0.006, 0.007: the 90% interval 0.006 ± 2.92 · 0.001/√3, inside ±0.02
+        if r["arm"] == "C":
+            r["valid_loss"] = 1.81 + 0.005 + 0.001 * r["seed"]
+    cb = aj.judge(rows, arms=("B", "C"))["C_vs_B"]
+    half = T_95[2] * 0.001 / math.sqrt(3)
+    assert cb["interval_90"] == pytest.approx((0.006 - half, 0.006 + half)) and cb["verdict"] == "equivalent"
