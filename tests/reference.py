@@ -12,8 +12,8 @@ MEASURES = ("spread", "max_score", "effective_words", "frozen_fraction", "push",
 
 
 def head_measures(scores_BHTT, pattern_BHTT, threshold=0.99):
-    """(len(MEASURES), H) float32: spread and max |score| over the finite scores, the row measures averaged
-    over rows that see at least two finite scores; NaN where a head has none."""
+    """(len(MEASURES), H) float32: spread over the finite scores, max |score| over those of the rows that see at
+    least two, the row measures averaged over those rows; NaN where a head has none."""
     scores, pattern = scores_BHTT.detach().cpu().double(), pattern_BHTT.detach().cpu().double()
     out = []
     for h in range(scores.shape[1]):
@@ -21,7 +21,8 @@ def head_measures(scores_BHTT, pattern_BHTT, threshold=0.99):
         keep = torch.isfinite(s)
         vals = s[keep]
         spread = float(vals.std(unbiased=False)) if len(vals) else math.nan
-        top = float(vals.abs().max()) if len(vals) else math.nan
+        two = s[keep & (keep.sum(-1, keepdim=True) >= 2)]  # max |score|: the rows that see two keys
+        top = float(two.abs().max()) if len(two) else math.nan
         rows = p[(keep.sum(-1) >= 2) & (p.sum(-1) > 0.5)]
         if len(rows):
             mw = rows.max(-1).values

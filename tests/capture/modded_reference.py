@@ -33,7 +33,8 @@ def weights_of(logits, visible, sink_H=None):
 
 def pooled_measures(parts, threshold=0.99):
     """(len(MEASURES), H) float64 over every part's entries and rows together: ``parts`` a list of (scores,
-    weights, visible), each B×H×T×S. Score measures over the visible entries; row measures averaged over the
+    weights, visible), each B×H×T×S. Spread over the visible entries, max |score| over those of the rows that see
+    at least two keys; row measures averaged over the
     rows that see at least two keys, each of the row's weights over its keys: effective words exp(-Σ p log p),
     max weight, frozen where it passes ``threshold``, push sqrt(Σp² - 2Σp³ + (Σp²)²)."""
     H = parts[0][0].shape[1]
@@ -43,7 +44,11 @@ def pooled_measures(parts, threshold=0.99):
         rows = [p[:, h][v.expand_as(s)[:, h].sum(-1) >= 2].double() for s, p, v in parts]
         width = max(r.shape[-1] for r in rows)  # zero weights, padding a row out, add nothing to a measure
         p = torch.cat([torch.nn.functional.pad(r, (0, width - r.shape[-1])) for r in rows])
-        out[0, h], out[1, h] = vals.std(unbiased=False), vals.abs().max()
+        out[0, h] = vals.std(unbiased=False)
+        two = [s[:, h][v.expand_as(s)[:, h] & (v.expand_as(s)[:, h].sum(-1, keepdim=True) >= 2)] for s, _, v in parts]
+        two = torch.cat(two)  # max |score|: the rows that see two keys (one key: weight 1 whatever the score)
+        if len(two):
+            out[1, h] = two.abs().max()
         if len(p):
             s2, s3 = p.pow(2).sum(-1), p.pow(3).sum(-1)
             mw = p.max(-1).values

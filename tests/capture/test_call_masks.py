@@ -2,8 +2,8 @@
 use and exactly at the hiding line ``HIDDEN_AT``: a key whose additive mask, or whose score_mod's change to
 its score, is -10,000 or below (or -inf) is hidden; one just above the line is a visible key with a bias.
 
-The reference is the definition, written out here in float64: per head the population spread and largest
-|score| over the visible scores, and over the rows that see two or more keys the softmax of score + bias
+The reference is the definition, written out here in float64: per head the population spread over the visible
+scores, the largest |score| over those of the rows that see two or more keys, and over those rows the softmax of score + bias
 over the visible keys, its effective words, largest weight, frozen share and push."""
 
 import math
@@ -49,7 +49,8 @@ def _reference(q, k, visible, bias=None, threshold=0.99):
                 jac = torch.diag(p) - p[:, None] * p[None, :]
                 rows.append((math.exp(ent), float(p.max() > threshold), float(jac.pow(2).sum().sqrt()), float(p.max())))
         means = [sum(r[j] for r in rows) / len(rows) for j in range(4)]
-        out.append([spread, float(vals.abs().max()), *means])
+        two = visible[:, h] & (visible[:, h].sum(-1, keepdim=True) >= 2)  # max |score|: rows that see two keys
+        out.append([spread, float(s[:, h][two].abs().max()), *means])
     return torch.tensor(out, dtype=torch.float64).T
 
 

@@ -448,26 +448,28 @@ def test_per_head_numbers_and_single_key_rows_left_out():
     assert reduce_scores(soft).measures()[3].tolist() == [0.0]
 
 
-def test_a_head_that_sees_one_score_has_spread_zero_and_that_score_as_its_largest():
-    """One row that sees one key (a one-token call): the population spread of a single score is 0 and its
-    largest |score| is |q·k|/√d, written out here; the row measures are NaN (a row with one key is left out,
-    so no row is counted). Only a head that saw nothing has NaN score measures."""
+def test_a_head_that_sees_one_score_has_spread_zero_and_no_largest_score():
+    """One row that sees one key (a one-token call): the population spread of a single score is 0; the row is
+    left out of max |score| and the row measures (its weight is 1 whatever its score, ``capture.rows``), so they
+    are NaN: no row is counted. Only a head that saw nothing has a NaN spread."""
     q = torch.tensor([[3.0, -1.0, 2.0, 0.5], [1.0, 1.0, 1.0, 1.0]]).view(1, 2, 1, 4)  # two heads, one row
     k = torch.tensor([[-2.0, 4.0, 1.0, 2.0], [0.5, 0.5, 0.5, 0.5]]).view(1, 2, 1, 4)  # and one key
     m = reduce_call(AttentionCall(q, k, is_causal=True)).measures()
-    by_hand = [abs(3 * -2 + -1 * 4 + 2 * 1 + 0.5 * 2) / 2, abs(4 * 0.5) / 2]  # 1/√4 = 1/2
-    assert m[0].tolist() == [0.0, 0.0] and m[1].tolist() == by_hand
-    assert all(math.isnan(x) for x in m[2:].flatten().tolist())
+    assert m[0].tolist() == [0.0, 0.0]
+    assert all(math.isnan(x) for x in m[1:].flatten().tolist())
     with pytest.raises(AttributeError, match="^not_a_field$"):
         HeadSums(2).not_a_field
 
 
 def _s_max_by_hand(q, k, factor, visible, cap=None):
-    """Each head's largest |cap(q·kᵀ × factor)| over the visible keys, every score in float64 (0 where none)."""
+    """Each head's largest |cap(q·kᵀ × factor)| over the visible keys of the rows that see two keys or more,
+    every score in float64 (0 where none)."""
     k = k.double().repeat_interleave(q.shape[1] // k.shape[1], dim=1)
     s = (q.double() @ k.transpose(-2, -1)) * factor
     s = cap(s) if cap is not None else s
-    return s.abs().masked_fill(~visible.expand_as(s), 0).amax((0, 2, 3))
+    visible = visible.expand_as(s)
+    visible = visible & (visible.sum(-1, keepdim=True) >= 2)
+    return s.abs().masked_fill(~visible, 0).amax((0, 2, 3))
 
 
 WINDOW = CAUSAL & (torch.arange(23)[:, None] - torch.arange(23)[None, :] < 5)

@@ -73,12 +73,14 @@ class Net(nn.Module):
 
 
 def by_hand(attn, x):
-    """Each query head's largest |q·k| / sqrt(D) over the causal entries, from the weights, in float64."""
+    """Each query head's largest |q·k| / sqrt(D) over the causal entries of the rows that see two keys (row 0
+    sees one: its weight is 1 whatever its score), from the weights, in float64."""
     with torch.no_grad():
         q, k = (t.double() for t in attn.qk(x))
         k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
         scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
         causal = torch.ones(x.shape[1], x.shape[1], dtype=torch.bool).tril()
+        causal[0] = False
         return scores.masked_fill(~causal, 0).abs().amax((0, 2, 3)).tolist()
 
 
@@ -465,7 +467,8 @@ def test_an_evaluation_between_two_steps_leaves_the_method_of_the_training_calls
 def test_attnscale_models_keep_sdpa_under_the_clip_and_the_training_capture_and_log_the_method(
         tmp_path, monkeypatch, in_training_forward):
     """The clip reads q and k as each Attention makes them: the model still calls SDPA in every training
-    forward, the S_max it logs is each head's largest |score| over the causal entries in float64, and every
+    forward, the S_max it logs is each head's largest |score| over the causal entries in float64 (row 0, which
+    sees one key, left out), and every
     layer says how it was had."""
     from attnscale.lm.model import ModelConfig, build_model
 
@@ -476,7 +479,7 @@ def test_attnscale_models_keep_sdpa_under_the_clip_and_the_training_capture_and_
     with torch.no_grad(), hooked(model, ["blocks.0.attn.hook_q", "blocks.0.attn.hook_k"]) as c:  # by hand, in float64
         model(ids)
     s = (c["blocks.0.attn.hook_q"].double() @ c["blocks.0.attn.hook_k"].double().mT) / math.sqrt(8)
-    want = s.masked_fill(~torch.ones(8, 8, dtype=torch.bool).tril(), 0).abs().amax((0, 2, 3)).tolist()
+    want = s[:, :, 1:].masked_fill(~torch.ones(8, 8, dtype=torch.bool).tril()[1:], 0).abs().amax((0, 2, 3)).tolist()
     calls = []
     sdpa = F.scaled_dot_product_attention
     monkeypatch.setattr(F, "scaled_dot_product_attention", lambda *a, **k: calls.append(1) or sdpa(*a, **k))

@@ -33,9 +33,9 @@ import math
 import torch
 
 from attnscale.capture.call import AttentionCall
-from attnscale.capture.reduce import DEFAULT_MEMORY, _key_mask, cut, cut_blocks, reduce_call, tiled
+from attnscale.capture.reduce import DEFAULT_MEMORY, cut, cut_blocks, reduce_call, tiled
+from attnscale.capture.rows import counted, counted_top, key_counts, seen_keys
 from attnscale.capture.sums import ROW_MEASURES, HeadSums
-from attnscale.core.diagnostics import MIN_KEYS
 
 __all__ = ["FUSED", "REPLAY", "REPLAYED", "lse_attention", "measure_call", "qualifies"]
 
@@ -78,38 +78,13 @@ def qualifies(call: AttentionCall, padding_BT: torch.Tensor | None, device: torc
         return None
     if (device is not None and torch.device(device) != call.q.device) or call.q.device.type not in ("cpu", "cuda"):
         return None
-    B, H, T, S, K = call.q.shape[0], call.heads, call.q.shape[-2], call.k.shape[-2], call.kv_heads
-    keys, qk = _key_mask(call, H, K), tiled(call, padding_BT)
-    if qk is None or keys is False:
+    H, qk = call.heads, tiled(call, padding_BT)
+    if qk is None:  # (a mask with rows, or parts of a group of query heads)
         return None
     f = call.factor
     f = (f.detach().float().reshape(-1).to(call.q.device).expand(H) if isinstance(f, torch.Tensor)
          else torch.full((H,), float(f), device=call.q.device))
-    seen = None if keys is None else keys[..., 0].to(call.q.device)  # B'×H'×S, H' 1 or H (= K)
-    rows = None
-    if padding_BT is not None:
-        pad = padding_BT.to(call.q.device).bool()
-        if pad.shape[0] == B and pad.shape[1] == S:
-            seen = pad[:, None] if seen is None else seen & pad[:, None]
-        if pad.shape[0] == B and pad.shape[1] == T:
-            rows = pad
-    return qk[0], qk[1], f, seen, rows
-
-
-def _counts(call: AttentionCall, seen: torch.Tensor | None, rows: torch.Tensor | None) -> torch.Tensor:
-    """The keys each query row sees, B'×H'×T int64 (broadcastable to B×H×T): its causal/window range's keys that
-    ``seen`` leaves, 0 for a row that is not real."""
-    T, S = call.q.shape[-2], call.k.shape[-2]
-    i = torch.arange(T, device=call.q.device) + call.diagonal
-    hi = (i + 1).clamp(0, S) if call.is_causal else torch.full_like(i, S)
-    lo = (i - call.window + 1).clamp(0, S) if call.window is not None else torch.zeros_like(i)
-    lo = torch.minimum(lo, hi)
-    if seen is None:
-        n = (hi - lo)[None, None]
-    else:
-        P = torch.nn.functional.pad(seen.long().cumsum(-1), (1, 0))  # P[..., j]: seen keys before key j
-        n = P[..., hi] - P[..., lo]
-    return n if rows is None else n * rows[:, None].long()
+    return (qk[0], qk[1], f, *seen_keys(call, padding_BT))
 
 
 def _effective_words(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, factor: torch.Tensor,
@@ -140,19 +115,19 @@ def _effective_words(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, fact
             if got is None:
                 return None
             o[:, :, r0:r1], lse[:, :, r0:r1] = got
-    n = _counts(call, seen, rows).expand(B, H, T)
+    n = key_counts(call, seen, rows).expand(B, H, T)
     entropy = lse.double() - _dots(q, o, memory)
     entropy = torch.minimum(entropy.clamp_min(0.0), n.clamp_min(1).double().log())  # within [0, log n]
     sink = None if call.sink is None else call.sink.detach().to(q.device).double().view(1, H, 1)
     if sink is not None:
         log_share = lse.double() - torch.logaddexp(lse.double(), sink)
         entropy = log_share.exp() * (entropy - log_share)
-    counted = n >= MIN_KEYS
+    rows = counted(n)
     # rows whose scores are past what the float32 lse and o hold (``LSE_ERROR``): replayed exactly
-    far = counted & (_entropy_error(q, k, n) > LSE_TOLERANCE)
+    far = rows & (_entropy_error(q, k, n) > LSE_TOLERANCE)
     if bool(far.any()):
         entropy[far] = _replayed_entropy(call, q, k, seen, sink, far, memory)
-    return entropy.exp(), counted
+    return entropy.exp(), rows
 
 
 def _entropy_error(q: torch.Tensor, k: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
@@ -232,17 +207,17 @@ def lse_attention(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor | None,
 
 def _score_measures(call: AttentionCall, sums: HeadSums, q: torch.Tensor, k: torch.Tensor, factor: torch.Tensor,
                     seen: torch.Tensor | None, rows: torch.Tensor | None, memory: int) -> None:
-    """Spread and max |score| of every visible score into ``sums``, from one product a block (``cut_blocks``):
-    each row's scores less the row's mean in float32 (hidden ones 0), squared and summed per row, the rows merged
-    in float64 (Chan et al.), the factor put on the H totals."""
+    """Spread of every visible score and max |score| of the rows that see two keys (``rows.py``) into ``sums``,
+    from one product a block (``cut_blocks``): each row's scores less the row's mean in float32 (hidden ones 0),
+    squared and summed per row, the rows merged in float64 (Chan et al.), the factor put on the H totals."""
     H = q.shape[1]
-    counts = _counts(call, seen, rows)
+    counts = key_counts(call, seen, rows)
     raw = HeadSums(H, sums.threshold, sums.device)
     for heads, seqs, r0, k0, s in cut_blocks(call, q, k, memory):
         R = s.shape[2]
         n = counts[seqs if counts.shape[0] > 1 else slice(None), heads if counts.shape[1] > 1 else slice(None),
                    r0:r0 + R].expand(s.shape[:3]).double()
-        top = torch.maximum(s.amax((0, 2, 3)), s.amin((0, 2, 3)).neg_())
+        top = counted_top(s, n)  # before the mean is taken off; rows that see one key left out
         mu = s.sum(-1).double() / n.clamp_min(1)  # hidden scores are 0 here: the sum is the visible ones'
         s.sub_(mu.float()[..., None])
         cut(call, s, r0, k0)

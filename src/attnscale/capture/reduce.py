@@ -31,7 +31,7 @@ import torch
 
 from attnscale.capture.call import HIDDEN_AT, AttentionCall, hidden_keys
 from attnscale.capture.sums import HeadSums
-from attnscale.core.diagnostics import FROZEN_THRESHOLD, HEAD_MEASURES
+from attnscale.core.diagnostics import FROZEN_THRESHOLD, HEAD_MEASURES, MIN_KEYS
 
 __all__ = ["BYTES_PER_ENTRY", "DEFAULT_MEMORY", "cut_blocks", "dense", "reduce_call", "reduce_scores", "tiled", "with_padding"]
 
@@ -323,7 +323,9 @@ def _head_max_blocks(call: AttentionCall, memory: int) -> torch.Tensor:
     with torch.no_grad():
         for heads, _, scores, visible, _, _ in _blocks(call, memory, call.q.device):
             kept = scores.abs_() if visible is None else scores.abs_().masked_fill_(~visible, 0.0)
-            out[heads] = torch.maximum(out[heads], kept.amax((0, 2, 3)))
+            few = (scores.shape[-1] if visible is None else visible.sum(-1)) < MIN_KEYS  # a row of one key: out
+            top = kept.amax(-1).masked_fill_(torch.as_tensor(few, device=kept.device), 0.0).amax((0, 2))
+            out[heads] = torch.maximum(out[heads], top)
     return out
 
 

@@ -32,12 +32,17 @@ import math
 
 import torch
 
-from attnscale.core.diagnostics import FROZEN_THRESHOLD, HEAD_MEASURES, MIN_KEYS, measuring_device
+from attnscale.core.diagnostics import FROZEN_THRESHOLD, HEAD_MEASURES, counted_rows, measuring_device
 
-__all__ = ["ROW_MEASURES", "HeadSums"]
+__all__ = ["ROW_MEASURES", "HeadSums", "largest_abs"]
 
 # The measures taken over rows (the others over the scores' entries).
 ROW_MEASURES = HEAD_MEASURES[2:]
+
+
+def largest_abs(s: torch.Tensor, dims: tuple[int, ...] | int) -> torch.Tensor:
+    """The largest |s| over ``dims``, as the larger of the max and the negated min (no |s| is made)."""
+    return torch.maximum(s.amax(dims), s.amin(dims).neg_())
 
 
 class HeadSums:
@@ -88,7 +93,7 @@ class HeadSums:
         keep = keep.expand(B, H, R, S)
         hidden = ~keep
         if "spread" in measures or "max_score" in measures:
-            self._merge_scores(scores_BHRS, keep, hidden)
+            self._merge_scores(scores_BHRS, keep, hidden, counted_rows(keep))
         if bias is not None:
             b = bias.expand(B, H, R, S)
             self.bias_min.copy_(torch.fmin(self.bias_min, b.masked_fill(hidden, math.inf).amin((0, 2, 3)).double()))
@@ -99,8 +104,10 @@ class HeadSums:
                 logits = scores_BHRS if bias is None else scores_BHRS + bias
             self._add_rows(logits, keep, hidden, sink, chosen)
 
-    def _merge_scores(self, scores: torch.Tensor, keep: torch.Tensor, hidden: torch.Tensor) -> None:
-        """Count, mean and squared deviations of the block's visible scores, merged into the running ones.
+    def _merge_scores(self, scores: torch.Tensor, keep: torch.Tensor, hidden: torch.Tensor,
+                      counted: torch.Tensor) -> None:
+        """Count, mean and squared deviations of the block's visible scores, merged into the running ones, and
+        the largest |score| of the rows that see ``MIN_KEYS`` keys (``counted``, B×H×R; ``capture.rows``).
         Deviations are taken from a shift near the mean (the mean so far, or the mean of the block's first row
         that sees a key) in float32, summed over each row in float32 and over rows in float64: no float64 copy
         of the block."""
@@ -112,10 +119,10 @@ class HeadSums:
         row, row_keep = scores[at // R, heads, at % R], keep[at // R, heads, at % R]  # H×S
         first = row.masked_fill(~row_keep, 0.0).sum(1).double() / row_keep.sum(1).clamp_min(1)
         shift = torch.where(self.entries > 0, self.mean, first).float()[None, :, None, None]
-        d = (scores - shift).masked_fill_(hidden, 0.0)
-        # the shift lies within the visible scores seen so far, so the hidden zeros (|shift|) never raise the max
-        top = torch.maximum(d.amax((0, 2, 3)) + shift.flatten(), -(d.amin((0, 2, 3)) + shift.flatten()))
+        d = scores.masked_fill(hidden, 0.0)  # a hidden 0 never raises a largest |score|
+        top = largest_abs(d, -1).masked_fill_(~counted, 0.0).amax((0, 2))
         self.max_abs.copy_(torch.maximum(self.max_abs, top.double()))
+        d = d.sub_(shift).masked_fill_(hidden, 0.0)
         s1 = d.sum(-1).double().sum((0, 2))
         s2 = d.mul_(d).sum(-1).double().sum((0, 2))
         mean = shift.flatten().double() + s1 / n.clamp_min(1)
@@ -146,7 +153,7 @@ class HeadSums:
 
     def _add_rows(self, logits: torch.Tensor, keep: torch.Tensor, hidden: torch.Tensor,
                   sink: torch.Tensor | None = None, measures: tuple[str, ...] = ROW_MEASURES) -> None:
-        counted = keep.sum(-1) >= MIN_KEYS  # B×H×R: a row with one choice is neither frozen nor free
+        counted = counted_rows(keep)  # B×H×R: a row with one choice is neither frozen nor free
         # hidden keys as a number no exp survives (e^-1e30 = 0, and 0 · -1e30 = 0, where -inf would give NaN)
         filled = logits.masked_fill(hidden, -1e30)
         top, top_key = filled.max(-1, keepdim=True)
@@ -193,11 +200,11 @@ class HeadSums:
         self.data[additive] += o[additive]
 
     def measures(self) -> torch.Tensor:
-        """float64 (len(HEAD_MEASURES), H) on the sums' device; NaN where a head saw no entry (score measures)
-        or counted no row (row measures)."""
+        """float64 (len(HEAD_MEASURES), H) on the sums' device; NaN where a head saw no entry (spread) or
+        counted no row (max |score| and the row measures: ``capture.rows``' rule)."""
         seen = self.entries > 0
         spread = torch.where(seen, (self.m2 / self.entries.clamp_min(1)).sqrt(), math.nan)
-        out = [spread, torch.where(seen, self.max_abs, math.nan)]
+        out = [spread, torch.where(seen & (self.rows_effective_words > 0), self.max_abs, math.nan)]
         for m in ROW_MEASURES:
             rows = getattr(self, f"rows_{m}")
             out.append(torch.where(rows > 0, getattr(self, f"sum_{m}") / rows.clamp_min(1), math.nan))

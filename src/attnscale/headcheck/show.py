@@ -28,7 +28,7 @@ def _header(result: InspectResult) -> list[str]:
          f"d_k {result.head_dim}, {'causal' if result.causal else 'bidirectional'}"),
         f"scale   {result.scale:.6g} = {result.scale_source}{cap}",
         (f"text    {result.sequences} of {result.sequences_available} sequences{_cut(result)}, {result.tokens} tokens; "
-         f"frozen = max weight > {result.threshold:g}; rows that see one key are left out"),
+         f"frozen = max weight > {result.threshold:g}; rows that see one key are left out of all but spread"),
     ]
     return lines + [f"note    {n}" for n in result.notes]
 
