@@ -75,3 +75,17 @@ def test_the_smoke_study_trains_judges_and_prints(tmp_path, monkeypatch, capsys)
     # the command refuses a ladder of its own before reading anything
     assert main(["warn-study", "--study", str(tmp_path / "pilot"), "--lrs", "0.1", "--out", str(tmp_path / "x")]) == 2
     assert "drop --pilot, --family, --scale, --norm, --warmup, --lr, --lrs and --seeds" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, says", [('{"chosen": [0.08', "cannot be read as the pilot the study keeps"),
+                                        ('[0.08, 0.09]', "holds no kept pilot")])
+def test_a_kept_pilot_that_is_not_one_is_one_line_before_any_run(tmp_path, text, says):
+    """The study folder's warn-pilot.json, cut short or of another shape, once a traceback as the study began."""
+    (tmp_path / st.PILOT_FILE).write_text(text)
+    pilot = dict.fromkeys(st.PILOT_KEYS, 1.0)
+    for call in (lambda: st.write_pilot(tmp_path, pilot), lambda: st.read_kept_pilot(tmp_path)):
+        with pytest.raises(ConfigError, match=says) as got:
+            call()
+        assert "\n" not in str(got.value)
+    assert (tmp_path / st.PILOT_FILE).read_text() == text  # not written over
+    assert st.write_pilot(tmp_path / "fresh", pilot) == st.read_kept_pilot(tmp_path / "fresh") == pilot

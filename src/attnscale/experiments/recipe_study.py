@@ -142,26 +142,37 @@ PILOT_KEYS = ("bigram", "uniform", "floor", "best", "level", "chosen", "lrs", "r
 def write_pilot(out: Path, pilot: dict[str, Any]) -> dict[str, Any]:
     """Keep what the study takes from its pilot in ``out/PILOT_FILE``; a different pilot already kept
     there is refused (a study judged by two pilots would be two studies)."""
-    import json
+    from attnscale.files import atomic_write_json
 
     kept = {k: pilot[k] for k in PILOT_KEYS}
     path = out / PILOT_FILE
-    if path.exists():
-        before = json.loads(path.read_text(encoding="utf-8-sig"))
+    before = read_kept_pilot(out)
+    if before is not None:
         if {k: before.get(k) for k in ("chosen", "level", "floor")} != {k: kept[k] for k in ("chosen", "level", "floor")}:
             raise ConfigError(f"{path} keeps another pilot's rungs and level ({before.get('chosen')}, "
                               f"{before.get('level')}): give the study a fresh --out")
     out.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(kept, indent=1), encoding="utf-8")
+    atomic_write_json(path, kept)  # whole or not at all: a cut write leaves no half a pilot to read back
     return kept
 
 
 def read_kept_pilot(folder: Path) -> dict[str, Any] | None:
-    """What ``write_pilot`` kept in ``folder``, or None where nothing is."""
+    """What ``write_pilot`` kept in ``folder``, or None where nothing is; a one-line ConfigError where the file
+    there is not JSON, or not the object ``write_pilot`` writes."""
     import json
 
     path = Path(folder) / PILOT_FILE
-    return json.loads(path.read_text(encoding="utf-8-sig")) if path.exists() else None
+    if not path.exists():
+        return None
+    try:
+        kept = json.loads(path.read_text(encoding="utf-8-sig"))
+    except (OSError, ValueError) as e:  # ValueError: JSONDecodeError and UnicodeDecodeError
+        raise ConfigError(f"{path} cannot be read as the pilot the study keeps ({e}): give the study a fresh "
+                          "--out, or move that file away") from None
+    if not isinstance(kept, dict):
+        raise ConfigError(f"{path} holds no kept pilot (a JSON object with its rungs and level): give the study "
+                          "a fresh --out, or move that file away")
+    return kept
 
 
 def judged(rows: list[dict[str, Any]], pilot: dict[str, Any], probe_every: int) -> dict[str, Any]:
