@@ -355,3 +355,13 @@ def test_a_rate_cut_in_force_at_the_checkpoint_is_said_to_end_when_the_run_resum
     assert resumed["resumed_from"] == 3
     assert ("resumed without the watch the checkpoint's run had: the rate times 0.5 for 3 more step(s) ended at "
             "step 3") in resumed["notes"]
+
+
+def test_clip_qk_on_a_qk_norm_model_is_refused_before_the_first_step(corpus):
+    from attnscale.errors import ConfigError
+
+    steps = []
+    with pytest.raises(ConfigError, match=r"^MaxScore's action ClipQK\(tau=100\) cannot act on TinyLM: .*qk-norm"):
+        train(replace(MODEL, scale="qk_norm"), TRAIN, corpus, on_step=lambda step, *_: steps.append(step),
+              watch=Attached(every=2, alerts=[MaxScore(tau=ANY, action=ClipQK(100))]))
+    assert steps == []

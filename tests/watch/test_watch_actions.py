@@ -149,3 +149,59 @@ def test_a_plain_loop_resumed_from_the_watch_s_state_goes_on_as_the_uninterrupte
                for a, b in zip(s.values(), t.values()))
     assert resumed[2].actions == whole[2].actions and len(whole[2].actions) == 3
     assert torch.equal(resumed[2].probe, watch.probe)
+
+
+def _qk_norm_model():
+    vocab = load_corpus("default").vocab_size
+    return build_model(ModelConfig(vocab_size=vocab, context=16, d_model=16, n_layers=1, n_heads=2, scale="qk_norm"),
+                       seed=0)
+
+
+QK_NORM_REFUSED = (r"^MaxScore's action ClipQK\(tau=100\) cannot act on TinyLM: .* uses the score scale QKNorm, which "
+                   r"prepares q and k itself \(qk-norm\).*; give that alert another action \(ScaleLR, SkipStep")
+
+
+def test_clip_qk_on_a_qk_norm_model_is_refused_when_the_watch_is_built_not_after_the_alarm():
+    """With a probe, when the Watch is made; without one, at the first forward, before any update; in the training
+    forward, at step 1's watch.step. Once the alarm's step was where it failed."""
+    alerts = [MaxScore(tau=ANY, action=ClipQK(100))]
+    corpus = load_corpus("default")
+    x, _ = batches(corpus.train, 4, 16, torch.Generator().manual_seed(0))
+    with pytest.raises(ConfigError, match=QK_NORM_REFUSED):
+        Watch(_qk_norm_model(), every=3, probe=x, alerts=alerts)
+    model = _qk_norm_model()
+    watch = Watch(model, every=3, alerts=alerts)
+    with pytest.raises(ConfigError, match=QK_NORM_REFUSED):
+        model(x)  # the first batch, caught and tried before its forward runs
+    watch.close()
+    model = _qk_norm_model()
+    watch = Watch(model, every=3, alerts=alerts, in_training_forward=True)
+    model(x).sum().backward()
+    with pytest.raises(ConfigError, match=QK_NORM_REFUSED):
+        watch.step(1)
+    watch.close()
+    assert not model._forward_pre_hooks and not model._forward_hooks  # the check's hooks are gone
+    Watch(_model(), every=3, probe=x, alerts=alerts).close()  # a model the clip can reach is taken
+
+
+@pytest.mark.parametrize("action, fix", [(SkipStep, r"action=SkipStep\(\)"), (ClipQK, r"action=ClipQK\(\)"),
+                                         (ScaleLR, r"action=ScaleLR\(\)"),
+                                         (dict, r"a function of one Firing \(or an instance of dict\)")])
+def test_a_class_given_for_an_action_is_refused_naming_the_instance_to_give(action, fix):
+    """MaxScore(action=SkipStep) was taken as a function of the Firing: at the alarm the class was called with it,
+    the probe was said to fail, and no step was skipped."""
+    with pytest.raises(ConfigError, match=f"^an alert's action takes an action, not the class {action.__name__}: "
+                                          f"give {fix}$"):
+        MaxScore(tau=ANY, action=action)
+
+
+def test_a_class_given_for_an_alert_or_a_sink_is_refused_naming_the_instance_to_give():
+    from attnscale.watch.alerts import NonFinite
+    from attnscale.watch.logs.sinks import JsonlSink
+
+    with pytest.raises(ConfigError, match=r"^alerts takes instances, not the class NonFinite: give NonFinite\(...\)$"):
+        Watch(_model(), alerts=[NonFinite])
+    with pytest.raises(ConfigError, match=r"^alerts takes a list of alerts, got .*; give alerts=\[NonFinite\(...\)\]$"):
+        Watch(_model(), alerts=NonFinite)
+    with pytest.raises(ConfigError, match=r"^sinks takes instances, not the class JsonlSink: give JsonlSink\(...\)$"):
+        Watch(_model(), sinks=[JsonlSink])

@@ -278,3 +278,16 @@ def test_an_integration_that_fails_at_the_end_costs_neither_the_run_nor_the_watc
     assert [line.step for line in read_log(tmp_path / "w.jsonl")] == [0, 2, 4]
     said = [r.getMessage() for r in caplog.records if "failed in on_train_end" in r.getMessage()]
     assert len(said) == 1 and "No space left on device" in said[0]
+
+
+def test_clip_qk_on_a_model_with_a_q_norm_is_refused_before_the_first_step(tmp_path):
+    """A q_norm after the projection (Qwen3, OLMo 2 and Gemma 3 have one) undoes any scaling of W_q: the alert's
+    ClipQK is refused when the Trainer begins, not at the step after its alarm."""
+    callback = WatchCallback(every=3, alerts=[MaxScore(tau=1e-9, action=ClipQK(100))])
+    trainer = _trainer(tmp_path, callback, "none", steps=4)
+    for layer in trainer.model.model.layers:
+        layer.self_attn.q_norm = torch.nn.LayerNorm(layer.self_attn.head_dim)  # as QK-Clip finds a qk-norm
+    with pytest.raises(ConfigError, match=r"^MaxScore's action ClipQK\(tau=100\) cannot act on LlamaForCausalLM: "
+                                          r".*normalises q or k after the projection \(q_norm\)"):
+        trainer.train()
+    assert trainer.state.global_step == 0

@@ -285,3 +285,19 @@ def test_one_callback_is_refused_on_another_module_and_goes_on_with_a_second_fit
                        default_root_dir=str(tmp_path / "c"))
     again.fit(module, loader)
     assert [line.step for line in read_log(tmp_path / "w.jsonl")] == [0, 1, 1, 2]  # one baseline: the first fit's
+
+
+def test_clip_qk_on_a_qk_norm_module_is_refused_before_the_first_step(tmp_path):
+    import lightning.pytorch as pl
+    import torch
+
+    corpus = load_corpus("default")
+    config = ModelConfig(vocab_size=corpus.vocab_size, context=16, d_model=16, n_layers=1, n_heads=2, scale="qk_norm")
+    loader = torch.utils.data.DataLoader(torch.utils.data.Subset(Shifted(corpus.train, 16), range(8)), batch_size=4)
+    callback = WatchCallback(every=3, alerts=[MaxScore(tau=1e-9, action=ClipQK(100))], report=False)
+    trainer = pl.Trainer(max_steps=4, accelerator="cpu", devices=1, callbacks=[callback], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match=r"^MaxScore's action ClipQK\(tau=100\) cannot act on .*qk-norm"):
+        trainer.fit(language_model(config, 1e-2), loader)
+    assert trainer.global_step == 0

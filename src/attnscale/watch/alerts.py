@@ -79,6 +79,10 @@ def _finite(x) -> bool:
 
 
 def _check_action(action) -> None:
+    if isinstance(action, type):  # a class is callable, and would have been "called" with each Firing
+        fix = (f"action={action.__name__}()" if issubclass(action, Action) else
+               f"a function of one Firing (or an instance of {action.__name__})")
+        raise ConfigError(f"an alert's action takes an action, not the class {action.__name__}: give {fix}")
     if not (isinstance(action, Action) or callable(action) or (isinstance(action, str) and action in ACTIONS)):
         raise ConfigError(f"an alert's action is 'warn', 'stop', a function of one Firing, or ClipQK(...), "
                           f"ScaleLR(...) or SkipStep(...), got {action!r}")

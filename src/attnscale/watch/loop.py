@@ -52,7 +52,7 @@ import torch
 from attnscale.capture import ranks
 from attnscale.capture.batch import batch_shape
 from attnscale.capture.options import EVERY, PROBE_SEQUENCES, WatchOptions, check_batch
-from attnscale.capture.probe import Inputs, first_sequences, measure_heads, stats_of, unwrap
+from attnscale.capture.probe import Inputs, first_sequences, forward, measure_heads, probing, stats_of, unwrap
 from attnscale.capture.ranks import TensorParallel
 from attnscale.capture.reduce import DEFAULT_MEMORY
 from attnscale.capture.route import Route
@@ -72,7 +72,15 @@ __all__ = ["Watch", "EVERY", "PROBE_SEQUENCES"]
 
 
 def _wrap(item: Any, kind: type, example: str) -> str:
+    if isinstance(item, type) and issubclass(item, kind):  # the class given for an instance
+        return f"{item.__name__}(...)"
     return f"{kind.__name__}(...)" if isinstance(item, kind) else example
+
+
+def _no_class(item: Any, kind: type, what: str) -> None:
+    """A ConfigError naming the fix where ``item`` is a class of ``kind`` given for an instance of it."""
+    if isinstance(item, type) and issubclass(item, kind):
+        raise ConfigError(f"{what} takes instances, not the class {item.__name__}: give {item.__name__}(...)")
 
 
 def _outputs(sinks: Any, alerts: Any) -> tuple[list[Sink], tuple[Alert, ...] | None]:
@@ -83,6 +91,7 @@ def _outputs(sinks: Any, alerts: Any) -> tuple[list[Sink], tuple[Alert, ...] | N
         raise ConfigError(f"sinks takes a list of sinks, got {sinks!r}; wrap it: "
                           f"sinks=[{_wrap(sinks, Sink, sink_example)}]")
     for sink in sinks:
+        _no_class(sink, Sink, "sinks")
         if not isinstance(sink, Sink):
             example = f"JsonlSink({str(sink)!r})" if isinstance(sink, (str, Path)) else "JsonlSink('watch.jsonl')"
             raise ConfigError(f"a sink is one of attnscale.watch's sinks, got {sink!r}; wrap it: sinks=[{example}]")
@@ -95,6 +104,7 @@ def _outputs(sinks: Any, alerts: Any) -> tuple[list[Sink], tuple[Alert, ...] | N
     if isinstance(alerts, (str, Alert)) or not isinstance(alerts, (list, tuple)):
         raise ConfigError(f"alerts takes a list of alerts, got {alerts!r}; give alerts=[{_wrap(alerts, Alert, alert_example)}]")
     for alert in alerts:
+        _no_class(alert, Alert, "alerts")
         if not isinstance(alert, Alert):
             raise ConfigError(f"an alert is one of attnscale.watch's alerts, got {alert!r}; give e.g. "
                               f"alerts=[{alert_example}] (or Collapsed(...), Frozen(...), Spike(...))")
@@ -200,6 +210,7 @@ class Watch:
         self.training = None
         self._hook = None
         self._saved_probe = None  # a resumed run's probe, put in the containers of the first batch caught
+        self._reach = None  # with in_training_forward, an alert's ClipQK checked on the first training forward
         self.probe = None if probe is None else first_sequences(probe, probe_sequences)
         if self.probe is not None:
             self._try()
@@ -208,7 +219,37 @@ class Watch:
         catch = self.probe is None and self.training is None
         self._hook = model.register_forward_pre_hook(self._catch, with_kwargs=True) if catch else None
         self.clip = None if qk_clip is None else QKClip(model, qk_clip, capture, adapter, memory, tensor_parallel)
+        self._reach = self._clip_reach(model) if in_training_forward else None
         self.expect(1)
+
+    def _clip_reach(self, model) -> QKClip | None:
+        """For an alert's ClipQK, a QK-Clip that clips nothing, on for one forward: of the probe batch when the
+        watch tries it, or the first training forward, and ``_reached`` looks for each layer's W_q and W_k rows there,
+        so a model the clip cannot act on (a qk-norm) is refused before training, not at the step after the alarm."""
+        clip = next((a.action for a in self.alerts.alerts if isinstance(a.action, ClipQK)), None)
+        return None if clip is None else QKClip(model, clip.tau, self.options.capture, self.options.adapter,
+                                                self.options.memory, self.options.tensor_parallel)
+
+    def _reached(self, batch: Any = None) -> None:
+        """``_clip_reach``'s check, after one forward of ``batch`` under the probe's conditions if given (apart
+        from the probe's: its own capture hides a Hugging Face model's calls from any other), else on the first
+        training forward."""
+        reach = self._clip_reach(self.model) if batch is not None else self._reach
+        if reach is None:
+            return
+        self._reach = None
+        alert = next(a for a in self.alerts.alerts if isinstance(a.action, ClipQK))
+        try:
+            if batch is not None:
+                with reach.checking(), probing(unwrap(self.model)):
+                    forward(unwrap(self.model), batch)
+            reach.reach()
+        except ConfigError as e:
+            raise ConfigError(f"{type(alert).__name__}'s action {alert.action!r} cannot act on "
+                              f"{type(unwrap(self.model)).__name__}: {e}; give that alert another action (ScaleLR, "
+                              "SkipStep, 'warn' or 'stop')") from None
+        finally:
+            reach.close()
 
     def _check_actions(self, optimizer, qk_clip) -> None:
         acts = [a.action for a in self.alerts.alerts]
@@ -260,6 +301,7 @@ class Watch:
             raise ConfigError(f"no query row of the watch's probe batch sees two keys ({self._probe_shape()} on "
                               f"{name}), so no head can be measured on it; give probe= a batch of sequences of two "
                               "tokens or more")
+        self._reached(self.probe)
         self._tried = True
         seconds = time.perf_counter() - start
         self.seconds += seconds
@@ -470,6 +512,7 @@ class Watch:
             first = not self._tried
             if first:
                 self._check_seen(step, *taken)
+                self._reached()
                 self._tried = True
             measured = self._in_training(step, *taken) if due or first else None
             if first and not self._resumed:  # the first step's forward read the weights before any update
@@ -535,6 +578,8 @@ class Watch:
             self._hook = None
         if self.training is not None:
             self.training.close()
+        if self._reach is not None:
+            self._reach.close()
         if self.clip is not None:
             self.clip.close()
         self.acting.close()

@@ -181,6 +181,7 @@ class QKClip:
         self._clipped: set[str] = set()  # every layer a step has clipped (or found under tau)
         self._told: set[str] = set()  # layers already warned about: a week-long run is told once
         self._paused = False
+        self._checking = False  # inside ``checking``: every forward counts, a probe's too
         self._padding: torch.Tensor | None = None  # the running forward's B×T padding (True = a real token)
         self._kept: list | None = None  # during a forward that is no training one: what the step had before it
         self._hooks: list = []
@@ -217,8 +218,8 @@ class QKClip:
         # an evaluation between two steps (eval mode or no gradients) is no training forward: what its calls add
         # is taken back when it ends. The mode is read here, in the eager hook, and the calls inside a compiled
         # graph read nothing new, so a graph recompiles no more for it
-        self._kept = None if training_forward(module) else [(dict(s.s_max), dict(s.calls), dict(s.method))
-                                                             for s in (self._seen, self._fallback)]
+        self._kept = None if self._checking or training_forward(module) else [
+            (dict(s.s_max), dict(s.calls), dict(s.method)) for s in (self._seen, self._fallback)]
 
     def _leave(self, module: nn.Module, args: tuple, output) -> None:
         self._padding = None
@@ -269,13 +270,35 @@ class QKClip:
         return self._projections[name]
 
     @contextlib.contextmanager
-    def paused(self) -> Iterator[None]:
-        """Forwards made inside (a probe) are not training steps: their scores do not count."""
-        self._paused = True
+    def _while(self, flag: str) -> Iterator[None]:
+        setattr(self, flag, True)
         try:
             yield
         finally:
-            self._paused = False
+            setattr(self, flag, False)
+
+    def paused(self) -> contextlib.AbstractContextManager:
+        """Forwards made inside (a probe) are not training steps: their scores do not count."""
+        return self._while("_paused")
+
+    def checking(self) -> contextlib.AbstractContextManager:
+        """Forwards made inside count whatever their mode (a probe's, under no_grad), for ``reach``."""
+        return self._while("_checking")
+
+    def reach(self) -> None:
+        """Look for the rows of every layer the forwards so far called, clipping nothing: a model whose q and k
+        the clip cannot reach (a qk-norm after the projections, rows it cannot find, no call at all) is the
+        ConfigError the first step would raise, now, before any step (an alert's ``ClipQK``, checked when the
+        watch is built)."""
+        seen = self._which()
+        try:
+            if not seen.s_max:
+                raise ConfigError(f"QK-Clip saw no attention call of {type(self.model).__name__} (capture "
+                                  f"{self.kind!r}) in its first forward, so it could clip nothing")
+            self._readable(seen)
+        finally:
+            self._seen.clear()
+            self._fallback.clear()
 
     def _which(self) -> _Seen:
         """The calls of this step as a probe would read them: the interface's, else the functions'."""
