@@ -149,3 +149,19 @@ def test_a_watch_refuses_a_tensor_parallel_that_is_not_one():
 
     with pytest.raises(ValueError, match="tensor_parallel takes an attnscale.watch.TensorParallel, got int"):
         Watch(Model(), tensor_parallel=2)
+
+
+def test_a_device_mesh_or_anything_else_given_as_the_group_is_refused_naming_the_fix():
+    """torchtitan and DTensor name their ranks by a DeviceMesh; given where a process group is meant it was taken,
+    to fail only in the first probe's collective. (A mesh made without its process group, as its type is all that
+    is read.)"""
+    from torch.distributed.device_mesh import DeviceMesh
+
+    from attnscale.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^TensorParallel's group takes a process group, got a DeviceMesh: give the "
+                                          r"group of the mesh dimension the heads are split over, e\.g\. "
+                                          r"TensorParallel\(group=mesh\.get_group\('tp'\)\)$"):
+        TensorParallel(group=object.__new__(DeviceMesh))
+    with pytest.raises(ConfigError, match="^TensorParallel's group takes a torch.distributed process group .*, got str$"):
+        TensorParallel(group="tp")

@@ -32,6 +32,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from attnscale.errors import ConfigError
+
 __all__ = ["HIDDEN_AT", "AttentionCall", "OnCall", "hidden_keys", "named"]
 
 HIDDEN_AT = -1e4
@@ -92,6 +94,13 @@ class AttentionCall:
     score_mod: Callable | None = None
     sink: torch.Tensor | None = None
     bias_mod: Callable | None = None
+
+    def __post_init__(self):
+        # a call of no head measures nothing: said here, not as a division by zero deep in the reduction
+        if self.q.ndim == 4 and self.k.ndim == 4 and not (self.q.shape[1] and self.k.shape[1]):
+            raise ConfigError(f"the attention call {self.name or '(unnamed)'} has {self.q.shape[1]} query and "
+                              f"{self.k.shape[1]} key heads (q {tuple(self.q.shape)}, k {tuple(self.k.shape)}): a call "
+                              "is measured with one head or more of each; give q as B×H×T×D and k as B×K×S×D")
 
     @property
     def heads(self) -> int:

@@ -73,6 +73,7 @@ class TensorParallel:
     heads: dict[str, list[int]] | None = None
 
     def __post_init__(self):
+        _check_group(self.group)
         if self.heads is None:
             return
         if not isinstance(self.heads, dict) or not all(
@@ -92,6 +93,19 @@ class TensorParallel:
             return given
         t = torch.distributed.get_rank(self.group) if active() else 0
         return [t * local + h for h in range(local)]
+
+
+def _check_group(group: Any) -> None:
+    """A ConfigError unless ``group`` is None or a process group: a DeviceMesh (torchtitan's and DTensor's way of
+    naming the ranks) is not one, and would fail only at the first probe's collective."""
+    dist = torch.distributed
+    if group is None or (dist.is_available() and isinstance(group, dist.ProcessGroup)):
+        return
+    if type(group).__name__ == "DeviceMesh":
+        raise ConfigError("TensorParallel's group takes a process group, got a DeviceMesh: give the group of the "
+                          "mesh dimension the heads are split over, e.g. TensorParallel(group=mesh.get_group('tp'))")
+    raise ConfigError(f"TensorParallel's group takes a torch.distributed process group (None: every rank of the "
+                      f"world), got {type(group).__name__}")
 
 
 def _index(layers: list[HeadSums], names: list[str], tp: TensorParallel | None) -> list[list[int]]:
