@@ -122,11 +122,12 @@ def test_the_report_refuses_its_default_folder_where_it_holds_only_the_users_fil
     assert _snapshot(runs / "report") == THESIS
 
 
-def test_an_empty_folder_or_one_of_hidden_files_is_written_into(tmp_path, capsys):
+def test_an_empty_folder_or_one_of_hidden_files_or_empty_folders_is_written_into(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
     (tmp_path / "hidden").mkdir()
     (tmp_path / "hidden" / ".DS_Store").write_bytes(b"")
-    for name in ("empty", "hidden"):
+    (tmp_path / "folders" / "dynamics").mkdir(parents=True)  # what a command stopped before its first record leaves
+    for name in ("empty", "hidden", "folders"):
         assert main(["spread", "--widths", "4", "--pairs", "200", "--out", str(tmp_path / name)]) == 0
         assert writers.written_by(tmp_path / name / "record.json") == "spread"
 

@@ -13,12 +13,17 @@ both) under ``torch.no_grad()``, with autocast off and the model in eval mode
 a key that counts.
 
 A ``torch.compile``d model is probed through its original module (eagerly, on
-the same weights), a (Distributed)DataParallel one through its ``module``.
+the same weights), a (Distributed)DataParallel one through its ``module``. A
+model whose forward takes ``logits_to_keep`` (transformers' causal LMs) is asked
+for one position's logits a sequence (``one_logit``): the LM head is spared,
+and ``HeadStats.lm_head`` says so.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import inspect
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,8 +43,8 @@ from attnscale.capture.stats import HeadStats, pack, unpack
 from attnscale.core.diagnostics import FROZEN_THRESHOLD, measuring_device
 from attnscale.errors import ConfigError
 
-__all__ = ["Inputs", "first_sequences", "forward", "input_device", "measure", "measure_heads", "padding_of", "probing",
-           "stats_of", "unwrap"]
+__all__ = ["LOGITS_TO_KEEP", "Inputs", "first_sequences", "forward", "input_device", "measure", "measure_heads",
+           "one_logit", "padding_of", "probing", "stats_of", "unwrap"]
 
 
 @dataclass(frozen=True)
@@ -113,6 +118,35 @@ def forward(model: nn.Module, batch: Any) -> Any:
     if isinstance(batch, (tuple, list)):
         return model(*[_to(v, device) for v in batch])
     return model(_to(batch, device))
+
+
+# The keyword by which a transformers causal LM computes the logits of its last positions only.
+LOGITS_TO_KEEP = ("logits_to_keep", "num_logits_to_keep")
+
+
+def one_logit(model: nn.Module, batch: Any) -> tuple[Any, str]:
+    """``batch`` asking ``model`` for the logits of one position a sequence, where its forward takes
+    ``logits_to_keep`` (transformers' causal LMs) and the batch does not set it: the probe reads attention and
+    never the logits, and the LM head over every position is the dearest layer of a small model (a 49k-word
+    vocabulary on SmolLM2-135M). Its ``labels`` go (their loss would need every position's logits; nothing
+    before the head reads them). (the batch, "logits_to_keep=1"), or (the batch as it is, "") elsewhere."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        return batch, ""
+    key = next((k for k in LOGITS_TO_KEEP if k in params), None)
+    if isinstance(batch, Inputs):
+        args, kwargs = batch.args, dict(batch.kwargs)
+    elif isinstance(batch, Mapping) and all(isinstance(k, str) for k in batch):
+        args, kwargs = (), dict(batch)
+    elif isinstance(batch, (tuple, list)) or torch.is_tensor(batch):
+        args, kwargs = (tuple(batch) if isinstance(batch, (tuple, list)) else (batch,)), {}
+    else:
+        return batch, ""
+    if key is None or any(k in kwargs for k in LOGITS_TO_KEEP):
+        return batch, ""
+    kwargs.pop("labels", None)
+    return Inputs(args, {**kwargs, key: 1}), f"{key}=1"
 
 
 def padding_of(batch: Any) -> torch.Tensor | None:
@@ -207,12 +241,13 @@ def measure_heads(model: nn.Module, batch: Any, *, threshold: float = FROZEN_THR
     model = unwrap(model)
     check_batch(batch, model)
     route = Route() if route is None else route
+    lean, lm_head = one_logit(model, batch)
     while True:
         layers = _Layers(threshold, padding_of(batch), memory, sample_rows)
         remembered = capture == "auto" and route.through_interface
         with probing(model), _integer_ids(model), capturing(model, layers, capture, adapter, route) as kind, \
                 handed_padding(model, layers.pad) if layers.padding is None else contextlib.nullcontext():
-            forward(model, batch)
+            forward(model, lean)
         if layers.sums or not remembered:
             break
         route.through_interface = False  # the interface saw nothing this time: once more with SDPA too
@@ -223,7 +258,7 @@ def measure_heads(model: nn.Module, batch: Any, *, threshold: float = FROZEN_THR
             "torch.nn.MultiheadAttention, flex_attention or flash-attn's flash_attn_func, or be measured with adapter=attnscale.watch.Adapter(modules, read)")
     if across_ranks:
         reduce_sums(layers.sums, layers.names, tensor_parallel)
-    return layers.stats()
+    return dataclasses.replace(layers.stats(), lm_head=lm_head)
 
 
 def measure(model: nn.Module, batch: Any, **kw) -> dict[str, float]:

@@ -34,7 +34,9 @@ class HeadStats:
     has one. ``errors_LRH``: where query rows were sampled, each row measure's
     standard error (``capture.reduce.ROW_MEASURES`` order), else None. ``layer_methods``: how each layer
     was measured, where the probe says (``capture.fused``: "fused", effective words from the kernel's
-    log-sum-exp of every row; "replay", every measure from the scores made again), else ()."""
+    log-sum-exp of every row; "replay", every measure from the scores made again), else (). ``lm_head``:
+    how the probe spared the model's LM head, which it never reads ("logits_to_keep=1": one position a
+    sequence, ``probe.one_logit``), "" where it ran as the model runs it."""
 
     values_LMH: torch.Tensor
     rows_LH: torch.Tensor
@@ -44,6 +46,7 @@ class HeadStats:
     bias_LH2: torch.Tensor | None = None
     errors_LRH: torch.Tensor | None = None
     layer_methods: tuple[str, ...] = ()
+    lm_head: str = ""
 
     @property
     def layers(self) -> int:

@@ -11,6 +11,7 @@ one's own files (a rerun, a resumed study) stays allowed: that is how folders re
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -112,16 +113,26 @@ def holds_ours(folder: Path, depth: int = OURS_DEPTH) -> bool:
     return depth > 1 and any(p.is_dir() and holds_ours(p, depth - 1) for p in entries)
 
 
+def _holds_a_file(folder: Path) -> bool:
+    """Whether ``folder`` holds a file at any depth, hidden ones and those under hidden folders aside: empty
+    folders are no one's work (a command's own, made before it was stopped, are such)."""
+    for here, dirs, files in os.walk(folder):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        if any(not f.startswith(".") for f in files):
+            return True
+    return False
+
+
 def check_folder(folder: Path | str, command: str, option: str = "--out") -> None:
     """The one folder rule, before anything is made or written: a command writes into a new or empty folder, or
     one that holds attnscale's files (``written_by``: its own to rewrite or resume, another command's to be refused
-    file by file); a folder that holds something else and nothing of attnscale's is a ``ConfigError``, since what
-    is in it is the user's and a command would write its files among them. Hidden entries do not count."""
+    file by file); a folder that holds files and nothing of attnscale's is a ``ConfigError``, since they are the
+    user's and a command would write its files among them. Hidden files, and folders without a file, do not count."""
     folder = Path(folder)
     if not folder.is_dir():
         return
     entries = _visible(folder)
-    if not entries or holds_ours(folder):
+    if not _holds_a_file(folder) or holds_ours(folder):
         return
     names = [p.name + ("/" if p.is_dir() else "") for p in entries[:2]]
     held = " and ".join(names) + (f" and {len(entries) - 2} more" if len(entries) > 2 else "")

@@ -397,7 +397,8 @@ class Watch:
             rows=stats.rows_LH.tolist(), summary=stats.summary(), alerts=[f.to_json() for f in fired],
             watch={"seconds": seconds, "total_seconds": self.seconds + seconds - counted,
                    "share": (self.seconds + seconds - counted) / wall if wall > 0 else 0.0},
-            probe={**probe, "methods": list(stats.layer_methods)} if stats.layer_methods else probe,
+            probe={**probe, **({"methods": list(stats.layer_methods)} if stats.layer_methods else {}),
+                   **({"lm_head": stats.lm_head} if stats.lm_head else {})},  # how the probe spared the LM head
             threshold=self.threshold, qk_clip=clipped,
             bias=stats.bias_LH2.tolist() if stats.bias_LH2 is not None else [], actions=taken)
         self._records += writer

@@ -18,7 +18,9 @@ their share of the wall time since it started; ``probe``, what was measured: the
 probe batch's sequences and tokens, or, measured in the training forward
 (``in_training_forward``), the step's ``forwards`` and their sequences together, and per layer how its
 measures were had (``methods``: "replay", every score replayed; "fused", effective words from the fused
-call's log-sum-exp and the rest from the sampled rows, ``capture/fused.py``). ``bias``, only where a layer adds
+call's log-sum-exp and the rest from the sampled rows, ``capture/fused.py``), and ``lm_head``, only where the
+probe spared it: "logits_to_keep=1" (a transformers causal LM asked for one position's logits a sequence,
+``capture.probe.one_logit``). ``bias``, only where a layer adds
 a bias to its scores (ALiBi, a float mask's finite part): per layer and head the
 smallest and largest bias over the visible keys (null: none). ``qk_clip``, only where QK-Clip
 is on (``qk_clip.py``): per layer and query head since the probe before, the
