@@ -145,7 +145,10 @@ def _set(key, value, run=None):
     (_set("probes", [{"step": "ten", "max_score": 1.0}], run=0), "run z0-A-0 has probes that are not steps"),
     (_set("probes", [{"step": 10, "max_score": "big"}], run=0), "run z0-A-0 has probes that are not steps"),
     (_set("outcome", {"learned_at": 1.5, "break_step": None}, run=0), "has an outcome whose learned_at"),
-    (_set("outcome", {"learned_at": None, "break_step": 9}, run=0), "has a break but never learnt"),
+    (_set("outcome", {"learned_at": None, "break_step": 9}, run=0), "breaks at step 9 but learnt at None"),
+    (_set("outcome", {"learned_at": 30, "break_step": 20}, run=0), "breaks at step 20 but learnt at 30"),
+    (_set("outcome", {"learned_at": 30, "break_step": 5000}, run=0), "within its 1100 steps"),
+    (_set("outcome", {"learned_at": 1100, "break_step": None}, run=2), "run z0-E-0 learnt at step 1100, past its 1100"),
     (lambda d: d["runs"].append(dict(d["runs"][0])), "run z0-A-0 is there twice"),
     (lambda d: d["runs"].append(7), "run number 5 is not a JSON object"),
 ])

@@ -94,8 +94,11 @@ def _run_problem(r: Any, arms) -> str | None:
     o = r["outcome"]
     if not (isinstance(o, dict) and all(o.get(k) is None or _step(o[k]) for k in ("learned_at", "break_step"))):
         return "has an outcome whose learned_at or break_step is not a step (or null)"
-    if o.get("break_step") is not None and o.get("learned_at") is None:
-        return "has a break but never learnt: a run breaks only after it learnt"
+    learned, broke, end = o.get("learned_at"), o.get("break_step"), steps if steps is not None else len(losses)
+    if broke is not None and (learned is None or not learned < broke <= end):
+        return f"breaks at step {broke} but learnt at {learned}: a run breaks after it learnt, within its {end} steps"
+    if learned is not None and learned >= end:
+        return f"learnt at step {learned}, past its {end} steps"
     return None
 
 
