@@ -59,10 +59,10 @@ from attnscale.capture.route import Route
 from attnscale.capture.stats import HeadStats
 from attnscale.core.diagnostics import FROZEN_THRESHOLD
 from attnscale.errors import ConfigError
-from attnscale.watch.actions import Acting, ClipQK
-from attnscale.watch.alerts import LOGGER, Alert, Alerts, default_alerts
+from attnscale.watch.actions import Acting, Action, ClipQK
+from attnscale.watch.alerts import LOGGER, Alert, Alerts, MaxScore, default_alerts
 from attnscale.watch.clip.qk_clip import QKClip
-from attnscale.watch.in_training import TrainingForward
+from attnscale.watch.in_training import TrainingForward, training_forward
 from attnscale.watch.logs.line import WatchLine
 from attnscale.watch.logs.sinks import Sink, scalars
 from attnscale.watch.stages import union_of_stages
@@ -109,6 +109,37 @@ def _outputs(sinks: Any, alerts: Any) -> tuple[list[Sink], tuple[Alert, ...] | N
             raise ConfigError(f"an alert is one of attnscale.watch's alerts, got {alert!r}; give e.g. "
                               f"alerts=[{alert_example}] (or Collapsed(...), Frozen(...), Spike(...))")
     return list(sinks), tuple(alerts)
+
+
+def _clip_fights(alerts: Any, qk_clip: float | None) -> None:
+    """A ConfigError for a MaxScore at or under a QK-Clip's tau (``qk_clip=``, or any alert's ClipQK): the clip
+    brings the scores of each step's own batch back to tau, but the next update may pass it by that update's size
+    and the probe reads the weights after it, so the alert would fire probe after probe while the clip holds. A
+    MaxScore whose action acts on the run (ClipQK, ScaleLR, SkipStep) acts once, and is left alone."""
+    if not isinstance(alerts, (list, tuple)):
+        return
+    taus = ([] if qk_clip is None else [float(qk_clip)]) + [
+        float(a.action.tau) for a in alerts if isinstance(getattr(a, "action", None), ClipQK)]
+    for alert in alerts:
+        if isinstance(alert, MaxScore) and not isinstance(alert.action, Action) and taus and alert.tau <= max(taus):
+            clip = max(taus)
+            raise ConfigError(
+                f"MaxScore(tau={alert.tau:g}) and QK-Clip at tau={clip:g} would fight: the clip brings the scores of "
+                f"each step's own batch back to {clip:g}, but the next update may pass that by its own size (1.6% on "
+                f"SmolLM2 at tau 30) and the probe reads the weights after it, so the alert would fire at probe after "
+                f"probe while the clip holds; give MaxScore a tau above the clip's (e.g. {2 * clip:g}: the clip lost "
+                f"hold of a head), or leave it out (the record's qk_clip s_max says what the clip read, and "
+                f"qk_clip_check=True measures the scores after each update)")
+
+
+def _check_clip_check(check: Any, qk_clip: float | None, alerts: Any) -> None:
+    if not isinstance(check, bool):
+        raise ConfigError(f"qk_clip_check takes True or False, got {check!r}")
+    listed = alerts if isinstance(alerts, (list, tuple)) else ()  # another kind is refused by its own check
+    clips = qk_clip is not None or any(isinstance(getattr(a, "action", None), ClipQK) for a in listed)
+    if check and not clips:
+        raise ConfigError("qk_clip_check=True measures QK-Clip's scores after each update: give qk_clip= (or an "
+                          "alert whose action is ClipQK)")
 
 
 def _step_number(step: Any) -> int:
@@ -168,9 +199,10 @@ class Watch:
                  sample_rows: int | None = None, detail: str = "heads", in_training_forward: bool = False,
                  stage: int | None = None, layer_offset: int | None = None,
                  tensor_parallel: TensorParallel | None = None, on_error: str = "warn", optimizer: Any = None,
-                 resume_actions: str = "same"):
+                 resume_actions: str = "same", qk_clip_check: bool = False):
         if not isinstance(model, torch.nn.Module):
             raise ConfigError(f"Watch takes the torch.nn.Module being trained, got {type(model).__name__}")
+        _check_clip_check(qk_clip_check, qk_clip, alerts)
         check_resume_actions(resume_actions)
         self.resume_actions = resume_actions
         self.options = WatchOptions(
@@ -204,6 +236,11 @@ class Watch:
         self._try_seconds = 0.0  # spent in _try, counted in ``seconds`` there
         self._resumed = False  # load_state_dict ran: the run's baseline is in its earlier log
         self._next = 1  # the step the next ``step`` call is for (``expect``)
+        self.qk_clip_check = qk_clip_check
+        self._step_batch: Inputs | None = None  # the last training forward's inputs, for qk_clip_check
+        self._after: torch.Tensor | None = None  # qk_clip_check: each head's largest S_max after the clip, L×H
+        self._batch_hook = (unwrap(model).register_forward_pre_hook(self._keep_batch, with_kwargs=True)
+                            if qk_clip_check else None)
         self._tried = False  # the probe has run once on the model
         self._closed = False
         self.clip = None
@@ -259,6 +296,7 @@ class Watch:
                               "and train() give theirs)")
         if qk_clip is not None and any(isinstance(a, ClipQK) for a in acts):
             raise ConfigError("qk_clip= clips from the first step and an alert's ClipQK from its alarm: give one")
+        _clip_fights(self.alerts.alerts, qk_clip)
 
     @staticmethod
     def check(every: int, threshold: float, probe_sequences: int, qk_clip: float | None = None,
@@ -266,7 +304,7 @@ class Watch:
               in_training_forward: bool = False, stage: int | None = None, layer_offset: int | None = None,
               probe: Any = None, tensor_parallel: Any = None, sinks: Any = (), alerts: Any = None,
               capture: str = "auto", adapter: Any = None, drop_keys: Any = ("labels",),
-              on_error: str = "warn", resume_actions: str = "same") -> None:
+              on_error: str = "warn", resume_actions: str = "same", qk_clip_check: bool = False) -> None:
         """A ConfigError naming the option, for options no watch can run with (``capture.options``, and the
         sinks and alerts of their kinds)."""
         WatchOptions(every=every, threshold=threshold, probe_sequences=probe_sequences, capture=capture,
@@ -276,6 +314,8 @@ class Watch:
                      tensor_parallel=tensor_parallel, on_error=on_error, probe=probe)
         _outputs(sinks, alerts)
         check_resume_actions(resume_actions)
+        _check_clip_check(qk_clip_check, qk_clip, alerts)
+        _clip_fights(alerts, qk_clip)
 
     def _probe(self, across_ranks: bool) -> HeadStats:
         with self.clip.paused() if self.clip is not None else contextlib.nullcontext():  # a probe is no training step
@@ -355,6 +395,8 @@ class Watch:
         self._write_baseline()  # before this step's clip and record: the baseline is of the weights before it
         if self.clip is not None:
             self.clip.step()
+            if self.qk_clip_check:
+                self._check_after()
         inside = 0.0
         try:
             measured = self._measure(step) if self.measuring else None
@@ -369,6 +411,25 @@ class Watch:
         # sinks included: they are the watch's cost too; a first probe tried inside this call counted itself
         self.seconds += time.perf_counter() - now + inside - (self._try_seconds - tried)
         return None if measured is None else scalars(record, self.detail)
+
+    def _keep_batch(self, module, args, kwargs) -> None:
+        """qk_clip_check's forward pre-hook: the inputs of the step's (last) training forward, as the model took them."""
+        if training_forward(module):
+            self._step_batch = Inputs(tuple(args), {k: v for k, v in kwargs.items() if k not in self.drop_keys})
+
+    def _check_after(self) -> None:
+        """qk_clip_check: the step's last training batch once more, under the probe's conditions, with the weights
+        as the update and then the clip left them: each head's S_max (its max_score), the largest since the last
+        probe. The clip's promise is for the scores it read, before the update; this is what the next forward of
+        that batch meets."""
+        batch, self._step_batch = self._step_batch, None
+        if batch is None:
+            return
+        with self.clip.paused():
+            s_LH = measure_heads(self.model, batch, threshold=self.threshold, capture=self.capture, adapter=self.adapter,
+                                 across_ranks=True, memory=self.memory, route=self.route,
+                                 tensor_parallel=self.tensor_parallel).get("max_score")
+        self._after = s_LH if self._after is None else torch.fmax(self._after, s_LH)
 
     def _write_baseline(self) -> None:
         """The first probe's record, once, before any later one: at the step the weights it read were at (0 in
@@ -389,6 +450,8 @@ class Watch:
         writer = ranks.rank() == 0  # under DDP every rank probes, and rank 0 alone writes
         fired = self.alerts.check(stats, step, say=writer, act=act)
         clipped = self.clip.take() if self.clip and act else {}  # a baseline's: no step of the clip yet
+        if clipped and act and self._after is not None:  # qk_clip_check's, since the last probe
+            clipped["s_max_after"], self._after = self._after.tolist(), None
         taken = [self._act(step, action, firing) for action, firing in self.alerts.due]
         seconds = time.perf_counter() - now + inside
         wall = time.perf_counter() - self._started
@@ -573,6 +636,9 @@ class Watch:
         if self._closed:
             return
         self._write_baseline()  # a run that ended before its first step still has its baseline
+        if self._batch_hook is not None:
+            self._batch_hook.remove()
+            self._batch_hook = None
         self._closed = True
         if self._hook is not None:
             self._hook.remove()

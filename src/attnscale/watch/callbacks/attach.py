@@ -58,7 +58,7 @@ class Attached:
                  drop_keys: Sequence[str] = ("labels",), qk_clip: float | None = None, memory: int = DEFAULT_MEMORY,
                  sample_rows: int | None = None, detail: str = "heads", in_training_forward: bool = False,
                  stage: int | None = None, layer_offset: int | None = None, tensor_parallel=None,
-                 on_error: str = "warn", resume_actions: str = "same"):
+                 on_error: str = "warn", resume_actions: str = "same", qk_clip_check: bool = False):
         self.probe_records = isinstance(probe, str) and probe == RECORDS
         if self.probe_records and not type(self).takes_records:
             raise ConfigError(f"probe='records' is for attnscale's train() (its record steps); a {type(self).__name__} "
@@ -70,7 +70,8 @@ class Attached:
                             probe_sequences=probe_sequences, capture=capture, adapter=adapter, drop_keys=drop_keys,
                             qk_clip=qk_clip, memory=memory, sample_rows=sample_rows, detail=detail,
                             in_training_forward=in_training_forward, stage=stage, layer_offset=layer_offset,
-                            tensor_parallel=tensor_parallel, on_error=on_error, resume_actions=resume_actions)
+                            tensor_parallel=tensor_parallel, on_error=on_error, resume_actions=resume_actions,
+                            qk_clip_check=qk_clip_check)
         Watch.check(**self.options)  # a bad option fails here, not at train()
         self.watch: Watch | None = None
         self.latest: tuple[int, dict[str, float]] | None = None

@@ -26,7 +26,8 @@ smallest and largest bias over the visible keys (null: none). ``qk_clip``, only 
 is on (``qk_clip.py``): per layer and query head since the probe before, the
 smallest factor the clip put on the head's scores, the largest S_max of its
 training forwards and the steps that clipped, and per layer how its S_max were had
-(``method``: "exact", every score over the visible keys). Non-finite numbers are written as
+(``method``: "exact", every score over the visible keys); with ``qk_clip_check``, ``s_max_after``: per
+layer and head the largest S_max of a step's batch read again after the update and the clip. Non-finite numbers are written as
 null (strict JSON, as run records do); an alert keeps the value it saw in its
 message. A line of a newer version than this attnscale knows is refused with a
 one-line ``ConfigError`` naming both versions, as is a record whose fields are not

@@ -63,6 +63,12 @@ def scalars(record: WatchLine, detail: str = "heads") -> dict[str, float]:
         elif detail == "layers":
             for name in ("gamma", "s_max"):
                 out.update({f"qk_clip/layer_{l}/{name}": v for l, v in enumerate(per_layer(name, clip[name]))})
+        after = clip.get("s_max_after")  # qk_clip_check's: S_max of the step's batch after the update and the clip
+        if after is not None and detail == "heads":
+            for layer, s_H in enumerate(after):
+                out.update({f"qk_clip/layer_{layer}/head_{head}/s_max_after": float(v) for head, v in enumerate(s_H)})
+        if after is not None:
+            out["qk_clip/max_s_max_after"] = float(max((v for layer in after for v in layer if v == v), default=math.nan))
         out["qk_clip/min_gamma"] = float(min((g for layer in clip["gamma"] for g in layer), default=1.0))
         out["qk_clip/clipped_heads"] = float(sum(n > 0 for layer in clip["clipped_steps"] for n in layer))
     out.update({f"watch/{k}": float(v) for k, v in record.watch.items()})
