@@ -27,7 +27,8 @@ LIBRARY = [("attnscale.reproduce", "run"), ("attnscale.reproduce", "end_state"),
            ("attnscale.experiments.spread", "run"), ("attnscale.experiments.fresh", "run"),
            ("attnscale.headcheck.check", "run"), ("attnscale.report", "build"),
            ("attnscale.report.watch_page", "build"), ("attnscale.report.watch_page", "follow"),
-           ("attnscale.experiments.recipe_study", "run_study"), ("attnscale.experiments.warn_reread", "reread_files")]
+           ("attnscale.experiments.recipe_study", "run_study"), ("attnscale.experiments.warn_reread", "reread_files"),
+           ("attnscale.experiments.lr_study", "publish"), ("attnscale.experiments.alarm_study", "publish")]
 EXECUTE = ("attnscale.runs.runner", "execute")
 
 # options that change how the result is printed, not what runs, with the test that checks them
@@ -36,16 +37,22 @@ PRINTING = {"json": "tests/cli/test_measuring.py and tests/cli/test_cli_training
 
 # the modes of a command: option lines that change which other options apply (each walked on its own too)
 MODES = {"reproduce": [["--end-state"]], "warn-study": [["--pilot"], ["--study", "{pilot}"], ["--reread", "{series}"]],
-         "watch-report": [["--follow", "1"]], "act-study": [["--pilot"], ["--study", "{act_pilot}"]]}
+         "watch-report": [["--follow", "1"]], "act-study": [["--pilot"], ["--study", "{act_pilot}"]],
+         "lr-study": [["--block", "1", "--out", "{tmp}/out"], ["--muon-pilot", "--out", "{tmp}/out"],
+                      ["--publish", "{runs}", "--json-out", "{tmp}/studies.json"]],
+         "alarm-study": [["--pilot", "--out", "{tmp}/out"],
+                         ["--block", "1", "--pilot-dir", "{alarm_pilot}", "--out", "{tmp}/out"],
+                         ["--publish", "{runs}", "--pilot-dir", "{alarm_pilot}", "--json-out", "{tmp}/studies.json"]]}
 # commands that run in one of their modes only: never walked bare, and tried with the first mode where a test needs one
-NEEDS_MODE = {"act-study"}
+NEEDS_MODE = {"act-study", "lr-study", "alarm-study"}
 
 # values for what a type does not say: required arguments and positionals by dest, then options by dest
 REQUIRED = {"model": "{run}", "text": "to be or not to be", "runs_dir": "{runs}", "log": "{log}", "out": "{tmp}/out"}
 VALUES = {"out": "{tmp}/elsewhere", "file": "{text_file}", "reuse": "{runs}", "study": "{pilot}",
           "corpus": "{corpus}", "model": "{run2}", "text": "that is the question", "ray_address": "127.0.0.1:6379",
           "steps": "301", "seeds": "101", "reread": "{series}", "published": "{published}",
-          "series": "{tmp}/series.json.gz"}  # steps past every preset's warm-up; a seed outside the warn study's
+          "series": "{tmp}/series.json.gz", "grid_from": "{runs}", "json_out": "{tmp}/other-studies.json",
+          "pilot_dir": "{alarm_pilot2}"}  # steps past every preset's warm-up; a seed outside the warn study's
 # a bad value of each typed option: by the name of its type, then (paths) by dest
 BAD_BY_TYPE = {"positive_int": "0", "nonneg_int": "-1", "at_least_two": "1", "positive_float": "nan",
                "probability": "1.5", "scale_name": "bogus", "scale_or_all": "bogus", "device_name": "tpu9",
@@ -53,7 +60,8 @@ BAD_BY_TYPE = {"positive_int": "0", "nonneg_int": "-1", "at_least_two": "1", "po
                "seconds": "-1"}
 BAD_PATHS = {"out": "{tmp}/a-file/below", "file": "{tmp}/missing.txt", "reuse": "{tmp}/missing",
              "study": "{tmp}/missing", "reread": "{tmp}/missing.json.gz", "published": "{tmp}/missing.json",
-             "series": "{tmp}/a-file/below.json.gz"}
+             "series": "{tmp}/a-file/below.json.gz", "grid_from": "{tmp}/missing", "json_out": "{tmp}/a-file/below.json",
+             "pilot_dir": "{tmp}/missing", "publish": "{tmp}/missing"}
 GOOD_BY_TYPE = {"positive_int": 3, "nonneg_int": 3, "at_least_two": 3, "positive_float": "0.0123",
                 "probability": "0.5", "scale_name": "inv_d", "scale_or_all": "inv_d", "device_name": "cpu",
                 "dtype_name": "bf16", "tokenizer_name": "char", "study_axis": "lr=0.001,0.002",
@@ -109,6 +117,9 @@ def places(tmp_path_factory):
     (tmp / "pilot").mkdir()
     (tmp / "act-pilot").mkdir()  # a finished act-study pilot: the level its rule chose
     (tmp / "act-pilot" / "act-pilot.json").write_text('{"level": 10000.0, "runs": 8, "size": 64, "corpus": "default"}')
+    for name, rate in (("alarm-pilot", 0.06), ("alarm-pilot2", 0.07)):  # finished alarm-study pilots: their rates
+        (tmp / name).mkdir()
+        (tmp / name / "alarm-pilot.json").write_text(f'{{"rate": {rate}, "add": null, "runs": 24, "d_model": 64}}')
     (tmp / "series.json.gz").write_bytes(b"")  # read by the captured re-read only
     (tmp / "published.json").write_text("{}")
     (tmp / "a-file").write_text("")
@@ -118,7 +129,8 @@ def places(tmp_path_factory):
     return {"tmp": str(tmp), "run": str(tmp / "run"), "run2": str(tmp / "run2"), "runs": str(tmp / "runs"),
             "log": str(tmp / "watch.jsonl"), "pilot": str(tmp / "pilot"), "text_file": str(tmp / "text.txt"),
             "corpus": str(tmp / "corpus.txt"), "act_pilot": str(tmp / "act-pilot"),
-            "series": str(tmp / "series.json.gz"), "published": str(tmp / "published.json")}
+            "series": str(tmp / "series.json.gz"), "published": str(tmp / "published.json"),
+            "alarm_pilot": str(tmp / "alarm-pilot"), "alarm_pilot2": str(tmp / "alarm-pilot2")}
 
 
 @pytest.fixture

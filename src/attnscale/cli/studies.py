@@ -1,5 +1,6 @@
 """The pre-registered paired studies' commands that are not the warn and act studies': lr-study (learning-rate
-sensitivity, docs/lr-study.md). Each trains a declared block, a pilot, or publishes from run folders."""
+sensitivity, docs/lr-study.md) and alarm-study (the alarm where some runs hold, docs/alarm-study.md). Each trains a
+declared block, a pilot, or publishes from run folders."""
 
 from __future__ import annotations
 
@@ -7,8 +8,16 @@ from pathlib import Path
 
 from attnscale.cli.options import UsageError, jobs_option, positive_float
 from attnscale.cli.sequence import Command
+from attnscale.cli.training import _PARSERS, _given
 
 __all__ = ["COMMANDS"]
+
+
+def _train_nothing(args, command: str) -> None:
+    """--publish trains nothing: an option that only a training mode reads is refused, naming it."""
+    given = _given(args, command, ("publish", "json_out", "series", "json", "pilot_dir"))
+    if given:
+        raise UsageError(f"{', '.join(given)}: --publish trains nothing; drop {'it' if len(given) == 1 else 'them'}")
 
 
 def _lr_config(args):
@@ -19,6 +28,7 @@ def _lr_config(args):
     if args.publish:
         if args.json_out is None and args.series is None:
             raise UsageError("--publish writes --json-out FILE, --series FILE or both: give at least one")
+        _train_nothing(args, "lr-study")
         return {"publish": args.publish}
     if args.json_out is not None or args.series is not None:
         raise UsageError("--json-out and --series go with --publish RUNS_DIR")
@@ -93,7 +103,79 @@ def add_lr_study(sub) -> None:
     p.add_argument("--quick", action="store_true", help="a smoke check: a 16-wide model, 60 steps, one seed, two rates")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     jobs_option(p)
+    _PARSERS["lr-study"] = p
     p.set_defaults(run=Command(_lr_config, _lr, _lr_table, as_json=_lr_json))
 
 
-COMMANDS = [add_lr_study]
+def _alarm_config(args):
+    from attnscale.experiments import alarm_study as al
+
+    size = "smoke" if args.quick else "full"
+    publishing = (args.json_out is not None) or (args.series is not None)
+    if publishing and not args.publish:
+        raise UsageError("--json-out and --series go with --publish RUNS_DIR")
+    if args.publish and not publishing:
+        raise UsageError("--publish writes --json-out FILE, --series FILE or both: give at least one")
+    if (args.block or args.publish) and args.pilot_dir is None:
+        raise UsageError("--block and --publish read the study's rate from the pilot: give --pilot-dir DIR")
+    if args.pilot and args.pilot_dir is not None:
+        raise UsageError("--pilot trains the pilot into --out: drop --pilot-dir")
+    if args.pilot_dir is not None and not args.pilot_dir.is_dir():
+        raise UsageError(f"--pilot-dir: {str(args.pilot_dir)!r} is not a folder")
+    if args.publish:
+        _train_nothing(args, "alarm-study")
+    elif args.out is None:
+        raise UsageError("--out DIR is where the runs train: give it (e.g. --out runs/alarm-study)")
+    if args.pilot:
+        return al.pilot_config(size)
+    # a block trains at the rate of a pilot of its own size; publishing reads a pilot of either size
+    return {"rate": al.read_pilot(args.pilot_dir, None if args.publish else size), "size": size}
+
+
+def _alarm(cfg, out, args):
+    from attnscale.experiments import alarm_study as al
+
+    if args.pilot:
+        return al.run_pilot(cfg, out, jobs=args.jobs)
+    if args.publish:
+        command = "attnscale alarm-study --publish " + " ".join(map(str, args.publish)) + f" --pilot-dir {args.pilot_dir}"
+        return al.publish(args.publish, args.pilot_dir, args.json_out, args.series, command)
+    rows = al.run_block(args.block, cfg["rate"], out, cfg["size"], jobs=args.jobs)
+    pilot = [{**r, "arm": "A"} for r in al.ls.read_rows([args.pilot_dir], al.PILOT_GROUP)]
+    return al.block(rows, pilot, cfg["rate"])
+
+
+def _alarm_table(result) -> str:
+    from attnscale.experiments.alarm_study_text import format_result
+
+    return format_result(result)
+
+
+def _alarm_json(result) -> dict:
+    return {k: v for k, v in result.items() if k != "rows"}
+
+
+def add_alarm_study(sub) -> None:
+    p = sub.add_parser("alarm-study", help="the alarm where some runs hold: its sensitivity, false alarms and what "
+                                           "acting on it costs, against clipping always, a lower rate and qk-norm "
+                                           "(docs/alarm-study.md)")
+    mode = p.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--pilot", action="store_true", help="the pilot: arm A at 5e-2, 6e-2, 7e-2 on seeds 100-107; "
+                                                           "it chooses the study's rate")
+    mode.add_argument("--block", type=int, choices=[1, 2],
+                      help="1: every arm on seeds 0-23 (C where A's alarm fired); 2: arm A on seeds 24-79")
+    mode.add_argument("--publish", type=Path, nargs="+", metavar="RUNS_DIR",
+                      help="train nothing: judge the finished runs in RUNS_DIR and write --json-out and --series")
+    p.add_argument("--pilot-dir", type=Path, metavar="DIR", help="with --block or --publish: the finished pilot's folder")
+    p.add_argument("--out", type=Path, help="runs go to OUT/<run_id>")
+    p.add_argument("--json-out", type=Path, metavar="FILE",
+                   help="with --publish: the studies' JSON (e.g. docs/warn-study.json), whose \"alarm\" is replaced")
+    p.add_argument("--series", type=Path, metavar="FILE", help="with --publish: every run's series (.json.gz)")
+    p.add_argument("--quick", action="store_true", help="a smoke check: a 16-wide model, 60 steps; not a measurement")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    jobs_option(p)
+    _PARSERS["alarm-study"] = p
+    p.set_defaults(run=Command(_alarm_config, _alarm, _alarm_table, as_json=_alarm_json))
+
+
+COMMANDS = [add_lr_study, add_alarm_study]

@@ -303,24 +303,14 @@ def publish(folders, json_out: Path | None, series: Path | None, command: str | 
     """The block from the finished runs in ``folders``, written into the studies' JSON ``json_out`` (key
     "sensitivity") and every run's series into ``series``; both checked before anything is written."""
     from attnscale.experiments import publish as pub
-    from attnscale.runs.writers import check_file
 
-    if json_out is not None:
-        pub.check_json(json_out)
-    if series is not None:
-        if Path(series).is_dir():
-            raise ConfigError(f"--series: {str(series)!r} is a folder; give the file to write (e.g. docs/lr-study-series.json.gz)")
-        check_file(series, "lr-study", "--series", "series file")
+    pub.check_targets(json_out, series, "lr-study")
     got = read_rows(folders)
     if not got:
         raise ConfigError(f"no finished lr-study runs in {', '.join(map(str, folders))}")
     out = block(got, command)
-    if json_out is not None:
-        pub.write_block(json_out, "sensitivity", out)
-    if series is not None:
-        pub.write_series(series, "lr", [{k: r.get(k) for k in SERIES_KEYS} for r in with_alarm_rows(got)
-                                        if r.get("same_as") is None],
-                         {"floor": act_study.FLOOR, "learned_level": act_study.LEARNED_LEVEL, "level": LEVEL})
+    pub.publish(json_out, "sensitivity", out, series, "lr", [{k: r.get(k) for k in SERIES_KEYS} for r in got],
+                {"floor": act_study.FLOOR, "learned_level": act_study.LEARNED_LEVEL, "level": LEVEL})
     return {"publish": True, **out}
 
 

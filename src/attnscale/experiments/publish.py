@@ -96,3 +96,26 @@ def read_series(path: Path, study: str) -> dict[str, Any]:
         raise ConfigError(f"{str(path)!r} is not the {study} study's series; give the file attnscale {study}-study "
                           "--publish wrote")
     return data
+
+
+def check_targets(json_out: Path | None, series: Path | None, command: str) -> None:
+    """Both files a ``--publish`` writes, checked before anything is read or written: the studies' JSON
+    (``check_json``) and a series file that is not a folder and that no one but ``attnscale command`` wrote."""
+    from attnscale.runs.writers import check_file
+
+    if json_out is not None:
+        check_json(json_out)
+    if series is not None:
+        if Path(series).is_dir():
+            raise ConfigError(f"--series: {str(series)!r} is a folder; give the file to write (e.g. "
+                              f"docs/{command}-series.json.gz)")
+        check_file(series, command, "--series", "series file")
+
+
+def publish(json_out: Path | None, key: str, block: dict[str, Any], series: Path | None, study: str,
+            runs: Sequence[dict[str, Any]], header: dict[str, Any]) -> None:
+    """Write ``block`` as ``key`` of the studies' JSON and ``runs`` as ``study``'s series (each where given)."""
+    if json_out is not None:
+        write_block(json_out, key, block)
+    if series is not None:
+        write_series(series, study, runs, header)

@@ -1,0 +1,104 @@
+"""The alarm study's plan (docs/alarm-study.md): its arms, its pilot file read like user input, a smoke block and its
+publishing end to end."""
+
+import json
+
+import pytest
+
+from attnscale.errors import ConfigError
+from attnscale.experiments import alarm_study as al
+from attnscale.experiments import lr_study as ls
+
+
+def test_plan_is_the_documented_one():
+    assert al.PILOT_LRS == (5e-2, 6e-2, 7e-2) and al.PILOT_SEEDS == tuple(range(100, 108))
+    assert al.BLOCKS[1] == tuple(range(24)) and al.BLOCKS[2] == tuple(range(24, 80))
+    a, f = al.block_config(1, 6e-2)
+    assert a.lrs == (6e-2,) and set(a.treatments) == {"none", "clip", "qk-norm", "alarm-clip"}
+    assert f.lrs == (3e-2,) and f.treatments == ("none",)
+    (b2,) = al.block_config(2, 6e-2)
+    assert b2.treatments == ("none",) and b2.seeds == tuple(range(24, 80))
+
+
+@pytest.mark.parametrize("rate", [0, -1, float("nan"), float("inf"), True, "0.06", None])
+def test_block_config_refuses_a_bad_rate(rate):
+    with pytest.raises(ConfigError, match="rate"):
+        al.block_config(1, rate)
+
+
+def test_arm_rows_names_the_arms():
+    base = {"optimizer": "adamw", "d_model": 64, "seed": 0, "probes": [{"step": 10, "max_score": 5.0}]}
+    got = al.arm_rows([{**base, "lr": 0.06, "treatment": "none"}, {**base, "lr": 0.06, "treatment": "clip"},
+                       {**base, "lr": 0.06, "treatment": "qk-norm"}, {**base, "lr": 0.03, "treatment": "none"}], 0.06)
+    assert sorted(r["arm"] for r in got) == ["A", "B", "C", "E", "F"]  # C: A's run, the alarm never fired
+    assert next(r for r in got if r["arm"] == "C")["same_as"] == "none"
+
+
+@pytest.mark.parametrize("text, match", [
+    (None, "no finished alarm pilot"), ("{", "cannot be read"), ("[]", "no rate"), ('{"rate": "high"}', "no rate"),
+    ('{"rate": true, "d_model": 64}', "no rate"), ('{"rate": NaN, "d_model": 64}', "no rate"),
+    ('{"rate": 0, "d_model": 64}', "no rate"), ('{"rate": null, "add": 0.065}', "adds 0.065"),
+    ('{"rate": 0.06, "d_model": 16}', "d_model 16")])
+def test_read_pilot_refuses(tmp_path, text, match):
+    if text is not None:
+        (tmp_path / al.PILOT_FILE).write_text(text)
+    with pytest.raises(ConfigError, match=match):
+        al.read_pilot(tmp_path)
+
+
+def test_read_pilot_takes_a_whole_file(tmp_path):
+    (tmp_path / al.PILOT_FILE).write_text(json.dumps({"rate": 0.06, "add": None, "runs": 24, "d_model": 64}))
+    assert al.read_pilot(tmp_path) == 0.06
+
+
+@pytest.fixture(scope="module")
+def smoke(tmp_path_factory):
+    """A smoke pilot folder holding a chosen rate, and block 1 at the smoke size (seed 0, every arm)."""
+    root = tmp_path_factory.mktemp("alarm")
+    pilot = root / "pilot"
+    pilot.mkdir()
+    (pilot / al.PILOT_FILE).write_text(json.dumps({"rate": 0.08, "add": None, "runs": 2, "d_model": 16}))
+    rows = al.run_block(1, 0.08, root / "study", size="smoke", progress=False)
+    return root, pilot, rows
+
+
+def test_smoke_block_has_every_arm_on_its_seed(smoke):
+    _, _, rows = smoke
+    assert sorted(r["arm"] for r in rows) == ["A", "B", "C", "E", "F"]
+    f = next(r for r in rows if r["arm"] == "F")
+    assert f["lr"] == pytest.approx(0.04) and f["treatment"] == "none"
+
+
+def test_publish_and_re_derive(smoke, tmp_path):
+    from attnscale.cli import main
+    from attnscale.experiments import publish
+
+    root, pilot, _ = smoke
+    studies, series = tmp_path / "studies.json", tmp_path / "alarm.json.gz"
+    argv = ["alarm-study", "--publish", str(root / "study"), "--pilot-dir", str(pilot), "--json-out", str(studies),
+            "--series", str(series)]
+    assert main(argv) == 0
+    data = json.loads(studies.read_text())["alarm"]
+    assert data["rate"] == 0.08 and data["interim"] is True
+    again = al.block_from_series(publish.read_series(series, "alarm"), data["command"])
+    assert json.loads(json.dumps(again)) == data
+    assert ls.parse_run_id(publish.read_series(series, "alarm")["runs"][0]["run_id"])["d_model"] == 16
+
+
+@pytest.mark.parametrize("argv", [["alarm-study"], ["alarm-study", "--block", "1", "--out", "X"],
+                                  ["alarm-study", "--pilot"], ["alarm-study", "--block", "3", "--out", "X"],
+                                  ["alarm-study", "--pilot", "--out", "X", "--pilot-dir", "X"],
+                                  ["alarm-study", "--publish", "X", "--pilot-dir", "X"],
+                                  ["alarm-study", "--block", "1", "--pilot-dir", "NOPE", "--out", "X"],
+                                  ["alarm-study", "--block", "1", "--pilot-dir", "X", "--out", "X"]])
+def test_cli_refusals(argv, tmp_path, monkeypatch, capsys):
+    from attnscale.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "X").mkdir()
+    try:
+        code = main(argv)
+    except SystemExit as e:
+        code = e.code
+    err = capsys.readouterr().err
+    assert code == 2 and "Traceback" not in err and err.strip()
