@@ -83,6 +83,20 @@ def _lr_json(result) -> dict:
     return block(result["rows"])
 
 
+def _shared(p, command: str, key: str, smoke: str, run: Command) -> None:
+    """The options every study command has beside its modes: where runs go, what --publish writes, the smoke size,
+    JSON, jobs; and the command itself."""
+    p.add_argument("--out", type=Path, help="runs go to OUT/<run_id>")
+    p.add_argument("--json-out", type=Path, metavar="FILE",
+                   help=f"with --publish: the studies' JSON (e.g. docs/warn-study.json), whose \"{key}\" is replaced")
+    p.add_argument("--series", type=Path, metavar="FILE", help="with --publish: every run's series (.json.gz)")
+    p.add_argument("--quick", action="store_true", help=f"a smoke check: a 16-wide model, 60 steps, {smoke}; not a measurement")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    jobs_option(p)
+    _PARSERS[command] = p
+    p.set_defaults(run=run)
+
+
 def add_lr_study(sub) -> None:
     p = sub.add_parser("lr-study", help="learning-rate sensitivity of qk-norm, QK-Clip and the alarm under AdamW and "
                                         "Muon (docs/lr-study.md)")
@@ -96,15 +110,7 @@ def add_lr_study(sub) -> None:
     p.add_argument("--from", type=Path, dest="grid_from", metavar="DIR",
                    help="blocks 2-4: the folder whose runs set the grid (the Muon pilot's; block 1's or 2's)")
     p.add_argument("--lrs", type=positive_float, nargs="+", help="blocks 2-4 (or --quick): the grid, given by hand")
-    p.add_argument("--out", type=Path, help="runs go to OUT/<run_id>")
-    p.add_argument("--json-out", type=Path, metavar="FILE",
-                   help="with --publish: the studies' JSON (e.g. docs/warn-study.json), whose \"sensitivity\" is replaced")
-    p.add_argument("--series", type=Path, metavar="FILE", help="with --publish: every run's series (.json.gz)")
-    p.add_argument("--quick", action="store_true", help="a smoke check: a 16-wide model, 60 steps, one seed, two rates")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    jobs_option(p)
-    _PARSERS["lr-study"] = p
-    p.set_defaults(run=Command(_lr_config, _lr, _lr_table, as_json=_lr_json))
+    _shared(p, "lr-study", "sensitivity", "one seed, two rates", Command(_lr_config, _lr, _lr_table, as_json=_lr_json))
 
 
 def _alarm_config(args):
@@ -167,15 +173,8 @@ def add_alarm_study(sub) -> None:
     mode.add_argument("--publish", type=Path, nargs="+", metavar="RUNS_DIR",
                       help="train nothing: judge the finished runs in RUNS_DIR and write --json-out and --series")
     p.add_argument("--pilot-dir", type=Path, metavar="DIR", help="with --block or --publish: the finished pilot's folder")
-    p.add_argument("--out", type=Path, help="runs go to OUT/<run_id>")
-    p.add_argument("--json-out", type=Path, metavar="FILE",
-                   help="with --publish: the studies' JSON (e.g. docs/warn-study.json), whose \"alarm\" is replaced")
-    p.add_argument("--series", type=Path, metavar="FILE", help="with --publish: every run's series (.json.gz)")
-    p.add_argument("--quick", action="store_true", help="a smoke check: a 16-wide model, 60 steps; not a measurement")
-    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
-    jobs_option(p)
-    _PARSERS["alarm-study"] = p
-    p.set_defaults(run=Command(_alarm_config, _alarm, _alarm_table, as_json=_alarm_json))
+    _shared(p, "alarm-study", "alarm", "one seed a block",
+            Command(_alarm_config, _alarm, _alarm_table, as_json=_alarm_json))
 
 
 COMMANDS = [add_lr_study, add_alarm_study]
