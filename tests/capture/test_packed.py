@@ -105,11 +105,16 @@ def _positions():
     return torch.cat([torch.arange(n) for n in DOCS])[None]
 
 
-def test_a_packed_llama_row_equals_its_documents_alone():
-    """sdpa: transformers builds the block-diagonal mask from position_ids that restart (without a cache)."""
+@pytest.mark.filterwarnings("ignore:flex_attention called without torch.compile")
+@pytest.mark.parametrize("impl", ["sdpa", "flex_attention"])
+def test_a_packed_llama_row_equals_its_documents_alone(impl, monkeypatch):
+    """transformers builds the block-diagonal mask from position_ids that restart (without a cache): sdpa's as a
+    boolean mask, flex's as a BlockMask (read as its kernels read it); every measure against float64 per document."""
+    import torch.nn.attention.flex_attention as flex_module
     from test_capture_calls import llama
 
-    model = llama()
+    monkeypatch.setattr(flex_module, "_FLEX_ATTENTION_DISABLE_COMPILE_DEBUG", True)  # flex unfused, no compile
+    model = llama(attn_implementation=impl)
     ids = torch.randint(1, 120, (1, sum(DOCS)), generator=torch.Generator().manual_seed(6))
     packed = {"input_ids": ids, "position_ids": _positions(), "use_cache": False}
     stats = watch.measure_heads(model, packed)
