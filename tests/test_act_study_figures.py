@@ -133,3 +133,38 @@ def test_the_warn_study_page_s_act_table_holds_the_published_numbers():
         st = a["step_time_ratio"]
         assert cells[9] == ("1" if st["interval"] is None
                             else f"{st['mean']:.2f} [{st['interval'][0]:.2f}, {st['interval'][1]:.2f}]")
+
+
+def test_the_seed_as_unit_re_read_in_the_doc_re_derives_by_hand():
+    """docs/act-study.md's seed-as-unit table and C − B equivalence, from the published series by hand: each seed's
+    two cells averaged, then mean and t interval over 16 seeds (t(0.975, 15) = 2.131450, t(0.95, 15) = 1.753050)."""
+    import gzip
+    import json
+    import math
+    import statistics
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    data = json.loads(gzip.decompress((root / "docs" / "act-study-series.json.gz").read_bytes()))
+    loss = {(r["cell"], r["seed"], r["arm"]): r["valid_loss"] for r in data["runs"] if not r["pilot"]}
+    seeds = sorted({s for _, s, _ in loss})
+    assert len(seeds) == 16
+    doc = (root / "docs" / "act-study.md").read_text(encoding="utf-8")
+
+    def diffs(arm, other):
+        return [statistics.fmean(loss[(c, s, arm)] - loss[(c, s, other)] for c in ("z0", "z1e-4")) for s in seeds]
+
+    def text(xs, digits, q=2.131450):
+        m, se = statistics.fmean(xs), statistics.stdev(xs) / math.sqrt(len(xs))
+        lo, hi = m - q * se, m + q * se
+        return f"{m:+.{digits}f} [{lo:+.{digits}f}, {hi:+.{digits}f}]".replace("-", "−")
+
+    for arm, vs_a, vs_e in (("B", 3, 4), ("C", 3, 4), ("D", 3, 3)):
+        row = next(line for line in doc.splitlines() if line.startswith(f"| {arm} (") and "16 seeds" not in line
+                   and line.count("|") == 4)
+        assert text(diffs(arm, "A"), vs_a) in row and text(diffs(arm, "E"), vs_e) in row, row
+    cb = diffs("C", "B")
+    assert text(cb, 3) in doc
+    lo90, hi90 = text(cb, 3, q=1.753050).split("[")[1].rstrip("]").split(", ")
+    assert f"90% interval [{lo90}, {hi90}]" in doc
+    assert -0.02 < float(lo90.replace("−", "-")) and float(hi90.replace("−", "-")) < 0.02  # so: equivalent

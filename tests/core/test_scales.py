@@ -96,6 +96,85 @@ def test_qk_norm_adds_its_epsilon_to_the_mean_square():
     torch.testing.assert_close(q_n, torch.full((1, 4), 1 / math.sqrt(2)), rtol=1e-5, atol=0)
 
 
+def _written_out(x, gain, eps=1e-6):
+    """qk-norm's formula op by op."""
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * gain
+
+
+def _qk_norm(gen, fused, monkeypatch):
+    """A qk-norm scheme with gains away from 1, on F.rms_norm (as on CUDA) or written out (as on the CPU)."""
+    from attnscale.core import scales
+
+    monkeypatch.setattr(scales, "fused_rms_norm", lambda x: fused)
+    scheme = get_scale("qk_norm", 64)
+    with torch.no_grad():
+        scheme.q_gain.uniform_(0.5, 1.5, generator=gen)
+        scheme.k_gain.uniform_(0.5, 1.5, generator=gen)
+    return scheme
+
+
+def _q_and_k(gen, dtype):
+    """q and k as the model lays them out: B×T×H×D underneath, seen as B×H×T×D."""
+    q, k = (3 * torch.randn(2, 5, 2, 64, generator=gen)).to(dtype), torch.randn(2, 5, 2, 64, generator=gen).to(dtype)
+    return q.transpose(1, 2).requires_grad_(), k.transpose(1, 2).requires_grad_()
+
+
+def test_qk_norm_on_f_rms_norm_is_the_formula_written_out_and_so_are_its_gradients(monkeypatch):
+    gen = torch.Generator().manual_seed(0)
+    scheme = _qk_norm(gen, True, monkeypatch)
+    q, k = _q_and_k(gen, torch.float32)
+    qn, kn = scheme.prepare(q, k)
+    gq, gk = scheme.q_gain.detach().clone().requires_grad_(), scheme.k_gain.detach().clone().requires_grad_()
+    want_q, want_k = _written_out(q, gq), _written_out(k, gk)
+    torch.testing.assert_close(qn, want_q, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(kn, want_k, rtol=1e-6, atol=1e-6)
+    up = torch.randn(2, 2, 5, 64, generator=gen)
+    got = torch.autograd.grad((qn * up).sum() + (kn * up).sum(), (q, k, scheme.q_gain, scheme.k_gain))
+    want = torch.autograd.grad((want_q * up).sum() + (want_k * up).sum(), (q, k, gq, gk))
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-5)
+
+
+def test_qk_norm_on_f_rms_norm_takes_a_bf16_q_under_autocast_to_fp32(monkeypatch):
+    """Under autocast q and k leave their projections in bf16 and the gains stay fp32: the result is fp32, as the
+    written-out product's is, but normalised in fp32 (the written-out mean square is taken in bf16, about 1e-2
+    off here); the gradients are float64's to bf16's precision."""
+    gen = torch.Generator().manual_seed(0)
+    scheme = _qk_norm(gen, True, monkeypatch)
+    q, k = _q_and_k(gen, torch.bfloat16)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        qn, kn = scheme.prepare(q, k)
+        old = _written_out(q, scheme.q_gain)
+    q64, gq64 = q.detach().double().requires_grad_(), scheme.q_gain.detach().double().requires_grad_()
+    want = _written_out(q64, gq64)
+    assert qn.dtype == kn.dtype == old.dtype == torch.float32
+    assert (qn.double() - want).abs().max() < 1e-5 < 1e-3 < (old.double() - want).abs().max()
+    torch.testing.assert_close(kn.double(), _written_out(k.detach().double(), scheme.k_gain.detach().double()),
+                               rtol=1e-5, atol=1e-5)
+    up = torch.randn(2, 2, 5, 64, generator=gen)
+    got_q, got_g = torch.autograd.grad((qn * up).sum(), (q, scheme.q_gain))
+    want_q, want_g = torch.autograd.grad((want * up.double()).sum(), (q64, gq64))
+    assert got_q.dtype == torch.bfloat16
+    torch.testing.assert_close(got_q.double(), want_q, rtol=1e-2, atol=1e-2)
+    torch.testing.assert_close(got_g.double(), want_g, rtol=1e-5, atol=1e-4)
+
+
+def test_qk_norm_on_the_cpu_is_written_out_and_keeps_qs_layout():
+    """F.rms_norm on the CPU returns a contiguous tensor: the product after it would sum in another order than
+    the runs trained so far, and change an fp32 run's bits. Written out, q' keeps q's layout, and its numbers."""
+    from attnscale.core import scales
+
+    gen = torch.Generator().manual_seed(0)
+    q, k = _q_and_k(gen, torch.float32)
+    assert not scales.fused_rms_norm(q)
+    scheme = get_scale("qk_norm", 64)
+    with torch.no_grad():
+        scheme.q_gain.uniform_(0.5, 1.5, generator=gen)
+    qn, kn = scheme.prepare(q, k)
+    assert qn.stride() == q.stride() and kn.stride() == k.stride()
+    assert torch.equal(qn, _written_out(q, scheme.q_gain)) and torch.equal(kn, _written_out(k, scheme.k_gain))
+
+
 def test_a_head_dim_must_be_positive_and_one_is_enough():
     assert get_scale("none", 1).head_dim == 1 and get_scale("inv_sqrt_d", 1).factor() == 1.0
     with pytest.raises(ValueError, match="^head_dim must be a positive integer, got 0$"):

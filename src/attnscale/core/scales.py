@@ -23,6 +23,7 @@ import math
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from attnscale.errors import ConfigError
@@ -148,6 +149,11 @@ class InvD(ScoreScale):
         return 1.0 / self.head_dim
 
 
+def fused_rms_norm(x: torch.Tensor) -> bool:
+    """Whether qk-norm takes ``F.rms_norm`` for ``x``: where torch has a fused kernel for it (CUDA)."""
+    return x.device.type == "cuda"
+
+
 @register_scale("qk_norm", "qk-norm")
 class QKNorm(ScoreScale):
     """RMS-normalise q and k per head (learned gain, init 1), then 1/sqrt(d).
@@ -162,11 +168,20 @@ class QKNorm(ScoreScale):
         self.q_gain = nn.Parameter(torch.ones(head_dim))
         self.k_gain = nn.Parameter(torch.ones(head_dim))
 
-    def _rms(self, x: torch.Tensor) -> torch.Tensor:
-        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+    def _rms(self, x: torch.Tensor, gain: torch.Tensor) -> torch.Tensor:
+        """x · rsqrt(mean(x²) + eps) · gain. On CUDA ``F.rms_norm``, torch's fused kernel forward and backward,
+        with x and the gain in the dtype they promote to (the product's: a bf16 q under autocast with an fp32 gain
+        is normalised in fp32). Elsewhere written out: on the CPU (torch 2.13) ``F.rms_norm`` is these same ops,
+        with the same values and gradients, but it returns a contiguous tensor where these keep q's layout, so
+        the product after it sums in another order and an fp32 run's bits change; and it is no cheaper a step
+        (benchmarks/qk_norm_cost.py, docs/speed.md)."""
+        if not fused_rms_norm(x):
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * gain
+        dtype = torch.promote_types(x.dtype, gain.dtype)
+        return F.rms_norm(x.to(dtype), (x.shape[-1],), gain.to(dtype), self.eps)
 
     def prepare(self, q_BHTD, k_BHTD):
-        return self._rms(q_BHTD) * self.q_gain, self._rms(k_BHTD) * self.k_gain
+        return self._rms(q_BHTD, self.q_gain), self._rms(k_BHTD, self.k_gain)
 
     def factor(self) -> float:
         return 1.0 / math.sqrt(self.head_dim)

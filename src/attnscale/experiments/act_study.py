@@ -442,7 +442,9 @@ def figures(data: dict[str, Any]) -> dict[str, Any]:
 
 
 def format_figures(fig: dict[str, Any]) -> str:
-    """The figures as the doc shows them: the pilot's level table, the per-arm table, and the pairs."""
+    """The figures as the doc shows them: the pilot's level table, the per-arm table, the seed-as-unit re-read, and
+    the pairs."""
+    from attnscale.analysis.act_judging import interval_text
     from attnscale.terminal import table
 
     lines = []
@@ -453,6 +455,14 @@ def format_figures(fig: dict[str, Any]) -> str:
         lines += ["", format_result({"study": True, "level": None, **fig["study"]}).split("\n", 1)[1]]
         lines.append(f"Seeds read: {' '.join(map(str, fig['study']['seeds']))}"
                      + (" (interim)" if fig["study"]["interim"] else "") + ".")
+        lines += ["", "The seed as the unit (each seed's cells averaged first):"] + table(
+            ("arm", "final loss − A, nats [95%]", "final loss − E, nats [95%]"),
+            [[arm, *(interval_text(a[k]) if k in a else "—" for k in ("seed_loss_vs_A", "seed_loss_vs_E"))]
+             for arm, a in fig["study"]["arms"].items() if arm != "A"], "<<<")
+        eq = fig["study"].get("C_vs_B")
+        if eq is not None and eq["interval_90"] is not None:
+            lines.append(f"C − B: {eq['diff']:+.3f} nats, 90% [{eq['interval_90'][0]:+.3f}, {eq['interval_90'][1]:+.3f}]: "
+                         f"{eq['verdict']} at ±{eq['margin']:g}")
         arms = [a for a in ARMS if any(a in p for p in fig["pairs"])]
 
         def what(o):
