@@ -89,7 +89,7 @@ def test_options_are_refused_when_it_is_built(kw, match):
 
 
 def test_a_model_that_is_no_module_is_refused():
-    with pytest.raises(ConfigError, match="clips a torch.nn.Module, got function") as e:
+    with pytest.raises(ConfigError, match="^QK-Clip's model takes the torch.nn.Module to clip, got function") as e:
         QKClip(lambda x: x, 10.0)
     one_line(e)
 

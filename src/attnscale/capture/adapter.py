@@ -45,7 +45,8 @@ class Adapter:
 
     def __post_init__(self):
         patterns = (self.modules,) if isinstance(self.modules, str) else self.modules
-        if not isinstance(patterns, (tuple, list)) or not patterns or not all(isinstance(p, str) for p in patterns):
+        if not isinstance(patterns, (tuple, list)) or not patterns or not all(isinstance(p, str) and p
+                                                                              for p in patterns):
             raise ConfigError(f"Adapter's modules takes a glob pattern of module names or a tuple of them, e.g. "
                               f"'blocks.*.attn', got {self.modules!r}")
         if not callable(self.read):

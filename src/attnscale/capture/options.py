@@ -30,7 +30,7 @@ from attnscale.core.diagnostics import FROZEN_THRESHOLD
 from attnscale.errors import ConfigError
 
 __all__ = ["DETAILS", "EVERY", "ON_ERROR", "PROBE_SEQUENCES", "WatchOptions", "check_batch", "check_detail",
-           "check_options"]
+           "check_flag", "check_model", "check_options"]
 
 # One probe costs about one forward of PROBE_SEQUENCES sequences: 1 in 100 steps keeps a watch under 1% of training.
 EVERY = 100
@@ -69,6 +69,21 @@ class WatchOptions:
     def kwargs(self) -> dict[str, Any]:
         """The options as keyword arguments of ``Watch``."""
         return {name: getattr(self, name) for name in self.__dataclass_fields__}
+
+
+def check_flag(name: str, value: Any) -> None:
+    """A ConfigError naming ``name`` unless ``value`` is True or False (1, "yes" or None would read as one)."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name} takes True or False, got {value!r}")
+
+
+def check_model(model: Any, who: str, what: str = "the torch.nn.Module being trained") -> None:
+    """A ConfigError naming ``who``'s model unless it is a module; a module's class given for one names the fix."""
+    if isinstance(model, nn.Module):
+        return
+    got = (f"the class {model.__name__}: give the model itself, an instance" if isinstance(model, type)
+           else type(model).__name__)
+    raise ConfigError(f"{who}'s model takes {what}, got {got}")
 
 
 def _positive_int(name: str, value: Any, least: int = 1, why: str = "") -> None:
@@ -115,8 +130,7 @@ def check_options(o: WatchOptions) -> None:
     if not isinstance(o.on_error, str) or o.on_error not in ON_ERROR:
         raise ConfigError(f"on_error takes one of {', '.join(map(repr, ON_ERROR))} (what a probe that fails during "
                           f"training does), got {o.on_error!r}")
-    if not isinstance(o.in_training_forward, bool):
-        raise ConfigError(f"in_training_forward takes True or False, got {o.in_training_forward!r}")
+    check_flag("in_training_forward", o.in_training_forward)
     if o.in_training_forward and o.probe is not None:
         raise ConfigError("in_training_forward=True measures the training forward's own batches: give no probe=")
     for name, value in (("stage", o.stage), ("layer_offset", o.layer_offset)):

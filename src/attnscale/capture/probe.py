@@ -33,7 +33,7 @@ from torch import nn
 
 from attnscale.capture.adapter import Adapter
 from attnscale.capture.batch import container, find_key, handed_padding, map_tensors, tensors_in
-from attnscale.capture.options import WatchOptions, check_batch
+from attnscale.capture.options import WatchOptions, check_batch, check_flag, check_model
 from attnscale.capture.ranks import TensorParallel, reduce_sums
 from attnscale.capture.fused import measure_call
 from attnscale.capture.reduce import DEFAULT_MEMORY
@@ -238,6 +238,8 @@ def measure_heads(model: nn.Module, batch: Any, *, threshold: float = FROZEN_THR
     earlier probes of this model learned."""
     WatchOptions(threshold=threshold, capture=capture, adapter=adapter, memory=memory, sample_rows=sample_rows,
                  tensor_parallel=tensor_parallel)  # a bad option is refused here, before any forward
+    check_model(model, "measure_heads", "the torch.nn.Module to measure")
+    check_flag("across_ranks", across_ranks)
     model = unwrap(model)
     check_batch(batch, model)
     route = Route() if route is None else route

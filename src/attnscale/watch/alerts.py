@@ -244,6 +244,11 @@ class Alerts:
     """Checks a set of alerts on each probe's ``HeadStats``; says each (alert, layer, head) once."""
 
     def __init__(self, alerts: Sequence[Alert] = ()):
+        if not isinstance(alerts, (list, tuple)) or not all(isinstance(a, Alert) for a in alerts):
+            given = [alerts] if not isinstance(alerts, (list, tuple)) else alerts
+            cls = next((a for a in given if isinstance(a, type) and issubclass(a, Alert)), None)
+            fix = f"give {cls.__name__}(...), not the class" if cls is not None else "e.g. [MaxScore(tau=100), NonFinite()]"
+            raise ConfigError(f"Alerts' alerts takes a list of alerts ({fix}), got {alerts!r}")
         self.alerts = tuple(alerts)
         self.said: set[tuple[int, int, int]] = set()  # (alert index, layer, head)
         self.should_stop = False

@@ -51,7 +51,7 @@ import torch
 
 from attnscale.capture import ranks
 from attnscale.capture.batch import batch_shape
-from attnscale.capture.options import EVERY, PROBE_SEQUENCES, WatchOptions, check_batch
+from attnscale.capture.options import EVERY, PROBE_SEQUENCES, WatchOptions, check_batch, check_model
 from attnscale.capture.probe import Inputs, first_sequences, forward, measure_heads, probing, stats_of, unwrap
 from attnscale.capture.ranks import TensorParallel
 from attnscale.capture.reduce import DEFAULT_MEMORY
@@ -200,8 +200,7 @@ class Watch:
                  stage: int | None = None, layer_offset: int | None = None,
                  tensor_parallel: TensorParallel | None = None, on_error: str = "warn", optimizer: Any = None,
                  resume_actions: str = "same", qk_clip_check: bool = False):
-        if not isinstance(model, torch.nn.Module):
-            raise ConfigError(f"Watch takes the torch.nn.Module being trained, got {type(model).__name__}")
+        check_model(model, "Watch")
         _check_clip_check(qk_clip_check, qk_clip, alerts)
         check_resume_actions(resume_actions)
         self.resume_actions = resume_actions

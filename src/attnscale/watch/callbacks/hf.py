@@ -35,6 +35,7 @@ except ImportError:  # pragma: no cover - the extra is missing
 
 from attnscale.errors import ConfigError
 from attnscale.watch.alerts import LOGGER
+from attnscale.capture.options import check_flag
 from attnscale.watch.callbacks.attach import Attached
 
 __all__ = ["WatchCallback"]
@@ -82,6 +83,7 @@ class WatchCallback(Attached, TrainerCallback, ExportableState):
 
     def __init__(self, *args, report: bool = True, **options):
         super().__init__(*args, **options)
+        check_flag("report", report)
         self.report = report
         self._relay: list = []
         self._pending: tuple[int, dict[str, float]] | None = None

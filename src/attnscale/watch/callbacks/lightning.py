@@ -34,6 +34,7 @@ try:
 except ImportError:  # pragma: no cover - the extra is missing
     raise ImportError("attnscale.watch.callbacks.lightning needs lightning; install the extra from the clone: pip install -e '.[watch]'") from None
 
+from attnscale.capture.options import check_flag
 from attnscale.watch.callbacks.attach import Attached
 
 __all__ = ["WatchCallback"]
@@ -48,6 +49,7 @@ class WatchCallback(Attached, Callback):
 
     def __init__(self, *args, report: bool = True, **options):
         super().__init__(*args, **options)
+        check_flag("report", report)
         self.report = report
         self._last_step: int | None = None
 

@@ -67,6 +67,7 @@ from torch import nn
 
 from attnscale.capture.adapter import Adapter
 from attnscale.capture.call import AttentionCall
+from attnscale.capture.options import check_model
 from attnscale.capture.probe import Inputs, padding_of, unwrap
 from attnscale.capture.ranks import TensorParallel, reduce_max
 from attnscale.capture.reduce import DEFAULT_MEMORY
@@ -93,7 +94,9 @@ def check_tau(tau) -> None:
                           f"100), got {tau!r}")
 
 
-def _check(memory, tensor_parallel) -> None:
+def _check(memory, tensor_parallel, adapter) -> None:
+    if adapter is not None and not isinstance(adapter, Adapter):
+        raise ConfigError(f"QK-Clip's adapter takes attnscale.watch.Adapter(modules, read), got {adapter!r}")
     if not isinstance(memory, int) or isinstance(memory, bool) or memory < 1:
         raise ConfigError(f"QK-Clip's memory takes a positive number of bytes, got {memory!r}")
     if tensor_parallel is not None and not isinstance(tensor_parallel, TensorParallel):
@@ -166,9 +169,8 @@ class QKClip:
     def __init__(self, model: nn.Module, tau: float, capture: str = "auto", adapter: Adapter | None = None,
                  memory: int = DEFAULT_MEMORY, tensor_parallel: TensorParallel | None = None):
         check_tau(tau)
-        _check(memory, tensor_parallel)
-        if not isinstance(model, nn.Module):
-            raise ConfigError(f"QK-Clip clips a torch.nn.Module, got {type(model).__name__}")
+        _check(memory, tensor_parallel, adapter)
+        check_model(model, "QK-Clip", "the torch.nn.Module to clip")
         self.model, self.tau, self.memory, self.tensor_parallel = unwrap(model), float(tau), memory, tensor_parallel
         self._compiled = any(isinstance(getattr(m, "_orig_mod", None), nn.Module)  # torch.compile(m), m.compile()
                              or getattr(m, "_compiled_call_impl", None) is not None for m in model.modules())

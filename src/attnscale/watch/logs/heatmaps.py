@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from attnscale.core.diagnostics import HEAD_MEASURES
+from attnscale.errors import ConfigError
 
 __all__ = ["IMAGE_MEASURES", "heatmap", "image_measures"]
 
@@ -31,10 +32,10 @@ def image_measures(images: bool | Sequence[str]) -> tuple[str, ...]:
     """The measures an ``images=`` option draws: True for ``IMAGE_MEASURES``, False for none, or the names."""
     if isinstance(images, bool):
         return IMAGE_MEASURES if images else ()
-    names = (images,) if isinstance(images, str) else tuple(images)
-    unknown = [m for m in names if m not in HEAD_MEASURES]
+    names = (images,) if isinstance(images, str) else tuple(images) if isinstance(images, (list, tuple)) else (images,)
+    unknown = [m for m in names if not isinstance(m, str) or m not in HEAD_MEASURES]
     if unknown:
-        raise ValueError(f"images takes True, False or measures among {', '.join(HEAD_MEASURES)}, got {unknown[0]!r}")
+        raise ConfigError(f"images takes True, False or measures among {', '.join(HEAD_MEASURES)}, got {unknown[0]!r}")
     return names
 
 

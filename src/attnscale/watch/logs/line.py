@@ -250,6 +250,8 @@ def read_watch_log(path: Path | str) -> WatchLog:
     """Every complete record of a watch log, in file order, and the lines cut short by a killed run.
     A line that is not a record is one ``ConfigError`` naming it; a log without a complete record,
     ``EmptyLogError``."""
+    if not isinstance(path, (str, Path)) or not str(path):
+        raise ConfigError(f"a watch log's path takes the JSONL file a Watch wrote (a str or Path), got {path!r}")
     path = Path(path)
     try:
         text = path.read_text(encoding="utf-8-sig")  # a byte-order mark (an editor's save) is not a cut line

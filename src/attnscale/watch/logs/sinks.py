@@ -97,8 +97,15 @@ class Sink:
         return f"{type(self).__name__}({'' if where is None else repr(str(where))})"
 
 
+def _path(path, what: str, name: str = "path") -> Path:
+    """``path`` as a Path, or a ConfigError naming the argument (None, a number or "" is no file to write)."""
+    if not isinstance(path, (str, Path)) or not str(path):
+        raise ConfigError(f"{what}'s {name} takes a file path (a str or Path), got {path!r}")
+    return Path(path)
+
+
 def _opened(path: Path | str, what: str):
-    path = Path(path)
+    path = _path(path, what)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         return path, path.open("a", encoding="utf-8", newline="")
@@ -135,7 +142,7 @@ class CsvSink(Sink):
         if detail is not None:
             check_detail(detail)
         self.detail = detail
-        self.reopen(path)
+        self.reopen(_path(path, "CsvSink"))
 
     def reopen(self, path: Path | str | None = None) -> None:
         self.path, self._file = _opened(self.path if path is None else path, "CsvSink")
@@ -191,7 +198,7 @@ class TensorBoardSink(Sink):
         except ImportError:
             raise ConfigError("TensorBoardSink needs tensorboard; install the extra from the clone: pip install -e '.[watch]'") from None
         self.detail, self.images = _shown(detail, images)
-        self.log_dir = Path(log_dir)
+        self.log_dir = _path(log_dir, "TensorBoardSink", "log_dir")
         self._writer = SummaryWriter(log_dir=str(self.log_dir))
 
     def write(self, record: WatchLine) -> None:
@@ -219,6 +226,8 @@ class WandbSink(Sink):
             import wandb
         except ImportError:
             raise ConfigError("WandbSink needs wandb; install the extra from the clone: pip install -e '.[watch]'") from None
+        if not isinstance(step, bool):
+            raise ConfigError(f"WandbSink's step takes True (log at the probe's step) or False, got {step!r}")
         self.detail, self.images = _shown(detail, images)
         self._owned, self._init = wandb.run is None, init
         self.run = wandb.init(**init) if self._owned else wandb.run
