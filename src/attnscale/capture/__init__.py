@@ -11,7 +11,8 @@ The floor below the watch, training's step measures and inspect, above ``core``:
   score_mod and block mask), ``flash`` (flash-attn's functions, varlen included), ``adapter``
   (anything else); ``intercept`` is what the captures of functions share; ``route`` picks one;
 - ``reduce``: ``reduce_call``, a call in blocks of query rows, folded into ``sums``: ``HeadSums``, the only
-  code that computes the head measures; ``fused``: ``measure_call``, a sampled probe's route that reads every
+  code that computes the head measures; ``rows``: the keys each query row sees, and the rule for rows that
+  see one key; ``fused``: ``measure_call``, a sampled probe's route that reads every
   row's effective words from the attention kernel's log-sum-exp, where the call allows it;
 - ``probe``: one forward, every call reduced (``measure_heads``); ``stats``: ``HeadStats``, the one result
   type of every measurement (a probe's, a training step's record, each inspect scheme), read back from

@@ -53,7 +53,8 @@ LSE_TOLERANCE = 1e-3
 def measure_call(call: AttentionCall, sums: HeadSums, *, padding_BT: torch.Tensor | None = None,
                  memory: int = DEFAULT_MEMORY, sample_rows: int | None = None, seed: int = 0) -> str:
     """Every head measure of ``call`` folded into ``sums``, as ``reduce_call`` takes the arguments; "fused"
-    where the fused route served it (effective words from every row, spread and max |score| from every score,
+    where the fused route served it (effective words from every row, spread and max |score| from every score
+    (max |score| of the rows that see two keys),
     the other row measures from the ``sample_rows`` rows), "replay" where ``reduce_call`` did all of it."""
     with torch.no_grad():
         sampled = sample_rows is not None and sample_rows < call.q.shape[-2]

@@ -18,7 +18,8 @@ from attnscale.capture.reduce import _key_mask
 from attnscale.capture.sums import largest_abs
 from attnscale.core.diagnostics import MIN_KEYS
 
-__all__ = ["MIN_KEYS", "counted", "counted_top", "key_counts", "largest_abs", "seen_keys"]
+__all__ = ["MIN_KEYS", "counted", "counted_top", "few_key_rows", "key_counts", "largest_abs", "left_out",
+           "seen_keys"]
 
 
 def seen_keys(call: AttentionCall, padding_BT: torch.Tensor | None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
@@ -62,3 +63,33 @@ def counted_top(s_BHRS: torch.Tensor, n_BHR: torch.Tensor) -> torch.Tensor:
     """Each head's largest |score| (H,) over a block's rows that see ``MIN_KEYS`` keys or more (``n_BHR``, the
     keys each row sees, broadcastable), hidden scores 0: a row that sees one key moves no weight."""
     return largest_abs(s_BHRS, -1).masked_fill_(~counted(n_BHR), 0.0).amax((0, 2))
+
+
+def few_key_rows(call: AttentionCall, seen: torch.Tensor | None,
+                 rows: torch.Tensor | None) -> slice | torch.Tensor | None:
+    """The rows that see fewer than ``MIN_KEYS`` keys: None where there are none, a slice of rows where the causal
+    structure alone says it (no tensor op: QK-Clip's S_max meets it at every step), else B'×H'×T boolean."""
+    T, S = call.q.shape[-2], call.k.shape[-2]
+    if seen is None and rows is None and call.window is None:
+        if S < MIN_KEYS:
+            return slice(0, T)
+        stop = min(T, MIN_KEYS - 1 - call.diagonal) if call.is_causal else 0  # row i sees min(S, i + diagonal + 1)
+        return slice(0, stop) if stop > 0 else None
+    few = ~counted(key_counts(call, seen, rows))
+    return few if bool(few.any()) else None
+
+
+def left_out(s: torch.Tensor, few: slice | torch.Tensor | None, r0: int = 0, heads_first: bool = False) -> torch.Tensor:
+    """``s`` (B×H×R×S from row ``r0``, or H×B×R×S where ``heads_first``) with the rows of ``few``
+    (``few_key_rows``; a tensor already cut to these sequences and heads) set to 0, in place: their scores then
+    raise no largest |score|."""
+    if few is None:
+        return s
+    R = s.shape[2]
+    if isinstance(few, slice):
+        a, b = max(0, few.start - r0), min(R, few.stop - r0)
+        if a < b:
+            s[:, :, a:b] = 0.0
+        return s
+    mine = few[..., r0:r0 + R]
+    return s.masked_fill_((mine.transpose(0, 1) if heads_first else mine)[..., None], 0.0)

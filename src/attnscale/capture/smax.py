@@ -39,7 +39,8 @@ import torch
 from attnscale.capture.call import AttentionCall
 from attnscale.capture.reduce import (DEFAULT_MEMORY, KEPT_BYTES, _block_scores, _buffer, _head_max_blocks, cut,
                                       cut_blocks, tiled, with_padding)
-from attnscale.capture.rows import counted, counted_top, key_counts, seen_keys
+from attnscale.capture.rows import few_key_rows, left_out, seen_keys
+from attnscale.capture.sums import largest_abs as _largest_abs
 from attnscale.core.device import native_bf16
 
 __all__ = ["SCREEN_FROM", "approximate_rows", "float32_max", "head_max", "screened"]
@@ -84,49 +85,53 @@ def head_max(call: AttentionCall, memory: int = DEFAULT_MEMORY, padding_BT: torc
         if plain is None:
             return _head_max_blocks(with_padding(call, padding_BT), memory)
         q, k, factor, cap = plain
-        n = key_counts(call, *seen_keys(call, padding_BT))
-        out = screened(call, q, k, memory, n) if _screen(q, k) else None
+        few = few_key_rows(call, *seen_keys(call, padding_BT))
+        out = screened(call, q, k, memory, few) if _screen(q, k) else None
         if out is None:
-            out = float32_max(call, q, k, memory, n)
+            out = float32_max(call, q, k, memory, few)
         out = out.mul_(factor)
         return out if cap is None else cap(out)
 
 
 def float32_max(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, memory: int = DEFAULT_MEMORY,
-                counts: torch.Tensor | None = None) -> torch.Tensor:
+                few: slice | torch.Tensor | None | bool = True) -> torch.Tensor:
     """Each head's largest |q·kᵀ| (H,) float32 over every block in float32, ``q`` and ``k`` as ``tiled`` gives them,
-    over the rows that see two keys (``counts``: the keys each row sees, ``rows.key_counts``; None: the call's)."""
+    over the rows that see two keys (``few``: the rows that see fewer, ``rows.few_key_rows``; True: the call's
+    structure's)."""
     B, H, T, _ = q.shape
     K, S = k.shape[1], k.shape[-2]
-    n = key_counts(call, None, None) if counts is None else counts
+    few = few_key_rows(call, None, None) if few is True else few
     if B * H * T * S * 4 <= min(memory, KEPT_BYTES) and call.key_range(0, T - 1) == slice(0, S):
         # the whole call in one product, as QK-Clip meets it at every step of a short context: the same
         # arithmetic as ``cut_blocks``' one block, without its slicing and bookkeeping (a dozen small operations)
         buffer = _buffer(B * H * T * S, q.device)
         if q.is_contiguous() and k.is_contiguous():  # cut_blocks' one block, its kᵀ read as k's own transpose
-            return counted_top(_block_scores(call, q, k.mT, 0, 0, buffer), n)
+            return _largest_abs(left_out(_block_scores(call, q, k.mT, 0, 0, buffer), few), (0, 2, 3))
         # q and k as a model hands them over (B×T×H×D underneath): one product a head, each reading its strided
         # rows as they are, where one product for all would first copy q and k
         s = buffer[:B * H * T * S].view(H, B, T, S)
         keys = k.mT.unbind(1)
         for h, (q_h, s_h) in enumerate(zip(q.unbind(1), s.unbind(0))):
             torch.bmm(q_h, keys[h * K // H], out=s_h)
-        return counted_top(cut(call, s, 0, 0).transpose(0, 1), n)
+        return _largest_abs(left_out(cut(call, s, 0, 0), few, heads_first=True), (1, 2, 3))
     out = torch.zeros(H, device=q.device)
     for heads, seqs, r0, _, s in cut_blocks(call, q, k, memory):
-        mine = n[seqs if n.shape[0] > 1 else slice(None), heads if n.shape[1] > 1 else slice(None)]
-        out[heads] = torch.maximum(out[heads], counted_top(s, mine[..., r0:r0 + s.shape[2]]))
+        mine = few if not torch.is_tensor(few) else few[seqs if few.shape[0] > 1 else slice(None),
+                                                          heads if few.shape[1] > 1 else slice(None)]
+        out[heads] = torch.maximum(out[heads], _largest_abs(left_out(s, mine, r0), (0, 2, 3)))
     return out
 
 
 def screened(call: AttentionCall, q: torch.Tensor, k: torch.Tensor, memory: int = DEFAULT_MEMORY,
-             counts: torch.Tensor | None = None) -> torch.Tensor | None:
-    """Each head's largest |q·kᵀ| (H,) float32 over the rows that see two keys (``counts`` as ``float32_max``
+             few: slice | torch.Tensor | None | bool = True) -> torch.Tensor | None:
+    """Each head's largest |q·kᵀ| (H,) float32 over the rows that see two keys (``few`` as ``float32_max``
     takes it), with ``q`` and ``k`` as ``tiled`` gives them (float32, hidden rows and keys 0): the bfloat16
     screen, then the rows it leaves in made again in float32. None where the screen does not pay (a NaN or inf
     in q or k, a non-finite approximate score, or ``LEFT_IN_AT_MOST`` of the rows or more left in)."""
     approx, eps = approximate_rows(call, q, k, memory)
-    ok = counted(key_counts(call, None, None) if counts is None else counts)  # rows that see one key: left out
+    few = few_key_rows(call, None, None) if few is True else few
+    ok = torch.ones(q.shape[:3], dtype=torch.bool, device=q.device)  # rows that see one key: left out
+    left_out(ok[..., None], few)
     # a NaN or inf in q or k makes a norm, hence a bound, non-finite (even in a row that sees no key, which the
     # bound would then say nothing of); a score past bfloat16's range makes an approximate max inf: float32 says
     if not (bool(torch.isfinite(approx).all()) and bool(torch.isfinite(eps).all())):

@@ -5,7 +5,8 @@ Each block of a call's scores (``reduce.py`` makes them) is folded in at once
 
 - spread: count, mean and sum of squared deviations, merged block by block
   (Chan et al. 1979), so a large mean costs no digits;
-- max_score: the running max of |score|;
+- max_score: the running max of |score| over the rows that see ``MIN_KEYS`` keys
+  (a row that sees one key moves no weight, ``capture.rows``);
 - the row measures, from each row's log-sum-exp in float64 (FlashAttention's
   online softmax, with every key of a row in one block): effective words
   exp(lse - Σ p·z), max weight exp(max z - lse), push from the other keys' sums
