@@ -14,7 +14,7 @@ from attnscale.lm import train as T
 from attnscale.lm.checkpoint import comparable_config
 from attnscale.lm.model import ModelConfig, build_model
 from attnscale.lm.optimizers import MuonAdamW, build_optimizer
-from attnscale.watch.actions import Acting, ScaleLR
+from attnscale.watch.actions import Acting, ScaleLR, SkipStep
 from tiny_corpus import V, corpus  # noqa: F401  (the fixture)
 
 torch.set_num_threads(1)
@@ -131,9 +131,36 @@ def test_the_watchs_rate_factor_reaches_muons_group_and_adamws():
     assert seen == [2.5e-3] * 3 + [1e-2] * 3 and [g["lr"] for g in opt.param_groups] == [1e-2] * 3
 
 
+@pytest.mark.parametrize("actions, qk_clip", [((ScaleLR(0.5, steps=3),), 0.05), ((SkipStep(2),), None)],
+                         ids=["rate-cut-and-qk_clip", "skip"])
+def test_a_muon_run_resumed_with_the_watchs_actions_in_force_goes_on_as_the_uninterrupted_one(
+        corpus, tmp_path, actions, qk_clip):
+    """Actions taken at probe step 2, still in force at the checkpoint (step 3): the rate factor reaches Muon's
+    group, a skipped step leaves its momentum, and the clip scales the weights it keeps momentum for; the resumed
+    run's losses and weights are the uninterrupted run's to the bit, and the actions changed the run."""
+    from attnscale.watch import Attached
+    from attnscale.watch.alerts import MaxScore
+
+    cfg = tcfg(steps=8, checkpoint_every=3)
+
+    def attached():
+        return Attached(every=2, alerts=[MaxScore(tau=1e-9, action=a) for a in actions], qk_clip=qk_clip)
+
+    whole = T.train(mcfg(), cfg, corpus, watch=attached(), weights=tmp_path / "whole.st")
+    calls = iter(range(100))
+    T.train(mcfg(), cfg, corpus, checkpoint=tmp_path / "c.pt", watch=attached(), should_stop=lambda: next(calls) >= 3)
+    resumed = T.train(mcfg(), cfg, corpus, checkpoint=tmp_path / "c.pt", watch=attached(),
+                      weights=tmp_path / "resumed.st")
+    assert resumed["resumed_from"] == 3 and resumed["losses"] == whole["losses"] and whole["actions"]
+    w, r = load_file(tmp_path / "whole.st"), load_file(tmp_path / "resumed.st")
+    assert all(torch.equal(w[k], r[k]) for k in w)
+    assert whole["losses"] != T.train(mcfg(), cfg, corpus)["losses"]
+
+
 def test_qk_clip_holds_a_muon_trained_models_heads_at_tau():
-    """An unscaled model trained by Muon on one batch: without the clip its largest score passes tau by 30%;
-    with it, no more than the one step's growth the clip leaves (it acts on the scores before the step)."""
+    """An unscaled model trained by Muon on one batch: without the clip its largest score passes tau by half;
+    with it, by no more than the one step's growth the clip leaves (it acts on the scores before the step:
+    up to 9% here)."""
     from attnscale.capture.probe import measure_heads
     from attnscale.watch.clip.qk_clip import QKClip
 
@@ -141,7 +168,7 @@ def test_qk_clip_holds_a_muon_trained_models_heads_at_tau():
         model = build_model(ModelConfig(vocab_size=40, context=8, d_model=16, n_layers=2, n_heads=2, head_dim=8,
                                         scale="none"), seed=0)
         ids = torch.randint(0, 40, (8, 9), generator=torch.Generator().manual_seed(0))
-        opt = build_optimizer(model, "muon", lr=1e-2, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8, fused=False)
+        opt = build_optimizer(model, "muon", lr=2e-2, weight_decay=0.1, betas=(0.9, 0.95), eps=1e-8, fused=False)
         clip = QKClip(model, tau) if tau else None
         got = []
         for _ in range(20):
@@ -156,8 +183,8 @@ def test_qk_clip_holds_a_muon_trained_models_heads_at_tau():
         return got
 
     tau, free, clipped = 4.5, maxes(None), maxes(4.5)
-    assert free[0] < tau < tau * 1.25 < max(free)
-    assert max(clipped) <= tau * 1.08 and min(clipped[-5:]) >= tau * 0.9  # held at tau, not pushed below it
+    assert free[0] < tau < tau * 1.4 < max(free)
+    assert max(clipped) <= tau * 1.1 and min(clipped[-5:]) >= tau * 0.9  # held at tau, not pushed below it
 
 
 def test_the_record_says_which_optimizer_and_a_record_from_before_reads_adamw(corpus, tmp_path):
