@@ -18,6 +18,7 @@ reduced to per-head sums at once by the capture floor's one reduction
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,6 +35,7 @@ from attnscale.core.diagnostics import FROZEN_HEAD_SHARE, FROZEN_THRESHOLD, HEAD
 from attnscale.core.scales import get_scale
 from attnscale.core.device import check_device_spec
 from attnscale.errors import ConfigError
+from attnscale.core.head_kinds import HeadKinds
 
 __all__ = ["MODEL", "HeadCheck", "InspectConfig", "InspectResult", "Layer", "check_texts", "frozen_heads",
            "layer_means", "read_text", "take_sequences"]
@@ -103,6 +105,8 @@ class InspectResult:
     frozen_heads: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     frozen_head_share: float = FROZEN_HEAD_SHARE
     max_tokens: int | None = None  # the length sequences were cut to
+    # the sink and previous-token heads under the model's scale (``core/head_kinds.py``): {"layer", "head", "kind", "share"}
+    head_kinds: list[dict[str, Any]] = field(default_factory=list)
     stats: dict[str, HeadStats] = field(default_factory=dict, metadata={"json": False})  # JSON: rows
 
     @property
@@ -140,6 +144,7 @@ class HeadCheck:
         self.layers: dict[int, Layer] = {}
         self._device: torch.device | None = None
         self._sums: dict[tuple[int, str], HeadSums] = {}
+        self._kinds = HeadKinds()
 
     def add(self, index: int, layer: Layer, q_BHTD: torch.Tensor, k_BKTD: torch.Tensor, mask_B1TT: torch.Tensor,
             bias: torch.Tensor | None = None) -> None:
@@ -156,8 +161,12 @@ class HeadCheck:
         for scheme, factor in factors.items():
             sums = self._sums.setdefault((index, scheme), HeadSums(layer.heads, self.cfg.threshold, self._device))
             reduce_call(call, sums, factor=factor)
-            if self.on_layer is not None:  # the whole tensors, for callers who want them
-                self.on_layer(index, scheme, *dense(call, factor))
+            if scheme == MODEL or self.on_layer is not None:
+                scores, pattern = dense(call, factor)
+                if scheme == MODEL:  # which heads are sinks or previous-token heads
+                    self._kinds.add(index, pattern, scores > -math.inf)
+                if self.on_layer is not None:  # the whole tensors, for callers who want them
+                    self.on_layer(index, scheme, scores, pattern)
 
     def result(self, model: str, architecture: str, sequences: list[list[int]], available: int,
                notes: list[str] | None = None) -> InspectResult:
@@ -182,8 +191,17 @@ class HeadCheck:
             scale_source=first.source, softcap=first.softcap, sequences=len(sequences), sequences_available=available,
             tokens=sum(len(s) for s in sequences), threshold=self.cfg.threshold, what_ifs=tuple(self.cfg.what_ifs),
             rows=rows, notes=notes, per_layer=layer_means(rows, schemes), frozen_heads=frozen_heads(rows, schemes),
-            max_tokens=self.cfg.max_tokens, stats=stats,
+            max_tokens=self.cfg.max_tokens, stats=stats, head_kinds=self._head_kinds(order),
         )
+
+    def _head_kinds(self, order: list[int]) -> list[dict[str, Any]]:
+        marked = []
+        for i in order:
+            first, prev = self._kinds.shares(i)
+            for h, kind in enumerate(self._kinds.kinds(i)):
+                if kind:
+                    marked.append({"layer": i, "head": h, "kind": kind, "share": first[h] if kind == "sink" else prev[h]})
+        return marked
 
 
 def layer_means(rows: list[dict[str, Any]], schemes: tuple[str, ...]) -> list[dict[str, Any]]:

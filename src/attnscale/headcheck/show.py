@@ -55,6 +55,18 @@ def _frozen(result: InspectResult) -> list[str]:
     return lines + ["  what-ifs: " + ", ".join(f"{_title(w)} {len(result.frozen_heads.get(w, []))} of {total}" for w in result.what_ifs)]
 
 
+def _kinds(result: InspectResult) -> list[str]:
+    """The sink and previous-token heads (``core/head_kinds.py``): what trained heads look like, few effective
+    words and no alarm."""
+    lines = []
+    for kind, title in (("sink", "sink heads (at least half of a row's weight on the first key it sees)"),
+                        ("previous", "previous-token heads (at least half on the key before the row's own)")):
+        marked = [h for h in result.head_kinds if h["kind"] == kind]
+        lines += [f"{title}: {len(marked)} of {len(result.rows)}"]
+        lines += [f"  layer {h['layer']}, head {h['head']}: {h['share']:.1%}" for h in marked]
+    return lines
+
+
 def format_table(result: InspectResult, per_head: bool = True) -> str:
     """The header; the per-head rows (``per_head``); per layer, the mean over its
     heads; then each frozen head, and how many the what-ifs would freeze.
@@ -65,7 +77,7 @@ def format_table(result: InspectResult, per_head: bool = True) -> str:
         lines += [f"{r['layer']:>5} {r['head']:>4}" + _numbers(result, r) for r in result.rows]
     lines += ["", f"per layer: the mean over its {result.heads} heads", *_columns(result, f"{'layer':>5}")]
     lines += [f"{r['layer']:>5}" + _numbers(result, r) for r in result.per_layer]
-    return "\n".join(lines + [""] + _frozen(result))
+    return "\n".join(lines + [""] + _kinds(result) + [""] + _frozen(result))
 
 
 def plot_heatmaps(result: InspectResult, path: Path) -> Path:
