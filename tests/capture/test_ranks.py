@@ -136,7 +136,8 @@ def test_a_watch_on_each_tensor_parallel_rank_logs_the_whole_models_heads(tmp_pa
     from attnscale.watch.logs.line import read_log
 
     spawn(_watch_worker, str(tmp_path), world=WORLD)
-    (line,) = read_log(tmp_path / "watch.jsonl")
+    baseline, line = read_log(tmp_path / "watch.jsonl")  # step 0's baseline record, then step 1's
+    assert (baseline.step, line.step) == (0, 1)
     want = measure_heads(Model(), IDS)
     torch.testing.assert_close(torch.tensor(line.values, dtype=torch.float32), want.values_LMH, rtol=1e-5, atol=1e-6)
     got = [json.loads((tmp_path / f"watch{r}.json").read_text()) for r in range(WORLD)]
