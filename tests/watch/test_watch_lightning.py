@@ -301,3 +301,23 @@ def test_clip_qk_on_a_qk_norm_module_is_refused_before_the_first_step(tmp_path):
     with pytest.raises(ConfigError, match=r"^MaxScore's action ClipQK\(tau=100\) cannot act on .*qk-norm"):
         trainer.fit(language_model(config, 1e-2), loader)
     assert trainer.global_step == 0
+
+
+def test_a_rate_action_on_a_fit_of_two_optimizers_is_refused_before_the_first_step(tmp_path):
+    """ScaleLR acts on one optimizer; a fit of two (manual optimization) would have had it act on none, in silence."""
+    import lightning.pytorch as pl
+    import torch
+
+    module = language_model(ModelConfig(vocab_size=50, context=8, d_model=16, n_layers=1, n_heads=2), 1e-3)
+    module.automatic_optimization = False
+    module.configure_optimizers = lambda: [torch.optim.SGD(module.model.parameters(), lr=1e-3),
+                                           torch.optim.SGD(module.model.parameters(), lr=1e-3)]
+    loader = torch.utils.data.DataLoader([(torch.zeros(8, dtype=torch.long),) * 2] * 4, batch_size=2)
+    callback = WatchCallback(every=2, alerts=[MaxScore(tau=1e-9, action=ScaleLR(0.5))], report=False)
+    trainer = pl.Trainer(max_steps=2, accelerator="cpu", devices=1, callbacks=[callback], logger=False,
+                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                         default_root_dir=str(tmp_path))
+    with pytest.raises(ConfigError, match=r"^an alert's ScaleLR acts on the fit's optimizer, and this fit has 2; give "
+                                          r"that alert another action, or fit with one optimizer$"):
+        trainer.fit(module, loader)
+    assert trainer.global_step == 0

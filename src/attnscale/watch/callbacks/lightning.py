@@ -35,6 +35,7 @@ except ImportError:  # pragma: no cover - the extra is missing
     raise ImportError("attnscale.watch.callbacks.lightning needs lightning; install the extra from the clone: pip install -e '.[watch]'") from None
 
 from attnscale.capture.options import check_flag
+from attnscale.errors import ConfigError
 from attnscale.watch.callbacks.attach import Attached
 
 __all__ = ["WatchCallback"]
@@ -55,6 +56,11 @@ class WatchCallback(Attached, Callback):
 
     def on_train_start(self, trainer, pl_module):
         optimizers = trainer.optimizers
+        acting = next((a.action for a in self.options["alerts"] or () if getattr(a.action, "needs_optimizer", False)),
+                      None)
+        if acting is not None and len(optimizers) != 1:  # which one it would act on is not ours to guess
+            raise ConfigError(f"an alert's {type(acting).__name__} acts on the fit's optimizer, and this fit has "
+                              f"{len(optimizers)}; give that alert another action, or fit with one optimizer")
         self.start(pl_module, trainer.global_step, optimizer=optimizers[0] if len(optimizers) == 1 else None)
         self._last_step = trainer.global_step
 
