@@ -164,7 +164,30 @@ def test_the_seed_as_unit_re_read_in_the_doc_re_derives_by_hand():
                    and line.count("|") == 4)
         assert text(diffs(arm, "A"), vs_a) in row and text(diffs(arm, "E"), vs_e) in row, row
     cb = diffs("C", "B")
-    assert text(cb, 3) in doc
+    assert text(cb, 3) in doc and text(cb, 3) in (root / "docs" / "watch.md").read_text(encoding="utf-8")
     lo90, hi90 = text(cb, 3, q=1.753050).split("[")[1].rstrip("]").split(", ")
     assert f"90% interval [{lo90}, {hi90}]" in doc
     assert -0.02 < float(lo90.replace("−", "-")) and float(hi90.replace("−", "-")) < 0.02  # so: equivalent
+
+
+def test_the_advice_reads_its_false_alarm_share_from_the_warn_study():
+    """README, docs/watch.md and default_alerts say the alarm fired in 22 of 22 held runs at 8e-2, Wilson [85%, 100%]:
+    counted here from docs/warn-study.json's cells, the interval by hand (0 misses: lower end n / (n + z²))."""
+    import inspect
+    import math
+    from pathlib import Path
+
+    from attnscale.watch import alerts
+
+    root = Path(__file__).resolve().parents[1]
+    cells = json.loads((root / "docs" / "warn-study.json").read_text())["recipe"]["cells"]
+    at = [c for c in cells if c["lr"] == 0.08 and c["arm"].startswith("qk-off")]
+    held = sum(c["learned"] - c["mid_run_breaks"] for c in at)
+    fired = sum(c["detectors"]["max_score>10000"]["false_alarms"]["false_alarms"] for c in at)
+    assert (fired, held) == (22, 22)
+    lower = held / (held + 1.959964 ** 2)
+    assert f"{math.floor(lower * 100)}%" == "85%"
+    for text in ((root / "README.md").read_text(), (root / "docs" / "watch.md").read_text(),
+                 inspect.getdoc(alerts.default_alerts)):
+        flat = " ".join(text.split())
+        assert "22 of 22" in flat and ("[85%, 100%]" in flat), text[:80]

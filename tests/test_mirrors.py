@@ -23,6 +23,7 @@ THROUGH_CALLERS = {
     "capture/own": "tests/capture/test_capture_calls.py: one capture among the routes tested side by side",
     "capture/route": "tests/capture/test_capture_calls.py: the choice among the captures",
     "capture/sdpa": "tests/capture/test_capture_calls.py: one capture among the routes tested side by side",
+    "cli/studies": "tests/experiments/test_lr_study.py: lr-study's refusals and --publish (alarm-study's in test_alarm_study.py)",
     "cli/__main__": "tests/cli/test_cli_training.py: the entry point run in a subprocess",
     "errors": "tests/cli/test_cli_options.py: raised by every room, one line at the command line",
     "experiments/training_config": "tests/experiments/test_sweep.py: the fields every training config shares",

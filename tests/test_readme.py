@@ -162,10 +162,10 @@ def test_the_plain_loop_block_logs_the_heads_at_its_probe_step(tmp_path, monkeyp
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     exec(compile(_block("with Watch("), "README.md", "exec"), {"model": model, "loader": loader, "optimizer": optimizer})
     records = read_log(tmp_path / "watch.jsonl")
-    assert [r.step for r in records] == [100]  # a probe every 100 steps by default
+    assert [r.step for r in records] == [0, 100]  # the baseline before training, then a probe every 100 steps
     # the probe: the first 4 sequences of the first batch, measured with the weights after step 100
     by_hand = _max_scores_by_hand(model, loader[0][0][:4])
-    assert records[0].summary["attn/max_score"] == pytest.approx(max(by_hand.values()), rel=1e-5)
+    assert records[1].summary["attn/max_score"] == pytest.approx(max(by_hand.values()), rel=1e-5)
 
 
 def test_the_measure_block_gives_each_heads_numbers(monkeypatch):
