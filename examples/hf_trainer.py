@@ -18,7 +18,7 @@ import os
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here downloads
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-from options import run_options, tensorboard_here  # noqa: E402
+from options import alert_tau, run_options, tensorboard_here  # noqa: E402
 from tiny_llama import corpus_windows, tiny_llama  # noqa: E402
 
 from attnscale.watch.alerts import Collapsed, MaxScore  # noqa: E402
@@ -42,7 +42,7 @@ def main(argv=None) -> int:
     model = tiny_llama(vocab, layers=args.layers, hidden=args.hidden, heads=4, kv_heads=2, context=args.context,
                        unscaled=args.unscaled, init_std=args.init_std)
     action = "stop" if args.stop else "warn"
-    callback = WatchCallback(every=args.every, alerts=[MaxScore(action), Collapsed(action)],
+    callback = WatchCallback(every=args.every, alerts=[MaxScore(action, tau=alert_tau(args.qk_clip)), Collapsed(action)],
                              sinks=[JsonlSink(args.out / "watch.jsonl")], qk_clip=args.qk_clip)
     tensorboard = tensorboard_here(args.out / "runs")
     training = TrainingArguments(output_dir=str(args.out), max_steps=args.steps, per_device_train_batch_size=args.batch,

@@ -19,7 +19,7 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from options import WATCH_EXTRA, run_options, tensorboard_here, tiny_lm_options
+from options import WATCH_EXTRA, alert_tau, run_options, tensorboard_here, tiny_lm_options
 
 from attnscale.lm.data import load_corpus
 from attnscale.lm.model import ModelConfig, build_model
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
                          head_dim=args.width, scale=args.scale, init=args.init)
     module = language_model(config, args.lr)
     action = "stop" if args.stop else "warn"
-    callback = WatchCallback(every=args.every, alerts=[MaxScore(action), Collapsed(action)],
+    callback = WatchCallback(every=args.every, alerts=[MaxScore(action, tau=alert_tau(args.qk_clip)), Collapsed(action)],
                              sinks=[JsonlSink(args.out / "watch.jsonl")], qk_clip=args.qk_clip)
     loader = torch.utils.data.DataLoader(Shifted(corpus.train, args.context), batch_size=args.batch, shuffle=True,
                                          generator=torch.Generator().manual_seed(0))

@@ -39,3 +39,9 @@ def tensorboard_here(logdir: Path) -> bool:
     print(f"TensorBoard is not installed: every head goes to watch.jsonl alone; {WATCH_EXTRA} adds "
           f"TensorBoard event files in {logdir}")
     return False
+
+
+def alert_tau(qk_clip: float | None, tau: float = 100.0) -> float:
+    """The max-score alert's threshold beside QK-Clip: ``tau``, or twice the clip's where the clip's is as high, so
+    that the alert fires only where the clip has lost hold of a head (at the clip's own tau the two would fight)."""
+    return tau if qk_clip is None or qk_clip < tau else 2.0 * qk_clip

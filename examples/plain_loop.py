@@ -18,7 +18,7 @@ import argparse
 import torch
 import torch.nn.functional as F
 
-from options import run_options, tensorboard_here, tiny_lm_options
+from options import alert_tau, run_options, tensorboard_here, tiny_lm_options
 
 from attnscale.lm.data import batches, load_corpus
 from attnscale.lm.model import ModelConfig, build_model
@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     opt = torch.optim.AdamW(model.parameters(), lr=args.lr)
     gen = torch.Generator().manual_seed(0)
     action = "stop" if args.stop else "warn"
-    alerts = [MaxScore(action), Collapsed(action), Spike("warn", measure="max_score")]
+    alerts = [MaxScore(action, tau=alert_tau(args.qk_clip)), Collapsed(action), Spike("warn", measure="max_score")]
     tensorboard = tensorboard_here(args.out / "tb")
     sinks = [JsonlSink(args.out / "watch.jsonl"), *([TensorBoardSink(args.out / "tb")] if tensorboard else [])]
     with Watch(model, every=args.every, sinks=sinks, alerts=alerts, qk_clip=args.qk_clip) as watch:

@@ -9,7 +9,7 @@ embedded corpus, the same seeds and batches for each way:
 1. ``scaled``: the model's own 1/sqrt(head_dim);
 2. ``unscaled``: its scale set to 1, as the course warns against;
 3. ``unscaled+qk-clip τ=T``, one way per ``--taus`` value: the same, with QK-Clip at T after every step.
-The watch probes every ``--every`` steps, with a max-score alert at ``--alert-tau``
+The watch probes every ``--every`` steps, with a max-score alert at ``--alert-tau`` (twice a way's clip tau where that is as high)
 (a warning; 100 by default, the tau Kimi K2 trained with). Per run: held-out
 perplexity (exp of the mean next-token cross-entropy on the corpus's held-out
 split), the step of the first alert, every layer's largest max score and mean
@@ -33,6 +33,7 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
 import torch  # noqa: E402
 
+from options import alert_tau  # noqa: E402
 from tiny_llama import Windows, corpus_windows, tiny_llama  # noqa: E402
 
 from attnscale.lm.data import load_corpus  # noqa: E402
@@ -87,7 +88,7 @@ def one_run(way: str, seed: int, args, out: Path) -> dict:
     model = tiny_llama(vocab, layers=args.layers, hidden=args.hidden, heads=4, kv_heads=2, context=args.context,
                        seed=seed, unscaled=way != "scaled")
     folder = out / folder_of(way) / f"seed-{seed}"
-    callback = WatchCallback(every=args.every, alerts=[MaxScore(tau=args.alert_tau, action="warn")],
+    callback = WatchCallback(every=args.every, alerts=[MaxScore(tau=alert_tau(clip_tau(way), args.alert_tau), action="warn")],
                              sinks=[JsonlSink(folder / "watch.jsonl")], report=False, qk_clip=clip_tau(way))
     training = TrainingArguments(output_dir=str(folder), max_steps=args.steps, per_device_train_batch_size=args.batch,
                                  learning_rate=args.lr, logging_steps=args.every, save_strategy="no", report_to="none",
@@ -197,7 +198,7 @@ def main(argv=None) -> int:
     p.add_argument("--every", type=int, default=50, help="probe every this many steps")
     p.add_argument("--taus", type=float, nargs="+", default=[10.0, 30.0, 100.0],
                    help="QK-Clip's cap on each head's max score: one clipped way per value")
-    p.add_argument("--alert-tau", type=float, default=100.0, help="the max-score alert's threshold, in every way")
+    p.add_argument("--alert-tau", type=float, default=100.0, help="the max-score alert's threshold, in every way (twice a clip's tau where that is as high)")
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--context", type=int, default=64)
     p.add_argument("--layers", type=int, default=2)

@@ -64,7 +64,7 @@ def test_each_readme_example_runs_after_the_core_set_up_and_writes_its_log_witho
     done = newcomer(tmp_path, script, *TINY, *extra)
     assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr[-2000:]
     folder = tmp_path / "watch-out" / script.split("_")[0]  # plain, hf, lightning
-    assert [r.step for r in read_log(folder / "watch.jsonl")] == [2, 4]
+    assert [r.step for r in read_log(folder / "watch.jsonl")] == [0, 2, 4]
     said = [line for line in done.stdout.splitlines() if "TensorBoard is not installed" in line]
     assert len(said) == 1 and "pip install -e '.[watch]' adds TensorBoard event files" in said[0]
     assert not any(p.name.startswith("events.out.tfevents") for p in folder.rglob("*"))
@@ -87,9 +87,9 @@ def test_plain_loop_example_logs_every_probe_to_jsonl_and_tensorboard(tmp_path, 
     pytest.importorskip("tensorboard")  # the extra attnscale[watch]
     out = run("plain_loop.py", "--steps", "6", "--every", "3", "--batch", "4", "--context", "16", "--out", "o")
     records = read_log(tmp_path / "o" / "watch.jsonl")
-    assert [r.step for r in records] == [3, 6] and "step 6: loss" in out
+    assert [r.step for r in records] == [0, 3, 6] and "step 6: loss" in out
     tb = tensorboard_scalars(tmp_path / "o" / "tb")
-    assert set(tb["attn/layer_1/head_3/effective_words"]) == {3, 6}
+    assert set(tb["attn/layer_1/head_3/effective_words"]) == {0, 3, 6}
 
 
 def test_plain_loop_example_stops_an_unscaled_model_at_its_first_probe(tmp_path, run):
@@ -105,9 +105,9 @@ def test_hf_trainer_example_runs_and_stops_when_unscaled(tmp_path, run):
     pytest.importorskip("transformers")
     out = run("hf_trainer.py", "--steps", "4", "--every", "2", "--batch", "4", "--context", "16", "--hidden", "32",
               "--out", "o")
-    assert "trained 4 steps" in out and [r.step for r in read_log(tmp_path / "o" / "watch.jsonl")] == [2, 4]
+    assert "trained 4 steps" in out and [r.step for r in read_log(tmp_path / "o" / "watch.jsonl")] == [0, 2, 4]
     tb = tensorboard_scalars(tmp_path / "o" / "runs")
-    assert set(tb["train/attn/layer_0/head_0/max_score"]) == {2, 4} and set(tb["train/loss"]) == {2, 4}
+    assert set(tb["train/attn/layer_0/head_0/max_score"]) == {0, 2, 4} and set(tb["train/loss"]) == {2, 4}
     out = run("hf_trainer.py", "--steps", "8", "--every", "2", "--batch", "4", "--context", "16", "--hidden", "32",
               "--unscaled", "--init-std", "0.5", "--stop", "--out", "u")
     assert "trained 2 steps" in out
@@ -117,8 +117,8 @@ def test_lightning_example_logs_to_its_loggers_and_stops_when_unscaled(tmp_path,
     pytest.importorskip("lightning")
     pytest.importorskip("tensorboard")
     out = run("lightning_trainer.py", "--steps", "4", "--every", "2", "--batch", "4", "--context", "16", "--out", "o")
-    assert "trained 4 steps" in out and [r.step for r in read_log(tmp_path / "o" / "watch.jsonl")] == [2, 4]
-    assert set(tensorboard_scalars(tmp_path / "o" / "tb")["attn/layer_1/head_3/max_score"]) == {2, 4}
+    assert "trained 4 steps" in out and [r.step for r in read_log(tmp_path / "o" / "watch.jsonl")] == [0, 2, 4]
+    assert set(tensorboard_scalars(tmp_path / "o" / "tb")["attn/layer_1/head_3/max_score"]) == {0, 2, 4}
     assert "attn/layer_0/head_0/effective_words" in (tmp_path / "o" / "csv" / "metrics.csv").read_text().splitlines()[0]
     out = run("lightning_trainer.py", "--steps", "8", "--every", "2", "--batch", "4", "--context", "16",
               "--scale", "none", "--width", "1024", "--init", "unit", "--stop", "--out", "u")
@@ -130,8 +130,8 @@ def test_plain_loop_example_clips_an_unscaled_model(tmp_path, run):
     run("plain_loop.py", "--steps", "4", "--every", "2", "--batch", "4", "--context", "16", "--scale", "none",
         "--width", "1024", "--init", "unit", "--qk-clip", "100", "--out", "o")
     records = read_log(tmp_path / "o" / "watch.jsonl")
-    assert records[0].qk_clip["tau"] == 100 and min(min(layer) for layer in records[0].qk_clip["gamma"]) < 1
-    assert records[-1].summary["attn/max_score"] < records[0].qk_clip["s_max"][0][0] * 2  # held near tau, not free
+    assert records[-1].qk_clip["tau"] == 100 and min(min(layer) for layer in records[-1].qk_clip["gamma"]) < 1
+    assert records[-1].summary["attn/max_score"] < records[1].qk_clip["s_max"][0][0] * 2  # held near tau, not free
 
 
 def _study():
@@ -202,7 +202,7 @@ def test_qk_clip_study_writes_its_run_folder(tmp_path, run):
     folder = tmp_path / "runs" / "q"
     results = json.loads((folder / "results.json").read_text())
     assert [r["way"] for r in results["runs"]] == ["scaled", "unscaled", "unscaled+qk-clip τ=10", "unscaled+qk-clip τ=100"]
-    assert all(r["perplexity"] > 1 and r["steps"] == [2, 4] for r in results["runs"])
+    assert all(r["perplexity"] > 1 and r["steps"] == [0, 2, 4] for r in results["runs"])
     for r in results["runs"]:  # every layer's numbers at every probe, read back from the run's own watch log
         log = folder / _study().folder_of(r["way"]) / "seed-0" / "watch.jsonl"
         records = read_log(log)
@@ -213,7 +213,7 @@ def test_qk_clip_study_writes_its_run_folder(tmp_path, run):
         assert len(r["by_layer"]["max_score"][0]) == 2  # two layers
         assert max(r["by_layer"]["max_score"][-1]) == pytest.approx(records[-1].summary["attn/max_score"])
     clipped = read_log(folder / "unscaled+qk-clip-tau-10" / "seed-0" / "watch.jsonl")
-    assert clipped[0].qk_clip["tau"] == 10 and not read_log(folder / "unscaled" / "seed-0" / "watch.jsonl")[0].qk_clip
+    assert clipped[-1].qk_clip["tau"] == 10 and not read_log(folder / "unscaled" / "seed-0" / "watch.jsonl")[-1].qk_clip
     assert (folder / "by-layer.png").stat().st_size > 10_000
     assert "| unscaled+qk-clip τ=100 | 1 |" in out and (folder / "summary.md").read_text() in out
     assert set(results["versus_scaled"]) == {"unscaled", "unscaled+qk-clip τ=10", "unscaled+qk-clip τ=100"}

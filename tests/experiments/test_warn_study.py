@@ -97,7 +97,7 @@ def test_both_families_run_into_one_folder_and_report_apart(tmp_path, capsys):
     for r in result["rows"]:
         s = r["series"]
         assert s.steps == 20 and all(x is not None and math.isfinite(x) for x in s.losses)  # every step's loss
-        assert [p for p, _ in s.probes] == [5, 10, 15]  # the watch's probes after 5, 10, 15 updates
+        assert [p for p, _ in s.probes] == [0, 5, 10, 15]  # the baseline, then the probes after 5, 10, 15 updates
         assert len(s.probes[0][1]["max_score"]) == 2 * 2 and s.final_loss is not None
         assert s.losses[0] == pytest.approx(math.log(104), abs=0.05)  # line 0: the fresh model's loss, before any update
     t = llama[0]
@@ -387,7 +387,9 @@ def test_the_readme_and_docs_give_the_recipe_studys_numbers_as_its_record_has_th
 
 
 def test_the_readme_says_what_the_alarm_meant_and_what_acting_did_as_the_act_study_has_it():
-    """The README's watch paragraph, each figure from docs/warn-study.json's "act" and the published series."""
+    """The README's watch paragraph and default_alerts, each figure from docs/warn-study.json's "act" and the
+    published series: every learned run of arm A broke, acting stopped every break, and B and C ended the same
+    distance above qk-norm (C − B itself is re-derived in tests/test_act_study_figures.py)."""
     import gzip
 
     act = json.loads(STUDY.read_text(encoding="utf-8"))["act"]
@@ -395,21 +397,18 @@ def test_the_readme_says_what_the_alarm_meant_and_what_acting_did_as_the_act_stu
     readme = " ".join((STUDY.parents[1] / "README.md").read_text(encoding="utf-8").split())
     a = [r for r in series["runs"] if r["arm"] == "A" and r["outcome"]["learned_at"] is not None]
     assert all(r["outcome"]["break_step"] is not None for r in a)  # every learned run of arm A broke
-    last = max(r["outcome"]["break_step"] for r in a)
-    assert f"every learned run broke by step {last:,} of {act['steps']:,}" in readme
-    assert act["level"] == 1e4 and "max |score| > 1e4" in readme and "MaxScore(tau=1e4, action=ClipQK(100))" in readme
+    assert act["level"] == 1e4
     acting = [act["arms"][k] for k in ("B", "C", "D")]
     b = {(x["breaks_vs_A"]["b"], x["breaks_vs_A"]["c"], x["breaks_vs_A"]["p"]) for x in acting}
     assert len(b) == 1 and act["arms"]["A"]["mid_run_breaks"] == next(iter(b))[0]
     (n, _, p), = b
     pairs = acting[0]["breaks_vs_A"]["pairs"]
-    assert f"stopped all {n} breaks of {pairs} paired seeds (exact p {p:.2g})" in readme
-    lo, hi = min(x["loss_vs_E"]["diff"] for x in acting), max(x["loss_vs_E"]["diff"] for x in acting)
-    assert f"ended {lo:.2f}–{hi:.2f} nats above qk-norm" in readme
+    clip = {f"{act['arms'][k]['loss_vs_E']['diff']:.2f}" for k in ("B", "C")}
+    assert clip == {"0.16"} and "both ended 0.16 nats above qk-norm" in readme
+    assert "d_model 64, AdamW, rate 8e-2" in readme and not act["interim"]
     from attnscale.watch.alerts import default_alerts
 
+    lo, hi = min(x["loss_vs_E"]["diff"] for x in acting), max(x["loss_vs_E"]["diff"] for x in acting)
     doc = " ".join(default_alerts.__doc__.split())  # default_alerts says the same, in its own words
     assert f"stopped all {n} breaks of the act study's {pairs} paired seeds" in doc
-    assert f"ended {lo:.2f}-{hi:.2f} nats above qk-norm" in doc
-    paragraph = readme[readme.index("What the max-score alarm means"):readme.index("that alert where you cannot")]
-    assert ("interim" in paragraph) == act["interim"]  # the reading is said to be interim exactly when it is
+    assert f"ended {lo:.2f}-{hi:.2f} nats above qk-norm" in doc and p < 1e-7

@@ -78,7 +78,8 @@ def ran(tmp_path_factory):
 def test_two_ranks_log_once_the_numbers_of_the_whole_batch(ran, wrap):
     out, ranks = ran
     records = read_log(out / f"{wrap}.jsonl")
-    assert len(records) == 1 and records[0].step == 1  # rank 0 alone wrote
+    assert [r.step for r in records] == [0, 1]  # the baseline, then step 1: rank 0 alone wrote
+    records = records[1:]
     whole = measure_heads(build_model(CONFIG, seed=0), _batch())
     torch.testing.assert_close(torch.tensor(records[0].values), whole.values_LMH, rtol=1e-6, atol=0)
     assert records[0].rows == whole.rows_LH.tolist()  # every rank's rows counted
