@@ -181,3 +181,26 @@ def test_publish_refuses_a_file_it_did_not_write(smoke_block, tmp_path):
     assert main(["lr-study", "--publish", str(out), "--series", str(mine)]) == 2
     assert main(["lr-study", "--publish", str(out), "--json-out", str(other)]) == 2
     assert mine.read_bytes() == b"not ours" and other.read_text() == '{"x": 1}'
+
+
+def test_the_published_sensitivity_block_re_derives_from_its_series():
+    """docs/warn-study.json's "sensitivity" is what lr_study.block gives on docs/lr-study-series.json.gz alone, and
+    docs/lr-study.md shows its best losses as the block holds them."""
+    import json
+    from pathlib import Path
+
+    from attnscale.experiments import publish
+    from attnscale.experiments.lr_study_text import mean_text
+
+    root = Path(__file__).resolve().parents[2]
+    published = json.loads((root / "docs" / "warn-study.json").read_text(encoding="utf-8")).get("sensitivity")
+    series = root / "docs" / "lr-study-series.json.gz"
+    if published is None or not series.exists():
+        pytest.skip("no sensitivity block published yet")
+    again = ls.block_from_series(publish.read_series(series, "lr"), published["command"])
+    assert json.loads(json.dumps(again)) == published
+    doc = " ".join((root / "docs" / "lr-study.md").read_text(encoding="utf-8").split())
+    for g in published["groups"]:
+        for t, c in g["curves"].items():
+            if c["seeds"]:
+                assert mean_text(c["best"]) in doc, (g["optimizer"], t)
