@@ -58,12 +58,13 @@ def test_series_round_trip_rounding_and_mark(tmp_path):
         publish.write_series(path, "lr", runs + runs)
 
 
-@pytest.mark.parametrize("bytes_, study", [(b"not gzip", "lr"), (gzip.compress(b"{"), "lr"),
-                                           (gzip.compress(b'{"study":"act","runs":[]}'), "lr"),
-                                           (gzip.compress(b'{"study":"lr","runs":3}'), "lr")])
-def test_read_series_refuses_others(tmp_path, bytes_, study):
+@pytest.mark.parametrize("content, zipped, study", [(b"not gzip", False, "lr"), (b"{", True, "lr"),
+                                                    (b'{"study":"act","runs":[]}', True, "lr"),
+                                                    (b'{"study":"lr","runs":3}', True, "lr")],
+                         ids=["not-gzip", "torn-json", "another-study", "runs-not-a-list"])
+def test_read_series_refuses_others(tmp_path, content, zipped, study):
     path = tmp_path / "s.json.gz"
-    path.write_bytes(bytes_)
+    path.write_bytes(gzip.compress(content, mtime=0) if zipped else content)
     with pytest.raises(ConfigError):
         publish.read_series(path, study)
 
