@@ -79,3 +79,12 @@ def test_judge_groups_and_equivalence():
 def test_curve_refuses_a_floor_that_is_no_loss(floor):
     with pytest.raises(ValueError, match="floor"):
         sv.curve(_curve_rows(TABLE), floor)
+
+
+def test_a_treatment_missing_a_rate_of_its_group_has_no_whole_seed():
+    """alarm-clip's runs at the rates where the none run alarmed come after the block's others: until they have
+    trained, its curve is read on no seed rather than on a grid cut short."""
+    rows = _curve_rows(TABLE) + [r for r in _curve_rows(TABLE, "alarm-clip") if r["lr"] != 0.04]
+    g = sv.judge(rows, FLOOR)["groups"][0]
+    assert g["curves"]["none"]["seeds"] == [0, 1, 2] and g["curves"]["alarm-clip"]["seeds"] == []
+    assert g["curves"]["alarm-clip"]["best"]["mean"] is None

@@ -43,8 +43,9 @@ def _mean_ci(values: Sequence[float]) -> dict[str, Any]:
     return {"mean": mean, "se": se, "n": n, "interval": intervals.interval(mean, se, n) if mean is not None else None}
 
 
-def _per_seed(rows: Sequence[dict[str, Any]], floor: float) -> tuple[list[float], dict[int, dict[float, float]]]:
-    lrs = sorted({r["lr"] for r in rows})
+def _per_seed(rows: Sequence[dict[str, Any]], floor: float,
+              grid: Sequence[float] | None) -> tuple[list[float], dict[int, dict[float, float]]]:
+    lrs = sorted(set(grid) if grid is not None else {r["lr"] for r in rows})
     grid: dict[int, dict[float, float]] = {}
     for r in rows:
         grid.setdefault(r["seed"], {})[r["lr"]] = capped(r["valid_loss"], floor)
@@ -52,12 +53,14 @@ def _per_seed(rows: Sequence[dict[str, Any]], floor: float) -> tuple[list[float]
     return lrs, whole
 
 
-def curve(rows: Sequence[dict[str, Any]], floor: float, within: float = WITHIN) -> dict[str, Any]:
+def curve(rows: Sequence[dict[str, Any]], floor: float, within: float = WITHIN,
+          lrs: Sequence[float] | None = None) -> dict[str, Any]:
     """One treatment × optimizer × width: the loss at every rate and seed, outcomes per rate, best loss, LR
-    sensitivity and stable range (the module's docstring), on the seeds that have every rate."""
+    sensitivity and stable range (the module's docstring), on the seeds that have every rate of ``lrs`` (the
+    block's grid; by default the rates the rows hold)."""
     if not _finite(floor):
         raise ValueError(f"the floor must be a finite loss, got {floor!r}")
-    lrs, grid = _per_seed(rows, floor)
+    lrs, grid = _per_seed(rows, floor, lrs)
     seeds = sorted(grid)
     per_rate = []
     for lr in lrs:
@@ -96,7 +99,8 @@ def judge(rows: Sequence[dict[str, Any]], floor: float, margin: float = MARGIN) 
         groups.setdefault((r["optimizer"], r["d_model"]), {}).setdefault(r["treatment"], []).append(r)
     out = []
     for (opt, width), by_t in sorted(groups.items()):
-        curves = {t: curve(rs, floor) for t, rs in by_t.items()}
+        grid = sorted({r["lr"] for rs in by_t.values() for r in rs})  # a treatment missing a rate has no whole seed
+        curves = {t: curve(rs, floor, lrs=grid) for t, rs in by_t.items()}
         against = {}
         for t, c in curves.items():
             against[t] = {ref: compare(c, curves[ref]) for ref in ("none", "qk-norm") if ref in curves and ref != t}
