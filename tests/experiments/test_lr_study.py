@@ -204,3 +204,7 @@ def test_the_published_sensitivity_block_re_derives_from_its_series():
         for t, c in g["curves"].items():
             if c["seeds"]:
                 assert mean_text(c["best"]) in doc, (g["optimizer"], t)
+    watch = " ".join((root / "docs" / "watch.md").read_text(encoding="utf-8").split())
+    first = next(g for g in published["groups"] if (g["optimizer"], g["d_model"]) == ("adamw", 64))
+    for t in ("qk-norm", "none"):  # the watch page's advice quotes block 1's LR sensitivity
+        assert mean_text(first["curves"][t]["sensitivity"]) in watch, t

@@ -35,3 +35,14 @@ def test_mean_text_one_seed_and_alike():
 def test_pilot_line():
     text = txt.format_result({"pilot": True, "rows": [1, 2], "grid": {"r1": 0.04, "why": "w", "lrs": (0.0025, 0.08)}})
     assert text == "Muon pilot: 2 runs; r1 = 0.04 (w); Muon's grid: 0.0025, 0.08"
+
+
+def test_an_equivalence_alike_on_every_seed_prints_no_zero_width_interval():
+    rows = _rows()
+    for r in rows:
+        if r["treatment"] == "alarm-clip":
+            r["valid_loss"] = None if r["valid_loss"] is None else r["valid_loss"] - 0.001
+    text = txt.format_result(sensitivity.judge(rows, 2.0) | {"groups": [
+        {**g, "interim": True} for g in sensitivity.judge(rows, 2.0)["groups"]]})
+    assert "alarm-clip − clip, best loss: +0.0000 nats, the same on every seed: equivalent" in text
+    assert "[+0.0000, +0.0000]" not in text

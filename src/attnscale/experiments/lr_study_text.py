@@ -38,8 +38,9 @@ def _group(g: dict[str, Any]) -> list[str]:
     eq = g.get("alarm_clip_vs_clip")
     if eq is not None and eq["diff"] is not None:
         ci = eq["interval_90"]
-        lines.append(f"alarm-clip − clip, best loss: {eq['diff']:+.4f} nats, 90% "
-                     f"{'—' if ci is None else f'[{ci[0]:+.4f}, {ci[1]:+.4f}]'}: {eq['verdict']} at ±{eq['margin']:g}")
+        spread = ("the same on every seed" if eq["se"] == 0 else
+                  f"90% {'—' if ci is None else f'[{ci[0]:+.4f}, {ci[1]:+.4f}]'}")
+        lines.append(f"alarm-clip − clip, best loss: {eq['diff']:+.4f} nats, {spread}: {eq['verdict']} at ±{eq['margin']:g}")
     return lines
 
 
