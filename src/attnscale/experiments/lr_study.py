@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from attnscale.analysis.alarm_judging import LEVEL as ALARM_LEVEL, alarm_step
 from attnscale.errors import ConfigError
 from attnscale.experiments import act_study
 from attnscale.experiments import warn_study as ws
@@ -41,7 +42,7 @@ ADAMW_LRS = (5e-3, 1e-2, 2e-2, 4e-2, 8e-2, 1.6e-1)  # from the warn study's pilo
 MUON_PILOT_LRS = tuple(2.5e-3 * 2 ** k for k in range(8))  # 2.5e-3 … 3.2e-1
 SEEDS = (0, 1, 2)
 PILOT_SEED = 100
-LEVEL = act_study.DEFAULT_LEVEL * 10  # 1e4: the act study's alarm level, chosen on its pilot
+LEVEL = ALARM_LEVEL  # 1e4: the act study's alarm level, chosen on its pilot
 TAU = act_study.TAU
 Z_LOSS = 1e-4
 STEPS, WARMUP = act_study.STEPS, act_study.WARMUP
@@ -153,8 +154,7 @@ def block_specs(cfg: LrConfig, vocab_size: int, prefix: str = "lr", group: str =
 def crossed(row: dict[str, Any], level: float) -> int | None:
     """The first probe step after training began whose max |score| is over ``level``: the step a watch probing the
     records' sequence alarms at (it probes after a step, never at step 0); None where none is."""
-    return next((p["step"] for p in row["probes"]
-                 if p["step"] > 0 and p["max_score"] is not None and p["max_score"] > level), None)
+    return alarm_step(row, level)
 
 
 def alarm_specs(cfg: LrConfig, vocab_size: int, none_rows: list[dict[str, Any]], prefix: str = "lr",
