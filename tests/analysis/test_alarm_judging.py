@@ -30,6 +30,25 @@ def test_choose_rate_rule():
     assert aj.choose_rate({0.05: s(0, 8), 0.07: s(1, 8)})["add"] == pytest.approx((0.07 * 0.08) ** 0.5, rel=1e-2)
 
 
+def test_the_pilot_adds_once_then_takes_the_rate_nearest_half():
+    def s(k, n):
+        return {"k": k, "n": n, "share": k / n if n else None}
+
+    first = {0.05: s(0, 8), 0.06: s(7, 8), 0.07: s(8, 8)}  # the pilot's own three rates as they came out
+    assert aj.choose_rate(first) == {"rate": None, "add": 0.0548}  # sqrt(0.05 * 0.06) = 0.05477
+    assert aj.added_rate(first) is None
+    # the added rate qualifies: it is taken like any other
+    assert aj.choose_rate({**first, 0.0548: s(4, 8)}) == {"rate": 0.0548, "add": None}
+    # it does not: no second addition (that would be sqrt(0.0548 * 0.06)), the rate nearest 50% instead;
+    # 1/8 and 7/8 are both 0.375 from it, the tie goes to the lower rate
+    after = aj.choose_rate({**first, 0.0548: s(1, 8)})
+    assert after == {"rate": 0.0548, "add": None, "fallback": True, "added": 0.0548}
+    assert aj.choose_rate({**first, 0.0548: s(0, 8)})["rate"] == 0.06  # 0/8 is 0.5 away, 7/8 0.375
+    # a rate that is not the rule's addition does not stop it adding
+    assert aj.added_rate({**first, 0.055: s(0, 8)}) is None
+    assert aj.choose_rate({**first, 0.055: s(0, 8)})["add"] == pytest.approx((0.055 * 0.06) ** 0.5, rel=1e-2)
+
+
 def test_pilot_shares_count_learned_runs_only():
     rows = [_row("A", 100, broke=1500), _row("A", 101), _row("A", 102, learned=False), _row("B", 103, broke=900)]
     got = aj.pilot_shares(rows)[0.06]

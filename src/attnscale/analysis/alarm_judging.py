@@ -15,6 +15,7 @@ from attnscale.analysis import paired, warning
 from attnscale.analysis.act_judging import LEARNED_LEVEL
 
 __all__ = ["LEVEL", "LADDER", "MIN_LEAD", "MARGIN", "SEPARATES", "alarm_step", "pilot_shares", "choose_rate",
+           "added_rate",
            "sensitivity", "false_alarms", "separation", "judge", "decide"]
 
 LEVEL = 1e4
@@ -50,17 +51,40 @@ def pilot_shares(rows: Sequence[dict[str, Any]]) -> dict[float, dict[str, Any]]:
 
 
 def choose_rate(shares: dict[float, dict[str, Any]], low: float = 0.25, high: float = 0.75) -> dict[str, Any]:
-    """The rule: the rate whose break share lies in [low, high], nearest 50%, a tie to the lower rate; None with
-    the rate to add where none qualifies (the geometric mean of the highest rate under ``low`` and the lowest over
-    ``high``, 8e-2 standing for the latter where no rate is over it)."""
-    ok = [(abs(s["share"] - 0.5), lr) for lr, s in shares.items() if s["share"] is not None and low <= s["share"] <= high]
+    """The rule: the rate whose break share lies in [low, high], nearest 50%, a tie to the lower rate. Where none
+    qualifies: if the rate the rule adds was already trained (``added_rate``), the rate nearest 50% (a tie to the
+    lower), marked ``"fallback"``; else None, with the rate to add (the geometric mean of the highest rate under
+    ``low`` and the lowest over ``high``, 8e-2 standing for the latter where no rate is over it)."""
+    known = {lr: s for lr, s in shares.items() if s["share"] is not None}
+    ok = [(abs(s["share"] - 0.5), lr) for lr, s in known.items() if low <= s["share"] <= high]
     if ok:
         return {"rate": min(ok)[1], "add": None}
-    under = [lr for lr, s in shares.items() if s["share"] is not None and s["share"] < low]
-    over = [lr for lr, s in shares.items() if s["share"] is not None and s["share"] > high]
+    added = added_rate(shares, low, high)
+    if added is not None:
+        return {"rate": min((abs(s["share"] - 0.5), lr) for lr, s in known.items())[1], "add": None,
+                "fallback": True, "added": added}
+    return {"rate": None, "add": _to_add(known, low, high)}
+
+
+def _to_add(known, low, high) -> float | None:
+    under = [lr for lr, s in known.items() if s["share"] < low]
+    over = [lr for lr, s in known.items() if s["share"] > high]
     hi = min(over) if over else 8e-2
     lo = max((x for x in under if x < hi), default=None)
-    return {"rate": None, "add": None if lo is None else float(f"{(lo * hi) ** 0.5:.3g}")}
+    return None if lo is None else float(f"{(lo * hi) ** 0.5:.3g}")
+
+
+def added_rate(shares: dict[float, dict[str, Any]], low: float = 0.25, high: float = 0.75) -> float | None:
+    """The rate among ``shares`` that the rule added: the one without which the others qualify none and the rule
+    adds exactly it (the pilot adds once, so at most one rate is so); None where the pilot added none."""
+    known = {lr: s for lr, s in shares.items() if s["share"] is not None}
+    for x in sorted(known):
+        rest = {lr: s for lr, s in known.items() if lr != x}
+        if rest and not any(low <= s["share"] <= high for s in rest.values()):
+            add = _to_add(rest, low, high)
+            if add is not None and abs(add - x) <= 1e-9 * x:
+                return x
+    return None
 
 
 def _a_runs(rows):

@@ -3,7 +3,7 @@
 The lr study's runs (``experiments.lr_study``: the recipe's tiny LM at width 64 under AdamW, 3,000 steps) at one
 rate, the pilot's: arm A is ``none``, B ``clip`` (QK-Clip at tau 100 from step 0), C ``alarm-clip`` (from the first
 probe over 1e4; trained only where A's alarm fired, elsewhere A's run), E ``qk-norm``, F ``none`` at half the rate.
-``run_pilot`` trains arm A on three rates and chooses the study's rate (``alarm_judging.choose_rate``), kept in
+``run_pilot`` trains arm A on three rates (and once the rate the rule adds) and chooses the study's rate (``alarm_judging.choose_rate``), kept in
 ``out/PILOT_FILE``; ``run_block`` trains block 1 (seeds 0–23, every arm) or block 2 (arm A on seeds 24–79).
 """
 
@@ -48,20 +48,30 @@ def block_config(block: int, rate: float, size: str = "full") -> list[ls.LrConfi
 
 
 def run_pilot(cfg: ls.LrConfig, out: Path, jobs: int = 1, progress: bool = True) -> dict[str, Any]:
-    """Train the pilot; per rate arm A's break share, and the rate the rule chooses, kept in ``out/PILOT_FILE``
-    once every pilot run has finished."""
+    """Train the pilot, and where its rates qualify none, once, the rate the rule adds on the same seeds; per rate
+    arm A's break share, and the rate the rule chooses, kept in ``out/PILOT_FILE`` once every run has finished."""
     from attnscale.analysis import alarm_judging as aj
     from attnscale.files import atomic_write_json
 
     corpus = cfg.corpus_spec.load()
-    specs = ls.block_specs(cfg, corpus.vocab_size, prefix="pilot", group=PILOT_GROUP)
-    got = [{**r, "arm": "A"} for r in ls.rows(execute(specs, cfg.corpus_spec, Path(out), jobs=jobs,
-                                                               progress=progress, corpus=corpus, keep_order=True))]
+
+    def train(c):
+        specs = ls.block_specs(c, corpus.vocab_size, prefix="pilot", group=PILOT_GROUP)
+        got = ls.rows(execute(specs, c.corpus_spec, Path(out), jobs=jobs, progress=progress, corpus=corpus,
+                              keep_order=True))
+        return [{**r, "arm": "A"} for r in got], len(got) == len(specs)
+
+    got, whole = train(cfg)
+    choice = aj.choose_rate(aj.pilot_shares(got))
+    if whole and choice["add"] is not None:
+        more, whole = train(replace(cfg, lrs=(choice["add"],)))
+        got += more
     shares = aj.pilot_shares(got)
     choice = aj.choose_rate(shares)
-    if len(got) == len(specs):
+    if whole:
         atomic_write_json(Path(out) / PILOT_FILE, {"rate": choice["rate"], "add": choice["add"], "runs": len(got),
-                                                   "d_model": cfg.d_model})
+                                                   "d_model": cfg.d_model, **({"fallback": True} if choice.get(
+                                                       "fallback") else {})})
     return {"pilot": True, "shares": shares, "choice": choice, "rows": got}
 
 
