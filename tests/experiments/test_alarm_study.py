@@ -102,3 +102,34 @@ def test_cli_refusals(argv, tmp_path, monkeypatch, capsys):
         code = e.code
     err = capsys.readouterr().err
     assert code == 2 and "Traceback" not in err and err.strip()
+
+
+def test_run_pilot_adds_the_rule_s_rate_once_on_the_same_seeds(tmp_path, monkeypatch):
+    """Where the three rates qualify none, the pilot trains the rate the rule adds (sqrt(5e-2 * 6e-2) = 5.48e-2)
+    on the same seeds, and keeps the rate chosen with it. The training is stood in for: a run breaks where its rate
+    is over 5.5e-2, or at 5.48e-2 on an even seed (half the learned runs)."""
+    calls = []
+
+    def execute(specs, *args, **kwargs):
+        calls.append([ls.parse_run_id(s.run_id) for s in specs])
+        return list(specs)
+
+    def rows(specs):
+        out = []
+        for s in specs:
+            p = ls.parse_run_id(s.run_id)
+            broke = p["lr"] > 0.055 or (abs(p["lr"] - 0.0548) < 1e-9 and p["seed"] % 2 == 0)
+            out.append({**p, "outcome": {"learned_at": 300, "break_step": 1800 if broke else None}})
+        return out
+
+    monkeypatch.setattr(al, "execute", execute)
+    monkeypatch.setattr(ls, "rows", rows)
+    got = al.run_pilot(al.pilot_config(), tmp_path, progress=False)
+    assert [sorted({p["lr"] for p in c}) for c in calls] == [[0.05, 0.06, 0.07], [0.0548]]
+    assert [sorted({p["seed"] for p in c}) for c in calls] == [list(al.PILOT_SEEDS)] * 2
+    assert got["choice"] == {"rate": 0.0548, "add": None}
+    kept = json.loads((tmp_path / al.PILOT_FILE).read_text())
+    assert kept["rate"] == 0.0548 and kept["runs"] == 32 and "fallback" not in kept
+    assert al.read_pilot(tmp_path) == 0.0548
+    # run again, nothing changed: the same two trainings asked for (execute keeps what finished), the same choice
+    assert al.run_pilot(al.pilot_config(), tmp_path, progress=False)["choice"]["rate"] == 0.0548

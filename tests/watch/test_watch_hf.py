@@ -271,8 +271,12 @@ def test_an_integration_that_fails_at_the_end_costs_neither_the_run_nor_the_watc
 
     callback = WatchCallback(every=2, alerts=(), sinks=[JsonlSink(tmp_path / "w.jsonl")])
     trainer = _trainer(tmp_path, callback, ["tensorboard"])
-    monkeypatch.setattr(callback, "_integrations", lambda args: [type("Full", (TensorBoardCallback,),
-                                                                      {"on_train_end": full})()])
+    def integrations(args):
+        copy = type("Full", (TensorBoardCallback,), {"on_train_end": full})()
+        copy.logging_dir = str(tmp_path / "out" / "runs" / "full")  # as _integrations sets it: never the cwd's runs/
+        return [copy]
+
+    monkeypatch.setattr(callback, "_integrations", integrations)
     trainer.train()
     assert trainer.state.global_step == 4 and callback.watch.closed
     assert [line.step for line in read_log(tmp_path / "w.jsonl")] == [0, 2, 4]
