@@ -16,3 +16,7 @@ def test_pilot_printout():
     assert text.endswith("the study's rate: 0.06")
     none = txt.format_result({"pilot": True, "shares": shares, "choice": {"rate": None, "add": 0.065}})
     assert none.endswith("no rate qualifies; the rule adds 0.065 on the pilot's seeds")
+    fallback = txt.format_result({"pilot": True, "shares": shares,
+                                  "choice": {"rate": 0.0548, "add": None, "fallback": True, "added": 0.0548}})
+    assert fallback.endswith("the study's rate: 0.0548 (none in 25-75% after the added 0.0548: the rule takes the "
+                             "rate nearest 50%, a tie to the lower)")

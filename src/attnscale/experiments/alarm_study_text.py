@@ -20,7 +20,9 @@ def _pilot(shares: dict, choice: dict) -> list[str]:
     lines = [f"rate {lr if isinstance(lr, str) else f'{lr:g}'}: broke mid-run {share_text(s)} of learned "
              f"({s['never_learned']} never learned)" for lr, s in shares.items()]
     if choice["rate"] is not None:
-        lines.append(f"the study's rate: {choice['rate']:g}")
+        lines.append(f"the study's rate: {choice['rate']:g}" + (
+            f" (none in 25-75% after the added {choice['added']:g}: the rule takes the rate nearest 50%, a tie to "
+            "the lower)" if choice.get("fallback") else ""))
     else:
         lines.append("no rate qualifies" + (f"; the rule adds {choice['add']:g} on the pilot's seeds" if choice["add"] else ""))
     return lines
