@@ -328,3 +328,37 @@ def test_the_colour_bars_read_round_numbers_written_plainly(log, tmp_path, figur
     assert labels and all(re.fullmatch(r"[\d,]+(\.\d+)?", t) for t in labels), labels  # never 6×10⁰
     assert watch_page.round_ticks(1.37, 13.7) == [2, 5, 10] and watch_page.round_ticks(5.1, 8.3) == [6, 7, 8]
     assert watch_page.round_ticks(3, 3e4) == [10, 100, 1000, 10000]
+
+
+def test_the_baselines_sink_and_previous_token_heads_are_marked_with_their_words_then_and_now(tmp_path):
+    import dataclasses
+
+    base = dataclasses.replace(_record(0), kinds=[["sink", "", ""], ["", "previous", ""]])
+    records = [base, _record(10), _record(20)]
+    assert watch_page.baseline_kinds(records) == (0, base.kinds)
+    assert watch_page.head_labels(records) == ["0.0 sink", "0.1", "0.2", "1.0", "1.1 prev", "1.2"]
+    sink = JsonlSink(tmp_path / "w.jsonl")
+    for r in records:
+        sink.write(r)
+    sink.close()
+    text = watch_page.build(tmp_path / "w.jsonl", tmp_path / "page.html").read_text()
+    assert "Sink and previous-token heads" in text
+    rows = re.findall(r"<tr><td class=\"num\">(\d)</td><td class=\"num\">(\d)</td><td>([\w-]+)</td>"
+                      r"<td class=\"num\">([\d.]+)</td><td class=\"num\">([\d.]+)</td>", text)
+    # words of head (l, h) at step s: 10 - h - s / 50
+    assert rows == [("0", "0", "sink", "10", "9.6"), ("1", "1", "previous-token", "9", "8.6")]
+
+
+def test_a_log_whose_baseline_marks_no_kind_says_so_and_one_that_marks_none_has_no_such_panel(tmp_path, log):
+    import dataclasses
+
+    text = watch_page.build(log, tmp_path / "page.html").read_text()
+    assert "Sink and previous-token heads" not in text  # no record marks the heads' kinds: no empty panel
+    plain = dataclasses.replace(_record(0), kinds=[[""] * 3] * 2)
+    assert watch_page.head_labels([plain]) == ["0.0", "0.1", "0.2", "1.0", "1.1", "1.2"]
+    sink = JsonlSink(tmp_path / "w.jsonl")
+    sink.write(plain)
+    sink.write(_record(10))
+    sink.close()
+    text = watch_page.build(tmp_path / "w.jsonl", tmp_path / "page2.html").read_text()
+    assert "No head was a sink or previous-token head at step 0." in text

@@ -77,7 +77,7 @@ KINDS = {
     "hf.WatchCallback": {**WATCH_OPTIONS, "report": "flag"},  # Attached's options, and report
     "lightning.WatchCallback": {**WATCH_OPTIONS, "report": "flag"},
     "measure_heads": {"model": "model", "threshold": "share", "capture": "choice", "adapter": "adapter",
-                      "across_ranks": "flag", "memory": "pos_int", "sample_rows": "pos_int",
+                      "across_ranks": "flag", "head_kinds": "flag", "memory": "pos_int", "sample_rows": "pos_int",
                       "tensor_parallel": "tensor_parallel"},
     "QKClip": {"model": "model", "tau": "pos_float", "capture": "choice", "adapter": "adapter", "memory": "pos_int",
                "tensor_parallel": "tensor_parallel"},

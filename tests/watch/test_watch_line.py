@@ -35,3 +35,18 @@ def test_a_bad_log_is_one_clear_error(tmp_path, text, says):
 def test_a_missing_log_names_the_path(tmp_path):
     with pytest.raises(ConfigError, match="cannot read watch log"):
         read_log(tmp_path / "absent.jsonl")
+
+
+def test_kinds_round_trip_and_a_foreign_kinds_field_is_refused(tmp_path):
+    import dataclasses
+
+    r = dataclasses.replace(record(0), kinds=[["sink"] + [""] * (len(record(0).values[0][0]) - 1)]
+                            * len(record(0).values))
+    path = tmp_path / "w.jsonl"
+    path.write_text(r.to_line())
+    assert read_log(path)[0].kinds == r.kinds
+    good = json.loads(r.to_line())
+    for bad in ("sink", [["collapsed"]], [[1]], [["sink"]] * (len(r.values) + 1), {"0": []}):
+        path.write_text(json.dumps({**good, "kinds": bad}) + "\n")
+        with pytest.raises(ConfigError, match="'kinds' is not a list of layers"):
+            read_log(path)

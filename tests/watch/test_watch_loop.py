@@ -241,3 +241,46 @@ def test_the_first_probe_is_counted_in_the_watchs_time_and_written_as_the_baseli
     assert 0.05 <= baseline.watch["seconds"] <= baseline.watch["total_seconds"] <= watch.seconds
     assert 0 < baseline.watch["share"] <= 1
     assert baseline.values == watch.baseline.values
+
+
+class _Planted(torch.nn.Module):
+    """One SDPA call over fixed q and k: head 0 a sink (every query meets key 0), head 1 a previous-token head
+    (query i meets key i - 1), head 2 uniform. The input only sets the batch's shape."""
+
+    def __init__(self, T=12, D=8):
+        super().__init__()
+        q, k = torch.zeros(1, 3, T, D), torch.zeros(1, 3, T, D)
+        q[0, 0, :, 0], k[0, 0, 0, 0] = 10.0, 10.0
+        for i in range(T):
+            q[0, 1, i, (i - 1) % D] = 30.0
+            k[0, 1, i, i % D] = 1.0
+        self.register_buffer("q", q)
+        self.register_buffer("k", k)
+        self.w = torch.nn.Parameter(torch.ones(()))
+
+    def forward(self, x):
+        q, k = (t.expand(x.shape[0], -1, -1, -1) * self.w for t in (self.q, self.k))
+        return torch.nn.functional.scaled_dot_product_attention(q, k, k, is_causal=True)
+
+
+def test_the_baseline_record_marks_sink_and_previous_token_heads_and_no_later_record_does(tmp_path):
+    model = _Planted()
+    with Watch(model, every=2, probe=torch.zeros(2, 12, dtype=torch.long), sinks=[JsonlSink(tmp_path / "w.jsonl")],
+               alerts=()) as watch:
+        for step in (1, 2):
+            watch.step(step)
+    baseline, record = read_log(tmp_path / "w.jsonl")
+    assert baseline.step == 0 and baseline.kinds == [["sink", "previous", ""]]
+    assert record.step == 2 and record.kinds == []
+    assert "kinds" not in record.to_json()
+
+
+def test_measure_heads_refuses_a_head_kinds_that_is_no_flag_and_marks_the_heads_when_asked():
+    from attnscale.capture.probe import measure_heads
+
+    model, x = _Planted(), torch.zeros(1, 12, dtype=torch.long)
+    assert measure_heads(model, x).kinds == ()
+    assert measure_heads(model, x, head_kinds=True).kinds == (("sink", "previous", ""),)
+    for bad in ("yes", 1, None, bool):
+        with pytest.raises(ConfigError, match="head_kinds"):
+            measure_heads(model, x, head_kinds=bad)

@@ -50,3 +50,8 @@ def test_no_default_or_documented_alert_fires_on_smollm2_as_released(smollm2, tm
     marked = {(h["layer"], h["head"]) for h in result.head_kinds}
     few = [(r["layer"], r["head"]) for r in result.rows if r["model"]["effective_words"] < 2]
     assert few and set(few) <= marked  # each is a sink or a previous-token head
+    # the watch's baseline marks them too, read a block of rows at a time on the padded probe batch: the same
+    # heads as inspect's whole weights on each text alone
+    kinds = {(l, h): k for l, layer in enumerate(baseline.kinds) for h, k in enumerate(layer) if k}
+    assert set(few) <= set(kinds)
+    assert kinds == {(h["layer"], h["head"]): h["kind"] for h in result.head_kinds}

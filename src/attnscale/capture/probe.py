@@ -36,11 +36,13 @@ from attnscale.capture.batch import container, find_key, handed_padding, map_ten
 from attnscale.capture.options import WatchOptions, check_batch, check_flag, check_model
 from attnscale.capture.ranks import TensorParallel, reduce_sums
 from attnscale.capture.fused import measure_call
+from attnscale.capture.kinds import call_kinds
 from attnscale.capture.reduce import DEFAULT_MEMORY
 from attnscale.capture.sums import HeadSums
 from attnscale.capture.route import Route, capturing
 from attnscale.capture.stats import HeadStats, pack, unpack
 from attnscale.core.diagnostics import FROZEN_THRESHOLD, measuring_device
+from attnscale.core.head_kinds import kinds_of
 from attnscale.errors import ConfigError
 
 __all__ = ["LOGITS_TO_KEEP", "Inputs", "first_sequences", "forward", "input_device", "measure", "measure_heads",
@@ -193,8 +195,10 @@ class _Layers:
     """The probe's calls as they come: each reduced at once into its own ``HeadSums``, on one device (the first
     call's; the CPU for MPS)."""
 
-    def __init__(self, threshold: float, padding: torch.Tensor | None, memory: int, sample_rows: int | None):
+    def __init__(self, threshold: float, padding: torch.Tensor | None, memory: int, sample_rows: int | None,
+                 kinds: bool = False):
         self.threshold, self.padding, self.memory, self.sample_rows = threshold, padding, memory, sample_rows
+        self.kinds: list[torch.Tensor] | None = [] if kinds else None  # per call, ``capture.kinds.call_kinds``
         self.sums: list[HeadSums] = []
         self.names: list[str] = []
         self.methods: list[str] = []
@@ -208,11 +212,16 @@ class _Layers:
         sums = HeadSums(call.heads, self.threshold, device)
         self.methods.append(measure_call(call, sums, padding_BT=self.padding, memory=self.memory,
                                          sample_rows=self.sample_rows, seed=len(self.sums)))
+        if self.kinds is not None:
+            self.kinds.append(call_kinds(call, self.padding, self.memory, device))
         self.sums.append(sums)
         self.names.append(call.name or f"call {len(self.names)}")
 
     def stats(self) -> HeadStats:
-        return stats_of(self.sums, self.names, self.sample_rows, self.methods)
+        stats = stats_of(self.sums, self.names, self.sample_rows, self.methods)
+        if self.kinds is None:
+            return stats
+        return dataclasses.replace(stats, kinds=tuple(tuple(kinds_of(k)) for k in self.kinds))
 
 
 def stats_of(sums: list[HeadSums], names: list[str], sample_rows: int | None = None,
@@ -228,24 +237,31 @@ def stats_of(sums: list[HeadSums], names: list[str], sample_rows: int | None = N
 def measure_heads(model: nn.Module, batch: Any, *, threshold: float = FROZEN_THRESHOLD, capture: str = "auto",
                   adapter: Adapter | None = None, across_ranks: bool = False, memory: int = DEFAULT_MEMORY,
                   sample_rows: int | None = None, route: Route | None = None,
-                  tensor_parallel: TensorParallel | None = None) -> HeadStats:
+                  tensor_parallel: TensorParallel | None = None, head_kinds: bool = False) -> HeadStats:
     """Per-head measurements of ``model`` on ``batch`` (see the module's docstring). ``memory``: the bytes a
     block of scores may take (``capture.reduce``); ``sample_rows``: measure that many query rows of each
     sequence (drawn at random, the same each probe), with each row measure's standard error. ``across_ranks``:
     in a process group, every rank calls this on its own batch and gets the numbers of all the ranks' batches
     together, in one collective (``ranks.py``); with ``tensor_parallel`` (``ranks.TensorParallel``) each rank's
     heads are read under their global index, so every rank gets every head of the group. ``route``: what
-    earlier probes of this model learned."""
+    earlier probes of this model learned. ``head_kinds``: also mark each head a sink, a previous-token head or
+    neither (``HeadStats.kinds``: ``core/head_kinds.py``'s rule on this batch's weights, this rank's batch
+    alone; every row's scores are made again, about a replayed probe's cost more; not with
+    ``tensor_parallel``, whose ranks hold parts of the heads)."""
     WatchOptions(threshold=threshold, capture=capture, adapter=adapter, memory=memory, sample_rows=sample_rows,
                  tensor_parallel=tensor_parallel)  # a bad option is refused here, before any forward
     check_model(model, "measure_heads", "the torch.nn.Module to measure")
     check_flag("across_ranks", across_ranks)
+    check_flag("head_kinds", head_kinds)
+    if head_kinds and tensor_parallel is not None:
+        raise ConfigError("head_kinds reads whole heads, and under tensor_parallel each rank holds part of them: "
+                          "leave head_kinds off there")
     model = unwrap(model)
     check_batch(batch, model)
     route = Route() if route is None else route
     lean, lm_head = one_logit(model, batch)
     while True:
-        layers = _Layers(threshold, padding_of(batch), memory, sample_rows)
+        layers = _Layers(threshold, padding_of(batch), memory, sample_rows, head_kinds)
         remembered = capture == "auto" and route.through_interface
         with probing(model), _integer_ids(model), capturing(model, layers, capture, adapter, route) as kind, \
                 handed_padding(model, layers.pad) if layers.padding is None else contextlib.nullcontext():

@@ -61,9 +61,11 @@ def _pick_rows(T: int, sample_rows: int | None, device, seed: int) -> torch.Tens
     return torch.randperm(T, generator=g)[:sample_rows].sort().values.to(device)
 
 
-def _blocks(call: AttentionCall, memory: int, device, sample_rows: int | None = None, seed: int = 0):
+def _blocks(call: AttentionCall, memory: int, device, sample_rows: int | None = None, seed: int = 0,
+            where: bool = False):
     """(head slice, sequence slice, query heads' scores B×h×R×S float32 before the bias, visible, bias, logits
-    or None where they are scores + bias) per block of ``call``."""
+    or None where they are scores + bias) per block of ``call``; ``where``: and the block's query rows (a slice
+    or index tensor) and keys (a slice) in the call."""
     q, k = call.q.detach().to(device), call.k.detach().to(device)
     factor = call.factor.detach().to(device) if isinstance(call.factor, torch.Tensor) else call.factor
     cap = call.squash()
@@ -101,7 +103,7 @@ def _blocks(call: AttentionCall, memory: int, device, sample_rows: int | None = 
                 logits = None
                 if call.score_mod is not None:
                     visible, bias, logits = _modded(call, scores, visible, bias, call.indices(rows, device, keys, seqs, heads))
-                yield heads, seqs, scores, visible, bias, logits
+                yield (heads, seqs, scores, visible, bias, logits, *((rows, keys) if where else ()))
 
 
 def _modded(call: AttentionCall, scores: torch.Tensor, visible, bias, index):

@@ -36,7 +36,9 @@ class HeadStats:
     was measured, where the probe says (``capture.fused``: "fused", effective words from the kernel's
     log-sum-exp of every row; "replay", every measure from the scores made again), else (). ``lm_head``:
     how the probe spared the model's LM head, which it never reads ("logits_to_keep=1": one position a
-    sequence, ``probe.one_logit``), "" where it ran as the model runs it."""
+    sequence, ``probe.one_logit``), "" where it ran as the model runs it. ``kinds``: where the probe was asked
+    (``measure_heads(head_kinds=True)``), per layer and head "sink", "previous" or "" (``core/head_kinds.py``),
+    else ()."""
 
     values_LMH: torch.Tensor
     rows_LH: torch.Tensor
@@ -47,6 +49,7 @@ class HeadStats:
     errors_LRH: torch.Tensor | None = None
     layer_methods: tuple[str, ...] = ()
     lm_head: str = ""
+    kinds: tuple[tuple[str, ...], ...] = ()
 
     @property
     def layers(self) -> int:

@@ -18,9 +18,42 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["SHARE", "HeadKinds"]
+__all__ = ["SHARE", "HeadKinds", "kind_sums", "kinds_of"]
 
 SHARE = 0.5
+
+
+def kind_sums(pattern_BHRS: torch.Tensor, visible_BHRS: torch.Tensor, rows: torch.Tensor | None = None, k0: int = 0,
+              offset: int | None = None) -> torch.Tensor:
+    """3 × H float64: per head, the sums over the block's rows that see two keys or more of the weight on the
+    first key the row sees and on the key just before the row's own token, and the count of those rows.
+    ``rows``: the block's query rows' indices in the call (R,; all of them where None), ``k0`` its first key's,
+    ``offset`` where query row i is key i + offset (the call's keys less its queries: a cache; R - S of the
+    block where None). Every key a row sees must be in the block."""
+    visible = visible_BHRS.expand_as(pattern_BHRS)
+    R, S = pattern_BHRS.shape[-2:]
+    if rows is None:
+        rows = torch.arange(R, device=pattern_BHRS.device)
+    offset = S - R if offset is None else offset
+    counted = visible.sum(-1) >= 2  # B×H×R
+    first = pattern_BHRS.gather(-1, visible.int().argmax(-1, keepdim=True)).squeeze(-1)  # the first key seen
+    j = rows.to(pattern_BHRS.device) + offset - 1 - k0  # the previous key, in the block's keys
+    inside = (j >= 0) & (j < S)
+    at = j.clamp(0, max(S - 1, 0)).view(1, 1, R, 1).expand(*pattern_BHRS.shape[:-1], 1)
+    prev = torch.where(inside.view(1, 1, R) & visible.gather(-1, at).squeeze(-1),
+                       pattern_BHRS.gather(-1, at).squeeze(-1), 0.0)
+    zero = torch.zeros((), dtype=pattern_BHRS.dtype, device=pattern_BHRS.device)
+    return torch.stack([torch.where(counted, first, zero).double().sum((0, 2)),  # a row of no key: NaN, not counted
+                        torch.where(counted, prev, zero).double().sum((0, 2)), counted.sum((0, 2)).double()])
+
+
+def kinds_of(sums_3H: torch.Tensor) -> list[str]:
+    """Per head of ``kind_sums``' (summed) numbers: "sink", "previous" or "" (neither, or no row that sees two
+    keys)."""
+    first, prev, rows = sums_3H.double().cpu()
+    n = rows.clamp(min=1)
+    return ["sink" if r > 0 and f >= SHARE else "previous" if r > 0 and p >= SHARE else ""
+            for f, p, r in zip((first / n).tolist(), (prev / n).tolist(), rows.tolist())]
 
 
 class HeadKinds:
@@ -31,21 +64,8 @@ class HeadKinds:
         self._sums: dict[int, torch.Tensor] = {}  # layer -> 3 × H: first-key weight, previous-key weight, rows
 
     def add(self, layer: int, pattern_BHTS: torch.Tensor, visible_BHTS: torch.Tensor) -> None:
-        visible = visible_BHTS.expand_as(pattern_BHTS)
-        rows = visible.sum(-1) >= 2  # B×H×T
-        first = pattern_BHTS.gather(-1, visible.int().argmax(-1, keepdim=True)).squeeze(-1)  # the first key seen
-        T, S = pattern_BHTS.shape[-2:]
-        offset = S - T  # a query row i is key i + offset (keys before the queries: a cache)
-        prev = torch.zeros_like(first)
-        if T > 1 or offset > 0:
-            i = torch.arange(T, device=pattern_BHTS.device)
-            j = (i + offset - 1).clamp(min=0)
-            seen = (i + offset - 1 >= 0).view(1, 1, T) & visible.gather(-1, j.view(1, 1, T, 1).expand(
-                *visible.shape[:-1], 1)).squeeze(-1)
-            prev = torch.where(seen, pattern_BHTS.gather(-1, j.view(1, 1, T, 1).expand(
-                *pattern_BHTS.shape[:-1], 1)).squeeze(-1), prev)
-        sums = torch.stack([(first * rows).sum((0, 2)), (prev * rows).sum((0, 2)), rows.sum((0, 2)).to(first.dtype)])
-        self._sums[layer] = self._sums[layer] + sums.double().cpu() if layer in self._sums else sums.double().cpu()
+        sums = kind_sums(pattern_BHTS, visible_BHTS).cpu()
+        self._sums[layer] = self._sums[layer] + sums if layer in self._sums else sums
 
     def shares(self, layer: int) -> tuple[list[float], list[float]]:
         """Per head of ``layer``: the mean weight on the first key seen and on the previous key."""
@@ -55,5 +75,4 @@ class HeadKinds:
 
     def kinds(self, layer: int) -> list[str]:
         """Per head of ``layer``: "sink", "previous" or "" (neither, or no row that sees two keys)."""
-        first, prev = self.shares(layer)
-        return ["sink" if f >= SHARE else "previous" if p >= SHARE else "" for f, p in zip(first, prev)]
+        return kinds_of(self._sums[layer])

@@ -3,7 +3,8 @@
 What a reader sees, from the log's records alone (``watch.logs.line.read_watch_log``):
 - the last probe's model-wide numbers, named as the README names the measures (each beside its key in the
   log), a share as a percent;
-- heatmaps of every head (rows: layer.head) over the probe steps (columns) for
+- heatmaps of every head (rows: layer.head, "sink" or "prev" after a head the baseline marks a sink or a
+  previous-token head) over the probe steps (columns) for
   effective words and max |score|, so a head that collapses or whose logits grow
   stands out as one row changing colour;
 - the frozen share of rows over steps, per layer (mean of its heads) and model-wide;
@@ -12,7 +13,9 @@ What a reader sees, from the log's records alone (``watch.logs.line.read_watch_l
 - effective words over steps beside what random scores predict at the same spread
   (``core.gaussian_scores``: softmax over i.i.d. N(0, spread²) scores, rows of the
   probe's length, causal unless told otherwise): a head far below its reference
-  attends more sharply than noise at its own spread would.
+  attends more sharply than noise at its own spread would;
+- the baseline's sink and previous-token heads (``core/head_kinds.py``), where the log marks them, each with its
+  effective words then and at the last probe.
 
 The page never replaces what it did not write: not the log it reads, nor any file
 but a page of its own (``check_out``: a marker in the page's head says so). A log
@@ -39,7 +42,8 @@ from attnscale.report.blocks import Heading, Para, Image, Table
 from attnscale.runs import writers
 from attnscale.watch.logs.line import EmptyLogError, WatchLine, WatchLog, read_log, read_watch_log  # noqa: F401  read_log: as before
 
-__all__ = ["build", "follow", "check_out", "check_follow", "page", "reference_words", "first_firings", "grid_over_steps", "MARK"]
+__all__ = ["build", "follow", "check_out", "check_follow", "page", "reference_words", "first_firings", "grid_over_steps",
+           "baseline_kinds", "head_labels", "MARK"]
 
 MARK = writers.page_mark("watch-report")  # how check_out knows a page of its own (runs.writers)
 DRAWN = ("spread", "max_score", "effective_words", "frozen_fraction")  # the measures the page reads
@@ -97,6 +101,49 @@ def first_firings(records: list[WatchLine]) -> list[dict]:
     return out
 
 
+def baseline_kinds(records: list[WatchLine]) -> tuple[int, list[list[str]]] | None:
+    """(step, per layer and head "sink", "previous" or "") of the record that marks the heads' kinds (the run's
+    baseline, ``core/head_kinds.py``), or None where no record does (a run measured in the training forward, a
+    resumed one whose baseline is in an earlier log, a log of an older watch)."""
+    return next(((r.step, r.kinds) for r in records if r.kinds), None)
+
+
+def head_labels(records: list[WatchLine]) -> list[str]:
+    """layer.head of every row of the heatmaps, with the head's kind at the baseline where it has one."""
+    L, H = records[-1].layers, records[-1].heads
+    kinds = (baseline_kinds(records) or (0, []))[1]
+    tag = {"sink": " sink", "previous": " prev"}
+
+    def kind(l, h):
+        return tag.get(kinds[l][h], "") if l < len(kinds) and h < len(kinds[l]) else ""
+
+    return [f"{l}.{h}{kind(l, h)}" for l in range(L) for h in range(H)]
+
+
+def _kinds_blocks(records: list[WatchLine]) -> list:
+    """The baseline's sink and previous-token heads, each with its effective words then and at the last probe:
+    what trained heads look like, not a collapse; nothing where no record marks them."""
+    found = baseline_kinds(records)
+    if found is None:
+        return []
+    step, kinds = found
+    first = next(r for r in records if r.step == step and r.kinds)
+    last = records[-1]
+    named = {"sink": "sink", "previous": "previous-token"}
+    rows = [[l, h, named[k], _number(first.grid("effective_words")[l][h]), _number(last.grid("effective_words")[l][h])]
+            for l, layer in enumerate(kinds) for h, k in enumerate(layer) if k and l < last.layers and h < last.heads]
+    rule = ("A sink head puts at least half of a row's weight on the first key the row sees; a previous-token "
+            "head at least half on the key just before the row's own token (the mean over the probe's rows that "
+            f"see two keys, read once, on the baseline's probe at step {step}). Both sit under 2 effective words in "
+            "a healthy trained model: a fall from where a head started (Collapsed(relative=True)) is the alarm, "
+            "not the level.")
+    if not rows:
+        return [Heading(2, "Sink and previous-token heads"), Para(f"No head was a sink or previous-token head at "
+                                                                   f"step {step}. " + rule)]
+    return [Heading(2, "Sink and previous-token heads"), Para(rule),
+            Table(["layer", "head", "kind", f"effective words at step {step}", f"at step {last.step}"], rows)]
+
+
 def _heatmaps(records, path: Path) -> Path:
     from matplotlib.colors import LogNorm
 
@@ -114,7 +161,7 @@ def _heatmaps(records, path: Path) -> Path:
         im = ax.imshow(grid, aspect="auto", cmap=cmap, norm=norm, interpolation="nearest")
         ticks = range(0, len(steps), max(1, len(steps) // 8))
         ax.set_xticks(list(ticks), [str(steps[i]) for i in ticks])
-        ax.set_yticks(range(L * H), [f"{l}.{h}" for l in range(L) for h in range(H)], fontsize=7)
+        ax.set_yticks(range(L * H), head_labels(records), fontsize=7)
         ax.set(xlabel="step", ylabel="layer.head", title=f"{label}, every head over steps")
         bar = fig.colorbar(im, ax=ax, shrink=0.8)
         if norm is not None:  # a log bar labels its minor ticks as 6×10⁰: round numbers instead, written plainly
@@ -234,6 +281,7 @@ def page(records: list[WatchLine], causal: bool = True, title: str = "Attention 
     blocks.append(Para(f"At step {last.step} the heads spread over {measured:.3g} effective words on average; "
                         f"random scores at the same spreads would give {_number(expected)} "
                         f"({'causal' if causal else 'full'} rows of {last.probe.get('tokens', '?')} keys)."))
+    blocks += _kinds_blocks(records)
     firings = first_firings(records)
     blocks.append(Heading(2, "Alerts"))
     if firings:

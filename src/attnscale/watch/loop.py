@@ -316,11 +316,12 @@ class Watch:
         _check_clip_check(qk_clip_check, qk_clip, alerts)
         _clip_fights(alerts, qk_clip)
 
-    def _probe(self, across_ranks: bool) -> HeadStats:
+    def _probe(self, across_ranks: bool, kinds: bool = False) -> HeadStats:
         with self.clip.paused() if self.clip is not None else contextlib.nullcontext():  # a probe is no training step
             return measure_heads(self.model, self.probe, threshold=self.threshold, capture=self.capture,
                                  adapter=self.adapter, across_ranks=across_ranks, memory=self.memory,
-                                 sample_rows=self.sample_rows, route=self.route, tensor_parallel=self.tensor_parallel)
+                                 sample_rows=self.sample_rows, route=self.route, tensor_parallel=self.tensor_parallel,
+                                 head_kinds=kinds)
 
     def _try(self) -> None:
         """Run the probe on the model once, so that a probe the model cannot take, or a model whose attention
@@ -330,7 +331,8 @@ class Watch:
         name = type(unwrap(self.model)).__name__
         check_batch(self.probe, unwrap(self.model))
         try:
-            stats = self._probe(across_ranks=False)  # no collective: ranks may try at different times
+            # no collective: ranks may try at different times; the baseline's heads marked sink or previous-token
+            stats = self._probe(across_ranks=False, kinds=not self._resumed and self.tensor_parallel is None)
         except ConfigError:
             raise
         except Exception as e:
@@ -462,7 +464,8 @@ class Watch:
             probe={**probe, **({"methods": list(stats.layer_methods)} if stats.layer_methods else {}),
                    **({"lm_head": stats.lm_head} if stats.lm_head else {})},  # how the probe spared the LM head
             threshold=self.threshold, qk_clip=clipped,
-            bias=stats.bias_LH2.tolist() if stats.bias_LH2 is not None else [], actions=taken)
+            bias=stats.bias_LH2.tolist() if stats.bias_LH2 is not None else [], actions=taken,
+            kinds=[list(layer) for layer in stats.kinds])
         self._records += writer
         for i, sink in enumerate(self.sinks if writer else ()):
             self._write(i, sink, record)

@@ -27,7 +27,9 @@ is on (``qk_clip.py``): per layer and query head since the probe before, the
 smallest factor the clip put on the head's scores, the largest S_max of its
 training forwards and the steps that clipped, and per layer how its S_max were had
 (``method``: "exact", every score over the visible keys); with ``qk_clip_check``, ``s_max_after``: per
-layer and head the largest S_max of a step's batch read again after the update and the clip. Non-finite numbers are written as
+layer and head the largest S_max of a step's batch read again after the update and the clip. ``kinds``, on the
+baseline record only (the first probe of a run, read on its probe batch): per layer and head "sink",
+"previous" (a previous-token head) or "" (``core/head_kinds.py``'s rule). Non-finite numbers are written as
 null (strict JSON, as run records do); an alert keeps the value it saw in its
 message. A line of a newer version than this attnscale knows is refused with a
 one-line ``ConfigError`` naming both versions, as is a record whose fields are not
@@ -54,6 +56,7 @@ __all__ = ["SCHEMA", "VERSION", "WatchLine", "WatchLog", "EmptyLogError", "read_
 
 SCHEMA = "attnscale.watch"
 VERSION = 1
+KINDS = ("sink", "previous", "")  # a head's kind on the baseline record (``core/head_kinds.py``)
 
 
 def _finite_or_none(x: Any) -> Any:
@@ -84,6 +87,7 @@ class WatchLine:
     qk_clip: dict = field(default_factory=dict)
     bias: list = field(default_factory=list)  # [layer][head][min, max] over the visible keys, where a layer has a bias
     actions: list = field(default_factory=list)  # the actions an alert took at this step (``watch/actions.py``)
+    kinds: list = field(default_factory=list)  # [layer][head]: "sink", "previous" or "", on the baseline record
 
     @property
     def layers(self) -> int:
@@ -102,6 +106,7 @@ class WatchLine:
         clip = {"qk_clip": self.qk_clip} if self.qk_clip else {}  # a field of runs with QK-Clip only
         clip.update({"bias": self.bias} if self.bias else {})  # of models with a score bias only
         clip.update({"actions": self.actions} if self.actions else {})  # of steps where an alert acted only
+        clip.update({"kinds": self.kinds} if self.kinds else {})  # of the baseline record only
         return _finite_or_none({"schema": SCHEMA, "version": VERSION, "step": self.step, "time": self.time,
                                 "measures": list(self.measures), "values": self.values, "rows": self.rows,
                                 "summary": self.summary, "alerts": self.alerts, "watch": self.watch,
@@ -126,7 +131,7 @@ class WatchLine:
                          alerts=list(data.get("alerts", [])), watch=dict(data.get("watch", {})),
                          probe=dict(data.get("probe", {})), threshold=data.get("threshold"),
                          qk_clip=dict(data.get("qk_clip") or {}), bias=list(data.get("bias") or []),
-                         actions=list(data.get("actions") or []))
+                         actions=list(data.get("actions") or []), kinds=list(data.get("kinds") or []))
         except (KeyError, TypeError, ValueError) as e:
             raise ConfigError(f"{where} lacks a well-formed field ({str(e)[:200]}); give an unedited watch log") from None
         if not record.values or any(len(layer) != len(record.measures) for layer in record.values):
@@ -175,6 +180,10 @@ def _check_fields(data: dict) -> None:
         if not (isinstance(a.get("alert"), str) and all(_is_number(a.get(k)) for k in ("layer", "head", "step"))):
             raise TypeError(f"an alert lacks its name, layer, head or step: {a!r}"[:200])
         _numbers_or_null(a.get("value"), "alerts")
+    kinds = data.get("kinds") or []
+    if not isinstance(kinds, list) or len(kinds) not in (0, len(data["values"])) or not all(
+            isinstance(layer, list) and all(k in KINDS for k in layer) for layer in kinds):
+        raise TypeError(f"'kinds' is not a list of layers of {', '.join(map(repr, KINDS))}"[:200])
     if data.get("threshold") is not None and not _is_number(data["threshold"]):
         raise TypeError(f"'threshold' is {data['threshold']!r}, not a number")
 
