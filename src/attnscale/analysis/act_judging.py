@@ -16,7 +16,7 @@ from attnscale.analysis import outcomes as oc
 from attnscale.analysis import paired
 from attnscale.analysis.paired import mcnemar_exact, paired_t
 
-__all__ = ["FLOOR", "LEARNED_LEVEL", "BEST_OF_ARM", "ALPHA", "MARGIN", "REFERENCE", "BASELINE", "outcome_of", "tally",
+__all__ = ["FLOOR", "LEARNED_LEVEL", "BEST_OF_ARM", "LADDER", "ALPHA", "MARGIN", "REFERENCE", "BASELINE", "outcome_of", "tally",
            "mcnemar_exact", "paired_breaks", "paired_loss", "seed_loss", "attention_share", "break_leg", "loss_leg", "decide",
            "judge", "complete_seeds", "interval_text", "p_text"]
 
@@ -27,6 +27,7 @@ LEARNED_LEVEL = 1.9318205922842027
 BEST_OF_ARM = {("z0", False): 1.593292909860611, ("z1e-4", False): 1.5885027945041656,
                ("z0", True): 1.6185084223747253, ("z1e-4", True): 1.6003541827201844}  # (cell, qk-norm)
 ALPHA = 0.05  # the exact test's level
+LADDER = (1e2, 3e2, 1e3, 3e3, 1e4, 3e4, 1e5)  # max |score|: the alarm's levels, one chosen on the act study's pilot
 MARGIN = 0.05  # nats: how much worse than the reference's final loss an arm may be and still "save" runs
 EQUIVALENCE = 0.02  # nats: the margin within which clipping on the alarm and clipping always are read as one (a re-read)
 REFERENCE = "E"  # qk-norm at the same rate

@@ -12,14 +12,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from attnscale.analysis import paired, warning
-from attnscale.analysis.act_judging import LEARNED_LEVEL
+from attnscale.analysis.act_judging import LADDER, LEARNED_LEVEL
 
 __all__ = ["LEVEL", "LADDER", "MIN_LEAD", "MARGIN", "SEPARATES", "alarm_step", "pilot_shares", "choose_rate",
            "added_rate",
            "sensitivity", "false_alarms", "separation", "judge", "decide"]
 
 LEVEL = 1e4
-LADDER = (1e2, 3e2, 1e3, 3e3, 1e4, 3e4, 1e5)
 MIN_LEAD = 100  # steps: an alarm this long before the break counts as a warning
 MARGIN = 0.02  # nats: C against B, and qk-norm within reach of the better of C and F
 SEPARATES = (0.8, 0.3)  # a level separates where sensitivity's lower end >= 0.8 and false alarms' upper end <= 0.3

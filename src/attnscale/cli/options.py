@@ -300,3 +300,14 @@ def with_budget(cfg, args):
     """``cfg`` (a DynamicsConfig or SweepConfig) with the command line's overrides."""
     model, train = overrides(cfg.model, cfg.train, args)
     return dataclasses.replace(cfg, tokenizer=args.tokenizer, model=model, train=train, device=args.device)
+
+
+PARSERS: dict = {}  # command -> its parser, kept as each is built: what a mode's refusal reads the defaults from
+
+
+def given_options(args, command: str, allowed) -> list[str]:
+    """The options of ``command`` given a value other than their default, but for ``allowed`` (by dest), by flag."""
+    parser = PARSERS[command]
+    return [a.option_strings[-1] for a in parser._actions
+            if a.option_strings and a.dest not in allowed and a.dest != "help"
+            and getattr(args, a.dest, a.default) != a.default]

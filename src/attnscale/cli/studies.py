@@ -6,16 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from attnscale.cli.options import UsageError, jobs_option, positive_float
+from attnscale.cli.options import PARSERS, UsageError, given_options, jobs_option, positive_float
 from attnscale.cli.sequence import Command
-from attnscale.cli.training import _PARSERS, _given
 
 __all__ = ["COMMANDS"]
 
 
 def _train_nothing(args, command: str) -> None:
     """--publish trains nothing: an option that only a training mode reads is refused, naming it."""
-    given = _given(args, command, ("publish", "json_out", "series", "json", "pilot_dir"))
+    given = given_options(args, command, ("publish", "json_out", "series", "json", "pilot_dir"))
     if given:
         raise UsageError(f"{', '.join(given)}: --publish trains nothing; drop {'it' if len(given) == 1 else 'them'}")
 
@@ -93,7 +92,7 @@ def _shared(p, command: str, key: str, smoke: str, run: Command) -> None:
     p.add_argument("--quick", action="store_true", help=f"a smoke check: a 16-wide model, 60 steps, {smoke}; not a measurement")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
     jobs_option(p)
-    _PARSERS[command] = p
+    PARSERS[command] = p
     p.set_defaults(run=run)
 
 

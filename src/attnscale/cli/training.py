@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
-from attnscale.cli.options import (UsageError, default_of, executor_kwargs, executor_options, full_option, jobs_option,
-                                   nonneg_int, overrides, positive_float, positive_int, scale_name, study_axis,
+from attnscale.cli.options import (PARSERS, UsageError, default_of, executor_kwargs, executor_options, full_option,
+                                   given_options, jobs_option, nonneg_int, overrides, positive_float, positive_int, scale_name, study_axis,
                                    study_combination, training_options, with_budget, words)
 from attnscale.cli.sequence import Command, table_of
 
@@ -265,7 +265,7 @@ def _warn_config(args) -> list:
             if path is not None and not path.is_file():
                 raise UsageError(f"{flag}: no file {str(path)!r}; give a published file (e.g. "
                                  f"{'docs/act-study-series.json.gz' if flag == '--reread' else 'docs/warn-study.json'})")
-        given = _given(args, "warn-study", ("reread", "published", "json"))
+        given = given_options(args, "warn-study", ("reread", "published", "json"))
         if given:
             raise UsageError(f"{given[0]} has no effect with --reread or --published, which train nothing; leave it out")
         args.out = None  # the re-read trains nothing and writes no folder
@@ -364,23 +364,12 @@ def add_warn_study(sub) -> None:
                  "beside each run's survival after learning, its silenced detectors, its AUC count")
     for flag, metavar, text in (("--reread", "SERIES", reread), ("--published", "JSON", published)):
         p.add_argument(flag, type=Path, metavar=metavar, help=text)
-    _PARSERS["warn-study"] = p
+    PARSERS["warn-study"] = p
     training_options(p, "attnscale-out/warn-study",
                      quick="the smoke size: 4 runs a family, a check that the study works, not a measurement")
     jobs_option(p)
     executor_options(p)
     p.set_defaults(run=Command(_warn_config, _warn, _warn_table, as_json=_warn_json))
-
-
-_PARSERS: dict = {}  # command -> its parser, kept as each is built: what a mode's refusal reads the defaults from
-
-
-def _given(args, command: str, allowed) -> list[str]:
-    """The options of ``command`` given a value other than their default, but for ``allowed`` (by dest), by flag."""
-    parser = _PARSERS[command]
-    return [a.option_strings[-1] for a in parser._actions
-            if a.option_strings and a.dest not in allowed and a.dest != "help"
-            and getattr(args, a.dest, a.default) != a.default]
 
 
 def _act_config(args):

@@ -21,7 +21,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from attnscale.analysis.act_judging import BEST_OF_ARM, FLOOR, LEARNED_LEVEL
+from attnscale.analysis.act_judging import BEST_OF_ARM, FLOOR, LADDER, LEARNED_LEVEL
 from attnscale.errors import ConfigError
 from attnscale.experiments import warn_study as ws
 from attnscale.experiments.training_config import TrainingConfig
@@ -43,7 +43,7 @@ STEPS, WARMUP = 3000, 500  # 3,000 >= 2 x the latest break seen (step 1,415)
 PILOT_SEEDS = (100, 101, 102, 103)
 BLOCKS = ((0, 1, 2, 3), tuple(range(4, 16)))  # block 1, then block 2 (declared before any seed ran)
 ALL_SEEDS = BLOCKS[0] + BLOCKS[1]  # the study's reading is final on these alone; on fewer it is interim
-LEVELS = (1e2, 3e2, 1e3, 3e3, 1e4, 3e4, 1e5)  # the alarm's ladder
+LEVELS = LADDER  # the alarm's ladder (analysis.act_judging)
 DEFAULT_LEVEL = 1e3  # where no pilot run broke: the warning study's level
 MIN_LEAD = 100  # steps: every broken pilot run crossed L at least this long before its break
 TAU = 100.0  # QK-Clip's tau (Kimi K2's)
