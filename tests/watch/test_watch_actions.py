@@ -205,3 +205,31 @@ def test_a_class_given_for_an_alert_or_a_sink_is_refused_naming_the_instance_to_
         Watch(_model(), alerts=NonFinite)
     with pytest.raises(ConfigError, match=r"^sinks takes instances, not the class JsonlSink: give JsonlSink\(...\)$"):
         Watch(_model(), sinks=[JsonlSink])
+
+
+def test_a_watch_closed_mid_run_with_a_rate_cut_in_force_says_so_at_the_next_step_once(caplog):
+    """The plain loop's close ends the cut: the optimizer's next step runs at its own rate, and that step says
+    what ended, once; a watch closed with nothing in force, or a run that takes no step after, says nothing."""
+    model = _model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, foreach=False)
+    watch = Watch(model, every=2, alerts=[MaxScore(tau=ANY, action=ScaleLR(0.5))], optimizer=opt)
+    _loop(model, opt, 3, watch)
+    with caplog.at_level("WARNING", logger="attnscale.watch"):
+        watch.close()
+        assert not [r for r in caplog.records if "was closed with" in r.getMessage()]  # no step yet: nothing said
+        before, grads, after, _, lrs = _loop(model, opt, 2, None)[0]
+    said = [r.getMessage() for r in caplog.records if "was closed with" in r.getMessage()]
+    assert said == ["the watch was closed with the rate times 0.5 to the end of the run in force; the optimizer "
+                    "steps at its own rate from here (close the watch after the last step to keep its actions to "
+                    "the end)"]
+    assert lrs == [0.1]  # and the step moved the weights by the whole rate's update: the cut ended at the close
+    assert all(torch.equal(a, torch.add(b, g, alpha=-0.1)) for b, g, a in zip(before, grads, after))
+
+    caplog.clear()
+    quiet = _model()
+    opt2 = torch.optim.SGD(quiet.parameters(), lr=0.1)
+    with caplog.at_level("WARNING", logger="attnscale.watch"):
+        with Watch(quiet, every=2, alerts=[MaxScore(tau=ANY, action=ScaleLR(0.5, steps=1))], optimizer=opt2) as w:
+            _loop(quiet, opt2, 4, w)  # the cut of one step ran out before the close
+        _loop(quiet, opt2, 1, None)
+    assert not [r for r in caplog.records if "was closed with" in r.getMessage()]

@@ -169,6 +169,9 @@ class Acting:
         self.wrap()
 
     def close(self) -> None:
+        """Take the wrapper off. What was still in force (a rate cut, steps to skip) ends with it: said on the
+        ``attnscale.watch`` logger at the optimizer's first step after the close, where there is one (a run that
+        ends with the watch hears nothing)."""
         if not self._wrapped:
             return
         if self._had is None:
@@ -176,3 +179,20 @@ class Acting:
         else:
             self.optimizer.step = self._had
         self._wrapped = False
+        from attnscale.watch.state import in_force
+
+        ending = in_force({"acting": self.state_dict()})
+        if ending and callable(getattr(self.optimizer, "register_step_pre_hook", None)):
+            _say_once_at_next_step(self.optimizer, f"the watch was closed with {ending} in force; the optimizer "
+                                                   "steps at its own rate from here (close the watch after the "
+                                                   "last step to keep its actions to the end)")
+
+
+def _say_once_at_next_step(optimizer, message: str) -> None:
+    from attnscale.watch.alerts import LOGGER
+
+    def say(*_):
+        handle.remove()
+        LOGGER.warning(message)
+
+    handle = optimizer.register_step_pre_hook(say)
