@@ -12,6 +12,7 @@ def test_time_left_counts_work_not_steps(tmp_path):
     bar = Silent(total_runs=2, total_steps=200, done_runs=0, done_steps=0, out=tmp_path,
                  weights={"narrow": 1.0, "wide": 9.0}, total_work=1000.0, done_work=0.0, clock=lambda: now[0])
     bar.start("narrow", 100)
+    bar.step("narrow", 1)  # a run's first report is its first step (past a checkpoint's, where it resumed)
     now[0] = 10.0
     bar.step("narrow", 100)
     # 100 units in 10 s: 900 left take 90 s (counting steps would say 10 s)
@@ -51,3 +52,18 @@ def test_a_resumed_run_says_from_which_step_once_and_a_fresh_one_says_nothing(tm
     bar.step("fresh", 1)
     bar.step("fresh", 2)
     assert capsys.readouterr().err.splitlines() == ["attnscale: resumed: resuming from step 1,000 of 3,000 (its checkpoint)"]
+
+
+def test_a_resumed_runs_checkpointed_steps_are_work_done_not_work_trained_now(tmp_path):
+    """3,000 steps, a checkpoint of 1,000: its steps are done before this process started, so 100 steps trained
+    in 10 s leave 1,899 to train at about 10 a second, about 188 s (counting the checkpoint as trained now, 1,101
+    steps in 10 s, said about 17 s)."""
+    now = [0.0]
+    bar = Silent(total_runs=1, total_steps=3000, done_runs=0, done_steps=0, out=tmp_path, clock=lambda: now[0])
+    bar.start("resumed", 3000)
+    bar.step("resumed", 1001)
+    now[0] = 10.0
+    bar.step("resumed", 1101)
+    assert bar.done_steps == 1000 and bar.seconds_left() == pytest.approx(1899 / (101 / 10.0))
+    bar.finish("resumed", {"status": "done"})
+    assert bar.done_steps == 1000 + 1899  # the steps it did not reach, as any run that ends early

@@ -208,6 +208,7 @@ def test_progress_kinds(tmp_path, capsys, monkeypatch):
     bar = make_progress(True, **kw)  # pytest's stderr is not a terminal: plain lines
     assert type(bar) is Plain
     bar.start("d8-none-s0", 10)
+    bar.step("d8-none-s0", 1, 1.0)  # a fresh run's first report is its step 1
     bar.step("d8-none-s0", 5, 1.0)
     bar.finish("d8-none-s0", {"status": "diverged", "valid_ppl": None, "duration_s": 3.0})
     err = capsys.readouterr().err

@@ -79,7 +79,14 @@ class Silent:
         return f"{run_id}: resuming from step {step - 1:,} of {self._totals.get(run_id, step):,} (its checkpoint)"
 
     def step(self, run_id: str, step: int, loss: float | None = None) -> int:
-        """Record that ``run_id`` reached ``step``; return the steps gained since its last report."""
+        """Record that ``run_id`` reached ``step``; return the steps gained since its last report. A run's first
+        report past step 1 went on from its checkpoint: the steps before it are work done earlier (``done_work``),
+        not trained now, so the pace (and the time left) reads the steps this process trained."""
+        if run_id not in self._first and step > 1:
+            already = max(0, step - 1 - self._steps.get(run_id, 0))
+            self.done_steps += already
+            self.done_work += already * self._weights.get(run_id, 1.0)
+            self._steps[run_id] = max(step - 1, self._steps.get(run_id, 0))
         gained = max(0, step - self._steps.get(run_id, 0))
         self._first.setdefault(run_id, step)
         self._steps[run_id] = max(step, self._steps.get(run_id, 0))
@@ -198,12 +205,13 @@ class Live(Silent):
     def step(self, run_id, step, loss=None):
         if (line := self.resuming(run_id, step)) is not None:
             self._console.print(line)
+        done = self.done_work
         gained = super().step(run_id, step, loss)
         info = f"loss {loss:.3f}" if loss is not None else ""
         if run_id in self._tasks:
             self._bar.update(self._tasks[run_id], completed=step, info=info,
                              steps=f"{step:>5}/{self._totals.get(run_id, step):<5} steps")
-        self._bar.advance(self._all, gained * self._weights.get(run_id, 1.0))
+        self._bar.advance(self._all, gained * self._weights.get(run_id, 1.0) + self.done_work - done)  # and a checkpoint's
         return gained
 
     def finish(self, run_id, summary):
