@@ -42,9 +42,7 @@ measures it, and the watch writes its own cost in every record (``watch/seconds`
 from __future__ import annotations
 
 import contextlib
-import numbers
 import time
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
@@ -59,101 +57,18 @@ from attnscale.capture.route import Route
 from attnscale.capture.stats import HeadStats
 from attnscale.core.diagnostics import FROZEN_THRESHOLD
 from attnscale.errors import ConfigError
-from attnscale.watch.actions import Acting, Action, ClipQK
-from attnscale.watch.alerts import LOGGER, Alert, Alerts, MaxScore, default_alerts
+from attnscale.watch.actions import Acting, ClipQK
+from attnscale.watch.alerts import LOGGER, Alert, Alerts, default_alerts
+from attnscale.watch.arguments import check_clip_check, clip_fights, one_line, outputs, step_number
 from attnscale.watch.clip.qk_clip import QKClip
 from attnscale.watch.in_training import TrainingForward, training_forward
 from attnscale.watch.logs.line import WatchLine
 from attnscale.watch.logs.sinks import Sink, scalars
+from attnscale.watch.logs.writing import Writing
 from attnscale.watch.stages import union_of_stages
 from attnscale.watch.state import check_resume_actions, plain_probe, plan_of, probe_like, probe_of, resumes
 
 __all__ = ["Watch", "EVERY", "PROBE_SEQUENCES"]
-
-
-def _wrap(item: Any, kind: type, example: str) -> str:
-    if isinstance(item, type) and issubclass(item, kind):  # the class given for an instance
-        return f"{item.__name__}(...)"
-    return f"{kind.__name__}(...)" if isinstance(item, kind) else example
-
-
-def _no_class(item: Any, kind: type, what: str) -> None:
-    """A ConfigError naming the fix where ``item`` is a class of ``kind`` given for an instance of it."""
-    if isinstance(item, type) and issubclass(item, kind):
-        raise ConfigError(f"{what} takes instances, not the class {item.__name__}: give {item.__name__}(...)")
-
-
-def _outputs(sinks: Any, alerts: Any) -> tuple[list[Sink], tuple[Alert, ...] | None]:
-    """The sinks and alerts as sequences of their kinds, or a ConfigError saying what to give instead: a path
-    is no sink and a name is no alert (each would fail only at the first probe, deep in the run)."""
-    sink_example = f"JsonlSink({str(sinks)!r})" if isinstance(sinks, (str, Path)) else "JsonlSink('watch.jsonl')"
-    if isinstance(sinks, (str, Path, Sink)) or not isinstance(sinks, (list, tuple)):
-        raise ConfigError(f"sinks takes a list of sinks, got {sinks!r}; wrap it: "
-                          f"sinks=[{_wrap(sinks, Sink, sink_example)}]")
-    for sink in sinks:
-        _no_class(sink, Sink, "sinks")
-        if not isinstance(sink, Sink):
-            example = f"JsonlSink({str(sink)!r})" if isinstance(sink, (str, Path)) else "JsonlSink('watch.jsonl')"
-            raise ConfigError(f"a sink is one of attnscale.watch's sinks, got {sink!r}; wrap it: sinks=[{example}]")
-        if sink.closed:  # another watch's, closed when it ended: every probe of this one would fail to write
-            raise ConfigError(f"a sink is closed ({sink!r}): a watch closes its sinks when it ends; give each Watch "
-                              "sinks of its own")
-    if alerts is None:
-        return list(sinks), None
-    alert_example = "MaxScore(tau=100), NonFinite()"
-    if isinstance(alerts, (str, Alert)) or not isinstance(alerts, (list, tuple)):
-        raise ConfigError(f"alerts takes a list of alerts, got {alerts!r}; give alerts=[{_wrap(alerts, Alert, alert_example)}]")
-    for alert in alerts:
-        _no_class(alert, Alert, "alerts")
-        if not isinstance(alert, Alert):
-            raise ConfigError(f"an alert is one of attnscale.watch's alerts, got {alert!r}; give e.g. "
-                              f"alerts=[{alert_example}] (or Collapsed(...), Frozen(...), Spike(...))")
-    return list(sinks), tuple(alerts)
-
-
-def _clip_fights(alerts: Any, qk_clip: float | None) -> None:
-    """A ConfigError for a MaxScore at or under a QK-Clip's tau (``qk_clip=``, or any alert's ClipQK): the clip
-    brings the scores of each step's own batch back to tau, but the next update may pass it by that update's size
-    and the probe reads the weights after it, so the alert would fire probe after probe while the clip holds. A
-    MaxScore whose action acts on the run (ClipQK, ScaleLR, SkipStep) acts once, and is left alone."""
-    if not isinstance(alerts, (list, tuple)):
-        return
-    taus = ([] if qk_clip is None else [float(qk_clip)]) + [
-        float(a.action.tau) for a in alerts if isinstance(getattr(a, "action", None), ClipQK)]
-    for alert in alerts:
-        if isinstance(alert, MaxScore) and not isinstance(alert.action, Action) and taus and alert.tau <= max(taus):
-            clip = max(taus)
-            raise ConfigError(
-                f"MaxScore(tau={alert.tau:g}) and QK-Clip at tau={clip:g} would fight: the clip brings the scores of "
-                f"each step's own batch back to {clip:g}, but the next update may pass that by its own size (1.6% on "
-                f"SmolLM2 at tau 30) and the probe reads the weights after it, so the alert would fire at probe after "
-                f"probe while the clip holds; give MaxScore a tau above the clip's (e.g. {2 * clip:g}: the clip lost "
-                f"hold of a head), or leave it out (the record's qk_clip s_max says what the clip read, and "
-                f"qk_clip_check=True measures the scores after each update)")
-
-
-def _check_clip_check(check: Any, qk_clip: float | None, alerts: Any) -> None:
-    if not isinstance(check, bool):
-        raise ConfigError(f"qk_clip_check takes True or False, got {check!r}")
-    listed = alerts if isinstance(alerts, (list, tuple)) else ()  # another kind is refused by its own check
-    clips = qk_clip is not None or any(isinstance(getattr(a, "action", None), ClipQK) for a in listed)
-    if check and not clips:
-        raise ConfigError("qk_clip_check=True measures QK-Clip's scores after each update: give qk_clip= (or an "
-                          "alert whose action is ClipQK)")
-
-
-def _step_number(step: Any) -> int:
-    """``step`` as an int, or a ConfigError naming it (a step of another type would make every probe fail)."""
-    if isinstance(step, bool) or not isinstance(step, numbers.Integral):
-        raise ConfigError(f"Watch.step takes the step's number, an int, got {step!r} ({type(step).__name__}); "
-                          "give the optimizer step's count, e.g. watch.step(int(step))")
-    return int(step)
-
-
-def _reason(e: BaseException) -> str:
-    """An exception in one line: its type and the first line of its message."""
-    text = str(e).strip().splitlines()
-    return f"{type(e).__name__}: {text[0]}" if text else type(e).__name__
 
 
 class Watch:
@@ -201,7 +116,7 @@ class Watch:
                  tensor_parallel: TensorParallel | None = None, on_error: str = "warn", optimizer: Any = None,
                  resume_actions: str = "same", qk_clip_check: bool = False):
         check_model(model, "Watch")
-        _check_clip_check(qk_clip_check, qk_clip, alerts)
+        check_clip_check(qk_clip_check, qk_clip, alerts)
         check_resume_actions(resume_actions)
         self.resume_actions = resume_actions
         self.options = WatchOptions(
@@ -209,7 +124,9 @@ class Watch:
             drop_keys=tuple(drop_keys) if isinstance(drop_keys, (list, tuple)) else drop_keys, qk_clip=qk_clip,
             memory=memory, sample_rows=sample_rows, detail=detail, in_training_forward=in_training_forward,
             stage=stage, layer_offset=layer_offset, tensor_parallel=tensor_parallel, on_error=on_error, probe=probe)
-        self.sinks, alerts = _outputs(sinks, alerts)
+        sinks, alerts = outputs(sinks, alerts)
+        self.writing = Writing(sinks)  # rank 0's records to its sinks, a failing sink said and counted
+        self.sinks = self.writing.sinks
         self.memory, self.sample_rows, self.route, self.tensor_parallel = memory, sample_rows, Route(), tensor_parallel
         self.model, self.every, self.threshold, self.detail, self.on_error = model, every, threshold, detail, on_error
         for sink in self.sinks:  # a sink made without a detail writes the watch's
@@ -226,8 +143,6 @@ class Watch:
         self.stage, self.layer_offset = stage, layer_offset
         self.seconds = 0.0  # the watch's own time: probes, alerts and sinks
         self.failures: list[tuple[int, str]] = []  # (step, reason) of each probe that failed during training
-        self.lost: dict[int, list] = {}  # index of a sink that failed to write -> [reason, its first lost step, lost]
-        self._records = 0  # records written (or tried) to the sinks
         self.measuring = True  # False once a failed probe stopped the watch (on_error="stop")
         self._started = time.perf_counter()  # watch/share's wall clock: from the watch's making, its first probe in
         self._first: tuple | None = None  # the first probe not yet written: (stats, what it read, seconds, counted)
@@ -295,7 +210,7 @@ class Watch:
                               "and train() give theirs)")
         if qk_clip is not None and any(isinstance(a, ClipQK) for a in acts):
             raise ConfigError("qk_clip= clips from the first step and an alert's ClipQK from its alarm: give one")
-        _clip_fights(self.alerts.alerts, qk_clip)
+        clip_fights(self.alerts.alerts, qk_clip)
 
     @staticmethod
     def check(every: int, threshold: float, probe_sequences: int, qk_clip: float | None = None,
@@ -311,10 +226,10 @@ class Watch:
                      qk_clip=qk_clip, memory=memory, sample_rows=sample_rows, detail=detail,
                      in_training_forward=in_training_forward, stage=stage, layer_offset=layer_offset,
                      tensor_parallel=tensor_parallel, on_error=on_error, probe=probe)
-        _outputs(sinks, alerts)
+        outputs(sinks, alerts)
         check_resume_actions(resume_actions)
-        _check_clip_check(qk_clip_check, qk_clip, alerts)
-        _clip_fights(alerts, qk_clip)
+        check_clip_check(qk_clip_check, qk_clip, alerts)
+        clip_fights(alerts, qk_clip)
 
     def _probe(self, across_ranks: bool, kinds: bool = False) -> HeadStats:
         with self.clip.paused() if self.clip is not None else contextlib.nullcontext():  # a probe is no training step
@@ -336,7 +251,7 @@ class Watch:
         except ConfigError:
             raise
         except Exception as e:
-            raise ConfigError(f"the watch's probe batch does not run on {name} ({_reason(e)}); give probe= a batch "
+            raise ConfigError(f"the watch's probe batch does not run on {name} ({one_line(e)}); give probe= a batch "
                               "its forward takes, or leave probe out to use the first training batch") from e
         if not bool((stats.rows_LH > 0).any()):  # e.g. a first call of one token: every head would measure nothing
             raise ConfigError(f"no query row of the watch's probe batch sees two keys ({self._probe_shape()} on "
@@ -375,7 +290,7 @@ class Watch:
         forwards if it is a probe step (or the first step, where the capture is tried), else disarm it. ``step``
         does this for the step after its own, the Watch for step 1; a loop that resumes at step s calls
         ``expect(s + 1)`` before its first forward."""
-        step = _step_number(step)
+        step = step_number(step)
         self._next = step
         if self.training is None:
             return
@@ -390,7 +305,7 @@ class Watch:
         sink and return its flat numbers (as ``detail`` says); else return None. A probe that fails does as
         ``on_error`` says, once the probe has run on the model; the first try raises whatever it is. A sink that
         fails to write (a full disk) costs its records, never the run (``lost``; said at once and at ``close``)."""
-        step = _step_number(step)
+        step = step_number(step)
         now = time.perf_counter()
         tried = self._try_seconds
         self._write_baseline()  # before this step's clip and record: the baseline is of the weights before it
@@ -466,23 +381,9 @@ class Watch:
             threshold=self.threshold, qk_clip=clipped,
             bias=stats.bias_LH2.tolist() if stats.bias_LH2 is not None else [], actions=taken,
             kinds=[list(layer) for layer in stats.kinds])
-        self._records += writer
-        for i, sink in enumerate(self.sinks if writer else ()):
-            self._write(i, sink, record)
+        if writer:
+            self.writing.write(record)
         return record
-
-    def _write(self, i: int, sink: Sink, record: WatchLine) -> None:
-        """One record to one sink. A sink that fails (a full disk) is said once, at once, and written no more:
-        each record it loses from then on is counted (``lost``), and ``close`` says the count."""
-        if i in self.lost:
-            self.lost[i][2] += 1
-            return
-        try:
-            sink.write(record)
-        except Exception as e:
-            self.lost[i] = [_reason(e), record.step, 1]
-            LOGGER.warning(f"the watch's sink {sink!r} failed at step {record.step} ({_reason(e)}); it is written no "
-                           "more and training goes on; the records it loses are counted when the watch closes")
 
     def _act(self, step: int, action, firing) -> dict:
         """Take ``action`` (its alert fired at probe step ``step``) from the next step on; its record."""
@@ -538,7 +439,7 @@ class Watch:
 
     def _failed(self, step: int, e: Exception) -> None:
         """A probe that failed during training: said once per reason, and the watch goes on or stops measuring."""
-        reason = _reason(e)
+        reason = one_line(e)
         said = any(r == reason for _, r in self.failures)
         self.failures.append((step, reason))
         if self.on_error == "stop":
@@ -652,22 +553,7 @@ class Watch:
         if self.clip is not None:
             self.clip.close()
         self.acting.close()
-        for i, sink in enumerate(self.sinks):
-            try:
-                sink.close()
-                failed = None
-            except Exception as e:
-                failed = _reason(e)
-            sink.closed = True
-            if i in self.lost or failed is not None:
-                self._said_lost(sink, self.lost.get(i), failed)
-
-    def _said_lost(self, sink: Sink, lost: list | None, failed: str | None) -> None:
-        """A sink's failures, said once at the close: the records it lost, and its close's own failure."""
-        what = (f"lost {lost[2]} of {self._records} records, from step {lost[1]} on ({lost[0]})" if lost else
-                f"wrote its {self._records} records")
-        closing = "" if failed is None else f"; its close failed{' too' if lost else ''} ({failed})"
-        LOGGER.warning(f"the watch's sink {sink!r} {what}{closing}; the run went on and its results are kept")
+        self.writing.close()
 
     def __enter__(self) -> "Watch":
         return self
