@@ -133,3 +133,26 @@ def test_run_pilot_adds_the_rule_s_rate_once_on_the_same_seeds(tmp_path, monkeyp
     assert al.read_pilot(tmp_path) == 0.0548
     # run again, nothing changed: the same two trainings asked for (execute keeps what finished), the same choice
     assert al.run_pilot(al.pilot_config(), tmp_path, progress=False)["choice"]["rate"] == 0.0548
+
+
+def test_the_published_alarm_block_re_derives_from_its_series_and_the_doc_quotes_it():
+    """docs/warn-study.json's "alarm" is what alarm_study.block gives on docs/alarm-study-series.json.gz alone, and
+    docs/alarm-study.md quotes its endpoints and decision as the block holds them."""
+    from attnscale.analysis import paired
+    from attnscale.experiments.alarm_study_text import share_text
+    from published import doc_text, published_block
+
+    published, series, docs = published_block("alarm", "alarm-study-series.json.gz", "alarm")
+    again = al.block_from_series(series, published["command"])
+    assert json.loads(json.dumps(again)) == published
+    doc = doc_text(docs, "alarm-study.md")
+    for dating, s in published["sensitivity"].items():
+        assert share_text(s) in doc, dating
+    assert share_text(published["false_alarms"]) in doc
+    for key in ("false_alarm_cost", "F_vs_C", "E_vs_best"):
+        e = published[key]
+        assert paired.estimate_text(e["diff"], e["se"], e["n"], e["interval"], signed=True) in doc, key
+    eq = published["C_vs_B"]
+    if eq["interval_90"] is not None:
+        assert "[{:+.4f}, {:+.4f}]".format(*eq["interval_90"]) in doc
+    assert f"**{published['decision']}**" in doc

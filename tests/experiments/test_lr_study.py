@@ -187,24 +187,19 @@ def test_the_published_sensitivity_block_re_derives_from_its_series():
     """docs/warn-study.json's "sensitivity" is what lr_study.block gives on docs/lr-study-series.json.gz alone, and
     docs/lr-study.md shows its best losses as the block holds them."""
     import json
-    from pathlib import Path
 
-    from attnscale.experiments import publish
     from attnscale.experiments.lr_study_text import mean_text
+    from published import doc_text, published_block
 
-    root = Path(__file__).resolve().parents[2]
-    published = json.loads((root / "docs" / "warn-study.json").read_text(encoding="utf-8")).get("sensitivity")
-    series = root / "docs" / "lr-study-series.json.gz"
-    if published is None or not series.exists():
-        pytest.skip("no sensitivity block published yet")
-    again = ls.block_from_series(publish.read_series(series, "lr"), published["command"])
+    published, series, docs = published_block("sensitivity", "lr-study-series.json.gz", "lr")
+    again = ls.block_from_series(series, published["command"])
     assert json.loads(json.dumps(again)) == published
-    doc = " ".join((root / "docs" / "lr-study.md").read_text(encoding="utf-8").split())
+    doc = doc_text(docs, "lr-study.md")
     for g in published["groups"]:
         for t, c in g["curves"].items():
             if c["seeds"]:
                 assert mean_text(c["best"]) in doc, (g["optimizer"], t)
-    watch = " ".join((root / "docs" / "watch.md").read_text(encoding="utf-8").split())
+    watch = doc_text(docs, "watch.md")
     first = next(g for g in published["groups"] if (g["optimizer"], g["d_model"]) == ("adamw", 64))
     for t in ("qk-norm", "none"):  # the watch page's advice quotes block 1's LR sensitivity
         assert mean_text(first["curves"][t]["sensitivity"]) in watch, t
