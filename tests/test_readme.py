@@ -138,6 +138,29 @@ def test_the_commands_table_names_every_command(page):
     assert set(rows) == _subcommands()
 
 
+def test_the_commands_table_shows_a_required_choice_as_required():
+    """A command whose parser requires one of a group of options (``--pilot`` or ``--study``) shows the group in
+    parentheses, not in the brackets of an option one may leave out; a group one may leave out is not shown as
+    required."""
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.dest == "command")
+    rows = dict(re.findall(r"^\| `attnscale ([\w-]+)([^`]*)`", TEXT, re.M))
+    for name, synopsis in rows.items():
+        for group in sub.choices[name]._mutually_exclusive_groups:
+            flags = [a.option_strings[-1] for a in group._group_actions if a.option_strings]
+            shown = [f for f in flags if re.search(rf"{re.escape(f)}(?![\w-])", synopsis)]
+            if not shown:
+                continue
+            open_ = []  # the brackets still open where the group's first flag is shown
+            for ch in synopsis[:synopsis.index(shown[0])]:
+                if ch in "([":
+                    open_.append(ch)
+                elif ch in ")]" and open_:
+                    open_.pop()
+            optional = "[" in open_
+            assert optional != group.required, (name, flags, synopsis)
+
+
 # ---- the Python blocks ----------------------------------------------------------------------
 
 
