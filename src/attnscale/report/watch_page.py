@@ -134,9 +134,9 @@ def _kinds_blocks(records: list[WatchLine]) -> list:
             for l, layer in enumerate(kinds) for h, k in enumerate(layer) if k and l < last.layers and h < last.heads]
     rule = ("A sink head puts at least half of a row's weight on the first key the row sees; a previous-token "
             "head at least half on the key just before the row's own token (the mean over the probe's rows that "
-            f"see two keys, read once, on the baseline's probe at step {step}). Both sit under 2 effective words in "
-            "a healthy trained model: a fall from where a head started (Collapsed(relative=True)) is the alarm, "
-            "not the level.")
+            f"see two keys, read once, on the baseline's probe at step {step}). In a healthy trained model such heads "
+            "are where the fewest effective words are (under 2 for many): a fall from where a head started "
+            "(Collapsed(relative=True)) is the alarm, not the level.")
     if not rows:
         return [Heading(2, "Sink and previous-token heads"), Para(f"No head was a sink or previous-token head at "
                                                                    f"step {step}. " + rule)]
