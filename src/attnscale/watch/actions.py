@@ -19,6 +19,7 @@ An action is taken once per alert, at the first probe step k at which its alert 
 
 from __future__ import annotations
 
+import logging
 import math
 import types
 from dataclasses import dataclass
@@ -28,7 +29,9 @@ import torch
 
 from attnscale.errors import ConfigError
 
-__all__ = ["Action", "ClipQK", "ScaleLR", "SkipStep", "Acting"]
+__all__ = ["Action", "ClipQK", "ScaleLR", "SkipStep", "Acting", "in_force"]
+
+LOGGER = logging.getLogger("attnscale.watch")  # the watch's logger (``alerts.LOGGER``)
 
 
 def _positive_int(x) -> bool:
@@ -179,18 +182,23 @@ class Acting:
         else:
             self.optimizer.step = self._had
         self._wrapped = False
-        from attnscale.watch.state import in_force
-
-        ending = in_force({"acting": self.state_dict()})
+        ending = in_force(self.state_dict())
         if ending and callable(getattr(self.optimizer, "register_step_pre_hook", None)):
             _say_once_at_next_step(self.optimizer, f"the watch was closed with {ending} in force; the optimizer "
                                                    "steps at its own rate from here (close the watch after the "
                                                    "last step to keep its actions to the end)")
 
 
-def _say_once_at_next_step(optimizer, message: str) -> None:
-    from attnscale.watch.alerts import LOGGER
+def in_force(acting: dict) -> str:
+    """What an ``Acting.state_dict()`` holds in force, in words ("" for nothing): said where it ends."""
+    said = [f"the rate times {f:g} " + ("to the end of the run" if left is None else f"for {left} more step(s)")
+            for f, left in acting.get("lr", [])]
+    if acting.get("skip"):
+        said.append(f"{acting['skip']} step(s) left to skip")
+    return "; ".join(said)
 
+
+def _say_once_at_next_step(optimizer, message: str) -> None:
     def say(*_):
         handle.remove()
         LOGGER.warning(message)

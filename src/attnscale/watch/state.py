@@ -27,6 +27,7 @@ from attnscale.capture.batch import map_tensors, tensors_in
 from attnscale.capture.probe import Inputs
 from attnscale.errors import ConfigError
 from attnscale.watch.actions import Action
+from attnscale.watch.actions import in_force as acting_in_force
 from attnscale.watch.alerts import LOGGER
 
 __all__ = ["RESUME_ACTIONS", "check_resume_actions", "in_force", "plain_probe", "probe_like", "probe_of", "plan_of",
@@ -179,10 +180,7 @@ def resumes(saved: Mapping, plan: dict, names: list[str], resume_actions: str) -
 def in_force(saved: Mapping | None) -> str:
     """What a saved watch's actions had in force, in words ("" for nothing): said where it ends."""
     acting, clip = (saved or {}).get("acting") or {}, (saved or {}).get("clip")
-    said = [f"the rate times {f:g} " + ("to the end of the run" if left is None else f"for {left} more step(s)")
-            for f, left in acting.get("lr", [])]
-    if acting.get("skip"):
-        said.append(f"{acting['skip']} step(s) left to skip")
+    said = [acting_in_force(acting)] if acting_in_force(acting) else []
     if clip is not None and clip.get("since") is not None:
         said.append(f"QK-Clip at tau {clip['tau']:g} since step {clip['since']}")
     return "; ".join(said)
