@@ -101,3 +101,24 @@ def test_false_alarm_cost_is_paired_over_the_seeds_it_fired_on():
     assert j["false_alarm_cost"]["n"] == 5
     # C − A on seeds 0–4: 1.62 + 0.001 s + 0.001 − 1.60
     assert j["false_alarm_cost"]["diff"] == pytest.approx(0.021 + 0.001 * 2)
+
+
+def test_the_arms_summary_and_the_false_alarms_median_step_by_hand():
+    """Per arm its runs, breaks, never-learned runs and mean final loss with a t interval (t(0.975, 2) = 4.303, by
+    table); arm A's holders and breakers apart; the median step of the alarm among the holders it fired on."""
+    rows = [_row("A", 0, alarm=1200, loss=2.0), _row("A", 1, alarm=1500, loss=2.2), _row("A", 2, loss=1.9),
+            _row("A", 3, alarm=1300, broke=2000, loss=None), _row("A", 4, learned=False, loss=2.3),
+            _row("F", 0, loss=1.5), _row("F", 1, loss=1.6), _row("F", 2, loss=1.7)]
+    got = aj.arms(rows)
+    assert got["A"]["runs"] == 5 and got["A"]["breaks"] == 1 and got["A"]["never_learned"] == 1
+    assert got["F"]["loss"]["mean"] == pytest.approx(1.6) and got["F"]["loss"]["n"] == 3
+    se = 0.1 / 3 ** 0.5  # sample SD of 1.5, 1.6, 1.7 is 0.1
+    assert got["F"]["loss"]["se"] == pytest.approx(se)
+    assert got["F"]["loss"]["interval"] == pytest.approx((1.6 - 4.302653 * se, 1.6 + 4.302653 * se), rel=1e-6)
+    assert got["A holders"] == {"runs": 3, "loss": aj.mean_loss(rows[:3])}
+    assert got["A holders"]["loss"]["mean"] == pytest.approx((2.0 + 2.2 + 1.9) / 3)
+    assert got["A breakers"]["runs"] == 1 and got["A breakers"]["loss"] == {"mean": None, "se": None, "n": 0,
+                                                                             "interval": None}
+    fa = aj.false_alarms(rows)
+    assert fa["seeds"] == [0, 1] and fa["median_step"] == (1200 + 1500) / 2
+    assert aj.false_alarms(rows[2:3])["median_step"] is None

@@ -8,15 +8,17 @@ whose max |score| is over L.
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from attnscale.analysis import paired, warning
+from attnscale.analysis import intervals, paired, warning
 from attnscale.analysis.act_judging import LADDER, LEARNED_LEVEL
 
 __all__ = ["LEVEL", "LADDER", "MIN_LEAD", "MARGIN", "SEPARATES", "alarm_step", "pilot_shares", "choose_rate",
            "added_rate",
-           "sensitivity", "false_alarms", "separation", "judge", "decide"]
+           "sensitivity", "false_alarms", "separation", "mean_loss", "arms", "judge", "decide"]
 
 LEVEL = 1e4
 MIN_LEAD = 100  # steps: an alarm this long before the break counts as a warning
@@ -110,8 +112,33 @@ def false_alarms(rows: Sequence[dict[str, Any]], level: float = LEVEL) -> dict[s
     """The holders of arm A in which the alarm fired at any probe, as a share with its Wilson interval, and the
     seeds it fired on."""
     holders = [r for r in _a_runs(rows) if not _broke(r)]
-    fired = sorted(r["seed"] for r in holders if alarm_step(r, level) is not None)
-    return {**paired.share(len(fired), len(holders)), "seeds": fired}
+    steps = {r["seed"]: alarm_step(r, level) for r in holders}
+    fired = sorted(seed for seed, step in steps.items() if step is not None)
+    return {**paired.share(len(fired), len(holders)), "seeds": fired,
+            "median_step": statistics.median(steps[s] for s in fired) if fired else None}
+
+
+def mean_loss(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The runs' mean final held-out loss over those that have one, with its two-sided 95% t interval."""
+    losses = [r["valid_loss"] for r in rows if r["valid_loss"] is not None and math.isfinite(r["valid_loss"])]
+    n = len(losses)
+    mean = statistics.fmean(losses) if n else None
+    se = statistics.stdev(losses) / math.sqrt(n) if n > 1 else None
+    return {"mean": mean, "se": se, "n": n, "interval": None if mean is None else intervals.interval(mean, se, n)}
+
+
+def arms(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """Per arm: its runs, mid-run breaks, never-learned runs and mean final loss; and arm A's holders and breakers
+    apart (a holder that never broke may still end far above the other arms)."""
+    out = {}
+    for arm in sorted({r["arm"] for r in rows}):
+        mine = [r for r in rows if r["arm"] == arm]
+        out[arm] = {"runs": len(mine), "breaks": sum(_broke(r) for r in mine),
+                    "never_learned": sum(not _learned(r) for r in mine), "loss": mean_loss(mine)}
+    learned = _a_runs(rows)
+    out["A holders"] = {"runs": sum(not _broke(r) for r in learned), "loss": mean_loss([r for r in learned if not _broke(r)])}
+    out["A breakers"] = {"runs": sum(_broke(r) for r in learned), "loss": mean_loss([r for r in learned if _broke(r)])}
+    return out
 
 
 def separation(rows: Sequence[dict[str, Any]], ladder=LADDER) -> list[dict[str, Any]]:
@@ -134,7 +161,8 @@ def judge(rows: Sequence[dict[str, Any]], level: float = LEVEL) -> dict[str, Any
     fa = false_alarms(rows, level)
     out: dict[str, Any] = {"level": level, "sensitivity": sensitivity(rows, level), "false_alarms": fa,
                            "separation": separation(rows), "never_learned": sum(not _learned(r) for r in rows
-                                                                                 if r["arm"] == "A")}
+                                                                                 if r["arm"] == "A"),
+                           "arms": arms(rows)}
     out["false_alarm_cost"] = paired.paired_t(_losses(rows, "C", set(fa["seeds"])), _losses(rows, "A", set(fa["seeds"])))
     out["C_vs_B"] = paired.equivalence(_losses(rows, "C"), _losses(rows, "B"), MARGIN)
     out["F_vs_C"] = paired.paired_t(_losses(rows, "F"), _losses(rows, "C"))

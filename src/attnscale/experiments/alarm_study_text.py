@@ -35,7 +35,9 @@ def format_result(result: dict[str, Any]) -> str:
              f"{len(result['seeds']['A'])} seeds), level {result['level']:g}:"]
     for dating, s in result["sensitivity"].items():
         lines.append(f"  sensitivity ({dating} dating): {share_text(s)}")
-    lines.append(f"  false-alarm share among holders: {share_text(result['false_alarms'])}")
+    fa = result["false_alarms"]
+    lines.append(f"  false-alarm share among holders: {share_text(fa)}"
+                 + (f", the alarm at step {fa['median_step']:,.0f} (median)" if fa.get("median_step") is not None else ""))
     cost = result["false_alarm_cost"]
     lines.append(f"  cost of a false alarm, C − A: {paired.estimate_text(cost['diff'], cost['se'], cost['n'], cost['interval'], signed=True)} nats")
     eq = result["C_vs_B"]
@@ -48,5 +50,10 @@ def format_result(result: dict[str, Any]) -> str:
     lines.append(f"  E (qk-norm) − {e['against']}: {paired.estimate_text(e['diff'], e['se'], e['n'], e['interval'], signed=True)} nats")
     sep = [f"{s['level']:g}" for s in result["separation"] if s["separates"]]
     lines.append(f"  levels that separate breakers from holders: {', '.join(sep) or 'none'}")
+    lines.append("  final held-out loss by arm (mean [95% t]; runs, mid-run breaks, never learned):")
+    for arm, a in result.get("arms", {}).items():
+        loss = a["loss"]
+        counts = f"{a['runs']} run{'s' if a['runs'] != 1 else ''}" + (f", {a['breaks']} broke, {a['never_learned']} never learned" if "breaks" in a else "")
+        lines.append(f"    {arm:<10} {paired.estimate_text(loss['mean'], loss['se'], loss['n'], loss['interval'])} ({counts})")
     lines.append(f"decision: {result['decision']}")
     return "\n".join(lines)
