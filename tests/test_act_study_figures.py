@@ -171,13 +171,11 @@ def test_the_seed_as_unit_re_read_in_the_doc_re_derives_by_hand():
 
 
 def test_the_advice_reads_its_false_alarm_share_from_the_warn_study():
-    """README, docs/watch.md and default_alerts say the alarm fired in 22 of 22 held runs at 8e-2, Wilson [85%, 100%]:
-    counted here from docs/warn-study.json's cells, the interval by hand (0 misses: lower end n / (n + z²))."""
-    import inspect
+    """docs/watch.md says the alarm fired in 22 of 22 held runs at 8e-2, Wilson [85%, 100%]: counted here from
+    docs/warn-study.json's cells, the interval by hand (0 misses: lower end n / (n + z²)). (README and
+    default_alerts quote the alarm study's share, where some runs hold: tests/experiments/test_alarm_study.py.)"""
     import math
     from pathlib import Path
-
-    from attnscale.watch import alerts
 
     root = Path(__file__).resolve().parents[1]
     cells = json.loads((root / "docs" / "warn-study.json").read_text())["recipe"]["cells"]
@@ -187,7 +185,5 @@ def test_the_advice_reads_its_false_alarm_share_from_the_warn_study():
     assert (fired, held) == (22, 22)
     lower = held / (held + 1.959964 ** 2)
     assert f"{math.floor(lower * 100)}%" == "85%"
-    for text in ((root / "README.md").read_text(), (root / "docs" / "watch.md").read_text(),
-                 inspect.getdoc(alerts.default_alerts)):
-        flat = " ".join(text.split())
-        assert "22 of 22" in flat and ("[85%, 100%]" in flat), text[:80]
+    flat = " ".join((root / "docs" / "watch.md").read_text().split())
+    assert "22 of 22" in flat and "[85%, 100%]" in flat

@@ -156,3 +156,22 @@ def test_the_published_alarm_block_re_derives_from_its_series_and_the_doc_quotes
     if eq["interval_90"] is not None:
         assert "[{:+.4f}, {:+.4f}]".format(*eq["interval_90"]) in doc
     assert f"**{published['decision']}**" in doc
+    # the advice quotes the false-alarm share, with its Wilson interval counted here (all fired: lower end
+    # n / (n + z²)), and the decision, in README, docs/watch.md and default_alerts
+    import inspect
+    import math
+
+    from attnscale.watch import alerts
+
+    fa, arms = published["false_alarms"], published["arms"]
+    assert fa["k"] == fa["n"] == arms["A holders"]["runs"]  # every holder: the share's interval by hand below
+    lower = fa["n"] / (fa["n"] + 1.959964 ** 2)
+    quoted = f"{fa['k']} of {fa['n']}"
+    fc, ef = published["F_vs_C"], published["E_vs_best"]
+    rounded = (f"{-fc['diff']:.2f} nats below", f"{-ef['diff']:.3f} below that")
+    whole = tuple(paired.estimate_text(e["diff"], e["se"], e["n"], e["interval"], signed=True) for e in (fc, ef))
+    for text, said in ((doc_text(docs.parent, "README.md"), rounded), (doc_text(docs, "watch.md"), whole),
+                       (" ".join(inspect.getdoc(alerts.default_alerts).split()), rounded)):
+        assert quoted in text and f"[{math.floor(lower * 100 + 0.5)}%, 100%]" in text, text[:60]
+        assert all(x in text for x in said), (said, text[:60])
+    assert f"{arms['A']['breaks']} of {arms['A']['runs']} runs without action broke" in doc_text(docs.parent, "README.md")

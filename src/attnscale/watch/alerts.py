@@ -236,10 +236,12 @@ def default_alerts(action: str | Callable[[Firing], None] = "warn") -> tuple[Ale
     study every learned run of that regime without an action broke, and with qk-norm no run went past 1e2
     (docs/warn-study.md, its re-read). Acting on the alarm, ``MaxScore(tau=1e4, action=ClipQK(100))``,
     stopped all 27 breaks of the act study's 32 paired seeds but changes the weights the user trains and ended
-    0.16-0.23 nats above qk-norm (docs/act-study.md): a choice to make knowingly, not a default. It was
-    equivalent to QK-Clip from step 0 (within 0.02 nats, 16 seeds), and it fired in 22 of 22 runs that held at
-    8e-2 (warn study; Wilson [85%, 100%]). Tried on one model only: d_model 64, AdamW, rates 6e-2 to 9e-2, 1,500
-    and 3,000 steps (docs/watch.md); Muon and a wider model are the learning-rate study's (docs/lr-study.md)."""
+    0.16-0.23 nats above qk-norm (docs/act-study.md): a choice to make knowingly, not a default. Where some runs
+    hold (5.48e-2, docs/alarm-study.md) the alarm fired in every run, in the 47 of 47 that held too (Wilson
+    [92%, 100%]): it marks the rate, not the run. There, halving the rate ended 0.10 nats below acting on the
+    alarm, qk-norm 0.009 below that, and acting on the alarm 0.018 above QK-Clip from step 0. So: qk-norm where
+    you can, else a lower rate. Tried on one model only: d_model 64, AdamW, rates 5e-3 to 1.6e-1, 1,500 and 3,000
+    steps (docs/watch.md); Muon and a wider model are the learning-rate study's later blocks (docs/lr-study.md)."""
     return (NonFinite(action),)
 
 
