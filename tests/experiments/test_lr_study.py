@@ -203,3 +203,20 @@ def test_the_published_sensitivity_block_re_derives_from_its_series():
     first = next(g for g in published["groups"] if (g["optimizer"], g["d_model"]) == ("adamw", 64))
     for t in ("qk-norm", "none"):  # the watch page's advice quotes block 1's LR sensitivity
         assert mean_text(first["curves"][t]["sensitivity"]) in watch, t
+
+
+def test_block_2_refuses_a_muon_pilot_that_has_not_finished(tmp_path, monkeypatch, capsys):
+    """A grid read off part of the pilot could miss its r1 (the low rates finish first, all of them held): block 2
+    takes its grid only from the whole pilot, 16 runs, and says how to finish it."""
+    from attnscale.cli import main
+
+    def row(lr, treatment):
+        return {"lr": lr, "treatment": treatment, "outcome": {"learned_at": 300, "break_step": None}}
+
+    part = [row(lr, t) for lr in ls.MUON_PILOT_LRS[:5] for t in ("none", "qk-norm")]
+    monkeypatch.setattr(ls, "read_rows", lambda folders, group=None: part)
+    (tmp_path / "pilot").mkdir()
+    assert main(["lr-study", "--block", "2", "--from", str(tmp_path / "pilot"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "has 10 of its 16 runs finished; finish it first: attnscale lr-study --muon-pilot" in err[0]
+    assert not (tmp_path / "out").exists()

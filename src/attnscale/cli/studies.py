@@ -47,8 +47,12 @@ def _lr_config(args):
             raise UsageError(f"--from: {str(args.grid_from)!r} is not a folder")
         if args.block == 2:
             got = ls.read_rows([args.grid_from], ls.PILOT_GROUP)
-            if not got:
-                raise ConfigError(f"--from: no finished Muon pilot runs in {args.grid_from}")
+            want = {(t, lr) for t in ("none", "qk-norm") for lr in ls.MUON_PILOT_LRS}
+            have = {(r["treatment"], r["lr"]) for r in got}
+            if not want <= have:  # a grid read off part of the pilot could miss its r1
+                raise ConfigError(f"--from: the Muon pilot in {args.grid_from} has {len(want & have)} of its {len(want)} "
+                                  f"runs finished; finish it first: attnscale lr-study --muon-pilot --out "
+                                  f"{args.grid_from}")
             lrs = ls.muon_grid(got)["lrs"]
         else:
             lrs = ls.narrowed(ls.read_rows([args.grid_from]), ls.BLOCKS[args.block][0])
