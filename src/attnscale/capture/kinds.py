@@ -1,9 +1,9 @@
 """Which heads of one attention call are sink heads and which previous-token heads (``core/head_kinds.py``'s rule),
 read from the call's weights a block of rows at a time, as ``reduce.py`` reads its measures.
 
-The watch reads them once, on its first probe (the baseline record's ``kinds``): a trained model's sink and
-previous-token heads sit under 2 effective words from the start, and the page marks them so that a reader can
-tell them from a collapse.
+The watch reads them once, on its first probe (the baseline record's ``kinds``): a trained model's heads with
+the fewest effective words are among them (on SmolLM2-135M every head under 2 words), and the page marks them so
+that a reader can tell them from a collapse.
 """
 
 from __future__ import annotations

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import torch
 
+from attnscale.core.diagnostics import counted_rows
+
 __all__ = ["SHARE", "HeadKinds", "kind_sums", "kinds_of"]
 
 SHARE = 0.5
@@ -28,14 +30,14 @@ def kind_sums(pattern_BHRS: torch.Tensor, visible_BHRS: torch.Tensor, rows: torc
     """3 × H float64: per head, the sums over the block's rows that see two keys or more of the weight on the
     first key the row sees and on the key just before the row's own token, and the count of those rows.
     ``rows``: the block's query rows' indices in the call (R,; all of them where None), ``k0`` its first key's,
-    ``offset`` where query row i is key i + offset (the call's keys less its queries: a cache; R - S of the
+    ``offset`` where query row i is key i + offset (the call's keys less its queries: a cache; S - R of the
     block where None). Every key a row sees must be in the block."""
     visible = visible_BHRS.expand_as(pattern_BHRS)
     R, S = pattern_BHRS.shape[-2:]
     if rows is None:
         rows = torch.arange(R, device=pattern_BHRS.device)
     offset = S - R if offset is None else offset
-    counted = visible.sum(-1) >= 2  # B×H×R
+    counted = counted_rows(visible)  # B×H×R: the rows that see two keys or more, as every row measure counts them
     first = pattern_BHRS.gather(-1, visible.int().argmax(-1, keepdim=True)).squeeze(-1)  # the first key seen
     j = rows.to(pattern_BHRS.device) + offset - 1 - k0  # the previous key, in the block's keys
     inside = (j >= 0) & (j < S)
