@@ -180,7 +180,7 @@ def resumes(saved: Mapping, plan: dict, names: list[str], resume_actions: str) -
 def in_force(saved: Mapping | None) -> str:
     """What a saved watch's actions had in force, in words ("" for nothing): said where it ends."""
     acting, clip = (saved or {}).get("acting") or {}, (saved or {}).get("clip")
-    said = [acting_in_force(acting)] if acting_in_force(acting) else []
+    said = [text for text in (acting_in_force(acting),) if text]  # computed once: "" where nothing is in force
     if clip is not None and clip.get("since") is not None:
         said.append(f"QK-Clip at tau {clip['tau']:g} since step {clip['since']}")
     return "; ".join(said)
