@@ -220,3 +220,106 @@ def test_block_2_refuses_a_muon_pilot_that_has_not_finished(tmp_path, monkeypatc
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "has 10 of its 16 runs finished; finish it first: attnscale lr-study --muon-pilot" in err[0]
     assert not (tmp_path / "out").exists()
+
+
+def _curve_rows(optimizer, lrs, treatment, losses, failed=(), seeds=ls.SEEDS):
+    """Width-64 rows of one treatment: loss ``losses[i]`` at ``lrs[i]`` on every seed; a rate in ``failed`` never learnt."""
+    return [{"optimizer": optimizer, "d_model": 64, "lr": lr, "treatment": treatment, "seed": s,
+             "valid_loss": None if lr in failed else loss,
+             "outcome": {"learned_at": None if lr in failed else 100, "break_step": None}}
+            for lr, loss in zip(lrs, losses) for s in seeds]
+
+
+@pytest.mark.parametrize("qk_losses, none_failed, want", [
+    # best qk-norm rate inside the grid (4e-2): it and one rung each side; none fails at 8e-2, one of the three
+    ((1.60, 1.55, 1.52, 1.50, 1.53, 1.58), (8e-2, 1.6e-1), (2e-2, 4e-2, 8e-2)),
+    # the same, but none fails only above the three: 1.6e-1 is added
+    ((1.60, 1.55, 1.52, 1.50, 1.53, 1.58), (1.6e-1,), (2e-2, 4e-2, 8e-2, 1.6e-1)),
+    # block 1 as it ran: qk-norm best at the lowest rate, so the three at that end; none failed at none of them,
+    # so the next rate up is added
+    ((1.520, 1.527, 1.535, 1.542, 1.597, 1.659), (8e-2, 1.6e-1), (5e-3, 1e-2, 2e-2, 4e-2)),
+    # best at the top of the grid: the three at that end, nothing above them to add
+    ((1.70, 1.65, 1.60, 1.55, 1.52, 1.50), (), (4e-2, 8e-2, 1.6e-1)),
+])
+def test_narrowed_takes_three_rates_round_the_qk_norm_best_and_the_next_up_where_none_held(qk_losses, none_failed, want):
+    none_losses = [1.6] * 6
+    rows = (_curve_rows("adamw", ls.ADAMW_LRS, "qk-norm", qk_losses)
+            + _curve_rows("adamw", ls.ADAMW_LRS, "none", none_losses, failed=none_failed)
+            + _curve_rows("muon", ls.ADAMW_LRS, "qk-norm", qk_losses[::-1]))  # another optimizer: not read
+    assert ls.narrowed(rows, "adamw") == pytest.approx(want)
+
+
+def test_narrowed_reads_a_break_as_a_failure():
+    rows = _curve_rows("adamw", ls.ADAMW_LRS, "qk-norm", (1.52, 1.53, 1.54, 1.55, 1.60, 1.66))
+    rows += _curve_rows("adamw", ls.ADAMW_LRS, "none", [1.6] * 6)
+    for r in rows:
+        if r["treatment"] == "none" and r["lr"] == 2e-2 and r["seed"] == 1:  # one seed broke at 2e-2
+            r["outcome"] = {"learned_at": 100, "break_step": 1500}
+    assert ls.narrowed(rows, "adamw") == pytest.approx((5e-3, 1e-2, 2e-2))
+
+
+@pytest.mark.parametrize("cut", ["seed", "rate", "treatment", "empty"])
+def test_narrowed_refuses_part_of_a_block(cut):
+    """The low rates of the first seeds finish first: a grid narrowed from part of a block could centre on the wrong
+    rate, so the wider blocks take it only from a width-64 block whose none and qk-norm runs are all finished."""
+    full = (_curve_rows("muon", ls.ADAMW_LRS, "qk-norm", (1.60, 1.55, 1.52, 1.50, 1.53, 1.58))
+            + _curve_rows("muon", ls.ADAMW_LRS, "none", [1.6] * 6))
+    part = {"seed": [r for r in full if r["seed"] != 2],
+            "rate": [r for r in full if r["lr"] != 1.6e-1],
+            "treatment": [r for r in full if r["treatment"] != "none"],
+            "empty": []}[cut]
+    with pytest.raises(ConfigError, match=r"finished; finish block 2 first"):
+        ls.narrowed(part, "muon")
+
+
+@pytest.mark.parametrize("whole", [True, False])
+def test_block_3_takes_its_rates_from_a_whole_block_1(whole, tmp_path, monkeypatch, capsys):
+    """``--block 3 --from`` trains the rates ``narrowed`` gives, and refuses part of block 1 in one line, training
+    nothing."""
+    from attnscale.cli import main
+
+    rows = (_curve_rows("adamw", ls.ADAMW_LRS, "qk-norm", (1.520, 1.527, 1.535, 1.542, 1.597, 1.659))
+            + _curve_rows("adamw", ls.ADAMW_LRS, "none", [1.6] * 6, failed=(8e-2, 1.6e-1)))
+    if not whole:
+        rows = [r for r in rows if r["seed"] != 2]
+    monkeypatch.setattr(ls, "read_rows", lambda folders, group=None: rows)
+    trained = []
+    monkeypatch.setattr(ls, "run_block", lambda cfg, out, jobs=1, progress=True: trained.append(cfg) or [])
+    (tmp_path / "w64").mkdir()
+    code = main(["lr-study", "--block", "3", "--from", str(tmp_path / "w64"), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err.strip().splitlines()
+    if whole:
+        assert code == 0 and len(trained) == 1
+        assert trained[0].lrs == pytest.approx((5e-3, 1e-2, 2e-2, 4e-2)) and trained[0].d_model == 256
+    else:
+        assert code == 2 and not trained and len(err) == 1
+        assert "has 24 of its 36 none and qk-norm runs finished; finish block 1 first" in err[0]
+
+
+def test_publish_carries_the_muon_pilot_and_re_derives_its_grid(smoke_block, tmp_path):
+    """Published with the pilot's folder, the block holds the pilot's runs and the grid ``muon_grid`` reads off them,
+    the series holds the pilot's runs marked, and the block re-derives from the series alone."""
+    import json
+
+    from attnscale.cli import main
+    from attnscale.experiments import publish
+    from attnscale.experiments.lr_study_text import format_result
+
+    out, _ = smoke_block
+    pilot_dir = tmp_path / "pilot"
+    pilot = ls.run_muon_pilot(ls.muon_pilot_config("smoke"), pilot_dir, progress=False)
+    studies, series = tmp_path / "studies.json", tmp_path / "lr.json.gz"
+    assert main(["lr-study", "--publish", str(out), str(pilot_dir), "--json-out", str(studies),
+                 "--series", str(series)]) == 0
+    got = json.loads(studies.read_text())["sensitivity"]
+    p = got["muon_pilot"]
+    assert p["seed"] == ls.PILOT_SEED and p["whole"] is False  # the smoke pilot trains 2 of the 8 rates
+    assert len(p["runs"]) == len(pilot["rows"]) == 4
+    assert {(r["treatment"], r["lr"], r["valid_loss"]) for r in p["runs"]} == {
+        (r["treatment"], r["lr"], r["valid_loss"]) for r in pilot["rows"]}
+    assert p["grid"] == json.loads(json.dumps(pilot["grid"]))
+    data = publish.read_series(series, "lr")
+    assert sum(bool(r.get("pilot")) for r in data["runs"]) == 4
+    assert json.loads(json.dumps(ls.block_from_series(data, got["command"]))) == got
+    text = format_result(got)
+    assert "Muon pilot, seed 100 (interim" in text and "r1 = " in text

@@ -55,7 +55,8 @@ def _lr_config(args):
                                   f"{args.grid_from}")
             lrs = ls.muon_grid(got)["lrs"]
         else:
-            lrs = ls.narrowed(ls.read_rows([args.grid_from]), ls.BLOCKS[args.block][0])
+            smoke = ls.preset(1, size)
+            lrs = ls.narrowed(ls.read_rows([args.grid_from]), ls.BLOCKS[args.block][0], smoke.seeds, len(smoke.lrs))
     elif lrs is not None and args.block == 1 and not args.quick:
         raise UsageError("block 1's grid is fixed (docs/lr-study.md): drop --lrs")
     return ls.preset(args.block, size, lrs=lrs)

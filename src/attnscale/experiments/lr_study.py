@@ -246,21 +246,28 @@ def muon_grid(pilot_rows: list[dict[str, Any]], ladder: tuple[float, ...] = MUON
             "why": "the lowest rate whose none run broke mid-run or never learnt, as the grid's fifth"}
 
 
-def narrowed(width64_rows: list[dict[str, Any]], optimizer: str) -> tuple[float, ...]:
+def narrowed(width64_rows: list[dict[str, Any]], optimizer: str, seeds: tuple[int, ...] = SEEDS,
+             rates: int = len(ADAMW_LRS)) -> tuple[float, ...]:
     """The wider model's rates, by the rule fixed before block 1 (docs/lr-study.md): three consecutive rates of the
     width-64 grid centred on the width-64 ``qk-norm`` curve's best rate (at an end of the grid, the three at that
     end), and the next rate up where the width-64 ``none`` curve failed (a mid-run break or never learnt) at none
-    of the three."""
+    of the three. Read only off a whole block: ``none`` and ``qk-norm`` finished at ``rates`` rates on every seed
+    of ``seeds`` (a block's low rates and first seeds finish first, and a part could centre on the wrong rate)."""
     from attnscale.analysis import sensitivity
 
     mine = [r for r in width64_rows if r["optimizer"] == optimizer and r["d_model"] == 64]
-    qk = [r for r in mine if r["treatment"] == "qk-norm"]
-    if not qk:
-        raise ConfigError(f"no finished width-64 qk-norm runs under {optimizer}: finish its block first")
     grid = sorted({r["lr"] for r in mine})
+    have = {(r["treatment"], r["lr"], r["seed"]) for r in mine}
+    want = {(t, lr, s) for t in ("none", "qk-norm") for lr in grid for s in seeds}
+    if len(grid) != rates or not want <= have:
+        n = len({k for k in have if k[0] in ("none", "qk-norm") and k[2] in seeds})
+        first = 1 if optimizer == "adamw" else 2
+        raise ConfigError(f"the width-64 {optimizer} block has {n} of its {2 * rates * len(seeds)} none and qk-norm "
+                          f"runs finished; finish block {first} first (attnscale lr-study --block {first} ...)")
+    qk = [r for r in mine if r["treatment"] == "qk-norm"]
     best = sensitivity.curve(qk, act_study.FLOOR)["best_lr"]
     i = min(max(grid.index(best), 1), len(grid) - 2)
-    three = grid[i - 1:i + 2]
+    three = grid[max(i - 1, 0):i + 2]
     failed = {r["lr"] for r in mine if r["treatment"] == "none"
               and (r["outcome"]["learned_at"] is None or r["outcome"]["break_step"] is not None)}
     if not failed & set(three) and grid.index(three[-1]) + 1 < len(grid):
@@ -285,41 +292,52 @@ def read_rows(folders, group: str = GROUP) -> list[dict[str, Any]]:
 
 
 SERIES_KEYS = ("run_id", "optimizer", "d_model", "lr", "treatment", "seed", "same_as", "steps", "losses", "probes",
-               "outcome", "valid_loss", "alarm_step", "action_steps", "code")
+               "outcome", "valid_loss", "alarm_step", "action_steps", "code", "pilot")
 
 
-def block(got: list[dict[str, Any]], command: str | None = None) -> dict[str, Any]:
+def pilot_block(pilot: list[dict[str, Any]]) -> dict[str, Any]:
+    """The Muon pilot as published: each run's held-out loss and outcome, whether all 16 finished, and the grid
+    ``muon_grid`` reads off them (the grid block 2 trained on only where the pilot is whole)."""
+    runs = [{"treatment": r["treatment"], "lr": r["lr"], "valid_loss": r["valid_loss"],
+             "learned_at": r["outcome"]["learned_at"], "break_step": r["outcome"]["break_step"]}
+            for r in sorted(pilot, key=lambda r: (r["treatment"], r["lr"]))]
+    whole = {(t, lr) for t in ("none", "qk-norm") for lr in MUON_PILOT_LRS} <= {(r["treatment"], r["lr"]) for r in pilot}
+    return {"seed": PILOT_SEED, "whole": whole, "runs": runs, "grid": muon_grid(pilot)}
+
+
+def block(got: list[dict[str, Any]], command: str | None = None,
+          pilot: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The JSON block "sensitivity" (docs/lr-study.md): ``analysis.sensitivity.judge`` of the rows with their
-    alarm-clip rows read in, every group labelled interim unless it has all of ``SEEDS`` at every rate."""
+    alarm-clip rows read in, every group labelled interim unless it has all of ``SEEDS`` at every rate; with the Muon
+    pilot's runs (``pilot_block``) where given."""
     from attnscale.analysis import sensitivity
 
     judged = sensitivity.judge(with_alarm_rows(got), act_study.FLOOR)
     for g in judged["groups"]:
         g["interim"] = any(tuple(c["seeds"]) != SEEDS for c in g["curves"].values())
-    return {"command": command, "level": LEVEL, "tau": TAU, "steps": STEPS, **judged}
+    out = {"command": command, "level": LEVEL, "tau": TAU, "steps": STEPS, **judged}
+    return out | ({"muon_pilot": pilot_block(pilot)} if pilot else {})
 
 
 def publish(folders, json_out: Path | None, series: Path | None, command: str | None = None) -> dict[str, Any]:
-    """The block from the finished runs in ``folders``, written into the studies' JSON ``json_out`` (key
-    "sensitivity") and every run's series into ``series``; both checked before anything is written."""
+    """The block from the finished runs in ``folders`` (the study's, and the Muon pilot's wherever one of them holds
+    it), written into the studies' JSON ``json_out`` (key "sensitivity") and every run's series into ``series``,
+    the pilot's runs marked; both checked before anything is written."""
     from attnscale.experiments import publish as pub
 
     pub.check_targets(json_out, series, "lr-study")
     got = read_rows(folders)
     if not got:
         raise ConfigError(f"no finished lr-study runs in {', '.join(map(str, folders))}")
-    out = block(got, command)
-    pub.publish(json_out, "sensitivity", out, series, "lr", [{k: r.get(k) for k in SERIES_KEYS} for r in got],
+    pilot = [{**r, "pilot": True} for r in read_rows(folders, PILOT_GROUP)]
+    out = block(got, command, pilot)
+    pub.publish(json_out, "sensitivity", out, series, "lr", [{k: r.get(k) for k in SERIES_KEYS} for r in pilot + got],
                 {"floor": act_study.FLOOR, "learned_level": act_study.LEARNED_LEVEL, "level": LEVEL})
     return {"publish": True, **out}
 
 
 def block_from_series(data: dict[str, Any], command: str | None = None) -> dict[str, Any]:
     """The "sensitivity" block again from a series file's contents alone: each run's outcome judged again from its
-    losses and held-out loss, then ``block``."""
-    got = []
-    for r in data["runs"]:
-        row = dict(r)
-        row["outcome"] = outcome_of(row)
-        got.append(row)
-    return block(got, command)
+    losses and held-out loss, then ``block``, the runs marked ``pilot`` read as the Muon pilot."""
+    got = [{**r, "outcome": outcome_of(r)} for r in data["runs"]]
+    return block([r for r in got if not r.get("pilot")], command, [r for r in got if r.get("pilot")])

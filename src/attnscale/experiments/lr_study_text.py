@@ -57,4 +57,26 @@ def format_result(result: dict[str, Any]) -> str:
     lines = []
     for g in result["groups"]:
         lines += _group(g) + [""]
+    if result.get("muon_pilot"):
+        lines += _pilot(result["muon_pilot"])
     return "\n".join(lines).rstrip() or "no finished runs"
+
+
+def _pilot(p: dict[str, Any]) -> list[str]:
+    """The Muon pilot's held-out loss at each rate (b: broke mid-run at that step, n: never learned) and its grid."""
+    from attnscale.terminal import table
+
+    def cell(r):
+        loss = "—" if r["valid_loss"] is None else f"{r['valid_loss']:.3f}"
+        return loss + (" n" if r["learned_at"] is None else "" if r["break_step"] is None else f" b{r['break_step']}")
+
+    lrs = sorted({r["lr"] for r in p["runs"]})
+    at = {(r["treatment"], r["lr"]): r for r in p["runs"]}
+    per = [[t] + [cell(at[t, lr]) if (t, lr) in at else "—" for lr in lrs]
+           for t in sorted({r["treatment"] for r in p["runs"]}, key=lambda t: t != "none")]
+    g = p["grid"]
+    r1 = "none" if g["r1"] is None else f"{g['r1']:g}"
+    return ([f"Muon pilot, seed {p['seed']} ({'whole' if p['whole'] else 'interim: not every run finished'})"]
+            + table(("held-out loss (b: broke at, n: never learned)", *[f"{lr:g}" for lr in lrs]), per,
+                    "<" + ">" * len(lrs))
+            + [f"r1 = {r1}; Muon's grid: {', '.join(f'{x:g}' for x in g['lrs'])}"])
