@@ -100,9 +100,15 @@ def test_config_refuses_hostile_values(change, match):
         dataclasses.replace(ls.preset(1), **change)
 
 
-@pytest.mark.parametrize("kwargs, match", [({"block": 5}, "blocks 1 to 4"), ({"block": 0}, "blocks 1 to 4"),
-                                           ({"size": "huge"}, "size"), ({"block": 2}, "Muon pilot"),
-                                           ({"block": 3}, "earlier block")])
+@pytest.mark.parametrize("kwargs, match", [
+    ({"block": 6}, "blocks 1 to 5"), ({"block": 0}, "blocks 1 to 5"), ({"block": True}, "blocks 1 to 5"),
+    ({"block": [1]}, "blocks 1 to 5"), ({"size": "huge"}, "size"), ({"block": 2}, "Muon pilot"),
+    ({"block": 3}, "earlier block"), ({"block": 5, "lrs": (1e-2,)}, "name one of adamw, muon, got None"),
+    ({"block": 5, "lrs": (1e-2,), "optimizer": "sgd"}, "name one"),
+    ({"block": 5, "lrs": (1e-2,), "optimizer": ""}, "name one"),
+    ({"block": 5, "lrs": (1e-2,), "optimizer": str}, "name one"),
+    ({"block": 1, "optimizer": "muon"}, "block 1 trains under adamw only"),
+    ({"block": 5, "optimizer": "muon"}, "earlier block")])
 def test_preset_refusals(kwargs, match):
     with pytest.raises(ConfigError, match=match):
         ls.preset(**kwargs)
@@ -323,3 +329,57 @@ def test_publish_carries_the_muon_pilot_and_re_derives_its_grid(smoke_block, tmp
     assert json.loads(json.dumps(ls.block_from_series(data, got["command"]))) == got
     text = format_result(got)
     assert "Muon pilot, seed 100 (interim" in text and "r1 = " in text
+
+
+def _whole_width64(optimizer, lrs):
+    return (_curve_rows(optimizer, lrs, "qk-norm", (1.52, 1.53, 1.54, 1.55, 1.60, 1.66))
+            + _curve_rows(optimizer, lrs, "none", [1.6] * 6, failed=lrs[-2:]))
+
+
+MUON_LRS = (2.5e-3, 5e-3, 1e-2, 2e-2, 4e-2, 8e-2)
+
+
+def test_block_5_is_z_loss_alone_on_each_width_64_grid():
+    """Block 5 trains z-loss (1e-4, no qk-norm, no action) at width 64 under AdamW on block 1's grid, then under Muon
+    on block 2's, seeds 0-2: its curve sits beside the other treatments rate for rate and seed for seed."""
+    adamw, muon = ls.z_loss_configs(_whole_width64("adamw", ls.ADAMW_LRS) + _whole_width64("muon", MUON_LRS))
+    assert (adamw.optimizer, muon.optimizer) == ("adamw", "muon")
+    assert adamw.lrs == pytest.approx(ls.ADAMW_LRS) and muon.lrs == pytest.approx(MUON_LRS)
+    for cfg in (adamw, muon):
+        assert cfg.treatments == ("z-loss",) and cfg.d_model == 64 and cfg.seeds == ls.SEEDS
+        specs = ls.block_specs(cfg, 99)
+        assert len(specs) == 18 and not ls.alarm_specs(cfg, 99, [])
+        assert {s.train.z_loss for s in specs} == {1e-4} and {s.model.scale for s in specs} == {"inv_sqrt_d"}
+        assert all(s.watch is None for s in specs)
+    assert {s.train.optimizer for s in ls.block_specs(muon, 99)} == {"muon"}
+    # the AdamW z-loss run is the none run of its rate and seed but for the z-loss
+    none = ls._spec(ls.preset(1), 99, "lr", ls.GROUP, "none", 1e-2, 1)
+    z = ls._spec(adamw, 99, "lr", ls.GROUP, "z-loss", 1e-2, 1)
+    assert z.model == none.model and dataclasses.replace(z.train, z_loss=0.0) == none.train
+
+
+def test_block_5_refuses_until_block_2_is_whole():
+    part = _whole_width64("adamw", ls.ADAMW_LRS) + [r for r in _whole_width64("muon", MUON_LRS) if r["seed"] == 0]
+    with pytest.raises(ConfigError, match="the width-64 muon block has 12 of its 36 none and qk-norm runs finished; "
+                                          "finish block 2 first"):
+        ls.z_loss_configs(part)
+
+
+@pytest.mark.parametrize("argv, code, message", [
+    ([], 2, "give --from their folder"), (["--lrs", "0.01"], 2, "give --from their folder"),
+    (["--from", "FROM"], 0, None)])
+def test_block_5_on_the_command_line(argv, code, message, tmp_path, monkeypatch, capsys):
+    from attnscale.cli import main
+
+    rows = _whole_width64("adamw", ls.ADAMW_LRS) + _whole_width64("muon", MUON_LRS)
+    monkeypatch.setattr(ls, "read_rows", lambda folders, group=None: rows)
+    trained = []
+    monkeypatch.setattr(ls, "run_block", lambda cfg, out, jobs=1, progress=True: trained.append(cfg) or [])
+    (tmp_path / "FROM").mkdir()
+    argv = [str(tmp_path / a) if a == "FROM" else a for a in argv]
+    assert main(["lr-study", "--block", "5", "--out", str(tmp_path / "out"), *argv]) == code
+    err = capsys.readouterr().err.strip().splitlines()
+    if message:
+        assert len(err) == 1 and message in err[0] and not trained
+    else:
+        assert [(c.optimizer, c.treatments) for c in trained] == [("adamw", ("z-loss",)), ("muon", ("z-loss",))]

@@ -38,6 +38,12 @@ def _lr_config(args):
             raise UsageError("the Muon pilot has its own rates: drop --lrs and --from")
         return ls.muon_pilot_config(size)
     lrs = tuple(args.lrs) if args.lrs else None
+    if args.block == 5:  # z-loss under each optimizer, on the grids of blocks 1 and 2
+        if lrs is not None or args.grid_from is None:
+            raise UsageError("block 5 trains on the grids of blocks 1 and 2: give --from their folder, not --lrs")
+        if not args.grid_from.is_dir():
+            raise UsageError(f"--from: {str(args.grid_from)!r} is not a folder")
+        return ls.z_loss_configs(ls.read_rows([args.grid_from]), size)
     if args.grid_from is not None:
         if lrs is not None:
             raise UsageError("give --lrs or --from, not both")
@@ -55,8 +61,7 @@ def _lr_config(args):
                                   f"{args.grid_from}")
             lrs = ls.muon_grid(got)["lrs"]
         else:
-            smoke = ls.preset(1, size)
-            lrs = ls.narrowed(ls.read_rows([args.grid_from]), ls.BLOCKS[args.block][0], smoke.seeds, len(smoke.lrs))
+            lrs = ls.narrowed(ls.read_rows([args.grid_from]), ls.BLOCKS[args.block][0], size)
     elif lrs is not None and args.block == 1 and not args.quick:
         raise UsageError("block 1's grid is fixed (docs/lr-study.md): drop --lrs")
     return ls.preset(args.block, size, lrs=lrs)
@@ -70,7 +75,7 @@ def _lr(cfg, out, args):
         return ls.publish(args.publish, args.json_out, args.series, command)
     if args.muon_pilot:
         return ls.run_muon_pilot(cfg, out, jobs=args.jobs)
-    return {"rows": ls.run_block(cfg, out, jobs=args.jobs)}
+    return {"rows": [r for c in (cfg if isinstance(cfg, list) else [cfg]) for r in ls.run_block(c, out, jobs=args.jobs)]}
 
 
 def _lr_table(result) -> str:
@@ -105,14 +110,15 @@ def add_lr_study(sub) -> None:
     p = sub.add_parser("lr-study", help="learning-rate sensitivity of qk-norm, QK-Clip and the alarm under AdamW and "
                                         "Muon (docs/lr-study.md)")
     mode = p.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--block", type=int, choices=[1, 2, 3, 4],
+    mode.add_argument("--block", type=int, choices=[1, 2, 3, 4, 5],
                       help="train a declared block: 1 AdamW width 64; 2 Muon width 64 (--from the Muon pilot); "
-                           "3 and 4 AdamW and Muon at d_model 256 (--from the folder of block 1 or 2)")
+                           "3 and 4 AdamW and Muon at d_model 256 (--from the folder of block 1 or 2); 5 z-loss "
+                           "at width 64 under both (--from the folder of blocks 1 and 2)")
     mode.add_argument("--muon-pilot", action="store_true", help="the Muon pilot: it fixes Muon's grid")
     mode.add_argument("--publish", type=Path, nargs="+", metavar="RUNS_DIR",
                       help="train nothing: judge the finished runs in RUNS_DIR and write --json-out and --series")
     p.add_argument("--from", type=Path, dest="grid_from", metavar="DIR",
-                   help="blocks 2-4: the folder whose runs set the grid (the Muon pilot's; block 1's or 2's)")
+                   help="blocks 2-5: the folder whose runs set the grid (the Muon pilot's; block 1's or 2's)")
     p.add_argument("--lrs", type=positive_float, nargs="+", help="blocks 2-4 (or --quick): the grid, given by hand")
     _shared(p, "lr-study", "sensitivity", "one seed, two rates", Command(_lr_config, _lr, _lr_table, as_json=_lr_json))
 

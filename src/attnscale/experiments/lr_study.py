@@ -31,7 +31,8 @@ from attnscale.runs.runner import RunSpec, execute
 
 __all__ = ["GROUP", "PILOT_GROUP", "TREATMENTS", "OPTIMIZERS", "ADAMW_LRS", "MUON_PILOT_LRS", "SEEDS", "PILOT_SEED",
            "LEVEL", "TAU", "Z_LOSS", "STEPS", "WARMUP", "BLOCKS", "LrConfig", "preset", "block_specs", "alarm_specs",
-           "crossed", "with_alarm_rows", "run_block", "muon_grid", "run_muon_pilot", "rows", "parse_run_id", "SIZES"]
+           "crossed", "with_alarm_rows", "run_block", "muon_grid", "run_muon_pilot", "rows", "parse_run_id", "SIZES",
+           "narrowed", "width64_grid", "z_loss_configs"]
 
 GROUP, PILOT_GROUP = "lr-study", "lr-muon-pilot"
 TREATMENTS = ("none", "qk-norm", "clip", "alarm-clip", "z-loss")
@@ -52,7 +53,7 @@ BLOCKS = {1: ("adamw", 64, ("none", "qk-norm", "clip", "alarm-clip")),
           2: ("muon", 64, ("none", "qk-norm", "clip", "alarm-clip")),
           3: ("adamw", 256, ("none", "qk-norm", "clip", "alarm-clip")),
           4: ("muon", 256, ("none", "qk-norm", "clip", "alarm-clip")),
-          5: (None, None, ("z-loss",))}
+          5: (None, 64, ("z-loss",))}  # under each optimizer, on its width-64 grid (z_loss_configs)
 
 
 @dataclass(frozen=True)
@@ -87,15 +88,22 @@ class LrConfig(TrainingConfig):
             raise ConfigError(f"lr-study level must be a positive number, got {self.level!r}")
 
 
-def preset(block: int = 1, size: str = "full", corpus: str = "default", lrs: tuple[float, ...] | None = None) -> LrConfig:
+def preset(block: int = 1, size: str = "full", corpus: str = "default", lrs: tuple[float, ...] | None = None,
+           optimizer: str | None = None) -> LrConfig:
     """Block ``block``'s config (docs/lr-study.md), on ``lrs`` where its grid comes from a pilot or an earlier block
-    (Muon's, the wider model's); "smoke": a 16-wide model, 60 steps, one seed, two rates: a check that the study works
-    end to end, not a measurement."""
+    (Muon's, the wider model's, block 5's), under ``optimizer`` for block 5 (z-loss under each); "smoke": a 16-wide
+    model, 60 steps, one seed, two rates: a check that the study works end to end, not a measurement."""
     if size not in SIZES:
         raise ConfigError(f"unknown lr-study size {size!r}; choose one of: {', '.join(SIZES)}")
-    if block not in (1, 2, 3, 4):
-        raise ConfigError(f"lr-study trains blocks 1 to 4 (5, z-loss, is declared for later), got {block!r}")
-    optimizer, d_model, treatments = BLOCKS[block]
+    if isinstance(block, bool) or not isinstance(block, int) or block not in BLOCKS:
+        raise ConfigError(f"lr-study trains blocks 1 to 5, got {block!r}")
+    fixed, d_model, treatments = BLOCKS[block]
+    if fixed is None and optimizer not in OPTIMIZERS:
+        raise ConfigError(f"block {block} trains under AdamW and under Muon, one at a time: name one of "
+                          f"{', '.join(OPTIMIZERS)}, got {optimizer!r}")
+    if fixed is not None and optimizer not in (None, fixed):
+        raise ConfigError(f"block {block} trains under {fixed} only, got {optimizer!r}")
+    optimizer = fixed or optimizer
     if lrs is None and block != 1:
         raise ConfigError(f"block {block}'s rates come from {'the Muon pilot' if block == 2 else 'an earlier block'}: "
                           "give them")
@@ -246,17 +254,15 @@ def muon_grid(pilot_rows: list[dict[str, Any]], ladder: tuple[float, ...] = MUON
             "why": "the lowest rate whose none run broke mid-run or never learnt, as the grid's fifth"}
 
 
-def narrowed(width64_rows: list[dict[str, Any]], optimizer: str, seeds: tuple[int, ...] = SEEDS,
-             rates: int = len(ADAMW_LRS)) -> tuple[float, ...]:
-    """The wider model's rates, by the rule fixed before block 1 (docs/lr-study.md): three consecutive rates of the
-    width-64 grid centred on the width-64 ``qk-norm`` curve's best rate (at an end of the grid, the three at that
-    end), and the next rate up where the width-64 ``none`` curve failed (a mid-run break or never learnt) at none
-    of the three. Read only off a whole block: ``none`` and ``qk-norm`` finished at ``rates`` rates on every seed
-    of ``seeds`` (a block's low rates and first seeds finish first, and a part could centre on the wrong rate)."""
-    from attnscale.analysis import sensitivity
-
-    mine = [r for r in width64_rows if r["optimizer"] == optimizer and r["d_model"] == 64]
-    grid = sorted({r["lr"] for r in mine})
+def width64_grid(width64_rows: list[dict[str, Any]], optimizer: str, size: str = "full") -> list[float]:
+    """The grid of the width-64 block of ``optimizer`` (1 or 2) at ``size``, read only off the whole block: ``none``
+    and ``qk-norm`` finished at each of its rates (six; two at the smoke size) on every one of its seeds (a block's
+    low rates and first seeds finish first, and a grid read off a part could miss its top or centre on the wrong
+    rate)."""
+    like = preset(1, size)
+    seeds, rates = like.seeds, len(like.lrs)
+    mine = [r for r in width64_rows if r["optimizer"] == optimizer and r["d_model"] == like.d_model]
+    grid = sorted({r["lr"] for r in mine if r["treatment"] in ("none", "qk-norm")})
     have = {(r["treatment"], r["lr"], r["seed"]) for r in mine}
     want = {(t, lr, s) for t in ("none", "qk-norm") for lr in grid for s in seeds}
     if len(grid) != rates or not want <= have:
@@ -264,6 +270,18 @@ def narrowed(width64_rows: list[dict[str, Any]], optimizer: str, seeds: tuple[in
         first = 1 if optimizer == "adamw" else 2
         raise ConfigError(f"the width-64 {optimizer} block has {n} of its {2 * rates * len(seeds)} none and qk-norm "
                           f"runs finished; finish block {first} first (attnscale lr-study --block {first} ...)")
+    return grid
+
+
+def narrowed(width64_rows: list[dict[str, Any]], optimizer: str, size: str = "full") -> tuple[float, ...]:
+    """The wider model's rates, by the rule fixed before block 1 (docs/lr-study.md): three consecutive rates of the
+    width-64 grid centred on the width-64 ``qk-norm`` curve's best rate (at an end of the grid, the three at that
+    end), and the next rate up where the width-64 ``none`` curve failed (a mid-run break or never learnt) at none
+    of the three. Read only off a whole block (``width64_grid``)."""
+    from attnscale.analysis import sensitivity
+
+    grid = width64_grid(width64_rows, optimizer, size)
+    mine = [r for r in width64_rows if r["optimizer"] == optimizer and r["d_model"] == preset(1, size).d_model]
     qk = [r for r in mine if r["treatment"] == "qk-norm"]
     best = sensitivity.curve(qk, act_study.FLOOR)["best_lr"]
     i = min(max(grid.index(best), 1), len(grid) - 2)
@@ -273,6 +291,14 @@ def narrowed(width64_rows: list[dict[str, Any]], optimizer: str, seeds: tuple[in
     if not failed & set(three) and grid.index(three[-1]) + 1 < len(grid):
         three.append(grid[grid.index(three[-1]) + 1])
     return tuple(three)
+
+
+def z_loss_configs(width64_rows: list[dict[str, Any]], size: str = "full", corpus: str = "default") -> list[LrConfig]:
+    """Block 5: z-loss alone at width 64 under AdamW, then under Muon, each on the grid its whole width-64 block
+    trained (``width64_grid``), so that its curve sits beside that block's treatments, rate for rate and seed for
+    seed."""
+    return [preset(5, size, corpus, lrs=tuple(width64_grid(width64_rows, opt, size)), optimizer=opt)
+            for opt in OPTIMIZERS]
 
 
 def read_rows(folders, group: str = GROUP) -> list[dict[str, Any]]:
