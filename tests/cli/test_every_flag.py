@@ -33,7 +33,8 @@ EXECUTE = ("attnscale.runs.runner", "execute")
 
 # options that change how the result is printed, not what runs, with the test that checks them
 PRINTING = {"json": "tests/cli/test_measuring.py and tests/cli/test_cli_training.py read the JSON printed",
-            "series": "tests/experiments/test_act_study.py writes the series file after the study and reads it back"}
+            "series": "tests/experiments/test_act_study.py writes the series file after the study and reads it back",
+            "figure": "tests/experiments/test_lr_study.py draws the figure after publishing and refuses bad paths first"}
 
 # the modes of a command: option lines that change which other options apply (each walked on its own too)
 MODES = {"reproduce": [["--end-state"]], "warn-study": [["--pilot"], ["--study", "{pilot}"], ["--reread", "{series}"]],
@@ -52,7 +53,7 @@ VALUES = {"out": "{tmp}/elsewhere", "file": "{text_file}", "reuse": "{runs}", "s
           "corpus": "{corpus}", "model": "{run2}", "text": "that is the question", "ray_address": "127.0.0.1:6379",
           "steps": "301", "seeds": "101", "reread": "{series}", "published": "{published}",
           "series": "{tmp}/series.json.gz", "grid_from": "{runs}", "json_out": "{tmp}/other-studies.json",
-          "pilot_dir": "{alarm_pilot2}"}  # steps past every preset's warm-up; a seed outside the warn study's
+          "pilot_dir": "{alarm_pilot2}", "figure": "{tmp}/lr.png"}  # steps past every preset's warm-up; a seed outside the warn study's
 # a bad value of each typed option: by the name of its type, then (paths) by dest
 BAD_BY_TYPE = {"positive_int": "0", "nonneg_int": "-1", "at_least_two": "1", "positive_float": "nan",
                "probability": "1.5", "scale_name": "bogus", "scale_or_all": "bogus", "device_name": "tpu9",
@@ -61,7 +62,7 @@ BAD_BY_TYPE = {"positive_int": "0", "nonneg_int": "-1", "at_least_two": "1", "po
 BAD_PATHS = {"out": "{tmp}/a-file/below", "file": "{tmp}/missing.txt", "reuse": "{tmp}/missing",
              "study": "{tmp}/missing", "reread": "{tmp}/missing.json.gz", "published": "{tmp}/missing.json",
              "series": "{tmp}/a-file/below.json.gz", "grid_from": "{tmp}/missing", "json_out": "{tmp}/a-file/below.json",
-             "pilot_dir": "{tmp}/missing", "publish": "{tmp}/missing"}
+             "pilot_dir": "{tmp}/missing", "publish": "{tmp}/missing", "figure": "{tmp}/a-file/below.png"}
 GOOD_BY_TYPE = {"positive_int": 3, "nonneg_int": 3, "at_least_two": 3, "positive_float": "0.0123",
                 "probability": "0.5", "scale_name": "inv_d", "scale_or_all": "inv_d", "device_name": "cpu",
                 "dtype_name": "bf16", "tokenizer_name": "char", "study_axis": "lr=0.001,0.002",

@@ -383,3 +383,37 @@ def test_block_5_on_the_command_line(argv, code, message, tmp_path, monkeypatch,
         assert len(err) == 1 and message in err[0] and not trained
     else:
         assert [(c.optimizer, c.treatments) for c in trained] == [("adamw", ("z-loss",)), ("muon", ("z-loss",))]
+
+
+def test_publish_draws_the_figure_from_the_block(smoke_block, tmp_path):
+    from attnscale.cli import main
+
+    out, _ = smoke_block
+    figure = tmp_path / "figs" / "lr.png"
+    assert main(["lr-study", "--publish", str(out), "--figure", str(figure)]) == 0
+    assert figure.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and figure.stat().st_size > 10_000
+    assert main(["lr-study", "--publish", str(out), "--figure", str(figure)]) == 0  # a PNG is redrawn
+
+
+@pytest.mark.parametrize("name, message", [("lr.txt", "is not a .png file name"), ("folder.png", "is a folder"),
+                                           ("a-file/below.png", "lies under a file"),
+                                           ("notes.png", "exists and is not a PNG")])
+def test_publish_refuses_a_bad_figure_path_before_writing_anything(name, message, smoke_block, tmp_path, capsys):
+    from attnscale.cli import main
+
+    out, _ = smoke_block
+    (tmp_path / "folder.png").mkdir()
+    (tmp_path / "a-file").write_text("x")
+    (tmp_path / "notes.png").write_text("my notes")
+    studies = tmp_path / "studies.json"
+    assert main(["lr-study", "--publish", str(out), "--json-out", str(studies), "--figure", str(tmp_path / name)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--figure" in err[0] and message in err[0]
+    assert not studies.exists() and (tmp_path / "notes.png").read_text() == "my notes"
+
+
+def test_figure_goes_with_publish_only(tmp_path, capsys):
+    from attnscale.cli import main
+
+    assert main(["lr-study", "--block", "1", "--out", str(tmp_path / "o"), "--figure", str(tmp_path / "f.png")]) == 2
+    assert "--figure go with --publish" in capsys.readouterr().err

@@ -14,9 +14,31 @@ __all__ = ["COMMANDS"]
 
 def _train_nothing(args, command: str) -> None:
     """--publish trains nothing: an option that only a training mode reads is refused, naming it."""
-    given = given_options(args, command, ("publish", "json_out", "series", "json", "pilot_dir"))
+    given = given_options(args, command, ("publish", "json_out", "series", "json", "pilot_dir", "figure"))
     if given:
         raise UsageError(f"{', '.join(given)}: --publish trains nothing; drop {'it' if len(given) == 1 else 'them'}")
+
+
+_PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _check_figure(path: Path) -> None:
+    """--figure: a .png file name, not a folder, under no file, and where it exists, a PNG (redrawn, never another
+    kind of file overwritten)."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise UsageError("--figure needs matplotlib; install the extra: pip install -e '.[report]' in the clone")
+    if path.suffix.lower() != ".png":
+        raise UsageError(f"--figure: {str(path)!r} is not a .png file name; give one, e.g. docs/lr-study.png")
+    if path.is_dir():
+        raise UsageError(f"--figure: {str(path)!r} is a folder; give the file to draw, e.g. docs/lr-study.png")
+    if any(p.exists() and not p.is_dir() for p in path.parents):
+        raise UsageError(f"--figure: {str(path)!r} lies under a file, not a folder; give a path in a folder")
+    if path.exists():
+        with open(path, "rb") as f:
+            if f.read(len(_PNG)) != _PNG:
+                raise UsageError(f"--figure: {str(path)!r} exists and is not a PNG; give another file, or move that one away")
 
 
 def _lr_config(args):
@@ -25,12 +47,15 @@ def _lr_config(args):
 
     size = "smoke" if args.quick else "full"
     if args.publish:
-        if args.json_out is None and args.series is None:
-            raise UsageError("--publish writes --json-out FILE, --series FILE or both: give at least one")
+        if args.json_out is None and args.series is None and args.figure is None:
+            raise UsageError("--publish writes --json-out FILE, --series FILE, --figure FILE or some of them: give at "
+                             "least one")
         _train_nothing(args, "lr-study")
+        if args.figure is not None:
+            _check_figure(args.figure)
         return {"publish": args.publish}
-    if args.json_out is not None or args.series is not None:
-        raise UsageError("--json-out and --series go with --publish RUNS_DIR")
+    if args.json_out is not None or args.series is not None or args.figure is not None:
+        raise UsageError("--json-out, --series and --figure go with --publish RUNS_DIR")
     if args.out is None:
         raise UsageError("--out DIR is where the runs train: give it (e.g. --out runs/lr-study)")
     if args.muon_pilot:
@@ -72,7 +97,12 @@ def _lr(cfg, out, args):
 
     if isinstance(cfg, dict):
         command = "attnscale lr-study --publish " + " ".join(map(str, args.publish))
-        return ls.publish(args.publish, args.json_out, args.series, command)
+        out = ls.publish(args.publish, args.json_out, args.series, command)
+        if args.figure is not None:  # the report draws; the experiment only returns data
+            from attnscale.report.lr_plots import loss_against_rate
+
+            loss_against_rate(out["groups"], args.figure)
+        return out
     if args.muon_pilot:
         return ls.run_muon_pilot(cfg, out, jobs=args.jobs)
     return {"rows": [r for c in (cfg if isinstance(cfg, list) else [cfg]) for r in ls.run_block(c, out, jobs=args.jobs)]}
@@ -120,6 +150,8 @@ def add_lr_study(sub) -> None:
     p.add_argument("--from", type=Path, dest="grid_from", metavar="DIR",
                    help="blocks 2-5: the folder whose runs set the grid (the Muon pilot's; block 1's or 2's)")
     p.add_argument("--lrs", type=positive_float, nargs="+", help="blocks 2-4 (or --quick): the grid, given by hand")
+    p.add_argument("--figure", type=Path, metavar="FILE",
+                   help="with --publish: draw final loss against learning rate to FILE (.png; needs the report extra)")
     _shared(p, "lr-study", "sensitivity", "one seed, two rates", Command(_lr_config, _lr, _lr_table, as_json=_lr_json))
 
 
