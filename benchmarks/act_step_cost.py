@@ -13,6 +13,7 @@ rounds − 1 degrees of freedom.
 
     python benchmarks/act_step_cost.py                     # 5 rounds of 200 steps of the study's model, 1 thread
     python benchmarks/act_step_cost.py --rounds 3 --steps 50 --width 16   # smaller
+    python benchmarks/act_step_cost.py --arms A B C E --optimizer muon    # the lr study's Muon runs
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ def one_arm(arm: str, args, corpus) -> float:
                         **{**ws.PilotConfig().model, "d_model": args.width, "norm": "pre"})
     cfg = replace(ws.recipe_train(steps=args.steps, warmup=min(10, args.steps - 1)), lr=act.LR, batch=args.batch,
                   checkpoint_every=0, eval_batches=1)
+    if args.optimizer != "adamw":  # as the lr study's Muon runs: Muon for the blocks' matrices, AdamW beside it
+        cfg = replace(cfg, optimizer=args.optimizer)
     watch = build_watch(act.watch_spec(arm, ALARM, cfg.record_every))
     start = time.process_time()
     results = train(model, cfg, corpus, watch=watch) if watch is not None else train(model, cfg, corpus)
@@ -65,6 +68,8 @@ def main(argv=None) -> int:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--width", type=int, default=64, help="d_model and head width (the study's: 64)")
     p.add_argument("--batch", type=int, default=16)
+    p.add_argument("--optimizer", choices=("adamw", "muon"), default="adamw",
+                   help="the runs' optimizer: the act study's AdamW, or the lr study's Muon (docs/lr-study.md)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--flush-denormal", action="store_true",
                    help="flush subnormal floats to zero (torch.set_flush_denormal): the arms' weights drift apart after "
@@ -85,7 +90,7 @@ def main(argv=None) -> int:
 def _measure(args) -> int:
     corpus = load_corpus("default")
     print(f"torch {torch.__version__}, {torch.get_num_threads()} thread(s); {args.rounds} rounds of {args.steps} steps "
-          f"an arm, width {args.width}, batch {args.batch}; CPU time a step"
+          f"an arm, width {args.width}, batch {args.batch}, {args.optimizer}; CPU time a step"
           + ("; subnormal floats flushed to zero" if args.flush_denormal else ""))
     for arm in args.arms:
         one_arm(arm, argparse.Namespace(**{**vars(args), "steps": min(args.steps, 20)}), corpus)  # warm-up: first calls

@@ -47,3 +47,22 @@ def test_flush_denormal_flushes_while_it_measures_and_puts_the_arithmetic_back(b
     assert "subnormal floats flushed to zero" in capsys.readouterr().out
     assert seen and set(seen) == {0.0}
     assert (tiny * 1.0).item() == pytest.approx(1e-40, rel=1e-3)
+
+
+def test_muon_runs_train_under_muon(bench, capsys, monkeypatch):
+    """--optimizer muon trains every arm as the lr study's Muon runs: the config each arm trains names it."""
+    import attnscale.lm.train as lm_train
+
+    seen = []
+    real = lm_train.train
+
+    def spying(model, cfg, corpus, **kw):
+        seen.append(cfg.optimizer)
+        return real(model, cfg, corpus, **kw)
+
+    monkeypatch.setattr(bench, "train", spying)
+    assert bench.main(["--rounds", "1", "--steps", "12", "--width", "16", "--batch", "2", "--arms", "A", "C",
+                       "--optimizer", "muon"]) == 0
+    assert "muon; CPU time a step" in capsys.readouterr().out and seen and set(seen) == {"muon"}
+    with pytest.raises(SystemExit):
+        bench.main(["--optimizer", "sgd"])
