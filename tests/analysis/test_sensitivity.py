@@ -47,7 +47,7 @@ def test_curve_by_hand():
 def test_curve_counts_breaks_and_never_learned_per_rate():
     rows = [_row(0.01, 0, 1.6), _row(0.01, 1, 1.7, broke=900), _row(0.01, 2, 2.3, learned=False)]
     p = sv.curve(rows, FLOOR)["per_rate"][0]
-    assert (p["mid_run_breaks"], p["never_learned"], p["runs"]) == (1, 1, 3)
+    assert (p["mid_run_breaks"], p["never_learned"], p["runs"], p["failed_seeds"]) == (1, 1, 3, [1, 2])
 
 
 def test_a_seed_missing_a_rate_is_left_out():
@@ -88,3 +88,36 @@ def test_a_treatment_missing_a_rate_of_its_group_has_no_whole_seed():
     g = sv.judge(rows, FLOOR)["groups"][0]
     assert g["curves"]["none"]["seeds"] == [0, 1, 2] and g["curves"]["alarm-clip"]["seeds"] == []
     assert g["curves"]["alarm-clip"]["best"]["mean"] is None
+
+
+def test_alarm_readings_count_by_hand():
+    """The alarm in one group's none runs, per rate and over the grid: counted here from the probes directly."""
+    def run(lr, seed, scores, learned=True, broke=None, treatment="none"):
+        return {"treatment": treatment, "lr": lr, "seed": seed, "valid_loss": 1.6, "losses": [],  # dated by outcome
+                "probes": [{"step": 10 * (i + 1), "max_score": s} for i, s in enumerate(scores)],
+                "outcome": {"learned_at": 100 if learned else None, "break_step": broke}}
+
+    rows = [run(1e-2, 0, [5.0, 50.0]), run(1e-2, 1, [5.0, 2e4]),  # held: one quiet, one false alarm at step 20
+            run(4e-2, 0, [2e4, 3e4], broke=1000),  # broke, alarm at 10: 990 steps ahead
+            run(4e-2, 1, [5.0, 5.0], broke=500),  # broke, no alarm
+            run(4e-2, 2, [9e3, 2e4], broke=90),  # broke, alarm at 20, 70 steps ahead: under the 100-step lead
+            run(8e-2, 0, [3e4], learned=False),  # never learned, fired: counted apart
+            run(8e-2, 0, [3e4], treatment="clip")]  # another treatment: not read
+    got = sv.alarm_readings(rows, 1e4)
+    assert [(p["lr"], p["runs"], p["never_learned"], p["broke"], p["held"], p["fired_broke"], p["fired_held"],
+             p["fired_never"]) for p in got["by_rate"]] == [
+        (1e-2, 2, 0, 0, 2, 0, 1, 0), (4e-2, 3, 0, 3, 0, 2, 0, 0), (8e-2, 1, 1, 0, 0, 0, 0, 1)]
+    fa = got["false_alarms"]
+    assert (fa["k"], fa["n"], fa["median_step"]) == (1, 2, 20) and fa["share"] == 0.5
+    lo, hi = fa["interval"]  # Wilson, 1 of 2: 0.5 -+ 1.96 * sqrt(0.25/2 + 1.96^2/16) / (1 + 1.96^2/2), by hand
+    z = 1.959963984540054
+    half = z * math.sqrt(0.25 / 2 + z * z / 16) / (1 + z * z / 2)
+    assert (lo, hi) == pytest.approx((0.5 - half, 0.5 + half))
+    sens = got["sensitivity"]["study"]
+    assert (sens["k"], sens["n"]) == (1, 3)  # only the alarm 990 steps ahead counts
+    ladder = {x["level"]: x for x in got["ladder"]}
+    # at 100 the 9e3 run's alarm comes at step 10, 80 steps ahead of its break at 90: still under the lead
+    assert (ladder[100.0]["sensitivity"]["study"]["k"], ladder[100.0]["false_alarms"]["k"]) == (1, 1)
+    assert (ladder[3e4]["sensitivity"]["study"]["k"], ladder[3e4]["false_alarms"]["k"]) == (0, 0)
+    assert ladder[1e4] == {"level": 1e4, "sensitivity": got["sensitivity"], "false_alarms": got["false_alarms"]}
+    assert sv.alarm_readings([r for r in rows if r["treatment"] != "none"], 1e4)["by_rate"] == []

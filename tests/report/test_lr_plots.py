@@ -9,7 +9,7 @@ from attnscale.report.lr_plots import TREATMENT_COLOURS, loss_against_rate
 def _group(optimizer, interim=False):
     def curve(losses, failed=()):
         per = [{"lr": lr, "mean": min(sum(v for v in ls if v is not None) / len(ls), 2.27) if None not in ls else 2.27,
-                "losses": dict(enumerate(ls)), "mid_run_breaks": int(lr in failed), "never_learned": 0}
+                "losses": dict(enumerate(ls)), "failed_seeds": [1] if lr in failed else []}
                for lr, ls in losses.items()]
         return {"floor": 2.27, "seeds": [0, 1], "per_rate": per}
 

@@ -19,9 +19,10 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
+from attnscale.analysis import alarm_judging as aj
 from attnscale.analysis import intervals, paired
 
-__all__ = ["WITHIN", "MARGIN", "capped", "curve", "compare", "judge"]
+__all__ = ["WITHIN", "MARGIN", "capped", "curve", "compare", "judge", "alarm_readings"]
 
 WITHIN = 0.05  # nats: a rate is in the stable range where its mean loss is this close to the best
 MARGIN = 0.02  # nats: the equivalence margin of alarm-clip against clip
@@ -67,6 +68,8 @@ def curve(rows: Sequence[dict[str, Any]], floor: float, within: float = WITHIN,
         at = [r for r in rows if r["lr"] == lr and r["seed"] in grid]
         per_rate.append({"lr": lr, "losses": {r["seed"]: r["valid_loss"] for r in sorted(at, key=lambda r: r["seed"])},
                          "mean": statistics.fmean(grid[s][lr] for s in seeds) if seeds else None,
+                         "failed_seeds": sorted(r["seed"] for r in at if r["outcome"]["break_step"] is not None
+                                                or r["outcome"]["learned_at"] is None),
                          "mid_run_breaks": sum(r["outcome"]["break_step"] is not None for r in at),
                          "never_learned": sum(r["outcome"]["learned_at"] is None for r in at),
                          "diverged": sum(not _finite(r["valid_loss"]) for r in at), "runs": len(at)})
@@ -110,3 +113,31 @@ def judge(rows: Sequence[dict[str, Any]], floor: float, margin: float = MARGIN) 
         out.append({"optimizer": opt, "d_model": width, "curves": curves, "against": against,
                     "alarm_clip_vs_clip": eq})
     return {"floor": floor, "within": WITHIN, "margin": margin, "groups": out}
+
+
+def alarm_readings(rows: Sequence[dict[str, Any]], level: float = aj.LEVEL) -> dict[str, Any]:
+    """The alarm at ``level`` (the first probe after step 0 over it) in one group's ``none`` runs, read after the fact,
+    not one of the study's endpoints: per rate, the runs that never learnt, broke mid-run or held, and how many of
+    each it fired in; over the grid, ``alarm_judging``'s sensitivity among the breakers (both datings) and its
+    false-alarm share among the holders, with Wilson intervals, at ``level`` and at every level of its ladder (where
+    a level chosen under one optimizer may not suit another)."""
+    none = [{**r, "arm": "A"} for r in rows if r["treatment"] == "none"]
+
+    def fired(rs):
+        return sum(aj.alarm_step(r, level) is not None for r in rs)
+
+    per = []
+    for lr in sorted({r["lr"] for r in none}):
+        at = [r for r in none if r["lr"] == lr]
+        never = [r for r in at if r["outcome"]["learned_at"] is None]
+        broke = [r for r in at if r not in never and r["outcome"]["break_step"] is not None]
+        held = [r for r in at if r not in never and r["outcome"]["break_step"] is None]
+        per.append({"lr": lr, "runs": len(at), "never_learned": len(never), "broke": len(broke), "held": len(held),
+                    "fired_broke": fired(broke), "fired_held": fired(held), "fired_never": fired(never)})
+    def at(lv):
+        fa = aj.false_alarms(none, lv)  # its seeds repeat across rates here: left out
+        return {"sensitivity": aj.sensitivity(none, lv),
+                "false_alarms": {k: fa[k] for k in ("k", "n", "share", "interval", "median_step")}}
+
+    return {"level": level, "by_rate": per, **at(level),
+            "ladder": [{"level": lv, **at(lv)} for lv in aj.LADDER]}

@@ -38,7 +38,8 @@ def _check_figure(path: Path) -> None:
     if path.exists():
         with open(path, "rb") as f:
             if f.read(len(_PNG)) != _PNG:
-                raise UsageError(f"--figure: {str(path)!r} exists and is not a PNG; give another file, or move that one away")
+                raise UsageError(f"--figure: {str(path)!r} exists and is not a PNG; give another file, or move that "
+                                 "one away")
 
 
 def _lr_config(args):
@@ -78,13 +79,13 @@ def _lr_config(args):
             raise UsageError(f"--from: {str(args.grid_from)!r} is not a folder")
         if args.block == 2:
             got = ls.read_rows([args.grid_from], ls.PILOT_GROUP)
-            want = {(t, lr) for t in ("none", "qk-norm") for lr in ls.MUON_PILOT_LRS}
+            want = {(t, lr) for t in ("none", "qk-norm") for lr in ls.muon_pilot_config(size).lrs}
             have = {(r["treatment"], r["lr"]) for r in got}
             if not want <= have:  # a grid read off part of the pilot could miss its r1
                 raise ConfigError(f"--from: the Muon pilot in {args.grid_from} has {len(want & have)} of its {len(want)} "
                                   f"runs finished; finish it first: attnscale lr-study --muon-pilot --out "
                                   f"{args.grid_from}")
-            lrs = ls.muon_grid(got)["lrs"]
+            lrs = ls.muon_grid(got, ls.muon_pilot_config(size).lrs)["lrs"]
         else:
             lrs = ls.narrowed(ls.read_rows([args.grid_from]), ls.BLOCKS[args.block][0], size)
     elif lrs is not None and args.block == 1 and not args.quick:
@@ -105,7 +106,8 @@ def _lr(cfg, out, args):
         return out
     if args.muon_pilot:
         return ls.run_muon_pilot(cfg, out, jobs=args.jobs)
-    return {"rows": [r for c in (cfg if isinstance(cfg, list) else [cfg]) for r in ls.run_block(c, out, jobs=args.jobs)]}
+    configs = cfg if isinstance(cfg, list) else [cfg]  # block 5: one config per optimizer
+    return {"rows": [r for c in configs for r in ls.run_block(c, out, jobs=args.jobs)]}
 
 
 def _lr_table(result) -> str:
@@ -152,7 +154,8 @@ def add_lr_study(sub) -> None:
     p.add_argument("--lrs", type=positive_float, nargs="+", help="blocks 2-4 (or --quick): the grid, given by hand")
     p.add_argument("--figure", type=Path, metavar="FILE",
                    help="with --publish: draw final loss against learning rate to FILE (.png; needs the report extra)")
-    _shared(p, "lr-study", "sensitivity", "one seed, two rates", Command(_lr_config, _lr, _lr_table, as_json=_lr_json))
+    _shared(p, "lr-study", "sensitivity", "one seed, two rates (blocks 3 and 4: 32 wide)",
+            Command(_lr_config, _lr, _lr_table, as_json=_lr_json))
 
 
 def _alarm_config(args):

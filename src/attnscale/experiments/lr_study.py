@@ -92,7 +92,8 @@ def preset(block: int = 1, size: str = "full", corpus: str = "default", lrs: tup
            optimizer: str | None = None) -> LrConfig:
     """Block ``block``'s config (docs/lr-study.md), on ``lrs`` where its grid comes from a pilot or an earlier block
     (Muon's, the wider model's, block 5's), under ``optimizer`` for block 5 (z-loss under each); "smoke": a 16-wide
-    model, 60 steps, one seed, two rates: a check that the study works end to end, not a measurement."""
+    model (32 for the wider blocks), 60 steps, one seed, two rates: a check that the study works end to end, not a
+    measurement."""
     if size not in SIZES:
         raise ConfigError(f"unknown lr-study size {size!r}; choose one of: {', '.join(SIZES)}")
     if isinstance(block, bool) or not isinstance(block, int) or block not in BLOCKS:
@@ -110,7 +111,7 @@ def preset(block: int = 1, size: str = "full", corpus: str = "default", lrs: tup
     base = LrConfig(corpus=corpus, optimizer=optimizer, d_model=d_model, treatments=treatments,
                     lrs=tuple(lrs) if lrs is not None else ADAMW_LRS, model=dict(ws.PilotConfig().model))
     if size == "smoke":
-        base = replace(base, d_model=16, head_dim=8, seeds=(0,), lrs=base.lrs[-2:],
+        base = replace(base, d_model=16 if d_model == 64 else 32, head_dim=8, seeds=(0,), lrs=base.lrs[-2:],
                        model={**base.model, "context": 16},
                        train=replace(ws.recipe_train(steps=60, warmup=10), batch=2, eval_batches=2, checkpoint_every=0))
     return base
@@ -334,13 +335,16 @@ def pilot_block(pilot: list[dict[str, Any]]) -> dict[str, Any]:
 def block(got: list[dict[str, Any]], command: str | None = None,
           pilot: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """The JSON block "sensitivity" (docs/lr-study.md): ``analysis.sensitivity.judge`` of the rows with their
-    alarm-clip rows read in, every group labelled interim unless it has all of ``SEEDS`` at every rate; with the Muon
-    pilot's runs (``pilot_block``) where given."""
+    alarm-clip rows read in, every group labelled interim unless it has all of ``SEEDS`` at every rate, and the alarm
+    in its ``none`` runs (``sensitivity.alarm_readings``, read after the fact); with the Muon pilot's runs
+    (``pilot_block``) where given."""
     from attnscale.analysis import sensitivity
 
     judged = sensitivity.judge(with_alarm_rows(got), act_study.FLOOR)
     for g in judged["groups"]:
         g["interim"] = any(tuple(c["seeds"]) != SEEDS for c in g["curves"].values())
+        g["alarm"] = sensitivity.alarm_readings([r for r in got if (r["optimizer"], r["d_model"]) ==
+                                                 (g["optimizer"], g["d_model"])], LEVEL)
     out = {"command": command, "level": LEVEL, "tau": TAU, "steps": STEPS, **judged}
     return out | ({"muon_pilot": pilot_block(pilot)} if pilot else {})
 

@@ -41,7 +41,33 @@ def _group(g: dict[str, Any]) -> list[str]:
         spread = ("the same on every seed" if eq["se"] == 0 else
                   f"90% {'—' if ci is None else f'[{ci[0]:+.4f}, {ci[1]:+.4f}]'}")
         lines.append(f"alarm-clip − clip, best loss: {eq['diff']:+.4f} nats, {spread}: {eq['verdict']} at ±{eq['margin']:g}")
+    if g.get("alarm") and g["alarm"]["by_rate"]:
+        lines += _alarm(g["alarm"])
     return lines
+
+
+def _share(s: dict[str, Any]) -> str:
+    if not s["n"]:
+        return "0 of 0"
+    lo, hi = s["interval"]
+    return f"{s['k']} of {s['n']} [{lo:.0%}, {hi:.0%}]"
+
+
+def _alarm(a: dict[str, Any]) -> list[str]:
+    """The alarm in the none runs (read after the fact): over the grid, then fired/runs per rate and outcome."""
+    def at(p):
+        parts = [f"{what} {p['fired_' + what]}/{p[what]}" for what in ("broke", "held") if p[what]]
+        return f"{p['lr']:g}: " + ", ".join(parts + ([f"never learnt {p['fired_never']}/{p['never_learned']}"]
+                                                     if p["never_learned"] else []))
+
+    per = " · ".join(at(p) for p in a["by_rate"])
+    return [f"the alarm (max |score| > {a['level']:g}) in the none runs, read after the fact: ahead of "
+            f"{_share(a['sensitivity']['study'])} breaks, in {_share(a['false_alarms'])} runs that held",
+            f"  fired in/runs, by rate: {per}",
+            "  by level: ahead of k (smoothed dating: k') of the breaks; in k of the runs that held: " + " · ".join(
+                f"{x['level']:g}: {x['sensitivity']['study']['k']} ({x['sensitivity']['smoothed']['k']}') of "
+                f"{x['sensitivity']['study']['n']}; {x['false_alarms']['k']} of {x['false_alarms']['n']}"
+                for x in a["ladder"])]
 
 
 def format_result(result: dict[str, Any]) -> str:

@@ -45,10 +45,12 @@ def loss_against_rate(groups: list[dict[str, Any]], path: Path) -> Path:
             ax.plot([p["lr"] for p in pts], [p["mean"] for p in pts], marker="o", color=colour, ms=4, lw=1.6,
                     ls=_STYLE.get(t, "-"), label=t, zorder=3 + k)
             for p in c["per_rate"]:
-                failed = p["mid_run_breaks"] + p["never_learned"] > 0
-                ys = [_capped(v, floor) for v in p["losses"].values()]
-                ax.plot([p["lr"] * 1.04 ** (k - 2)] * len(ys), ys, "x" if failed else ".", color=colour,
-                        ms=6 if failed else 4, alpha=0.6, zorder=2)
+                x = p["lr"] * 1.04 ** (k - 2)  # each treatment's seeds a little apart
+                failed = {str(s) for s in p["failed_seeds"]}
+                for seed, v in p["losses"].items():
+                    bad = str(seed) in failed
+                    ax.plot([x], [_capped(v, floor)], "x" if bad else ".", color=colour, ms=6 if bad else 4,
+                            alpha=0.6, zorder=2)
         ax.axhline(floor, color="#888888", ls="--", lw=1)
         ax.text(lrs[0], floor, f" floor {floor:.2f}", va="bottom", ha="left", fontsize=SMALL, color="#555555")
         _log_lrs(ax, lrs)
