@@ -417,3 +417,103 @@ def test_figure_goes_with_publish_only(tmp_path, capsys):
 
     assert main(["lr-study", "--block", "1", "--out", str(tmp_path / "o"), "--figure", str(tmp_path / "f.png")]) == 2
     assert "--figure go with --publish" in capsys.readouterr().err
+
+
+def test_the_printout_gives_the_alarm_in_the_none_runs():
+    from attnscale.experiments.lr_study_text import format_result
+
+    def run(lr, seed, score, broke=None, learned=True):
+        return {"optimizer": "adamw", "d_model": 64, "treatment": "none", "lr": lr, "seed": seed, "valid_loss": 1.6,
+                "losses": [], "probes": [{"step": 10, "max_score": score}],
+                "outcome": {"learned_at": 5 if learned else None, "break_step": broke}}
+
+    rows = [run(1e-2, 0, 5.0), run(1e-2, 1, 2e4), run(8e-2, 0, 2e4, broke=900), run(1.6e-1, 0, 2e4, learned=False)]
+    text = format_result(ls.block(rows))
+    assert "ahead of 1 of 1 [21%, 100%] breaks, in 1 of 2 [9%, 91%] runs that held" in text
+    assert "0.01: held 1/2 · 0.08: broke 1/1 · 0.16: never learnt 1/1" in text
+
+
+@pytest.mark.slow
+def test_the_quick_chain_runs_from_the_command_line(tmp_path):
+    """Every block that reads another's runs, at the smoke size, as docs/lr-study.md chains them: the Muon pilot,
+    block 1, block 2 from the pilot, blocks 3 and 4 from the width-64 blocks, block 5 from both, then --publish."""
+    import json
+
+    from attnscale.cli import main
+
+    pilot, runs = str(tmp_path / "pilot"), str(tmp_path / "runs")
+    for argv in (["--muon-pilot", "--out", pilot], ["--block", "1", "--out", runs],
+                 ["--block", "2", "--from", pilot, "--out", runs], ["--block", "3", "--from", runs, "--out", runs],
+                 ["--block", "4", "--from", runs, "--out", runs], ["--block", "5", "--from", runs, "--out", runs]):
+        assert main(["lr-study", "--quick", "-j", "1", *argv]) == 0, argv
+    studies = tmp_path / "studies.json"
+    assert main(["lr-study", "--publish", runs, pilot, "--json-out", str(studies)]) == 0
+    got = json.loads(studies.read_text())["sensitivity"]
+    groups = {(g["optimizer"], g["d_model"]): set(g["curves"]) for g in got["groups"]}
+    assert set(groups) == {("adamw", 16), ("muon", 16), ("adamw", 32), ("muon", 32)}  # smoke: 16 wide, wider 32
+    assert {"none", "qk-norm", "clip", "alarm-clip", "z-loss"} <= groups["adamw", 16]
+    assert "z-loss" in groups["muon", 16] and "z-loss" not in groups["muon", 32]
+    assert got["muon_pilot"]["whole"] is False  # the smoke pilot trains 2 of its 8 rates
+
+
+def test_the_docs_quote_the_published_width_64_blocks():
+    """docs/lr-study.md, docs/watch.md, README and default_alerts quote blocks 1, 2 and 5 as the published block
+    holds them; the alarm's lateness under Muon (after the break in 5 of 6) is counted here from the series: each
+    run's outcome judged again, its alarm the first probe after step 0 over 1e4."""
+    import inspect
+
+    from attnscale.analysis import paired
+    from attnscale.experiments.alarm_study_text import share_text
+    from attnscale.experiments.lr_study_text import mean_text
+    from attnscale.watch import alerts
+    from published import doc_text, published_block
+
+    published, series, docs = published_block("sensitivity", "lr-study-series.json.gz", "lr")
+    groups = {(g["optimizer"], g["d_model"]): g for g in published["groups"]}
+    lr_doc, watch = doc_text(docs, "lr-study.md"), doc_text(docs, "watch.md")
+    readme = doc_text(docs.parent, "README.md")
+    advice = " ".join(inspect.getdoc(alerts.default_alerts).split())
+    for opt in ("adamw", "muon"):
+        g = groups[opt, 64]
+        assert not g["interim"]
+        for t, c in g["curves"].items():
+            assert mean_text(c["sensitivity"]) in lr_doc, (opt, t)
+        tables = [("z-loss", "none"), ("z-loss", "qk-norm")] + ([  # block 5's table, and block 2's under Muon
+            ("qk-norm", "none"), ("clip", "none"), ("alarm-clip", "none"), ("clip", "qk-norm"),
+            ("alarm-clip", "qk-norm")] if opt == "muon" else [])
+        for t, ref in tables:
+            for key in ("best", "sensitivity"):
+                e = g["against"][t][ref][key]
+                if not e["se"]:
+                    assert all(g["curves"][t]["best_by_seed"][s] == g["curves"][ref]["best_by_seed"][s]
+                               for s in g["curves"][t]["best_by_seed"]) and key == "best"
+                    continue  # the doc says "identical on every seed"
+                text = paired.estimate_text(e["diff"], e["se"], e["n"], e["interval"], signed=True)
+                assert f"{text} {e['reading']}" in lr_doc.replace("−", "-"), (opt, t, ref, key)
+    muon = groups["muon", 64]
+    for t in ("qk-norm", "none", "clip"):
+        assert mean_text(muon["curves"][t]["sensitivity"]) in watch, t
+    for opt in ("adamw", "muon"):
+        assert mean_text(groups[opt, 64]["curves"]["z-loss"]["sensitivity"]) in watch, opt
+    # README's LR sensitivities, to two figures, AdamW then Muon
+    for t, name in (("qk-norm", "qk-norm"), ("none", "nothing"), ("clip", "QK-Clip from step 0")):
+        a, m = (groups[o, 64]["curves"][t]["sensitivity"]["mean"] for o in ("adamw", "muon"))
+        assert f"{name} {a:.2g}, {m:.2g}" in readme, t
+    alarm = muon["alarm"]
+    assert share_text(alarm["sensitivity"]["study"]) in watch and share_text(alarm["false_alarms"]) in watch
+    assert share_text(alarm["sensitivity"]["study"]) in lr_doc and share_text(alarm["false_alarms"]) in lr_doc
+    # after the break, counted from the series
+    broke = late = 0
+    for r in series["runs"]:
+        if r.get("pilot") or (r["optimizer"], r["d_model"], r["treatment"]) != ("muon", 64, "none"):
+            continue
+        out = ls.outcome_of(r)
+        if out["learned_at"] is None or out["break_step"] is None:
+            continue
+        broke += 1
+        first = next((p["step"] for p in r["probes"] if p["step"] > 0 and p["max_score"] is not None
+                      and p["max_score"] > 1e4), None)
+        late += first is None or first > out["break_step"]
+    assert (late, broke) == (5, 6)
+    for text in (readme, watch, advice):
+        assert f"after {'the break in ' if text is not readme else ''}{late} of {'the ' if text is not readme else ''}{broke}" in text

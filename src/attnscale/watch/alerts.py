@@ -239,9 +239,11 @@ def default_alerts(action: str | Callable[[Firing], None] = "warn") -> tuple[Ale
     0.16-0.23 nats above qk-norm (docs/act-study.md): a choice to make knowingly, not a default. Where some runs
     hold (5.48e-2, docs/alarm-study.md) the alarm fired in every run, in the 47 of 47 that held too (Wilson
     [92%, 100%]): it marks the rate, not the run. There, halving the rate ended 0.10 nats below acting on the
-    alarm, qk-norm 0.009 below that, and acting on the alarm 0.018 above QK-Clip from step 0. So: qk-norm where
-    you can, else a lower rate. Tried on one model only: d_model 64, AdamW, rates 5e-3 to 1.6e-1, 1,500 and 3,000
-    steps (docs/watch.md); Muon and a wider model are the learning-rate study's later blocks (docs/lr-study.md)."""
+    alarm, qk-norm 0.009 below that, and acting on the alarm 0.018 above QK-Clip from step 0. Under Muon the
+    alarm at 1e4 fired in none of the 12 runs that held but came after the break in 5 of the 6 that broke
+    (docs/lr-study.md, block 2): its level, chosen on AdamW runs, comes too late there. So: qk-norm where you
+    can, else a lower rate. Tried on one model only: d_model 64, AdamW (rates 5e-3 to 1.6e-1) and Muon (2.5e-3
+    to 8e-2), 1,500 and 3,000 steps (docs/watch.md); a wider model is the learning-rate study's blocks 3 and 4."""
     return (NonFinite(action),)
 
 
