@@ -40,7 +40,7 @@ from attnscale.errors import ConfigError, check_positive_ints
 from attnscale.lm.checkpoint import save_weights
 from attnscale.lm.data import check_length
 from attnscale.lm.step_measures import summarize
-from attnscale.lm.train import evaluate, finite, threads
+from attnscale.lm.evaluation import evaluate, finite, threads
 
 __all__ = ["FAMILY", "LlamaModelConfig", "train", "build", "check_train"]
 
