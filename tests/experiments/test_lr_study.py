@@ -515,5 +515,13 @@ def test_the_docs_quote_the_published_width_64_blocks():
                       and p["max_score"] > 1e4), None)
         late += first is None or first > out["break_step"]
     assert (late, broke) == (5, 6)
+    # the Muon pilot: its table's losses, and the grid it gave is the one block 2 trained
+    pilot = published["muon_pilot"]
+    assert pilot["whole"] and len(pilot["runs"]) == 16
+    row = next(part for part in lr_doc.split("| rate |")[1:] if part.startswith(" 2.5e-3")).split("r₁ =")[0]
+    assert row.count("|") > 30  # the pilot's table, and only it
+    for r in pilot["runs"]:
+        assert f"{r['valid_loss']:.3f}" in row, r
+    assert pilot["grid"]["lrs"] == pytest.approx(muon["curves"]["none"]["lrs"])
     for text in (readme, watch, advice):
         assert f"after {'the break in ' if text is not readme else ''}{late} of {'the ' if text is not readme else ''}{broke}" in text
