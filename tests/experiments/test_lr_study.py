@@ -429,7 +429,7 @@ def test_the_printout_gives_the_alarm_in_the_none_runs():
 
     rows = [run(1e-2, 0, 5.0), run(1e-2, 1, 2e4), run(8e-2, 0, 2e4, broke=900), run(1.6e-1, 0, 2e4, learned=False)]
     text = format_result(ls.block(rows))
-    assert "ahead of 1 of 1 [21%, 100%] breaks, in 1 of 2 [9%, 91%] runs that held" in text
+    assert "ahead of the break 1/1, 100% [21%, 100%]; in the runs that held 1/2, 50% [9%, 91%]" in text
     assert "0.01: held 1/2 · 0.08: broke 1/1 · 0.16: never learnt 1/1" in text
 
 

@@ -22,7 +22,7 @@ from typing import Any
 from attnscale.analysis import alarm_judging as aj
 from attnscale.analysis import intervals, paired
 
-__all__ = ["WITHIN", "MARGIN", "capped", "curve", "compare", "judge", "alarm_readings"]
+__all__ = ["WITHIN", "MARGIN", "capped", "failed", "curve", "compare", "judge", "alarm_readings"]
 
 WITHIN = 0.05  # nats: a rate is in the stable range where its mean loss is this close to the best
 MARGIN = 0.02  # nats: the equivalence margin of alarm-clip against clip
@@ -35,6 +35,11 @@ def _finite(v) -> bool:
 def capped(loss: float | None, floor: float) -> float:
     """min(loss, floor); a run without a finite loss reads as the floor."""
     return min(loss, floor) if _finite(loss) else floor
+
+
+def failed(row: dict[str, Any]) -> bool:
+    """Whether the run broke mid-run or never learnt (its outcome's)."""
+    return row["outcome"]["learned_at"] is None or row["outcome"]["break_step"] is not None
 
 
 def _mean_ci(values: Sequence[float]) -> dict[str, Any]:
@@ -68,8 +73,7 @@ def curve(rows: Sequence[dict[str, Any]], floor: float, within: float = WITHIN,
         at = [r for r in rows if r["lr"] == lr and r["seed"] in grid]
         per_rate.append({"lr": lr, "losses": {r["seed"]: r["valid_loss"] for r in sorted(at, key=lambda r: r["seed"])},
                          "mean": statistics.fmean(grid[s][lr] for s in seeds) if seeds else None,
-                         "failed_seeds": sorted(r["seed"] for r in at if r["outcome"]["break_step"] is not None
-                                                or r["outcome"]["learned_at"] is None),
+                         "failed_seeds": sorted(r["seed"] for r in at if failed(r)),
                          "mid_run_breaks": sum(r["outcome"]["break_step"] is not None for r in at),
                          "never_learned": sum(r["outcome"]["learned_at"] is None for r in at),
                          "diverged": sum(not _finite(r["valid_loss"]) for r in at), "runs": len(at)})
@@ -130,10 +134,11 @@ def alarm_readings(rows: Sequence[dict[str, Any]], level: float = aj.LEVEL) -> d
     for lr in sorted({r["lr"] for r in none}):
         at = [r for r in none if r["lr"] == lr]
         never = [r for r in at if r["outcome"]["learned_at"] is None]
-        broke = [r for r in at if r not in never and r["outcome"]["break_step"] is not None]
-        held = [r for r in at if r not in never and r["outcome"]["break_step"] is None]
+        broke = [r for r in at if failed(r) and r["outcome"]["learned_at"] is not None]
+        held = [r for r in at if not failed(r)]
         per.append({"lr": lr, "runs": len(at), "never_learned": len(never), "broke": len(broke), "held": len(held),
                     "fired_broke": fired(broke), "fired_held": fired(held), "fired_never": fired(never)})
+
     def at(lv):
         fa = aj.false_alarms(none, lv)  # its seeds repeat across rates here: left out
         return {"sensitivity": aj.sensitivity(none, lv),

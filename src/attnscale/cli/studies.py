@@ -25,10 +25,9 @@ _PNG = b"\x89PNG\r\n\x1a\n"
 def _check_figure(path: Path) -> None:
     """--figure: a .png file name, not a folder, under no file, and where it exists, a PNG (redrawn, never another
     kind of file overwritten)."""
-    import importlib.util
+    from attnscale import drawing
 
-    if importlib.util.find_spec("matplotlib") is None:
-        raise UsageError("--figure needs matplotlib; install the extra: pip install -e '.[report]' in the clone")
+    drawing.pyplot()  # a one-line error naming the report extra where matplotlib is missing, before anything runs
     if path.suffix.lower() != ".png":
         raise UsageError(f"--figure: {str(path)!r} is not a .png file name; give one, e.g. docs/lr-study.png")
     if path.is_dir():
@@ -79,13 +78,13 @@ def _lr_config(args):
             raise UsageError(f"--from: {str(args.grid_from)!r} is not a folder")
         if args.block == 2:
             got = ls.read_rows([args.grid_from], ls.PILOT_GROUP)
-            want = {(t, lr) for t in ("none", "qk-norm") for lr in ls.muon_pilot_config(size).lrs}
-            have = {(r["treatment"], r["lr"]) for r in got}
-            if not want <= have:  # a grid read off part of the pilot could miss its r1
-                raise ConfigError(f"--from: the Muon pilot in {args.grid_from} has {len(want & have)} of its {len(want)} "
+            ladder = ls.muon_pilot_config(size).lrs
+            finished, wanted = ls.pilot_finished(got, ladder)
+            if finished < wanted:  # a grid read off part of the pilot could miss its r1
+                raise ConfigError(f"--from: the Muon pilot in {args.grid_from} has {finished} of its {wanted} "
                                   f"runs finished; finish it first: attnscale lr-study --muon-pilot --out "
                                   f"{args.grid_from}")
-            lrs = ls.muon_grid(got, ls.muon_pilot_config(size).lrs)["lrs"]
+            lrs = ls.muon_grid(got, ladder)["lrs"]
         else:
             lrs = ls.narrowed(ls.read_rows([args.grid_from]), ls.BLOCKS[args.block][0], size)
     elif lrs is not None and args.block == 1 and not args.quick:

@@ -246,8 +246,9 @@ def run_muon_pilot(cfg: LrConfig, out: Path, jobs: int = 1, progress: bool = Tru
 def muon_grid(pilot_rows: list[dict[str, Any]], ladder: tuple[float, ...] = MUON_PILOT_LRS) -> dict[str, Any]:
     """The rule fixed before the pilot: r1, the lowest pilot rate whose ``none`` run broke mid-run or never learnt;
     the grid r1 × 2^k, k = −4 … 1. Where every ``none`` run learnt and held, the ladder's top six rates."""
-    failed = sorted(r["lr"] for r in pilot_rows if r["treatment"] == "none"
-                    and (r["outcome"]["learned_at"] is None or r["outcome"]["break_step"] is not None))
+    from attnscale.analysis.sensitivity import failed as fails
+
+    failed = sorted(r["lr"] for r in pilot_rows if r["treatment"] == "none" and fails(r))
     if not failed:
         return {"lrs": tuple(sorted(ladder)[-6:]), "r1": None, "why": "every none run learnt and held: the top six"}
     r1 = failed[0]
@@ -287,8 +288,7 @@ def narrowed(width64_rows: list[dict[str, Any]], optimizer: str, size: str = "fu
     best = sensitivity.curve(qk, act_study.FLOOR)["best_lr"]
     i = min(max(grid.index(best), 1), len(grid) - 2)
     three = grid[max(i - 1, 0):i + 2]
-    failed = {r["lr"] for r in mine if r["treatment"] == "none"
-              and (r["outcome"]["learned_at"] is None or r["outcome"]["break_step"] is not None)}
+    failed = {r["lr"] for r in mine if r["treatment"] == "none" and sensitivity.failed(r)}
     if not failed & set(three) and grid.index(three[-1]) + 1 < len(grid):
         three.append(grid[grid.index(three[-1]) + 1])
     return tuple(three)
@@ -322,14 +322,21 @@ SERIES_KEYS = ("run_id", "optimizer", "d_model", "lr", "treatment", "seed", "sam
                "outcome", "valid_loss", "alarm_step", "action_steps", "code", "pilot")
 
 
+def pilot_finished(pilot: list[dict[str, Any]], lrs: tuple[float, ...] = MUON_PILOT_LRS) -> tuple[int, int]:
+    """How many of the Muon pilot's runs (``none`` and ``qk-norm`` at each of ``lrs``) are among ``pilot``, of how
+    many."""
+    want = {(t, lr) for t in ("none", "qk-norm") for lr in lrs}
+    return len(want & {(r["treatment"], r["lr"]) for r in pilot}), len(want)
+
+
 def pilot_block(pilot: list[dict[str, Any]]) -> dict[str, Any]:
     """The Muon pilot as published: each run's held-out loss and outcome, whether all 16 finished, and the grid
     ``muon_grid`` reads off them (the grid block 2 trained on only where the pilot is whole)."""
     runs = [{"treatment": r["treatment"], "lr": r["lr"], "valid_loss": r["valid_loss"],
              "learned_at": r["outcome"]["learned_at"], "break_step": r["outcome"]["break_step"]}
             for r in sorted(pilot, key=lambda r: (r["treatment"], r["lr"]))]
-    whole = {(t, lr) for t in ("none", "qk-norm") for lr in MUON_PILOT_LRS} <= {(r["treatment"], r["lr"]) for r in pilot}
-    return {"seed": PILOT_SEED, "whole": whole, "runs": runs, "grid": muon_grid(pilot)}
+    finished, wanted = pilot_finished(pilot)
+    return {"seed": PILOT_SEED, "whole": finished == wanted, "runs": runs, "grid": muon_grid(pilot)}
 
 
 def block(got: list[dict[str, Any]], command: str | None = None,

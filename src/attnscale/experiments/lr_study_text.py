@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from attnscale.analysis import paired
+from attnscale.experiments.alarm_study_text import share_text
 
 __all__ = ["format_result", "mean_text"]
 
@@ -46,13 +47,6 @@ def _group(g: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _share(s: dict[str, Any]) -> str:
-    if not s["n"]:
-        return "0 of 0"
-    lo, hi = s["interval"]
-    return f"{s['k']} of {s['n']} [{lo:.0%}, {hi:.0%}]"
-
-
 def _alarm(a: dict[str, Any]) -> list[str]:
     """The alarm in the none runs (read after the fact): over the grid, then fired/runs per rate and outcome."""
     def at(p):
@@ -61,8 +55,8 @@ def _alarm(a: dict[str, Any]) -> list[str]:
                                                      if p["never_learned"] else []))
 
     per = " · ".join(at(p) for p in a["by_rate"])
-    return [f"the alarm (max |score| > {a['level']:g}) in the none runs, read after the fact: ahead of "
-            f"{_share(a['sensitivity']['study'])} breaks, in {_share(a['false_alarms'])} runs that held",
+    return [f"the alarm (max |score| > {a['level']:g}) in the none runs, read after the fact: ahead of the break "
+            f"{share_text(a['sensitivity']['study'])}; in the runs that held {share_text(a['false_alarms'])}",
             f"  fired in/runs, by rate: {per}",
             "  by level: ahead of k (smoothed dating: k') of the breaks; in k of the runs that held: " + " · ".join(
                 f"{x['level']:g}: {x['sensitivity']['study']['k']} ({x['sensitivity']['smoothed']['k']}') of "
