@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from attnscale import drawing
+from attnscale.analysis.sensitivity import capped
 from attnscale.report.plots import SMALL, _log_lrs
 
 __all__ = ["TREATMENT_COLOURS", "loss_against_rate"]
@@ -21,10 +22,6 @@ __all__ = ["TREATMENT_COLOURS", "loss_against_rate"]
 TREATMENT_COLOURS = {"none": "#2471a3", "qk-norm": "#1e8449", "clip": "#b9770e", "alarm-clip": "#7d3c98",
                      "z-loss": "#566573"}
 _STYLE = {"alarm-clip": (0, (4, 3)), "z-loss": (0, (1, 2))}
-
-
-def _capped(loss: float | None, floor: float) -> float:
-    return floor if loss is None else min(loss, floor)
 
 
 def loss_against_rate(groups: list[dict[str, Any]], path: Path) -> Path:
@@ -49,7 +46,7 @@ def loss_against_rate(groups: list[dict[str, Any]], path: Path) -> Path:
                 failed = {str(s) for s in p["failed_seeds"]}
                 for seed, v in p["losses"].items():
                     bad = str(seed) in failed
-                    ax.plot([x], [_capped(v, floor)], "x" if bad else ".", color=colour, ms=6 if bad else 4,
+                    ax.plot([x], [capped(v, floor)], "x" if bad else ".", color=colour, ms=6 if bad else 4,
                             alpha=0.6, zorder=2)
         ax.axhline(floor, color="#888888", ls="--", lw=1)
         ax.text(lrs[0], floor, f" floor {floor:.2f}", va="bottom", ha="left", fontsize=SMALL, color="#555555")
